@@ -1,0 +1,149 @@
+/* hypertrain base layer: errors, dtypes and their conversions, logging,
+ * random numbers, hashing and a small JSON reader. Everything else builds on it. */
+#ifndef HYPERTRAIN_BASE_H
+#define HYPERTRAIN_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum ht_status {
+    HT_OK = 0,
+    HT_ERR_IO,      /* a file could not be opened, read or written */
+    HT_ERR_FORMAT,  /* a file's content is malformed */
+    HT_ERR_CONFIG,  /* the configuration is invalid */
+    HT_ERR_INVALID, /* an argument or a state is invalid */
+    HT_ERR_OOM,     /* an allocation failed */
+    HT_ERR_NUMERIC, /* a non-finite value where none may be */
+} ht_status;
+
+#define HT_ERROR_MSG_MAX 2048
+
+/* An error is a value: a status and a sentence naming what was wrong. */
+typedef struct ht_error {
+    ht_status status;
+    char msg[HT_ERROR_MSG_MAX];
+} ht_error;
+
+/* Formats the message into err (when err is not NULL) and returns status. */
+ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *ht_status_name(ht_status status);
+
+/* Allocation that is zeroed and 64-byte aligned; NULL on failure. */
+void *ht_alloc(size_t bytes);
+void ht_free(void *ptr);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum ht_dtype {
+    HT_DTYPE_F32 = 0,
+    HT_DTYPE_BF16,
+    HT_DTYPE_F16,
+    HT_DTYPE_I32,
+    HT_DTYPE_I64,
+    HT_DTYPE_U16,
+    HT_DTYPE_U8,
+    HT_DTYPE_COUNT
+} ht_dtype;
+
+size_t ht_dtype_size(ht_dtype dtype);
+bool ht_dtype_is_float(ht_dtype dtype);
+/* Names as the config spells them: "float32", "bfloat16", "float16", ... */
+const char *ht_dtype_name(ht_dtype dtype);
+bool ht_dtype_from_name(const char *name, ht_dtype *out);
+/* Names as safetensors spells them: "F32", "BF16", "F16", "I32", ... */
+const char *ht_dtype_safetensors_name(ht_dtype dtype);
+bool ht_dtype_from_safetensors_name(const char *name, ht_dtype *out);
+
+/* Round-to-nearest-even conversions (NUMERICS.md, floating-point formats). */
+uint16_t ht_f32_to_bf16(float x);
+float ht_bf16_to_f32(uint16_t x);
+uint16_t ht_f32_to_f16(float x);
+float ht_f16_to_f32(uint16_t x);
+
+/* Converts n elements between any two float dtypes (f32, bf16, f16). */
+void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
+
+/* ---------------------------------------------------------------- logging */
+
+typedef enum ht_log_level { HT_LOG_DEBUG = 0, HT_LOG_INFO, HT_LOG_WARN, HT_LOG_ERROR } ht_log_level;
+
+/* The log sink is process-global: by default stderr, level INFO, rank 0 only. */
+void ht_log_set_level(ht_log_level level);
+void ht_log_set_rank(int rank);
+void ht_log(ht_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define ht_log_info(...) ht_log(HT_LOG_INFO, __VA_ARGS__)
+#define ht_log_warn(...) ht_log(HT_LOG_WARN, __VA_ARGS__)
+#define ht_log_debug(...) ht_log(HT_LOG_DEBUG, __VA_ARGS__)
+
+/* Monotonic wall clock in seconds. */
+double ht_time_seconds(void);
+
+/* ---------------------------------------------------------------- random numbers */
+
+/* A splitmix64-seeded xoshiro256** generator: a state that checkpoints as four words. */
+typedef struct ht_rng {
+    uint64_t s[4];
+} ht_rng;
+
+void ht_rng_seed(ht_rng *rng, uint64_t seed);
+uint64_t ht_rng_next(ht_rng *rng);
+/* Uniform in [0, n), without modulo bias. */
+uint64_t ht_rng_below(ht_rng *rng, uint64_t n);
+/* Uniform in [0, 1) with 24 random bits. */
+float ht_rng_uniform(ht_rng *rng);
+/* Standard normal (Box-Muller). */
+float ht_rng_normal(ht_rng *rng);
+
+/* ---------------------------------------------------------------- hashing */
+
+/* FNV-1a 64 over a byte range, chainable through `seed` (start with HT_FNV64_INIT). */
+#define HT_FNV64_INIT 0xcbf29ce484222325ULL
+uint64_t ht_fnv1a64(const void *data, size_t n, uint64_t seed);
+
+/* ---------------------------------------------------------------- files */
+
+/* Reads a whole file into a malloc'ed buffer (NUL-terminated for convenience). */
+ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err);
+
+/* ---------------------------------------------------------------- JSON */
+
+typedef enum ht_json_type {
+    HT_JSON_NULL = 0,
+    HT_JSON_BOOL,
+    HT_JSON_NUMBER,
+    HT_JSON_STRING,
+    HT_JSON_ARRAY,
+    HT_JSON_OBJECT,
+} ht_json_type;
+
+/* A parsed JSON value. Arrays and objects hold `count` children in `items`;
+ * object children carry their key. The whole tree is owned by its root. */
+typedef struct ht_json {
+    ht_json_type type;
+    bool boolean;
+    double number;
+    char *string; /* HT_JSON_STRING: the decoded string */
+    char *key;    /* set on the children of an object */
+    struct ht_json *items;
+    size_t count;
+} ht_json;
+
+/* Parses text[0, len). On failure the error names `what` (a file name) and the byte offset. */
+ht_status ht_json_parse(const char *text, size_t len, const char *what, ht_json **out, ht_error *err);
+void ht_json_free(ht_json *root);
+/* Object member by key, or NULL. */
+const ht_json *ht_json_get(const ht_json *obj, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,78 @@
+/* Decoder-only language models: the architecture config, the model registry
+ * (name -> builder) and the model interface (forward, backward) over a named
+ * parameter store. The built-ins are "qwen2" and "llama". */
+#ifndef HYPERTRAIN_MODEL_H
+#define HYPERTRAIN_MODEL_H
+
+#include "hypertrain/base.h"
+#include "hypertrain/param.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The architecture, with the field names and meaning of Hugging Face's config.json. */
+typedef struct ht_model_config {
+    char name[32]; /* registry name: "qwen2", "llama" */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim; /* 0: hidden_size / num_attention_heads */
+    int max_position_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    bool attention_bias; /* q/k/v biases: Qwen2 yes, Llama no */
+    bool tie_word_embeddings;
+    double initializer_range; /* std of the normal init of fresh weights (HF default 0.02) */
+} ht_model_config;
+
+/* Checks the numbers hang together (heads divide, sizes positive); names the field. */
+ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err);
+int ht_model_config_head_dim(const ht_model_config *cfg);
+
+typedef struct ht_model ht_model;
+
+typedef struct ht_model_ops {
+    /* inputs, targets: (B, T) token ids. Computes logits and the mean
+     * cross-entropy over all B*T positions (targets < 0 are ignored). */
+    ht_status (*forward)(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
+                         ht_error *err);
+    /* Back-propagates the last forward's mean loss, scaled by `scale` (e.g.
+     * 1/accumulation steps), accumulating (+=) into every param's main_grad. */
+    void (*backward)(ht_model *m, float scale);
+    void (*free)(ht_model *m);
+} ht_model_ops;
+
+struct ht_model {
+    const ht_model_ops *ops;
+    ht_model_config config;
+    ht_param_store params;
+    float *logits; /* (B, T, V) FP32, valid after forward */
+    int B, T;      /* the shapes of the last forward */
+    void *impl;    /* the builder's own state */
+};
+
+typedef ht_status (*ht_model_builder)(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err);
+
+/* The registry. Built-ins register themselves on first use; plugins call ht_model_register. */
+ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error *err);
+/* Builds cfg->name with parameters of `dtype`, initialised from `seed`
+ * (normal(0, initializer_range) for matrices, ones for norms, zeros for biases). */
+ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err);
+/* Comma-separated registered names, for error messages. */
+const char *ht_model_registered_names(void);
+
+static inline ht_status ht_model_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                         float *loss, ht_error *err) {
+    return m->ops->forward(m, inputs, targets, B, T, loss, err);
+}
+static inline void ht_model_backward(ht_model *m, float scale) { m->ops->backward(m, scale); }
+void ht_model_free(ht_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,63 @@
+/* The named parameter store: every trainable tensor of a model, keyed by its
+ * Hugging Face name, with its global shape, model dtype and this rank's shard.
+ * The optimizer, the checkpoint code and the logs iterate it by name. */
+#ifndef HYPERTRAIN_PARAM_H
+#define HYPERTRAIN_PARAM_H
+
+#include "hypertrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HT_PARAM_NAME_MAX 160
+#define HT_PARAM_MAX_DIMS 4
+
+typedef struct ht_param {
+    char name[HT_PARAM_NAME_MAX]; /* "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;
+    int64_t shape[HT_PARAM_MAX_DIMS]; /* global shape */
+    ht_dtype dtype;                   /* the model dtype of `data` */
+    int64_t row0, row1;               /* this rank's shard: rows [row0, row1) of dim 0 */
+    bool trainable;
+    void *data;        /* (row1 - row0, shape[1:]) in dtype: the model's weights */
+    float *main_grad;  /* same layout in FP32: gradients accumulate here, never rounded to dtype */
+    float *main_param; /* FP32 master of `data`; equals `data` itself when dtype is F32 */
+} ht_param;
+
+typedef struct ht_param_store {
+    ht_param *items;
+    int count;
+    int capacity;
+    void *data_block;       /* one allocation carved into every param's data */
+    float *grad_block;      /* one allocation carved into every main_grad */
+    float *main_block;      /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
+    size_t data_bytes, grad_bytes, main_bytes;
+} ht_param_store;
+
+/* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
+ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape,
+                        ht_dtype dtype);
+ht_param *ht_params_find(const ht_param_store *store, const char *name);
+/* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */
+ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
+/* Converts every float param's data to `dtype` in place of the old storage:
+ * the ht_param structs (their identity) and shard layout do not change. */
+ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err);
+/* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
+ * an F32 param's main_param is its data pointer: no extra bytes. */
+ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
+/* Writes every main_param back into data, rounding to the model dtype. */
+void ht_params_cast_main_to_model(ht_param_store *store);
+void ht_params_zero_grad(ht_param_store *store);
+void ht_params_free(ht_param_store *store);
+
+int64_t ht_param_numel(const ht_param *p);       /* global element count */
+int64_t ht_param_row_numel(const ht_param *p);   /* elements per dim-0 row */
+int64_t ht_param_local_numel(const ht_param *p); /* (row1 - row0) * row_numel */
+int64_t ht_params_total_numel(const ht_param_store *store);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

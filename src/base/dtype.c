@@ -1,0 +1,145 @@
+/* The three float storage formats and exact round-to-nearest-even conversions
+ * between them (NUMERICS.md, floating-point formats), plus dtype names. */
+#include "hypertrain/base.h"
+
+#include <string.h>
+
+static const struct {
+    const char *name;
+    const char *st_name;
+    size_t size;
+    bool is_float;
+} dtype_info[HT_DTYPE_COUNT] = {
+    [HT_DTYPE_F32] = {"float32", "F32", 4, true},  [HT_DTYPE_BF16] = {"bfloat16", "BF16", 2, true},
+    [HT_DTYPE_F16] = {"float16", "F16", 2, true},  [HT_DTYPE_I32] = {"int32", "I32", 4, false},
+    [HT_DTYPE_I64] = {"int64", "I64", 8, false},   [HT_DTYPE_U16] = {"uint16", "U16", 2, false},
+    [HT_DTYPE_U8] = {"uint8", "U8", 1, false},
+};
+
+size_t ht_dtype_size(ht_dtype dtype) { return dtype < HT_DTYPE_COUNT ? dtype_info[dtype].size : 0; }
+bool ht_dtype_is_float(ht_dtype dtype) { return dtype < HT_DTYPE_COUNT && dtype_info[dtype].is_float; }
+const char *ht_dtype_name(ht_dtype dtype) { return dtype < HT_DTYPE_COUNT ? dtype_info[dtype].name : "?"; }
+const char *ht_dtype_safetensors_name(ht_dtype dtype) {
+    return dtype < HT_DTYPE_COUNT ? dtype_info[dtype].st_name : "?";
+}
+
+bool ht_dtype_from_name(const char *name, ht_dtype *out) {
+    for (int i = 0; i < HT_DTYPE_COUNT; i++) {
+        if (strcmp(name, dtype_info[i].name) == 0) {
+            *out = (ht_dtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool ht_dtype_from_safetensors_name(const char *name, ht_dtype *out) {
+    for (int i = 0; i < HT_DTYPE_COUNT; i++) {
+        if (strcmp(name, dtype_info[i].st_name) == 0) {
+            *out = (ht_dtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+static inline uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+uint16_t ht_f32_to_bf16(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN stays quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflow carries into Inf */
+    return (uint16_t)(u >> 16);
+}
+
+float ht_bf16_to_f32(uint16_t x) { return f32_from_bits((uint32_t)x << 16); }
+
+uint16_t ht_f32_to_f16(float x) {
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* quiet NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 rounds to Inf (65520 is a tie to even Inf) */
+    if (a >= 0x38800000u) {                      /* normal f16: rebias 127 -> 15 and round 13 bits */
+        uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+        return sign | (uint16_t)((r - 0x38000000u) >> 13);
+    }
+    /* Subnormal f16 (or zero): count in units of 2^-24, round to nearest even. */
+    uint32_t e = a >> 23;
+    uint32_t shift = 126u - e; /* >= 14 here */
+    if (shift > 24u) return sign; /* below 2^-25: rounds to zero */
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return sign | (uint16_t)q;
+}
+
+float ht_f16_to_f32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0) {
+        float v = (float)mant * 0x1p-24f; /* exact: subnormal or zero */
+        return sign ? -v : v;
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+static void convert_to_f32(float *dst, const void *src, ht_dtype src_dtype, size_t n) {
+    const uint16_t *s16 = src;
+    switch (src_dtype) {
+    case HT_DTYPE_F32: memmove(dst, src, n * 4); break;
+    case HT_DTYPE_BF16:
+#pragma omp parallel for simd if (n > 65536) schedule(static)
+        for (size_t i = 0; i < n; i++) dst[i] = ht_bf16_to_f32(s16[i]);
+        break;
+    case HT_DTYPE_F16:
+#pragma omp parallel for if (n > 65536) schedule(static)
+        for (size_t i = 0; i < n; i++) dst[i] = ht_f16_to_f32(s16[i]);
+        break;
+    default: break;
+    }
+}
+
+void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n) {
+    if (dst_dtype == src_dtype) {
+        memmove(dst, src, n * ht_dtype_size(dst_dtype));
+        return;
+    }
+    if (dst_dtype == HT_DTYPE_F32) {
+        convert_to_f32(dst, src, src_dtype, n);
+        return;
+    }
+    uint16_t *d16 = dst;
+    if (src_dtype == HT_DTYPE_F32) {
+        const float *s = src;
+        if (dst_dtype == HT_DTYPE_BF16) {
+#pragma omp parallel for simd if (n > 65536) schedule(static)
+            for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_bf16(s[i]);
+        } else {
+#pragma omp parallel for if (n > 65536) schedule(static)
+            for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_f16(s[i]);
+        }
+        return;
+    }
+    /* bf16 <-> f16 goes through f32, which holds both exactly. */
+    const uint16_t *s16 = src;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float v = src_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(s16[i]) : ht_f16_to_f32(s16[i]);
+        d16[i] = dst_dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(v) : ht_f32_to_f16(v);
+    }
+}

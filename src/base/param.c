@@ -1,0 +1,165 @@
+/* The named parameter store: declaration, one-block allocation, dtype
+ * conversion that keeps each ht_param in place, and the FP32 masters. */
+#include "hypertrain/param.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int64_t ht_param_row_numel(const ht_param *p) {
+    int64_t n = 1;
+    for (int d = 1; d < p->ndim; d++) n *= p->shape[d];
+    return n;
+}
+
+int64_t ht_param_numel(const ht_param *p) { return p->ndim == 0 ? 1 : p->shape[0] * ht_param_row_numel(p); }
+
+int64_t ht_param_local_numel(const ht_param *p) { return (p->row1 - p->row0) * ht_param_row_numel(p); }
+
+int64_t ht_params_total_numel(const ht_param_store *store) {
+    int64_t n = 0;
+    for (int i = 0; i < store->count; i++) n += ht_param_numel(&store->items[i]);
+    return n;
+}
+
+ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape,
+                        ht_dtype dtype) {
+    if (ndim < 1 || ndim > HT_PARAM_MAX_DIMS || strlen(name) >= HT_PARAM_NAME_MAX) return NULL;
+    if (store->count == store->capacity) {
+        int cap = store->capacity ? 2 * store->capacity : 64;
+        ht_param *items = realloc(store->items, (size_t)cap * sizeof(ht_param));
+        if (!items) return NULL;
+        store->items = items;
+        store->capacity = cap;
+    }
+    ht_param *p = &store->items[store->count++];
+    memset(p, 0, sizeof(*p));
+    strcpy(p->name, name);
+    p->ndim = ndim;
+    for (int d = 0; d < ndim; d++) p->shape[d] = shape[d];
+    p->dtype = dtype;
+    p->row0 = 0;
+    p->row1 = shape[0];
+    p->trainable = true;
+    return p;
+}
+
+ht_param *ht_params_find(const ht_param_store *store, const char *name) {
+    for (int i = 0; i < store->count; i++)
+        if (strcmp(store->items[i].name, name) == 0) return &store->items[i];
+    return NULL;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
+    size_t data_bytes = 0, grad_bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        data_bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
+        if (p->trainable) grad_bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+    }
+    char *data = ht_alloc(data_bytes);
+    char *grad = ht_alloc(grad_bytes);
+    if (!data || !grad) {
+        ht_free(data);
+        ht_free(grad);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameters and %zu of gradients",
+                       data_bytes, grad_bytes);
+    }
+    size_t doff = 0, goff = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        p->data = data + doff;
+        doff += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
+        p->main_grad = NULL;
+        if (p->trainable) {
+            p->main_grad = (float *)(grad + goff);
+            goff += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        }
+        p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+    }
+    store->data_block = data;
+    store->grad_block = (float *)grad;
+    store->data_bytes = data_bytes;
+    store->grad_bytes = grad_bytes;
+    return HT_OK;
+}
+
+ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err) {
+    if (!ht_dtype_is_float(dtype))
+        return ht_fail(err, HT_ERR_INVALID, "cannot convert parameters to non-float dtype %s", ht_dtype_name(dtype));
+    size_t bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        ht_dtype to = ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+        bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
+    }
+    char *block = ht_alloc(bytes);
+    if (!block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes to convert parameters to %s", bytes,
+                               ht_dtype_name(dtype));
+    size_t off = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        ht_dtype to = ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+        size_t n = (size_t)ht_param_local_numel(p);
+        ht_convert(block + off, to, p->data, p->dtype, n);
+        bool main_was_data = p->main_param == p->data;
+        p->data = block + off;
+        p->dtype = to;
+        off += align64(n * ht_dtype_size(to));
+        if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
+    }
+    ht_free(store->data_block);
+    store->data_block = block;
+    store->data_bytes = bytes;
+    return HT_OK;
+}
+
+ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
+    size_t bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (p->trainable && p->dtype != HT_DTYPE_F32)
+            bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+    }
+    ht_free(store->main_block);
+    store->main_block = NULL;
+    store->main_bytes = 0;
+    char *block = bytes ? ht_alloc(bytes) : NULL;
+    if (bytes && !block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of FP32 main params", bytes);
+    size_t off = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (!p->trainable) continue;
+        if (p->dtype == HT_DTYPE_F32) {
+            p->main_param = p->data;
+            continue;
+        }
+        p->main_param = (float *)(block + off);
+        off += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+    }
+    store->main_block = (float *)block;
+    store->main_bytes = bytes;
+    return HT_OK;
+}
+
+void ht_params_cast_main_to_model(ht_param_store *store) {
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (p->trainable && p->main_param && p->main_param != p->data)
+            ht_convert(p->data, p->dtype, p->main_param, HT_DTYPE_F32, (size_t)ht_param_local_numel(p));
+    }
+}
+
+void ht_params_zero_grad(ht_param_store *store) {
+    if (store->grad_block) memset(store->grad_block, 0, store->grad_bytes);
+}
+
+void ht_params_free(ht_param_store *store) {
+    ht_free(store->data_block);
+    ht_free(store->grad_block);
+    ht_free(store->main_block);
+    free(store->items);
+    memset(store, 0, sizeof(*store));
+}

@@ -1,0 +1,49 @@
+/* Shared helpers for the cmocka tests. */
+#include "harness.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *fixture_path(const char *rel) {
+    static char bufs[8][1024];
+    static int next = 0;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]), "%s/tests/fixtures/%s", HT_SOURCE_DIR, rel);
+    return b;
+}
+
+const char *scratch_dir(const char *name) {
+    static char bufs[8][1024];
+    static int next = 0;
+    char *b = bufs[next++ % 8];
+    char cwd[512];
+    if (!getcwd(cwd, sizeof(cwd))) fail_msg("getcwd failed");
+    snprintf(b, sizeof(bufs[0]), "%s/scratch/%s", cwd, name);
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir -p '%s'", b, b);
+    if (system(cmd) != 0) fail_msg("cannot create %s", b);
+    return b;
+}
+
+void write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) fail_msg("cannot write %s: %s", path, strerror(errno));
+    if (len && fwrite(data, 1, len, f) != len) fail_msg("short write to %s", path);
+    fclose(f);
+}
+
+double rel_max_err(const float *a, const float *b, size_t n) {
+    double maxdiff = 0, maxref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > maxdiff || isnan(d)) maxdiff = isnan(d) ? INFINITY : d;
+        if (fabs((double)b[i]) > maxref) maxref = fabs((double)b[i]);
+    }
+    if (maxref == 0) return maxdiff;
+    return maxdiff / maxref;
+}

@@ -1,0 +1,30 @@
+/* Shared helpers for the cmocka tests: fixture paths, scratch directories,
+ * tensor comparison against references. */
+#ifndef HT_TEST_HARNESS_H
+#define HT_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "hypertrain/base.h"
+
+/* Absolute path of a file under tests/fixtures/ (static buffer, rotating x8). */
+const char *fixture_path(const char *rel);
+/* A fresh empty directory under the build tree for this test; returns its path. */
+const char *scratch_dir(const char *name);
+/* Writes `len` bytes to path; fails the test if it cannot. */
+void write_file(const char *path, const void *data, size_t len);
+/* max |a - b| / max |b| over n floats (0 when both are all zero). */
+double rel_max_err(const float *a, const float *b, size_t n);
+/* Asserts an ht_status is HT_OK, printing the error message otherwise. */
+#define assert_ht_ok(expr, errp)                                                                   \
+    do {                                                                                           \
+        ht_status s_ = (expr);                                                                     \
+        if (s_ != HT_OK) fail_msg("%s failed: %s", #expr, (errp)->msg);                             \
+    } while (0)
+
+#endif

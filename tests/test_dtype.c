@@ -1,0 +1,169 @@
+/* dtype conversions: every bf16 and f16 bit pattern both ways, and float32
+ * edge cases, against the compiler's _Float16 (an independent IEEE
+ * implementation) and against exact arithmetic for bf16. */
+#include "harness.h"
+
+#include <math.h>
+#include <string.h>
+
+static uint32_t bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static float from_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* f16 -> f32 for all 65,536 patterns: compare with _Float16 widening. */
+static void test_f16_to_f32_all(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        _Float16 ref;
+        uint16_t hb = (uint16_t)h;
+        memcpy(&ref, &hb, 2);
+        float want = (float)ref;
+        float got = ht_f16_to_f32(hb);
+        if (isnan(want)) {
+            assert_true(isnan(got));
+            assert_int_equal(bits(got) >> 31, bits(want) >> 31);
+        } else {
+            assert_int_equal(bits(got), bits(want));
+        }
+    }
+}
+
+/* f32 -> f16: every f16 value, every midpoint between neighbours (ties), and
+ * values just off the midpoints must round as _Float16 rounds. */
+static void check_f32_to_f16(float x) {
+    _Float16 ref = (_Float16)x;
+    uint16_t want;
+    memcpy(&want, &ref, 2);
+    uint16_t got = ht_f32_to_f16(x);
+    if (isnan(x)) {
+        assert_true((got & 0x7c00) == 0x7c00 && (got & 0x3ff) != 0);
+        assert_true(got & 0x200); /* quiet */
+    } else if (got != want) {
+        fail_msg("f32 %a (0x%08x) -> f16 0x%04x, want 0x%04x", (double)x, bits(x), got, want);
+    }
+}
+
+static void test_f32_to_f16_all(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float v = ht_f16_to_f32((uint16_t)h);
+        check_f32_to_f16(v);
+        if ((h & 0x7fff) >= 0x7c00) continue;
+        float next = ht_f16_to_f32((uint16_t)(h + 1));
+        if ((h & 0x7fff) == 0x7bff) next = (h & 0x8000) ? -65536.0f : 65536.0f; /* the Inf boundary */
+        float mid = (float)(((double)v + (double)next) / 2.0);                 /* exact in f32 */
+        check_f32_to_f16(mid);
+        check_f32_to_f16(nextafterf(mid, 0.0f));
+        check_f32_to_f16(nextafterf(mid, INFINITY));
+        check_f32_to_f16(nextafterf(mid, -INFINITY));
+    }
+}
+
+/* bf16 -> f32 is exact: the bits move up 16 places. */
+static void test_bf16_to_f32_all(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float got = ht_bf16_to_f32((uint16_t)h);
+        assert_int_equal(bits(got), h << 16);
+    }
+}
+
+/* f32 -> bf16 reference by exact double arithmetic: pick the nearer of the two
+ * bf16 neighbours, ties to the even mantissa. */
+static uint16_t bf16_reference(float x) {
+    uint32_t u = bits(x);
+    if (isnan(x)) return (uint16_t)((u >> 16) | 0x40);
+    uint16_t lo = (uint16_t)(u >> 16); /* truncation: toward zero */
+    if ((u & 0xffff) == 0) return lo;
+    uint16_t hi = (uint16_t)(lo + 1); /* away from zero (may become Inf) */
+    double dx = fabs((double)x);
+    double dlo = fabs((double)from_bits((uint32_t)lo << 16));
+    double dhi = fabs((double)from_bits((uint32_t)hi << 16)); /* Inf when hi is Inf */
+    if ((hi & 0x7fff) == 0x7f80) dhi = ldexp(1.0, 128);        /* the rounding point past max */
+    double elo = dx - dlo, ehi = dhi - dx;
+    if (elo < ehi) return lo;
+    if (ehi < elo) return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+static void test_f32_to_bf16_all(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint32_t base = h << 16;
+        static const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+        for (size_t i = 0; i < sizeof(lows) / sizeof(lows[0]); i++) {
+            float x = from_bits(base | lows[i]);
+            uint16_t got = ht_f32_to_bf16(x);
+            uint16_t want = bf16_reference(x);
+            if (isnan(x)) {
+                assert_true(isnan(ht_bf16_to_f32(got)));
+                assert_true(got & 0x40);
+            } else if (got != want) {
+                fail_msg("f32 0x%08x -> bf16 0x%04x, want 0x%04x", base | lows[i], got, want);
+            }
+        }
+    }
+}
+
+static void test_edge_cases(void **state) {
+    (void)state;
+    /* Ties: 1 + 2^-8 sits halfway between bf16 1.0 and 1.0078125: ties to even (1.0). */
+    assert_int_equal(ht_f32_to_bf16(1.00390625f), 0x3f80);
+    assert_int_equal(ht_f32_to_bf16(1.01171875f), 0x3f82); /* halfway to odd neighbour: up to even */
+    /* Overflow: the largest float rounds to bf16 Inf; f16 overflows at 65520. */
+    assert_int_equal(ht_f32_to_bf16(3.4028235e38f), 0x7f80);
+    assert_int_equal(ht_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(ht_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(ht_f32_to_f16(-1e9f), 0xfc00);
+    /* Infinities and signed zeros. */
+    assert_int_equal(ht_f32_to_bf16(INFINITY), 0x7f80);
+    assert_int_equal(ht_f32_to_bf16(-INFINITY), 0xff80);
+    assert_int_equal(ht_f32_to_f16(INFINITY), 0x7c00);
+    assert_int_equal(ht_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(ht_f32_to_bf16(-0.0f), 0x8000);
+    /* f16 subnormals: 2^-24 is the smallest, 2^-25 ties to zero, just above rounds up. */
+    assert_int_equal(ht_f32_to_f16(0x1p-24f), 0x0001);
+    assert_int_equal(ht_f32_to_f16(0x1p-25f), 0x0000);
+    assert_int_equal(ht_f32_to_f16(nextafterf(0x1p-25f, 1.0f)), 0x0001);
+    assert_int_equal(ht_f32_to_f16(0x3p-25f), 0x0002); /* 1.5 units ties to even 2 */
+    /* f32 subnormals go to zero in f16 and keep their bits in bf16 (truncated + rounded). */
+    assert_int_equal(ht_f32_to_f16(from_bits(0x00000001)), 0x0000);
+    assert_int_equal(ht_f32_to_bf16(from_bits(0x00010000)), 0x0001);
+    /* NaN stays NaN. */
+    assert_true(isnan(ht_bf16_to_f32(ht_f32_to_bf16(NAN))));
+    assert_true(isnan(ht_f16_to_f32(ht_f32_to_f16(NAN))));
+    assert_true(isnan(ht_bf16_to_f32(ht_f32_to_bf16(from_bits(0x7f800001))))); /* sNaN must not become Inf */
+}
+
+static void test_bulk_convert(void **state) {
+    (void)state;
+    enum { N = 100003 };
+    static float src[N], back[N];
+    static uint16_t half[N];
+    ht_rng rng;
+    ht_rng_seed(&rng, 7);
+    for (int i = 0; i < N; i++) src[i] = ht_rng_normal(&rng) * 100.0f;
+    ht_convert(half, HT_DTYPE_BF16, src, HT_DTYPE_F32, N);
+    ht_convert(back, HT_DTYPE_F32, half, HT_DTYPE_BF16, N);
+    for (int i = 0; i < N; i++) assert_int_equal(half[i], ht_f32_to_bf16(src[i]));
+    for (int i = 0; i < N; i++) assert_true(fabsf(back[i] - src[i]) <= fabsf(src[i]) * 0x1p-8f);
+    ht_convert(half, HT_DTYPE_F16, src, HT_DTYPE_F32, N);
+    for (int i = 0; i < N; i++) assert_int_equal(half[i], ht_f32_to_f16(src[i]));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_to_f32_all),  cmocka_unit_test(test_f32_to_f16_all),
+        cmocka_unit_test(test_bf16_to_f32_all), cmocka_unit_test(test_f32_to_bf16_all),
+        cmocka_unit_test(test_edge_cases),      cmocka_unit_test(test_bulk_convert),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
