@@ -1,0 +1,129 @@
+/* Training data: the data registry (name -> opener) with the built-ins
+ * "text_bytes" and "token_bin", the deterministic train/validation split, and
+ * the loader that deals shuffled windows of T+1 tokens to data-parallel ranks
+ * from a position that a checkpoint can save and restore. */
+#ifndef HYPERTRAIN_DATA_H
+#define HYPERTRAIN_DATA_H
+
+#include "hypertrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The `data:` section of the config (CONFIG.md). */
+typedef struct ht_data_config {
+    char dataset_type[32]; /* registry name: "text_bytes", "token_bin" */
+    char path[1024];       /* text_bytes: a file or folder; token_bin: a .bin file or a glob of them */
+    int seq_len;           /* tokens per training sequence (a window holds seq_len + 1) */
+    double valid_fraction; /* in [0, 1): the tail of the token stream kept for validation */
+} ht_data_config;
+
+typedef enum ht_split { HT_SPLIT_TRAIN = 0, HT_SPLIT_VALID = 1 } ht_split;
+
+/* One file the tokens came from: tokens [start, start + count) of the stream. */
+typedef struct ht_data_source {
+    char path[1024];
+    size_t start, count;
+} ht_data_source;
+
+/* A dataset is one token stream held once, as uint16 (so vocabularies up to
+ * 65,536), plus where each token came from and how the stream is split. */
+typedef struct ht_dataset {
+    char type[32];
+    uint16_t *tokens; /* (n_tokens,) malloc'ed; owned by the dataset */
+    size_t n_tokens;
+    ht_data_source *sources; /* (n_sources,) in stream order */
+    int n_sources;
+    int vocab_size; /* the opener's (256 for bytes) or, when it leaves 0, max id + 1 */
+    int seq_len;
+    size_t split_start[2], split_count[2]; /* indexed by ht_split */
+} ht_dataset;
+
+/* An opener loads cfg->path into ds->tokens (malloc'ed), records the files
+ * through ht_dataset_add_source and may set ds->vocab_size. The registry then
+ * checks the sizes and splits. On failure the opener may leave partial state:
+ * the registry frees it. */
+typedef ht_status (*ht_dataset_opener)(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
+
+/* The registry. Built-ins register themselves on first use; plugins call
+ * ht_dataset_register. Registering a name twice is an error. */
+ht_status ht_dataset_register(const char *name, ht_dataset_opener opener, ht_error *err);
+/* Comma-separated registered names, for error messages. */
+const char *ht_dataset_registered_names(void);
+/* Opens cfg->dataset_type on cfg->path and splits it: the last
+ * valid_fraction of the stream (at least seq_len + 1 tokens when
+ * valid_fraction > 0) is validation, the rest train. A stream too small for
+ * one train sequence is an error that says how many tokens it has and needs. */
+ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error *err);
+void ht_dataset_free(ht_dataset *ds);
+
+/* For openers: appends a source covering the next `count` tokens of the stream. */
+ht_status ht_dataset_add_source(ht_dataset *ds, const char *path, size_t count, ht_error *err);
+
+/* The built-in openers, public so that a plugin can wrap them.
+ * text_bytes: a file, or a folder's regular files (not recursive, symlinks
+ * skipped, files with a NUL byte skipped as binary) in byte order of their
+ * names, concatenated; the tokens are the bytes (vocab 256).
+ * token_bin: llm.c token shards (header of 256 int32 LE: magic 20240520,
+ * version 1, token count; then count uint16 LE tokens), one file or the
+ * glob(3) matches in sorted order. */
+ht_status ht_dataset_open_text_bytes(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
+ht_status ht_dataset_open_token_bin(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
+
+static inline int ht_dataset_vocab_size(const ht_dataset *ds) { return ds->vocab_size; }
+static inline size_t ht_dataset_split_tokens(const ht_dataset *ds, ht_split split) {
+    return ds->split_count[split];
+}
+/* Fails naming the file and the token position in it of the first token id >= vocab_size. */
+ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, ht_error *err);
+
+/* Where a loader stands: the next global batch starts at window perm[index]
+ * of epoch `epoch`. It does not depend on B or the world size, so a
+ * checkpoint resumes on a different process count at the same place. */
+typedef struct ht_loader_pos {
+    uint64_t epoch;
+    uint64_t index;
+} ht_loader_pos;
+
+/* Window w of a split is its tokens [w*T, w*T + T + 1); consecutive windows
+ * overlap by one token. An epoch is a permutation of the windows (identity
+ * without shuffle; with shuffle Fisher-Yates seeded from (seed, epoch)). A
+ * step's global batch is the next world*B windows of the permutation, of
+ * which rank r takes [r*B, (r+1)*B). An epoch drops the tail that does not
+ * fill a global batch. The loader borrows the dataset's tokens: keep the
+ * dataset alive while the loader is. */
+typedef struct ht_loader {
+    const uint16_t *tokens; /* the split's first token, borrowed */
+    int B, T, rank, world;
+    uint64_t seed;
+    bool shuffle;
+    size_t n_windows;
+    uint32_t *perm; /* (n_windows,) this epoch's order; NULL without shuffle */
+    ht_loader_pos pos;
+} ht_loader;
+
+/* Fails when the split has fewer windows than one global batch (world*B). */
+ht_status ht_loader_init(ht_loader *l, const ht_dataset *ds, ht_split split, int B, int T, int rank, int world,
+                         uint64_t seed, bool shuffle, ht_error *err);
+/* Fills tokens (B, T+1), row b = one window, and advances; at the end of an
+ * epoch it moves on to the next one. */
+void ht_loader_next(ht_loader *l, int32_t *tokens);
+static inline ht_loader_pos ht_loader_position(const ht_loader *l) { return l->pos; }
+/* Restores a position saved by ht_loader_position (fails if it is out of range). */
+ht_status ht_loader_resume(ht_loader *l, ht_loader_pos pos, ht_error *err);
+/* Back to the start of epoch 0 (an evaluation pass starts here). */
+void ht_loader_reset(ht_loader *l);
+/* Full global batches in one epoch: n_windows / (world * B). */
+static inline uint64_t ht_loader_batches_per_epoch(const ht_loader *l) {
+    return l->n_windows / ((size_t)l->world * (size_t)l->B);
+}
+void ht_loader_free(ht_loader *l);
+
+/* Splits tokens (B, T+1) into inputs (B, T) = columns [0, T) and targets (B, T) = columns [1, T+1). */
+void ht_batch_split(const int32_t *tokens, int B, int T, int32_t *inputs, int32_t *targets);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,150 @@
+/* The data registry (name -> opener) and what every dataset shares after its
+ * opener has loaded the tokens: the size checks, the train/validation split,
+ * the vocabulary and the bookkeeping of which file each token came from. */
+#include "hypertrain/data.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DATASETS 32
+
+static struct {
+    char name[32];
+    ht_dataset_opener opener;
+} registry[MAX_DATASETS];
+static int registry_count = 0;
+static bool builtins_registered = false;
+
+static ht_status register_one(const char *name, ht_dataset_opener opener, ht_error *err) {
+    if (!name || !*name || strlen(name) >= sizeof(registry[0].name))
+        return ht_fail(err, HT_ERR_INVALID, "dataset name '%s' must have 1 to %zu characters", name ? name : "",
+                       sizeof(registry[0].name) - 1);
+    for (int i = 0; i < registry_count; i++)
+        if (strcmp(registry[i].name, name) == 0)
+            return ht_fail(err, HT_ERR_INVALID, "dataset '%s' is already registered", name);
+    if (registry_count == MAX_DATASETS)
+        return ht_fail(err, HT_ERR_INVALID, "cannot register dataset '%s': the registry holds %d already", name,
+                       MAX_DATASETS);
+    snprintf(registry[registry_count].name, sizeof(registry[0].name), "%s", name);
+    registry[registry_count].opener = opener;
+    registry_count++;
+    return HT_OK;
+}
+
+static void register_builtins(void) {
+    if (builtins_registered) return;
+    builtins_registered = true;
+    register_one("text_bytes", ht_dataset_open_text_bytes, NULL);
+    register_one("token_bin", ht_dataset_open_token_bin, NULL);
+}
+
+ht_status ht_dataset_register(const char *name, ht_dataset_opener opener, ht_error *err) {
+    register_builtins();
+    if (!opener) return ht_fail(err, HT_ERR_INVALID, "dataset '%s': the opener is NULL", name ? name : "");
+    return register_one(name, opener, err);
+}
+
+const char *ht_dataset_registered_names(void) {
+    static char names[MAX_DATASETS * 34];
+    register_builtins();
+    names[0] = '\0';
+    for (int i = 0; i < registry_count; i++) {
+        if (i) strcat(names, ", ");
+        strcat(names, registry[i].name);
+    }
+    return names;
+}
+
+ht_status ht_dataset_add_source(ht_dataset *ds, const char *path, size_t count, ht_error *err) {
+    ht_data_source *grown = realloc(ds->sources, (size_t)(ds->n_sources + 1) * sizeof(*grown));
+    if (!grown) return ht_fail(err, HT_ERR_OOM, "%s: cannot record the data source", path);
+    ds->sources = grown;
+    ht_data_source *s = &ds->sources[ds->n_sources];
+    size_t start = ds->n_sources ? s[-1].start + s[-1].count : 0;
+    snprintf(s->path, sizeof(s->path), "%s", path);
+    s->start = start;
+    s->count = count;
+    ds->n_sources++;
+    return HT_OK;
+}
+
+void ht_dataset_free(ht_dataset *ds) {
+    if (!ds) return;
+    free(ds->tokens);
+    free(ds->sources);
+    free(ds);
+}
+
+/* The validation tail: valid_fraction of the stream, but never less than one
+ * window, so that evaluation always has something to measure. */
+static ht_status split_dataset(const ht_data_config *cfg, ht_dataset *ds, ht_error *err) {
+    size_t window = (size_t)cfg->seq_len + 1;
+    size_t valid = 0;
+    if (cfg->valid_fraction > 0) {
+        valid = (size_t)(cfg->valid_fraction * (double)ds->n_tokens);
+        if (valid < window) valid = window;
+    }
+    size_t needed = window + valid;
+    if (ds->n_tokens < needed)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "data.path %s: the %s corpus has %zu tokens, but needs at least %zu "
+                       "(%zu for one train sequence of seq_len %d + 1, %zu for validation)",
+                       cfg->path, cfg->dataset_type, ds->n_tokens, needed, window, cfg->seq_len, valid);
+    ds->split_start[HT_SPLIT_TRAIN] = 0;
+    ds->split_count[HT_SPLIT_TRAIN] = ds->n_tokens - valid;
+    ds->split_start[HT_SPLIT_VALID] = ds->n_tokens - valid;
+    ds->split_count[HT_SPLIT_VALID] = valid;
+    return HT_OK;
+}
+
+ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error *err) {
+    *out = NULL;
+    register_builtins();
+    ht_dataset_opener opener = NULL;
+    for (int i = 0; i < registry_count; i++)
+        if (strcmp(registry[i].name, cfg->dataset_type) == 0) opener = registry[i].opener;
+    if (!opener)
+        return ht_fail(err, HT_ERR_CONFIG, "data.dataset_type '%s' is not registered; registered datasets: %s",
+                       cfg->dataset_type, ht_dataset_registered_names());
+    if (cfg->seq_len < 1)
+        return ht_fail(err, HT_ERR_CONFIG, "data.seq_len must be at least 1, got %d", cfg->seq_len);
+    if (!(cfg->valid_fraction >= 0 && cfg->valid_fraction < 1))
+        return ht_fail(err, HT_ERR_CONFIG, "data.valid_fraction must be in [0, 1), got %g", cfg->valid_fraction);
+
+    ht_dataset *ds = calloc(1, sizeof(*ds));
+    if (!ds) return ht_fail(err, HT_ERR_OOM, "cannot allocate the dataset");
+    snprintf(ds->type, sizeof(ds->type), "%s", cfg->dataset_type);
+    ds->seq_len = cfg->seq_len;
+    ht_status st = opener(cfg, ds, err);
+    if (st == HT_OK) st = split_dataset(cfg, ds, err);
+    if (st != HT_OK) {
+        ht_dataset_free(ds);
+        return st;
+    }
+    if (ds->vocab_size == 0) {
+        uint16_t max = 0;
+        for (size_t i = 0; i < ds->n_tokens; i++)
+            if (ds->tokens[i] > max) max = ds->tokens[i];
+        ds->vocab_size = (int)max + 1;
+    }
+    ht_log_info("data: %s %s: %zu tokens from %d file%s (train %zu, validation %zu), vocab %d", ds->type, cfg->path,
+                ds->n_tokens, ds->n_sources, ds->n_sources == 1 ? "" : "s", ds->split_count[HT_SPLIT_TRAIN],
+                ds->split_count[HT_SPLIT_VALID], ds->vocab_size);
+    *out = ds;
+    return HT_OK;
+}
+
+ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, ht_error *err) {
+    for (size_t i = 0; i < ds->n_tokens; i++) {
+        if ((int)ds->tokens[i] < vocab_size) continue;
+        const ht_data_source *s = NULL;
+        for (int k = 0; k < ds->n_sources; k++)
+            if (i >= ds->sources[k].start && i < ds->sources[k].start + ds->sources[k].count) s = &ds->sources[k];
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "%s: token at position %zu has id %d, but the model's vocab_size is %d "
+                       "(ids must be below it; position %zu of the whole %s stream)",
+                       s ? s->path : ds->type, s ? i - s->start : i, ds->tokens[i], vocab_size, i, ds->type);
+    }
+    return HT_OK;
+}
