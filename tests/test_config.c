@@ -394,12 +394,26 @@ static void test_format_roundtrip(void **state) {
     char value[256];
     ht_config_format_value(&back, "data.path", value, sizeof(value));
     assert_string_equal(value, "\"a: b #c\"");
+    assert_ht_ok(ht_config_set(&back, "training.plugin=[\"a\\\"b\\\\c\\td\"]", &err), &err);
+    assert_string_equal(back.training.plugin.items[0], "a\"b\\c\td");
+    char again[256], assignment[300];
+    ht_config_format_value(&back, "training.plugin", value, sizeof(value));
+    snprintf(assignment, sizeof(assignment), "training.plugin=%s", value);
+    assert_ht_ok(ht_config_set(&back, assignment, &err), &err);
+    ht_config_format_value(&back, "training.plugin", again, sizeof(again));
+    assert_string_equal(value, again);
+    assert_string_equal(back.training.plugin.items[0], "a\"b\\c\td");
     assert_ht_ok(ht_config_set(&back, "data.path=\"123\"", &err), &err);
     assert_string_equal(back.data.path, "123");
     ht_config_format_value(&back, "data.path", value, sizeof(value));
     assert_string_equal(value, "\"123\"");
     assert_true(ht_config_format_value(&back, "model.rope_theta", value, sizeof(value)));
     assert_string_equal(value, "500000.0");
+    ht_config_defaults(&back); /* floats stay YAML 1.1 floats (a dot before the exponent) */
+    ht_config_format_value(&back, "model.rms_norm_eps", value, sizeof(value));
+    assert_string_equal(value, "1.0e-06");
+    ht_config_format_value(&back, "optimizer.adamw_config.adamw_lr", value, sizeof(value));
+    assert_string_equal(value, "0.001");
     assert_false(ht_config_format_value(&back, "model.nope", value, sizeof(value)));
 }
 

@@ -927,10 +927,24 @@ static void put_double(char *buf, size_t n, size_t *used, double x) {
     put(buf, n, used, "%s", tmp);
 }
 
+/* A double-quoted YAML string, escaped. */
+static void put_quoted(char *buf, size_t n, size_t *used, const char *s) {
+    put(buf, n, used, "\"");
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            put(buf, n, used, "\\%c", *s);
+        else if (*s == '\n' || *s == '\t')
+            put(buf, n, used, "\\%c", *s == '\n' ? 'n' : 't');
+        else
+            put(buf, n, used, "%c", *s);
+    }
+    put(buf, n, used, "\"");
+}
+
 /* A string as a YAML scalar: plain when it reads back as the same string, else double-quoted. */
 static void put_string(char *buf, size_t n, size_t *used, const char *s) {
     bool plain = *s && !strchr(" \t-?:,[]{}#&*!|>'\"%@`~", s[0]) && s[strlen(s) - 1] != ' ' && !strstr(s, ": ") &&
-                 !strstr(s, " #");
+                 !strstr(s, " #") && !strpbrk(s, "\n\t\r");
     if (plain) {
         yaml_node_t fake = {0};
         fake.type = YAML_SCALAR_NODE;
@@ -941,18 +955,10 @@ static void put_string(char *buf, size_t n, size_t *used, const char *s) {
         bool bv;
         plain = classify(&fake, &iv, &dv, &bv) == SC_STR;
     }
-    if (plain) {
+    if (plain)
         put(buf, n, used, "%s", s);
-        return;
-    }
-    put(buf, n, used, "\"");
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            put(buf, n, used, "\\%c", *s);
-        else
-            put(buf, n, used, "%c", *s);
-    }
-    put(buf, n, used, "\"");
+    else
+        put_quoted(buf, n, used, s);
 }
 
 static void put_triple(char *buf, size_t n, size_t *used, const double abc[3]) {
@@ -1003,12 +1009,7 @@ static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
         put(buf, n, &used, "[");
         for (int j = 0; j < list->count; j++) {
             if (j) put(buf, n, &used, ", ");
-            put(buf, n, &used, "\"");
-            for (const char *s = list->items[j]; *s; s++) {
-                if (*s == '"' || *s == '\\') put(buf, n, &used, "\\");
-                put(buf, n, &used, "%c", *s);
-            }
-            put(buf, n, &used, "\"");
+            put_quoted(buf, n, &used, list->items[j]);
         }
         put(buf, n, &used, "]");
         break;
