@@ -1,0 +1,210 @@
+/* The run configuration: one YAML file (sections model, data, optimizer,
+ * lr_scheduler, training, fsdp_config, checkpoint; see CONFIG.md) plus
+ * `--set section.key=value` overrides, loaded into a typed struct that
+ * remembers where each value came from; cross-field validation; the
+ * "Trainer config" log. All of it is driven by one table of keys in
+ * src/config/config.c. */
+#ifndef HYPERTRAIN_CONFIG_H
+#define HYPERTRAIN_CONFIG_H
+
+#include "hypertrain/base.h"
+#include "hypertrain/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HT_CONFIG_STR_MAX 1024 /* bytes of a string value, NUL included */
+#define HT_CONFIG_LIST_MAX 16  /* items of a string list */
+#define HT_CONFIG_NS_MAX 32    /* segments of muon_ns_coefficients */
+#define HT_CONFIG_MAX_KEYS 160 /* capacity of the per-key source tracking */
+
+/* A nullable dtype that is null: model_init_dtype "keep", reduce_dtype "missing". */
+#define HT_CONFIG_DTYPE_NONE HT_DTYPE_COUNT
+
+typedef enum ht_config_source {
+    HT_CONFIG_SOURCE_DEFAULT = 0,
+    HT_CONFIG_SOURCE_FILE,
+    HT_CONFIG_SOURCE_CLI, /* --set */
+} ht_config_source;
+
+typedef enum ht_config_optimizer {
+    HT_CONFIG_OPTIMIZER_MUON = 0, /* Muon for matrices + AdamW for the rest */
+    HT_CONFIG_OPTIMIZER_ADAMW,
+} ht_config_optimizer;
+
+/* The seven schedules of NUMERICS.md, in its order. */
+typedef enum ht_config_lr_schedule {
+    HT_CONFIG_LR_CONSTANT_WARMUP = 0, /* ConstantWarmUpLR */
+    HT_CONFIG_LR_LINEAR_WARMUP,       /* LinearWithWarmUpLR */
+    HT_CONFIG_LR_COSINE_WARMUP,       /* CosineWithWarmUpLR */
+    HT_CONFIG_LR_COSINE_RESTARTS,     /* CosineWithRestartsAndWarmUpLR */
+    HT_CONFIG_LR_POLYNOMIAL_WARMUP,   /* PolynomialWithWarmUpLR */
+    HT_CONFIG_LR_WARMUP_STABLE_DECAY, /* WarmUpStableDecayLR */
+    HT_CONFIG_LR_COSINE_ANNEALING,    /* CosineAnnealingLR */
+} ht_config_lr_schedule;
+
+typedef enum ht_config_ns_variant {
+    HT_CONFIG_NS_LEGACY = 0,
+    HT_CONFIG_NS_ASYM5,
+    HT_CONFIG_NS_POLAR_EXPRESS,
+    HT_CONFIG_NS_DEEPSEEK_V4,
+    HT_CONFIG_NS_CUSTOM,
+} ht_config_ns_variant;
+
+typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MOMENTUM_EMA } ht_config_momentum_style;
+
+typedef enum ht_config_muon_comm {
+    HT_CONFIG_MUON_COMM_ALLGATHER = 0,
+    HT_CONFIG_MUON_COMM_DEREDUNDANCY
+} ht_config_muon_comm;
+
+typedef struct ht_config_strings {
+    int count;
+    char items[HT_CONFIG_LIST_MAX][HT_CONFIG_STR_MAX];
+} ht_config_strings;
+
+/* muon_ns_coefficients. count 0: null (the variant's own schedule).
+ * [a, b, c] -> one segment with repeat 0 (meaning: ns_steps times);
+ * [[a, b, c], ...] -> one segment per triple, repeat 1;
+ * [[[a, b, c], n], ...] -> segments with repeat n, expanded in order. */
+typedef struct ht_config_ns_coefficients {
+    int count;
+    double abc[HT_CONFIG_NS_MAX][3];
+    int repeat[HT_CONFIG_NS_MAX];
+} ht_config_ns_coefficients;
+
+/* The whole run configuration. A plain value: no heap memory, copy it freely. */
+typedef struct ht_config {
+    struct {
+        ht_model_config arch;                    /* model.name and the architecture keys */
+        char from_pretrained[HT_CONFIG_STR_MAX]; /* "" (null): build from scratch */
+    } model;
+    ht_dtype model_init_dtype; /* HT_CONFIG_DTYPE_NONE: keep */
+
+    struct {
+        char dataset_type[64]; /* data registry name */
+        char path[HT_CONFIG_STR_MAX];
+        int seq_len;
+        double valid_fraction; /* [0, 1) */
+    } data;
+
+    struct {
+        ht_config_optimizer type; /* _target_ (HyperParallel) or type (MindFormers) */
+        bool fp32_main_params;
+        struct {
+            double lr, weight_decay, momentum;
+            bool nesterov;
+            int ns_steps;
+            ht_config_ns_variant ns_variant;
+            ht_config_ns_coefficients ns_coefficients;
+            double ns_eps;
+            double matched_adamw_rms;
+            ht_config_momentum_style momentum_style;
+            ht_config_muon_comm comm_strategy;
+            ht_config_strings adamw_include;
+            bool qk_clip_enabled;
+            double qk_clip_threshold;
+        } muon;
+        struct {
+            double lr, weight_decay;
+            double betas[2];
+            double eps;
+            ht_config_strings no_weight_decay;
+        } adamw;
+    } optimizer;
+
+    /* Total steps are training.steps; see NUMERICS.md for the formulas. */
+    struct {
+        ht_config_lr_schedule type;
+        double warmup_ratio; /* wins over warmup_steps when given: ht_config_warmup_steps */
+        int warmup_steps;
+        double warmup_lr_init;
+        double lr_end;
+        double num_cycles;
+        int decay_steps; /* 0: T (cosine) or T - W (polynomial) */
+        double power;
+        int decay_start_steps; /* WarmUpStableDecayLR: wins over decay_start_ratio when given */
+        double decay_start_ratio;
+        double eta_min;
+        int t_max; /* CosineAnnealingLR; 0: T */
+    } lr_scheduler;
+
+    struct {
+        int steps;
+        int local_batch_size;  /* sequences per micro-batch per data-parallel rank */
+        int global_batch_size; /* accumulation = global / (local * data_parallel) */
+        double max_norm;
+        int64_t seed;
+        bool deterministic;
+        int log_interval;
+        int eval_interval; /* 0: never */
+        int eval_batches;  /* validation batches per evaluation */
+        ht_config_strings plugin;
+    } training;
+
+    struct {
+        int shard_size; /* 0: auto */
+        ht_dtype param_dtype;
+        ht_dtype reduce_dtype; /* HT_CONFIG_DTYPE_NONE: missing (only legal without fp32_main_params) */
+        ht_dtype output_dtype;
+        bool cast_forward_inputs;
+    } fsdp;
+
+    struct {
+        char output_dir[HT_CONFIG_STR_MAX];
+        int save_interval; /* 0: never */
+        bool save_optimizer;
+        int keep_last;                        /* 0: keep all */
+        char restore_from[HT_CONFIG_STR_MAX]; /* "" (null), a directory, or "latest" */
+        bool restore_optimizer;
+    } checkpoint;
+
+    /* Where each key's value came from, indexed like the key table. */
+    char file[HT_CONFIG_STR_MAX]; /* the loaded file, "" if none */
+    uint8_t source[HT_CONFIG_MAX_KEYS];
+    int line[HT_CONFIG_MAX_KEYS]; /* 1-based line in `file`, 0 when not from the file */
+} ht_config;
+
+/* Every key at its default (all sources: default). */
+void ht_config_defaults(ht_config *cfg);
+
+/* Defaults, then the YAML file at `path` (NULL: none), then each "key=value"
+ * override in order. Errors name the file (or the --set argument), the line,
+ * the dotted key, what was expected and what was found. Does not validate
+ * cross-field rules: call ht_config_validate. */
+ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err);
+
+/* Applies one "section.key=value" override (value: a YAML scalar, or a flow
+ * sequence for list keys; "null" or empty for null). Source: command line. */
+ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err);
+
+/* The cross-field rules of CONFIG.md; lists every violation, one per line.
+ * Never changes a value. */
+ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err);
+
+/* Logs "Trainer config": every key, its final value, and its source. */
+void ht_config_log(const ht_config *cfg);
+
+/* The keys in table order (canonical dotted names), for dumps and tools. */
+int ht_config_key_count(void);
+const char *ht_config_key_name(int index);
+/* Index of a dotted key or one of its aliases; -1 if unknown. */
+int ht_config_key_index(const char *key);
+/* Source of a key's value and, when from the file, its line (else 0). Unknown key: default, 0. */
+ht_config_source ht_config_key_source(const ht_config *cfg, const char *key, int *line);
+const char *ht_config_source_name(ht_config_source source);
+/* The key's value as YAML text (e.g. `0.001`, `bfloat16`, `["*bias*", "*norm*"]`, `null`);
+ * false if the key is unknown. Truncates to n bytes. */
+bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, size_t n);
+
+/* W of NUMERICS.md: floor(steps * warmup_ratio) if warmup_ratio was given
+ * (file or command line), else warmup_steps. */
+int ht_config_warmup_steps(const ht_config *cfg);
+/* S of WarmUpStableDecayLR: decay_start_steps if given, else floor(steps * decay_start_ratio). */
+int ht_config_decay_start_steps(const ht_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

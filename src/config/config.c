@@ -1,0 +1,1096 @@
+/* The config key table and everything driven by it: defaults, loading a YAML
+ * file (libyaml's document API, for line numbers), --set overrides, source
+ * tracking, formatting values, and the "Trainer config" log. A new key or a
+ * dialect alias is one line in a table below. Cross-field rules: validate.c. */
+#include "hypertrain/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* ---------------------------------------------------------------- the table */
+
+typedef enum key_type {
+    KT_INT,    /* int */
+    KT_I64,    /* int64_t */
+    KT_FLOAT,  /* double */
+    KT_BOOL,   /* bool: true | false */
+    KT_STR,    /* char[size] */
+    KT_ENUM,   /* an int-sized enum, by name */
+    KT_DTYPE,  /* ht_dtype: float16 | bfloat16 | float32 */
+    KT_STRS,   /* ht_config_strings */
+    KT_FLOATS, /* double[size / sizeof(double)] */
+    KT_NS,     /* ht_config_ns_coefficients */
+    KT_SHARD,  /* int: auto (0) or a positive integer */
+    KT_REJECT, /* a key some dialects know that is an error here */
+} key_type;
+
+#define NULLABLE 1u
+
+typedef struct enum_name {
+    const char *name;
+    int value;
+    bool hidden; /* accepted, but not listed in "expected one of" */
+} enum_name;
+
+typedef struct key_desc {
+    const char *path; /* dotted, canonical */
+    key_type type;
+    size_t offset, size;
+    const char *def;        /* default, as YAML text (NULL for KT_REJECT) */
+    const enum_name *names; /* KT_ENUM; KT_REJECT: names[0].name is the message */
+    unsigned flags;
+} key_desc;
+
+static const enum_name OPTIMIZERS[] = {
+    {"Muon", HT_CONFIG_OPTIMIZER_MUON, false},
+    {"AdamW", HT_CONFIG_OPTIMIZER_ADAMW, false},
+    {"hyper_parallel.auto_models.components.optim.optimizer.optimizer.Muon", HT_CONFIG_OPTIMIZER_MUON, true},
+    {"hyper_parallel.auto_models.components.optim.optimizer.optimizer.AdamW", HT_CONFIG_OPTIMIZER_ADAMW, true},
+    {NULL, 0, false},
+};
+static const enum_name LR_SCHEDULES[] = {
+    {"ConstantWarmUpLR", HT_CONFIG_LR_CONSTANT_WARMUP, false},
+    {"LinearWithWarmUpLR", HT_CONFIG_LR_LINEAR_WARMUP, false},
+    {"CosineWithWarmUpLR", HT_CONFIG_LR_COSINE_WARMUP, false},
+    {"CosineWithRestartsAndWarmUpLR", HT_CONFIG_LR_COSINE_RESTARTS, false},
+    {"PolynomialWithWarmUpLR", HT_CONFIG_LR_POLYNOMIAL_WARMUP, false},
+    {"WarmUpStableDecayLR", HT_CONFIG_LR_WARMUP_STABLE_DECAY, false},
+    {"CosineAnnealingLR", HT_CONFIG_LR_COSINE_ANNEALING, false},
+    {NULL, 0, false},
+};
+static const enum_name NS_VARIANTS[] = {
+    {"legacy", HT_CONFIG_NS_LEGACY, false},
+    {"asym5", HT_CONFIG_NS_ASYM5, false},
+    {"polar_express", HT_CONFIG_NS_POLAR_EXPRESS, false},
+    {"deepseek_v4", HT_CONFIG_NS_DEEPSEEK_V4, false},
+    {"custom", HT_CONFIG_NS_CUSTOM, false},
+    {NULL, 0, false},
+};
+static const enum_name MOMENTUM_STYLES[] = {
+    {"sum", HT_CONFIG_MOMENTUM_SUM, false},
+    {"ema", HT_CONFIG_MOMENTUM_EMA, false},
+    {NULL, 0, false},
+};
+static const enum_name MUON_COMMS[] = {
+    {"allgather", HT_CONFIG_MUON_COMM_ALLGATHER, false},
+    {"deredundancy", HT_CONFIG_MUON_COMM_DEREDUNDANCY, false},
+    {NULL, 0, false},
+};
+static const enum_name TOTAL_STEPS_MSG[] = {
+    {"total steps come from training.steps; remove this key (set training.steps instead)", 0, true},
+    {NULL, 0, false},
+};
+
+#define F(field) offsetof(ht_config, field), sizeof(((ht_config *)0)->field)
+#define INT(path, field, def)                                                                                          \
+    { path, KT_INT, F(field), def, NULL, 0 }
+#define I64(path, field, def)                                                                                          \
+    { path, KT_I64, F(field), def, NULL, 0 }
+#define FLT(path, field, def)                                                                                          \
+    { path, KT_FLOAT, F(field), def, NULL, 0 }
+#define BOOL(path, field, def)                                                                                         \
+    { path, KT_BOOL, F(field), def, NULL, 0 }
+#define STR(path, field, def)                                                                                          \
+    { path, KT_STR, F(field), def, NULL, 0 }
+#define STR_OR_NULL(path, field, def)                                                                                  \
+    { path, KT_STR, F(field), def, NULL, NULLABLE }
+#define ENUM(path, field, names, def)                                                                                  \
+    { path, KT_ENUM, F(field), def, names, 0 }
+#define DTYPE(path, field, def)                                                                                        \
+    { path, KT_DTYPE, F(field), def, NULL, 0 }
+#define DTYPE_OR_NULL(path, field, def)                                                                                \
+    { path, KT_DTYPE, F(field), def, NULL, NULLABLE }
+#define STRS(path, field, def)                                                                                         \
+    { path, KT_STRS, F(field), def, NULL, 0 }
+#define FLOATS(path, field, def)                                                                                       \
+    { path, KT_FLOATS, F(field), def, NULL, 0 }
+#define NS(path, field, def)                                                                                           \
+    { path, KT_NS, F(field), def, NULL, 0 }
+#define SHARD(path, field, def)                                                                                        \
+    { path, KT_SHARD, F(field), def, NULL, 0 }
+#define REJECT(path, msg)                                                                                              \
+    { path, KT_REJECT, 0, 0, NULL, msg, 0 }
+
+/* Every key of CONFIG.md, in the order the log prints them. */
+static const key_desc KEYS[] = {
+    STR("model.name", model.arch.name, "qwen2"),
+    STR_OR_NULL("model.from_pretrained", model.from_pretrained, "null"),
+    INT("model.vocab_size", model.arch.vocab_size, "256"),
+    INT("model.hidden_size", model.arch.hidden_size, "256"),
+    INT("model.intermediate_size", model.arch.intermediate_size, "688"),
+    INT("model.num_hidden_layers", model.arch.num_hidden_layers, "4"),
+    INT("model.num_attention_heads", model.arch.num_attention_heads, "8"),
+    INT("model.num_key_value_heads", model.arch.num_key_value_heads, "2"),
+    INT("model.head_dim", model.arch.head_dim, "0"),
+    INT("model.max_position_embeddings", model.arch.max_position_embeddings, "512"),
+    FLT("model.rope_theta", model.arch.rope_theta, "10000.0"),
+    FLT("model.rms_norm_eps", model.arch.rms_norm_eps, "1.0e-6"),
+    BOOL("model.attention_bias", model.arch.attention_bias, "true"),
+    BOOL("model.tie_word_embeddings", model.arch.tie_word_embeddings, "false"),
+    FLT("model.initializer_range", model.arch.initializer_range, "0.02"),
+    DTYPE_OR_NULL("model_init_dtype", model_init_dtype, "float32"),
+
+    STR("data.dataset_type", data.dataset_type, "text_bytes"),
+    STR("data.path", data.path, "\"\""),
+    INT("data.seq_len", data.seq_len, "256"),
+    FLT("data.valid_fraction", data.valid_fraction, "0.01"),
+
+    ENUM("optimizer._target_", optimizer.type, OPTIMIZERS, "Muon"),
+    BOOL("optimizer.fp32_main_params", optimizer.fp32_main_params, "true"),
+    FLT("optimizer.muon_config.muon_lr", optimizer.muon.lr, "0.02"),
+    FLT("optimizer.muon_config.muon_weight_decay", optimizer.muon.weight_decay, "0.1"),
+    FLT("optimizer.muon_config.muon_momentum", optimizer.muon.momentum, "0.95"),
+    BOOL("optimizer.muon_config.muon_nesterov", optimizer.muon.nesterov, "true"),
+    INT("optimizer.muon_config.muon_ns_steps", optimizer.muon.ns_steps, "5"),
+    ENUM("optimizer.muon_config.muon_ns_variant", optimizer.muon.ns_variant, NS_VARIANTS, "asym5"),
+    NS("optimizer.muon_config.muon_ns_coefficients", optimizer.muon.ns_coefficients, "null"),
+    FLT("optimizer.muon_config.muon_ns_eps", optimizer.muon.ns_eps, "1.0e-7"),
+    FLT("optimizer.muon_config.muon_matched_adamw_rms", optimizer.muon.matched_adamw_rms, "0.2"),
+    ENUM("optimizer.muon_config.muon_momentum_style", optimizer.muon.momentum_style, MOMENTUM_STYLES, "sum"),
+    ENUM("optimizer.muon_config.muon_comm_strategy", optimizer.muon.comm_strategy, MUON_COMMS, "allgather"),
+    STRS("optimizer.muon_config.adamw_include", optimizer.muon.adamw_include, "[\"*embed*\", \"*lm_head*\"]"),
+    BOOL("optimizer.muon_config.qk_clip_enabled", optimizer.muon.qk_clip_enabled, "false"),
+    FLT("optimizer.muon_config.qk_clip_threshold", optimizer.muon.qk_clip_threshold, "100"),
+    FLT("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr, "0.001"),
+    FLT("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay, "0.01"),
+    FLOATS("optimizer.adamw_config.adamw_betas", optimizer.adamw.betas, "[0.9, 0.999]"),
+    FLT("optimizer.adamw_config.adamw_eps", optimizer.adamw.eps, "1.0e-8"),
+    STRS("optimizer.adamw_config.no_weight_decay", optimizer.adamw.no_weight_decay,
+         "[\"*bias*\", \"*norm*\", \"*ln_*\"]"),
+
+    ENUM("lr_scheduler.type", lr_scheduler.type, LR_SCHEDULES, "CosineWithWarmUpLR"),
+    FLT("lr_scheduler.warmup_ratio", lr_scheduler.warmup_ratio, "0.0"),
+    INT("lr_scheduler.warmup_steps", lr_scheduler.warmup_steps, "0"),
+    FLT("lr_scheduler.warmup_lr_init", lr_scheduler.warmup_lr_init, "0.0"),
+    FLT("lr_scheduler.lr_end", lr_scheduler.lr_end, "0.0"),
+    FLT("lr_scheduler.num_cycles", lr_scheduler.num_cycles, "0.5"),
+    INT("lr_scheduler.decay_steps", lr_scheduler.decay_steps, "0"),
+    FLT("lr_scheduler.power", lr_scheduler.power, "1.0"),
+    INT("lr_scheduler.decay_start_steps", lr_scheduler.decay_start_steps, "0"),
+    FLT("lr_scheduler.decay_start_ratio", lr_scheduler.decay_start_ratio, "0.8"),
+    FLT("lr_scheduler.eta_min", lr_scheduler.eta_min, "0.0"),
+    INT("lr_scheduler.t_max", lr_scheduler.t_max, "0"),
+    REJECT("lr_scheduler.total_steps", TOTAL_STEPS_MSG),
+
+    INT("training.steps", training.steps, "1000"),
+    INT("training.local_batch_size", training.local_batch_size, "8"),
+    INT("training.global_batch_size", training.global_batch_size, "32"),
+    FLT("training.max_norm", training.max_norm, "1.0"),
+    I64("training.seed", training.seed, "42"),
+    BOOL("training.deterministic", training.deterministic, "false"),
+    INT("training.log_interval", training.log_interval, "10"),
+    INT("training.eval_interval", training.eval_interval, "100"),
+    INT("training.eval_batches", training.eval_batches, "20"),
+    STRS("training.plugin", training.plugin, "[]"),
+
+    SHARD("fsdp_config.shard_size", fsdp.shard_size, "auto"),
+    DTYPE("fsdp_config.mix_precision.param_dtype", fsdp.param_dtype, "bfloat16"),
+    DTYPE_OR_NULL("fsdp_config.mix_precision.reduce_dtype", fsdp.reduce_dtype, "float32"),
+    DTYPE("fsdp_config.mix_precision.output_dtype", fsdp.output_dtype, "bfloat16"),
+    BOOL("fsdp_config.mix_precision.cast_forward_inputs", fsdp.cast_forward_inputs, "true"),
+
+    STR("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
+    INT("checkpoint.save_interval", checkpoint.save_interval, "500"),
+    BOOL("checkpoint.save_optimizer", checkpoint.save_optimizer, "true"),
+    INT("checkpoint.keep_last", checkpoint.keep_last, "3"),
+    STR_OR_NULL("checkpoint.restore_from", checkpoint.restore_from, "null"),
+    BOOL("checkpoint.restore_optimizer", checkpoint.restore_optimizer, "true"),
+};
+#define N_KEYS ((int)(sizeof(KEYS) / sizeof(KEYS[0])))
+_Static_assert(sizeof(KEYS) / sizeof(KEYS[0]) <= HT_CONFIG_MAX_KEYS, "raise HT_CONFIG_MAX_KEYS");
+_Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) == sizeof(int),
+               "enums are stored as int");
+
+/* Other dialects' names for a key (CONFIG.md, Compatibility): alias -> canonical. */
+typedef struct key_alias {
+    const char *alias, *key;
+} key_alias;
+
+static const key_alias ALIASES[] = {
+    /* MindFormers optimizer: a flat block. */
+    {"optimizer.type", "optimizer._target_"},
+    {"optimizer.betas", "optimizer.adamw_config.adamw_betas"},
+    {"optimizer.eps", "optimizer.adamw_config.adamw_eps"},
+    {"optimizer.momentum", "optimizer.muon_config.muon_momentum"},
+    {"optimizer.nesterov", "optimizer.muon_config.muon_nesterov"},
+    {"optimizer.ns_steps", "optimizer.muon_config.muon_ns_steps"},
+    {"optimizer.ns_coefficients", "optimizer.muon_config.muon_ns_coefficients"},
+    {"optimizer.matched_adamw_rms", "optimizer.muon_config.muon_matched_adamw_rms"},
+    {"optimizer.adamw_betas", "optimizer.adamw_config.adamw_betas"},
+    {"optimizer.adamw_eps", "optimizer.adamw_config.adamw_eps"},
+    {"optimizer.qk_clip_enabled", "optimizer.muon_config.qk_clip_enabled"},
+    {"optimizer.qk_clip_threshold", "optimizer.muon_config.qk_clip_threshold"},
+    {"optimizer.comm_strategy", "optimizer.muon_config.muon_comm_strategy"},
+    {"optimizer.adamw_include", "optimizer.muon_config.adamw_include"},
+};
+#define N_ALIASES ((int)(sizeof(ALIASES) / sizeof(ALIASES[0])))
+
+static int key_index_exact(const char *path) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].path, path) == 0) return i;
+    return -1;
+}
+
+int ht_config_key_index(const char *key) {
+    int i = key_index_exact(key);
+    if (i >= 0) return i;
+    for (int a = 0; a < N_ALIASES; a++)
+        if (strcmp(ALIASES[a].alias, key) == 0) return key_index_exact(ALIASES[a].key);
+    return -1;
+}
+
+int ht_config_key_count(void) { return N_KEYS; }
+
+const char *ht_config_key_name(int index) { return index >= 0 && index < N_KEYS ? KEYS[index].path : NULL; }
+
+static bool has_prefix_dot(const char *s, const char *prefix) {
+    size_t n = strlen(prefix);
+    return strncmp(s, prefix, n) == 0 && s[n] == '.';
+}
+
+/* A section is a proper dotted prefix of some key ("optimizer", "optimizer.muon_config"). */
+static bool is_section(const char *path) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (has_prefix_dot(KEYS[i].path, path)) return true;
+    for (int a = 0; a < N_ALIASES; a++)
+        if (has_prefix_dot(ALIASES[a].alias, path)) return true;
+    return false;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+/* Where a value came from, for the front of a message: "f.yaml:12: " or "--set k=v: ". */
+typedef struct origin {
+    const char *file;    /* the file, or NULL */
+    const char *set_arg; /* the --set argument, or NULL */
+    ht_config_source source;
+} origin;
+
+static void origin_prefix(const origin *o, int line, char *buf, size_t n) {
+    if (o->set_arg)
+        snprintf(buf, n, "--set %s: ", o->set_arg);
+    else if (o->file && line > 0)
+        snprintf(buf, n, "%s:%d: ", o->file, line);
+    else if (o->file)
+        snprintf(buf, n, "%s: ", o->file);
+    else
+        snprintf(buf, n, "default: ");
+}
+
+static int node_line(const yaml_node_t *node) { return (int)node->start_mark.line + 1; }
+
+typedef enum scalar_kind { SC_NULL, SC_BOOL, SC_INT, SC_FLOAT, SC_STR } scalar_kind;
+
+static const char *scalar_text(const yaml_node_t *node) { return (const char *)node->data.scalar.value; }
+
+static bool all_digits(const char *s) {
+    if (!*s) return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return false;
+    return true;
+}
+
+/* YAML core-schema resolution of a scalar (quoted scalars are always strings;
+ * of the YAML 1.1 booleans only true/false count, so `yes` stays a string). */
+static scalar_kind classify(const yaml_node_t *node, long long *iv, double *dv, bool *bv) {
+    const char *s = scalar_text(node);
+    if (node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return SC_STR;
+    if (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL")) return SC_NULL;
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE")) return *bv = true, SC_BOOL;
+    if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE")) return *bv = false, SC_BOOL;
+    const char *body = (*s == '-' || *s == '+') ? s + 1 : s;
+    if (all_digits(body)) {
+        errno = 0;
+        *iv = strtoll(s, NULL, 10);
+        *dv = strtod(s, NULL);
+        return errno == ERANGE ? SC_FLOAT : SC_INT;
+    }
+    if (!strcmp(body, ".inf") || !strcmp(body, ".Inf") || !strcmp(body, ".INF")) {
+        *dv = *s == '-' ? -INFINITY : INFINITY;
+        return SC_FLOAT;
+    }
+    if (!strcmp(s, ".nan") || !strcmp(s, ".NaN") || !strcmp(s, ".NAN")) return *dv = NAN, SC_FLOAT;
+    bool digit = false;
+    for (const char *p = body; *p; p++) {
+        if (*p >= '0' && *p <= '9')
+            digit = true;
+        else if (!strchr(".eE+-", *p))
+            return SC_STR;
+    }
+    if (!digit) return SC_STR;
+    char *end;
+    *dv = strtod(s, &end);
+    return *end == '\0' ? SC_FLOAT : SC_STR;
+}
+
+/* What a node is, for "found ...": `1.5 (a float)`, `"ten" (a string)`, `a sequence`. */
+static void describe(const yaml_node_t *node, char *buf, size_t n) {
+    if (node->type == YAML_MAPPING_NODE) {
+        snprintf(buf, n, "a mapping");
+        return;
+    }
+    if (node->type == YAML_SEQUENCE_NODE) {
+        snprintf(buf, n, "a sequence");
+        return;
+    }
+    long long iv;
+    double dv;
+    bool bv;
+    const char *s = scalar_text(node);
+    int w = strlen(s) > 80 ? 77 : 80;
+    const char *dots = strlen(s) > 80 ? "..." : "";
+    switch (classify(node, &iv, &dv, &bv)) {
+    case SC_NULL: snprintf(buf, n, "null"); break;
+    case SC_BOOL: snprintf(buf, n, "%s (a bool)", s); break;
+    case SC_INT: snprintf(buf, n, "%s (an integer)", s); break;
+    case SC_FLOAT: snprintf(buf, n, "%s (a float)", s); break;
+    case SC_STR: snprintf(buf, n, "\"%.*s%s\" (a string)", w, s, dots); break;
+    }
+}
+
+static void expected_enum(const enum_name *names, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "one of");
+    const char *sep = " ";
+    for (const enum_name *e = names; e->name && used < n; e++) {
+        if (e->hidden) continue;
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", sep, e->name);
+        sep = ", ";
+    }
+}
+
+static void expected(const key_desc *k, char *buf, size_t n) {
+    const char *or_null = (k->flags & NULLABLE) ? " or null" : "";
+    switch (k->type) {
+    case KT_INT:
+    case KT_I64: snprintf(buf, n, "an integer"); break;
+    case KT_FLOAT: snprintf(buf, n, "a finite number"); break;
+    case KT_BOOL: snprintf(buf, n, "true or false"); break;
+    case KT_STR: snprintf(buf, n, "a string of at most %zu bytes%s", k->size - 1, or_null); break;
+    case KT_ENUM: expected_enum(k->names, buf, n); break;
+    case KT_DTYPE:
+        snprintf(buf, n, "one of float16, bfloat16, float32%s", (k->flags & NULLABLE) ? ", null" : "");
+        break;
+    case KT_STRS:
+        snprintf(buf, n, "a list of at most %d strings of at most %d bytes", HT_CONFIG_LIST_MAX, HT_CONFIG_STR_MAX - 1);
+        break;
+    case KT_FLOATS: snprintf(buf, n, "a list of %zu numbers", k->size / sizeof(double)); break;
+    case KT_NS:
+        snprintf(buf, n, "null, [a, b, c], [[a, b, c], ...] or [[[a, b, c], count], ...] (at most %d entries)",
+                 HT_CONFIG_NS_MAX);
+        break;
+    case KT_SHARD: snprintf(buf, n, "auto or a positive integer"); break;
+    case KT_REJECT: snprintf(buf, n, "nothing: %s", k->names[0].name); break;
+    }
+}
+
+static ht_status type_error(const key_desc *k, const origin *o, int line, const yaml_node_t *node, ht_error *err) {
+    char where[HT_CONFIG_STR_MAX + 64], want[512], found[160];
+    origin_prefix(o, line, where, sizeof(where));
+    expected(k, want, sizeof(want));
+    describe(node, found, sizeof(found));
+    if (k->type == KT_REJECT) return ht_fail(err, HT_ERR_CONFIG, "%s%s: %s", where, k->path, k->names[0].name);
+    return ht_fail(err, HT_ERR_CONFIG, "%s%s: expected %s, found %s", where, k->path, want, found);
+}
+
+/* ---------------------------------------------------------------- values */
+
+static bool node_number(const yaml_node_t *node, double *out) {
+    long long iv;
+    double dv;
+    bool bv;
+    if (node->type != YAML_SCALAR_NODE) return false;
+    scalar_kind kind = classify(node, &iv, &dv, &bv);
+    if (kind != SC_INT && kind != SC_FLOAT) return false;
+    *out = dv;
+    return isfinite(dv);
+}
+
+static bool node_int(const yaml_node_t *node, long long lo, long long hi, long long *out) {
+    long long iv;
+    double dv;
+    bool bv;
+    if (node->type != YAML_SCALAR_NODE || classify(node, &iv, &dv, &bv) != SC_INT) return false;
+    if (iv < lo || iv > hi) return false;
+    *out = iv;
+    return true;
+}
+
+static bool node_string(const yaml_node_t *node, char *dst, size_t size) {
+    long long iv;
+    double dv;
+    bool bv;
+    if (node->type != YAML_SCALAR_NODE || classify(node, &iv, &dv, &bv) == SC_NULL) return false;
+    if (node->data.scalar.length >= size) return false;
+    memcpy(dst, scalar_text(node), node->data.scalar.length + 1);
+    return true;
+}
+
+static bool node_is_null(const yaml_node_t *node) {
+    long long iv;
+    double dv;
+    bool bv;
+    return node->type == YAML_SCALAR_NODE && classify(node, &iv, &dv, &bv) == SC_NULL;
+}
+
+static int seq_len(const yaml_node_t *node) {
+    return (int)(node->data.sequence.items.top - node->data.sequence.items.start);
+}
+
+static yaml_node_t *seq_item(yaml_document_t *doc, const yaml_node_t *node, int i) {
+    return yaml_document_get_node(doc, node->data.sequence.items.start[i]);
+}
+
+/* A sequence of exactly 3 finite numbers. */
+static bool node_triple(yaml_document_t *doc, const yaml_node_t *node, double abc[3]) {
+    if (node->type != YAML_SEQUENCE_NODE || seq_len(node) != 3) return false;
+    for (int i = 0; i < 3; i++)
+        if (!node_number(seq_item(doc, node, i), &abc[i])) return false;
+    return true;
+}
+
+static bool node_ns(yaml_document_t *doc, const yaml_node_t *node, ht_config_ns_coefficients *ns) {
+    memset(ns, 0, sizeof(*ns));
+    if (node_is_null(node)) return true;
+    if (node_triple(doc, node, ns->abc[0])) {
+        ns->count = 1;
+        ns->repeat[0] = 0;
+        return true;
+    }
+    if (node->type != YAML_SEQUENCE_NODE || seq_len(node) == 0 || seq_len(node) > HT_CONFIG_NS_MAX) return false;
+    for (int i = 0; i < seq_len(node); i++) {
+        yaml_node_t *item = seq_item(doc, node, i);
+        long long count;
+        if (node_triple(doc, item, ns->abc[i])) {
+            ns->repeat[i] = 1;
+        } else if (item->type == YAML_SEQUENCE_NODE && seq_len(item) == 2 &&
+                   node_triple(doc, seq_item(doc, item, 0), ns->abc[i]) &&
+                   node_int(seq_item(doc, item, 1), 1, 1000000, &count)) {
+            ns->repeat[i] = (int)count;
+        } else {
+            return false;
+        }
+    }
+    ns->count = seq_len(node);
+    return true;
+}
+
+/* Converts `node` to key k's type into dst (k->size bytes); false on a type mismatch. */
+static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *node, void *dst) {
+    long long iv;
+    double dv;
+    bool bv;
+    switch (k->type) {
+    case KT_INT:
+        if (!node_int(node, INT_MIN, INT_MAX, &iv)) return false;
+        *(int *)dst = (int)iv;
+        return true;
+    case KT_I64:
+        if (!node_int(node, INT64_MIN, INT64_MAX, &iv)) return false;
+        *(int64_t *)dst = (int64_t)iv;
+        return true;
+    case KT_FLOAT: return node_number(node, (double *)dst);
+    case KT_BOOL:
+        if (node->type != YAML_SCALAR_NODE || classify(node, &iv, &dv, &bv) != SC_BOOL) return false;
+        *(bool *)dst = bv;
+        return true;
+    case KT_STR:
+        if ((k->flags & NULLABLE) && node_is_null(node)) {
+            ((char *)dst)[0] = '\0';
+            return true;
+        }
+        return node_string(node, dst, k->size);
+    case KT_ENUM:
+        if (node->type != YAML_SCALAR_NODE) return false;
+        for (const enum_name *e = k->names; e->name; e++) {
+            if (strcmp(e->name, scalar_text(node)) == 0) {
+                memcpy(dst, &e->value, sizeof(int));
+                return true;
+            }
+        }
+        return false;
+    case KT_DTYPE: {
+        ht_dtype dt;
+        if ((k->flags & NULLABLE) && node_is_null(node)) {
+            dt = HT_CONFIG_DTYPE_NONE;
+        } else {
+            if (node->type != YAML_SCALAR_NODE || !ht_dtype_from_name(scalar_text(node), &dt)) return false;
+            if (dt != HT_DTYPE_F32 && dt != HT_DTYPE_BF16 && dt != HT_DTYPE_F16) return false;
+        }
+        memcpy(dst, &dt, sizeof(dt));
+        return true;
+    }
+    case KT_STRS: {
+        ht_config_strings *list = dst;
+        list->count = 0;
+        if (node_is_null(node)) return true;
+        if (node->type != YAML_SEQUENCE_NODE || seq_len(node) > HT_CONFIG_LIST_MAX) return false;
+        for (int i = 0; i < seq_len(node); i++)
+            if (!node_string(seq_item(doc, node, i), list->items[i], HT_CONFIG_STR_MAX)) return false;
+        list->count = seq_len(node);
+        return true;
+    }
+    case KT_FLOATS: {
+        int n = (int)(k->size / sizeof(double));
+        if (node->type != YAML_SEQUENCE_NODE || seq_len(node) != n) return false;
+        for (int i = 0; i < n; i++)
+            if (!node_number(seq_item(doc, node, i), (double *)dst + i)) return false;
+        return true;
+    }
+    case KT_NS: return node_ns(doc, node, dst);
+    case KT_SHARD:
+        if (node->type == YAML_SCALAR_NODE && strcmp(scalar_text(node), "auto") == 0) {
+            *(int *)dst = 0;
+            return true;
+        }
+        if (!node_int(node, 1, INT_MAX, &iv)) return false;
+        *(int *)dst = (int)iv;
+        return true;
+    case KT_REJECT: return false;
+    }
+    return false;
+}
+
+/* Sets key i of cfg from node (its key on `line`), recording the source; cfg is unchanged on error. */
+static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_node_t *node, int line, const origin *o,
+                        ht_error *err) {
+    const key_desc *k = &KEYS[i];
+    void *tmp = k->size ? calloc(1, k->size) : NULL; /* zeroed: equal configs are equal bytes */
+    if (k->size && !tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", k->path);
+    bool ok = convert(k, doc, node, tmp);
+    if (ok) {
+        memcpy((char *)cfg + k->offset, tmp, k->size);
+        cfg->source[i] = (uint8_t)o->source;
+        cfg->line[i] = o->source == HT_CONFIG_SOURCE_FILE ? line : 0;
+    }
+    free(tmp);
+    return ok ? HT_OK : type_error(k, o, line, node, err);
+}
+
+/* Parses `text` as one YAML value (a scalar or a flow sequence) and assigns it to key i. */
+static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, ht_error *err) {
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    char where[HT_CONFIG_STR_MAX + 64];
+    origin_prefix(o, 0, where, sizeof(where));
+    if (!yaml_parser_initialize(&parser)) return ht_fail(err, HT_ERR_OOM, "%scannot start the YAML parser", where);
+    if (!*text) text = "null";
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+    if (!yaml_parser_load(&parser, &doc)) {
+        ht_fail(err, HT_ERR_CONFIG, "%s%s: the value is not valid YAML: %s", where, KEYS[i].path,
+                parser.problem ? parser.problem : "unknown problem");
+        yaml_parser_delete(&parser);
+        return HT_ERR_CONFIG;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    ht_status st = root ? assign(cfg, i, &doc, root, 0, o, err)
+                        : ht_fail(err, HT_ERR_CONFIG, "%s%s: no value", where, KEYS[i].path);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+void ht_config_defaults(ht_config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    origin o = {NULL, NULL, HT_CONFIG_SOURCE_DEFAULT};
+    for (int i = 0; i < N_KEYS; i++) {
+        if (!KEYS[i].def) continue;
+        ht_error err;
+        /* Only a broken table entry can fail; test_config checks every default loads. */
+        if (assign_text(cfg, i, KEYS[i].def, &o, &err) != HT_OK) ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
+    }
+}
+
+/* ---------------------------------------------------------------- unknown keys */
+
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 200 || lb > 200) return INT_MAX;
+    int row[201];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static void consider(const char *cand, const char *path, const char **best, int *best_d) {
+    int d = edit_distance(path, cand);
+    if (d < *best_d) {
+        *best_d = d;
+        *best = cand;
+    }
+}
+
+/* The closest known key or section, when it is close enough to be a typo. */
+static const char *suggest(const char *path, char *buf, size_t n) {
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int i = 0; i < N_KEYS; i++) {
+        consider(KEYS[i].path, path, &best, &best_d);
+        /* Sections: every dotted prefix of the key. */
+        char prefix[256];
+        snprintf(prefix, sizeof(prefix), "%s", KEYS[i].path);
+        for (char *dot = strrchr(prefix, '.'); dot; dot = strrchr(prefix, '.')) {
+            *dot = '\0';
+            int d = edit_distance(path, prefix);
+            if (d < best_d) {
+                best_d = d;
+                snprintf(buf, n, "%s", prefix);
+                best = buf;
+            }
+        }
+    }
+    for (int a = 0; a < N_ALIASES; a++) consider(ALIASES[a].alias, path, &best, &best_d);
+    int limit = (int)strlen(path) / 4;
+    if (limit < 1) limit = 1;
+    if (limit > 3) limit = 3;
+    if (!best || best_d > limit) return NULL;
+    if (best != buf) snprintf(buf, n, "%s", best);
+    return buf;
+}
+
+/* "the keys of training are: steps, local_batch_size, ..." (canonical, direct children). */
+static void list_children(const char *section, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    size_t plen = section ? strlen(section) + 1 : 0;
+    for (int i = 0; i < N_KEYS && used + 1 < n; i++) {
+        if (section && !has_prefix_dot(KEYS[i].path, section)) continue;
+        if (KEYS[i].type == KT_REJECT) continue;
+        const char *child = KEYS[i].path + plen;
+        size_t clen = strcspn(child, ".");
+        bool dup = false;
+        for (int j = 0; j < i && !dup; j++) {
+            if (section && !has_prefix_dot(KEYS[j].path, section)) continue;
+            const char *other = KEYS[j].path + plen;
+            dup = strcspn(other, ".") == clen && strncmp(other, child, clen) == 0;
+        }
+        if (dup) continue;
+        used += (size_t)snprintf(buf + used, n - used, "%s%.*s", used ? ", " : "", (int)clen, child);
+    }
+}
+
+static ht_status unknown_key(const char *where, const char *path, ht_error *err) {
+    char hint[256], keys[1024];
+    if (suggest(path, hint, sizeof(hint)))
+        return ht_fail(err, HT_ERR_CONFIG, "%s%s: unknown key (did you mean %s?)", where, path, hint);
+    char section[256];
+    snprintf(section, sizeof(section), "%s", path);
+    char *dot = strrchr(section, '.');
+    if (dot) *dot = '\0';
+    list_children(dot ? section : NULL, keys, sizeof(keys));
+    return ht_fail(err, HT_ERR_CONFIG, "%s%s: unknown key; expected one of: %s", where, path, keys);
+}
+
+/* ---------------------------------------------------------------- loading a file */
+
+typedef struct loader {
+    ht_config *cfg;
+    yaml_document_t *doc;
+    origin origin;
+    int seen_line[HT_CONFIG_MAX_KEYS]; /* where this file set each key, for duplicates */
+    const char *seen_as[HT_CONFIG_MAX_KEYS];
+} loader;
+
+static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *prefix, ht_error *err) {
+    char where[HT_CONFIG_STR_MAX + 64];
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *key = yaml_document_get_node(L->doc, p->key);
+        yaml_node_t *value = yaml_document_get_node(L->doc, p->value);
+        origin_prefix(&L->origin, node_line(key), where, sizeof(where));
+        if (key->type != YAML_SCALAR_NODE) {
+            char found[160];
+            describe(key, found, sizeof(found));
+            return ht_fail(err, HT_ERR_CONFIG, "%s%s: expected a key name, found %s", where,
+                           *prefix ? prefix : "top level", found);
+        }
+        const char *name = scalar_text(key);
+        char path[256];
+        if (snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", name) >= (int)sizeof(path))
+            return ht_fail(err, HT_ERR_CONFIG, "%s%.64s...: unknown key (too long)", where, path);
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *prev = yaml_document_get_node(L->doc, q->key);
+            if (prev->type == YAML_SCALAR_NODE && strcmp(scalar_text(prev), name) == 0)
+                return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key (first set on line %d)", where, path,
+                               node_line(prev));
+        }
+        int i = ht_config_key_index(path);
+        if (i >= 0) {
+            if (L->seen_line[i])
+                return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key: %s was already set on line %d as %s", where,
+                               path, KEYS[i].path, L->seen_line[i], L->seen_as[i]);
+            ht_status st = assign(L->cfg, i, L->doc, value, node_line(key), &L->origin, err);
+            if (st != HT_OK) return st;
+            L->seen_line[i] = node_line(key);
+            L->seen_as[i] = name;
+        } else if (is_section(path)) {
+            if (node_is_null(value)) continue; /* an empty section */
+            if (value->type != YAML_MAPPING_NODE) {
+                char found[160];
+                describe(value, found, sizeof(found));
+                return ht_fail(err, HT_ERR_CONFIG, "%s%s: expected a mapping (a section of keys), found %s", where,
+                               path, found);
+            }
+            ht_status st = load_mapping(L, value, path, err);
+            if (st != HT_OK) return st;
+        } else {
+            return unknown_key(where, path, err);
+        }
+    }
+    return HT_OK;
+}
+
+static ht_status yaml_problem(const char *path, const yaml_parser_t *parser, ht_error *err) {
+    const char *problem = parser->problem ? parser->problem : "unknown problem";
+    if (parser->error == YAML_MEMORY_ERROR) return ht_fail(err, HT_ERR_OOM, "%s: out of memory parsing YAML", path);
+    if (parser->context)
+        return ht_fail(err, HT_ERR_CONFIG, "%s:%zu: not valid YAML: %s (column %zu), %s (line %zu)", path,
+                       parser->problem_mark.line + 1, problem, parser->problem_mark.column + 1, parser->context,
+                       parser->context_mark.line + 1);
+    return ht_fail(err, HT_ERR_CONFIG, "%s:%zu: not valid YAML: %s (column %zu)", path, parser->problem_mark.line + 1,
+                   problem, parser->problem_mark.column + 1);
+}
+
+static ht_status load_file(ht_config *cfg, const char *path, ht_error *err) {
+    char *text = NULL;
+    size_t size = 0;
+    ht_error io;
+    if (ht_read_file(path, &text, &size, &io) != HT_OK)
+        return ht_fail(err, io.status, "config file %s (expected a readable YAML file)", io.msg);
+    if (strlen(path) >= sizeof(cfg->file)) {
+        free(text);
+        return ht_fail(err, HT_ERR_CONFIG, "%s: the path is longer than %d bytes", path, HT_CONFIG_STR_MAX - 1);
+    }
+    snprintf(cfg->file, sizeof(cfg->file), "%s", path);
+
+    yaml_parser_t parser;
+    yaml_document_t doc, extra;
+    if (!yaml_parser_initialize(&parser)) {
+        free(text);
+        return ht_fail(err, HT_ERR_OOM, "%s: cannot start the YAML parser", path);
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, size);
+    ht_status st = HT_OK;
+    if (!yaml_parser_load(&parser, &doc)) {
+        st = yaml_problem(path, &parser, err);
+        yaml_parser_delete(&parser);
+        free(text);
+        return st;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root || node_is_null(root)) {
+        st = ht_fail(err, HT_ERR_CONFIG,
+                     "%s: the file is empty; expected a mapping of sections (model:, data:, "
+                     "optimizer:, lr_scheduler:, training:, fsdp_config:, checkpoint:)",
+                     path);
+    } else if (root->type != YAML_MAPPING_NODE) {
+        char found[160];
+        describe(root, found, sizeof(found));
+        st = ht_fail(err, HT_ERR_CONFIG,
+                     "%s:%d: top level: expected a mapping of sections (model:, data:, ...), "
+                     "found %s",
+                     path, node_line(root), found);
+    } else {
+        loader *L = calloc(1, sizeof(loader));
+        if (!L) {
+            st = ht_fail(err, HT_ERR_OOM, "%s: out of memory", path);
+        } else {
+            L->cfg = cfg;
+            L->doc = &doc;
+            L->origin = (origin){cfg->file, NULL, HT_CONFIG_SOURCE_FILE};
+            st = load_mapping(L, root, "", err);
+            free(L);
+        }
+    }
+    if (st == HT_OK) {
+        /* A second document would be silently ignored otherwise. */
+        if (!yaml_parser_load(&parser, &extra)) {
+            st = yaml_problem(path, &parser, err);
+        } else {
+            yaml_node_t *second = yaml_document_get_root_node(&extra);
+            if (second)
+                st = ht_fail(err, HT_ERR_CONFIG, "%s:%d: a second YAML document; expected exactly one", path,
+                             node_line(second));
+            yaml_document_delete(&extra);
+        }
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    free(text);
+    return st;
+}
+
+ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
+    origin o = {NULL, assignment, HT_CONFIG_SOURCE_CLI};
+    char where[HT_CONFIG_STR_MAX + 64];
+    origin_prefix(&o, 0, where, sizeof(where));
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment)
+        return ht_fail(err, HT_ERR_CONFIG, "%sexpected section.key=value, found %s", where,
+                       eq ? "no key before '='" : "no '='");
+    char path[256];
+    size_t klen = (size_t)(eq - assignment);
+    if (klen >= sizeof(path)) return ht_fail(err, HT_ERR_CONFIG, "%sunknown key (too long)", where);
+    memcpy(path, assignment, klen);
+    path[klen] = '\0';
+    int i = ht_config_key_index(path);
+    if (i < 0) {
+        if (is_section(path)) {
+            char keys[1024];
+            list_children(path, keys, sizeof(keys));
+            return ht_fail(err, HT_ERR_CONFIG, "%s%s is a section; set one of its keys (%s.KEY=VALUE): %s", where, path,
+                           path, keys);
+        }
+        return unknown_key(where, path, err);
+    }
+    return assign_text(cfg, i, eq + 1, &o, err);
+}
+
+ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err) {
+    ht_config_defaults(cfg);
+    if (path) {
+        ht_status st = load_file(cfg, path, err);
+        if (st != HT_OK) return st;
+    }
+    for (int i = 0; i < n_overrides; i++) {
+        ht_status st = ht_config_set(cfg, overrides[i], err);
+        if (st != HT_OK) return st;
+    }
+    return HT_OK;
+}
+
+/* ---------------------------------------------------------------- sources, formatting, the log */
+
+ht_config_source ht_config_key_source(const ht_config *cfg, const char *key, int *line) {
+    int i = ht_config_key_index(key);
+    if (line) *line = i >= 0 ? cfg->line[i] : 0;
+    return i >= 0 ? (ht_config_source)cfg->source[i] : HT_CONFIG_SOURCE_DEFAULT;
+}
+
+const char *ht_config_source_name(ht_config_source source) {
+    switch (source) {
+    case HT_CONFIG_SOURCE_DEFAULT: return "default";
+    case HT_CONFIG_SOURCE_FILE: return "file";
+    case HT_CONFIG_SOURCE_CLI: return "command line";
+    }
+    return "?";
+}
+
+/* Appends with truncation; `used` never passes n - 1. */
+static void put(char *buf, size_t n, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t n, size_t *used, const char *fmt, ...) {
+    if (*used + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *used, n - *used, fmt, ap);
+    va_end(ap);
+    if (w > 0) *used += (size_t)w < n - *used ? (size_t)w : n - *used - 1;
+}
+
+/* Shortest text that reads back as the same double. */
+static void put_double(char *buf, size_t n, size_t *used, double x) {
+    char tmp[48];
+    int prec = 1;
+    for (; prec <= 17; prec++) {
+        snprintf(tmp, sizeof(tmp), "%.*g", prec, x);
+        if (strtod(tmp, NULL) == x) break;
+    }
+    /* Positional, not exponent, notation in Python's repr range: 500000.0, not 5e+05. */
+    double ax = fabs(x);
+    if (strchr(tmp, 'e') && ax >= 1e-4 && ax < 1e16) {
+        int decimals = prec - 1 - (int)floor(log10(ax));
+        snprintf(tmp, sizeof(tmp), "%.*f", decimals > 0 ? decimals : 0, x);
+    }
+    /* Keep it a YAML 1.1 float (PyYAML wants the dot): 10000 -> 10000.0, 1e-06 -> 1.0e-06. */
+    char *e = strchr(tmp, 'e');
+    if (e && !memchr(tmp, '.', (size_t)(e - tmp))) {
+        memmove(e + 2, e, strlen(e) + 1);
+        memcpy(e, ".0", 2);
+    } else if (!strpbrk(tmp, ".en")) {
+        strcat(tmp, ".0");
+    }
+    put(buf, n, used, "%s", tmp);
+}
+
+/* A double-quoted YAML string, escaped. */
+static void put_quoted(char *buf, size_t n, size_t *used, const char *s) {
+    put(buf, n, used, "\"");
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            put(buf, n, used, "\\%c", *s);
+        else if (*s == '\n' || *s == '\t')
+            put(buf, n, used, "\\%c", *s == '\n' ? 'n' : 't');
+        else
+            put(buf, n, used, "%c", *s);
+    }
+    put(buf, n, used, "\"");
+}
+
+/* A string as a YAML scalar: plain when it reads back as the same string, else double-quoted. */
+static void put_string(char *buf, size_t n, size_t *used, const char *s) {
+    bool plain = *s && !strchr(" \t-?:,[]{}#&*!|>'\"%@`~", s[0]) && s[strlen(s) - 1] != ' ' && !strstr(s, ": ") &&
+                 !strstr(s, " #") && !strpbrk(s, "\n\t\r");
+    if (plain) {
+        yaml_node_t fake = {0};
+        fake.type = YAML_SCALAR_NODE;
+        fake.data.scalar.value = (yaml_char_t *)s;
+        fake.data.scalar.style = YAML_PLAIN_SCALAR_STYLE;
+        long long iv;
+        double dv;
+        bool bv;
+        plain = classify(&fake, &iv, &dv, &bv) == SC_STR;
+    }
+    if (plain)
+        put(buf, n, used, "%s", s);
+    else
+        put_quoted(buf, n, used, s);
+}
+
+static void put_triple(char *buf, size_t n, size_t *used, const double abc[3]) {
+    put(buf, n, used, "[");
+    for (int j = 0; j < 3; j++) {
+        if (j) put(buf, n, used, ", ");
+        put_double(buf, n, used, abc[j]);
+    }
+    put(buf, n, used, "]");
+}
+
+static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
+    const key_desc *k = &KEYS[i];
+    const void *src = (const char *)cfg + k->offset;
+    size_t used = 0;
+    buf[0] = '\0';
+    switch (k->type) {
+    case KT_INT: put(buf, n, &used, "%d", *(const int *)src); break;
+    case KT_I64: put(buf, n, &used, "%lld", (long long)*(const int64_t *)src); break;
+    case KT_FLOAT: put_double(buf, n, &used, *(const double *)src); break;
+    case KT_BOOL: put(buf, n, &used, "%s", *(const bool *)src ? "true" : "false"); break;
+    case KT_STR:
+        if ((k->flags & NULLABLE) && !*(const char *)src)
+            put(buf, n, &used, "null");
+        else
+            put_string(buf, n, &used, src);
+        break;
+    case KT_ENUM: {
+        int v;
+        memcpy(&v, src, sizeof(v));
+        const char *name = "?";
+        for (const enum_name *e = k->names; e->name; e++)
+            if (e->value == v) {
+                name = e->name;
+                break;
+            }
+        put(buf, n, &used, "%s", name);
+        break;
+    }
+    case KT_DTYPE: {
+        ht_dtype dt;
+        memcpy(&dt, src, sizeof(dt));
+        put(buf, n, &used, "%s", dt == HT_CONFIG_DTYPE_NONE ? "null" : ht_dtype_name(dt));
+        break;
+    }
+    case KT_STRS: {
+        const ht_config_strings *list = src;
+        put(buf, n, &used, "[");
+        for (int j = 0; j < list->count; j++) {
+            if (j) put(buf, n, &used, ", ");
+            put_quoted(buf, n, &used, list->items[j]);
+        }
+        put(buf, n, &used, "]");
+        break;
+    }
+    case KT_FLOATS:
+        put(buf, n, &used, "[");
+        for (size_t j = 0; j < k->size / sizeof(double); j++) {
+            if (j) put(buf, n, &used, ", ");
+            put_double(buf, n, &used, ((const double *)src)[j]);
+        }
+        put(buf, n, &used, "]");
+        break;
+    case KT_NS: {
+        const ht_config_ns_coefficients *ns = src;
+        if (ns->count == 0) {
+            put(buf, n, &used, "null");
+        } else if (ns->count == 1 && ns->repeat[0] == 0) {
+            put_triple(buf, n, &used, ns->abc[0]);
+        } else {
+            put(buf, n, &used, "[");
+            for (int j = 0; j < ns->count; j++) {
+                if (j) put(buf, n, &used, ", ");
+                if (ns->repeat[j] != 1) put(buf, n, &used, "[");
+                put_triple(buf, n, &used, ns->abc[j]);
+                if (ns->repeat[j] != 1) put(buf, n, &used, ", %d]", ns->repeat[j]);
+            }
+            put(buf, n, &used, "]");
+        }
+        break;
+    }
+    case KT_SHARD:
+        if (*(const int *)src == 0)
+            put(buf, n, &used, "auto");
+        else
+            put(buf, n, &used, "%d", *(const int *)src);
+        break;
+    case KT_REJECT: put(buf, n, &used, "null"); break;
+    }
+}
+
+bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, size_t n) {
+    int i = ht_config_key_index(key);
+    if (i < 0 || n == 0) return false;
+    format_value(cfg, i, buf, n);
+    return true;
+}
+
+void ht_config_log(const ht_config *cfg) {
+    int key_w = 3, val_w = 5;
+    char value[1024];
+    for (int i = 0; i < N_KEYS; i++) {
+        if (KEYS[i].type == KT_REJECT) continue;
+        int kl = (int)strlen(KEYS[i].path);
+        if (kl > key_w) key_w = kl;
+        format_value(cfg, i, value, sizeof(value));
+        int vl = (int)strlen(value);
+        if (vl > val_w && vl <= 40) val_w = vl;
+    }
+    ht_log_info("Trainer config%s%s", cfg->file[0] ? " from " : "", cfg->file);
+    ht_log_info("  %-*s  %-*s  %s", key_w, "key", val_w, "value", "source");
+    for (int i = 0; i < N_KEYS; i++) {
+        if (KEYS[i].type == KT_REJECT) continue;
+        format_value(cfg, i, value, sizeof(value));
+        char source[64];
+        if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
+            snprintf(source, sizeof(source), "file, line %d", cfg->line[i]);
+        else
+            snprintf(source, sizeof(source), "%s", ht_config_source_name((ht_config_source)cfg->source[i]));
+        ht_log_info("  %-*s  %-*s  %s", key_w, KEYS[i].path, val_w, value, source);
+    }
+}
+
+int ht_config_warmup_steps(const ht_config *cfg) {
+    int i = ht_config_key_index("lr_scheduler.warmup_ratio");
+    if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT)
+        return (int)floor((double)cfg->training.steps * cfg->lr_scheduler.warmup_ratio);
+    return cfg->lr_scheduler.warmup_steps;
+}
+
+int ht_config_decay_start_steps(const ht_config *cfg) {
+    int i = ht_config_key_index("lr_scheduler.decay_start_steps");
+    if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT) return cfg->lr_scheduler.decay_start_steps;
+    return (int)floor((double)cfg->training.steps * cfg->lr_scheduler.decay_start_ratio);
+}

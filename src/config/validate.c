@@ -1,0 +1,195 @@
+/* Cross-field rules of CONFIG.md ("errors before anything is built"): every
+ * violation is listed, each naming its key and where the value came from.
+ * Nothing here changes a value; a rule that fails is reported, never fixed. */
+#include "hypertrain/config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct report {
+    const ht_config *cfg;
+    char msg[HT_ERROR_MSG_MAX];
+    size_t used;
+    int count;
+} report;
+
+/* "f.yaml:12: training.max_norm", "training.max_norm (--set)" or "training.max_norm (default)". */
+static const char *at(const ht_config *cfg, const char *key, char *buf, size_t n) {
+    int line = 0;
+    ht_config_source src = ht_config_key_source(cfg, key, &line);
+    if (src == HT_CONFIG_SOURCE_FILE && line > 0)
+        snprintf(buf, n, "%s:%d: %s", cfg->file, line, key);
+    else if (src == HT_CONFIG_SOURCE_CLI)
+        snprintf(buf, n, "%s (--set)", key);
+    else
+        snprintf(buf, n, "%s (default)", key);
+    return buf;
+}
+
+static void add(report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(report *r, const char *fmt, ...) {
+    r->count++;
+    if (r->used + 1 >= sizeof(r->msg)) return;
+    if (r->used) r->msg[r->used++] = '\n';
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(r->msg + r->used, sizeof(r->msg) - r->used, fmt, ap);
+    va_end(ap);
+    if (w > 0) r->used += (size_t)w < sizeof(r->msg) - r->used ? (size_t)w : sizeof(r->msg) - r->used - 1;
+}
+
+/* One-key rules: `ok` false -> "<where>: expected <want>, found <value>". */
+static void check(report *r, bool ok, const char *key, const char *want) {
+    if (ok) return;
+    char where[HT_CONFIG_STR_MAX + 160], value[256];
+    ht_config_format_value(r->cfg, key, value, sizeof(value));
+    add(r, "%s: expected %s, found %s", at(r->cfg, key, where, sizeof(where)), want, value);
+}
+
+static bool is_float_dtype(ht_dtype dt) { return dt == HT_DTYPE_F32 || dt == HT_DTYPE_BF16 || dt == HT_DTYPE_F16; }
+
+/* η ≤ lr_end for PolynomialWithWarmUpLR makes (η − lr_end)·(1 − x)^power grow or stall (NUMERICS.md). */
+static void check_polynomial(report *r, const char *lr_key, double lr) {
+    const ht_config *cfg = r->cfg;
+    if (cfg->lr_scheduler.type != HT_CONFIG_LR_POLYNOMIAL_WARMUP || lr > cfg->lr_scheduler.lr_end) return;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    add(r,
+        "%s: PolynomialWithWarmUpLR decays from the base lr down to lr_end, so expected %s > lr_end, found %g <= %g "
+        "(%s)",
+        at(cfg, lr_key, a, sizeof(a)), lr_key, lr, cfg->lr_scheduler.lr_end,
+        at(cfg, "lr_scheduler.lr_end", b, sizeof(b)));
+}
+
+ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err) {
+    static report zero;
+    report r = zero;
+    r.cfg = cfg;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+
+    /* FP32 main params take their gradients from the reduce-scatter: anything
+     * but a float32 reduction has already lost the bits they exist to keep. */
+    if (cfg->optimizer.fp32_main_params && cfg->fsdp.reduce_dtype != HT_DTYPE_F32) {
+        char value[64];
+        ht_config_format_value(cfg, "fsdp_config.mix_precision.reduce_dtype", value, sizeof(value));
+        add(&r,
+            "%s: expected float32 because optimizer.fp32_main_params is true (%s), found %s%s; set "
+            "fsdp_config.mix_precision.reduce_dtype: float32 or optimizer.fp32_main_params: false (the value is "
+            "never rewritten)",
+            at(cfg, "fsdp_config.mix_precision.reduce_dtype", a, sizeof(a)),
+            at(cfg, "optimizer.fp32_main_params", b, sizeof(b)), value,
+            cfg->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? " (missing)" : "");
+    }
+
+    /* Dtypes (the loader enforces them; a struct filled in code may not). */
+    const char *dtypes = "one of float16, bfloat16, float32";
+    check(&r, is_float_dtype(cfg->model_init_dtype) || cfg->model_init_dtype == HT_CONFIG_DTYPE_NONE,
+          "model_init_dtype", "one of float16, bfloat16, float32, null");
+    check(&r, is_float_dtype(cfg->fsdp.param_dtype), "fsdp_config.mix_precision.param_dtype", dtypes);
+    check(&r, is_float_dtype(cfg->fsdp.reduce_dtype) || cfg->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE,
+          "fsdp_config.mix_precision.reduce_dtype", dtypes);
+    check(&r, is_float_dtype(cfg->fsdp.output_dtype), "fsdp_config.mix_precision.output_dtype", dtypes);
+
+    /* Data. */
+    check(&r, cfg->data.seq_len > 0, "data.seq_len", "an integer > 0");
+    check(&r, !(cfg->model.from_pretrained[0] == '\0' && cfg->data.seq_len > cfg->model.arch.max_position_embeddings),
+          "data.seq_len", "at most model.max_position_embeddings");
+    check(&r, cfg->data.valid_fraction >= 0 && cfg->data.valid_fraction < 1, "data.valid_fraction",
+          "a number in [0, 1)");
+
+    /* Training. */
+    const char *pos = "an integer > 0";
+    check(&r, cfg->training.steps > 0, "training.steps", pos);
+    check(&r, cfg->training.local_batch_size > 0, "training.local_batch_size", pos);
+    check(&r, cfg->training.global_batch_size > 0, "training.global_batch_size", pos);
+    if (data_parallel_size < 1) {
+        add(&r, "data_parallel_size: expected an integer > 0, found %d", data_parallel_size);
+    } else if (cfg->training.local_batch_size > 0 && cfg->training.global_batch_size > 0) {
+        long long per_step = (long long)cfg->training.local_batch_size * data_parallel_size;
+        if (cfg->training.global_batch_size % per_step != 0)
+            add(&r,
+                "%s: expected a multiple of training.local_batch_size x data-parallel size = %d x %d = %lld "
+                "(%s), found %d",
+                at(cfg, "training.global_batch_size", a, sizeof(a)), cfg->training.local_batch_size, data_parallel_size,
+                per_step, at(cfg, "training.local_batch_size", b, sizeof(b)), cfg->training.global_batch_size);
+    }
+    check(&r, cfg->training.max_norm > 0, "training.max_norm", "a number > 0");
+    check(&r, cfg->training.log_interval > 0, "training.log_interval", pos);
+    check(&r, cfg->training.eval_interval >= 0, "training.eval_interval", "an integer >= 0 (0: never)");
+    check(&r, cfg->training.eval_interval == 0 || cfg->training.eval_batches > 0, "training.eval_batches", pos);
+
+    /* Optimizer. */
+    check(&r, cfg->optimizer.adamw.lr >= 0, "optimizer.adamw_config.adamw_lr", "a number >= 0");
+    check(&r, cfg->optimizer.adamw.weight_decay >= 0, "optimizer.adamw_config.adamw_weight_decay", "a number >= 0");
+    check(&r,
+          cfg->optimizer.adamw.betas[0] >= 0 && cfg->optimizer.adamw.betas[0] < 1 &&
+              cfg->optimizer.adamw.betas[1] >= 0 && cfg->optimizer.adamw.betas[1] < 1,
+          "optimizer.adamw_config.adamw_betas", "two numbers in [0, 1)");
+    check(&r, cfg->optimizer.adamw.eps > 0, "optimizer.adamw_config.adamw_eps", "a number > 0");
+    if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON) {
+        const char *ns_key = "optimizer.muon_config.muon_ns_steps";
+        check(&r, cfg->optimizer.muon.lr >= 0, "optimizer.muon_config.muon_lr", "a number >= 0");
+        check(&r, cfg->optimizer.muon.weight_decay >= 0, "optimizer.muon_config.muon_weight_decay", "a number >= 0");
+        check(&r, cfg->optimizer.muon.momentum >= 0 && cfg->optimizer.muon.momentum < 1,
+              "optimizer.muon_config.muon_momentum", "a number in [0, 1)");
+        check(&r, cfg->optimizer.muon.ns_steps > 0, ns_key, pos);
+        check(&r, cfg->optimizer.muon.matched_adamw_rms >= 0, "optimizer.muon_config.muon_matched_adamw_rms",
+              "a number >= 0 (0: the original scale rule)");
+        /* asym5 has five triples; running "6" of them would silently be 5 (NUMERICS.md). */
+        if (cfg->optimizer.muon.ns_variant == HT_CONFIG_NS_ASYM5 && cfg->optimizer.muon.ns_steps > 5)
+            add(&r, "%s: expected at most 5 with muon_ns_variant asym5 (%s), found %d", at(cfg, ns_key, a, sizeof(a)),
+                at(cfg, "optimizer.muon_config.muon_ns_variant", b, sizeof(b)), cfg->optimizer.muon.ns_steps);
+        bool custom = cfg->optimizer.muon.ns_variant == HT_CONFIG_NS_CUSTOM;
+        bool given = cfg->optimizer.muon.ns_coefficients.count > 0;
+        if (custom != given)
+            add(&r, "%s: expected %s with muon_ns_variant %s (%s)",
+                at(cfg, "optimizer.muon_config.muon_ns_coefficients", a, sizeof(a)),
+                custom ? "coefficients" : "null (coefficients are only used)", custom ? "custom" : "other than custom",
+                at(cfg, "optimizer.muon_config.muon_ns_variant", b, sizeof(b)));
+        check(&r, !cfg->optimizer.muon.qk_clip_enabled || cfg->optimizer.muon.qk_clip_threshold > 0,
+              "optimizer.muon_config.qk_clip_threshold", "a number > 0");
+    }
+
+    /* Learning-rate schedule. */
+    check(&r, cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1, "lr_scheduler.warmup_ratio",
+          "a number in [0, 1]");
+    check(&r, cfg->lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps", "an integer >= 0");
+    if (cfg->lr_scheduler.warmup_steps >= 0 && cfg->training.steps > 0)
+        check(&r, ht_config_warmup_steps(cfg) <= cfg->training.steps, "lr_scheduler.warmup_steps",
+              "at most training.steps");
+    check(&r, cfg->lr_scheduler.warmup_lr_init >= 0, "lr_scheduler.warmup_lr_init", "a number >= 0");
+    check(&r, cfg->lr_scheduler.lr_end >= 0, "lr_scheduler.lr_end", "a number >= 0");
+    check(&r, cfg->lr_scheduler.num_cycles > 0, "lr_scheduler.num_cycles", "a number > 0");
+    check(&r, cfg->lr_scheduler.decay_steps >= 0, "lr_scheduler.decay_steps", "an integer >= 0 (0: training.steps)");
+    check(&r, cfg->lr_scheduler.power > 0, "lr_scheduler.power", "a number > 0");
+    check(&r, cfg->lr_scheduler.decay_start_steps >= 0, "lr_scheduler.decay_start_steps", "an integer >= 0");
+    check(&r, cfg->lr_scheduler.decay_start_ratio >= 0 && cfg->lr_scheduler.decay_start_ratio <= 1,
+          "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
+    check(&r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
+    check_polynomial(&r, "optimizer.adamw_config.adamw_lr", cfg->optimizer.adamw.lr);
+    if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON)
+        check_polynomial(&r, "optimizer.muon_config.muon_lr", cfg->optimizer.muon.lr);
+
+    /* Sharding and checkpoints. */
+    if (cfg->fsdp.shard_size < 0 ||
+        (cfg->fsdp.shard_size > 0 && data_parallel_size > 0 && data_parallel_size % cfg->fsdp.shard_size != 0)) {
+        char want[96];
+        snprintf(want, sizeof(want), "auto or a divisor of the data-parallel size %d", data_parallel_size);
+        check(&r, false, "fsdp_config.shard_size", want);
+    }
+    check(&r, cfg->checkpoint.save_interval >= 0, "checkpoint.save_interval", "an integer >= 0 (0: never)");
+    check(&r, cfg->checkpoint.keep_last >= 0, "checkpoint.keep_last", "an integer >= 0 (0: keep all)");
+    check(&r, cfg->checkpoint.save_interval == 0 || cfg->checkpoint.output_dir[0] != '\0', "checkpoint.output_dir",
+          "a directory when checkpoint.save_interval > 0");
+
+    if (r.count == 0) {
+        int ri = ht_config_key_index("lr_scheduler.warmup_ratio"),
+            si = ht_config_key_index("lr_scheduler.warmup_steps");
+        if (cfg->source[ri] != HT_CONFIG_SOURCE_DEFAULT && cfg->source[si] != HT_CONFIG_SOURCE_DEFAULT)
+            ht_log_warn("lr_scheduler: both warmup_ratio and warmup_steps are set; warmup_ratio wins (%d warmup steps)",
+                        ht_config_warmup_steps(cfg));
+        return HT_OK;
+    }
+    if (r.count > 1) return ht_fail(err, HT_ERR_CONFIG, "%d configuration errors:\n%s", r.count, r.msg);
+    return ht_fail(err, HT_ERR_CONFIG, "%s", r.msg);
+}

@@ -1,0 +1,837 @@
+/* The config loader: defaults, a full file, configs/default.yaml, every
+ * error the loader and the validator report (with file, line, key, expected
+ * and found in the message), --set overrides, source tracking, the dialect
+ * aliases, and the "Trainer config" log. */
+#include "harness.h"
+
+#include "hypertrain/config.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *write_config(const char *name, const char *text) {
+    static char paths[4][1200];
+    static int next = 0;
+    char *p = paths[next++ % 4];
+    snprintf(p, sizeof(paths[0]), "%s/%s", scratch_dir(name), name);
+    write_file(p, text, strlen(text));
+    return p;
+}
+
+/* Loads `text` as a file named `name`; returns the status (err filled). */
+static ht_status load_text(const char *name, const char *text, ht_config *cfg, ht_error *err) {
+    return ht_config_load(write_config(name, text), 0, NULL, cfg, err);
+}
+
+#define assert_contains(haystack, needle)                                                                              \
+    do {                                                                                                               \
+        if (!strstr((haystack), (needle))) fail_msg("expected \"%s\" in message:\n%s", (needle), (haystack));          \
+    } while (0)
+
+/* Loads text and expects an error whose message holds every one of the NULL-terminated needles. */
+static void expect_load_error(const char *name, const char *text, ...) {
+    static ht_config cfg;
+    ht_error err = {0};
+    ht_status st = load_text(name, text, &cfg, &err);
+    if (st == HT_OK) fail_msg("%s: expected an error for:\n%s", name, text);
+    assert_int_equal(st, HT_ERR_CONFIG);
+    va_list ap;
+    va_start(ap, text);
+    for (const char *needle = va_arg(ap, const char *); needle; needle = va_arg(ap, const char *))
+        assert_contains(err.msg, needle);
+    va_end(ap);
+}
+
+/* Loads text (must succeed) and validates with dp ranks, expecting an error holding every needle. */
+static void expect_invalid(const char *name, const char *text, int dp, ...) {
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text(name, text, &cfg, &err), &err);
+    ht_status st = ht_config_validate(&cfg, dp, &err);
+    if (st == HT_OK) fail_msg("%s: expected a validation error for:\n%s", name, text);
+    assert_int_equal(st, HT_ERR_CONFIG);
+    va_list ap;
+    va_start(ap, dp);
+    for (const char *needle = va_arg(ap, const char *); needle; needle = va_arg(ap, const char *))
+        assert_contains(err.msg, needle);
+    va_end(ap);
+}
+
+static void assert_source(const ht_config *cfg, const char *key, ht_config_source want, int want_line) {
+    int line = -1;
+    ht_config_source got = ht_config_key_source(cfg, key, &line);
+    if (got != want || line != want_line)
+        fail_msg("%s: source %s line %d, expected %s line %d", key, ht_config_source_name(got), line,
+                 ht_config_source_name(want), want_line);
+}
+
+/* ---------------------------------------------------------------- defaults */
+
+static void test_defaults(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_config_defaults(&cfg);
+    assert_string_equal(cfg.model.arch.name, "qwen2");
+    assert_string_equal(cfg.model.from_pretrained, "");
+    assert_int_equal(cfg.model.arch.vocab_size, 256);
+    assert_int_equal(cfg.model.arch.intermediate_size, 688);
+    assert_int_equal(cfg.model.arch.num_key_value_heads, 2);
+    assert_int_equal(cfg.model.arch.head_dim, 0);
+    assert_true(cfg.model.arch.rope_theta == 10000.0);
+    assert_true(cfg.model.arch.rms_norm_eps == 1e-6);
+    assert_true(cfg.model.arch.attention_bias);
+    assert_false(cfg.model.arch.tie_word_embeddings);
+    assert_true(cfg.model.arch.initializer_range == 0.02);
+    assert_int_equal(cfg.model_init_dtype, HT_DTYPE_F32);
+    assert_string_equal(cfg.data.dataset_type, "text_bytes");
+    assert_int_equal(cfg.data.seq_len, 256);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
+    assert_true(cfg.optimizer.fp32_main_params);
+    assert_true(cfg.optimizer.muon.lr == 0.02);
+    assert_true(cfg.optimizer.muon.momentum == 0.95);
+    assert_true(cfg.optimizer.muon.nesterov);
+    assert_int_equal(cfg.optimizer.muon.ns_steps, 5);
+    assert_int_equal(cfg.optimizer.muon.ns_variant, HT_CONFIG_NS_ASYM5);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.count, 0);
+    assert_true(cfg.optimizer.muon.ns_eps == 1e-7);
+    assert_true(cfg.optimizer.muon.matched_adamw_rms == 0.2);
+    assert_int_equal(cfg.optimizer.muon.momentum_style, HT_CONFIG_MOMENTUM_SUM);
+    assert_int_equal(cfg.optimizer.muon.comm_strategy, HT_CONFIG_MUON_COMM_ALLGATHER);
+    assert_int_equal(cfg.optimizer.muon.adamw_include.count, 2);
+    assert_string_equal(cfg.optimizer.muon.adamw_include.items[0], "*embed*");
+    assert_string_equal(cfg.optimizer.muon.adamw_include.items[1], "*lm_head*");
+    assert_true(cfg.optimizer.muon.qk_clip_threshold == 100);
+    assert_true(cfg.optimizer.adamw.lr == 0.001);
+    assert_true(cfg.optimizer.adamw.betas[0] == 0.9 && cfg.optimizer.adamw.betas[1] == 0.999);
+    assert_true(cfg.optimizer.adamw.eps == 1e-8);
+    assert_int_equal(cfg.optimizer.adamw.no_weight_decay.count, 3);
+    assert_string_equal(cfg.optimizer.adamw.no_weight_decay.items[2], "*ln_*");
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARMUP);
+    assert_true(cfg.lr_scheduler.power == 1.0);
+    assert_int_equal(cfg.training.steps, 1000);
+    assert_int_equal(cfg.training.global_batch_size, 32);
+    assert_true(cfg.training.max_norm == 1.0);
+    assert_int_equal(cfg.training.seed, 42);
+    assert_int_equal(cfg.training.eval_batches, 20);
+    assert_int_equal(cfg.training.plugin.count, 0);
+    assert_int_equal(cfg.fsdp.shard_size, 0);
+    assert_int_equal(cfg.fsdp.param_dtype, HT_DTYPE_BF16);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_DTYPE_F32);
+    assert_int_equal(cfg.fsdp.output_dtype, HT_DTYPE_BF16);
+    assert_string_equal(cfg.checkpoint.output_dir, "runs/default");
+    assert_int_equal(cfg.checkpoint.keep_last, 3);
+    assert_string_equal(cfg.checkpoint.restore_from, "");
+    assert_string_equal(cfg.file, "");
+    for (int i = 0; i < ht_config_key_count(); i++)
+        assert_source(&cfg, ht_config_key_name(i), HT_CONFIG_SOURCE_DEFAULT, 0);
+
+    ht_error err = {0};
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 3, &err), HT_ERR_CONFIG); /* 32 % (8 * 3) */
+    assert_int_equal(ht_config_warmup_steps(&cfg), 0);
+
+    /* No file at all: defaults. */
+    static ht_config cfg2;
+    assert_ht_ok(ht_config_load(NULL, 0, NULL, &cfg2, &err), &err);
+    assert_memory_equal(&cfg, &cfg2, sizeof(cfg));
+}
+
+/* ---------------------------------------------------------------- configs/default.yaml */
+
+static void test_default_yaml(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *path = HT_SOURCE_DIR "/configs/default.yaml";
+    assert_ht_ok(ht_config_load(path, 0, NULL, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 2, &err), &err);
+    assert_string_equal(cfg.file, path);
+    assert_string_equal(cfg.model.arch.name, "qwen2");
+    assert_int_equal(cfg.model.arch.hidden_size, 256);
+    assert_int_equal(cfg.model_init_dtype, HT_DTYPE_F32);
+    assert_string_equal(cfg.data.path, "/usr/share/games/fortunes");
+    assert_true(cfg.data.valid_fraction == 0.02);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARMUP);
+    assert_int_equal(cfg.training.steps, 300);
+    assert_int_equal(cfg.training.local_batch_size, 8);
+    assert_int_equal(cfg.training.global_batch_size, 16);
+    assert_int_equal(ht_config_warmup_steps(&cfg), 15);
+    assert_string_equal(cfg.checkpoint.output_dir, "runs/default");
+    int line = 0;
+    assert_int_equal(ht_config_key_source(&cfg, "training.steps", &line), HT_CONFIG_SOURCE_FILE);
+    assert_true(line > 0);
+    assert_int_equal(ht_config_key_source(&cfg, "optimizer.muon_config.muon_lr", &line), HT_CONFIG_SOURCE_DEFAULT);
+    ht_config_log(&cfg);
+}
+
+/* ---------------------------------------------------------------- a full file */
+
+static const char *FULL = "# every section and key, none at its default\n"
+                          "model:\n"                          /* 2 */
+                          "  name: llama\n"                   /* 3 */
+                          "  from_pretrained: /models/tiny\n" /* 4 */
+                          "  vocab_size: 1000\n"              /* 5 */
+                          "  hidden_size: 64\n"               /* 6 */
+                          "  intermediate_size: 128\n"        /* 7 */
+                          "  num_hidden_layers: 2\n"          /* 8 */
+                          "  num_attention_heads: 4\n"        /* 9 */
+                          "  num_key_value_heads: 4\n"        /* 10 */
+                          "  head_dim: 16\n"                  /* 11 */
+                          "  max_position_embeddings: 1024\n" /* 12 */
+                          "  rope_theta: 500000\n"            /* 13 */
+                          "  rms_norm_eps: 1.0e-5\n"          /* 14 */
+                          "  attention_bias: false\n"         /* 15 */
+                          "  tie_word_embeddings: true\n"     /* 16 */
+                          "  initializer_range: 0.01\n"       /* 17 */
+                          "model_init_dtype: bfloat16\n"      /* 18 */
+                          "data:\n"                           /* 19 */
+                          "  dataset_type: token_bin\n"       /* 20 */
+                          "  path: \"data/*.bin\"\n"          /* 21 */
+                          "  seq_len: 128\n"                  /* 22 */
+                          "  valid_fraction: 0.1\n"           /* 23 */
+                          "optimizer:\n"                      /* 24 */
+                          "  _target_: Muon\n"                /* 25 */
+                          "  fp32_main_params: false\n"       /* 26 */
+                          "  muon_config:\n"                  /* 27 */
+                          "    muon_lr: 0.03\n"               /* 28 */
+                          "    muon_weight_decay: 0.2\n"      /* 29 */
+                          "    muon_momentum: 0.9\n"          /* 30 */
+                          "    muon_nesterov: false\n"        /* 31 */
+                          "    muon_ns_steps: 7\n"            /* 32 */
+                          "    muon_ns_variant: custom\n"     /* 33 */
+                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n"
+                          "    muon_ns_eps: 1.0e-6\n"                    /* 35 */
+                          "    muon_matched_adamw_rms: 0\n"              /* 36 */
+                          "    muon_momentum_style: ema\n"               /* 37 */
+                          "    muon_comm_strategy: deredundancy\n"       /* 38 */
+                          "    adamw_include: [\"*embed_tokens*\"]\n"    /* 39 */
+                          "    qk_clip_enabled: true\n"                  /* 40 */
+                          "    qk_clip_threshold: 50.5\n"                /* 41 */
+                          "  adamw_config:\n"                            /* 42 */
+                          "    adamw_lr: 0.0003\n"                       /* 43 */
+                          "    adamw_weight_decay: 0.1\n"                /* 44 */
+                          "    adamw_betas: [0.8, 0.95]\n"               /* 45 */
+                          "    adamw_eps: 1.0e-6\n"                      /* 46 */
+                          "    no_weight_decay:\n"                       /* 47 */
+                          "      - \"*bias*\"\n"                         /* 48 */
+                          "lr_scheduler:\n"                              /* 49 */
+                          "  type: WarmUpStableDecayLR\n"                /* 50 */
+                          "  warmup_ratio: 0.1\n"                        /* 51 */
+                          "  warmup_steps: 7\n"                          /* 52 */
+                          "  warmup_lr_init: 1.0e-6\n"                   /* 53 */
+                          "  lr_end: 1.0e-5\n"                           /* 54 */
+                          "  num_cycles: 2\n"                            /* 55 */
+                          "  decay_steps: 90\n"                          /* 56 */
+                          "  power: 2.0\n"                               /* 57 */
+                          "  decay_start_steps: 60\n"                    /* 58 */
+                          "  decay_start_ratio: 0.5\n"                   /* 59 */
+                          "  eta_min: 1.0e-6\n"                          /* 60 */
+                          "  t_max: 80\n"                                /* 61 */
+                          "training:\n"                                  /* 62 */
+                          "  steps: 100\n"                               /* 63 */
+                          "  local_batch_size: 4\n"                      /* 64 */
+                          "  global_batch_size: 64\n"                    /* 65 */
+                          "  max_norm: 0.5\n"                            /* 66 */
+                          "  seed: 12345678901\n"                        /* 67 */
+                          "  deterministic: true\n"                      /* 68 */
+                          "  log_interval: 5\n"                          /* 69 */
+                          "  eval_interval: 0\n"                         /* 70 */
+                          "  eval_batches: 3\n"                          /* 71 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 72 */
+                          "fsdp_config:\n"                               /* 73 */
+                          "  shard_size: 2\n"                            /* 74 */
+                          "  mix_precision:\n"                           /* 75 */
+                          "    param_dtype: float16\n"                   /* 76 */
+                          "    reduce_dtype: bfloat16\n"                 /* 77 */
+                          "    output_dtype: float32\n"                  /* 78 */
+                          "    cast_forward_inputs: false\n"             /* 79 */
+                          "checkpoint:\n"                                /* 80 */
+                          "  output_dir: runs/full\n"                    /* 81 */
+                          "  save_interval: 0\n"                         /* 82 */
+                          "  save_optimizer: false\n"                    /* 83 */
+                          "  keep_last: 0\n"                             /* 84 */
+                          "  restore_from: latest\n"                     /* 85 */
+                          "  restore_optimizer: false\n";                /* 86 */
+
+static void check_full(const ht_config *cfg) {
+    assert_string_equal(cfg->model.arch.name, "llama");
+    assert_string_equal(cfg->model.from_pretrained, "/models/tiny");
+    assert_int_equal(cfg->model.arch.vocab_size, 1000);
+    assert_int_equal(cfg->model.arch.hidden_size, 64);
+    assert_int_equal(cfg->model.arch.intermediate_size, 128);
+    assert_int_equal(cfg->model.arch.num_hidden_layers, 2);
+    assert_int_equal(cfg->model.arch.num_attention_heads, 4);
+    assert_int_equal(cfg->model.arch.num_key_value_heads, 4);
+    assert_int_equal(cfg->model.arch.head_dim, 16);
+    assert_int_equal(cfg->model.arch.max_position_embeddings, 1024);
+    assert_true(cfg->model.arch.rope_theta == 500000.0);
+    assert_true(cfg->model.arch.rms_norm_eps == 1e-5);
+    assert_false(cfg->model.arch.attention_bias);
+    assert_true(cfg->model.arch.tie_word_embeddings);
+    assert_true(cfg->model.arch.initializer_range == 0.01);
+    assert_int_equal(cfg->model_init_dtype, HT_DTYPE_BF16);
+    assert_string_equal(cfg->data.dataset_type, "token_bin");
+    assert_string_equal(cfg->data.path, "data/*.bin");
+    assert_int_equal(cfg->data.seq_len, 128);
+    assert_true(cfg->data.valid_fraction == 0.1);
+    assert_int_equal(cfg->optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
+    assert_false(cfg->optimizer.fp32_main_params);
+    assert_true(cfg->optimizer.muon.lr == 0.03);
+    assert_true(cfg->optimizer.muon.weight_decay == 0.2);
+    assert_true(cfg->optimizer.muon.momentum == 0.9);
+    assert_false(cfg->optimizer.muon.nesterov);
+    assert_int_equal(cfg->optimizer.muon.ns_steps, 7);
+    assert_int_equal(cfg->optimizer.muon.ns_variant, HT_CONFIG_NS_CUSTOM);
+    const ht_config_ns_coefficients *ns = &cfg->optimizer.muon.ns_coefficients;
+    assert_int_equal(ns->count, 2);
+    assert_true(ns->abc[0][0] == 3.4445 && ns->abc[0][1] == -4.7750 && ns->abc[0][2] == 2.0315);
+    assert_int_equal(ns->repeat[0], 8);
+    assert_true(ns->abc[1][0] == 2 && ns->abc[1][1] == -1.5 && ns->abc[1][2] == 0.5);
+    assert_int_equal(ns->repeat[1], 2);
+    assert_true(cfg->optimizer.muon.ns_eps == 1e-6);
+    assert_true(cfg->optimizer.muon.matched_adamw_rms == 0);
+    assert_int_equal(cfg->optimizer.muon.momentum_style, HT_CONFIG_MOMENTUM_EMA);
+    assert_int_equal(cfg->optimizer.muon.comm_strategy, HT_CONFIG_MUON_COMM_DEREDUNDANCY);
+    assert_int_equal(cfg->optimizer.muon.adamw_include.count, 1);
+    assert_string_equal(cfg->optimizer.muon.adamw_include.items[0], "*embed_tokens*");
+    assert_true(cfg->optimizer.muon.qk_clip_enabled);
+    assert_true(cfg->optimizer.muon.qk_clip_threshold == 50.5);
+    assert_true(cfg->optimizer.adamw.lr == 0.0003);
+    assert_true(cfg->optimizer.adamw.weight_decay == 0.1);
+    assert_true(cfg->optimizer.adamw.betas[0] == 0.8 && cfg->optimizer.adamw.betas[1] == 0.95);
+    assert_true(cfg->optimizer.adamw.eps == 1e-6);
+    assert_int_equal(cfg->optimizer.adamw.no_weight_decay.count, 1);
+    assert_string_equal(cfg->optimizer.adamw.no_weight_decay.items[0], "*bias*");
+    assert_int_equal(cfg->lr_scheduler.type, HT_CONFIG_LR_WARMUP_STABLE_DECAY);
+    assert_true(cfg->lr_scheduler.warmup_ratio == 0.1);
+    assert_int_equal(cfg->lr_scheduler.warmup_steps, 7);
+    assert_true(cfg->lr_scheduler.warmup_lr_init == 1e-6);
+    assert_true(cfg->lr_scheduler.lr_end == 1e-5);
+    assert_true(cfg->lr_scheduler.num_cycles == 2);
+    assert_int_equal(cfg->lr_scheduler.decay_steps, 90);
+    assert_true(cfg->lr_scheduler.power == 2.0);
+    assert_int_equal(cfg->lr_scheduler.decay_start_steps, 60);
+    assert_true(cfg->lr_scheduler.decay_start_ratio == 0.5);
+    assert_true(cfg->lr_scheduler.eta_min == 1e-6);
+    assert_int_equal(cfg->lr_scheduler.t_max, 80);
+    assert_int_equal(cfg->training.steps, 100);
+    assert_int_equal(cfg->training.local_batch_size, 4);
+    assert_int_equal(cfg->training.global_batch_size, 64);
+    assert_true(cfg->training.max_norm == 0.5);
+    assert_true(cfg->training.seed == 12345678901LL);
+    assert_true(cfg->training.deterministic);
+    assert_int_equal(cfg->training.log_interval, 5);
+    assert_int_equal(cfg->training.eval_interval, 0);
+    assert_int_equal(cfg->training.eval_batches, 3);
+    assert_int_equal(cfg->training.plugin.count, 2);
+    assert_string_equal(cfg->training.plugin.items[0], "libmine.so");
+    assert_string_equal(cfg->training.plugin.items[1], "/opt/x/libother.so");
+    assert_int_equal(cfg->fsdp.shard_size, 2);
+    assert_int_equal(cfg->fsdp.param_dtype, HT_DTYPE_F16);
+    assert_int_equal(cfg->fsdp.reduce_dtype, HT_DTYPE_BF16);
+    assert_int_equal(cfg->fsdp.output_dtype, HT_DTYPE_F32);
+    assert_false(cfg->fsdp.cast_forward_inputs);
+    assert_string_equal(cfg->checkpoint.output_dir, "runs/full");
+    assert_int_equal(cfg->checkpoint.save_interval, 0);
+    assert_false(cfg->checkpoint.save_optimizer);
+    assert_int_equal(cfg->checkpoint.keep_last, 0);
+    assert_string_equal(cfg->checkpoint.restore_from, "latest");
+    assert_false(cfg->checkpoint.restore_optimizer);
+}
+
+static void test_full_file(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("full.yaml", FULL, &cfg, &err), &err);
+    check_full(&cfg);
+    assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err);
+    /* Every key but the rejected one came from the file, with its line. */
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
+        int line = 0;
+        if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
+        assert_true(line >= 3 && line <= 86);
+    }
+    assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
+    assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
+    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 47);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 86);
+    /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
+    assert_int_equal(ht_config_warmup_steps(&cfg), 10);
+    assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
+}
+
+/* Every key's formatted value reads back, through --set, as the same value. */
+static void test_format_roundtrip(void **state) {
+    (void)state;
+    static ht_config full, back;
+    ht_error err = {0};
+    assert_ht_ok(load_text("roundtrip.yaml", FULL, &full, &err), &err);
+    ht_config_defaults(&back);
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
+        char value[4096], assignment[4400], again[4096];
+        assert_true(ht_config_format_value(&full, key, value, sizeof(value)));
+        snprintf(assignment, sizeof(assignment), "%s=%s", key, value);
+        assert_ht_ok(ht_config_set(&back, assignment, &err), &err);
+        assert_true(ht_config_format_value(&back, key, again, sizeof(again)));
+        assert_string_equal(value, again);
+        assert_source(&back, key, HT_CONFIG_SOURCE_CLI, 0);
+    }
+    check_full(&back);
+    /* And strings that need quoting survive too. */
+    assert_ht_ok(ht_config_set(&back, "data.path=\"a: b #c\"", &err), &err);
+    char value[256];
+    ht_config_format_value(&back, "data.path", value, sizeof(value));
+    assert_string_equal(value, "\"a: b #c\"");
+    assert_ht_ok(ht_config_set(&back, "training.plugin=[\"a\\\"b\\\\c\\td\"]", &err), &err);
+    assert_string_equal(back.training.plugin.items[0], "a\"b\\c\td");
+    char again[256], assignment[300];
+    ht_config_format_value(&back, "training.plugin", value, sizeof(value));
+    snprintf(assignment, sizeof(assignment), "training.plugin=%s", value);
+    assert_ht_ok(ht_config_set(&back, assignment, &err), &err);
+    ht_config_format_value(&back, "training.plugin", again, sizeof(again));
+    assert_string_equal(value, again);
+    assert_string_equal(back.training.plugin.items[0], "a\"b\\c\td");
+    assert_ht_ok(ht_config_set(&back, "data.path=\"123\"", &err), &err);
+    assert_string_equal(back.data.path, "123");
+    ht_config_format_value(&back, "data.path", value, sizeof(value));
+    assert_string_equal(value, "\"123\"");
+    assert_true(ht_config_format_value(&back, "model.rope_theta", value, sizeof(value)));
+    assert_string_equal(value, "500000.0");
+    ht_config_defaults(&back); /* floats stay YAML 1.1 floats (a dot before the exponent) */
+    ht_config_format_value(&back, "model.rms_norm_eps", value, sizeof(value));
+    assert_string_equal(value, "1.0e-06");
+    ht_config_format_value(&back, "optimizer.adamw_config.adamw_lr", value, sizeof(value));
+    assert_string_equal(value, "0.001");
+    assert_false(ht_config_format_value(&back, "model.nope", value, sizeof(value)));
+}
+
+/* ---------------------------------------------------------------- file-level errors */
+
+static void test_missing_file(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_int_equal(ht_config_load("/nonexistent/dir/cfg.yaml", 0, NULL, &cfg, &err), HT_ERR_IO);
+    assert_contains(err.msg, "/nonexistent/dir/cfg.yaml");
+    assert_contains(err.msg, "cannot open");
+    assert_contains(err.msg, "expected a readable YAML file");
+}
+
+static void test_not_yaml(void **state) {
+    (void)state;
+    expect_load_error("bad.yaml", "model:\n  name: qwen2\n  vocab_size: [1, 2\ntraining:\n  steps: 3\n",
+                      "bad.yaml:", "not valid YAML", NULL);
+    expect_load_error("tabs.yaml", "training:\n\tsteps: 3\n", "tabs.yaml:2:", "not valid YAML", NULL);
+    expect_load_error("colon.yaml", "training:\n  steps: 3\n  max_norm: 1: 2\n", "colon.yaml:3:", "not valid YAML",
+                      NULL);
+    expect_load_error("two.yaml", "training:\n  steps: 3\n---\ntraining:\n  steps: 4\n",
+                      "two.yaml:4:", "second YAML document", NULL);
+}
+
+static void test_empty_file(void **state) {
+    (void)state;
+    expect_load_error("empty.yaml", "", "empty.yaml", "empty", "expected a mapping", NULL);
+    expect_load_error("comments.yaml", "# nothing here\n\n", "comments.yaml", "empty", NULL);
+}
+
+static void test_top_level_not_mapping(void **state) {
+    (void)state;
+    expect_load_error("seq.yaml", "- model\n- training\n", "seq.yaml:1:", "top level", "expected a mapping",
+                      "found a sequence", NULL);
+    expect_load_error("scalar.yaml", "hello\n", "scalar.yaml:1:", "top level", "found \"hello\" (a string)", NULL);
+}
+
+static void test_unknown_key(void **state) {
+    (void)state;
+    expect_load_error("typo.yaml", "training:\n  steps: 10\n  stpes: 10\n", "typo.yaml:3:", "training.stpes",
+                      "unknown key", "did you mean training.steps?", NULL);
+    expect_load_error("section.yaml", "trainng:\n  steps: 10\n", "section.yaml:1:", "trainng", "did you mean training?",
+                      NULL);
+    expect_load_error("nested.yaml", "optimizer:\n  muon_config:\n    muon_lrr: 0.1\n",
+                      "nested.yaml:3:", "optimizer.muon_config.muon_lrr", "did you mean optimizer.muon_config.muon_lr?",
+                      NULL);
+    expect_load_error("far.yaml", "training:\n  completely_unrelated: 1\n",
+                      "far.yaml:2:", "training.completely_unrelated", "unknown key",
+                      "expected one of: steps, local_batch_size", NULL);
+    expect_load_error("top.yaml", "wandb:\n  project: x\n", "top.yaml:1:", "wandb", "unknown key",
+                      "expected one of: model, model_init_dtype, data, optimizer", NULL);
+    /* A section where a key belongs, and a key where a section belongs. */
+    expect_load_error("notsec.yaml", "training: 5\n", "notsec.yaml:1:", "training",
+                      "expected a mapping (a section of keys), found 5 (an integer)", NULL);
+    expect_load_error("notkey.yaml", "training:\n  steps:\n    value: 3\n", "notkey.yaml:2:", "training.steps",
+                      "expected an integer, found a mapping", NULL);
+    /* An empty section is fine. */
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("emptysec.yaml", "training:\ncheckpoint:\n", &cfg, &err), &err);
+}
+
+static void test_wrong_types(void **state) {
+    (void)state;
+    expect_load_error("t1.yaml", "training:\n  steps: \"ten\"\n", "t1.yaml:2:", "training.steps", "expected an integer",
+                      "found \"ten\" (a string)", NULL);
+    expect_load_error("t2.yaml", "training:\n  steps: 1.5\n", "t2.yaml:2:", "training.steps", "expected an integer",
+                      "found 1.5 (a float)", NULL);
+    expect_load_error("t3.yaml", "training:\n  seed: 1\n  max_norm: [1]\n", "t3.yaml:3:", "training.max_norm",
+                      "expected a finite number", "found a sequence", NULL);
+    expect_load_error("t4.yaml", "training:\n  deterministic: yes\n", "t4.yaml:2:", "training.deterministic",
+                      "expected true or false", "found \"yes\" (a string)", NULL);
+    expect_load_error("t5.yaml", "training:\n  deterministic: 1\n", "t5.yaml:2:", "expected true or false",
+                      "found 1 (an integer)", NULL);
+    expect_load_error("t6.yaml", "fsdp_config:\n  mix_precision:\n    param_dtype: fp8\n",
+                      "t6.yaml:3:", "fsdp_config.mix_precision.param_dtype",
+                      "expected one of float16, bfloat16, float32", "found \"fp8\"", NULL);
+    expect_load_error("t7.yaml", "fsdp_config:\n  mix_precision:\n    output_dtype: null\n",
+                      "t7.yaml:3:", "fsdp_config.mix_precision.output_dtype", "found null", NULL);
+    expect_load_error("t8.yaml", "model_init_dtype: int32\n", "t8.yaml:1:", "model_init_dtype",
+                      "expected one of float16, bfloat16, float32, null", "found \"int32\"", NULL);
+    expect_load_error("t9.yaml", "optimizer:\n  _target_: SGD\n", "t9.yaml:2:", "optimizer._target_",
+                      "expected one of Muon, AdamW", "found \"SGD\"", NULL);
+    expect_load_error("t10.yaml", "optimizer:\n  adamw_config:\n    adamw_betas: [0.9]\n",
+                      "t10.yaml:3:", "optimizer.adamw_config.adamw_betas", "expected a list of 2 numbers",
+                      "found a sequence", NULL);
+    expect_load_error("t11.yaml", "fsdp_config:\n  shard_size: 0\n", "t11.yaml:2:", "fsdp_config.shard_size",
+                      "expected auto or a positive integer", "found 0 (an integer)", NULL);
+    expect_load_error("t12.yaml", "training:\n  steps: 99999999999\n", "t12.yaml:2:", "expected an integer",
+                      "found 99999999999 (an integer)", NULL);
+    expect_load_error("t13.yaml", "model:\n  name: a_model_name_far_longer_than_thirty_one_bytes\n",
+                      "t13.yaml:2:", "model.name", "expected a string of at most 31 bytes", NULL);
+    expect_load_error("t14.yaml", "training:\n  max_norm: .inf\n", "t14.yaml:2:", "expected a finite number",
+                      "found .inf (a float)", NULL);
+    expect_load_error("t15.yaml", "optimizer:\n  muon_config:\n    muon_ns_coefficients: [1, 2]\n",
+                      "t15.yaml:3:", "optimizer.muon_config.muon_ns_coefficients", "expected null, [a, b, c]", NULL);
+    expect_load_error("t16.yaml", "lr_scheduler:\n  type: CosineLR\n", "t16.yaml:2:", "lr_scheduler.type",
+                      "expected one of ConstantWarmUpLR, LinearWithWarmUpLR, CosineWithWarmUpLR, "
+                      "CosineWithRestartsAndWarmUpLR, PolynomialWithWarmUpLR, WarmUpStableDecayLR, CosineAnnealingLR",
+                      "found \"CosineLR\"", NULL);
+    expect_load_error("t17.yaml", "data:\n  path: null\n", "t17.yaml:2:", "data.path", "found null", NULL);
+    expect_load_error("t18.yaml", "training:\n  plugin: libx.so\n", "t18.yaml:2:", "training.plugin",
+                      "expected a list of at most 16 strings", "found \"libx.so\" (a string)", NULL);
+    /* total_steps is known only to be refused. */
+    expect_load_error("t19.yaml", "lr_scheduler:\n  total_steps: 100\n", "t19.yaml:2:", "lr_scheduler.total_steps",
+                      "total steps come from training.steps", NULL);
+}
+
+static void test_duplicate_key(void **state) {
+    (void)state;
+    expect_load_error("dup.yaml", "training:\n  steps: 10\n  seed: 1\n  steps: 20\n", "dup.yaml:4:", "training.steps",
+                      "duplicate key", "line 2", NULL);
+    expect_load_error("dupsec.yaml", "training:\n  steps: 10\nmodel:\n  name: qwen2\ntraining:\n  seed: 1\n",
+                      "dupsec.yaml:5:", "training", "duplicate key", "line 1", NULL);
+    /* Two spellings of one key (an alias and its canonical name). */
+    expect_load_error("dupalias.yaml", "optimizer:\n  _target_: Muon\n  type: AdamW\n",
+                      "dupalias.yaml:3:", "optimizer.type", "duplicate key",
+                      "optimizer._target_ was already set on line 2", NULL);
+}
+
+/* ---------------------------------------------------------------- --set */
+
+static void test_set_overrides(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *path = write_config("set.yaml", "training:\n  steps: 10\n  seed: 7\nmodel_init_dtype: bfloat16\n");
+    char *overrides[] = {
+        "training.steps=500",
+        "optimizer.adamw_config.adamw_betas=[0.8, 0.9]",
+        "model_init_dtype=null",
+        "checkpoint.restore_from=latest",
+        "training.plugin=[a.so, \"b c.so\"]",
+        "optimizer.type=AdamW",
+        "optimizer.muon_config.muon_ns_coefficients=[3.4445, -4.775, 2.0315]",
+        "model.from_pretrained=",
+        "training.steps=600",
+    };
+    int n = (int)(sizeof(overrides) / sizeof(overrides[0]));
+    assert_ht_ok(ht_config_load(path, n, overrides, &cfg, &err), &err);
+    assert_int_equal(cfg.training.steps, 600); /* the last --set wins */
+    assert_true(cfg.optimizer.adamw.betas[0] == 0.8 && cfg.optimizer.adamw.betas[1] == 0.9);
+    assert_int_equal(cfg.model_init_dtype, HT_CONFIG_DTYPE_NONE);
+    assert_string_equal(cfg.checkpoint.restore_from, "latest");
+    assert_int_equal(cfg.training.plugin.count, 2);
+    assert_string_equal(cfg.training.plugin.items[1], "b c.so");
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.count, 1);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.repeat[0], 0);
+    assert_string_equal(cfg.model.from_pretrained, "");
+    assert_int_equal(cfg.training.seed, 7);
+
+    assert_source(&cfg, "training.steps", HT_CONFIG_SOURCE_CLI, 0);
+    assert_source(&cfg, "training.seed", HT_CONFIG_SOURCE_FILE, 3);
+    assert_source(&cfg, "model_init_dtype", HT_CONFIG_SOURCE_CLI, 0);
+    assert_source(&cfg, "optimizer._target_", HT_CONFIG_SOURCE_CLI, 0);
+    assert_source(&cfg, "optimizer.type", HT_CONFIG_SOURCE_CLI, 0); /* an alias answers for its key */
+    assert_source(&cfg, "training.max_norm", HT_CONFIG_SOURCE_DEFAULT, 0);
+    assert_source(&cfg, "data.path", HT_CONFIG_SOURCE_DEFAULT, 0);
+    assert_string_equal(ht_config_source_name(HT_CONFIG_SOURCE_CLI), "command line");
+}
+
+static void expect_set_error(const char *assignment, ...) {
+    static ht_config cfg, before;
+    ht_error err = {0};
+    ht_config_defaults(&cfg);
+    before = cfg;
+    ht_status st = ht_config_set(&cfg, assignment, &err);
+    if (st == HT_OK) fail_msg("expected --set %s to fail", assignment);
+    assert_int_equal(st, HT_ERR_CONFIG);
+    assert_memory_equal(&cfg, &before, sizeof(cfg)); /* a failed --set changes nothing */
+    va_list ap;
+    va_start(ap, assignment);
+    for (const char *needle = va_arg(ap, const char *); needle; needle = va_arg(ap, const char *))
+        assert_contains(err.msg, needle);
+    va_end(ap);
+}
+
+static void test_set_errors(void **state) {
+    (void)state;
+    expect_set_error("training.stpes=5", "--set training.stpes=5", "unknown key", "did you mean training.steps?", NULL);
+    expect_set_error("training.steps=ten", "--set training.steps=ten", "training.steps", "expected an integer",
+                     "found \"ten\" (a string)", NULL);
+    expect_set_error("training.steps=2.5", "expected an integer", "found 2.5 (a float)", NULL);
+    expect_set_error("training.steps", "--set training.steps", "expected section.key=value", "no '='", NULL);
+    expect_set_error("=5", "expected section.key=value", "no key", NULL);
+    expect_set_error("training=5", "--set training=5", "training is a section", "steps", NULL);
+    expect_set_error("training.steps=[1", "--set training.steps=[1", "not valid YAML", NULL);
+    expect_set_error("training.plugin=a.so", "expected a list", NULL);
+    expect_set_error("optimizer.adamw_config.adamw_betas=[0.9, x]", "expected a list of 2 numbers", NULL);
+    expect_set_error("fsdp_config.mix_precision.param_dtype=float64", "expected one of float16, bfloat16, float32",
+                     "found \"float64\"", NULL);
+    expect_set_error("lr_scheduler.total_steps=10", "lr_scheduler.total_steps", "total steps come from training.steps",
+                     NULL);
+    /* A bad --set in ht_config_load names the argument too. */
+    static ht_config cfg;
+    ht_error err = {0};
+    char *bad[] = {"training.steps=4", "training.deterministic=maybe"};
+    assert_int_equal(ht_config_load(NULL, 2, bad, &cfg, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "--set training.deterministic=maybe");
+    assert_contains(err.msg, "expected true or false");
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static void test_fp32_main_params_rule(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *text = "optimizer:\n"
+                       "  fp32_main_params: true\n"
+                       "fsdp_config:\n"
+                       "  mix_precision:\n"
+                       "    param_dtype: bfloat16\n"
+                       "    reduce_dtype: bfloat16\n";
+    assert_ht_ok(load_text("fp32.yaml", text, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "fp32.yaml:6: fsdp_config.mix_precision.reduce_dtype");
+    assert_contains(err.msg, "optimizer.fp32_main_params");
+    assert_contains(err.msg, "fp32.yaml:2:");
+    assert_contains(err.msg, "expected float32");
+    assert_contains(err.msg, "found bfloat16");
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_DTYPE_BF16); /* never rewritten */
+    assert_true(cfg.optimizer.fp32_main_params);
+
+    /* Explicitly null: "missing". */
+    const char *missing = "fsdp_config:\n  mix_precision:\n    reduce_dtype: null\n";
+    assert_ht_ok(load_text("fp32null.yaml", missing, &cfg, &err), &err);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_CONFIG_DTYPE_NONE);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "fp32null.yaml:3: fsdp_config.mix_precision.reduce_dtype");
+    assert_contains(err.msg, "optimizer.fp32_main_params (default)");
+    assert_contains(err.msg, "found null (missing)");
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_CONFIG_DTYPE_NONE);
+
+    /* Via --set, and allowed once fp32_main_params is off. */
+    char *set[] = {"fsdp_config.mix_precision.reduce_dtype=float16"};
+    assert_ht_ok(ht_config_load(NULL, 1, set, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "fsdp_config.mix_precision.reduce_dtype (--set)");
+    assert_contains(err.msg, "optimizer.fp32_main_params");
+    assert_ht_ok(ht_config_set(&cfg, "optimizer.fp32_main_params=false", &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_set(&cfg, "fsdp_config.mix_precision.reduce_dtype=null", &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+}
+
+static void test_validation_rules(void **state) {
+    (void)state;
+    expect_invalid("v1.yaml", "training:\n  max_norm: 0\n", 1, "v1.yaml:2: training.max_norm", "expected a number > 0",
+                   "found 0.0", NULL);
+    expect_invalid("v2.yaml", "training:\n  max_norm: -1.5\n", 1, "v2.yaml:2: training.max_norm", "found -1.5", NULL);
+    expect_invalid("v3.yaml", "training:\n  local_batch_size: 0\n", 1, "v3.yaml:2: training.local_batch_size",
+                   "expected an integer > 0", "found 0", NULL);
+    expect_invalid("v4.yaml", "training:\n  global_batch_size: -8\n", 1, "v4.yaml:2: training.global_batch_size",
+                   "found -8", NULL);
+    expect_invalid("v5.yaml", "training:\n  steps: 0\n", 1, "v5.yaml:2: training.steps", "found 0", NULL);
+    expect_invalid("v6.yaml", "data:\n  seq_len: 0\n", 1, "v6.yaml:2: data.seq_len", "expected an integer > 0", NULL);
+    expect_invalid("v7.yaml", "training:\n  local_batch_size: 8\n  global_batch_size: 24\n", 2,
+                   "v7.yaml:3: training.global_batch_size", "multiple of", "8 x 2 = 16", "found 24", NULL);
+    expect_invalid("v8.yaml", "optimizer:\n  muon_config:\n    muon_ns_variant: asym5\n    muon_ns_steps: 6\n", 1,
+                   "v8.yaml:4: optimizer.muon_config.muon_ns_steps", "at most 5 with muon_ns_variant asym5",
+                   "v8.yaml:3: optimizer.muon_config.muon_ns_variant", "found 6", NULL);
+    expect_invalid("v9.yaml",
+                   "optimizer:\n  _target_: AdamW\n  adamw_config:\n    adamw_lr: 0.001\n"
+                   "lr_scheduler:\n  type: PolynomialWithWarmUpLR\n  lr_end: 0.001\n",
+                   1, "v9.yaml:4: optimizer.adamw_config.adamw_lr", "PolynomialWithWarmUpLR",
+                   "expected optimizer.adamw_config.adamw_lr > lr_end", "v9.yaml:7: lr_scheduler.lr_end", NULL);
+    expect_invalid("v10.yaml", "lr_scheduler:\n  type: PolynomialWithWarmUpLR\n  lr_end: 0.05\n", 1,
+                   "2 configuration errors", "optimizer.adamw_config.adamw_lr (default)",
+                   "optimizer.muon_config.muon_lr (default)", "found 0.02 <= 0.05", NULL);
+    expect_invalid("v11.yaml", "lr_scheduler:\n  warmup_ratio: 1.5\n", 1, "v11.yaml:2: lr_scheduler.warmup_ratio",
+                   "expected a number in [0, 1]", "found 1.5", NULL);
+    expect_invalid("v12.yaml", "data:\n  valid_fraction: 1.0\n", 1, "v12.yaml:2: data.valid_fraction",
+                   "expected a number in [0, 1)", "found 1.0", NULL);
+    expect_invalid("v13.yaml", "data:\n  valid_fraction: -0.1\n", 1, "data.valid_fraction", NULL);
+    expect_invalid("v14.yaml", "optimizer:\n  muon_config:\n    muon_ns_variant: custom\n", 1,
+                   "optimizer.muon_config.muon_ns_coefficients (default)", "expected coefficients", NULL);
+    expect_invalid("v15.yaml", "optimizer:\n  muon_config:\n    muon_ns_coefficients: [1, 2, 3]\n", 1,
+                   "v15.yaml:3: optimizer.muon_config.muon_ns_coefficients", "null", NULL);
+    expect_invalid("v16.yaml", "fsdp_config:\n  shard_size: 3\n", 4, "v16.yaml:2: fsdp_config.shard_size",
+                   "divisor of the data-parallel size 4", NULL);
+    /* Several at once: every one is listed. */
+    expect_invalid("v17.yaml", "training:\n  max_norm: 0\n  steps: -1\n", 1, "2 configuration errors",
+                   "training.max_norm", "training.steps", NULL);
+    /* PolynomialWithWarmUpLR with η > lr_end, and other schedules with η ≤ lr_end, are fine. */
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("ok.yaml", "lr_scheduler:\n  type: CosineWithWarmUpLR\n  lr_end: 0.5\n", &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_set(&cfg, "optimizer.muon_config.muon_ns_steps=9", &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "optimizer.muon_config.muon_ns_steps (--set)");
+    assert_ht_ok(ht_config_set(&cfg, "optimizer.muon_config.muon_ns_variant=polar_express", &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+}
+
+/* ---------------------------------------------------------------- dialects */
+
+static void test_mindformers_and_hyperparallel_dialects(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *mf = "optimizer:\n"
+                     "  type: Muon\n"
+                     "  momentum: 0.9\n"
+                     "  nesterov: false\n"
+                     "  ns_steps: 3\n"
+                     "  ns_coefficients: [[3.4445, -4.775, 2.0315], [2.0, -1.5, 0.5]]\n"
+                     "  matched_adamw_rms: 0.3\n"
+                     "  adamw_betas: [0.85, 0.99]\n"
+                     "  adamw_eps: 1.0e-7\n"
+                     "  qk_clip_enabled: true\n"
+                     "  qk_clip_threshold: 30\n"
+                     "  comm_strategy: deredundancy\n"
+                     "  adamw_include: [\"*wte*\"]\n";
+    assert_ht_ok(load_text("mf.yaml", mf, &cfg, &err), &err);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
+    assert_true(cfg.optimizer.muon.momentum == 0.9);
+    assert_false(cfg.optimizer.muon.nesterov);
+    assert_int_equal(cfg.optimizer.muon.ns_steps, 3);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.count, 2);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.repeat[0], 1);
+    assert_int_equal(cfg.optimizer.muon.ns_coefficients.repeat[1], 1);
+    assert_true(cfg.optimizer.muon.matched_adamw_rms == 0.3);
+    assert_true(cfg.optimizer.adamw.betas[0] == 0.85);
+    assert_true(cfg.optimizer.adamw.eps == 1e-7);
+    assert_true(cfg.optimizer.muon.qk_clip_enabled);
+    assert_true(cfg.optimizer.muon.qk_clip_threshold == 30);
+    assert_int_equal(cfg.optimizer.muon.comm_strategy, HT_CONFIG_MUON_COMM_DEREDUNDANCY);
+    assert_string_equal(cfg.optimizer.muon.adamw_include.items[0], "*wte*");
+    assert_source(&cfg, "optimizer.muon_config.muon_momentum", HT_CONFIG_SOURCE_FILE, 3);
+
+    const char *hp = "optimizer:\n"
+                     "  _target_: hyper_parallel.auto_models.components.optim.optimizer.optimizer.AdamW\n"
+                     "  betas: [0.9, 0.95]\n"
+                     "  eps: 1.0e-6\n";
+    assert_ht_ok(load_text("hp.yaml", hp, &cfg, &err), &err);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_true(cfg.optimizer.adamw.betas[1] == 0.95);
+    assert_true(cfg.optimizer.adamw.eps == 1e-6);
+    char value[128];
+    ht_config_format_value(&cfg, "optimizer._target_", value, sizeof(value));
+    assert_string_equal(value, "AdamW"); /* logged by its short name */
+    assert_int_equal(ht_config_key_index("optimizer.betas"), ht_config_key_index("optimizer.adamw_config.adamw_betas"));
+    assert_int_equal(ht_config_key_index("optimizer.nope"), -1);
+}
+
+/* ---------------------------------------------------------------- the log */
+
+static void test_log(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *path = write_config("log.yaml", "training:\n  steps: 77\n");
+    char *set[] = {"training.seed=5"};
+    assert_ht_ok(ht_config_load(path, 1, set, &cfg, &err), &err);
+
+    char out_path[1200];
+    snprintf(out_path, sizeof(out_path), "%s/stderr.txt", scratch_dir("log_out"));
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    ht_config_log(&cfg);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+
+    char *text = NULL;
+    size_t size = 0;
+    assert_ht_ok(ht_read_file(out_path, &text, &size, &err), &err);
+    assert_contains(text, "Trainer config from ");
+    assert_contains(text, "training.steps");
+    assert_contains(text, "77");
+    assert_contains(text, "file, line 2");
+    assert_contains(text, "command line");
+    assert_contains(text, "optimizer.adamw_config.no_weight_decay");
+    assert_contains(text, "[\"*bias*\", \"*norm*\", \"*ln_*\"]");
+    assert_contains(text, "fsdp_config.mix_precision.reduce_dtype");
+    assert_true(strstr(text, "total_steps") == NULL);
+    /* One line per key, plus the title and the header. */
+    int lines = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, ht_config_key_count() - 1 + 2);
+    /* Aligned: the value column starts at the same offset on every key line. */
+    const char *a = strstr(text, "training.steps"), *b = strstr(text, "model.name");
+    const char *a_line = a, *b_line = b;
+    while (a_line > text && a_line[-1] != '\n') a_line--;
+    while (b_line > text && b_line[-1] != '\n') b_line--;
+    const char *a_val = strstr(a, "77"), *b_val = strstr(b, "qwen2");
+    assert_int_equal(a_val - a_line, b_val - b_line);
+    free(text);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_default_yaml),
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_format_roundtrip),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_not_yaml),
+        cmocka_unit_test(test_empty_file),
+        cmocka_unit_test(test_top_level_not_mapping),
+        cmocka_unit_test(test_unknown_key),
+        cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_duplicate_key),
+        cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_set_errors),
+        cmocka_unit_test(test_fp32_main_params_rule),
+        cmocka_unit_test(test_validation_rules),
+        cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
+        cmocka_unit_test(test_log),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
