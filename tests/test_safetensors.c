@@ -276,7 +276,7 @@ static void test_corruption(void **state) {
     size_t size;
     assert_ht_ok(ht_read_file(path, &bytes, &size, &err), &err);
     snprintf(path, sizeof(path), "%s/bad.safetensors", dir);
-    static const unsigned char values[] = {0x00, '0', '9', '"', '{', '}', '[', ']', ',', ':', '-', 0x80, 0xff};
+    static const unsigned char values[] = {0x00, '9', '"', '}', ',', 0xff};
     size_t header_end = 8 + (size_t)(unsigned char)bytes[0] + 256u * (unsigned char)bytes[1];
     for (size_t i = 0; i < header_end; i++) {
         for (size_t v = 0; v < sizeof(values); v++) {

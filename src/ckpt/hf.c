@@ -16,7 +16,14 @@
 #define HF_SINGLE "model.safetensors"
 #define HF_INDEX "model.safetensors.index.json"
 
+/* Every public entry checks the directory name leaves room for the file names joined to it. */
 static void join(char *buf, const char *dir, const char *name) { snprintf(buf, HF_PATH_MAX, "%s/%s", dir, name); }
+
+static ht_status check_dir_name(const char *dir, ht_error *err) {
+    if (strlen(dir) + 80 > HF_PATH_MAX)
+        return ht_fail(err, HT_ERR_INVALID, "%.200s...: directory name longer than %d bytes", dir, HF_PATH_MAX - 80);
+    return HT_OK;
+}
 
 static const char *json_type_name(const ht_json *v) {
     static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
@@ -133,6 +140,7 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
 }
 
 ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
     char *text;
@@ -170,6 +178,7 @@ static ht_status write_text_atomic(const char *path, const char *text, size_t le
 }
 
 ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dtype torch_dtype, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
     bool qwen2 = strcmp(cfg->name, "qwen2") == 0;
@@ -340,14 +349,15 @@ static ht_status copy_rows(ht_param *p, const ht_st_tensor *t, const char *file,
     int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0]; /* rows past the end are shard padding */
     size_t n = r1 > p->row0 ? (size_t)((r1 - p->row0) * row_numel) : 0;
     size_t esize = ht_dtype_size(t->dtype);
+    if (t->dtype != p->dtype && !(ht_dtype_is_float(t->dtype) && ht_dtype_is_float(p->dtype)))
+        return ht_fail(err, HT_ERR_FORMAT, "%s: tensor '%s' is %s and cannot be converted to the model's %s", file,
+                       t->name, ht_dtype_safetensors_name(t->dtype), ht_dtype_name(p->dtype));
+    if (n == 0) return HT_OK;
     const char *src = (const char *)t->data + (size_t)p->row0 * (size_t)row_numel * esize;
     if (t->dtype == p->dtype) {
         memcpy(p->data, src, n * esize);
         return HT_OK;
     }
-    if (!ht_dtype_is_float(t->dtype) || !ht_dtype_is_float(p->dtype))
-        return ht_fail(err, HT_ERR_FORMAT, "%s: tensor '%s' is %s and cannot be converted to the model's %s", file,
-                       t->name, ht_dtype_safetensors_name(t->dtype), ht_dtype_name(p->dtype));
     if ((uintptr_t)src % esize == 0) {
         ht_convert(p->data, p->dtype, src, t->dtype, n);
         return HT_OK;
@@ -382,6 +392,7 @@ static void warn_unused(const hf_files *fs, const ht_param_store *params, const 
 }
 
 ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     hf_files fs = {0};
     ht_status s = open_weights(dir, &fs, err);
     if (s != HT_OK) {
@@ -495,6 +506,7 @@ static ht_status write_index(const char *dir, const ht_param_store *params, cons
 
 ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param_store *params, ht_dtype dtype,
                      size_t max_shard_bytes, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     if (!ht_dtype_is_float(dtype))
         return ht_fail(err, HT_ERR_INVALID, "%s: cannot save weights as %s (not a float dtype)", dir,
                        ht_dtype_name(dtype));

@@ -520,7 +520,12 @@ ht_status ht_st_writer_write(const ht_st_writer *w, const char *path, ht_error *
     }
 
     char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp)) {
+        s = ht_fail(err, HT_ERR_INVALID, "%.200s...: path too long", path);
+        free(header);
+        free(order);
+        return s;
+    }
     size_t chunk_elems = (size_t)1 << 18;
     void *chunk = malloc(chunk_elems * 4);
     FILE *f = chunk ? fopen(tmp, "wb") : NULL;
