@@ -292,8 +292,9 @@ static void test_corruption(void **state) {
             }
             for (int k = 0; k < ht_safetensors_count(st); k++) {
                 const ht_st_tensor *t = ht_safetensors_tensor(st, k);
-                volatile unsigned char sum = 0;
-                for (size_t b = 0; b < t->nbytes; b++) sum ^= ((const unsigned char *)t->data)[b];
+                size_t sum = 0; /* touch every byte: ASan flags any tensor outside the mapping */
+                for (size_t b = 0; b < t->nbytes; b++) sum += ((const unsigned char *)t->data)[b];
+                assert_true(sum <= 255 * t->nbytes);
             }
             ht_safetensors_close(st);
         }
