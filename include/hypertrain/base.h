@@ -143,6 +143,15 @@ void ht_json_free(ht_json *root);
 /* Object member by key, or NULL. */
 const ht_json *ht_json_get(const ht_json *obj, const char *key);
 
+/* -- JSON writing (added with the safetensors/Hugging Face layer) -- */
+#include <stdio.h>
+/* Writes s as a quoted JSON string: quotes, backslashes and control
+ * characters escaped, other bytes (UTF-8) as they are. */
+void ht_json_write_string(FILE *f, const char *s);
+/* Writes x in the shortest form that reads back to the same double
+ * ("10000", "1e-06", "0.02"); null when x is not finite (JSON has no Inf/NaN). */
+void ht_json_write_number(FILE *f, double x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,563 @@
+/* Hugging Face model directories: config.json <-> ht_model_config, and the
+ * weights (model.safetensors, or shards listed in model.safetensors.index.json)
+ * <-> a named parameter store, matched by name with exact shapes. */
+#include "hypertrain/ckpt.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HF_PATH_MAX 4096
+#define HF_SINGLE "model.safetensors"
+#define HF_INDEX "model.safetensors.index.json"
+
+/* Every public entry checks the directory name leaves room for the file names joined to it. */
+static void join(char *buf, const char *dir, const char *name) { snprintf(buf, HF_PATH_MAX, "%s/%s", dir, name); }
+
+static ht_status check_dir_name(const char *dir, ht_error *err) {
+    if (strlen(dir) + 80 > HF_PATH_MAX)
+        return ht_fail(err, HT_ERR_INVALID, "%.200s...: directory name longer than %d bytes", dir, HF_PATH_MAX - 80);
+    return HT_OK;
+}
+
+static const char *json_type_name(const ht_json *v) {
+    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return names[v->type];
+}
+
+/* ---------------------------------------------------------------- config.json */
+
+/* A field, or NULL when it is absent or null (HF writes null for "use the default"). */
+static const ht_json *field(const ht_json *root, const char *name) {
+    const ht_json *v = ht_json_get(root, name);
+    return v && v->type != HT_JSON_NULL ? v : NULL;
+}
+
+static ht_status get_int(const char *path, const ht_json *root, const char *name, bool required, int def, int *out,
+                         ht_error *err) {
+    const ht_json *v = field(root, name);
+    if (!v) {
+        if (required) return ht_fail(err, HT_ERR_CONFIG, "%s: required field \"%s\" is missing", path, name);
+        *out = def;
+        return HT_OK;
+    }
+    if (v->type != HT_JSON_NUMBER || v->number != floor(v->number) || v->number < 0 || v->number > INT_MAX)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be a non-negative integer, not %s", path, name,
+                       v->type == HT_JSON_NUMBER ? "a fraction or out of range" : json_type_name(v));
+    *out = (int)v->number;
+    return HT_OK;
+}
+
+static ht_status get_double(const char *path, const ht_json *root, const char *name, double def, double *out,
+                            ht_error *err) {
+    const ht_json *v = field(root, name);
+    if (!v) {
+        *out = def;
+        return HT_OK;
+    }
+    if (v->type != HT_JSON_NUMBER)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be a number, not %s", path, name, json_type_name(v));
+    *out = v->number;
+    return HT_OK;
+}
+
+static ht_status get_bool(const char *path, const ht_json *root, const char *name, bool def, bool *out, ht_error *err) {
+    const ht_json *v = field(root, name);
+    if (!v) {
+        *out = def;
+        return HT_OK;
+    }
+    if (v->type != HT_JSON_BOOL)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be true or false, not %s", path, name,
+                       json_type_name(v));
+    *out = v->boolean;
+    return HT_OK;
+}
+
+/* RoPE variants other than the plain one change the model; refuse them rather than load a different model. */
+static ht_status check_rope(const char *path, const ht_json *root, const char *name, ht_error *err) {
+    const ht_json *r = field(root, name);
+    if (!r) return HT_OK;
+    if (r->type != HT_JSON_OBJECT)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be an object, not %s", path, name, json_type_name(r));
+    const ht_json *type = field(r, "rope_type");
+    if (!type) type = field(r, "type");
+    if (type && (type->type != HT_JSON_STRING || strcmp(type->string, "default") != 0))
+        return ht_fail(err, HT_ERR_CONFIG, "%s: %s type %s is not supported (only the default RoPE)", path, name,
+                       type->type == HT_JSON_STRING ? type->string : json_type_name(type));
+    return HT_OK;
+}
+
+static ht_status read_config_fields(const char *path, const ht_json *root, ht_model_config *cfg, ht_error *err) {
+    if (root->type != HT_JSON_OBJECT) return ht_fail(err, HT_ERR_CONFIG, "%s: not a JSON object", path);
+    const ht_json *type = field(root, "model_type");
+    if (!type) return ht_fail(err, HT_ERR_CONFIG, "%s: required field \"model_type\" is missing", path);
+    if (type->type != HT_JSON_STRING)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"model_type\" must be a string, not %s", path,
+                       json_type_name(type));
+    if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: model_type \"%s\" is not supported (supported: qwen2, llama)", path,
+                       type->string);
+    bool qwen2 = strcmp(type->string, "qwen2") == 0;
+    snprintf(cfg->name, sizeof(cfg->name), "%s", type->string);
+
+    const ht_json *act = field(root, "hidden_act");
+    if (act && (act->type != HT_JSON_STRING || strcmp(act->string, "silu") != 0))
+        return ht_fail(err, HT_ERR_CONFIG, "%s: hidden_act %s is not supported (only \"silu\")", path,
+                       act->type == HT_JSON_STRING ? act->string : json_type_name(act));
+    bool sliding = false;
+    ht_status s;
+    if ((s = get_bool(path, root, "use_sliding_window", false, &sliding, err)) != HT_OK) return s;
+    if (sliding) return ht_fail(err, HT_ERR_CONFIG, "%s: use_sliding_window true is not supported", path);
+    if ((s = check_rope(path, root, "rope_scaling", err)) != HT_OK) return s;
+    if ((s = check_rope(path, root, "rope_parameters", err)) != HT_OK) return s;
+
+    if ((s = get_int(path, root, "vocab_size", true, 0, &cfg->vocab_size, err)) != HT_OK ||
+        (s = get_int(path, root, "hidden_size", true, 0, &cfg->hidden_size, err)) != HT_OK ||
+        (s = get_int(path, root, "intermediate_size", true, 0, &cfg->intermediate_size, err)) != HT_OK ||
+        (s = get_int(path, root, "num_hidden_layers", true, 0, &cfg->num_hidden_layers, err)) != HT_OK ||
+        (s = get_int(path, root, "num_attention_heads", true, 0, &cfg->num_attention_heads, err)) != HT_OK ||
+        (s = get_int(path, root, "num_key_value_heads", false, cfg->num_attention_heads, &cfg->num_key_value_heads,
+                     err)) != HT_OK ||
+        (s = get_int(path, root, "head_dim", false, 0, &cfg->head_dim, err)) != HT_OK ||
+        (s = get_int(path, root, "max_position_embeddings", true, 0, &cfg->max_position_embeddings, err)) != HT_OK)
+        return s;
+    /* transformers 5 moved rope_theta into rope_parameters; older files have it at the top. */
+    const ht_json *rope_params = field(root, "rope_parameters");
+    const ht_json *theta_home = field(root, "rope_theta") || !rope_params ? root : rope_params;
+    if ((s = get_double(path, theta_home, "rope_theta", 10000.0, &cfg->rope_theta, err)) != HT_OK ||
+        (s = get_double(path, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, err)) != HT_OK ||
+        (s = get_bool(path, root, "attention_bias", qwen2, &cfg->attention_bias, err)) != HT_OK ||
+        (s = get_bool(path, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err)) != HT_OK ||
+        (s = get_double(path, root, "initializer_range", 0.02, &cfg->initializer_range, err)) != HT_OK)
+        return s;
+    return HT_OK;
+}
+
+ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
+    char path[HF_PATH_MAX];
+    join(path, dir, "config.json");
+    char *text;
+    size_t len;
+    ht_status s = ht_read_file(path, &text, &len, err);
+    if (s != HT_OK) return s;
+    ht_json *root;
+    s = ht_json_parse(text, len, path, &root, err);
+    free(text);
+    if (s != HT_OK) return s;
+    memset(cfg, 0, sizeof(*cfg));
+    s = read_config_fields(path, root, cfg, err);
+    ht_json_free(root);
+    return s;
+}
+
+/* Writes text to path through path.tmp.<pid>, fsync and rename. */
+static ht_status write_text_atomic(const char *path, const char *text, size_t len, ht_error *err) {
+    char tmp[HF_PATH_MAX + 32];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    bool ok = fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int saved = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        saved = errno;
+    }
+    if (!ok || rename(tmp, path) != 0) {
+        if (ok) saved = errno;
+        remove(tmp);
+        return ht_fail(err, HT_ERR_IO, "%s: write failed: %s", path, strerror(saved));
+    }
+    return HT_OK;
+}
+
+ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dtype torch_dtype, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
+    char path[HF_PATH_MAX];
+    join(path, dir, "config.json");
+    bool qwen2 = strcmp(cfg->name, "qwen2") == 0;
+    if (!qwen2 && strcmp(cfg->name, "llama") != 0)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama)",
+                       path, cfg->name);
+    if (qwen2 && !cfg->attention_bias)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "%s: transformers' Qwen2 always has q/k/v biases; a qwen2 model without attention_bias "
+                       "cannot be exported as qwen2",
+                       path);
+    if (!ht_dtype_is_float(torch_dtype))
+        return ht_fail(err, HT_ERR_INVALID, "%s: torch_dtype %s is not a float dtype", path,
+                       ht_dtype_name(torch_dtype));
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n", qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    fprintf(f, "  \"model_type\": \"%s\",\n  \"hidden_act\": \"silu\",\n", cfg->name);
+    fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", cfg->vocab_size,
+            cfg->hidden_size, cfg->intermediate_size);
+    fprintf(f, "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n",
+            cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads);
+    if (cfg->head_dim) fprintf(f, "  \"head_dim\": %d,\n", cfg->head_dim); /* absent, not null: HF would use null */
+    fprintf(f, "  \"max_position_embeddings\": %d,\n  \"rope_theta\": ", cfg->max_position_embeddings);
+    ht_json_write_number(f, cfg->rope_theta);
+    /* Both spellings of rope_theta: transformers < 5 reads the top-level one, 5 reads rope_parameters. */
+    fputs(",\n  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": ", f);
+    ht_json_write_number(f, cfg->rope_theta);
+    fputs("},\n  \"rms_norm_eps\": ", f);
+    ht_json_write_number(f, cfg->rms_norm_eps);
+    fprintf(f, ",\n  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n  \"initializer_range\": ",
+            cfg->attention_bias ? "true" : "false", cfg->tie_word_embeddings ? "true" : "false");
+    ht_json_write_number(f, cfg->initializer_range);
+    fprintf(f, ",\n  \"attention_dropout\": 0.0,\n  \"use_cache\": true,\n");
+    fprintf(f, "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", ht_dtype_name(torch_dtype),
+            ht_dtype_name(torch_dtype));
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
+    }
+    ht_status s = write_text_atomic(path, text, len, err);
+    free(text);
+    return s;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+/* The open weight files of a directory. */
+typedef struct hf_files {
+    ht_safetensors **files;
+    int count;
+} hf_files;
+
+static void files_close(hf_files *fs) {
+    for (int i = 0; i < fs->count; i++) ht_safetensors_close(fs->files[i]);
+    free(fs->files);
+    fs->files = NULL;
+    fs->count = 0;
+}
+
+static ht_status files_add(hf_files *fs, const char *path, ht_error *err) {
+    ht_safetensors **files = realloc(fs->files, ((size_t)fs->count + 1) * sizeof(*files));
+    if (!files) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", path);
+    fs->files = files;
+    ht_status s = ht_safetensors_open(path, &fs->files[fs->count], err);
+    if (s == HT_OK) fs->count++;
+    return s;
+}
+
+static const ht_st_tensor *files_find(const hf_files *fs, const char *name, const ht_safetensors **in) {
+    for (int i = 0; i < fs->count; i++) {
+        const ht_st_tensor *t = ht_safetensors_find(fs->files[i], name);
+        if (t) {
+            *in = fs->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Opens every shard the index names and checks each listed tensor is where the index says. */
+static ht_status open_index(const char *dir, const char *index_path, hf_files *fs, ht_error *err) {
+    char *text;
+    size_t len;
+    ht_status s = ht_read_file(index_path, &text, &len, err);
+    if (s != HT_OK) return s;
+    ht_json *root;
+    s = ht_json_parse(text, len, index_path, &root, err);
+    free(text);
+    if (s != HT_OK) return s;
+    const ht_json *map = ht_json_get(root, "weight_map");
+    const char **names = NULL; /* the file of each weight_map entry's shard, as listed */
+    int *which = NULL;
+    if (!map || map->type != HT_JSON_OBJECT) {
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: \"weight_map\" is missing or not an object", index_path);
+        goto done;
+    }
+    names = calloc(map->count + 1, sizeof(char *));
+    which = calloc(map->count + 1, sizeof(int));
+    if (!names || !which) {
+        s = ht_fail(err, HT_ERR_OOM, "%s: out of memory", index_path);
+        goto done;
+    }
+    int nfiles = 0;
+    for (size_t i = 0; i < map->count; i++) {
+        const ht_json *e = &map->items[i];
+        if (e->type != HT_JSON_STRING || !e->string[0] || strchr(e->string, '/')) {
+            s = ht_fail(err, HT_ERR_FORMAT, "%s: weight_map entry \"%s\" must be a file name in the same directory",
+                        index_path, e->key);
+            goto done;
+        }
+        int f = 0;
+        while (f < nfiles && strcmp(names[f], e->string) != 0) f++;
+        if (f == nfiles) {
+            char path[HF_PATH_MAX];
+            join(path, dir, e->string);
+            if ((s = files_add(fs, path, err)) != HT_OK) goto done;
+            names[nfiles++] = e->string;
+        }
+        which[i] = f;
+    }
+    for (size_t i = 0; i < map->count; i++) {
+        if (!ht_safetensors_find(fs->files[which[i]], map->items[i].key)) {
+            s = ht_fail(err, HT_ERR_FORMAT, "%s: maps tensor '%s' to %s, which does not hold it", index_path,
+                        map->items[i].key, names[which[i]]);
+            goto done;
+        }
+    }
+done:
+    free(names);
+    free(which);
+    ht_json_free(root);
+    return s;
+}
+
+/* Opens model.safetensors, or the shards of the index, as transformers looks for them (single file first). */
+static ht_status open_weights(const char *dir, hf_files *fs, ht_error *err) {
+    char path[HF_PATH_MAX];
+    join(path, dir, HF_SINGLE);
+    if (access(path, F_OK) == 0) return files_add(fs, path, err);
+    join(path, dir, HF_INDEX);
+    if (access(path, F_OK) == 0) return open_index(dir, path, fs, err);
+    return ht_fail(err, HT_ERR_IO, "%s: neither %s nor %s exists", dir, HF_SINGLE, HF_INDEX);
+}
+
+/* Appends `name` to a comma-separated list, stopping before the buffer fills; counts what did not fit. */
+static void list_append(char *buf, size_t cap, const char *name, int *left_out) {
+    size_t n = strlen(buf);
+    if (n + strlen(name) + 16 > cap) {
+        (*left_out)++;
+        return;
+    }
+    snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
+}
+
+static void format_dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Copies the param's local rows out of the tensor, converting to the param's dtype. */
+static ht_status copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err) {
+    int64_t row_numel = ht_param_row_numel(p);
+    int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0]; /* rows past the end are shard padding */
+    size_t n = r1 > p->row0 ? (size_t)((r1 - p->row0) * row_numel) : 0;
+    size_t esize = ht_dtype_size(t->dtype);
+    if (t->dtype != p->dtype && !(ht_dtype_is_float(t->dtype) && ht_dtype_is_float(p->dtype)))
+        return ht_fail(err, HT_ERR_FORMAT, "%s: tensor '%s' is %s and cannot be converted to the model's %s", file,
+                       t->name, ht_dtype_safetensors_name(t->dtype), ht_dtype_name(p->dtype));
+    if (n == 0) return HT_OK;
+    const char *src = (const char *)t->data + (size_t)p->row0 * (size_t)row_numel * esize;
+    if (t->dtype == p->dtype) {
+        memcpy(p->data, src, n * esize);
+        return HT_OK;
+    }
+    if ((uintptr_t)src % esize == 0) {
+        ht_convert(p->data, p->dtype, src, t->dtype, n);
+        return HT_OK;
+    }
+    void *aligned = malloc(n * esize + 1); /* a writer that did not align its tensors */
+    if (!aligned) return ht_fail(err, HT_ERR_OOM, "%s: out of memory copying '%s'", file, t->name);
+    memcpy(aligned, src, n * esize);
+    ht_convert(p->data, p->dtype, aligned, t->dtype, n);
+    free(aligned);
+    return HT_OK;
+}
+
+/* Tensors of the files that no param asked for; lm_head.weight of a tied model is expected. */
+static void warn_unused(const hf_files *fs, const ht_param_store *params, const char *dir) {
+    char list[1024] = "";
+    int unused = 0, left_out = 0;
+    for (int f = 0; f < fs->count; f++) {
+        for (int i = 0; i < ht_safetensors_count(fs->files[f]); i++) {
+            const char *name = ht_safetensors_tensor(fs->files[f], i)->name;
+            if (ht_params_find(params, name) || strcmp(name, "lm_head.weight") == 0) continue;
+            unused++;
+            list_append(list, sizeof(list), name, &left_out);
+        }
+    }
+    if (!unused) return;
+    if (left_out)
+        ht_log_warn("%s: %d tensors in the weight files are not model parameters and were ignored: %s and %d more", dir,
+                    unused, list, left_out);
+    else
+        ht_log_warn("%s: %d tensors in the weight files are not model parameters and were ignored: %s", dir, unused,
+                    list);
+}
+
+ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
+    hf_files fs = {0};
+    ht_status s = open_weights(dir, &fs, err);
+    if (s != HT_OK) {
+        files_close(&fs);
+        return s;
+    }
+    char missing[1024] = "";
+    int n_missing = 0, left_out = 0;
+    for (int i = 0; i < params->count && s == HT_OK; i++) {
+        ht_param *p = &params->items[i];
+        if (!p->data) {
+            s = ht_fail(err, HT_ERR_INVALID, "%s: parameter '%s' has no storage (ht_params_allocate first)", dir,
+                        p->name);
+            break;
+        }
+        const ht_safetensors *in = NULL;
+        const ht_st_tensor *t = files_find(&fs, p->name, &in);
+        if (!t) {
+            n_missing++;
+            list_append(missing, sizeof(missing), p->name, &left_out);
+            continue;
+        }
+        bool same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same) {
+            char have[256], want[256];
+            format_dims(have, sizeof(have), t->ndim, t->shape);
+            format_dims(want, sizeof(want), p->ndim, p->shape);
+            s = ht_fail(err, HT_ERR_FORMAT,
+                        "%s: tensor '%s' has shape %s but the model (from its config) expects %s; the weights "
+                        "do not match config.json",
+                        ht_safetensors_path(in), p->name, have, want);
+            break;
+        }
+        s = copy_rows(p, t, ht_safetensors_path(in), err);
+    }
+    if (s == HT_OK && n_missing) {
+        char more[64] = "";
+        if (left_out) snprintf(more, sizeof(more), " and %d more", left_out);
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: %d model parameters are missing from the weight files: %s%s", dir,
+                    n_missing, missing, more);
+    }
+    if (s == HT_OK) warn_unused(&fs, params, dir);
+    files_close(&fs);
+    return s;
+}
+
+static ht_status make_dirs(const char *dir, ht_error *err) {
+    char path[HF_PATH_MAX];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char *c = path + 1;; c++) {
+        if (*c != '/' && *c != '\0') continue;
+        char saved = *c;
+        *c = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return ht_fail(err, HT_ERR_IO, "%s: cannot create directory: %s", path, strerror(errno));
+        *c = saved;
+        if (!saved) break;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ht_fail(err, HT_ERR_IO, "%s: exists and is not a directory", dir);
+    return HT_OK;
+}
+
+static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) { return ht_dtype_is_float(p->dtype) ? dtype : p->dtype; }
+
+static size_t param_save_bytes(const ht_param *p, ht_dtype dtype) {
+    return (size_t)ht_param_numel(p) * ht_dtype_size(save_dtype(p, dtype));
+}
+
+/* Writes the params whose shard[i] == k into path. */
+static ht_status write_shard(const char *path, const ht_param_store *params, const int *shard, int k, ht_dtype dtype,
+                             ht_error *err) {
+    ht_st_writer w = {0};
+    ht_status s = ht_st_writer_add_metadata(&w, "format", "pt", err);
+    for (int i = 0; i < params->count && s == HT_OK; i++) {
+        const ht_param *p = &params->items[i];
+        if (shard[i] != k) continue;
+        s = ht_st_writer_add(&w, p->name, save_dtype(p, dtype), p->ndim, p->shape, p->data, p->dtype, err);
+    }
+    if (s == HT_OK) s = ht_st_writer_write(&w, path, err);
+    ht_st_writer_free(&w);
+    return s;
+}
+
+static ht_status write_index(const char *dir, const ht_param_store *params, const int *shard, int nshards, size_t total,
+                             ht_error *err) {
+    char path[HF_PATH_MAX], file[64];
+    join(path, dir, HF_INDEX);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build the index", path);
+    fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %zu\n  },\n  \"weight_map\": {", total);
+    for (int i = 0; i < params->count; i++) {
+        snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", shard[i] + 1, nshards);
+        fputs(i ? ",\n    " : "\n    ", f);
+        ht_json_write_string(f, params->items[i].name);
+        fprintf(f, ": \"%s\"", file);
+    }
+    fputs("\n  }\n}\n", f);
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        return ht_fail(err, HT_ERR_OOM, "%s: cannot build the index", path);
+    }
+    ht_status s = write_text_atomic(path, text, len, err);
+    free(text);
+    return s;
+}
+
+ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param_store *params, ht_dtype dtype,
+                     size_t max_shard_bytes, ht_error *err) {
+    if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
+    if (!ht_dtype_is_float(dtype))
+        return ht_fail(err, HT_ERR_INVALID, "%s: cannot save weights as %s (not a float dtype)", dir,
+                       ht_dtype_name(dtype));
+    size_t total = 0;
+    for (int i = 0; i < params->count; i++) {
+        const ht_param *p = &params->items[i];
+        if (!p->data || p->row0 != 0 || p->row1 != p->shape[0])
+            return ht_fail(err, HT_ERR_INVALID,
+                           "%s: parameter '%s' holds rows [%lld, %lld) of %lld; a Hugging Face save needs whole "
+                           "tensors (gather the shards first)",
+                           dir, p->name, (long long)p->row0, (long long)p->row1, (long long)p->shape[0]);
+        total += param_save_bytes(p, dtype);
+    }
+    ht_status s = make_dirs(dir, err);
+    if (s == HT_OK) s = ht_hf_write_config(dir, cfg, dtype, err);
+    if (s != HT_OK) return s;
+
+    /* Greedy shards in param order, a new one when the next tensor would overflow (as transformers does). */
+    int *shard = calloc((size_t)params->count + 1, sizeof(int));
+    if (!shard) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", dir);
+    int nshards = 1;
+    if (max_shard_bytes && total > max_shard_bytes) {
+        size_t in_shard = 0;
+        for (int i = 0; i < params->count; i++) {
+            size_t b = param_save_bytes(&params->items[i], dtype);
+            if (in_shard > 0 && in_shard + b > max_shard_bytes) {
+                nshards++;
+                in_shard = 0;
+            }
+            shard[i] = nshards - 1;
+            in_shard += b;
+        }
+    }
+    char path[HF_PATH_MAX], stale[HF_PATH_MAX];
+    if (nshards == 1) {
+        join(path, dir, HF_SINGLE);
+        s = write_shard(path, params, shard, 0, dtype, err);
+        join(stale, dir, HF_INDEX);
+    } else {
+        for (int k = 0; k < nshards && s == HT_OK; k++) {
+            char file[64];
+            snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", k + 1, nshards);
+            join(path, dir, file);
+            s = write_shard(path, params, shard, k, dtype, err);
+        }
+        if (s == HT_OK) s = write_index(dir, params, shard, nshards, total, err);
+        join(stale, dir, HF_SINGLE);
+    }
+    /* A leftover of the other layout would shadow (or confuse) the new weights. */
+    if (s == HT_OK && remove(stale) != 0 && errno != ENOENT)
+        s = ht_fail(err, HT_ERR_IO, "%s: cannot remove the stale file: %s", stale, strerror(errno));
+    free(shard);
+    return s;
+}
