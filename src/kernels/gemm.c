@@ -1,0 +1,359 @@
+/* GEMM over oneDNN: ht_gemm, the cache of matmul primitives it runs, and the
+ * run-log names of those kernels. F32 and BF16 run oneDNN matmul primitives;
+ * F16 is widened to F32 tile by tile, as oneDNN 2.6 has no f16 matmul on CPU. */
+#include "hypertrain/kernels.h"
+
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Everything that defines a primitive. nthr matters because oneDNN plans the
+ * work split for omp_get_max_threads() when the primitive is created (see
+ * gemm_matmul). No padding, so keys compare with memcmp. */
+typedef struct gemm_key {
+    int32_t dtype, trans_a, trans_b, nthr;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+} gemm_key;
+_Static_assert(sizeof(gemm_key) == 4 * 4 + 6 * 8 + 2 * 4, "gemm_key must have no padding");
+
+/* Open addressing over a power-of-two table. A model has tens of GEMM shapes;
+ * past CACHE_MAX_ENTRIES a primitive is made for the call and destroyed after,
+ * so a caller with ever-new shapes is slow but bounded in memory. Entries are
+ * never evicted: another thread may be running them. */
+#define CACHE_SLOTS 1024
+#define CACHE_MAX_ENTRIES 512
+
+typedef struct cache_slot {
+    bool used;
+    gemm_key key;
+    dnnl_primitive_t prim;
+} cache_slot;
+
+/* The only global state of this file: created once, then guarded by `lock`. */
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t lock;
+    dnnl_engine_t engine;
+    pthread_key_t thread_key; /* each thread's thread_ctx */
+    size_t entries;
+    bool warned_full;
+    cache_slot slots[CACHE_SLOTS];
+    char names[3][320]; /* ht_gemm_kernel_name, per dtype; empty until asked */
+} g_gemm = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ht_gemm has no error return: a failure here is a broken build or a bad
+ * call, so it is reported and the process stops rather than computing garbage. */
+static void gemm_fatal(const char *fmt, const char *detail) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), fmt, detail);
+    ht_log(HT_LOG_ERROR, "ht_gemm: %s", msg);
+    abort();
+}
+
+static void dnnl_check(dnnl_status_t status, const char *what) {
+    if (status != dnnl_success) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s failed: %s", what, dnnl_status2str(status));
+        gemm_fatal("%s", msg);
+    }
+}
+
+/* What each thread that calls ht_gemm owns, released when the thread exits:
+ * a CPU stream, since oneDNN does not promise that one stream may serve
+ * several threads at once, and the scratchpad its primitives run with. The
+ * scratchpad is ours (user mode) because with oneDNN 2.6's own, two threads
+ * running the same primitive at once (attention heads) corrupted each other's
+ * results (test_gemm_inside_parallel_region failed in 19 runs of 20). */
+typedef struct thread_ctx {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+} thread_ctx;
+
+static void thread_ctx_destroy(void *p) {
+    thread_ctx *ctx = p;
+    dnnl_stream_destroy(ctx->stream);
+    ht_free(ctx->scratch);
+    free(ctx);
+}
+
+static void gemm_init_once(void) {
+    dnnl_check(dnnl_engine_create(&g_gemm.engine, dnnl_cpu, 0), "dnnl_engine_create");
+    if (pthread_key_create(&g_gemm.thread_key, thread_ctx_destroy) != 0) gemm_fatal("%s", "pthread_key_create failed");
+}
+
+/* This thread's context, with a scratchpad of at least scratch_bytes. */
+static thread_ctx *thread_ctx_get(size_t scratch_bytes) {
+    thread_ctx *ctx = pthread_getspecific(g_gemm.thread_key);
+    if (!ctx) {
+        ctx = calloc(1, sizeof(*ctx));
+        if (!ctx) gemm_fatal("%s", "out of memory for a thread context");
+        dnnl_check(dnnl_stream_create(&ctx->stream, g_gemm.engine, dnnl_stream_default_flags), "dnnl_stream_create");
+        if (pthread_setspecific(g_gemm.thread_key, ctx) != 0) gemm_fatal("%s", "pthread_setspecific failed");
+    }
+    if (scratch_bytes > ctx->scratch_bytes) {
+        ht_free(ctx->scratch);
+        ctx->scratch = ht_alloc(scratch_bytes);
+        if (!ctx->scratch) gemm_fatal("%s", "out of memory for the scratchpad");
+        ctx->scratch_bytes = scratch_bytes;
+    }
+    return ctx;
+}
+
+/* Transposes are strides: op(A)[m][k] is A[m*lda + k], or A[k*lda + m] when
+ * trans_a; likewise for B. C is (M, N) with row stride ldc. */
+static dnnl_status_t matmul_pd_create(const gemm_key *k, dnnl_primitive_desc_t *pd) {
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnnl_dims_t a_dims = {k->M, k->K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
+    dnnl_dims_t b_dims = {k->K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
+    dnnl_dims_t c_dims = {k->M, k->N}, c_strides = {k->ldc, 1};
+    dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32; /* F16 arrives widened */
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, in, a_strides);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, in, b_strides);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides);
+    dnnl_matmul_desc_t desc;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md);
+
+    /* C = alpha·acc + beta·C: alpha is the output scale, beta a sum post-op,
+     * which oneDNN applies after the scale. beta = 0 has no sum, so the old C
+     * (NaN included) is never read. */
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post_ops = NULL;
+    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && k->alpha != 1.0f) s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha);
+    if (s == dnnl_success && k->beta != 0.0f) {
+        s = dnnl_post_ops_create(&post_ops);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(post_ops, k->beta);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, post_ops);
+    }
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &desc, attr, g_gemm.engine, NULL);
+    if (post_ops) dnnl_post_ops_destroy(post_ops);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+static dnnl_primitive_t matmul_create(const gemm_key *k) {
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_check(matmul_pd_create(k, &pd), "matmul primitive descriptor");
+    dnnl_check(dnnl_primitive_create(&prim, pd), "dnnl_primitive_create");
+    dnnl_primitive_desc_destroy(pd);
+    return prim;
+}
+
+/* The cached primitive for key, created on first use. *owned is set when the
+ * cache is full and the caller must destroy the primitive after running it. */
+static dnnl_primitive_t cache_get(const gemm_key *key, bool *owned) {
+    uint64_t h = ht_fnv1a64(key, sizeof(*key), HT_FNV64_INIT);
+    *owned = false;
+    pthread_mutex_lock(&g_gemm.lock);
+    size_t i = (size_t)h & (CACHE_SLOTS - 1);
+    while (g_gemm.slots[i].used && memcmp(&g_gemm.slots[i].key, key, sizeof(*key)) != 0)
+        i = (i + 1) & (CACHE_SLOTS - 1);
+    cache_slot *slot = &g_gemm.slots[i];
+    if (!slot->used && g_gemm.entries >= CACHE_MAX_ENTRIES) {
+        if (!g_gemm.warned_full)
+            ht_log_warn("ht_gemm: %d GEMM shapes cached; new shapes now pay primitive creation "
+                        "on every call",
+                        CACHE_MAX_ENTRIES);
+        g_gemm.warned_full = true;
+        pthread_mutex_unlock(&g_gemm.lock);
+        *owned = true;
+        return matmul_create(key);
+    }
+    if (!slot->used) {
+        /* Created under the lock: it takes about a millisecond, happens once
+         * per shape, and two threads never build the same primitive. */
+        slot->prim = matmul_create(key);
+        slot->key = *key;
+        slot->used = true;
+        g_gemm.entries++;
+    }
+    dnnl_primitive_t prim = slot->prim;
+    pthread_mutex_unlock(&g_gemm.lock);
+    return prim;
+}
+
+/* Runs one GEMM of F32 or BF16 operands through a cached matmul primitive. */
+static void gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                        int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+    /* Inside an active parallel region oneDNN's OpenMP runtime runs every
+     * parallel section on the calling thread alone, while a primitive plans
+     * its work split for the thread count it is created under. 2.6 gives
+     * right results either way (tested), but nothing in its API promises that
+     * a primitive built for two threads is right when run on one. Asking for
+     * one thread while nested builds nested primitives for exactly that, and
+     * nthr in the key keeps them apart from the others. nthreads-var is per
+     * task, so no other thread sees the change. */
+    bool nested = omp_in_parallel();
+    int saved_threads = omp_get_max_threads();
+    if (nested) omp_set_num_threads(1);
+
+    gemm_key key = {.dtype = (int32_t)dtype,
+                    .trans_a = trans_a,
+                    .trans_b = trans_b,
+                    .nthr = omp_get_max_threads(),
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = ldc,
+                    .alpha = alpha,
+                    .beta = beta};
+    bool owned;
+    dnnl_primitive_t prim = cache_get(&key, &owned);
+
+    const_dnnl_primitive_desc_t pd;
+    dnnl_check(dnnl_primitive_get_primitive_desc(prim, &pd), "dnnl_primitive_get_primitive_desc");
+    size_t scratch_bytes = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    thread_ctx *ctx = thread_ctx_get(scratch_bytes);
+    /* oneDNN takes non-const handles; it only reads src and weights. */
+    void *handles[4] = {(void *)A, (void *)B, C, ctx->scratch};
+    const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                     dnnl_query_scratchpad_md};
+    const int arg_names[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+    int nargs = scratch_bytes ? 4 : 3;
+    dnnl_exec_arg_t args[4];
+    for (int i = 0; i < nargs; i++) {
+        args[i].arg = arg_names[i];
+        dnnl_check(dnnl_memory_create(&args[i].memory, dnnl_primitive_desc_query_md(pd, queries[i], 0), g_gemm.engine,
+                                      handles[i]),
+                   "dnnl_memory_create");
+    }
+    dnnl_check(dnnl_primitive_execute(prim, ctx->stream, nargs, args), "dnnl_primitive_execute");
+    dnnl_check(dnnl_stream_wait(ctx->stream), "dnnl_stream_wait");
+    for (int i = 0; i < nargs; i++) dnnl_memory_destroy(args[i].memory);
+    if (owned) dnnl_primitive_destroy(prim);
+
+    if (nested) omp_set_num_threads(saved_threads);
+}
+
+/* Tile of the F16 path: A and B blocks widened to F32 stay under
+ * (F16_TILE_MN + F16_TILE_MN) · F16_TILE_K floats = 4 MiB, and each operand is
+ * widened ceil(M or N / F16_TILE_MN) times, a small cost next to the GEMM. */
+#define F16_TILE_MN 2048
+#define F16_TILE_K 256
+
+/* Widens rows × cols of a row-major f16 matrix (row stride ld) into a dense f32 block. */
+static void widen_block(float *dst, const uint16_t *src, int64_t ld, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (!omp_in_parallel() && rows * cols > 65536) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        ht_convert(dst + r * cols, HT_DTYPE_F32, src + r * ld, HT_DTYPE_F16, (size_t)cols);
+}
+
+/* oneDNN 2.6 implements no f16 matmul on CPU (primitive creation answers
+ * "unimplemented"), so F16 operands are widened to F32 — exactly, f32 holds
+ * every f16 — in bounded tiles, and each tile runs the F32 path. Over K the
+ * first tile applies beta and the next ones accumulate with beta = 1. */
+static void gemm_f16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+                     int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t mt = M < F16_TILE_MN ? M : F16_TILE_MN, nt = N < F16_TILE_MN ? N : F16_TILE_MN;
+    int64_t kt = K < F16_TILE_K ? K : F16_TILE_K;
+    float *a32 = malloc((size_t)(mt * kt) * sizeof(float)), *b32 = malloc((size_t)(kt * nt) * sizeof(float));
+    if (!a32 || !b32) gemm_fatal("%s", "out of memory for the f16 -> f32 tiles");
+    for (int64_t m0 = 0; m0 < M; m0 += mt) {
+        int64_t mb = M - m0 < mt ? M - m0 : mt;
+        for (int64_t n0 = 0; n0 < N; n0 += nt) {
+            int64_t nb = N - n0 < nt ? N - n0 : nt;
+            for (int64_t k0 = 0; k0 < K; k0 += kt) {
+                int64_t kb = K - k0 < kt ? K - k0 : kt;
+                /* Each block keeps its stored orientation, so the tile GEMM keeps the transposes. */
+                if (trans_a)
+                    widen_block(a32, A + k0 * lda + m0, lda, kb, mb);
+                else
+                    widen_block(a32, A + m0 * lda + k0, lda, mb, kb);
+                if (trans_b)
+                    widen_block(b32, B + n0 * ldb + k0, ldb, nb, kb);
+                else
+                    widen_block(b32, B + k0 * ldb + n0, ldb, kb, nb);
+                gemm_matmul(trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32, trans_b ? kb : nb,
+                            HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
+            }
+        }
+    }
+    free(a32);
+    free(b32);
+}
+
+void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+             const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+    if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
+        gemm_fatal("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
+    if (M < 0 || N < 0 || K < 0 || ldc < (N > 1 ? N : 1) || lda < ((trans_a ? M : K) > 1 ? (trans_a ? M : K) : 1) ||
+        ldb < ((trans_b ? K : N) > 1 ? (trans_b ? K : N) : 1)) {
+        char shape[256];
+        snprintf(shape, sizeof(shape), "M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld trans_a=%d trans_b=%d",
+                 (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc, trans_a,
+                 trans_b);
+        gemm_fatal("invalid shape or leading dimension: %s", shape);
+    }
+    if (M == 0 || N == 0) return;
+    if (K == 0) { /* an empty sum: C = beta·C, where beta = 0 must also clear NaN */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
+        return;
+    }
+    pthread_once(&g_gemm.once, gemm_init_once);
+    if (dtype == HT_DTYPE_F16)
+        gemm_f16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+const char *ht_gemm_kernel_name(ht_dtype dtype) {
+    if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
+        return "no GEMM kernel for this dtype";
+    pthread_once(&g_gemm.once, gemm_init_once);
+    pthread_mutex_lock(&g_gemm.lock);
+    char *name = g_gemm.names[dtype];
+    if (!name[0]) {
+        /* The implementation oneDNN picks for a typical decoder shape
+         * (2048 tokens × 512 hidden × 512); others may differ at the edges. */
+        gemm_key key = {.dtype = dtype == HT_DTYPE_BF16 ? HT_DTYPE_BF16 : HT_DTYPE_F32,
+                        .nthr = omp_get_max_threads(),
+                        .M = 2048,
+                        .N = 512,
+                        .K = 512,
+                        .lda = 512,
+                        .ldb = 512,
+                        .ldc = 512,
+                        .alpha = 1.0f};
+        dnnl_primitive_desc_t pd;
+        const char *impl = "?";
+        dnnl_status_t s = matmul_pd_create(&key, &pd);
+        if (s == dnnl_success) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        const dnnl_version_t *v = dnnl_version();
+        const char *what = dtype == HT_DTYPE_BF16  ? "bf16 x bf16 -> f32"
+                           : dtype == HT_DTYPE_F32 ? "f32 x f32 -> f32"
+                                                   : "f16 widened to f32 in bounded tiles (oneDNN has no f16 "
+                                                     "matmul on CPU), then f32 x f32 -> f32";
+        snprintf(name, sizeof(g_gemm.names[0]), "oneDNN %d.%d.%d matmul (%s), %s, CPU ISA %s", v->major, v->minor,
+                 v->patch, impl, what, isa_name(dnnl_get_effective_cpu_isa()));
+        if (s == dnnl_success) dnnl_primitive_desc_destroy(pd);
+    }
+    pthread_mutex_unlock(&g_gemm.lock);
+    return name;
+}

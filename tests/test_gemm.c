@@ -1,0 +1,252 @@
+/* ht_gemm against a float64 reference: every transpose pair, odd shapes,
+ * padded leading dimensions, alpha and beta, each dtype; zero-size dims; and
+ * concurrent calls from inside an OpenMP parallel region. */
+#include "harness.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+
+/* A (rows, cols) matrix with row stride ld, in `dtype`, filled from rng with
+ * values in [-1, 1). `vals` gets the same values as float (after rounding to
+ * dtype), which is what the reference multiplies. */
+typedef struct matrix {
+    void *data;
+    float *vals;
+    int64_t rows, cols, ld;
+} matrix;
+
+static matrix matrix_random(ht_rng *rng, int64_t rows, int64_t cols, int64_t ld, ht_dtype dtype) {
+    matrix m = {.rows = rows, .cols = cols, .ld = ld};
+    size_t n = (size_t)(rows * ld);
+    m.vals = ht_alloc(n * sizeof(float));
+    m.data = ht_alloc(n * ht_dtype_size(dtype));
+    assert_non_null(m.vals);
+    assert_non_null(m.data);
+    for (size_t i = 0; i < n; i++) m.vals[i] = 2.0f * ht_rng_uniform(rng) - 1.0f;
+    ht_convert(m.data, dtype, m.vals, HT_DTYPE_F32, n);
+    ht_convert(m.vals, HT_DTYPE_F32, m.data, dtype, n);
+    return m;
+}
+
+static void matrix_free(matrix *m) {
+    ht_free(m->data);
+    ht_free(m->vals);
+}
+
+typedef struct problem {
+    bool trans_a, trans_b;
+    int64_t M, N, K, pad; /* pad: extra elements at the end of every row of A, B and C */
+    float alpha, beta;
+    ht_dtype dtype;
+} problem;
+
+/* Runs one problem through ht_gemm and checks every element of C.
+ *
+ * The bound: A and B hold values exact in dtype, and the reference computes
+ * in float64 from those same values, so the only error is ht_gemm's FP32
+ * arithmetic. A dot product of K terms in FP32 (whatever the summation order or
+ * blocking, FMA or not) is within K·u·Σ|a·b| of the exact value, u = 2^-24
+ * (Higham, Accuracy and Stability, 3.1); bf16·bf16 and f16·f16 products are
+ * exact in FP32, so for them that covers the additions alone. On top come a
+ * few roundings for alpha·acc, beta·C and their sum, and for F16 two more per
+ * K-tile the tiled path accumulates into C. (2K + 8)·u covers all of it; a
+ * real bug (a result rounded to bf16, a skipped block) is off by 2^-9 or more. */
+static void run_problem(ht_rng *rng, const problem *p) {
+    int64_t a_rows = p->trans_a ? p->K : p->M, a_cols = p->trans_a ? p->M : p->K;
+    int64_t b_rows = p->trans_b ? p->N : p->K, b_cols = p->trans_b ? p->K : p->N;
+    matrix a = matrix_random(rng, a_rows, a_cols, a_cols + p->pad, p->dtype);
+    matrix b = matrix_random(rng, b_rows, b_cols, b_cols + p->pad, p->dtype);
+    int64_t ldc = p->N + p->pad;
+    size_t c_size = (size_t)(p->M * ldc);
+    float *c = ht_alloc((c_size ? c_size : 1) * sizeof(float));
+    float *c_old = ht_alloc((c_size ? c_size : 1) * sizeof(float));
+    for (size_t i = 0; i < c_size; i++)
+        c[i] = c_old[i] = p->beta == 0.0f ? NAN : 2.0f * ht_rng_uniform(rng) - 1.0f; /* beta = 0 must not read C */
+
+    ht_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, p->alpha, a.data, a.ld, b.data, b.ld, p->dtype, p->beta, c, ldc);
+
+    double u = 0x1p-24, max_ref = 0, max_err = 0;
+    for (int64_t m = 0; m < p->M; m++) {
+        for (int64_t n = 0; n < p->N; n++) {
+            double dot = 0, abs_dot = 0;
+            for (int64_t k = 0; k < p->K; k++) {
+                double av = p->trans_a ? a.vals[k * a.ld + m] : a.vals[m * a.ld + k];
+                double bv = p->trans_b ? b.vals[n * b.ld + k] : b.vals[k * b.ld + n];
+                dot += av * bv;
+                abs_dot += fabs(av * bv);
+            }
+            double c0 = p->beta == 0.0f ? 0.0 : (double)c_old[m * ldc + n];
+            double ref = p->alpha * dot + p->beta * c0;
+            double bound = (2.0 * (double)p->K + 8.0) * u * (fabs(p->alpha) * abs_dot + fabs(p->beta * c0));
+            double err = fabs((double)c[m * ldc + n] - ref);
+            if (!(err <= bound))
+                fail_msg("%s trans=(%d,%d) M=%lld N=%lld K=%lld pad=%lld alpha=%g beta=%g: C[%lld,%lld] = %.9g, "
+                         "reference %.9g, error %.3g > bound %.3g",
+                         ht_dtype_name(p->dtype), p->trans_a, p->trans_b, (long long)p->M, (long long)p->N,
+                         (long long)p->K, (long long)p->pad, (double)p->alpha, (double)p->beta, (long long)m,
+                         (long long)n, (double)c[m * ldc + n], ref, err, bound);
+            if (fabs(ref) > max_ref) max_ref = fabs(ref);
+            if (err > max_err) max_err = err;
+        }
+        /* The padding of C's rows is not part of C and must be untouched. */
+        for (int64_t n = p->N; n < ldc; n++) {
+            float was = c_old[m * ldc + n], now = c[m * ldc + n];
+            if (!(now == was || (isnan(now) && isnan(was))))
+                fail_msg("C's row padding was written at [%lld,%lld]", (long long)m, (long long)n);
+        }
+    }
+    if (p->dtype == HT_DTYPE_F32 && max_ref > 0 && max_err / max_ref > 1e-5)
+        fail_msg("f32 error %.3g relative to max |ref| exceeds 1e-5", max_err / max_ref);
+
+    matrix_free(&a);
+    matrix_free(&b);
+    ht_free(c);
+    ht_free(c_old);
+}
+
+/* Shapes with sizes 1, 7, 33 and 130 in every role. */
+static const int64_t shapes[][3] = {{1, 1, 1}, {7, 33, 130}, {130, 7, 33}, {33, 130, 7}, {1, 130, 33}, {130, 1, 7}};
+
+static void check_all_shapes(ht_dtype dtype) {
+    ht_rng rng;
+    ht_rng_seed(&rng, 1234 + (uint64_t)dtype);
+    const float betas[] = {0.0f, 1.0f, 0.5f};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (int t = 0; t < 4; t++)
+            for (int bi = 0; bi < 3; bi++)
+                for (int pad = 0; pad <= 5; pad += 5) {
+                    problem p = {.trans_a = t & 1,
+                                 .trans_b = t >> 1,
+                                 .M = shapes[s][0],
+                                 .N = shapes[s][1],
+                                 .K = shapes[s][2],
+                                 .pad = pad,
+                                 .alpha = pad ? -0.75f : 1.0f,
+                                 .beta = betas[bi],
+                                 .dtype = dtype};
+                    run_problem(&rng, &p);
+                }
+}
+
+static void test_gemm_f32(void **state) {
+    (void)state;
+    check_all_shapes(HT_DTYPE_F32);
+}
+
+static void test_gemm_bf16(void **state) {
+    (void)state;
+    check_all_shapes(HT_DTYPE_BF16);
+}
+
+static void test_gemm_f16(void **state) {
+    (void)state;
+    check_all_shapes(HT_DTYPE_F16);
+}
+
+/* The F16 path widens K in tiles of 256 and accumulates them into C. */
+static void test_gemm_f16_several_k_tiles(void **state) {
+    (void)state;
+    ht_rng rng;
+    ht_rng_seed(&rng, 99);
+    for (int t = 0; t < 4; t++) {
+        problem p = {.trans_a = t & 1,
+                     .trans_b = t >> 1,
+                     .M = 9,
+                     .N = 17,
+                     .K = 600,
+                     .pad = 3,
+                     .alpha = 0.5f,
+                     .beta = t == 0 ? 0.0f : 0.5f,
+                     .dtype = HT_DTYPE_F16};
+        run_problem(&rng, &p);
+    }
+}
+
+/* M, N or K = 0: nothing to do, or (K = 0) C = beta·C, NaN cleared by beta = 0. */
+static void test_gemm_zero_sizes(void **state) {
+    (void)state;
+    ht_rng rng;
+    ht_rng_seed(&rng, 7);
+    const int64_t sizes[][3] = {{0, 5, 3}, {5, 0, 3}, {5, 3, 0}, {0, 0, 0}};
+    for (size_t s = 0; s < 4; s++)
+        for (int d = 0; d < 3; d++)
+            for (int bi = 0; bi < 2; bi++) {
+                problem p = {.M = sizes[s][0],
+                             .N = sizes[s][1],
+                             .K = sizes[s][2],
+                             .pad = 2,
+                             .alpha = 1.0f,
+                             .beta = bi ? 0.5f : 0.0f,
+                             .dtype = (ht_dtype[]){HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16}[d]};
+                run_problem(&rng, &p);
+            }
+}
+
+/* As the model's attention does: 16 independent problems from a parallel for.
+ * Each call must run whole on its thread; a GEMM that split its work for two
+ * threads but ran on one would leave part of C unwritten (NaN here). */
+static void test_gemm_inside_parallel_region(void **state) {
+    (void)state;
+    enum { PROBLEMS = 16, M = 96, N = 80, K = 64 };
+    for (int d = 0; d < 2; d++) {
+        ht_dtype dtype = d ? HT_DTYPE_BF16 : HT_DTYPE_F32;
+        ht_rng rng;
+        ht_rng_seed(&rng, 31 + (uint64_t)d);
+        matrix a[PROBLEMS], b[PROBLEMS];
+        float *c[PROBLEMS];
+        for (int i = 0; i < PROBLEMS; i++) {
+            a[i] = matrix_random(&rng, M, K, K, dtype);
+            b[i] = matrix_random(&rng, N, K, K, dtype); /* (N, K): used transposed, as K^T in Q·K^T */
+            c[i] = ht_alloc(M * N * sizeof(float));
+            for (int j = 0; j < M * N; j++) c[i][j] = NAN;
+        }
+        int threads_seen = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : threads_seen)
+        for (int i = 0; i < PROBLEMS; i++) {
+            ht_gemm(false, true, M, N, K, 0.125f, a[i].data, K, b[i].data, K, dtype, 0.0f, c[i], N);
+            threads_seen = omp_get_num_threads();
+        }
+        ht_log_debug("parallel region ran on %d threads", threads_seen);
+        for (int i = 0; i < PROBLEMS; i++) {
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    double dot = 0, abs_dot = 0;
+                    for (int k = 0; k < K; k++) {
+                        dot += (double)a[i].vals[m * K + k] * b[i].vals[n * K + k];
+                        abs_dot += fabs((double)a[i].vals[m * K + k] * b[i].vals[n * K + k]);
+                    }
+                    double err = fabs((double)c[i][m * N + n] - 0.125 * dot);
+                    if (!(err <= (2.0 * K + 8.0) * 0x1p-24 * 0.125 * abs_dot))
+                        fail_msg("%s problem %d: C[%d,%d] = %g, reference %g", ht_dtype_name(dtype), i, m, n,
+                                 (double)c[i][m * N + n], 0.125 * dot);
+                }
+            matrix_free(&a[i]);
+            matrix_free(&b[i]);
+            ht_free(c[i]);
+        }
+    }
+}
+
+static void test_gemm_kernel_names(void **state) {
+    (void)state;
+    const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int d = 0; d < 3; d++) {
+        const char *name = ht_gemm_kernel_name(dtypes[d]);
+        assert_non_null(strstr(name, "oneDNN"));
+        ht_log_info("%s GEMM: %s", ht_dtype_name(dtypes[d]), name);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_f32),          cmocka_unit_test(test_gemm_bf16),
+        cmocka_unit_test(test_gemm_f16),          cmocka_unit_test(test_gemm_f16_several_k_tiles),
+        cmocka_unit_test(test_gemm_zero_sizes),   cmocka_unit_test(test_gemm_inside_parallel_region),
+        cmocka_unit_test(test_gemm_kernel_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
