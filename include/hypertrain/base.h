@@ -113,6 +113,8 @@ uint64_t ht_fnv1a64(const void *data, size_t n, uint64_t seed);
 
 /* Reads a whole file into a malloc'ed buffer (NUL-terminated for convenience). */
 ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err);
+/* mkdir -p: creates path and any missing parents. */
+ht_status ht_make_dirs(const char *path, ht_error *err);
 
 /* ---------------------------------------------------------------- JSON */
 

@@ -13,7 +13,7 @@ extern "C" {
 
 /* The `data:` section of the config (CONFIG.md). */
 typedef struct ht_data_config {
-    char dataset_type[32]; /* registry name: "text_bytes", "token_bin" */
+    char dataset_type[64]; /* registry name: "text_bytes", "token_bin" */
     char path[1024];       /* text_bytes: a file or folder; token_bin: a .bin file or a glob of them */
     int seq_len;           /* tokens per training sequence (a window holds seq_len + 1) */
     double valid_fraction; /* in [0, 1): the tail of the token stream kept for validation */
@@ -30,7 +30,7 @@ typedef struct ht_data_source {
 /* A dataset is one token stream held once, as uint16 (so vocabularies up to
  * 65,536), plus where each token came from and how the stream is split. */
 typedef struct ht_dataset {
-    char type[32];
+    char type[64];
     uint16_t *tokens; /* (n_tokens,) malloc'ed; owned by the dataset */
     size_t n_tokens;
     ht_data_source *sources; /* (n_sources,) in stream order */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...) {
     if (err) {
@@ -72,5 +73,26 @@ ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error 
     buf[size] = '\0';
     *out = buf;
     if (out_size) *out_size = (size_t)size;
+    return HT_OK;
+}
+
+ht_status ht_make_dirs(const char *path, ht_error *err) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(buf)) return ht_fail(err, HT_ERR_INVALID, "invalid directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            ht_status s = ht_fail(err, HT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+            return s;
+        }
+        buf[i] = saved;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ht_fail(err, HT_ERR_IO, "%s: exists and is not a directory", path);
     return HT_OK;
 }

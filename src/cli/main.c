@@ -1,14 +1,116 @@
-/* The hypertrain command: train, export, inspect, plot. Only this file calls exit(). */
+/* The hypertrain command: `train` runs a config, `plot` draws a metrics file.
+ * Only this file calls exit() (by returning from main). */
+#include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "hypertrain/base.h"
+#include "hypertrain/config.h"
+#include "hypertrain/train.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage:\n"
+            "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
+            "      train as the YAML file says; --set overrides any key\n"
+            "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
+            "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n");
+}
+
+static int fail(const ht_error *err) {
+    fprintf(stderr, "hypertrain: error: %s\n", err->msg);
+    return 1;
+}
+
+/* training.plugin: shared libraries that register models or datasets when loaded. */
+static int load_plugins(const ht_config *cfg) {
+    for (int i = 0; i < cfg->training.plugin.count; i++) {
+        const char *path = cfg->training.plugin.items[i];
+        void *handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+        if (!handle) {
+            fprintf(stderr, "hypertrain: error: training.plugin: cannot load %s: %s\n", path, dlerror());
+            return 1;
+        }
+        void (*init)(void) = (void (*)(void))dlsym(handle, "hypertrain_plugin_init");
+        if (init) init();
+        fprintf(stderr, "[hypertrain info] loaded plugin %s\n", path);
+    }
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    if (argc < 1) {
+        usage(stderr);
+        return 2;
+    }
+    const char *path = argv[0];
+    char **overrides = malloc((size_t)argc * sizeof(char *));
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+            overrides[n++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            overrides[n++] = argv[i] + 6;
+        } else {
+            fprintf(stderr, "hypertrain: unexpected argument '%s' (overrides are --set section.key=value)\n", argv[i]);
+            free(overrides);
+            return 2;
+        }
+    }
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err = {0};
+    int rc = 0;
+    if (ht_config_load(path, n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, 1, &err) != HT_OK) {
+        rc = fail(&err);
+        goto done;
+    }
+    ht_config_log(cfg);
+    if ((rc = load_plugins(cfg)) != 0) goto done;
+    if (ht_trainer_init(t, cfg, &err) != HT_OK) {
+        rc = fail(&err);
+        goto done;
+    }
+    if (ht_trainer_run(t, &err) != HT_OK) rc = fail(&err);
+    ht_trainer_free(t);
+done:
+    free(t);
+    free(cfg);
+    free(overrides);
+    return rc;
+}
+
+static int cmd_plot(int argc, char **argv) {
+    if (argc < 1) {
+        usage(stderr);
+        return 2;
+    }
+    char out[4096];
+    if (argc >= 2) {
+        snprintf(out, sizeof(out), "%s", argv[1]);
+    } else {
+        snprintf(out, sizeof(out), "%s", argv[0]);
+        char *slash = strrchr(out, '/');
+        snprintf(slash ? slash + 1 : out, sizeof(out) - (size_t)(slash ? slash + 1 - out : 0), "loss.svg");
+    }
+    ht_error err = {0};
+    if (ht_plot_metrics(argv[0], out, &err) != HT_OK) return fail(&err);
+    printf("%s\n", out);
+    return 0;
+}
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: hypertrain train CONFIG.yaml [--set key=value ...]\n");
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(argv[1], "plot") == 0) return cmd_plot(argc - 2, argv + 2);
     fprintf(stderr, "hypertrain: unknown command '%s'\n", argv[1]);
+    usage(stderr);
     return 2;
 }

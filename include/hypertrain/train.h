@@ -1,0 +1,63 @@
+/* The trainer: builds the model, data and optimizer from a config, runs the
+ * loop (micro-batches, accumulation, clipping, the optimizer step, the LR
+ * schedule), logs progress and metrics, evaluates, and saves the weights. */
+#ifndef HYPERTRAIN_TRAIN_H
+#define HYPERTRAIN_TRAIN_H
+
+#include <stdio.h>
+
+#include "hypertrain/base.h"
+#include "hypertrain/config.h"
+#include "hypertrain/data.h"
+#include "hypertrain/model.h"
+#include "hypertrain/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ht_step_stats {
+    int64_t step;      /* 1-based index of the step just taken */
+    double loss;       /* mean training loss over the step's micro-batches */
+    double lr;         /* the AdamW learning rate of the step */
+    double grad_norm;  /* before clipping */
+    double tokens_per_s;
+    double seconds;
+} ht_step_stats;
+
+typedef struct ht_trainer {
+    ht_config config;
+    ht_model *model;
+    ht_dataset *data;
+    ht_loader train_loader;
+    ht_loader valid_loader;
+    ht_adamw adamw;
+    ht_lr_schedule adamw_schedule;
+    int64_t step;    /* optimizer steps taken */
+    int grad_accum;  /* micro-batches per step */
+    int B, T;        /* local micro-batch */
+    int eval_B;      /* validation batch (may be smaller than B); 0: no evaluation */
+    int32_t *batch;  /* (B, T+1) */
+    int32_t *inputs, *targets; /* (B, T) */
+    FILE *metrics;   /* output_dir/metrics.jsonl */
+    double last_eval_loss;
+} ht_trainer;
+
+/* Validates the config, builds or loads the model, applies model_init_dtype,
+ * opens the data, creates the FP32 main params and the optimizer. */
+ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err);
+/* One optimizer step over grad_accum micro-batches. */
+ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err);
+/* Mean loss over up to training.eval_batches validation batches. */
+ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err);
+/* The whole run: steps with progress, evaluation, metrics, final weights and the loss plot. */
+ht_status ht_trainer_run(ht_trainer *t, ht_error *err);
+void ht_trainer_free(ht_trainer *t);
+
+/* Draws the train and validation loss of a metrics.jsonl file as an SVG picture. */
+ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

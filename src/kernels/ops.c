@@ -1,0 +1,203 @@
+/* The decoder's elementwise and reduction kernels (forward and backward) in
+ * FP32, matching Hugging Face's Qwen2/Llama definitions. Rows are split
+ * across OpenMP threads; reductions accumulate in FP32 per row, as PyTorch does. */
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Loads n weights of any float dtype into FP32 scratch (n is a row width: small). */
+static void load_row_f32(float *dst, const void *src, ht_dtype dtype, int64_t n) {
+    ht_convert(dst, HT_DTYPE_F32, src, dtype, (size_t)n);
+}
+
+static void store_row(void *dst, ht_dtype dtype, int64_t offset, const float *src, int64_t n) {
+    if (dtype == HT_DTYPE_F32) {
+        memcpy((float *)dst + offset, src, (size_t)n * sizeof(float));
+        return;
+    }
+    ht_convert((uint16_t *)dst + offset, dtype, src, HT_DTYPE_F32, (size_t)n);
+}
+
+void ht_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight, ht_dtype wdtype,
+                        int64_t N, int64_t C, float eps) {
+#pragma omp parallel
+    {
+        float w[C], row[C]; /* C is a hidden size: small enough for the stack */
+        load_row_f32(w, weight, wdtype, C);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + n * C;
+            float ss = 0.0f;
+            for (int64_t c = 0; c < C; c++) ss += xr[c] * xr[c];
+            float r = 1.0f / sqrtf(ss / (float)C + eps);
+            rstd[n] = r;
+            for (int64_t c = 0; c < C; c++) row[c] = w[c] * (xr[c] * r);
+            store_row(out, odtype, n * C, row, C);
+        }
+    }
+}
+
+void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
+                         ht_dtype wdtype, const float *rstd, int64_t N, int64_t C) {
+    /* y = w * x * r with r = (mean(x^2) + eps)^-1/2:
+     * dw += dy * x * r;  dx += r * (w*dy) - x * r^3 * mean((w*dy) * x). */
+#pragma omp parallel
+    {
+        float w[C], dw_local[C];
+        load_row_f32(w, weight, wdtype, C);
+        memset(dw_local, 0, sizeof(dw_local));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + n * C, *dy = dout + n * C;
+            float *dxr = dx + n * C;
+            float r = rstd[n];
+            float dot = 0.0f;
+            for (int64_t c = 0; c < C; c++) {
+                dot += w[c] * dy[c] * xr[c];
+                dw_local[c] += dy[c] * xr[c] * r;
+            }
+            float k = dot / (float)C * r * r * r;
+            for (int64_t c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - xr[c] * k;
+        }
+#pragma omp critical
+        for (int64_t c = 0; c < C; c++) dweight[c] += dw_local[c];
+    }
+}
+
+void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C) {
+#pragma omp parallel
+    {
+        float b[C];
+        load_row_f32(b, bias, bdtype, C);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) y[n * C + c] += b[c];
+    }
+}
+
+void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
+#pragma omp parallel
+    {
+        float acc[C];
+        memset(acc, 0, sizeof(acc));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) acc[c] += dy[n * C + c];
+#pragma omp critical
+        for (int64_t c = 0; c < C; c++) dbias[c] += acc[c];
+    }
+}
+
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                     int64_t D) {
+    int64_t half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float *c = cos_t + t * half, *s = sin_t + t * half;
+            for (int64_t h = 0; h < nheads; h++) {
+                float *v = x + ((b * T + t) * nheads + h) * D;
+                for (int64_t i = 0; i < half; i++) {
+                    float x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * c[i] - x2 * s[i];
+                    v[i + half] = x2 * c[i] + x1 * s[i];
+                }
+            }
+        }
+    }
+}
+
+void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                      int64_t D) {
+    int64_t half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float *c = cos_t + t * half, *s = sin_t + t * half;
+            for (int64_t h = 0; h < nheads; h++) {
+                float *v = dx + ((b * T + t) * nheads + h) * D;
+                for (int64_t i = 0; i < half; i++) {
+                    float d1 = v[i], d2 = v[i + half];
+                    v[i] = d1 * c[i] + d2 * s[i];
+                    v[i + half] = d2 * c[i] - d1 * s[i];
+                }
+            }
+        }
+    }
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n) {
+    const int64_t chunk = 4096;
+#pragma omp parallel for schedule(static)
+    for (int64_t start = 0; start < n; start += chunk) {
+        float tmp[4096];
+        int64_t len = n - start < chunk ? n - start : chunk;
+        for (int64_t i = 0; i < len; i++) {
+            float g = gate[start + i];
+            tmp[i] = g * sigmoidf(g) * up[start + i];
+        }
+        store_row(h, hdtype, start, tmp, len);
+    }
+}
+
+void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n) {
+    /* h = g s(g) u: dh/du = g s(g); dh/dg = u s(g) (1 + g (1 - s(g))). */
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], s = sigmoidf(g);
+        dup[i] = dh[i] * g * s;
+        dgate[i] = dh[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    }
+}
+
+double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count) {
+    double total = 0.0;
+    int64_t counted = 0;
+#pragma omp parallel for reduction(+ : total, counted) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] < 0) continue;
+        const float *row = logits + n * V;
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
+        total += log(sum) + (double)mx - (double)row[targets[n]];
+        counted++;
+    }
+    if (count) *count = counted;
+    return counted ? total / (double)counted : 0.0;
+}
+
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *row = logits + n * V;
+        if (targets[n] < 0) {
+            memset(row, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        float sum = 0.0f;
+        for (int64_t v = 0; v < V; v++) {
+            row[v] = expf(row[v] - mx);
+            sum += row[v];
+        }
+        float k = scale / sum;
+        for (int64_t v = 0; v < V; v++) row[v] *= k;
+        row[targets[n]] -= scale;
+    }
+}
+
+void ht_add(float *y, const float *x, const float *a, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] + a[i];
+}
+
+void ht_accumulate(float *y, const float *x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}

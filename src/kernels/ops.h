@@ -1,0 +1,45 @@
+/* The decoder's elementwise and reduction kernels, forward and backward.
+ * Everything here computes in FP32; OpenMP splits rows across threads.
+ * N is the number of rows (tokens), C the width of a row. */
+#ifndef HT_KERNELS_OPS_H
+#define HT_KERNELS_OPS_H
+
+#include "hypertrain/base.h"
+
+/* out = x * rsqrt(mean(x^2) + eps) * weight, per row; rstd (N) kept for backward.
+ * x (N, C) f32, weight (C) in wdtype, out (N, C) in odtype (the matmul input dtype). */
+void ht_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight, ht_dtype wdtype,
+                        int64_t N, int64_t C, float eps);
+/* dx += d/dx, dweight += d/dweight (FP32), given dout (N, C). */
+void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
+                         ht_dtype wdtype, const float *rstd, int64_t N, int64_t C);
+
+/* y (N, C) += bias (C) in bdtype. */
+void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C);
+/* dbias (C) += column sums of dy (N, C). */
+void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C);
+
+/* Rotary embedding, rotate-half form, in place on x (B, T, nheads, D) with
+ * cos/sin tables (T, D/2). Backward applies the inverse rotation to dx. */
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                     int64_t D);
+void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                      int64_t D);
+
+/* h = silu(gate) * up, written in hdtype. */
+void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
+/* dgate, dup from dh. */
+void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
+
+/* Mean cross-entropy over rows whose target is >= 0; returns the loss (double
+ * accumulation). logits (N, V). `count` gets the number of counted rows. */
+double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count);
+/* In place: logits (N, V) becomes dlogits = scale * (softmax - onehot), rows with target < 0 become 0. */
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
+
+/* y = x + a elementwise (n). */
+void ht_add(float *y, const float *x, const float *a, int64_t n);
+/* y += x elementwise (n). */
+void ht_accumulate(float *y, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,511 @@
+/* The Qwen2/Llama decoder: named parameters with Hugging Face names, the
+ * forward pass and a hand-written backward pass. Matmul inputs are stored in
+ * the weights' dtype (bf16 weights -> bf16 x bf16 GEMMs with FP32
+ * accumulation); the residual stream, norms, softmax and loss are FP32.
+ * Gradients accumulate (+=) into each parameter's FP32 main_grad.
+ *
+ * Shapes: B batch, T sequence, N = B*T tokens, C hidden, H query heads,
+ * KV key/value heads, D head dim, F intermediate, V vocab, L layers. */
+#include "model/decoder.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+#include "kernels/ops.h"
+
+typedef struct layer_params {
+    ht_param *ln1, *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w; /* attention block */
+    ht_param *ln2, *gate_w, *up_w, *down_w;                  /* MLP block */
+} layer_params;
+
+/* What the forward pass keeps for the backward pass, per layer. "cd" buffers
+ * hold matmul inputs in the compute dtype (the weights' dtype). */
+typedef struct layer_acts {
+    float *resid;     /* (N, C) the layer's input */
+    float *rstd1;     /* (N) */
+    void *ln1;        /* (N, C) cd */
+    float *q;         /* (B, T, H, D) after bias and rotary */
+    float *k;         /* (B, T, KV, D) after bias and rotary */
+    float *v;         /* (B, T, KV, D) */
+    float *probs;     /* (B, H, T, T) causal softmax */
+    void *att;        /* (N, H*D) cd: the o_proj input */
+    float *resid_mid; /* (N, C) after the attention residual */
+    float *rstd2;     /* (N) */
+    void *ln2;        /* (N, C) cd */
+    float *gate;      /* (N, F) */
+    float *up;        /* (N, F) */
+    void *h;          /* (N, F) cd: silu(gate) * up, the down_proj input */
+} layer_acts;
+
+typedef struct decoder {
+    int L, C, F, H, KV, D, V;
+    ht_param *embed, *norm, *head; /* head == embed when the embeddings are tied */
+    layer_params *layers;          /* (L) */
+    float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
+
+    int B, T;           /* the shapes the buffers below were sized for */
+    void *act_block;    /* one allocation carved into everything below */
+    layer_acts *acts;   /* (L) */
+    float *resid_final; /* (N, C) the last layer's output */
+    float *rstdf;       /* (N) */
+    void *lnf;          /* (N, C) cd */
+    float *logits;      /* (N, V); becomes dlogits in backward */
+    int32_t *inputs;    /* (N) copy of the last forward's inputs */
+    int32_t *targets;   /* (N) copy of the last forward's targets */
+    int64_t target_count;
+    /* backward scratch */
+    float *dresid;   /* (N, C) gradient of the residual stream */
+    float *dln;      /* (N, C) */
+    float *datt;     /* (N, H*D) */
+    float *dq;       /* (N, H*D) */
+    float *dk, *dv;  /* (N, KV*D) */
+    float *dgate;    /* (N, F) */
+    float *dup;      /* (N, F) */
+    float *dh;       /* (N, F) */
+    float *att_f32;  /* (N, H*D) attention output before the cast to cd */
+    void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *dprobs;   /* (threads, T, T) */
+    int threads;
+} decoder;
+
+/* ------------------------------------------------------------------ params */
+
+static ht_param *add_param(ht_model *m, const char *name, int64_t d0, int64_t d1, ht_dtype dtype) {
+    int64_t shape[2] = {d0, d1};
+    return ht_params_add(&m->params, name, d1 > 0 ? 2 : 1, shape, dtype);
+}
+
+static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_error *err) {
+    const ht_model_config *c = &m->config;
+    char name[HT_PARAM_NAME_MAX];
+    int64_t qd = (int64_t)d->H * d->D, kvd = (int64_t)d->KV * d->D;
+    /* Declare in Hugging Face's named_parameters() order. Pointers are taken
+     * afterwards: the store's array may move while it grows. */
+    add_param(m, "model.embed_tokens.weight", d->V, d->C, dtype);
+    for (int l = 0; l < d->L; l++) {
+        const char *pre = "model.layers";
+#define P(suffix, d0, d1)                                                                                              \
+    do {                                                                                                               \
+        snprintf(name, sizeof(name), "%s.%d.%s", pre, l, suffix);                                                      \
+        if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);           \
+    } while (0)
+        P("self_attn.q_proj.weight", qd, d->C);
+        if (c->attention_bias) P("self_attn.q_proj.bias", qd, 0);
+        P("self_attn.k_proj.weight", kvd, d->C);
+        if (c->attention_bias) P("self_attn.k_proj.bias", kvd, 0);
+        P("self_attn.v_proj.weight", kvd, d->C);
+        if (c->attention_bias) P("self_attn.v_proj.bias", kvd, 0);
+        P("self_attn.o_proj.weight", d->C, qd);
+        P("mlp.gate_proj.weight", d->F, d->C);
+        P("mlp.up_proj.weight", d->F, d->C);
+        P("mlp.down_proj.weight", d->C, d->F);
+        P("input_layernorm.weight", d->C, 0);
+        P("post_attention_layernorm.weight", d->C, 0);
+#undef P
+    }
+    add_param(m, "model.norm.weight", d->C, 0, dtype);
+    if (!c->tie_word_embeddings) add_param(m, "lm_head.weight", d->V, d->C, dtype);
+    if (m->params.count == 0) return ht_fail(err, HT_ERR_OOM, "cannot declare parameters");
+    return HT_OK;
+}
+
+static ht_param *find(ht_model *m, const char *fmt, int l) {
+    char name[HT_PARAM_NAME_MAX];
+    snprintf(name, sizeof(name), fmt, l);
+    return ht_params_find(&m->params, name);
+}
+
+static void bind_params(ht_model *m, decoder *d) {
+    d->embed = ht_params_find(&m->params, "model.embed_tokens.weight");
+    d->norm = ht_params_find(&m->params, "model.norm.weight");
+    d->head = m->config.tie_word_embeddings ? d->embed : ht_params_find(&m->params, "lm_head.weight");
+    for (int l = 0; l < d->L; l++) {
+        layer_params *p = &d->layers[l];
+        p->ln1 = find(m, "model.layers.%d.input_layernorm.weight", l);
+        p->q_w = find(m, "model.layers.%d.self_attn.q_proj.weight", l);
+        p->q_b = find(m, "model.layers.%d.self_attn.q_proj.bias", l);
+        p->k_w = find(m, "model.layers.%d.self_attn.k_proj.weight", l);
+        p->k_b = find(m, "model.layers.%d.self_attn.k_proj.bias", l);
+        p->v_w = find(m, "model.layers.%d.self_attn.v_proj.weight", l);
+        p->v_b = find(m, "model.layers.%d.self_attn.v_proj.bias", l);
+        p->o_w = find(m, "model.layers.%d.self_attn.o_proj.weight", l);
+        p->ln2 = find(m, "model.layers.%d.post_attention_layernorm.weight", l);
+        p->gate_w = find(m, "model.layers.%d.mlp.gate_proj.weight", l);
+        p->up_w = find(m, "model.layers.%d.mlp.up_proj.weight", l);
+        p->down_w = find(m, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+}
+
+/* Rotary tables computed as transformers does: inv_freq and the angles in
+ * float32, the cosine and sine of each float32 angle correctly rounded. */
+static void fill_rope_tables(decoder *d, int max_pos, double theta) {
+    int half = d->D / 2;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)d->D);
+        for (int t = 0; t < max_pos; t++) {
+            float angle = (float)t * inv_freq;
+            d->cos_t[(size_t)t * half + i] = (float)cos((double)angle);
+            d->sin_t[(size_t)t * half + i] = (float)sin((double)angle);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ activations */
+
+/* Sizes every activation for (B, T) and carves them from one block. */
+static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
+    if (d->act_block && d->B == B && d->T == T) return HT_OK;
+    ht_free(d->act_block);
+    d->act_block = NULL;
+    int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
+    int64_t QD = (int64_t)d->H * d->D, KVD = (int64_t)d->KV * d->D;
+    int64_t widest = V > F ? V : F;
+    widest = widest > QD ? widest : QD;
+    widest = widest > C ? widest : C;
+    d->threads = omp_get_max_threads();
+    const size_t cd = 4; /* cd buffers are sized for FP32 so a dtype change needs no reallocation */
+    size_t per_layer[] = {
+        N * C * 4,  N * 4,      N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, (size_t)B * d->H * T * T * 4,
+        N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
+    };
+    enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]) };
+    size_t tail[] = {
+        N * C * 4, N * 4, N * C * cd, N * V * 4, N * 4, N * 4, /* resid_final .. logits, inputs, targets */
+        N * C * 4, N * C * 4, N * QD * 4, N * QD * 4, N * KVD * 4, N * KVD * 4, /* dresid .. dv */
+        N * F * 4, N * F * 4, N * F * 4, N * QD * 4, N * widest * cd,            /* dgate .. dy_cd */
+        (size_t)d->threads * T * T * 4,                                          /* dprobs */
+    };
+    enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
+    size_t total = 0;
+    for (int l = 0; l < d->L; l++)
+        for (int i = 0; i < NPL; i++) total += (per_layer[i] + 63) & ~(size_t)63;
+    for (int i = 0; i < NTAIL; i++) total += (tail[i] + 63) & ~(size_t)63;
+    char *block = ht_alloc(total);
+    if (!block)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
+                       (double)total / (1 << 20), B, T);
+    char *p = block;
+#define CARVE(size) (p += ((size) + 63) & ~(size_t)63, p - (((size) + 63) & ~(size_t)63))
+    for (int l = 0; l < d->L; l++) {
+        layer_acts *a = &d->acts[l];
+        a->resid = (float *)CARVE(per_layer[0]);
+        a->rstd1 = (float *)CARVE(per_layer[1]);
+        a->ln1 = CARVE(per_layer[2]);
+        a->q = (float *)CARVE(per_layer[3]);
+        a->k = (float *)CARVE(per_layer[4]);
+        a->v = (float *)CARVE(per_layer[5]);
+        a->probs = (float *)CARVE(per_layer[6]);
+        a->att = CARVE(per_layer[7]);
+        a->resid_mid = (float *)CARVE(per_layer[8]);
+        a->rstd2 = (float *)CARVE(per_layer[9]);
+        a->ln2 = CARVE(per_layer[10]);
+        a->gate = (float *)CARVE(per_layer[11]);
+        a->up = (float *)CARVE(per_layer[12]);
+        a->h = CARVE(per_layer[13]);
+    }
+    d->resid_final = (float *)CARVE(tail[0]);
+    d->rstdf = (float *)CARVE(tail[1]);
+    d->lnf = CARVE(tail[2]);
+    d->logits = (float *)CARVE(tail[3]);
+    d->inputs = (int32_t *)CARVE(tail[4]);
+    d->targets = (int32_t *)CARVE(tail[5]);
+    d->dresid = (float *)CARVE(tail[6]);
+    d->dln = (float *)CARVE(tail[7]);
+    d->datt = (float *)CARVE(tail[8]);
+    d->dq = (float *)CARVE(tail[9]);
+    d->dk = (float *)CARVE(tail[10]);
+    d->dv = (float *)CARVE(tail[11]);
+    d->dgate = (float *)CARVE(tail[12]);
+    d->dup = (float *)CARVE(tail[13]);
+    d->dh = (float *)CARVE(tail[14]);
+    d->att_f32 = (float *)CARVE(tail[15]);
+    d->dy_cd = CARVE(tail[16]);
+    d->dprobs = (float *)CARVE(tail[17]);
+#undef CARVE
+    d->act_block = block;
+    d->B = B;
+    d->T = T;
+    return HT_OK;
+}
+
+/* ------------------------------------------------------------------ building blocks */
+
+/* y (N, out) = x (N, in) · Wᵀ + b, with x in the weight's dtype. */
+static void linear_forward(float *y, const void *x, const ht_param *w, const ht_param *b, int64_t N) {
+    int64_t out = w->shape[0], in = w->shape[1];
+    ht_gemm(false, true, N, out, in, 1.0f, x, in, w->data, in, w->dtype, 0.0f, y, out);
+    if (b) ht_add_bias(y, b->data, b->dtype, N, out);
+}
+
+/* Given dy (N, out) FP32: W.main_grad += dyᵀ · x, b.main_grad += Σ dy, and
+ * dx (N, in) = dx_beta · dx + dy · W. The GEMMs take dy in the weight's dtype. */
+static void linear_backward(decoder *d, float *dx, float dx_beta, const float *dy, const void *x, const ht_param *w,
+                            const ht_param *b, int64_t N) {
+    int64_t out = w->shape[0], in = w->shape[1];
+    const void *dy_cd = dy;
+    if (w->dtype != HT_DTYPE_F32) {
+        ht_convert(d->dy_cd, w->dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
+        dy_cd = d->dy_cd;
+    }
+    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->dtype, 1.0f, w->main_grad, in);
+    if (b) ht_bias_backward(b->main_grad, dy, N, out);
+    if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->data, in, w->dtype, dx_beta, dx, in);
+}
+
+/* Causal softmax in place on one head's scores (T, T); entries above the diagonal become 0. */
+static void causal_softmax(float *s, int T) {
+    for (int t = 0; t < T; t++) {
+        float *row = s + (size_t)t * T;
+        float mx = -INFINITY;
+        for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++) row[j] *= inv;
+        for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    }
+}
+
+/* out (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, keeping the probabilities. */
+static void attention_forward(decoder *d, layer_acts *a, float *out, int B, int T) {
+    int H = d->H, KV = d->KV, D = d->D, group = H / KV;
+    int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D; /* row strides */
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *q = a->q + (int64_t)b * T * qs + (int64_t)h * D;
+            const float *k = a->k + (int64_t)b * T * ks + (int64_t)(h / group) * D;
+            const float *v = a->v + (int64_t)b * T * ks + (int64_t)(h / group) * D;
+            float *p = a->probs + ((int64_t)b * H + h) * T * T;
+            ht_gemm(false, true, T, T, D, scale, q, qs, k, ks, HT_DTYPE_F32, 0.0f, p, T);
+            causal_softmax(p, T);
+            ht_gemm(false, false, T, D, T, 1.0f, p, T, v, ks, HT_DTYPE_F32, 0.0f, out + (int64_t)b * T * qs + h * D,
+                    qs);
+        }
+    }
+}
+
+/* From datt (B, T, H, D): dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ datt, with
+ * dS = P ∘ (dP − rowsum(P ∘ dP)) and dP = datt vᵀ. A task owns one KV head so
+ * the query heads sharing it accumulate into dk/dv without races. */
+static void attention_backward(decoder *d, layer_acts *a, const float *datt, int B, int T) {
+    int H = d->H, KV = d->KV, D = d->D, group = H / KV;
+    int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D;
+    float scale = 1.0f / sqrtf((float)D);
+    memset(d->dk, 0, (size_t)B * T * ks * sizeof(float));
+    memset(d->dv, 0, (size_t)B * T * ks * sizeof(float));
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+        for (int g = 0; g < KV; g++) {
+            float *ds = d->dprobs + (size_t)omp_get_thread_num() * T * T; /* (T, T) */
+            const float *k = a->k + (int64_t)b * T * ks + (int64_t)g * D;
+            const float *v = a->v + (int64_t)b * T * ks + (int64_t)g * D;
+            float *dk = d->dk + (int64_t)b * T * ks + (int64_t)g * D;
+            float *dv = d->dv + (int64_t)b * T * ks + (int64_t)g * D;
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                const float *q = a->q + (int64_t)b * T * qs + (int64_t)h * D;
+                const float *p = a->probs + ((int64_t)b * H + h) * T * T;
+                const float *dout = datt + (int64_t)b * T * qs + (int64_t)h * D;
+                float *dq = d->dq + (int64_t)b * T * qs + (int64_t)h * D;
+                ht_gemm(false, true, T, T, D, 1.0f, dout, qs, v, ks, HT_DTYPE_F32, 0.0f, ds, T);
+                ht_gemm(true, false, T, D, T, 1.0f, p, T, dout, qs, HT_DTYPE_F32, 1.0f, dv, ks);
+                for (int t = 0; t < T; t++) {
+                    const float *prow = p + (size_t)t * T;
+                    float *row = ds + (size_t)t * T;
+                    float dot = 0.0f;
+                    for (int j = 0; j <= t; j++) dot += prow[j] * row[j];
+                    for (int j = 0; j <= t; j++) row[j] = prow[j] * (row[j] - dot);
+                    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+                }
+                ht_gemm(false, false, T, D, T, scale, ds, T, k, ks, HT_DTYPE_F32, 0.0f, dq, qs);
+                ht_gemm(true, false, T, D, T, scale, ds, T, q, qs, HT_DTYPE_F32, 1.0f, dk, ks);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ forward / backward */
+
+static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                 float *loss, ht_error *err) {
+    decoder *d = m->impl;
+    if (B <= 0 || T <= 0) return ht_fail(err, HT_ERR_INVALID, "forward: batch %d x %d is empty", B, T);
+    if (T > m->config.max_position_embeddings)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "sequence length %d is longer than model.max_position_embeddings (%d)", T,
+                       m->config.max_position_embeddings);
+    int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
+    int64_t QD = (int64_t)d->H * d->D;
+    for (int64_t n = 0; n < N; n++) {
+        if (inputs[n] < 0 || inputs[n] >= V)
+            return ht_fail(err, HT_ERR_INVALID, "input token %d at position %lld is outside the vocabulary [0, %lld)",
+                           inputs[n], (long long)n, (long long)V);
+        if (targets && targets[n] >= V)
+            return ht_fail(err, HT_ERR_INVALID, "target token %d at position %lld is outside the vocabulary [0, %lld)",
+                           targets[n], (long long)n, (long long)V);
+    }
+    ht_status s = size_activations(d, B, T, err);
+    if (s != HT_OK) return s;
+    ht_dtype cd = d->embed->dtype;
+    const float eps = (float)m->config.rms_norm_eps;
+
+    /* Token embedding into the FP32 residual stream. */
+    float *x = d->acts[0].resid; /* (N, C) */
+    size_t row_bytes = (size_t)C * ht_dtype_size(cd);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)d->embed->data + (size_t)inputs[n] * row_bytes, cd,
+                   (size_t)C);
+
+    for (int l = 0; l < d->L; l++) {
+        layer_params *p = &d->layers[l];
+        layer_acts *a = &d->acts[l];
+        float *next = l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final; /* (N, C) */
+        ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->data, p->ln1->dtype, N, C, eps);
+        linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
+        linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
+        linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
+        ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
+        ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+        float *att = cd == HT_DTYPE_F32 ? (float *)a->att : d->att_f32; /* (N, H*D) */
+        attention_forward(d, a, att, B, T);
+        if (cd != HT_DTYPE_F32) ht_convert(a->att, cd, att, HT_DTYPE_F32, (size_t)(N * QD));
+        linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
+        ht_add(a->resid_mid, a->resid, d->dln, N * C);
+        ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->data, p->ln2->dtype, N, C, eps);
+        linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
+        linear_forward(a->up, a->ln2, p->up_w, NULL, N);
+        ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
+        linear_forward(d->dln, a->h, p->down_w, NULL, N);
+        ht_add(next, a->resid_mid, d->dln, N * C);
+    }
+    ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->data, d->norm->dtype, N, C, eps);
+    linear_forward(d->logits, d->lnf, d->head, NULL, N);
+    m->logits = d->logits;
+    m->B = B;
+    m->T = T;
+
+    memcpy(d->inputs, inputs, (size_t)N * sizeof(int32_t));
+    d->target_count = 0;
+    if (targets) {
+        memcpy(d->targets, targets, (size_t)N * sizeof(int32_t));
+        double mean = ht_cross_entropy_forward(d->logits, targets, N, V, &d->target_count);
+        if (loss) *loss = (float)mean;
+    } else if (loss) {
+        *loss = NAN;
+    }
+    return HT_OK;
+}
+
+static void decoder_backward(ht_model *m, float scale) {
+    decoder *d = m->impl;
+    int B = d->B, T = d->T;
+    int64_t N = (int64_t)B * T, C = d->C, V = d->V;
+    if (d->target_count == 0) return;
+
+    /* Loss -> logits -> final norm. */
+    ht_cross_entropy_backward(d->logits, d->targets, N, V, scale / (float)d->target_count); /* dlogits (N, V) */
+    linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
+    memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
+    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->data, d->norm->dtype,
+                        d->rstdf, N, C);
+
+    for (int l = d->L - 1; l >= 0; l--) {
+        layer_params *p = &d->layers[l];
+        layer_acts *a = &d->acts[l];
+        /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
+        linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
+        ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
+        linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
+        linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
+        ht_rmsnorm_backward(d->dresid, p->ln2->main_grad, d->dln, a->resid_mid, p->ln2->data, p->ln2->dtype, a->rstd2,
+                            N, C);
+        /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
+        linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
+        attention_backward(d, a, d->datt, B, T);
+        ht_rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
+        ht_rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+        linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
+        linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
+        linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
+        ht_rmsnorm_backward(d->dresid, p->ln1->main_grad, d->dln, a->resid, p->ln1->data, p->ln1->dtype, a->rstd1, N,
+                            C);
+    }
+
+    /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
+    float *dembed = d->embed->main_grad;
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
+        for (int64_t n = 0; n < N; n++) {
+            float *dst = dembed + (int64_t)d->inputs[n] * C;
+            const float *src = d->dresid + n * C;
+            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        }
+    }
+}
+
+static void decoder_free(ht_model *m) {
+    decoder *d = m->impl;
+    if (d) {
+        ht_free(d->act_block);
+        ht_free(d->acts);
+        ht_free(d->layers);
+        ht_free(d->cos_t);
+        ht_free(d->sin_t);
+        ht_free(d);
+    }
+    ht_params_free(&m->params);
+    ht_free(m);
+}
+
+static const ht_model_ops decoder_ops = {
+    .forward = decoder_forward,
+    .backward = decoder_backward,
+    .free = decoder_free,
+};
+
+ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
+    ht_model *m = ht_alloc(sizeof(ht_model));
+    decoder *d = ht_alloc(sizeof(decoder));
+    if (!m || !d) {
+        ht_free(m);
+        ht_free(d);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
+    }
+    m->ops = &decoder_ops;
+    m->config = *cfg;
+    m->impl = d;
+    d->L = cfg->num_hidden_layers;
+    d->C = cfg->hidden_size;
+    d->F = cfg->intermediate_size;
+    d->H = cfg->num_attention_heads;
+    d->KV = cfg->num_key_value_heads;
+    d->D = ht_model_config_head_dim(cfg);
+    d->V = cfg->vocab_size;
+    d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
+    d->acts = ht_alloc((size_t)d->L * sizeof(layer_acts));
+    size_t table = (size_t)cfg->max_position_embeddings * (d->D / 2) * sizeof(float);
+    d->cos_t = ht_alloc(table);
+    d->sin_t = ht_alloc(table);
+    ht_status s = HT_OK;
+    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t) s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
+    if (s == HT_OK) s = declare_params(m, d, dtype, err);
+    if (s == HT_OK) s = ht_params_allocate(&m->params, err);
+    if (s != HT_OK) {
+        decoder_free(m);
+        return s;
+    }
+    bind_params(m, d);
+    fill_rope_tables(d, cfg->max_position_embeddings, cfg->rope_theta);
+    *out = m;
+    return HT_OK;
+}

@@ -1,0 +1,134 @@
+/* The model registry (name -> builder) and the checks on an architecture
+ * config that every builder shares. Built-ins register on first use. */
+#include "hypertrain/model.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/decoder.h"
+
+#define MAX_MODELS 32
+
+static struct {
+    char name[32];
+    ht_model_builder builder;
+} registry[MAX_MODELS];
+static int registry_count = 0;
+
+static void register_builtins(void) {
+    if (registry_count > 0) return;
+    ht_model_register("qwen2", ht_decoder_build, NULL);
+    ht_model_register("llama", ht_decoder_build, NULL);
+}
+
+ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error *err) {
+    if (strlen(name) >= sizeof(registry[0].name))
+        return ht_fail(err, HT_ERR_INVALID, "model name '%s' is too long", name);
+    for (int i = 0; i < registry_count; i++) {
+        if (strcmp(registry[i].name, name) == 0) {
+            registry[i].builder = builder; /* a plugin may replace a model */
+            return HT_OK;
+        }
+    }
+    if (registry_count == MAX_MODELS)
+        return ht_fail(err, HT_ERR_INVALID, "cannot register model '%s': the registry is full", name);
+    strcpy(registry[registry_count].name, name);
+    registry[registry_count].builder = builder;
+    registry_count++;
+    return HT_OK;
+}
+
+const char *ht_model_registered_names(void) {
+    static char names[MAX_MODELS * 34];
+    register_builtins();
+    names[0] = '\0';
+    for (int i = 0; i < registry_count; i++) {
+        if (i) strcat(names, ", ");
+        strcat(names, registry[i].name);
+    }
+    return names;
+}
+
+int ht_model_config_head_dim(const ht_model_config *cfg) {
+    if (cfg->head_dim > 0) return cfg->head_dim;
+    return cfg->num_attention_heads > 0 ? cfg->hidden_size / cfg->num_attention_heads : 0;
+}
+
+ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
+    const struct {
+        const char *field;
+        int value;
+    } positive[] = {
+        {"vocab_size", cfg->vocab_size},
+        {"hidden_size", cfg->hidden_size},
+        {"intermediate_size", cfg->intermediate_size},
+        {"num_hidden_layers", cfg->num_hidden_layers},
+        {"num_attention_heads", cfg->num_attention_heads},
+        {"num_key_value_heads", cfg->num_key_value_heads},
+        {"max_position_embeddings", cfg->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof(positive) / sizeof(positive[0]); i++)
+        if (positive[i].value <= 0)
+            return ht_fail(err, HT_ERR_CONFIG, "model.%s must be positive, found %d", positive[i].field,
+                           positive[i].value);
+    if (cfg->num_attention_heads % cfg->num_key_value_heads != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_attention_heads (%d) must be a multiple of model.num_key_value_heads (%d)",
+                       cfg->num_attention_heads, cfg->num_key_value_heads);
+    if (cfg->head_dim <= 0 && cfg->hidden_size % cfg->num_attention_heads != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.hidden_size (%d) must be a multiple of model.num_attention_heads (%d) "
+                       "unless model.head_dim is set",
+                       cfg->hidden_size, cfg->num_attention_heads);
+    int d = ht_model_config_head_dim(cfg);
+    if (d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
+    if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
+    if (!(cfg->rms_norm_eps > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rms_norm_eps must be positive");
+    return HT_OK;
+}
+
+/* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
+ * biases 0. Each tensor draws from its own stream seeded by (seed, name), so
+ * values do not depend on parameter order or on how rows are sharded. */
+static void init_weights(ht_param_store *params, double std, uint64_t seed) {
+    for (int i = 0; i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        int64_t row = ht_param_row_numel(p), n = ht_param_local_numel(p);
+        float *vals = ht_alloc((size_t)n * sizeof(float));
+        if (p->ndim >= 2) {
+            ht_rng rng;
+            ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
+            for (int64_t k = 0; k < p->row0 * row; k++) ht_rng_normal(&rng); /* skip earlier ranks' rows */
+            for (int64_t k = 0; k < n; k++) vals[k] = (float)std * ht_rng_normal(&rng);
+        } else {
+            float v = strstr(p->name, "norm") ? 1.0f : 0.0f;
+            for (int64_t k = 0; k < n; k++) vals[k] = v;
+        }
+        ht_convert(p->data, p->dtype, vals, HT_DTYPE_F32, (size_t)n);
+        ht_free(vals);
+    }
+}
+
+ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {
+    register_builtins();
+    *out = NULL;
+    for (int i = 0; i < registry_count; i++) {
+        if (strcmp(registry[i].name, cfg->name) == 0) {
+            ht_status s = ht_model_config_validate(cfg, err);
+            if (s != HT_OK) return s;
+            if (!ht_dtype_is_float(dtype))
+                return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
+                               ht_dtype_name(dtype));
+            s = registry[i].builder(cfg, dtype, out, err);
+            if (s != HT_OK) return s;
+            init_weights(&(*out)->params, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
+            return HT_OK;
+        }
+    }
+    return ht_fail(err, HT_ERR_CONFIG, "unknown model.name '%s'; registered models: %s", cfg->name,
+                   ht_model_registered_names());
+}
+
+void ht_model_free(ht_model *m) {
+    if (m) m->ops->free(m);
+}

@@ -1,0 +1,38 @@
+/* Global gradient-norm clipping over every trainable param's FP32 main_grad
+ * (NUMERICS.md, gradient clipping): the sum of squares accumulates in double. */
+#include "hypertrain/optim.h"
+
+#include <math.h>
+
+static double sum_squares(const float *g, int64_t n) {
+    double total = 0.0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (int64_t i = 0; i < n; i++) total += (double)g[i] * (double)g[i];
+    return total;
+}
+
+double ht_grad_norm(const ht_param_store *params, const char **bad) {
+    double total = 0.0;
+    if (bad) *bad = NULL;
+    for (int i = 0; i < params->count; i++) {
+        const ht_param *p = &params->items[i];
+        if (!p->trainable || !p->main_grad) continue;
+        double s = sum_squares(p->main_grad, ht_param_local_numel(p));
+        if (!isfinite(s) && bad && !*bad) *bad = p->name;
+        total += s;
+    }
+    return sqrt(total);
+}
+
+void ht_clip_grads(ht_param_store *params, double norm, double max_norm) {
+    if (!(norm > max_norm)) return;
+    const float k = (float)(max_norm / (norm + 1e-6));
+    for (int i = 0; i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        if (!p->trainable || !p->main_grad) continue;
+        float *g = p->main_grad;
+        int64_t n = ht_param_local_numel(p);
+#pragma omp parallel for simd schedule(static)
+        for (int64_t j = 0; j < n; j++) g[j] *= k;
+    }
+}

@@ -1,0 +1,227 @@
+/* The trainer end to end on a tiny model and a small corpus: the loss falls,
+ * the metrics, plot and final weights are written and load back; and the
+ * `hypertrain` command refuses bad input with a clear error, exit status
+ * non-zero and nothing written. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/config.h"
+#include "hypertrain/train.h"
+
+static const char *corpus =
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+    "it was the season of Darkness, it was the spring of hope, it was the winter of despair.\n";
+
+static void write_corpus(const char *dir) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 60; i++) fputs(corpus, f);
+    fclose(f);
+}
+
+/* A tiny byte-level model on the corpus in `dir`, writing into dir/run. */
+static void tiny_config(ht_config *cfg, const char *dir) {
+    ht_error err;
+    char set[1400];
+    assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
+    const char *sets[] = {
+        "model.vocab_size=256", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
+        "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.max_position_embeddings=64",
+        "data.dataset_type=text_bytes", "data.seq_len=32", "data.valid_fraction=0.1", "optimizer._target_=AdamW",
+        "optimizer.adamw_config.adamw_lr=0.01", "lr_scheduler.type=ConstantWarmUpLR",
+        "lr_scheduler.warmup_steps=2", "training.steps=40", "training.local_batch_size=4",
+        "training.global_batch_size=8", "training.log_interval=10", "training.eval_interval=20",
+        "training.eval_batches=4", "model_init_dtype=float32", "fsdp_config.mix_precision.param_dtype=float32",
+    };
+    for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
+    snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void test_training_lowers_validation_loss(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_tiny");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err;
+    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    double before, after;
+    assert_ht_ok(ht_trainer_evaluate(t, &before, &err), &err);
+    assert_ht_ok(ht_trainer_run(t, &err), &err);
+    assert_ht_ok(ht_trainer_evaluate(t, &after, &err), &err);
+    printf("validation loss %.4f -> %.4f\n", before, after);
+    assert_true(before > 4.5);         /* ~ln(256) at initialisation */
+    assert_true(after < before - 2.0); /* a repetitive text is learned quickly */
+
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/metrics.jsonl", dir);
+    char *text;
+    size_t len;
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    assert_true(lines >= 40 + 3); /* every step and every evaluation */
+    assert_non_null(strstr(text, "\"tokens_per_s\""));
+    assert_non_null(strstr(text, "\"val_loss\""));
+    free(text);
+    snprintf(path, sizeof(path), "%s/run/loss.svg", dir);
+    assert_true(exists(path));
+
+    /* The final weights load back into a fresh model and give the same logits. */
+    snprintf(path, sizeof(path), "%s/run/final", dir);
+    ht_model_config arch;
+    assert_ht_ok(ht_hf_read_config(path, &arch, &err), &err);
+    ht_model *copy;
+    assert_ht_ok(ht_model_build(&arch, HT_DTYPE_F32, 7, &copy, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(path, &copy->params, &err), &err);
+    int32_t in[2 * 16], tg[2 * 16];
+    for (int i = 0; i < 32; i++) in[i] = tg[i] = (int32_t)corpus[i];
+    float l1, l2;
+    assert_ht_ok(ht_model_forward(t->model, in, tg, 2, 16, &l1, &err), &err);
+    assert_ht_ok(ht_model_forward(copy, in, tg, 2, 16, &l2, &err), &err);
+    assert_true(l1 == l2);
+    ht_model_free(copy);
+    ht_trainer_free(t);
+    free(t);
+    free(cfg);
+}
+
+/* ------------------------------------------------------------------ the command on bad input */
+
+/* Runs `hypertrain train CFG extra`; returns the exit status, captures stderr. */
+static int run_cli(const char *dir, const char *cfg_text, const char *extra, char *out, size_t n) {
+    const char *bin = getenv("HT_BIN");
+    if (!bin) fail_msg("HT_BIN is not set (run the test through ctest)");
+    char cfg_path[1200], log_path[1200], cmd[4096];
+    snprintf(cfg_path, sizeof(cfg_path), "%s/run.yaml", dir);
+    snprintf(log_path, sizeof(log_path), "%s/stderr.txt", dir);
+    if (cfg_text) write_file(cfg_path, cfg_text, strlen(cfg_text));
+    snprintf(cmd, sizeof(cmd), "'%s' train '%s' %s > /dev/null 2> '%s'", bin, cfg_path, extra ? extra : "", log_path);
+    int rc = system(cmd);
+    FILE *f = fopen(log_path, "r");
+    size_t got = f ? fread(out, 1, n - 1, f) : 0;
+    out[got] = '\0';
+    if (f) fclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static char *tiny_yaml(const char *dir, const char *data_lines, const char *model_extra) {
+    static char buf[8192];
+    snprintf(buf, sizeof(buf),
+             "model:\n  name: qwen2\n%s  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
+             "  num_hidden_layers: 1\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
+             "  max_position_embeddings: 64\n"
+             "model_init_dtype: float32\n"
+             "data:\n%s"
+             "optimizer:\n  _target_: AdamW\n"
+             "training:\n  steps: 2\n  local_batch_size: 2\n  global_batch_size: 2\n"
+             "checkpoint:\n  output_dir: %s/out\n",
+             model_extra ? model_extra : "", data_lines, dir);
+    return buf;
+}
+
+static void expect_refused(const char *dir, const char *yaml, const char *extra, const char *needle1,
+                           const char *needle2) {
+    static char msg[1 << 17];
+    char out[1200];
+    int rc = run_cli(dir, yaml, extra, msg, sizeof(msg));
+    if (rc == 0) fail_msg("hypertrain accepted bad input; stderr: %s", msg);
+    if (!strstr(msg, needle1) || (needle2 && !strstr(msg, needle2)))
+        fail_msg("the error does not name '%s'%s%s: %s", needle1, needle2 ? " and " : "", needle2 ? needle2 : "",
+                 msg);
+    snprintf(out, sizeof(out), "%s/out", dir);
+    if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
+}
+
+static void test_cli_bad_input(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("cli_bad");
+    write_corpus(dir);
+    char data[2048], model[2048], path[1400];
+    char msg[4096];
+
+    /* A missing config file. */
+    snprintf(path, sizeof(path), "%s/nowhere.yaml", dir);
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' train '%s' 2>/dev/null", getenv("HT_BIN"), path);
+    assert_int_not_equal(system(cmd), 0);
+    (void)msg;
+
+    /* A data path that does not exist. */
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/missing.txt\n  seq_len: 16\n", dir);
+    expect_refused(dir, tiny_yaml(dir, data, NULL), NULL, "missing.txt", NULL);
+
+    /* A sequence longer than max_position_embeddings. */
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 65\n", dir);
+    expect_refused(dir, tiny_yaml(dir, data, NULL), NULL, "max_position_embeddings", NULL);
+
+    /* A token shard with a token id >= the vocabulary. */
+    int32_t header[256] = {20240520, 1, 200};
+    uint16_t tokens[200];
+    for (int i = 0; i < 200; i++) tokens[i] = (uint16_t)(i % 50);
+    tokens[150] = 300;
+    snprintf(path, sizeof(path), "%s/shard.bin", dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(header, 4, 256, f);
+    fwrite(tokens, 2, 200, f);
+    fclose(f);
+    snprintf(data, sizeof(data), "  dataset_type: token_bin\n  path: %s\n  seq_len: 16\n", path);
+    expect_refused(dir, tiny_yaml(dir, data, NULL), NULL, "shard.bin", "300");
+
+    /* A truncated token shard. */
+    f = fopen(path, "wb");
+    fwrite(header, 4, 256, f);
+    fwrite(tokens, 2, 100, f);
+    fclose(f);
+    expect_refused(dir, tiny_yaml(dir, data, NULL), NULL, "shard.bin", NULL);
+
+    /* Weights: a missing folder, a truncated safetensors file, shapes that disagree with config.json. */
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    snprintf(model, sizeof(model), "  from_pretrained: %s/no_such_model\n", dir);
+    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "no_such_model", NULL);
+
+    const char *fixture = fixture_path("model/qwen2_untied");
+    char copy[1400];
+    snprintf(copy, sizeof(copy), "%s/model_copy", dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s' && truncate -s -100 '%s/model.safetensors'", copy,
+             fixture, copy, copy);
+    assert_int_equal(system(cmd), 0);
+    snprintf(model, sizeof(model), "  from_pretrained: %s\n", copy);
+    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "model.safetensors", NULL);
+
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf '%s' && cp -r '%s' '%s' && sed -i 's/\"intermediate_size\": [0-9]*/\"intermediate_size\": 96/' "
+             "'%s/config.json'",
+             copy, fixture, copy, copy);
+    assert_int_equal(system(cmd), 0);
+    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "mlp", "shape");
+
+    /* A config error is reported with its line before anything runs. */
+    expect_refused(dir, "training:\n  steps: ten\n", NULL, "training.steps", "run.yaml:2");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_training_lowers_validation_loss),
+        cmocka_unit_test(test_cli_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
