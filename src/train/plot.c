@@ -117,11 +117,14 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     if (train.n > 0) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"#9ecae1\" stroke-width=\"1\" points=\"");
         for (int i = 0; i < train.n; i++) fprintf(f, "%.1f,%.1f ", PX(train.x[i]), PY(train.y[i]));
+        /* A centred moving average over about 1/30 of the run: it follows the trend without lagging it. */
         fprintf(f, "\"/>\n<polyline fill=\"none\" stroke=\"#08519c\" stroke-width=\"2.2\" points=\"");
-        double ema = train.y[0];
+        int half = train.n / 60;
         for (int i = 0; i < train.n; i++) {
-            ema = i == 0 ? train.y[0] : 0.9 * ema + 0.1 * train.y[i];
-            fprintf(f, "%.1f,%.1f ", PX(train.x[i]), PY(ema));
+            int a = i - half < 0 ? 0 : i - half, b = i + half >= train.n ? train.n - 1 : i + half;
+            double sum = 0;
+            for (int j = a; j <= b; j++) sum += train.y[j];
+            fprintf(f, "%.1f,%.1f ", PX(train.x[i]), PY(sum / (b - a + 1)));
         }
         fprintf(f, "\"/>\n");
     }
@@ -139,7 +142,7 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#9ecae1\"/>"
                "<text x=\"%.0f\" y=\"%.0f\">training loss (per step)</text>\n", lx, ly, lx + 24, ly, lx + 32, ly + 4);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#08519c\" stroke-width=\"2.2\"/>"
-               "<text x=\"%.0f\" y=\"%.0f\">training loss (moving avg)</text>\n", lx, ly + 20, lx + 24, ly + 20,
+               "<text x=\"%.0f\" y=\"%.0f\">training loss (smoothed)</text>\n", lx, ly + 20, lx + 24, ly + 20,
             lx + 32, ly + 24);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#d94801\" stroke-width=\"2\"/>"
                "<text x=\"%.0f\" y=\"%.0f\">validation loss</text>\n", lx, ly + 40, lx + 24, ly + 40, lx + 32,

@@ -1,0 +1,96 @@
+/* Train-step throughput on the 31M-parameter benchmark model (vocab 8192,
+ * hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate 1408, seq 256,
+ * batch 8): forward, backward and the AdamW step on FP32 main params.
+ * Prints one JSON line, like bench/peers/torch_train_step.py.
+ * usage: bench_train_step [--dtype float32|bfloat16] [--steps N] */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+#include "hypertrain/model.h"
+#include "hypertrain/optim.h"
+
+int main(int argc, char **argv) {
+    ht_dtype dtype = HT_DTYPE_F32;
+    int steps = 10, B = 8, T = 256;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            if (!ht_dtype_from_name(argv[++i], &dtype)) {
+                fprintf(stderr, "unknown dtype %s\n", argv[i]);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+            steps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--dtype float32|bfloat16] [--steps N]\n", argv[0]);
+            return 2;
+        }
+    }
+    ht_model_config cfg = {.name = "qwen2",
+                           .vocab_size = 8192,
+                           .hidden_size = 512,
+                           .intermediate_size = 1408,
+                           .num_hidden_layers = 8,
+                           .num_attention_heads = 8,
+                           .num_key_value_heads = 2,
+                           .max_position_embeddings = 256,
+                           .rope_theta = 10000.0,
+                           .rms_norm_eps = 1e-6,
+                           .attention_bias = true,
+                           .tie_word_embeddings = false,
+                           .initializer_range = 0.02};
+    ht_error err;
+    ht_model *m;
+    if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||
+        ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_params_create_main(&m->params, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ht_param *list[m->params.count];
+    for (int i = 0; i < m->params.count; i++) list[i] = &m->params.items[i];
+    ht_adamw opt;
+    ht_adamw_config ac = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
+    if (ht_adamw_init(&opt, &ac, list, m->params.count, NULL, 0, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    int32_t *in = malloc(sizeof(int32_t) * B * T), *tg = malloc(sizeof(int32_t) * B * T);
+    ht_rng rng;
+    ht_rng_seed(&rng, 1);
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)ht_rng_below(&rng, 8192);
+        tg[i] = (int32_t)ht_rng_below(&rng, 8192);
+    }
+    double t0 = 0, fwd = 0, bwd = 0, upd = 0;
+    float loss = 0;
+    for (int s = 0; s < steps + 2; s++) {
+        if (s == 2) t0 = ht_time_seconds(), fwd = bwd = upd = 0; /* two warmup steps */
+        double a = ht_time_seconds();
+        ht_params_zero_grad(&m->params);
+        if (ht_model_forward(m, in, tg, B, T, &loss, &err) != HT_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        double b = ht_time_seconds();
+        ht_model_backward(m, 1.0f);
+        double c = ht_time_seconds();
+        ht_adamw_step(&opt, 1e-4);
+        double d = ht_time_seconds();
+        fwd += b - a;
+        bwd += c - b;
+        upd += d - c;
+    }
+    double dt = (ht_time_seconds() - t0) / steps;
+    printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
+           "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
+           "\"gemm\": \"%s\"}\n",
+           ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
+           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, ht_gemm_kernel_name(dtype));
+    ht_adamw_free(&opt);
+    ht_model_free(m);
+    free(in);
+    free(tg);
+    return 0;
+}
