@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""PyTorch peer for hypertrain's training-step benchmark: the 31M-parameter
+Qwen2 model (vocab 8192, hidden 512, 8 layers, 8 heads, 2 KV heads,
+intermediate 1408, untied embeddings, q/k/v biases), batch 8 x seq 256, on CPU.
+
+One step = forward + cross-entropy loss + backward + AdamW step + zero_grad.
+--dtype float32:  plain fp32.
+--dtype bfloat16: fp32 weights and optimizer, forward/backward under
+                  torch.autocast("cpu", dtype=torch.bfloat16).
+Prints one JSON line with tokens/s and ms/step over --steps timed steps,
+after --warmup untimed ones.
+
+Usage: python3 bench/peers/torch_train_step.py [--dtype float32|bfloat16]
+           [--threads 2] [--steps 10] [--warmup 2] [--attn sdpa|eager]
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+BATCH, SEQ = 8, 256
+
+
+def build_model(attn):
+    cfg = Qwen2Config(
+        vocab_size=8192,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1408,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        use_cache=False,
+    )
+    cfg._attn_implementation = attn
+    model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    assert model.config._attn_implementation == attn
+    return model, cfg
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    # sdpa measured faster than eager on the 2-core dev box (see README).
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model, cfg = build_model(args.attn)
+    model.train()
+    nparams = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (BATCH, SEQ + 1), generator=gen)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+
+    def autocast():
+        if args.dtype == "bfloat16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step():
+        with autocast():
+            logits = model(input_ids=inputs).logits  # (B, T, V)
+            loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size),
+                                   targets.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    for _ in range(args.warmup):
+        step()
+    load_before = os.getloadavg()[0]  # other work on the box slows the figures
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    dt = (time.perf_counter() - t0) / args.steps
+
+    print(json.dumps({
+        "impl": "pytorch",
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "tokens_per_s": round(BATCH * SEQ / dt, 1),
+        "step_ms": round(dt * 1e3, 1),
+        "params": nparams,
+        "torch": torch.__version__,
+        "attn": args.attn,
+        "batch": BATCH,
+        "seq": SEQ,
+        "steps": args.steps,
+        "final_loss": round(loss, 4),
+        "loadavg_1m_before": round(load_before, 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
