@@ -6,6 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "hypertrain/ckpt.h"
+
 static uint32_t bits(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
@@ -159,11 +161,47 @@ static void test_bulk_convert(void **state) {
     for (int i = 0; i < N; i++) assert_int_equal(half[i], ht_f32_to_f16(src[i]));
 }
 
+/* Against PyTorch (tools/reference/make_dtype_fixtures.py): its casts of
+ * 100,000 float32 values (ties, subnormals, overflow edges, Inf, NaN) and its
+ * widening of every bf16 and f16 pattern. NaN payloads differ between code
+ * paths, so a NaN only has to stay a NaN. */
+static void test_against_torch(void **state) {
+    (void)state;
+    ht_safetensors *st;
+    ht_error err;
+    assert_ht_ok(ht_safetensors_open(fixture_path("dtype/torch_casts.safetensors"), &st, &err), &err);
+    const ht_st_tensor *x = ht_safetensors_find(st, "f32"), *bf = ht_safetensors_find(st, "bf16_bits"),
+                       *hf = ht_safetensors_find(st, "f16_bits"), *bfw = ht_safetensors_find(st, "bf16_all_to_f32"),
+                       *hfw = ht_safetensors_find(st, "f16_all_to_f32");
+    assert_true(x && bf && hf && bfw && hfw);
+    size_t n = x->nbytes / 4;
+    assert_true(n >= 100000);
+    const float *xs = x->data;
+    const uint16_t *bfs = bf->data, *hfs = hf->data;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b = ht_f32_to_bf16(xs[i]), h = ht_f32_to_f16(xs[i]);
+        if (isnan(xs[i])) {
+            assert_true(isnan(ht_bf16_to_f32(b)) && isnan(ht_f16_to_f32(h)));
+            continue;
+        }
+        if (b != bfs[i]) fail_msg("bf16(0x%08x) = 0x%04x, torch 0x%04x", bits(xs[i]), b, bfs[i]);
+        if (h != hfs[i]) fail_msg("f16(0x%08x) = 0x%04x, torch 0x%04x", bits(xs[i]), h, hfs[i]);
+    }
+    const float *bw = bfw->data, *hw = hfw->data;
+    for (uint32_t u = 0; u < 65536; u++) {
+        float b = ht_bf16_to_f32((uint16_t)u), h = ht_f16_to_f32((uint16_t)u);
+        assert_true(isnan(bw[u]) ? isnan(b) : bits(b) == bits(bw[u]));
+        assert_true(isnan(hw[u]) ? isnan(h) : bits(h) == bits(hw[u]));
+    }
+    ht_safetensors_close(st);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_to_f32_all),  cmocka_unit_test(test_f32_to_f16_all),
         cmocka_unit_test(test_bf16_to_f32_all), cmocka_unit_test(test_f32_to_bf16_all),
         cmocka_unit_test(test_edge_cases),      cmocka_unit_test(test_bulk_convert),
+        cmocka_unit_test(test_against_torch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

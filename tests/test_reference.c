@@ -54,6 +54,29 @@ static ht_model *load_model(const char *name, ht_dtype dtype) {
     return m;
 }
 
+/* Saves the model as Hugging Face weights plus our logits on the fixture's
+ * inputs, into the build tree's scratch/export_<case>/: tools/reference/
+ * check_hypertrain_exports.sh then has transformers load the folder and
+ * compare its logits with ours. Here the folder must at least load back. */
+static void export_for_transformers(const char *name, ht_model *m, const reference *r) {
+    char sub[128], path[1200];
+    ht_error err;
+    snprintf(sub, sizeof(sub), "export_%s", name);
+    const char *dir = scratch_dir(sub);
+    assert_ht_ok(ht_hf_save(dir, &m->config, &m->params, HT_DTYPE_F32, 0, &err), &err);
+    ht_st_writer w = {0};
+    int64_t in_shape[2] = {r->B, r->T}, lg_shape[3] = {r->B, r->T, m->config.vocab_size};
+    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, in_shape, r->inputs, HT_DTYPE_I32, &err), &err);
+    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
+    snprintf(path, sizeof(path), "%s/hypertrain_logits.safetensors", dir);
+    assert_ht_ok(ht_st_writer_write(&w, path, &err), &err);
+    ht_st_writer_free(&w);
+    ht_model_config cfg;
+    assert_ht_ok(ht_hf_read_config(dir, &cfg, &err), &err);
+    assert_int_equal(cfg.hidden_size, m->config.hidden_size);
+    assert_int_equal(cfg.tie_word_embeddings, m->config.tie_word_embeddings);
+}
+
 static const char *check_case_name;
 
 static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol) {
@@ -72,6 +95,7 @@ static void check_against_transformers(const char *name, ht_dtype dtype, double 
     assert_ht_ok(ht_model_forward(m, r.inputs, r.targets, r.B, r.T, &loss, &err), &err);
     size_t V = (size_t)m->config.vocab_size;
     double logits_err = rel_max_err(m->logits, r.logits, (size_t)r.B * r.T * V);
+    if (dtype == HT_DTYPE_F32) export_for_transformers(name, m, &r);
     expect_close("logits", m->logits, r.logits, (size_t)r.B * r.T * V, tol_logits);
     if (!(fabs(loss - r.loss) <= tol_logits * fabs(r.loss)))
         fail_msg("%s: loss %.8f, transformers %.8f", name, loss, r.loss);

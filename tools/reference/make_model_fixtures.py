@@ -30,11 +30,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 B, T = 2, 13
 SIZES = dict(
     vocab_size=100,
-    hidden_size=64,
+    hidden_size=48,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    intermediate_size=160,
+    intermediate_size=112,
     max_position_embeddings=64,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
