@@ -1,6 +1,7 @@
 /* ht_gemm against a float64 reference: every transpose pair, odd shapes,
- * padded leading dimensions, alpha and beta, each dtype; zero-size dims; and
- * concurrent calls from inside an OpenMP parallel region. */
+ * padded leading dimensions, alpha and beta, each dtype and both of BF16's
+ * paths (native matmul, widened to F32); the widened path's tiling; zero-size
+ * dims; and concurrent calls from inside an OpenMP parallel region. */
 #include "harness.h"
 
 #include <math.h>
@@ -8,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hypertrain/kernels.h"
+#include "kernels/gemm_internal.h"
 
 /* A (rows, cols) matrix with row stride ld, in `dtype`, filled from rng with
  * values in [-1, 1). `vals` gets the same values as float (after rounding to
@@ -42,6 +43,7 @@ typedef struct problem {
     int64_t M, N, K, pad; /* pad: extra elements at the end of every row of A, B and C */
     float alpha, beta;
     ht_dtype dtype;
+    ht_gemm_path path; /* AUTO: ht_gemm itself */
 } problem;
 
 /* Runs one problem through ht_gemm and checks every element of C.
@@ -52,8 +54,8 @@ typedef struct problem {
  * blocking, FMA or not) is within K·u·Σ|a·b| of the exact value, u = 2^-24
  * (Higham, Accuracy and Stability, 3.1); bf16·bf16 and f16·f16 products are
  * exact in FP32, so for them that covers the additions alone. On top come a
- * few roundings for alpha·acc, beta·C and their sum, and for F16 two more per
- * K-tile the tiled path accumulates into C. (2K + 8)·u covers all of it; a
+ * few roundings for alpha·acc, beta·C and their sum, and two more per K-tile
+ * the widened path accumulates into C (tiles of 1024). (2K + 8)·u covers all of it; a
  * real bug (a result rounded to bf16, a skipped block) is off by 2^-9 or more. */
 static void run_problem(ht_rng *rng, const problem *p) {
     int64_t a_rows = p->trans_a ? p->K : p->M, a_cols = p->trans_a ? p->M : p->K;
@@ -67,7 +69,12 @@ static void run_problem(ht_rng *rng, const problem *p) {
     for (size_t i = 0; i < c_size; i++)
         c[i] = c_old[i] = p->beta == 0.0f ? NAN : 2.0f * ht_rng_uniform(rng) - 1.0f; /* beta = 0 must not read C */
 
-    ht_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, p->alpha, a.data, a.ld, b.data, b.ld, p->dtype, p->beta, c, ldc);
+    if (p->path == HT_GEMM_PATH_AUTO)
+        ht_gemm(p->trans_a, p->trans_b, p->M, p->N, p->K, p->alpha, a.data, a.ld, b.data, b.ld, p->dtype, p->beta, c,
+                ldc);
+    else
+        ht_gemm_on_path(p->path, p->trans_a, p->trans_b, p->M, p->N, p->K, p->alpha, a.data, a.ld, b.data, b.ld,
+                        p->dtype, p->beta, c, ldc);
 
     double u = 0x1p-24, max_ref = 0, max_err = 0;
     for (int64_t m = 0; m < p->M; m++) {
@@ -111,7 +118,7 @@ static void run_problem(ht_rng *rng, const problem *p) {
 /* Shapes with sizes 1, 7, 33 and 130 in every role. */
 static const int64_t shapes[][3] = {{1, 1, 1}, {7, 33, 130}, {130, 7, 33}, {33, 130, 7}, {1, 130, 33}, {130, 1, 7}};
 
-static void check_all_shapes(ht_dtype dtype) {
+static void check_all_shapes(ht_dtype dtype, ht_gemm_path path) {
     ht_rng rng;
     ht_rng_seed(&rng, 1234 + (uint64_t)dtype);
     const float betas[] = {0.0f, 1.0f, 0.5f};
@@ -127,43 +134,54 @@ static void check_all_shapes(ht_dtype dtype) {
                                  .pad = pad,
                                  .alpha = pad ? -0.75f : 1.0f,
                                  .beta = betas[bi],
-                                 .dtype = dtype};
+                                 .dtype = dtype,
+                                 .path = path};
                     run_problem(&rng, &p);
                 }
 }
 
 static void test_gemm_f32(void **state) {
     (void)state;
-    check_all_shapes(HT_DTYPE_F32);
+    check_all_shapes(HT_DTYPE_F32, HT_GEMM_PATH_AUTO);
 }
 
-static void test_gemm_bf16(void **state) {
+static void test_gemm_bf16_matmul(void **state) {
     (void)state;
-    check_all_shapes(HT_DTYPE_BF16);
+    check_all_shapes(HT_DTYPE_BF16, HT_GEMM_PATH_MATMUL);
+}
+
+static void test_gemm_bf16_widened(void **state) {
+    (void)state;
+    check_all_shapes(HT_DTYPE_BF16, HT_GEMM_PATH_WIDEN);
 }
 
 static void test_gemm_f16(void **state) {
     (void)state;
-    check_all_shapes(HT_DTYPE_F16);
+    check_all_shapes(HT_DTYPE_F16, HT_GEMM_PATH_AUTO);
 }
 
-/* The F16 path widens K in tiles of 256 and accumulates them into C. */
-static void test_gemm_f16_several_k_tiles(void **state) {
+/* The widened path cuts M and N into tiles of 2048 and K into tiles of 1024,
+ * accumulating the K-tiles into C. */
+static void test_gemm_widened_tiles(void **state) {
     (void)state;
     ht_rng rng;
     ht_rng_seed(&rng, 99);
-    for (int t = 0; t < 4; t++) {
-        problem p = {.trans_a = t & 1,
-                     .trans_b = t >> 1,
-                     .M = 9,
-                     .N = 17,
-                     .K = 600,
-                     .pad = 3,
-                     .alpha = 0.5f,
-                     .beta = t == 0 ? 0.0f : 0.5f,
-                     .dtype = HT_DTYPE_F16};
-        run_problem(&rng, &p);
-    }
+    const int64_t sizes[][3] = {{9, 17, 2100}, {2050, 3, 5}, {3, 2050, 5}};
+    for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < 3; s++)
+            for (int t = 0; t < 4; t++) {
+                problem p = {.trans_a = t & 1,
+                             .trans_b = t >> 1,
+                             .M = sizes[s][0],
+                             .N = sizes[s][1],
+                             .K = sizes[s][2],
+                             .pad = 3,
+                             .alpha = 0.5f,
+                             .beta = t == 0 ? 0.0f : 0.5f,
+                             .dtype = d ? HT_DTYPE_BF16 : HT_DTYPE_F16,
+                             .path = HT_GEMM_PATH_WIDEN};
+                run_problem(&rng, &p);
+            }
 }
 
 /* M, N or K = 0: nothing to do, or (K = 0) C = beta·C, NaN cleared by beta = 0. */
@@ -192,8 +210,11 @@ static void test_gemm_zero_sizes(void **state) {
 static void test_gemm_inside_parallel_region(void **state) {
     (void)state;
     enum { PROBLEMS = 16, M = 96, N = 80, K = 64 };
-    for (int d = 0; d < 2; d++) {
-        ht_dtype dtype = d ? HT_DTYPE_BF16 : HT_DTYPE_F32;
+    /* ht_gemm in f32 and bf16, and bf16 on the matmul path ht_gemm takes where there is AMX. */
+    const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_BF16};
+    const ht_gemm_path paths[] = {HT_GEMM_PATH_AUTO, HT_GEMM_PATH_AUTO, HT_GEMM_PATH_MATMUL};
+    for (int d = 0; d < 3; d++) {
+        ht_dtype dtype = dtypes[d];
         ht_rng rng;
         ht_rng_seed(&rng, 31 + (uint64_t)d);
         matrix a[PROBLEMS], b[PROBLEMS];
@@ -205,12 +226,13 @@ static void test_gemm_inside_parallel_region(void **state) {
             for (int j = 0; j < M * N; j++) c[i][j] = NAN;
         }
         int threads_seen = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(max : threads_seen)
+        /* 4 threads whatever OMP_NUM_THREADS says, so that calls overlap. */
+#pragma omp parallel for num_threads(4) schedule(dynamic, 1) reduction(max : threads_seen)
         for (int i = 0; i < PROBLEMS; i++) {
-            ht_gemm(false, true, M, N, K, 0.125f, a[i].data, K, b[i].data, K, dtype, 0.0f, c[i], N);
+            ht_gemm_on_path(paths[d], false, true, M, N, K, 0.125f, a[i].data, K, b[i].data, K, dtype, 0.0f, c[i], N);
             threads_seen = omp_get_num_threads();
         }
-        ht_log_debug("parallel region ran on %d threads", threads_seen);
+        assert_true(threads_seen > 1);
         for (int i = 0; i < PROBLEMS; i++) {
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
@@ -221,8 +243,8 @@ static void test_gemm_inside_parallel_region(void **state) {
                     }
                     double err = fabs((double)c[i][m * N + n] - 0.125 * dot);
                     if (!(err <= (2.0 * K + 8.0) * 0x1p-24 * 0.125 * abs_dot))
-                        fail_msg("%s problem %d: C[%d,%d] = %g, reference %g", ht_dtype_name(dtype), i, m, n,
-                                 (double)c[i][m * N + n], 0.125 * dot);
+                        fail_msg("%s path %d problem %d: C[%d,%d] = %g, reference %g", ht_dtype_name(dtype), paths[d],
+                                 i, m, n, (double)c[i][m * N + n], 0.125 * dot);
                 }
             matrix_free(&a[i]);
             matrix_free(&b[i]);
@@ -243,9 +265,13 @@ static void test_gemm_kernel_names(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm_f32),          cmocka_unit_test(test_gemm_bf16),
-        cmocka_unit_test(test_gemm_f16),          cmocka_unit_test(test_gemm_f16_several_k_tiles),
-        cmocka_unit_test(test_gemm_zero_sizes),   cmocka_unit_test(test_gemm_inside_parallel_region),
+        cmocka_unit_test(test_gemm_f32),
+        cmocka_unit_test(test_gemm_bf16_matmul),
+        cmocka_unit_test(test_gemm_bf16_widened),
+        cmocka_unit_test(test_gemm_f16),
+        cmocka_unit_test(test_gemm_widened_tiles),
+        cmocka_unit_test(test_gemm_zero_sizes),
+        cmocka_unit_test(test_gemm_inside_parallel_region),
         cmocka_unit_test(test_gemm_kernel_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* GEMM over oneDNN: ht_gemm, the cache of matmul primitives it runs, and the
- * run-log names of those kernels. F32 and BF16 run oneDNN matmul primitives;
- * F16 is widened to F32 tile by tile, as oneDNN 2.6 has no f16 matmul on CPU. */
-#include "hypertrain/kernels.h"
+ * run-log names of those kernels. F32 runs oneDNN matmul primitives; F16, and
+ * BF16 on CPUs without AMX, are widened to F32 tile by tile (see
+ * gemm_widened for why). */
+#include "kernels/gemm_internal.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>
@@ -40,6 +41,7 @@ static struct {
     pthread_mutex_t lock;
     dnnl_engine_t engine;
     pthread_key_t thread_key; /* each thread's thread_ctx */
+    bool bf16_native;         /* run BF16 as bf16 (AMX) rather than widened to F32 */
     size_t entries;
     bool warned_full;
     cache_slot slots[CACHE_SLOTS];
@@ -85,6 +87,7 @@ static void thread_ctx_destroy(void *p) {
 static void gemm_init_once(void) {
     dnnl_check(dnnl_engine_create(&g_gemm.engine, dnnl_cpu, 0), "dnnl_engine_create");
     if (pthread_key_create(&g_gemm.thread_key, thread_ctx_destroy) != 0) gemm_fatal("%s", "pthread_key_create failed");
+    g_gemm.bf16_native = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
 }
 
 /* This thread's context, with a scratchpad of at least scratch_bytes. */
@@ -235,29 +238,34 @@ static void gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
     if (nested) omp_set_num_threads(saved_threads);
 }
 
-/* Tile of the F16 path: A and B blocks widened to F32 stay under
- * (F16_TILE_MN + F16_TILE_MN) · F16_TILE_K floats = 4 MiB, and each operand is
- * widened ceil(M or N / F16_TILE_MN) times, a small cost next to the GEMM. */
-#define F16_TILE_MN 2048
-#define F16_TILE_K 256
+/* Tiles of the widened path: the F32 copies of an A and a B tile take at most
+ * (WIDEN_TILE_MN + WIDEN_TILE_MN) · WIDEN_TILE_K floats = 16 MiB, and each
+ * operand is widened ceil(N or M / WIDEN_TILE_MN) times, a few percent of the
+ * GEMM for the decoder's shapes. */
+#define WIDEN_TILE_MN 2048
+#define WIDEN_TILE_K 1024
 
-/* Widens rows × cols of a row-major f16 matrix (row stride ld) into a dense f32 block. */
-static void widen_block(float *dst, const uint16_t *src, int64_t ld, int64_t rows, int64_t cols) {
-#pragma omp parallel for if (!omp_in_parallel() && rows * cols > 65536) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        ht_convert(dst + r * cols, HT_DTYPE_F32, src + r * ld, HT_DTYPE_F16, (size_t)cols);
+/* Widens rows × cols of a row-major bf16/f16 matrix (row stride ld) into a
+ * dense f32 block, on the calling thread: spread over both cores of our
+ * shared 2-core machine, the widening made the bf16 path 1.3-2x slower. */
+static void widen_block(float *dst, const uint16_t *src, ht_dtype dtype, int64_t ld, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) ht_convert(dst + r * cols, HT_DTYPE_F32, src + r * ld, dtype, (size_t)cols);
 }
 
-/* oneDNN 2.6 implements no f16 matmul on CPU (primitive creation answers
- * "unimplemented"), so F16 operands are widened to F32 — exactly, f32 holds
- * every f16 — in bounded tiles, and each tile runs the F32 path. Over K the
- * first tile applies beta and the next ones accumulate with beta = 1. */
-static void gemm_f16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
-                     int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    int64_t mt = M < F16_TILE_MN ? M : F16_TILE_MN, nt = N < F16_TILE_MN ? N : F16_TILE_MN;
-    int64_t kt = K < F16_TILE_K ? K : F16_TILE_K;
+/* F16: oneDNN 2.6 implements no f16 matmul on CPU (primitive creation answers
+ * "unimplemented"). BF16 without AMX: oneDNN's avx512_core_bf16 kernels ran
+ * at 55-60% of the F32 rate on our 2-core machine, and widening first was
+ * 1.2-1.7x faster than them on the decoder's shapes. F32 holds every bf16 and f16 value and their
+ * products exactly, so the result is the same FP32-accumulated sum. Each
+ * tile runs the F32 path; over K the first tile applies beta and the next
+ * ones accumulate with beta = 1. */
+static void gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+                         int64_t lda, const uint16_t *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
+                         int64_t ldc) {
+    int64_t mt = M < WIDEN_TILE_MN ? M : WIDEN_TILE_MN, nt = N < WIDEN_TILE_MN ? N : WIDEN_TILE_MN;
+    int64_t kt = K < WIDEN_TILE_K ? K : WIDEN_TILE_K;
     float *a32 = malloc((size_t)(mt * kt) * sizeof(float)), *b32 = malloc((size_t)(kt * nt) * sizeof(float));
-    if (!a32 || !b32) gemm_fatal("%s", "out of memory for the f16 -> f32 tiles");
+    if (!a32 || !b32) gemm_fatal("%s", "out of memory for the widened tiles");
     for (int64_t m0 = 0; m0 < M; m0 += mt) {
         int64_t mb = M - m0 < mt ? M - m0 : mt;
         for (int64_t n0 = 0; n0 < N; n0 += nt) {
@@ -266,13 +274,13 @@ static void gemm_f16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                 int64_t kb = K - k0 < kt ? K - k0 : kt;
                 /* Each block keeps its stored orientation, so the tile GEMM keeps the transposes. */
                 if (trans_a)
-                    widen_block(a32, A + k0 * lda + m0, lda, kb, mb);
+                    widen_block(a32, A + k0 * lda + m0, dtype, lda, kb, mb);
                 else
-                    widen_block(a32, A + m0 * lda + k0, lda, mb, kb);
+                    widen_block(a32, A + m0 * lda + k0, dtype, lda, mb, kb);
                 if (trans_b)
-                    widen_block(b32, B + n0 * ldb + k0, ldb, nb, kb);
+                    widen_block(b32, B + n0 * ldb + k0, dtype, ldb, nb, kb);
                 else
-                    widen_block(b32, B + k0 * ldb + n0, ldb, kb, nb);
+                    widen_block(b32, B + k0 * ldb + n0, dtype, ldb, kb, nb);
                 gemm_matmul(trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32, trans_b ? kb : nb,
                             HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
             }
@@ -282,8 +290,9 @@ static void gemm_f16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
     free(b32);
 }
 
-void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-             const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
+                     int64_t ldc) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
         gemm_fatal("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
     if (M < 0 || N < 0 || K < 0 || ldc < (N > 1 ? N : 1) || lda < ((trans_a ? M : K) > 1 ? (trans_a ? M : K) : 1) ||
@@ -294,6 +303,7 @@ void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
                  trans_b);
         gemm_fatal("invalid shape or leading dimension: %s", shape);
     }
+    /* Before oneDNN, which divides by zero creating an M = 0 matmul. */
     if (M == 0 || N == 0) return;
     if (K == 0) { /* an empty sum: C = beta·C, where beta = 0 must also clear NaN */
         for (int64_t m = 0; m < M; m++)
@@ -301,10 +311,20 @@ void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
         return;
     }
     pthread_once(&g_gemm.once, gemm_init_once);
-    if (dtype == HT_DTYPE_F16)
-        gemm_f16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    else
+    if (path == HT_GEMM_PATH_AUTO)
+        path = dtype == HT_DTYPE_F16 || (dtype == HT_DTYPE_BF16 && !g_gemm.bf16_native) ? HT_GEMM_PATH_WIDEN
+                                                                                        : HT_GEMM_PATH_MATMUL;
+    if (path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32)
+        gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    else if (dtype != HT_DTYPE_F16)
         gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    else
+        gemm_fatal("%s", "oneDNN 2.6 has no f16 matmul on CPU: f16 runs widened");
+}
+
+void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+             const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+    ht_gemm_on_path(HT_GEMM_PATH_AUTO, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
 }
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
@@ -330,9 +350,10 @@ const char *ht_gemm_kernel_name(ht_dtype dtype) {
     pthread_mutex_lock(&g_gemm.lock);
     char *name = g_gemm.names[dtype];
     if (!name[0]) {
+        bool native = dtype == HT_DTYPE_F32 || (dtype == HT_DTYPE_BF16 && g_gemm.bf16_native);
         /* The implementation oneDNN picks for a typical decoder shape
          * (2048 tokens × 512 hidden × 512); others may differ at the edges. */
-        gemm_key key = {.dtype = dtype == HT_DTYPE_BF16 ? HT_DTYPE_BF16 : HT_DTYPE_F32,
+        gemm_key key = {.dtype = native ? dtype : HT_DTYPE_F32,
                         .nthr = omp_get_max_threads(),
                         .M = 2048,
                         .N = 512,
@@ -345,11 +366,13 @@ const char *ht_gemm_kernel_name(ht_dtype dtype) {
         const char *impl = "?";
         dnnl_status_t s = matmul_pd_create(&key, &pd);
         if (s == dnnl_success) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        const char *what = dtype == HT_DTYPE_F32 ? "f32 x f32 -> f32"
+                           : native              ? "bf16 x bf16 -> f32"
+                           : dtype == HT_DTYPE_F16
+                               ? "f16 widened to f32 in tiles (oneDNN 2.6 has no f16 matmul on CPU), f32 x f32 -> f32"
+                               : "bf16 widened to f32 in tiles (no AMX: f32 kernels beat the bf16 ones), f32 x f32 "
+                                 "-> f32";
         const dnnl_version_t *v = dnnl_version();
-        const char *what = dtype == HT_DTYPE_BF16  ? "bf16 x bf16 -> f32"
-                           : dtype == HT_DTYPE_F32 ? "f32 x f32 -> f32"
-                                                   : "f16 widened to f32 in bounded tiles (oneDNN has no f16 "
-                                                     "matmul on CPU), then f32 x f32 -> f32";
         snprintf(name, sizeof(g_gemm.names[0]), "oneDNN %d.%d.%d matmul (%s), %s, CPU ISA %s", v->major, v->minor,
                  v->patch, impl, what, isa_name(dnnl_get_effective_cpu_isa()));
         if (s == dnnl_success) dnnl_primitive_desc_destroy(pd);
