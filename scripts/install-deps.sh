@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config clang
+  build-essential cmake pkg-config clang clang-format
   libdnnl-dev        # GEMM: oneDNN picks its own kernels (AVX-512, AMX)
   libyaml-dev        # the configuration file
   libopenmpi-dev openmpi-bin

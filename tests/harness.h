@@ -21,10 +21,10 @@ void write_file(const char *path, const void *data, size_t len);
 /* max |a - b| / max |b| over n floats (0 when both are all zero). */
 double rel_max_err(const float *a, const float *b, size_t n);
 /* Asserts an ht_status is HT_OK, printing the error message otherwise. */
-#define assert_ht_ok(expr, errp)                                                                   \
-    do {                                                                                           \
-        ht_status s_ = (expr);                                                                     \
-        if (s_ != HT_OK) fail_msg("%s failed: %s", #expr, (errp)->msg);                             \
+#define assert_ht_ok(expr, errp)                                                                                       \
+    do {                                                                                                               \
+        ht_status s_ = (expr);                                                                                         \
+        if (s_ != HT_OK) fail_msg("%s failed: %s", #expr, (errp)->msg);                                                \
     } while (0)
 
 #endif

@@ -100,9 +100,9 @@ static void test_text_folder(void **state) {
     const char *dir = scratch_dir("data_text_folder");
     write_text(join(dir, "b.txt"), "second file\n");
     write_text(join(dir, "a.txt"), "first file\n");
-    write_file(join(dir, "a.dat"), "\x01\x00\x02\x03", 4); /* binary: skipped */
+    write_file(join(dir, "a.dat"), "\x01\x00\x02\x03", 4);    /* binary: skipped */
     assert_int_equal(symlink("a.txt", join(dir, "a.u8")), 0); /* symlink: skipped */
-    assert_int_equal(mkdir(join(dir, "sub"), 0755), 0);     /* subfolder: not read */
+    assert_int_equal(mkdir(join(dir, "sub"), 0755), 0);       /* subfolder: not read */
     write_text(join(dir, "sub/c.txt"), "nested\n");
 
     ht_data_config cfg = config("text_bytes", dir, 4, 0.0);
@@ -425,8 +425,7 @@ static void test_loader_ranks(void **state) {
             assert_memory_equal(part[r], g + r * B * ROW, sizeof(part[r]));
         }
         for (int i = 0; i < W * B; i++)
-            for (int j = i + 1; j < W * B; j++)
-                assert_int_not_equal(window_of(g + i * ROW), window_of(g + j * ROW));
+            for (int j = i + 1; j < W * B; j++) assert_int_not_equal(window_of(g + i * ROW), window_of(g + j * ROW));
     }
     ht_loader_free(&global);
     for (int r = 0; r < W; r++) ht_loader_free(&ranks[r]);

@@ -61,7 +61,7 @@ static void test_f32_to_f16_all(void **state) {
         if ((h & 0x7fff) >= 0x7c00) continue;
         float next = ht_f16_to_f32((uint16_t)(h + 1));
         if ((h & 0x7fff) == 0x7bff) next = (h & 0x8000) ? -65536.0f : 65536.0f; /* the Inf boundary */
-        float mid = (float)(((double)v + (double)next) / 2.0);                 /* exact in f32 */
+        float mid = (float)(((double)v + (double)next) / 2.0);                  /* exact in f32 */
         check_f32_to_f16(mid);
         check_f32_to_f16(nextafterf(mid, 0.0f));
         check_f32_to_f16(nextafterf(mid, INFINITY));
@@ -89,7 +89,7 @@ static uint16_t bf16_reference(float x) {
     double dx = fabs((double)x);
     double dlo = fabs((double)from_bits((uint32_t)lo << 16));
     double dhi = fabs((double)from_bits((uint32_t)hi << 16)); /* Inf when hi is Inf */
-    if ((hi & 0x7fff) == 0x7f80) dhi = ldexp(1.0, 128);        /* the rounding point past max */
+    if ((hi & 0x7fff) == 0x7f80) dhi = ldexp(1.0, 128);       /* the rounding point past max */
     double elo = dx - dlo, ehi = dhi - dx;
     if (elo < ehi) return lo;
     if (ehi < elo) return hi;

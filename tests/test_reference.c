@@ -81,7 +81,8 @@ static const char *check_case_name;
 
 static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol) {
     double e = rel_max_err(got, want, n);
-    if (!(e <= tol)) fail_msg("%s: %s differs by %.3g of its largest magnitude (allowed %.1g)", check_case_name, what, e, tol);
+    if (!(e <= tol))
+        fail_msg("%s: %s differs by %.3g of its largest magnitude (allowed %.1g)", check_case_name, what, e, tol);
 }
 
 /* tol_logits, tol_grads: the per-tensor bound, relative to the tensor's largest magnitude. */
@@ -121,8 +122,7 @@ static void check_against_transformers(const char *name, ht_dtype dtype, double 
         in_fixture += strncmp(ht_safetensors_tensor(r.st, i)->name, "grad.", 5) == 0;
     assert_int_equal(checked, in_fixture);
     printf("%-13s %-8s logits error %.2e, loss %.6f vs %.6f, worst gradient error %.2e over %d tensors\n", name,
-           ht_dtype_name(dtype), logits_err, loss, r.loss, worst,
-           checked);
+           ht_dtype_name(dtype), logits_err, loss, r.loss, worst, checked);
     ht_model_free(m);
     ht_safetensors_close(r.st);
 }
@@ -166,12 +166,9 @@ static void test_llama_tied_bf16(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen2_untied_f32),
-        cmocka_unit_test(test_qwen2_tied_f32),
-        cmocka_unit_test(test_llama_untied_f32),
-        cmocka_unit_test(test_llama_tied_f32),
-        cmocka_unit_test(test_qwen2_untied_bf16),
-        cmocka_unit_test(test_llama_tied_bf16),
+        cmocka_unit_test(test_qwen2_untied_f32),  cmocka_unit_test(test_qwen2_tied_f32),
+        cmocka_unit_test(test_llama_untied_f32),  cmocka_unit_test(test_llama_tied_f32),
+        cmocka_unit_test(test_qwen2_untied_bf16), cmocka_unit_test(test_llama_tied_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,13 +34,28 @@ static void tiny_config(ht_config *cfg, const char *dir) {
     char set[1400];
     assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
     const char *sets[] = {
-        "model.vocab_size=256", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2",
-        "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.max_position_embeddings=64",
-        "data.dataset_type=text_bytes", "data.seq_len=32", "data.valid_fraction=0.1", "optimizer._target_=AdamW",
-        "optimizer.adamw_config.adamw_lr=0.01", "lr_scheduler.type=ConstantWarmUpLR",
-        "lr_scheduler.warmup_steps=2", "training.steps=40", "training.local_batch_size=4",
-        "training.global_batch_size=8", "training.log_interval=10", "training.eval_interval=20",
-        "training.eval_batches=4", "model_init_dtype=float32", "fsdp_config.mix_precision.param_dtype=float32",
+        "model.vocab_size=256",
+        "model.hidden_size=32",
+        "model.intermediate_size=64",
+        "model.num_hidden_layers=2",
+        "model.num_attention_heads=4",
+        "model.num_key_value_heads=2",
+        "model.max_position_embeddings=64",
+        "data.dataset_type=text_bytes",
+        "data.seq_len=32",
+        "data.valid_fraction=0.1",
+        "optimizer._target_=AdamW",
+        "optimizer.adamw_config.adamw_lr=0.01",
+        "lr_scheduler.type=ConstantWarmUpLR",
+        "lr_scheduler.warmup_steps=2",
+        "training.steps=40",
+        "training.local_batch_size=4",
+        "training.global_batch_size=8",
+        "training.log_interval=10",
+        "training.eval_interval=20",
+        "training.eval_batches=4",
+        "model_init_dtype=float32",
+        "fsdp_config.mix_precision.param_dtype=float32",
     };
     for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
     snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
@@ -145,8 +160,7 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
     int rc = run_cli(dir, yaml, extra, msg, sizeof(msg));
     if (rc == 0) fail_msg("hypertrain accepted bad input; stderr: %s", msg);
     if (!strstr(msg, needle1) || (needle2 && !strstr(msg, needle2)))
-        fail_msg("the error does not name '%s'%s%s: %s", needle1, needle2 ? " and " : "", needle2 ? needle2 : "",
-                 msg);
+        fail_msg("the error does not name '%s'%s%s: %s", needle1, needle2 ? " and " : "", needle2 ? needle2 : "", msg);
     snprintf(out, sizeof(out), "%s/out", dir);
     if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
 }

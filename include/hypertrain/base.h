@@ -33,8 +33,7 @@ typedef struct ht_error {
 } ht_error;
 
 /* Formats the message into err (when err is not NULL) and returns status. */
-ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *ht_status_name(ht_status status);
 
 /* Allocation that is zeroed and 64-byte aligned; NULL on failure. */

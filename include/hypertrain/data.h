@@ -72,9 +72,7 @@ ht_status ht_dataset_open_text_bytes(const ht_data_config *cfg, ht_dataset *ds, 
 ht_status ht_dataset_open_token_bin(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
 
 static inline int ht_dataset_vocab_size(const ht_dataset *ds) { return ds->vocab_size; }
-static inline size_t ht_dataset_split_tokens(const ht_dataset *ds, ht_split split) {
-    return ds->split_count[split];
-}
+static inline size_t ht_dataset_split_tokens(const ht_dataset *ds, ht_split split) { return ds->split_count[split]; }
 /* Fails naming the file and the token position in it of the first token id >= vocab_size. */
 ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, ht_error *err);
 

@@ -29,15 +29,14 @@ typedef struct ht_param_store {
     ht_param *items;
     int count;
     int capacity;
-    void *data_block;       /* one allocation carved into every param's data */
-    float *grad_block;      /* one allocation carved into every main_grad */
-    float *main_block;      /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
+    void *data_block;  /* one allocation carved into every param's data */
+    float *grad_block; /* one allocation carved into every main_grad */
+    float *main_block; /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
     size_t data_bytes, grad_bytes, main_bytes;
 } ht_param_store;
 
 /* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
-ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape,
-                        ht_dtype dtype);
+ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype);
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
 /* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err);

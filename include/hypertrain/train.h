@@ -17,10 +17,10 @@ extern "C" {
 #endif
 
 typedef struct ht_step_stats {
-    int64_t step;      /* 1-based index of the step just taken */
-    double loss;       /* mean training loss over the step's micro-batches */
-    double lr;         /* the AdamW learning rate of the step */
-    double grad_norm;  /* before clipping */
+    int64_t step;     /* 1-based index of the step just taken */
+    double loss;      /* mean training loss over the step's micro-batches */
+    double lr;        /* the AdamW learning rate of the step */
+    double grad_norm; /* before clipping */
     double tokens_per_s;
     double seconds;
 } ht_step_stats;
@@ -33,13 +33,13 @@ typedef struct ht_trainer {
     ht_loader valid_loader;
     ht_adamw adamw;
     ht_lr_schedule adamw_schedule;
-    int64_t step;    /* optimizer steps taken */
-    int grad_accum;  /* micro-batches per step */
-    int B, T;        /* local micro-batch */
-    int eval_B;      /* validation batch (may be smaller than B); 0: no evaluation */
-    int32_t *batch;  /* (B, T+1) */
+    int64_t step;              /* optimizer steps taken */
+    int grad_accum;            /* micro-batches per step */
+    int B, T;                  /* local micro-batch */
+    int eval_B;                /* validation batch (may be smaller than B); 0: no evaluation */
+    int32_t *batch;            /* (B, T+1) */
     int32_t *inputs, *targets; /* (B, T) */
-    FILE *metrics;   /* output_dir/metrics.jsonl */
+    FILE *metrics;             /* output_dir/metrics.jsonl */
     double last_eval_loss;
 } ht_trainer;
 

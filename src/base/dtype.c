@@ -10,9 +10,9 @@ static const struct {
     size_t size;
     bool is_float;
 } dtype_info[HT_DTYPE_COUNT] = {
-    [HT_DTYPE_F32] = {"float32", "F32", 4, true},  [HT_DTYPE_BF16] = {"bfloat16", "BF16", 2, true},
-    [HT_DTYPE_F16] = {"float16", "F16", 2, true},  [HT_DTYPE_I32] = {"int32", "I32", 4, false},
-    [HT_DTYPE_I64] = {"int64", "I64", 8, false},   [HT_DTYPE_U16] = {"uint16", "U16", 2, false},
+    [HT_DTYPE_F32] = {"float32", "F32", 4, true}, [HT_DTYPE_BF16] = {"bfloat16", "BF16", 2, true},
+    [HT_DTYPE_F16] = {"float16", "F16", 2, true}, [HT_DTYPE_I32] = {"int32", "I32", 4, false},
+    [HT_DTYPE_I64] = {"int64", "I64", 8, false},  [HT_DTYPE_U16] = {"uint16", "U16", 2, false},
     [HT_DTYPE_U8] = {"uint8", "U8", 1, false},
 };
 
@@ -76,7 +76,7 @@ uint16_t ht_f32_to_f16(float x) {
     }
     /* Subnormal f16 (or zero): count in units of 2^-24, round to nearest even. */
     uint32_t e = a >> 23;
-    uint32_t shift = 126u - e; /* >= 14 here */
+    uint32_t shift = 126u - e;    /* >= 14 here */
     if (shift > 24u) return sign; /* below 2^-25: rounds to zero */
     uint32_t mant = (a & 0x7fffffu) | 0x800000u;
     uint32_t q = mant >> shift;

@@ -21,8 +21,7 @@ int64_t ht_params_total_numel(const ht_param_store *store) {
     return n;
 }
 
-ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape,
-                        ht_dtype dtype) {
+ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype) {
     if (ndim < 1 || ndim > HT_PARAM_MAX_DIMS || strlen(name) >= HT_PARAM_NAME_MAX) return NULL;
     if (store->count == store->capacity) {
         int cap = store->capacity ? 2 * store->capacity : 64;
@@ -63,8 +62,8 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     if (!data || !grad) {
         ht_free(data);
         ht_free(grad);
-        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameters and %zu of gradients",
-                       data_bytes, grad_bytes);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameters and %zu of gradients", data_bytes,
+                       grad_bytes);
     }
     size_t doff = 0, goff = 0;
     for (int i = 0; i < store->count; i++) {
@@ -95,8 +94,9 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
     }
     char *block = ht_alloc(bytes);
-    if (!block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes to convert parameters to %s", bytes,
-                               ht_dtype_name(dtype));
+    if (!block)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes to convert parameters to %s", bytes,
+                       ht_dtype_name(dtype));
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
@@ -119,8 +119,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (p->trainable && p->dtype != HT_DTYPE_F32)
-            bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        if (p->trainable && p->dtype != HT_DTYPE_F32) bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
     }
     ht_free(store->main_block);
     store->main_block = NULL;

@@ -9,12 +9,11 @@
 #include "hypertrain/train.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage:\n"
-            "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
-            "      train as the YAML file says; --set overrides any key\n"
-            "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
-            "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n");
+    fprintf(f, "usage:\n"
+               "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
+               "      train as the YAML file says; --set overrides any key\n"
+               "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
+               "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n");
 }
 
 static int fail(const ht_error *err) {

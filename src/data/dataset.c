@@ -107,8 +107,7 @@ ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error 
     if (!opener)
         return ht_fail(err, HT_ERR_CONFIG, "data.dataset_type '%s' is not registered; registered datasets: %s",
                        cfg->dataset_type, ht_dataset_registered_names());
-    if (cfg->seq_len < 1)
-        return ht_fail(err, HT_ERR_CONFIG, "data.seq_len must be at least 1, got %d", cfg->seq_len);
+    if (cfg->seq_len < 1) return ht_fail(err, HT_ERR_CONFIG, "data.seq_len must be at least 1, got %d", cfg->seq_len);
     if (!(cfg->valid_fraction >= 0 && cfg->valid_fraction < 1))
         return ht_fail(err, HT_ERR_CONFIG, "data.valid_fraction must be in [0, 1), got %g", cfg->valid_fraction);
 

@@ -29,8 +29,8 @@ ht_status ht_loader_init(ht_loader *l, const ht_dataset *ds, ht_split split, int
     memset(l, 0, sizeof(*l));
     if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world)
         return ht_fail(err, HT_ERR_INVALID,
-                       "loader: need B >= 1, T >= 1, 0 <= rank < world; got B %d, T %d, rank %d, world %d", B, T,
-                       rank, world);
+                       "loader: need B >= 1, T >= 1, 0 <= rank < world; got B %d, T %d, rank %d, world %d", B, T, rank,
+                       world);
     const char *name = split == HT_SPLIT_TRAIN ? "train" : "validation";
     size_t n = ds->split_count[split];
     size_t windows = n > 0 ? (n - 1) / (size_t)T : 0;
@@ -40,8 +40,8 @@ ht_status ht_loader_init(ht_loader *l, const ht_dataset *ds, ht_split split, int
                        "world %d x B %d = %d windows",
                        ds->type, name, n, windows, T + 1, world, B, world * B);
     if (shuffle && windows > UINT32_MAX)
-        return ht_fail(err, HT_ERR_CONFIG, "%s: the %s split has %zu windows, more than a shuffle can index",
-                       ds->type, name, windows);
+        return ht_fail(err, HT_ERR_CONFIG, "%s: the %s split has %zu windows, more than a shuffle can index", ds->type,
+                       name, windows);
     l->tokens = ds->tokens + ds->split_start[split];
     l->B = B;
     l->T = T;

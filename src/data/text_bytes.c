@@ -75,15 +75,19 @@ static ht_status open_folder(const char *dir, ht_dataset *ds, ht_error *err) {
             st = ht_fail(err, HT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
             break;
         }
-        if (S_ISLNK(sb.st_mode)) links++;
-        else if (S_ISDIR(sb.st_mode)) folders++;
+        if (S_ISLNK(sb.st_mode))
+            links++;
+        else if (S_ISDIR(sb.st_mode))
+            folders++;
         if (!S_ISREG(sb.st_mode)) continue;
         char *bytes;
         size_t size;
         st = ht_read_file(path, &bytes, &size, err);
         if (st != HT_OK) break;
-        if (memchr(bytes, '\0', size)) binary++;
-        else st = append_bytes(ds, path, bytes, size, err);
+        if (memchr(bytes, '\0', size))
+            binary++;
+        else
+            st = append_bytes(ds, path, bytes, size, err);
         free(bytes);
     }
     free_names(names, n);

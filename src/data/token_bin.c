@@ -43,8 +43,7 @@ static ht_status open_shard(const char *path, FILE **out, size_t *count, ht_erro
         st = ht_fail(err, HT_ERR_FORMAT, "%s: bad magic %d, expected %d (not an llm.c token shard)", path, magic,
                      SHARD_MAGIC);
     else if (version != SHARD_VERSION)
-        st = ht_fail(err, HT_ERR_FORMAT, "%s: version %d, expected %d (uint16 tokens)%s", path, version,
-                     SHARD_VERSION,
+        st = ht_fail(err, HT_ERR_FORMAT, "%s: version %d, expected %d (uint16 tokens)%s", path, version, SHARD_VERSION,
                      version == 2 ? "; version 2 holds uint32 tokens, which token_bin does not read" : "");
     else if (n < 0)
         st = ht_fail(err, HT_ERR_FORMAT, "%s: the header's token count is negative (%d)", path, n);

@@ -145,7 +145,7 @@ void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float 
 
 void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n) {
     /* h = g s(g) u: dh/du = g s(g); dh/dg = u s(g) (1 + g (1 - s(g))). */
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], s = sigmoidf(g);
         dup[i] = dh[i] * g * s;

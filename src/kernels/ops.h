@@ -21,8 +21,7 @@ void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C);
 
 /* Rotary embedding, rotate-half form, in place on x (B, T, nheads, D) with
  * cos/sin tables (T, D/2). Backward applies the inverse rotation to dx. */
-void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                     int64_t D);
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads, int64_t D);
 void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
                       int64_t D);
 

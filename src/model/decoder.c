@@ -57,17 +57,17 @@ typedef struct decoder {
     int32_t *targets;   /* (N) copy of the last forward's targets */
     int64_t target_count;
     /* backward scratch */
-    float *dresid;   /* (N, C) gradient of the residual stream */
-    float *dln;      /* (N, C) */
-    float *datt;     /* (N, H*D) */
-    float *dq;       /* (N, H*D) */
-    float *dk, *dv;  /* (N, KV*D) */
-    float *dgate;    /* (N, F) */
-    float *dup;      /* (N, F) */
-    float *dh;       /* (N, F) */
-    float *att_f32;  /* (N, H*D) attention output before the cast to cd */
-    void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *dprobs;   /* (threads, T, T) */
+    float *dresid;  /* (N, C) gradient of the residual stream */
+    float *dln;     /* (N, C) */
+    float *datt;    /* (N, H*D) */
+    float *dq;      /* (N, H*D) */
+    float *dk, *dv; /* (N, KV*D) */
+    float *dgate;   /* (N, F) */
+    float *dup;     /* (N, F) */
+    float *dh;      /* (N, F) */
+    float *att_f32; /* (N, H*D) attention output before the cast to cd */
+    void *dy_cd;    /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *dprobs;  /* (threads, T, T) */
     int threads;
 } decoder;
 
@@ -90,7 +90,7 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
 #define P(suffix, d0, d1)                                                                                              \
     do {                                                                                                               \
         snprintf(name, sizeof(name), "%s.%d.%s", pre, l, suffix);                                                      \
-        if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);           \
+        if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);            \
     } while (0)
         P("self_attn.q_proj.weight", qd, d->C);
         if (c->attention_bias) P("self_attn.q_proj.bias", qd, 0);
@@ -168,15 +168,29 @@ static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
     d->threads = omp_get_max_threads();
     const size_t cd = 4; /* cd buffers are sized for FP32 so a dtype change needs no reallocation */
     size_t per_layer[] = {
-        N * C * 4,  N * 4,      N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, (size_t)B * d->H * T * T * 4,
+        N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, (size_t)B * d->H * T * T * 4,
         N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
     };
     enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]) };
     size_t tail[] = {
-        N * C * 4, N * 4, N * C * cd, N * V * 4, N * 4, N * 4, /* resid_final .. logits, inputs, targets */
-        N * C * 4, N * C * 4, N * QD * 4, N * QD * 4, N * KVD * 4, N * KVD * 4, /* dresid .. dv */
-        N * F * 4, N * F * 4, N * F * 4, N * QD * 4, N * widest * cd,            /* dgate .. dy_cd */
-        (size_t)d->threads * T * T * 4,                                          /* dprobs */
+        N * C * 4,
+        N * 4,
+        N * C * cd,
+        N * V * 4,
+        N * 4,
+        N * 4, /* resid_final .. logits, inputs, targets */
+        N * C * 4,
+        N * C * 4,
+        N * QD * 4,
+        N * QD * 4,
+        N * KVD * 4,
+        N * KVD * 4, /* dresid .. dv */
+        N * F * 4,
+        N * F * 4,
+        N * F * 4,
+        N * QD * 4,
+        N * widest * cd,                /* dgate .. dy_cd */
+        (size_t)d->threads * T * T * 4, /* dprobs */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
     size_t total = 0;
@@ -333,13 +347,12 @@ static void attention_backward(decoder *d, layer_acts *a, const float *datt, int
 
 /* ------------------------------------------------------------------ forward / backward */
 
-static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                 float *loss, ht_error *err) {
+static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
+                                 ht_error *err) {
     decoder *d = m->impl;
     if (B <= 0 || T <= 0) return ht_fail(err, HT_ERR_INVALID, "forward: batch %d x %d is empty", B, T);
     if (T > m->config.max_position_embeddings)
-        return ht_fail(err, HT_ERR_INVALID,
-                       "sequence length %d is longer than model.max_position_embeddings (%d)", T,
+        return ht_fail(err, HT_ERR_INVALID, "sequence length %d is longer than model.max_position_embeddings (%d)", T,
                        m->config.max_position_embeddings);
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
     int64_t QD = (int64_t)d->H * d->D;
@@ -414,8 +427,8 @@ static void decoder_backward(ht_model *m, float scale) {
     ht_cross_entropy_backward(d->logits, d->targets, N, V, scale / (float)d->target_count); /* dlogits (N, V) */
     linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
-    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->data, d->norm->dtype,
-                        d->rstdf, N, C);
+    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->data, d->norm->dtype, d->rstdf,
+                        N, C);
 
     for (int l = d->L - 1; l >= 0; l--) {
         layer_params *p = &d->layers[l];

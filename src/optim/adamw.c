@@ -9,6 +9,18 @@
 
 bool ht_glob_match(const char *pattern, const char *name) { return fnmatch(pattern, name, 0) == 0; }
 
+/* One element of the update (NUMERICS.md, AdamW); returns the new p. */
+static inline float adamw_element(float *p, float g, float *m, float *v, float decay, float b1, float b2,
+                                  float step_size, float bc2_sqrt, float eps) {
+    float mi = b1 * *m + (1.0f - b1) * g;
+    float vi = b2 * *v + (1.0f - b2) * g * g;
+    float pi = *p * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    *m = mi;
+    *v = vi;
+    *p = pi;
+    return pi;
+}
+
 void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
                      double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype) {
     /* Scalars in double as PyTorch computes them on the host, then FP32 per element. */
@@ -16,19 +28,20 @@ void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, in
     const float b1 = (float)beta1, b2 = (float)beta2;
     const float step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
     const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-    const float epsf = (float)eps;
-    uint16_t *out16 = model_dtype == HT_DTYPE_F32 ? NULL : model;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i];
-        float pi = p[i] * decay;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        pi -= step_size * mi / (sqrtf(vi) / bc2_sqrt + epsf);
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi;
-        if (out16) out16[i] = model_dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(pi) : ht_f32_to_f16(pi);
+    const float e = (float)eps;
+    uint16_t *out = model;
+    /* One loop per destination so each vectorizes: the cast back is fused into the same pass. */
+    if (!model) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) adamw_element(&p[i], g[i], &m[i], &v[i], decay, b1, b2, step_size, bc2_sqrt, e);
+    } else if (model_dtype == HT_DTYPE_BF16) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            out[i] = ht_f32_to_bf16(adamw_element(&p[i], g[i], &m[i], &v[i], decay, b1, b2, step_size, bc2_sqrt, e));
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            out[i] = ht_f32_to_f16(adamw_element(&p[i], g[i], &m[i], &v[i], decay, b1, b2, step_size, bc2_sqrt, e));
     }
 }
 

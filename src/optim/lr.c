@@ -6,12 +6,9 @@
 #include <string.h>
 
 static const char *lr_names[HT_LR_TYPE_COUNT] = {
-    [HT_LR_CONSTANT_WARMUP] = "ConstantWarmUpLR",
-    [HT_LR_LINEAR_WARMUP] = "LinearWithWarmUpLR",
-    [HT_LR_COSINE_WARMUP] = "CosineWithWarmUpLR",
-    [HT_LR_COSINE_RESTARTS] = "CosineWithRestartsAndWarmUpLR",
-    [HT_LR_POLYNOMIAL_WARMUP] = "PolynomialWithWarmUpLR",
-    [HT_LR_WSD] = "WarmUpStableDecayLR",
+    [HT_LR_CONSTANT_WARMUP] = "ConstantWarmUpLR",         [HT_LR_LINEAR_WARMUP] = "LinearWithWarmUpLR",
+    [HT_LR_COSINE_WARMUP] = "CosineWithWarmUpLR",         [HT_LR_COSINE_RESTARTS] = "CosineWithRestartsAndWarmUpLR",
+    [HT_LR_POLYNOMIAL_WARMUP] = "PolynomialWithWarmUpLR", [HT_LR_WSD] = "WarmUpStableDecayLR",
     [HT_LR_COSINE_ANNEALING] = "CosineAnnealingLR",
 };
 

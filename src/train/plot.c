@@ -87,15 +87,17 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     y1 += ypad;
     const double W = 900, H = 520, L = 80, R = 30, Tm = 50, Bm = 60; /* canvas and margins */
     const double pw = W - L - R, ph = H - Tm - Bm;
-#define PX(x) (L + ((x) - x0) / (x1 - x0) * pw)
-#define PY(y) (Tm + (1.0 - ((y) - y0) / (y1 - y0)) * ph)
+#define PX(x) (L + ((x)-x0) / (x1 - x0) * pw)
+#define PY(y) (Tm + (1.0 - ((y)-y0) / (y1 - y0)) * ph)
     FILE *f = fopen(svg_path, "w");
     if (!f) {
         s = ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", svg_path);
         goto done;
     }
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "font-family=\"sans-serif\" font-size=\"13\">\n", W, H);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\" font-size=\"13\">\n",
+            W, H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(f, "<text x=\"%.0f\" y=\"30\" font-size=\"18\" text-anchor=\"middle\">hypertrain: loss</text>\n", W / 2);
     double xs = nice_step(x1 - x0, 8), ys = nice_step(y1 - y0, 6);
@@ -112,8 +114,10 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#444\"/>\n", L, Tm,
             pw, ph);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">optimizer step</text>\n", L + pw / 2, H - 15);
-    fprintf(f, "<text transform=\"translate(22 %.0f) rotate(-90)\" text-anchor=\"middle\">cross-entropy "
-               "(nats/token)</text>\n", Tm + ph / 2);
+    fprintf(f,
+            "<text transform=\"translate(22 %.0f) rotate(-90)\" text-anchor=\"middle\">cross-entropy "
+            "(nats/token)</text>\n",
+            Tm + ph / 2);
     if (train.n > 0) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"#9ecae1\" stroke-width=\"1\" points=\"");
         for (int i = 0; i < train.n; i++) fprintf(f, "%.1f,%.1f ", PX(train.x[i]), PY(train.y[i]));
@@ -133,20 +137,23 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
         for (int i = 0; i < valid.n; i++) fprintf(f, "%.1f,%.1f ", PX(valid.x[i]), PY(valid.y[i]));
         fprintf(f, "\"/>\n");
         for (int i = 0; i < valid.n; i++)
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d94801\"/>\n", PX(valid.x[i]),
-                    PY(valid.y[i]));
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d94801\"/>\n", PX(valid.x[i]), PY(valid.y[i]));
     }
     double lx = L + pw - 230, ly = Tm + 16;
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"220\" height=\"66\" fill=\"white\" stroke=\"#bbb\"/>\n", lx - 10,
             ly - 12);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#9ecae1\"/>"
-               "<text x=\"%.0f\" y=\"%.0f\">training loss (per step)</text>\n", lx, ly, lx + 24, ly, lx + 32, ly + 4);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#08519c\" stroke-width=\"2.2\"/>"
-               "<text x=\"%.0f\" y=\"%.0f\">training loss (smoothed)</text>\n", lx, ly + 20, lx + 24, ly + 20,
-            lx + 32, ly + 24);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#d94801\" stroke-width=\"2\"/>"
-               "<text x=\"%.0f\" y=\"%.0f\">validation loss</text>\n", lx, ly + 40, lx + 24, ly + 40, lx + 32,
-            ly + 44);
+    fprintf(f,
+            "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#9ecae1\"/>"
+            "<text x=\"%.0f\" y=\"%.0f\">training loss (per step)</text>\n",
+            lx, ly, lx + 24, ly, lx + 32, ly + 4);
+    fprintf(f,
+            "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#08519c\" stroke-width=\"2.2\"/>"
+            "<text x=\"%.0f\" y=\"%.0f\">training loss (smoothed)</text>\n",
+            lx, ly + 20, lx + 24, ly + 20, lx + 32, ly + 24);
+    fprintf(f,
+            "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#d94801\" stroke-width=\"2\"/>"
+            "<text x=\"%.0f\" y=\"%.0f\">validation loss</text>\n",
+            lx, ly + 40, lx + 24, ly + 40, lx + 32, ly + 44);
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY

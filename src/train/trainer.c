@@ -37,13 +37,12 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
                 "max positions %d, rope theta %g, rms eps %g, attention bias %s, tied embeddings %s",
                 a->name, a->vocab_size, a->hidden_size, a->intermediate_size, a->num_hidden_layers,
-                a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a),
-                a->max_position_embeddings, a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
+                a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
+                a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
     ht_dtype dtype = t->model->params.items[0].dtype;
-    ht_log_info("Model: %.2fM parameters in %s; GEMM: %s",
-                (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(dtype),
-                ht_gemm_kernel_name(dtype));
+    ht_log_info("Model: %.2fM parameters in %s; GEMM: %s", (double)ht_params_total_numel(&t->model->params) / 1e6,
+                ht_dtype_name(dtype), ht_gemm_kernel_name(dtype));
     return HT_OK;
 }
 
@@ -71,9 +70,8 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
         /* Validation may hold fewer windows than a batch: evaluate with a smaller one. */
         int eval_b = t->B;
         ht_error probe;
-        while (eval_b > 0 &&
-               ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, eval_b, t->T, 0, 1, seed, false, &probe) !=
-                   HT_OK)
+        while (eval_b > 0 && ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, eval_b, t->T, 0, 1, seed, false,
+                                            &probe) != HT_OK)
             eval_b /= 2;
         t->eval_B = eval_b;
         if (eval_b == 0) ht_log_warn("the validation split is too small for one sequence: no evaluation");
@@ -247,7 +245,8 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
 static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss) {
     if (!t->metrics) return;
     if (st)
-        fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f",
+        fprintf(t->metrics,
+                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->tokens_per_s);
     else
         fprintf(t->metrics, "{\"step\": %lld", (long long)t->step);
@@ -261,8 +260,7 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     ht_status s = ht_trainer_evaluate(t, &vl, err);
     if (s != HT_OK) return s;
     if (isfinite(vl)) {
-        ht_log_info("eval  step %5lld | validation loss %.4f (%.3f bits/token)", (long long)t->step, vl,
-                    vl / log(2.0));
+        ht_log_info("eval  step %5lld | validation loss %.4f (%.3f bits/token)", (long long)t->step, vl, vl / log(2.0));
         t->last_eval_loss = vl;
         write_metrics(t, NULL, vl);
     }
@@ -300,8 +298,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     s = evaluate_and_log(t, err);
     if (s != HT_OK) return s;
     if (isfinite(first_eval) && isfinite(t->last_eval_loss))
-        ht_log_info("validation loss: %.4f before training, %.4f after %d steps", first_eval, t->last_eval_loss,
-                    steps);
+        ht_log_info("validation loss: %.4f before training, %.4f after %d steps", first_eval, t->last_eval_loss, steps);
 
     char dir[HT_CONFIG_STR_MAX + 32], path[HT_CONFIG_STR_MAX + 64];
     snprintf(dir, sizeof(dir), "%s/final", c->checkpoint.output_dir);
