@@ -51,8 +51,11 @@ struct ht_model {
     ht_model_config config;
     ht_param_store params;
     float *logits; /* (B, T, V) FP32, valid after forward */
-    int B, T;      /* the shapes of the last forward */
-    void *impl;    /* the builder's own state */
+    /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
+     * batch and positions, before masking) since the last reset: QK-clip's S_h. */
+    float *attn_max_logit;
+    int B, T;   /* the shapes of the last forward */
+    void *impl; /* the builder's own state */
 };
 
 typedef ht_status (*ht_model_builder)(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err);
@@ -71,6 +74,8 @@ static inline ht_status ht_model_forward(ht_model *m, const int32_t *inputs, con
 }
 static inline void ht_model_backward(ht_model *m, float scale) { m->ops->backward(m, scale); }
 void ht_model_free(ht_model *m);
+/* Starts a new window for attn_max_logit (every entry -Inf). */
+void ht_model_reset_attn_max(ht_model *m);
 
 #ifdef __cplusplus
 }

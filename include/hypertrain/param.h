@@ -23,16 +23,23 @@ typedef struct ht_param {
     void *data;        /* (row1 - row0, shape[1:]) in dtype: the model's weights */
     float *main_grad;  /* same layout in FP32: gradients accumulate here, never rounded to dtype */
     float *main_param; /* FP32 master of `data`; equals `data` itself when dtype is F32 */
+    /* What forward and backward read: the weights in the compute dtype
+     * (fsdp_config.mix_precision.param_dtype). Equals `data` when the dtypes
+     * agree; otherwise a cast copy refreshed after every update (and, across
+     * processes, the all-gathered full tensor). */
+    void *compute;
+    ht_dtype compute_dtype;
 } ht_param;
 
 typedef struct ht_param_store {
     ht_param *items;
     int count;
     int capacity;
-    void *data_block;  /* one allocation carved into every param's data */
-    float *grad_block; /* one allocation carved into every main_grad */
-    float *main_block; /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
-    size_t data_bytes, grad_bytes, main_bytes;
+    void *data_block;    /* one allocation carved into every param's data */
+    float *grad_block;   /* one allocation carved into every main_grad */
+    float *main_block;   /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
+    void *compute_block; /* the compute copies of params whose dtype differs from the compute dtype */
+    size_t data_bytes, grad_bytes, main_bytes, compute_bytes;
 } ht_param_store;
 
 /* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
@@ -46,6 +53,14 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
 /* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
  * an F32 param's main_param is its data pointer: no extra bytes. */
 ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
+/* Makes forward and backward read every float param in `dtype`: params
+ * already in it are read in place, the others through a cast copy. */
+ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_error *err);
+/* Re-casts data into the compute copies (after the weights changed). */
+void ht_params_refresh_compute(ht_param_store *store);
+/* Copies every model param into its FP32 main_param (Megatron's reload_model_params:
+ * used when a checkpoint holds no main params). */
+void ht_params_reload_main(ht_param_store *store);
 /* Writes every main_param back into data, rounding to the model dtype. */
 void ht_params_cast_main_to_model(ht_param_store *store);
 void ht_params_zero_grad(ht_param_store *store);

@@ -10,17 +10,20 @@
 #include "hypertrain/config.h"
 #include "hypertrain/data.h"
 #include "hypertrain/model.h"
-#include "hypertrain/optim.h"
+#include "hypertrain/optimizer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct ht_step_stats {
-    int64_t step;     /* 1-based index of the step just taken */
-    double loss;      /* mean training loss over the step's micro-batches */
-    double lr;        /* the AdamW learning rate of the step */
-    double grad_norm; /* before clipping */
+    int64_t step;      /* 1-based index of the step just taken */
+    double loss;       /* mean training loss over the step's micro-batches */
+    double lr;         /* the AdamW learning rate of the step */
+    double muon_lr;    /* the Muon learning rate of the step */
+    double loss_scale; /* the fp16 loss scale the step ran with (1 otherwise) */
+    bool skipped;      /* fp16 overflow: the step did not update */
+    double grad_norm;  /* before clipping */
     double tokens_per_s;
     double seconds;
 } ht_step_stats;
@@ -31,8 +34,10 @@ typedef struct ht_trainer {
     ht_dataset *data;
     ht_loader train_loader;
     ht_loader valid_loader;
-    ht_adamw adamw;
-    ht_lr_schedule adamw_schedule;
+    ht_optimizer optimizer;
+    ht_qk_layer *qk_layers;                /* (L) when QK-clip is on, else NULL */
+    const char *no_wd[HT_CONFIG_LIST_MAX]; /* config strings, as the optimizer takes them */
+    const char *adamw_include[HT_CONFIG_LIST_MAX];
     int64_t step;              /* optimizer steps taken */
     int grad_accum;            /* micro-batches per step */
     int B, T;                  /* local micro-batch */

@@ -76,6 +76,8 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
             goff += align64((size_t)ht_param_local_numel(p) * sizeof(float));
         }
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+        p->compute = p->data;
+        p->compute_dtype = p->dtype;
     }
     store->data_block = data;
     store->grad_block = (float *)grad;
@@ -106,13 +108,63 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         bool main_was_data = p->main_param == p->data;
         p->data = block + off;
         p->dtype = to;
+        p->compute = p->data; /* a conversion resets the compute view: set_compute_dtype again if needed */
+        p->compute_dtype = to;
         off += align64(n * ht_dtype_size(to));
         if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
     }
     ht_free(store->data_block);
+    ht_free(store->compute_block);
+    store->compute_block = NULL;
+    store->compute_bytes = 0;
     store->data_block = block;
     store->data_bytes = bytes;
     return HT_OK;
+}
+
+ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_error *err) {
+    if (!ht_dtype_is_float(dtype))
+        return ht_fail(err, HT_ERR_INVALID, "the compute dtype must be a float dtype, not %s", ht_dtype_name(dtype));
+    size_t bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (ht_dtype_is_float(p->dtype) && p->dtype != dtype)
+            bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+    }
+    char *block = bytes ? ht_alloc(bytes) : NULL;
+    if (bytes && !block)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of %s compute weights", bytes, ht_dtype_name(dtype));
+    ht_free(store->compute_block);
+    store->compute_block = block;
+    store->compute_bytes = bytes;
+    size_t off = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        p->compute = p->data;
+        p->compute_dtype = p->dtype;
+        if (!ht_dtype_is_float(p->dtype) || p->dtype == dtype) continue;
+        p->compute = block + off;
+        p->compute_dtype = dtype;
+        off += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+    }
+    ht_params_refresh_compute(store);
+    return HT_OK;
+}
+
+void ht_params_refresh_compute(ht_param_store *store) {
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (p->compute != p->data)
+            ht_convert(p->compute, p->compute_dtype, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+    }
+}
+
+void ht_params_reload_main(ht_param_store *store) {
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        if (p->main_param && p->main_param != p->data)
+            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+    }
 }
 
 ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
@@ -159,6 +211,7 @@ void ht_params_free(ht_param_store *store) {
     ht_free(store->data_block);
     ht_free(store->grad_block);
     ht_free(store->main_block);
+    ht_free(store->compute_block);
     free(store->items);
     memset(store, 0, sizeof(*store));
 }

@@ -57,17 +57,18 @@ typedef struct decoder {
     int32_t *targets;   /* (N) copy of the last forward's targets */
     int64_t target_count;
     /* backward scratch */
-    float *dresid;  /* (N, C) gradient of the residual stream */
-    float *dln;     /* (N, C) */
-    float *datt;    /* (N, H*D) */
-    float *dq;      /* (N, H*D) */
-    float *dk, *dv; /* (N, KV*D) */
-    float *dgate;   /* (N, F) */
-    float *dup;     /* (N, F) */
-    float *dh;      /* (N, F) */
-    float *att_f32; /* (N, H*D) attention output before the cast to cd */
-    void *dy_cd;    /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *dprobs;  /* (threads, T, T) */
+    float *dresid;   /* (N, C) gradient of the residual stream */
+    float *dln;      /* (N, C) */
+    float *datt;     /* (N, H*D) */
+    float *dq;       /* (N, H*D) */
+    float *dk, *dv;  /* (N, KV*D) */
+    float *dgate;    /* (N, F) */
+    float *dup;      /* (N, F) */
+    float *dh;       /* (N, F) */
+    float *att_f32;  /* (N, H*D) attention output before the cast to cd */
+    void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *dprobs;   /* (threads, T, T) */
+    float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
 } decoder;
 
@@ -189,8 +190,9 @@ static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
         N * F * 4,
         N * F * 4,
         N * QD * 4,
-        N * widest * cd,                /* dgate .. dy_cd */
-        (size_t)d->threads * T * T * 4, /* dprobs */
+        N * widest * cd, /* dgate .. dy_cd */
+        (size_t)d->threads * T * T * 4,
+        (size_t)B * d->H * 4, /* dprobs, head_max */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
     size_t total = 0;
@@ -238,6 +240,7 @@ static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
     d->att_f32 = (float *)CARVE(tail[15]);
     d->dy_cd = CARVE(tail[16]);
     d->dprobs = (float *)CARVE(tail[17]);
+    d->head_max = (float *)CARVE(tail[18]);
 #undef CARVE
     d->act_block = block;
     d->B = B;
@@ -250,8 +253,8 @@ static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
 /* y (N, out) = x (N, in) · Wᵀ + b, with x in the weight's dtype. */
 static void linear_forward(float *y, const void *x, const ht_param *w, const ht_param *b, int64_t N) {
     int64_t out = w->shape[0], in = w->shape[1];
-    ht_gemm(false, true, N, out, in, 1.0f, x, in, w->data, in, w->dtype, 0.0f, y, out);
-    if (b) ht_add_bias(y, b->data, b->dtype, N, out);
+    ht_gemm(false, true, N, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
+    if (b) ht_add_bias(y, b->compute, b->compute_dtype, N, out);
 }
 
 /* Given dy (N, out) FP32: W.main_grad += dyᵀ · x, b.main_grad += Σ dy, and
@@ -260,13 +263,13 @@ static void linear_backward(decoder *d, float *dx, float dx_beta, const float *d
                             const ht_param *b, int64_t N) {
     int64_t out = w->shape[0], in = w->shape[1];
     const void *dy_cd = dy;
-    if (w->dtype != HT_DTYPE_F32) {
-        ht_convert(d->dy_cd, w->dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
+    if (w->compute_dtype != HT_DTYPE_F32) {
+        ht_convert(d->dy_cd, w->compute_dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
         dy_cd = d->dy_cd;
     }
-    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->dtype, 1.0f, w->main_grad, in);
+    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->main_grad, in);
     if (b) ht_bias_backward(b->main_grad, dy, N, out);
-    if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->data, in, w->dtype, dx_beta, dx, in);
+    if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
 }
 
 /* Causal softmax in place on one head's scores (T, T); entries above the diagonal become 0. */
@@ -286,8 +289,9 @@ static void causal_softmax(float *s, int T) {
     }
 }
 
-/* out (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, keeping the probabilities. */
-static void attention_forward(decoder *d, layer_acts *a, float *out, int B, int T) {
+/* out (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, keeping the probabilities.
+ * max_logit (H) is raised to each head's largest logit (before masking). */
+static void attention_forward(decoder *d, layer_acts *a, float *out, float *max_logit, int B, int T) {
     int H = d->H, KV = d->KV, D = d->D, group = H / KV;
     int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D; /* row strides */
     float scale = 1.0f / sqrtf((float)D);
@@ -299,11 +303,17 @@ static void attention_forward(decoder *d, layer_acts *a, float *out, int B, int 
             const float *v = a->v + (int64_t)b * T * ks + (int64_t)(h / group) * D;
             float *p = a->probs + ((int64_t)b * H + h) * T * T;
             ht_gemm(false, true, T, T, D, scale, q, qs, k, ks, HT_DTYPE_F32, 0.0f, p, T);
+            float mx = -INFINITY;
+            for (int64_t i = 0; i < (int64_t)T * T; i++) mx = p[i] > mx ? p[i] : mx;
+            d->head_max[b * H + h] = mx;
             causal_softmax(p, T);
             ht_gemm(false, false, T, D, T, 1.0f, p, T, v, ks, HT_DTYPE_F32, 0.0f, out + (int64_t)b * T * qs + h * D,
                     qs);
         }
     }
+    for (int h = 0; h < H; h++)
+        for (int b = 0; b < B; b++)
+            max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
 }
 
 /* From datt (B, T, H, D): dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ datt, with
@@ -366,7 +376,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     }
     ht_status s = size_activations(d, B, T, err);
     if (s != HT_OK) return s;
-    ht_dtype cd = d->embed->dtype;
+    ht_dtype cd = d->embed->compute_dtype;
     const float eps = (float)m->config.rms_norm_eps;
 
     /* Token embedding into the FP32 residual stream. */
@@ -374,32 +384,32 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     size_t row_bytes = (size_t)C * ht_dtype_size(cd);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
-        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)d->embed->data + (size_t)inputs[n] * row_bytes, cd,
+        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)d->embed->compute + (size_t)inputs[n] * row_bytes, cd,
                    (size_t)C);
 
     for (int l = 0; l < d->L; l++) {
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         float *next = l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final; /* (N, C) */
-        ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->data, p->ln1->dtype, N, C, eps);
+        ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
         linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
         linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
         linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
         ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
         float *att = cd == HT_DTYPE_F32 ? (float *)a->att : d->att_f32; /* (N, H*D) */
-        attention_forward(d, a, att, B, T);
+        attention_forward(d, a, att, m->attn_max_logit + (size_t)l * d->H, B, T);
         if (cd != HT_DTYPE_F32) ht_convert(a->att, cd, att, HT_DTYPE_F32, (size_t)(N * QD));
         linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
         ht_add(a->resid_mid, a->resid, d->dln, N * C);
-        ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->data, p->ln2->dtype, N, C, eps);
+        ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
         linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
         linear_forward(a->up, a->ln2, p->up_w, NULL, N);
         ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
         linear_forward(d->dln, a->h, p->down_w, NULL, N);
         ht_add(next, a->resid_mid, d->dln, N * C);
     }
-    ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->data, d->norm->dtype, N, C, eps);
+    ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
     linear_forward(d->logits, d->lnf, d->head, NULL, N);
     m->logits = d->logits;
     m->B = B;
@@ -427,8 +437,8 @@ static void decoder_backward(ht_model *m, float scale) {
     ht_cross_entropy_backward(d->logits, d->targets, N, V, scale / (float)d->target_count); /* dlogits (N, V) */
     linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
-    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->data, d->norm->dtype, d->rstdf,
-                        N, C);
+    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->compute, d->norm->compute_dtype,
+                        d->rstdf, N, C);
 
     for (int l = d->L - 1; l >= 0; l--) {
         layer_params *p = &d->layers[l];
@@ -438,8 +448,8 @@ static void decoder_backward(ht_model *m, float scale) {
         ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
         linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
         linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
-        ht_rmsnorm_backward(d->dresid, p->ln2->main_grad, d->dln, a->resid_mid, p->ln2->data, p->ln2->dtype, a->rstd2,
-                            N, C);
+        ht_rmsnorm_backward(d->dresid, p->ln2->main_grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
+                            a->rstd2, N, C);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
         linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         attention_backward(d, a, d->datt, B, T);
@@ -448,8 +458,8 @@ static void decoder_backward(ht_model *m, float scale) {
         linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
         linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
         linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
-        ht_rmsnorm_backward(d->dresid, p->ln1->main_grad, d->dln, a->resid, p->ln1->data, p->ln1->dtype, a->rstd1, N,
-                            C);
+        ht_rmsnorm_backward(d->dresid, p->ln1->main_grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype,
+                            a->rstd1, N, C);
     }
 
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
@@ -476,6 +486,7 @@ static void decoder_free(ht_model *m) {
         ht_free(d->sin_t);
         ht_free(d);
     }
+    ht_free(m->attn_max_logit);
     ht_params_free(&m->params);
     ht_free(m);
 }
@@ -509,8 +520,10 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     size_t table = (size_t)cfg->max_position_embeddings * (d->D / 2) * sizeof(float);
     d->cos_t = ht_alloc(table);
     d->sin_t = ht_alloc(table);
+    m->attn_max_logit = ht_alloc((size_t)d->L * d->H * sizeof(float));
     ht_status s = HT_OK;
-    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t) s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
+    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit)
+        s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
     if (s == HT_OK) s = ht_params_allocate(&m->params, err);
     if (s != HT_OK) {
@@ -518,6 +531,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
         return s;
     }
     bind_params(m, d);
+    ht_model_reset_attn_max(m);
     fill_rope_tables(d, cfg->max_position_embeddings, cfg->rope_theta);
     *out = m;
     return HT_OK;

@@ -2,6 +2,7 @@
  * config that every builder shares. Built-ins register on first use. */
 #include "hypertrain/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -127,6 +128,11 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
     }
     return ht_fail(err, HT_ERR_CONFIG, "unknown model.name '%s'; registered models: %s", cfg->name,
                    ht_model_registered_names());
+}
+
+void ht_model_reset_attn_max(ht_model *m) {
+    int n = m->config.num_hidden_layers * m->config.num_attention_heads;
+    for (int i = 0; i < n; i++) m->attn_max_logit[i] = -INFINITY;
 }
 
 void ht_model_free(ht_model *m) {

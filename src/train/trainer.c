@@ -6,10 +6,12 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/kernels.h"
+#include "hypertrain/optimizer.h"
 
 /* ------------------------------------------------------------------ setup */
 
@@ -105,32 +107,97 @@ static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr
     sc->t_max = c->lr_scheduler.t_max;
 }
 
+/* The strings of a config list as the const char * array the optimizer takes. */
+static int string_list(const ht_config_strings *list, const char **out) {
+    for (int i = 0; i < list->count; i++) out[i] = list->items[i];
+    return list->count;
+}
+
+/* optimizer.muon_config -> the Muon leaf's config, with its Newton-Schulz schedule expanded. */
+static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *err) {
+    static const ht_ns_variant variants[] = {
+        [HT_CONFIG_NS_LEGACY] = HT_NS_LEGACY,
+        [HT_CONFIG_NS_ASYM5] = HT_NS_ASYM5,
+        [HT_CONFIG_NS_POLAR_EXPRESS] = HT_NS_POLAR_EXPRESS,
+        [HT_CONFIG_NS_DEEPSEEK_V4] = HT_NS_DEEPSEEK_V4,
+        [HT_CONFIG_NS_CUSTOM] = HT_NS_CUSTOM,
+    };
+    const ht_config_ns_coefficients *nc = &c->optimizer.muon.ns_coefficients;
+    ht_ns_segment segments[HT_CONFIG_NS_MAX];
+    for (int i = 0; i < nc->count; i++) {
+        memcpy(segments[i].abc, nc->abc[i], sizeof(segments[i].abc));
+        segments[i].repeat = nc->repeat[i];
+    }
+    *mc = (ht_muon_config){
+        .lr = c->optimizer.muon.lr,
+        .weight_decay = c->optimizer.muon.weight_decay,
+        .momentum = c->optimizer.muon.momentum,
+        .nesterov = c->optimizer.muon.nesterov,
+        .momentum_style =
+            c->optimizer.muon.momentum_style == HT_CONFIG_MOMENTUM_EMA ? HT_MUON_MOMENTUM_EMA : HT_MUON_MOMENTUM_SUM,
+        .ns_eps = c->optimizer.muon.ns_eps,
+        .matched_adamw_rms = c->optimizer.muon.matched_adamw_rms,
+        .ns_dtype = HT_DTYPE_F32,
+    };
+    return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], c->optimizer.muon.ns_steps, segments,
+                                 nc->count, &mc->schedule, err);
+}
+
 static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    ht_param_store *ps = &t->model->params;
-    ht_status s = ht_params_create_main(ps, err);
-    if (s != HT_OK) return s;
-    ht_param *list[ps->count];
-    int n = 0;
-    for (int i = 0; i < ps->count; i++)
-        if (ps->items[i].trainable) list[n++] = &ps->items[i];
-    const char *no_wd[HT_CONFIG_LIST_MAX];
-    for (int i = 0; i < c->optimizer.adamw.no_weight_decay.count; i++)
-        no_wd[i] = c->optimizer.adamw.no_weight_decay.items[i];
-    ht_adamw_config ac = {
+    ht_optimizer_config oc = {0};
+    oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
+    oc.fp32_main_params = c->optimizer.fp32_main_params;
+    oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
         .beta1 = c->optimizer.adamw.betas[0],
         .beta2 = c->optimizer.adamw.betas[1],
         .eps = c->optimizer.adamw.eps,
         .weight_decay = c->optimizer.adamw.weight_decay,
     };
-    s = ht_adamw_init(&t->adamw, &ac, list, n, no_wd, c->optimizer.adamw.no_weight_decay.count, err);
+    oc.no_weight_decay = t->no_wd;
+    oc.no_weight_decay_count = string_list(&c->optimizer.adamw.no_weight_decay, t->no_wd);
+    oc.adamw_include = t->adamw_include;
+    oc.adamw_include_count = string_list(&c->optimizer.muon.adamw_include, t->adamw_include);
+    ht_status s = muon_config(c, &oc.muon, err);
     if (s != HT_OK) return s;
-    fill_schedule(&t->adamw_schedule, c, ac.lr);
-    ht_log_info("Optimizer: AdamW on %d parameters (lr %g, betas (%g, %g), eps %g, weight decay %g), schedule %s "
-                "with %lld warmup steps of %d",
-                n, ac.lr, ac.beta1, ac.beta2, ac.eps, ac.weight_decay, ht_lr_type_name(t->adamw_schedule.type),
-                (long long)t->adamw_schedule.warmup_steps, c->training.steps);
+    fill_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
+    fill_schedule(&oc.muon_schedule, c, oc.muon.lr);
+    oc.max_norm = c->training.max_norm;
+    /* float16 models train with a dynamic loss scale (NUMERICS.md). */
+    oc.loss_scaling = t->model->params.items[0].dtype == HT_DTYPE_F16;
+    ht_loss_scaler_init(&oc.scaler, 65536.0, 2.0, 0.5, 1000, 2, 1.0);
+    s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
+    if (s != HT_OK) return s;
+    ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
+                ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
+                oc.muon.lr, oc.adamw.lr);
+    /* QK-clip reads each layer's q/k projections through their names. */
+    if (c->optimizer.muon.qk_clip_enabled) {
+        const ht_model_config *a = &t->model->config;
+        t->qk_layers = calloc((size_t)a->num_hidden_layers, sizeof(ht_qk_layer));
+        if (!t->qk_layers) return ht_fail(err, HT_ERR_OOM, "cannot allocate the QK-clip table");
+        for (int l = 0; l < a->num_hidden_layers; l++) {
+            char name[HT_PARAM_NAME_MAX];
+            ht_param_store *ps = &t->model->params;
+#define FIND(field, suffix)                                                                                            \
+    snprintf(name, sizeof(name), "model.layers.%d.self_attn.%s", l, suffix);                                           \
+    t->qk_layers[l].field = ht_params_find(ps, name)
+            FIND(q_weight, "q_proj.weight");
+            FIND(q_bias, "q_proj.bias");
+            FIND(k_weight, "k_proj.weight");
+            FIND(k_bias, "k_proj.bias");
+#undef FIND
+            if (!t->qk_layers[l].q_weight || !t->qk_layers[l].k_weight)
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
+                               "weights to clip",
+                               l);
+            t->qk_layers[l].num_heads = a->num_attention_heads;
+            t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
+            t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
+        }
+    }
     return HT_OK;
 }
 
@@ -140,6 +207,8 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     t->last_eval_loss = NAN;
     ht_status s = ht_config_validate(cfg, 1, err);
     if (s == HT_OK) s = build_model(t, err);
+    /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
+    if (s == HT_OK) s = ht_params_set_compute_dtype(&t->model->params, cfg->fsdp.param_dtype, err);
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s != HT_OK) ht_trainer_free(t);
@@ -148,7 +217,8 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
 
 void ht_trainer_free(ht_trainer *t) {
     if (t->metrics) fclose(t->metrics);
-    ht_adamw_free(&t->adamw);
+    ht_optimizer_free(&t->optimizer);
+    free(t->qk_layers);
     ht_loader_free(&t->train_loader);
     ht_loader_free(&t->valid_loader);
     ht_dataset_free(t->data);
@@ -163,33 +233,40 @@ void ht_trainer_free(ht_trainer *t) {
 
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
-    ht_param_store *ps = &t->model->params;
-    ht_params_zero_grad(ps);
+    ht_model *m = t->model;
+    /* The loss scale multiplies the gradients; 1/accumulation averages the micro-batches. */
+    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) / t->grad_accum);
+    ht_model_reset_attn_max(m);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->grad_accum; micro++) {
         ht_loader_next(&t->train_loader, t->batch);
         ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
         float loss;
-        ht_status s = ht_model_forward(t->model, t->inputs, t->targets, t->B, t->T, &loss, err);
+        ht_status s = ht_model_forward(m, t->inputs, t->targets, t->B, t->T, &loss, err);
         if (s != HT_OK) return s;
-        ht_model_backward(t->model, 1.0f / (float)t->grad_accum);
+        ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
-    const char *bad = NULL;
-    double norm = ht_grad_norm(ps, &bad);
-    if (!isfinite(norm))
-        return ht_fail(err, HT_ERR_NUMERIC, "step %lld: the gradient norm is not finite; first non-finite gradient: %s",
-                       (long long)t->step + 1, bad ? bad : "(none found)");
-    ht_clip_grads(ps, norm, t->config.training.max_norm);
-    double lr = ht_lr_at(&t->adamw_schedule, t->step);
-    ht_adamw_step(&t->adamw, lr);
+    ht_step_result r;
+    ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
+    if (s != HT_OK) return s;
+    if (t->qk_layers && !r.skipped) {
+        const ht_model_config *a = &m->config;
+        for (int l = 0; l < a->num_hidden_layers; l++)
+            ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
+                       t->config.optimizer.muon.qk_clip_threshold);
+    }
+    ht_params_refresh_compute(&m->params);
     t->step++;
     double dt = ht_time_seconds() - t0;
     if (stats) {
         stats->step = t->step;
         stats->loss = loss_sum / t->grad_accum;
-        stats->lr = lr;
-        stats->grad_norm = norm;
+        stats->lr = r.adamw_lr;
+        stats->muon_lr = r.muon_lr;
+        stats->grad_norm = r.grad_norm;
+        stats->loss_scale = r.loss_scale;
+        stats->skipped = r.skipped;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->B * t->T / dt;
     }
@@ -246,8 +323,10 @@ static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_lo
     if (!t->metrics) return;
     if (st)
         fprintf(t->metrics,
-                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f",
-                (long long)st->step, st->loss, st->lr, st->grad_norm, st->tokens_per_s);
+                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"muon_lr\": %.6e, \"grad_norm\": %.6f, "
+                "\"loss_scale\": %g, \"skipped\": %s, \"tokens_per_s\": %.1f",
+                (long long)st->step, st->loss, st->lr, st->muon_lr, st->grad_norm, st->loss_scale,
+                st->skipped ? "true" : "false", st->tokens_per_s);
     else
         fprintf(t->metrics, "{\"step\": %lld", (long long)t->step);
     if (isfinite(eval_loss)) fprintf(t->metrics, ", \"val_loss\": %.6f", eval_loss);
@@ -287,8 +366,11 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             char eta[32], el[32];
             format_duration(eta, sizeof(eta), elapsed / (double)t->step * (double)(steps - t->step));
             format_duration(el, sizeof(el), elapsed);
-            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f | %8.0f tok/s | %s elapsed, ETA %s",
-                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, tokens_per_s, el, eta);
+            char scale[48] = "";
+            if (t->optimizer.loss_scaling)
+                snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
+            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s | %s elapsed, ETA %s",
+                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, el, eta);
         }
         if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
             s = evaluate_and_log(t, err);

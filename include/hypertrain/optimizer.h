@@ -1,0 +1,101 @@
+/* The optimizer the trainer drives (optim layer): the FP32 main-param wrapper
+ * around the chained Muon + AdamW. It routes parameters to the two leaf
+ * optimizers, owns their LR schedules, prepares gradients (fp16 loss
+ * scaling, non-finite checks), clips, steps both leaves on the FP32 main
+ * params and has them cast the result back to the model dtype. */
+#ifndef HYPERTRAIN_OPTIMIZER_H
+#define HYPERTRAIN_OPTIMIZER_H
+
+#include "hypertrain/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- fp16 loss scaling */
+
+/* Megatron's DynamicGradScaler (NUMERICS.md, fp16 loss scaling). */
+typedef struct ht_loss_scaler {
+    double scale;
+    double growth_factor, backoff_factor, min_scale;
+    int growth_interval, hysteresis;
+    int growth_tracker;     /* clean steps since the last change */
+    int hysteresis_tracker; /* overflows still tolerated before backing off */
+} ht_loss_scaler;
+
+void ht_loss_scaler_init(ht_loss_scaler *s, double initial, double growth_factor, double backoff_factor,
+                         int growth_interval, int hysteresis, double min_scale);
+void ht_loss_scaler_update(ht_loss_scaler *s, bool found_inf);
+
+/* ---------------------------------------------------------------- the chained optimizer */
+
+typedef struct ht_optimizer_config {
+    bool use_muon;         /* Muon for matrices; false: every parameter goes to AdamW */
+    bool fp32_main_params; /* false: the leaves update the model's own (low-precision) values */
+    ht_adamw_config adamw;
+    const char *const *no_weight_decay; /* globs: AdamW weight decay 0 */
+    int no_weight_decay_count;
+    ht_muon_config muon;
+    const char *const *adamw_include; /* globs: matrices that still go to AdamW */
+    int adamw_include_count;
+    ht_lr_schedule adamw_schedule; /* base_lr = adamw.lr */
+    ht_lr_schedule muon_schedule;  /* base_lr = muon.lr */
+    double max_norm;
+    bool loss_scaling; /* dynamic loss scaling (float16 models) */
+    ht_loss_scaler scaler;
+} ht_optimizer_config;
+
+typedef struct ht_optimizer {
+    ht_param_store *params;
+    bool fp32_main_params;
+    double max_norm;
+    /* Megatron's three groups, named for what they hold. */
+    ht_param **float16_groups;        /* bf16/fp16 model params */
+    float **fp32_from_float16_groups; /* their FP32 main params, in the same order */
+    int float16_count;
+    ht_param **fp32_from_fp32_groups; /* float32 params: their own main params */
+    int fp32_count;
+    ht_muon *muon;   /* NULL when no parameter goes to Muon */
+    ht_adamw *adamw; /* NULL when no parameter goes to AdamW */
+    ht_lr_schedule muon_schedule, adamw_schedule;
+    bool loss_scaling;
+    ht_loss_scaler scaler;
+    int64_t step; /* successful steps: the schedules' step index */
+} ht_optimizer;
+
+typedef struct ht_step_result {
+    bool skipped;     /* fp16 overflow: no update, the scale backs off */
+    double grad_norm; /* of the unscaled gradients, before clipping */
+    double muon_lr, adamw_lr;
+    double loss_scale; /* the scale the step's gradients carried (1 without scaling) */
+} ht_step_result;
+
+/* Routes every trainable param (Muon iff >= 2 dims and no adamw_include
+ * match), creates the FP32 main params and both leaves, and logs the routing.
+ * A trainable param whose dtype is not a float dtype is an error naming it. */
+ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_optimizer_config *cfg, ht_error *err);
+/* The factor the loss is multiplied by before backward (the loss scale, or 1). */
+double ht_optimizer_loss_scale(const ht_optimizer *opt);
+/* One step: unscale and check (fp16) -> clip -> Muon and AdamW on the main
+ * params -> cast back to the model dtype -> zero main_grad. A non-finite
+ * gradient without loss scaling is an error naming the first such param. */
+ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *result, ht_error *err);
+void ht_optimizer_free(ht_optimizer *opt);
+
+/* ---------------------------------------------------------------- QK-clip */
+
+/* One attention layer's q/k projections as QK-clip sees them (biases may be NULL). */
+typedef struct ht_qk_layer {
+    ht_param *q_weight, *q_bias, *k_weight, *k_bias;
+    int num_heads, num_kv_heads, head_dim;
+} ht_qk_layer;
+
+/* MuonClip (NUMERICS.md): for each head whose max logit exceeds tau, scales
+ * its q rows (and k rows for MHA) in the FP32 main params and writes them
+ * back to the model dtype. max_logit: (num_heads). Returns heads clipped. */
+int ht_qk_clip(const ht_qk_layer *layer, const float *max_logit, double tau);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

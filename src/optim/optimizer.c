@@ -1,0 +1,237 @@
+/* The FP32 main-param wrapper around the chained Muon + AdamW: routing,
+ * Megatron's three parameter groups, gradient preparation (fp16 unscaling,
+ * non-finite checks), clipping, the two leaf steps (which cast the main
+ * params back to the model dtype in the same pass), and zeroing main_grad.
+ * The leaves only ever see FP32 buffers. */
+#include "hypertrain/optimizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ loss scaling */
+
+void ht_loss_scaler_init(ht_loss_scaler *s, double initial, double growth_factor, double backoff_factor,
+                         int growth_interval, int hysteresis, double min_scale) {
+    s->scale = initial;
+    s->growth_factor = growth_factor;
+    s->backoff_factor = backoff_factor;
+    s->min_scale = min_scale;
+    s->growth_interval = growth_interval;
+    s->hysteresis = hysteresis;
+    s->growth_tracker = 0;
+    s->hysteresis_tracker = hysteresis;
+}
+
+void ht_loss_scaler_update(ht_loss_scaler *s, bool found_inf) {
+    if (found_inf) {
+        s->growth_tracker = 0;
+        s->hysteresis_tracker--;
+        if (s->hysteresis_tracker <= 0) s->scale = fmax(s->scale * s->backoff_factor, s->min_scale);
+        return;
+    }
+    s->growth_tracker++;
+    if (s->growth_tracker == s->growth_interval) {
+        s->growth_tracker = 0;
+        s->hysteresis_tracker = s->hysteresis;
+        s->scale *= s->growth_factor;
+    }
+}
+
+/* ------------------------------------------------------------------ routing */
+
+static bool matches_any(const char *name, const char *const *globs, int count) {
+    for (int i = 0; i < count; i++)
+        if (ht_glob_match(globs[i], name)) return true;
+    return false;
+}
+
+static bool goes_to_muon(const ht_param *p, const ht_optimizer_config *cfg) {
+    return cfg->use_muon && p->ndim >= 2 && !matches_any(p->name, cfg->adamw_include, cfg->adamw_include_count);
+}
+
+static void log_routing(const char *leaf, ht_param **list, int n) {
+    int64_t numel = 0;
+    for (int i = 0; i < n; i++) numel += ht_param_numel(list[i]);
+    ht_log_info("Parameter routing: %d parameters (%.2fM values) to %s", n, (double)numel / 1e6, leaf);
+    for (int i = 0; i < n; i++) {
+        char shape[64] = "";
+        for (int d = 0; d < list[i]->ndim; d++)
+            snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), "%s%lld", d ? "x" : "",
+                     (long long)list[i]->shape[d]);
+        ht_log_info("  %-6s %-56s %-12s %s", leaf, list[i]->name, shape, ht_dtype_name(list[i]->dtype));
+    }
+}
+
+ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_optimizer_config *cfg, ht_error *err) {
+    memset(opt, 0, sizeof(*opt));
+    opt->params = params;
+    opt->fp32_main_params = cfg->fp32_main_params;
+    opt->max_norm = cfg->max_norm;
+    opt->muon_schedule = cfg->muon_schedule;
+    opt->adamw_schedule = cfg->adamw_schedule;
+    opt->loss_scaling = cfg->loss_scaling;
+    opt->scaler = cfg->scaler;
+    for (int i = 0; i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        if (p->trainable && !ht_dtype_is_float(p->dtype))
+            return ht_fail(err, HT_ERR_INVALID,
+                           "trainable parameter %s has dtype %s: the optimizer updates float16, bfloat16 and "
+                           "float32 parameters only",
+                           p->name, ht_dtype_name(p->dtype));
+    }
+    /* Every low-precision param gets its own FP32 main param; an FP32 param is its own. */
+    ht_status s = ht_params_create_main(params, err);
+    if (s != HT_OK) return s;
+
+    size_t n = (size_t)params->count;
+    opt->float16_groups = calloc(n + 1, sizeof(ht_param *));
+    opt->fp32_from_float16_groups = calloc(n + 1, sizeof(float *));
+    opt->fp32_from_fp32_groups = calloc(n + 1, sizeof(ht_param *));
+    ht_param **to_muon = calloc(n + 1, sizeof(ht_param *)), **to_adamw = calloc(n + 1, sizeof(ht_param *));
+    if (!opt->float16_groups || !opt->fp32_from_float16_groups || !opt->fp32_from_fp32_groups || !to_muon ||
+        !to_adamw) {
+        free(to_muon);
+        free(to_adamw);
+        ht_optimizer_free(opt);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate the optimizer's parameter groups");
+    }
+    int n_muon = 0, n_adamw = 0;
+    for (int i = 0; i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        if (!p->trainable) continue;
+        if (p->dtype == HT_DTYPE_F32) {
+            opt->fp32_from_fp32_groups[opt->fp32_count++] = p;
+        } else {
+            opt->float16_groups[opt->float16_count] = p;
+            opt->fp32_from_float16_groups[opt->float16_count++] = p->main_param;
+        }
+        if (goes_to_muon(p, cfg))
+            to_muon[n_muon++] = p;
+        else
+            to_adamw[n_adamw++] = p;
+    }
+    /* A leaf with no parameters is not created. */
+    if (n_muon > 0) {
+        opt->muon = calloc(1, sizeof(ht_muon));
+        s = opt->muon ? ht_muon_init(opt->muon, &cfg->muon, to_muon, n_muon, err)
+                      : ht_fail(err, HT_ERR_OOM, "cannot allocate Muon");
+    }
+    if (s == HT_OK && n_adamw > 0) {
+        opt->adamw = calloc(1, sizeof(ht_adamw));
+        s = opt->adamw ? ht_adamw_init(opt->adamw, &cfg->adamw, to_adamw, n_adamw, cfg->no_weight_decay,
+                                       cfg->no_weight_decay_count, err)
+                       : ht_fail(err, HT_ERR_OOM, "cannot allocate AdamW");
+    }
+    if (s == HT_OK) {
+        log_routing("Muon", to_muon, n_muon);
+        log_routing("AdamW", to_adamw, n_adamw);
+        ht_log_info("FP32 main params: %s; %d low-precision params with their own FP32 copy (%.1f MiB), %d float32 "
+                    "params that are their own",
+                    opt->fp32_main_params ? "on" : "off (the leaves update the model's own values)", opt->float16_count,
+                    (double)params->main_bytes / (1 << 20), opt->fp32_count);
+    }
+    free(to_muon);
+    free(to_adamw);
+    if (s != HT_OK) ht_optimizer_free(opt);
+    return s;
+}
+
+void ht_optimizer_free(ht_optimizer *opt) {
+    if (opt->muon) ht_muon_free(opt->muon);
+    if (opt->adamw) ht_adamw_free(opt->adamw);
+    free(opt->muon);
+    free(opt->adamw);
+    free(opt->float16_groups);
+    free(opt->fp32_from_float16_groups);
+    free(opt->fp32_from_fp32_groups);
+    memset(opt, 0, sizeof(*opt));
+}
+
+double ht_optimizer_loss_scale(const ht_optimizer *opt) { return opt->loss_scaling ? opt->scaler.scale : 1.0; }
+
+/* ------------------------------------------------------------------ the step */
+
+static void scale_grads(ht_param_store *params, float k) {
+    for (int i = 0; i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        if (!p->trainable || !p->main_grad) continue;
+        float *g = p->main_grad;
+        int64_t n = ht_param_local_numel(p);
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; j++) g[j] *= k;
+    }
+}
+
+ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err) {
+    ht_param_store *ps = opt->params;
+    memset(r, 0, sizeof(*r));
+    r->loss_scale = ht_optimizer_loss_scale(opt);
+
+    /* Prepare the gradients: with loss scaling they carry the scale. */
+    if (opt->loss_scaling) scale_grads(ps, (float)(1.0 / opt->scaler.scale));
+    const char *bad = NULL;
+    double norm = ht_grad_norm(ps, &bad);
+    r->grad_norm = norm;
+    if (!isfinite(norm)) {
+        if (!opt->loss_scaling) {
+            return ht_fail(err, HT_ERR_NUMERIC,
+                           "step %lld: non-finite gradient (norm %g); first parameter with a non-finite gradient: %s",
+                           (long long)opt->step + 1, norm, bad ? bad : "(none found)");
+        }
+        /* fp16 overflow: skip the update, back off the scale. */
+        ht_loss_scaler_update(&opt->scaler, true);
+        ht_log_warn("step %lld skipped: gradient overflow at loss scale %g (%s); the scale is now %g",
+                    (long long)opt->step + 1, r->loss_scale, bad ? bad : "?", opt->scaler.scale);
+        r->skipped = true;
+        ht_params_zero_grad(ps);
+        return HT_OK;
+    }
+    ht_clip_grads(ps, norm, opt->max_norm);
+
+    /* Without FP32 main params the leaves start each step from the model's
+     * own rounded values, so an update below half an ulp is lost. */
+    if (!opt->fp32_main_params) ht_params_reload_main(ps);
+    r->muon_lr = ht_lr_at(&opt->muon_schedule, opt->step);
+    r->adamw_lr = ht_lr_at(&opt->adamw_schedule, opt->step);
+    if (opt->muon) ht_muon_step(opt->muon, r->muon_lr);
+    if (opt->adamw) ht_adamw_step(opt->adamw, r->adamw_lr);
+    if (opt->loss_scaling) ht_loss_scaler_update(&opt->scaler, false);
+    opt->step++;
+    ht_params_zero_grad(ps);
+    return HT_OK;
+}
+
+/* ------------------------------------------------------------------ QK-clip */
+
+/* Multiplies rows [r0, r1) of a param's main copy by k and writes them back to the model dtype. */
+static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
+    if (!p) return;
+    int64_t row = ht_param_row_numel(p);
+    float *m = p->main_param + r0 * row;
+    for (int64_t i = 0; i < (r1 - r0) * row; i++) m[i] *= k;
+    if ((void *)p->main_param != p->data)
+        ht_convert((char *)p->data + (size_t)(r0 * row) * ht_dtype_size(p->dtype), p->dtype, m, HT_DTYPE_F32,
+                   (size_t)((r1 - r0) * row));
+}
+
+int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {
+    int clipped = 0;
+    bool mha = l->num_heads == l->num_kv_heads;
+    for (int h = 0; h < l->num_heads; h++) {
+        if (!(max_logit[h] > tau)) continue;
+        double gamma = tau / max_logit[h];
+        /* MHA: q and k share the factor; GQA: the shared key head stays, the query head takes all of it. */
+        float kq = (float)(mha ? sqrt(gamma) : gamma);
+        int64_t r0 = (int64_t)h * l->head_dim, r1 = r0 + l->head_dim;
+        scale_rows(l->q_weight, r0, r1, kq);
+        scale_rows(l->q_bias, r0, r1, kq);
+        if (mha) {
+            scale_rows(l->k_weight, r0, r1, kq);
+            scale_rows(l->k_bias, r0, r1, kq);
+        }
+        clipped++;
+    }
+    return clipped;
+}

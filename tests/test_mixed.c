@@ -1,0 +1,420 @@
+/* The FP32 main-param wrapper: the seeds' core cases on one process. A bf16
+ * model keeps an FP32 main param per weight, gradients land in FP32
+ * main_grad, Muon and AdamW both update the main params and every model
+ * param equals its main param rounded; an FP32 model is its own main param;
+ * a tiny learning rate that bf16 alone rounds away still moves the model
+ * with FP32 main params and never without. Also QK-clip, the fp16 loss
+ * scaler and model_init_dtype's conversion. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/model.h"
+#include "hypertrain/optimizer.h"
+
+static ht_model_config tiny(int heads, int kv_heads) {
+    ht_model_config c = {.name = "qwen2",
+                         .vocab_size = 50,
+                         .hidden_size = 32,
+                         .intermediate_size = 48,
+                         .num_hidden_layers = 2,
+                         .num_attention_heads = heads,
+                         .num_key_value_heads = kv_heads,
+                         .max_position_embeddings = 32,
+                         .rope_theta = 10000.0,
+                         .rms_norm_eps = 1e-6,
+                         .attention_bias = true,
+                         .initializer_range = 0.1};
+    return c;
+}
+
+static const char *no_wd[] = {"*bias*", "*norm*"};
+static const char *adamw_include[] = {"*embed*", "*lm_head*"};
+
+static ht_muon_config muon_config(double lr) {
+    ht_muon_config mc = {.lr = lr,
+                         .weight_decay = 0.1,
+                         .momentum = 0.95,
+                         .nesterov = true,
+                         .momentum_style = HT_MUON_MOMENTUM_SUM,
+                         .ns_eps = 1e-7,
+                         .matched_adamw_rms = 0.2,
+                         .ns_dtype = HT_DTYPE_F32};
+    ht_error err;
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &mc.schedule, &err), &err);
+    return mc;
+}
+
+static ht_optimizer_config optimizer_config(bool use_muon, bool fp32_main, double lr) {
+    ht_optimizer_config oc = {0};
+    oc.use_muon = use_muon;
+    oc.fp32_main_params = fp32_main;
+    oc.adamw = (ht_adamw_config){.lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
+    oc.no_weight_decay = no_wd;
+    oc.no_weight_decay_count = 2;
+    oc.adamw_include = adamw_include;
+    oc.adamw_include_count = 2;
+    oc.muon = muon_config(20 * lr);
+    oc.adamw_schedule = (ht_lr_schedule){.type = HT_LR_CONSTANT_WARMUP, .base_lr = lr, .total_steps = 1000};
+    oc.muon_schedule = (ht_lr_schedule){.type = HT_LR_CONSTANT_WARMUP, .base_lr = 20 * lr, .total_steps = 1000};
+    oc.max_norm = 1.0;
+    ht_loss_scaler_init(&oc.scaler, 65536.0, 2.0, 0.5, 1000, 2, 1.0);
+    return oc;
+}
+
+static void batch(int32_t *in, int32_t *tg, int n, uint64_t seed) {
+    ht_rng rng;
+    ht_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) {
+        in[i] = (int32_t)ht_rng_below(&rng, 50);
+        tg[i] = (int32_t)ht_rng_below(&rng, 50);
+    }
+}
+
+static void forward_backward(ht_model *m, uint64_t seed) {
+    int32_t in[2 * 9], tg[2 * 9];
+    batch(in, tg, 18, seed);
+    float loss;
+    ht_error err;
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 9, &loss, &err), &err);
+    ht_model_backward(m, 1.0f);
+}
+
+static bool model_equals_rounded_main(const ht_param *p) {
+    const uint16_t *d = p->data;
+    for (int64_t i = 0; i < ht_param_local_numel(p); i++)
+        if (d[i] != ht_f32_to_bf16(p->main_param[i])) return false;
+    return true;
+}
+
+/* bf16 model, Muon + AdamW, fp32_main_params: true. */
+static void test_bf16_model_with_fp32_main_params(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny(4, 2);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 3, &m, &err), &err);
+    ht_param_store *ps = &m->params;
+    ht_param *first = &ps->items[0];
+    assert_ht_ok(ht_params_convert(ps, HT_DTYPE_BF16, &err), &err);
+    assert_ptr_equal(first, &ps->items[0]); /* conversion keeps every ht_param in place */
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    assert_ht_ok(ht_optimizer_init(&opt, ps, &oc, &err), &err);
+
+    /* Every float is bf16 and every trainable param has its own FP32 main param. */
+    size_t main_bytes = 0;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        assert_int_equal(p->dtype, HT_DTYPE_BF16);
+        assert_non_null(p->main_param);
+        assert_ptr_not_equal((void *)p->main_param, p->data);
+        assert_true(model_equals_rounded_main(p));
+        main_bytes += (size_t)ht_param_local_numel(p) * sizeof(float);
+    }
+    assert_true(ps->main_bytes >= main_bytes);
+    assert_int_equal(opt.float16_count, ps->count);
+    assert_int_equal(opt.fp32_count, 0);
+    for (int i = 0; i < opt.float16_count; i++)
+        assert_ptr_equal(opt.fp32_from_float16_groups[i], opt.float16_groups[i]->main_param);
+    /* Both leaves exist and refer to the main params. */
+    assert_non_null(opt.muon);
+    assert_non_null(opt.adamw);
+    assert_true(opt.muon->count > 0 && opt.adamw->count > 0);
+    for (int i = 0; i < opt.muon->count; i++) {
+        assert_true(opt.muon->slots[i].param->ndim >= 2);
+        assert_null(strstr(opt.muon->slots[i].param->name, "embed"));
+    }
+    for (int i = 0; i < opt.adamw->count; i++) {
+        const ht_param *p = opt.adamw->slots[i].param;
+        assert_true(p->ndim == 1 || strstr(p->name, "embed") || strstr(p->name, "lm_head"));
+    }
+
+    float *before = malloc(ps->main_bytes);
+    memcpy(before, ps->main_block, ps->main_bytes);
+    for (int step = 0; step < 3; step++) {
+        forward_backward(m, 10 + (uint64_t)step);
+        /* Gradients are FP32 and land in main_grad. */
+        double total = 0;
+        for (int i = 0; i < ps->count; i++)
+            for (int64_t k = 0; k < ht_param_local_numel(&ps->items[i]); k++) total += fabs(ps->items[i].main_grad[k]);
+        assert_true(total > 0);
+        ht_step_result r;
+        assert_ht_ok(ht_optimizer_step(&opt, &r, &err), &err);
+        assert_false(r.skipped);
+        /* After each step every model param equals its main param cast to bf16, and grads are cleared. */
+        for (int i = 0; i < ps->count; i++) {
+            ht_param *p = &ps->items[i];
+            if (!model_equals_rounded_main(p))
+                fail_msg("step %d: %s differs from its rounded main param", step, p->name);
+            for (int64_t k = 0; k < ht_param_local_numel(p); k++) assert_true(p->main_grad[k] == 0.0f);
+        }
+    }
+    /* Both groups really moved their main params. */
+    bool muon_moved = false, adamw_moved = false;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        size_t off = (size_t)((char *)p->main_param - (char *)ps->main_block) / sizeof(float);
+        bool moved = memcmp(before + off, p->main_param, (size_t)ht_param_local_numel(p) * 4) != 0;
+        for (int k = 0; k < opt.muon->count; k++) muon_moved |= moved && opt.muon->slots[k].param == p;
+        for (int k = 0; k < opt.adamw->count; k++) adamw_moved |= moved && opt.adamw->slots[k].param == p;
+    }
+    assert_true(muon_moved);
+    assert_true(adamw_moved);
+    free(before);
+    ht_optimizer_free(&opt);
+    ht_model_free(m);
+}
+
+/* A float32 model: main_param IS the param, and nothing extra is allocated. */
+static void test_f32_model_is_its_own_main_param(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny(4, 2);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 3, &m, &err), &err);
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    assert_ht_ok(ht_optimizer_init(&opt, &m->params, &oc, &err), &err);
+    for (int i = 0; i < m->params.count; i++)
+        assert_ptr_equal((void *)m->params.items[i].main_param, m->params.items[i].data);
+    assert_int_equal(m->params.main_bytes, 0);
+    assert_null(m->params.main_block);
+    assert_int_equal(opt.float16_count, 0);
+    assert_int_equal(opt.fp32_count, m->params.count);
+    forward_backward(m, 1);
+    ht_step_result r;
+    assert_ht_ok(ht_optimizer_step(&opt, &r, &err), &err);
+    ht_optimizer_free(&opt);
+    ht_model_free(m);
+}
+
+/* bf16 weights of value 1 and a constant gradient: AdamW moves them by about
+ * lr = 4e-4 a step, a fifth of bf16's half-ulp just below 1 (2^-9). */
+static int steps_until_model_moves(bool fp32_main, int max_steps, float *main_after) {
+    ht_param_store ps = {0};
+    ht_error err;
+    int64_t shape[1] = {16};
+    ht_params_add(&ps, "model.norm.weight", 1, shape, HT_DTYPE_F32);
+    assert_ht_ok(ht_params_allocate(&ps, &err), &err);
+    float *w = ps.items[0].data;
+    for (int i = 0; i < 16; i++) w[i] = 1.0f;
+    assert_ht_ok(ht_params_convert(&ps, HT_DTYPE_BF16, &err), &err);
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(false, fp32_main, 4e-4);
+    oc.max_norm = 1e9;
+    assert_ht_ok(ht_optimizer_init(&opt, &ps, &oc, &err), &err);
+    int moved_at = -1;
+    for (int step = 1; step <= max_steps && moved_at < 0; step++) {
+        for (int i = 0; i < 16; i++) ps.items[0].main_grad[i] = 1.0f;
+        ht_step_result r;
+        assert_ht_ok(ht_optimizer_step(&opt, &r, &err), &err);
+        if (((uint16_t *)ps.items[0].data)[0] != ht_f32_to_bf16(1.0f)) moved_at = step;
+    }
+    *main_after = ps.items[0].main_param[0];
+    ht_optimizer_free(&opt);
+    ht_params_free(&ps);
+    return moved_at;
+}
+
+static void test_tiny_updates_survive_only_with_fp32_main_params(void **state) {
+    (void)state;
+    float main_with, main_without;
+    int with = steps_until_model_moves(true, 50, &main_with);
+    int without = steps_until_model_moves(false, 50, &main_without);
+    printf("bf16 weight 1.0, lr 4e-4: moves after %d steps with FP32 main params, %s without\n", with,
+           without < 0 ? "never (50 steps)" : "early");
+    assert_true(with > 1 && with <= 10); /* the FP32 main param accumulates until the rounding flips */
+    assert_int_equal(without, -1);       /* bf16 alone rounds every update away */
+    assert_true(main_with < 1.0f);
+    assert_true(main_without == 1.0f || main_without > 0.99f);
+}
+
+static void test_non_float_trainable_param_is_an_error(void **state) {
+    (void)state;
+    ht_param_store ps = {0};
+    ht_error err;
+    int64_t shape[1] = {4};
+    ht_params_add(&ps, "model.weird.index", 1, shape, HT_DTYPE_I32);
+    assert_ht_ok(ht_params_allocate(&ps, &err), &err);
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    assert_int_equal(ht_optimizer_init(&opt, &ps, &oc, &err), HT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "model.weird.index"));
+    ht_params_free(&ps);
+}
+
+/* model_init_dtype: float params and buffers change dtype, integer ones do not, nothing moves. */
+static void test_convert_keeps_identity_and_layout(void **state) {
+    (void)state;
+    ht_param_store ps = {0};
+    ht_error err;
+    int64_t s2[2] = {6, 4}, s1[1] = {5};
+    ht_params_add(&ps, "w", 2, s2, HT_DTYPE_F32);
+    ht_param *buf = ht_params_add(&ps, "buffer.inv_freq", 1, s1, HT_DTYPE_F32);
+    buf->trainable = false;
+    ht_param *idx = ht_params_add(&ps, "buffer.positions", 1, s1, HT_DTYPE_I32);
+    idx->trainable = false;
+    assert_ht_ok(ht_params_allocate(&ps, &err), &err);
+    ps.items[0].row0 = 0;
+    for (int i = 0; i < 5; i++) ((int32_t *)ps.items[2].data)[i] = 100 + i;
+    ht_param *before[3] = {&ps.items[0], &ps.items[1], &ps.items[2]};
+    assert_ht_ok(ht_params_convert(&ps, HT_DTYPE_F16, &err), &err);
+    for (int i = 0; i < 3; i++) assert_ptr_equal(before[i], &ps.items[i]);
+    assert_int_equal(ps.items[0].dtype, HT_DTYPE_F16);
+    assert_int_equal(ps.items[1].dtype, HT_DTYPE_F16);
+    assert_int_equal(ps.items[2].dtype, HT_DTYPE_I32);
+    for (int i = 0; i < 5; i++) assert_int_equal(((int32_t *)ps.items[2].data)[i], 100 + i);
+    assert_int_equal(ps.items[0].row0, 0);
+    assert_int_equal(ps.items[0].row1, 6);
+    ht_params_free(&ps);
+}
+
+/* Megatron's DynamicGradScaler: hysteresis 2, backoff 0.5, growth x2 after 1000 clean steps, floor 1. */
+static void test_loss_scaler(void **state) {
+    (void)state;
+    ht_loss_scaler s;
+    ht_loss_scaler_init(&s, 65536.0, 2.0, 0.5, 1000, 2, 1.0);
+    ht_loss_scaler_update(&s, true);
+    assert_true(s.scale == 65536.0); /* the first overflow is tolerated */
+    ht_loss_scaler_update(&s, true);
+    assert_true(s.scale == 32768.0);
+    for (int i = 0; i < 999; i++) ht_loss_scaler_update(&s, false);
+    assert_true(s.scale == 32768.0);
+    ht_loss_scaler_update(&s, false);
+    assert_true(s.scale == 65536.0);
+    for (int i = 0; i < 40; i++) ht_loss_scaler_update(&s, true);
+    assert_true(s.scale == 1.0);
+}
+
+/* A float16 model whose gradients overflow: the step is skipped, nothing changes, the scale backs off. */
+static void test_fp16_overflow_skips_the_step(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny(4, 2);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 3, &m, &err), &err);
+    assert_ht_ok(ht_params_convert(&m->params, HT_DTYPE_F16, &err), &err);
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    oc.loss_scaling = true;
+    ht_loss_scaler_init(&oc.scaler, 1e30, 2.0, 0.5, 1000, 1, 1.0); /* no hysteresis: back off at once */
+    assert_ht_ok(ht_optimizer_init(&opt, &m->params, &oc, &err), &err);
+    size_t bytes = m->params.data_bytes;
+    void *before = malloc(bytes);
+    memcpy(before, m->params.data_block, bytes);
+    int32_t in[18], tg[18];
+    batch(in, tg, 18, 4);
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 9, &loss, &err), &err);
+    ht_model_backward(m, (float)ht_optimizer_loss_scale(&opt));
+    ht_step_result r;
+    assert_ht_ok(ht_optimizer_step(&opt, &r, &err), &err);
+    assert_true(r.skipped);
+    assert_memory_equal(before, m->params.data_block, bytes);
+    assert_true(opt.scaler.scale == 5e29);
+    assert_int_equal(opt.step, 0);
+    free(before);
+    ht_optimizer_free(&opt);
+    ht_model_free(m);
+}
+
+/* A non-finite gradient in a bf16/fp32 model stops with the parameter's name. */
+static void test_non_finite_gradient_names_the_parameter(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny(4, 2);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 3, &m, &err), &err);
+    ht_optimizer opt;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    assert_ht_ok(ht_optimizer_init(&opt, &m->params, &oc, &err), &err);
+    ht_param *p = ht_params_find(&m->params, "model.layers.1.mlp.up_proj.weight");
+    p->main_grad[5] = NAN;
+    ht_step_result r;
+    assert_int_equal(ht_optimizer_step(&opt, &r, &err), HT_ERR_NUMERIC);
+    assert_non_null(strstr(err.msg, "model.layers.1.mlp.up_proj.weight"));
+    ht_optimizer_free(&opt);
+    ht_model_free(m);
+}
+
+/* QK-clip: the offending head is brought under the threshold on the next
+ * forward; every other head's logits and weights are untouched. */
+static void check_qk_clip(int heads, int kv_heads) {
+    ht_model_config cfg = tiny(heads, kv_heads);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 3, &m, &err), &err);
+    int D = ht_model_config_head_dim(&cfg), H = heads;
+    ht_param *qw = ht_params_find(&m->params, "model.layers.0.self_attn.q_proj.weight");
+    ht_param *qb = ht_params_find(&m->params, "model.layers.0.self_attn.q_proj.bias");
+    ht_param *kw = ht_params_find(&m->params, "model.layers.0.self_attn.k_proj.weight");
+    ht_param *kb = ht_params_find(&m->params, "model.layers.0.self_attn.k_proj.bias");
+    float *q = qw->data;
+    for (int64_t i = (int64_t)1 * D * cfg.hidden_size; i < (int64_t)2 * D * cfg.hidden_size; i++) q[i] *= 40.0f;
+    int32_t in[18], tg[18];
+    batch(in, tg, 18, 8);
+    float loss;
+    ht_model_reset_attn_max(m);
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 9, &loss, &err), &err);
+    float s0[64];
+    memcpy(s0, m->attn_max_logit, sizeof(float) * 2 * H);
+    double tau = 0.5 * s0[1];
+    for (int h = 0; h < H; h++)
+        if (h != 1) assert_true(s0[h] < tau); /* only head 1 of layer 0 offends */
+    for (int h = 0; h < H; h++) assert_true(s0[H + h] < tau);
+    size_t qbytes = (size_t)ht_param_local_numel(qw) * 4, kbytes = (size_t)ht_param_local_numel(kw) * 4;
+    float *q_before = malloc(qbytes), *k_before = malloc(kbytes);
+    memcpy(q_before, qw->data, qbytes);
+    memcpy(k_before, kw->data, kbytes);
+    ht_qk_layer layer = {qw, qb, kw, kb, H, kv_heads, D};
+    assert_int_equal(ht_qk_clip(&layer, m->attn_max_logit, tau), 1);
+    ht_model_reset_attn_max(m);
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 9, &loss, &err), &err);
+    printf("QK-clip %d/%d heads: head 1 logit %.3f -> %.3f (threshold %.3f)\n", H, kv_heads, s0[1],
+           m->attn_max_logit[1], tau);
+    assert_true(m->attn_max_logit[1] <= tau * (1 + 1e-5));
+    assert_true(m->attn_max_logit[1] >= tau * (1 - 1e-3));
+    for (int h = 0; h < H; h++) /* the layer's other heads (later layers see a changed input) */
+        if (h != 1) assert_true(m->attn_max_logit[h] == s0[h]);
+    /* Rows of other heads are bitwise unchanged; k changes only with multi-head attention. */
+    int64_t row = cfg.hidden_size;
+    assert_memory_equal(q_before, qw->data, (size_t)D * row * 4);
+    assert_memory_equal(q_before + 2 * D * row, (float *)qw->data + 2 * D * row, qbytes - (size_t)2 * D * row * 4);
+    if (kv_heads < heads)
+        assert_memory_equal(k_before, kw->data, kbytes);
+    else
+        assert_memory_not_equal(k_before, kw->data, kbytes);
+    free(q_before);
+    free(k_before);
+    ht_model_free(m);
+}
+
+static void test_qk_clip_gqa(void **state) {
+    (void)state;
+    check_qk_clip(4, 2);
+}
+
+static void test_qk_clip_mha(void **state) {
+    (void)state;
+    check_qk_clip(4, 4);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_model_with_fp32_main_params),
+        cmocka_unit_test(test_f32_model_is_its_own_main_param),
+        cmocka_unit_test(test_tiny_updates_survive_only_with_fp32_main_params),
+        cmocka_unit_test(test_non_float_trainable_param_is_an_error),
+        cmocka_unit_test(test_convert_keeps_identity_and_layout),
+        cmocka_unit_test(test_loss_scaler),
+        cmocka_unit_test(test_fp16_overflow_skips_the_step),
+        cmocka_unit_test(test_non_finite_gradient_names_the_parameter),
+        cmocka_unit_test(test_qk_clip_gqa),
+        cmocka_unit_test(test_qk_clip_mha),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
