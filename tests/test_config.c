@@ -105,6 +105,14 @@ static void test_defaults(void **state) {
     assert_string_equal(cfg.optimizer.muon.adamw_include.items[0], "*embed*");
     assert_string_equal(cfg.optimizer.muon.adamw_include.items[1], "*lm_head*");
     assert_true(cfg.optimizer.muon.qk_clip_threshold == 100);
+    assert_int_equal(cfg.optimizer.muon.ns_dtype, HT_DTYPE_F32);
+    assert_false(cfg.optimizer.stochastic_rounding);
+    assert_true(cfg.training.loss_scale_initial == 65536);
+    assert_int_equal(cfg.training.loss_scale_growth_interval, 1000);
+    assert_true(cfg.training.loss_scale_growth_factor == 2);
+    assert_true(cfg.training.loss_scale_backoff_factor == 0.5);
+    assert_int_equal(cfg.training.loss_scale_hysteresis, 2);
+    assert_true(cfg.training.loss_scale_min == 1);
     assert_true(cfg.optimizer.adamw.lr == 0.001);
     assert_true(cfg.optimizer.adamw.betas[0] == 0.9 && cfg.optimizer.adamw.betas[1] == 0.999);
     assert_true(cfg.optimizer.adamw.eps == 1e-8);
@@ -214,51 +222,59 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "    adamw_include: [\"*embed_tokens*\"]\n"    /* 39 */
                           "    qk_clip_enabled: true\n"                  /* 40 */
                           "    qk_clip_threshold: 50.5\n"                /* 41 */
-                          "  adamw_config:\n"                            /* 42 */
-                          "    adamw_lr: 0.0003\n"                       /* 43 */
-                          "    adamw_weight_decay: 0.1\n"                /* 44 */
-                          "    adamw_betas: [0.8, 0.95]\n"               /* 45 */
-                          "    adamw_eps: 1.0e-6\n"                      /* 46 */
-                          "    no_weight_decay:\n"                       /* 47 */
-                          "      - \"*bias*\"\n"                         /* 48 */
-                          "lr_scheduler:\n"                              /* 49 */
-                          "  type: WarmUpStableDecayLR\n"                /* 50 */
-                          "  warmup_ratio: 0.1\n"                        /* 51 */
-                          "  warmup_steps: 7\n"                          /* 52 */
-                          "  warmup_lr_init: 1.0e-6\n"                   /* 53 */
-                          "  lr_end: 1.0e-5\n"                           /* 54 */
-                          "  num_cycles: 2\n"                            /* 55 */
-                          "  decay_steps: 90\n"                          /* 56 */
-                          "  power: 2.0\n"                               /* 57 */
-                          "  decay_start_steps: 60\n"                    /* 58 */
-                          "  decay_start_ratio: 0.5\n"                   /* 59 */
-                          "  eta_min: 1.0e-6\n"                          /* 60 */
-                          "  t_max: 80\n"                                /* 61 */
-                          "training:\n"                                  /* 62 */
-                          "  steps: 100\n"                               /* 63 */
-                          "  local_batch_size: 4\n"                      /* 64 */
-                          "  global_batch_size: 64\n"                    /* 65 */
-                          "  max_norm: 0.5\n"                            /* 66 */
-                          "  seed: 12345678901\n"                        /* 67 */
-                          "  deterministic: true\n"                      /* 68 */
-                          "  log_interval: 5\n"                          /* 69 */
-                          "  eval_interval: 0\n"                         /* 70 */
-                          "  eval_batches: 3\n"                          /* 71 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 72 */
-                          "fsdp_config:\n"                               /* 73 */
-                          "  shard_size: 2\n"                            /* 74 */
-                          "  mix_precision:\n"                           /* 75 */
-                          "    param_dtype: float16\n"                   /* 76 */
-                          "    reduce_dtype: bfloat16\n"                 /* 77 */
-                          "    output_dtype: float32\n"                  /* 78 */
-                          "    cast_forward_inputs: false\n"             /* 79 */
-                          "checkpoint:\n"                                /* 80 */
-                          "  output_dir: runs/full\n"                    /* 81 */
-                          "  save_interval: 0\n"                         /* 82 */
-                          "  save_optimizer: false\n"                    /* 83 */
-                          "  keep_last: 0\n"                             /* 84 */
-                          "  restore_from: latest\n"                     /* 85 */
-                          "  restore_optimizer: false\n";                /* 86 */
+                          "    muon_ns_dtype: bfloat16\n"                /* 42 */
+                          "  adamw_config:\n"                            /* 43 */
+                          "    adamw_lr: 0.0003\n"                       /* 44 */
+                          "    adamw_weight_decay: 0.1\n"                /* 45 */
+                          "    adamw_betas: [0.8, 0.95]\n"               /* 46 */
+                          "    adamw_eps: 1.0e-6\n"                      /* 47 */
+                          "    no_weight_decay:\n"                       /* 48 */
+                          "      - \"*bias*\"\n"                         /* 49 */
+                          "  stochastic_rounding: true\n"                /* 50 */
+                          "lr_scheduler:\n"                              /* 51 */
+                          "  type: WarmUpStableDecayLR\n"                /* 52 */
+                          "  warmup_ratio: 0.1\n"                        /* 53 */
+                          "  warmup_steps: 7\n"                          /* 54 */
+                          "  warmup_lr_init: 1.0e-6\n"                   /* 55 */
+                          "  lr_end: 1.0e-5\n"                           /* 56 */
+                          "  num_cycles: 2\n"                            /* 57 */
+                          "  decay_steps: 90\n"                          /* 58 */
+                          "  power: 2.0\n"                               /* 59 */
+                          "  decay_start_steps: 60\n"                    /* 60 */
+                          "  decay_start_ratio: 0.5\n"                   /* 61 */
+                          "  eta_min: 1.0e-6\n"                          /* 62 */
+                          "  t_max: 80\n"                                /* 63 */
+                          "training:\n"                                  /* 64 */
+                          "  steps: 100\n"                               /* 65 */
+                          "  local_batch_size: 4\n"                      /* 66 */
+                          "  global_batch_size: 64\n"                    /* 67 */
+                          "  max_norm: 0.5\n"                            /* 68 */
+                          "  seed: 12345678901\n"                        /* 69 */
+                          "  deterministic: true\n"                      /* 70 */
+                          "  log_interval: 5\n"                          /* 71 */
+                          "  eval_interval: 0\n"                         /* 72 */
+                          "  eval_batches: 3\n"                          /* 73 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 74 */
+                          "  loss_scale_initial: 4096\n"                 /* 75 */
+                          "  loss_scale_growth_interval: 200\n"          /* 76 */
+                          "  loss_scale_growth_factor: 4\n"              /* 77 */
+                          "  loss_scale_backoff_factor: 0.25\n"          /* 78 */
+                          "  loss_scale_hysteresis: 1\n"                 /* 79 */
+                          "  loss_scale_min: 2\n"                        /* 80 */
+                          "fsdp_config:\n"                               /* 81 */
+                          "  shard_size: 2\n"                            /* 82 */
+                          "  mix_precision:\n"                           /* 83 */
+                          "    param_dtype: float16\n"                   /* 84 */
+                          "    reduce_dtype: bfloat16\n"                 /* 85 */
+                          "    output_dtype: float32\n"                  /* 86 */
+                          "    cast_forward_inputs: false\n"             /* 87 */
+                          "checkpoint:\n"                                /* 88 */
+                          "  output_dir: runs/full\n"                    /* 89 */
+                          "  save_interval: 0\n"                         /* 90 */
+                          "  save_optimizer: false\n"                    /* 91 */
+                          "  keep_last: 0\n"                             /* 92 */
+                          "  restore_from: latest\n"                     /* 93 */
+                          "  restore_optimizer: false\n";                /* 94 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -303,6 +319,8 @@ static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->optimizer.muon.adamw_include.items[0], "*embed_tokens*");
     assert_true(cfg->optimizer.muon.qk_clip_enabled);
     assert_true(cfg->optimizer.muon.qk_clip_threshold == 50.5);
+    assert_int_equal(cfg->optimizer.muon.ns_dtype, HT_DTYPE_BF16);
+    assert_true(cfg->optimizer.stochastic_rounding);
     assert_true(cfg->optimizer.adamw.lr == 0.0003);
     assert_true(cfg->optimizer.adamw.weight_decay == 0.1);
     assert_true(cfg->optimizer.adamw.betas[0] == 0.8 && cfg->optimizer.adamw.betas[1] == 0.95);
@@ -333,6 +351,12 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->training.plugin.count, 2);
     assert_string_equal(cfg->training.plugin.items[0], "libmine.so");
     assert_string_equal(cfg->training.plugin.items[1], "/opt/x/libother.so");
+    assert_true(cfg->training.loss_scale_initial == 4096);
+    assert_int_equal(cfg->training.loss_scale_growth_interval, 200);
+    assert_true(cfg->training.loss_scale_growth_factor == 4);
+    assert_true(cfg->training.loss_scale_backoff_factor == 0.25);
+    assert_int_equal(cfg->training.loss_scale_hysteresis, 1);
+    assert_true(cfg->training.loss_scale_min == 2);
     assert_int_equal(cfg->fsdp.shard_size, 2);
     assert_int_equal(cfg->fsdp.param_dtype, HT_DTYPE_F16);
     assert_int_equal(cfg->fsdp.reduce_dtype, HT_DTYPE_BF16);
@@ -359,12 +383,14 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 86);
+        assert_true(line >= 3 && line <= 94);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
-    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 47);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 86);
+    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
+    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 50);
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 80);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 94);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
