@@ -659,7 +659,10 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
         cfg->alias[i] = (uint8_t)(via + 1);
     }
     free(tmp);
-    return ok ? HT_OK : type_error(k, o, line, node, err);
+    if (ok) return HT_OK;
+    key_desc named = *k; /* the message names the key as it was written */
+    if (via >= 0) named.path = ALIASES[via].alias;
+    return type_error(&named, o, line, node, err);
 }
 
 static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, int via, ht_error *err);
@@ -723,14 +726,20 @@ static ht_status assign_text(ht_config *cfg, int i, const char *text, const orig
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
     if (!yaml_parser_load(&parser, &doc)) {
         ht_fail(err, HT_ERR_CONFIG, "%s%s: the value is not valid YAML: %s", where,
-                i >= 0 ? KEYS[i].path : ALIASES[via].alias, parser.problem ? parser.problem : "unknown problem");
+                i >= 0     ? KEYS[i].path
+                : via >= 0 ? ALIASES[via].alias
+                           : "?",
+                parser.problem ? parser.problem : "unknown problem");
         yaml_parser_delete(&parser);
         return HT_ERR_CONFIG;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     ht_status st;
     if (!root)
-        st = ht_fail(err, HT_ERR_CONFIG, "%s%s: no value", where, i >= 0 ? KEYS[i].path : ALIASES[via].alias);
+        st = ht_fail(err, HT_ERR_CONFIG, "%s%s: no value", where,
+                     i >= 0     ? KEYS[i].path
+                     : via >= 0 ? ALIASES[via].alias
+                                : "?");
     else if (i >= 0)
         st = assign(cfg, i, &doc, root, 0, o, via, err);
     else
