@@ -105,6 +105,14 @@ static void test_defaults(void **state) {
     assert_string_equal(cfg.optimizer.muon.adamw_include.items[0], "*embed*");
     assert_string_equal(cfg.optimizer.muon.adamw_include.items[1], "*lm_head*");
     assert_true(cfg.optimizer.muon.qk_clip_threshold == 100);
+    assert_int_equal(cfg.optimizer.muon.ns_dtype, HT_DTYPE_F32);
+    assert_false(cfg.optimizer.stochastic_rounding);
+    assert_true(cfg.training.loss_scale_initial == 65536);
+    assert_int_equal(cfg.training.loss_scale_growth_interval, 1000);
+    assert_true(cfg.training.loss_scale_growth_factor == 2);
+    assert_true(cfg.training.loss_scale_backoff_factor == 0.5);
+    assert_int_equal(cfg.training.loss_scale_hysteresis, 2);
+    assert_true(cfg.training.loss_scale_min == 1);
     assert_true(cfg.optimizer.adamw.lr == 0.001);
     assert_true(cfg.optimizer.adamw.betas[0] == 0.9 && cfg.optimizer.adamw.betas[1] == 0.999);
     assert_true(cfg.optimizer.adamw.eps == 1e-8);
@@ -214,51 +222,59 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "    adamw_include: [\"*embed_tokens*\"]\n"    /* 39 */
                           "    qk_clip_enabled: true\n"                  /* 40 */
                           "    qk_clip_threshold: 50.5\n"                /* 41 */
-                          "  adamw_config:\n"                            /* 42 */
-                          "    adamw_lr: 0.0003\n"                       /* 43 */
-                          "    adamw_weight_decay: 0.1\n"                /* 44 */
-                          "    adamw_betas: [0.8, 0.95]\n"               /* 45 */
-                          "    adamw_eps: 1.0e-6\n"                      /* 46 */
-                          "    no_weight_decay:\n"                       /* 47 */
-                          "      - \"*bias*\"\n"                         /* 48 */
-                          "lr_scheduler:\n"                              /* 49 */
-                          "  type: WarmUpStableDecayLR\n"                /* 50 */
-                          "  warmup_ratio: 0.1\n"                        /* 51 */
-                          "  warmup_steps: 7\n"                          /* 52 */
-                          "  warmup_lr_init: 1.0e-6\n"                   /* 53 */
-                          "  lr_end: 1.0e-5\n"                           /* 54 */
-                          "  num_cycles: 2\n"                            /* 55 */
-                          "  decay_steps: 90\n"                          /* 56 */
-                          "  power: 2.0\n"                               /* 57 */
-                          "  decay_start_steps: 60\n"                    /* 58 */
-                          "  decay_start_ratio: 0.5\n"                   /* 59 */
-                          "  eta_min: 1.0e-6\n"                          /* 60 */
-                          "  t_max: 80\n"                                /* 61 */
-                          "training:\n"                                  /* 62 */
-                          "  steps: 100\n"                               /* 63 */
-                          "  local_batch_size: 4\n"                      /* 64 */
-                          "  global_batch_size: 64\n"                    /* 65 */
-                          "  max_norm: 0.5\n"                            /* 66 */
-                          "  seed: 12345678901\n"                        /* 67 */
-                          "  deterministic: true\n"                      /* 68 */
-                          "  log_interval: 5\n"                          /* 69 */
-                          "  eval_interval: 0\n"                         /* 70 */
-                          "  eval_batches: 3\n"                          /* 71 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 72 */
-                          "fsdp_config:\n"                               /* 73 */
-                          "  shard_size: 2\n"                            /* 74 */
-                          "  mix_precision:\n"                           /* 75 */
-                          "    param_dtype: float16\n"                   /* 76 */
-                          "    reduce_dtype: bfloat16\n"                 /* 77 */
-                          "    output_dtype: float32\n"                  /* 78 */
-                          "    cast_forward_inputs: false\n"             /* 79 */
-                          "checkpoint:\n"                                /* 80 */
-                          "  output_dir: runs/full\n"                    /* 81 */
-                          "  save_interval: 0\n"                         /* 82 */
-                          "  save_optimizer: false\n"                    /* 83 */
-                          "  keep_last: 0\n"                             /* 84 */
-                          "  restore_from: latest\n"                     /* 85 */
-                          "  restore_optimizer: false\n";                /* 86 */
+                          "    muon_ns_dtype: bfloat16\n"                /* 42 */
+                          "  adamw_config:\n"                            /* 43 */
+                          "    adamw_lr: 0.0003\n"                       /* 44 */
+                          "    adamw_weight_decay: 0.1\n"                /* 45 */
+                          "    adamw_betas: [0.8, 0.95]\n"               /* 46 */
+                          "    adamw_eps: 1.0e-6\n"                      /* 47 */
+                          "    no_weight_decay:\n"                       /* 48 */
+                          "      - \"*bias*\"\n"                         /* 49 */
+                          "  stochastic_rounding: true\n"                /* 50 */
+                          "lr_scheduler:\n"                              /* 51 */
+                          "  type: WarmUpStableDecayLR\n"                /* 52 */
+                          "  warmup_ratio: 0.1\n"                        /* 53 */
+                          "  warmup_steps: 7\n"                          /* 54 */
+                          "  warmup_lr_init: 1.0e-6\n"                   /* 55 */
+                          "  lr_end: 1.0e-5\n"                           /* 56 */
+                          "  num_cycles: 2\n"                            /* 57 */
+                          "  decay_steps: 90\n"                          /* 58 */
+                          "  power: 2.0\n"                               /* 59 */
+                          "  decay_start_steps: 60\n"                    /* 60 */
+                          "  decay_start_ratio: 0.5\n"                   /* 61 */
+                          "  eta_min: 1.0e-6\n"                          /* 62 */
+                          "  t_max: 80\n"                                /* 63 */
+                          "training:\n"                                  /* 64 */
+                          "  steps: 100\n"                               /* 65 */
+                          "  local_batch_size: 4\n"                      /* 66 */
+                          "  global_batch_size: 64\n"                    /* 67 */
+                          "  max_norm: 0.5\n"                            /* 68 */
+                          "  seed: 12345678901\n"                        /* 69 */
+                          "  deterministic: true\n"                      /* 70 */
+                          "  log_interval: 5\n"                          /* 71 */
+                          "  eval_interval: 0\n"                         /* 72 */
+                          "  eval_batches: 3\n"                          /* 73 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 74 */
+                          "  loss_scale_initial: 4096\n"                 /* 75 */
+                          "  loss_scale_growth_interval: 200\n"          /* 76 */
+                          "  loss_scale_growth_factor: 4\n"              /* 77 */
+                          "  loss_scale_backoff_factor: 0.25\n"          /* 78 */
+                          "  loss_scale_hysteresis: 1\n"                 /* 79 */
+                          "  loss_scale_min: 2\n"                        /* 80 */
+                          "fsdp_config:\n"                               /* 81 */
+                          "  shard_size: 2\n"                            /* 82 */
+                          "  mix_precision:\n"                           /* 83 */
+                          "    param_dtype: float16\n"                   /* 84 */
+                          "    reduce_dtype: bfloat16\n"                 /* 85 */
+                          "    output_dtype: float32\n"                  /* 86 */
+                          "    cast_forward_inputs: false\n"             /* 87 */
+                          "checkpoint:\n"                                /* 88 */
+                          "  output_dir: runs/full\n"                    /* 89 */
+                          "  save_interval: 0\n"                         /* 90 */
+                          "  save_optimizer: false\n"                    /* 91 */
+                          "  keep_last: 0\n"                             /* 92 */
+                          "  restore_from: latest\n"                     /* 93 */
+                          "  restore_optimizer: false\n";                /* 94 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -303,6 +319,8 @@ static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->optimizer.muon.adamw_include.items[0], "*embed_tokens*");
     assert_true(cfg->optimizer.muon.qk_clip_enabled);
     assert_true(cfg->optimizer.muon.qk_clip_threshold == 50.5);
+    assert_int_equal(cfg->optimizer.muon.ns_dtype, HT_DTYPE_BF16);
+    assert_true(cfg->optimizer.stochastic_rounding);
     assert_true(cfg->optimizer.adamw.lr == 0.0003);
     assert_true(cfg->optimizer.adamw.weight_decay == 0.1);
     assert_true(cfg->optimizer.adamw.betas[0] == 0.8 && cfg->optimizer.adamw.betas[1] == 0.95);
@@ -333,6 +351,12 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->training.plugin.count, 2);
     assert_string_equal(cfg->training.plugin.items[0], "libmine.so");
     assert_string_equal(cfg->training.plugin.items[1], "/opt/x/libother.so");
+    assert_true(cfg->training.loss_scale_initial == 4096);
+    assert_int_equal(cfg->training.loss_scale_growth_interval, 200);
+    assert_true(cfg->training.loss_scale_growth_factor == 4);
+    assert_true(cfg->training.loss_scale_backoff_factor == 0.25);
+    assert_int_equal(cfg->training.loss_scale_hysteresis, 1);
+    assert_true(cfg->training.loss_scale_min == 2);
     assert_int_equal(cfg->fsdp.shard_size, 2);
     assert_int_equal(cfg->fsdp.param_dtype, HT_DTYPE_F16);
     assert_int_equal(cfg->fsdp.reduce_dtype, HT_DTYPE_BF16);
@@ -359,12 +383,14 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 86);
+        assert_true(line >= 3 && line <= 94);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
-    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 47);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 86);
+    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
+    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 50);
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 80);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 94);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
@@ -764,6 +790,250 @@ static void test_mindformers_and_hyperparallel_dialects(void **state) {
     assert_int_equal(ht_config_key_index("optimizer.nope"), -1);
 }
 
+/* The two dialect examples describe one run: every key loads to the same value,
+ * except those the dialects spell differently (listed, and checked by hand). */
+static void test_dialect_examples(void **state) {
+    (void)state;
+    static ht_config hp, mf;
+    ht_error err = {0};
+    const char *hp_path = HT_SOURCE_DIR "/configs/hyperparallel_muon.yaml";
+    const char *mf_path = HT_SOURCE_DIR "/configs/mindformers_muon.yaml";
+    assert_ht_ok(ht_config_load(hp_path, 0, NULL, &hp, &err), &err);
+    assert_ht_ok(ht_config_load(mf_path, 0, NULL, &mf, &err), &err);
+    assert_ht_ok(ht_config_validate(&hp, 1, &err), &err);
+    assert_ht_ok(ht_config_validate(&mf, 1, &err), &err);
+    /* HyperParallel names the variant (legacy); MindFormers can only give its triple (custom, ns_steps times). */
+    static const char *const spelled_differently[] = {
+        "optimizer.muon_config.muon_ns_variant",
+        "optimizer.muon_config.muon_ns_coefficients",
+    };
+    int compared = 0;
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        bool skip = false;
+        for (size_t j = 0; j < sizeof(spelled_differently) / sizeof(spelled_differently[0]); j++)
+            skip |= strcmp(key, spelled_differently[j]) == 0;
+        if (skip) continue;
+        char a[4096], b[4096];
+        assert_true(ht_config_format_value(&hp, key, a, sizeof(a)));
+        assert_true(ht_config_format_value(&mf, key, b, sizeof(b)));
+        if (strcmp(a, b) != 0) fail_msg("%s: %s in the HyperParallel file, %s in the MindFormers file", key, a, b);
+        compared++;
+    }
+    assert_int_equal(compared, ht_config_key_count() - 2);
+    assert_int_equal(hp.optimizer.muon.ns_variant, HT_CONFIG_NS_LEGACY);
+    assert_int_equal(mf.optimizer.muon.ns_variant, HT_CONFIG_NS_CUSTOM);
+    const ht_config_ns_coefficients *ns = &mf.optimizer.muon.ns_coefficients;
+    assert_int_equal(ns->count, 1);
+    assert_int_equal(ns->repeat[0], 0); /* ns_steps times */
+    assert_true(ns->abc[0][0] == 3.4445 && ns->abc[0][1] == -4.7750 && ns->abc[0][2] == 2.0315);
+    assert_int_equal(mf.optimizer.muon.ns_steps, 5);
+    assert_int_equal(hp.optimizer.muon.ns_steps, 5);
+    /* The settings the brief names: bf16 model, FP32 main params, Muon with one lr and wd for both parts. */
+    assert_int_equal(mf.model_init_dtype, HT_DTYPE_BF16);
+    assert_true(mf.optimizer.fp32_main_params);
+    assert_int_equal(mf.optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
+    assert_true(mf.optimizer.muon.lr == 2e-3 && mf.optimizer.adamw.lr == 2e-3);
+    assert_true(mf.optimizer.muon.weight_decay == 0.1 && mf.optimizer.adamw.weight_decay == 0.1);
+    assert_string_equal(ht_config_key_spelling(&mf, "optimizer.muon_config.muon_lr"), "lr_scheduler.learning_rate");
+    assert_string_equal(ht_config_key_spelling(&mf, "optimizer.adamw_config.adamw_lr"), "lr_scheduler.learning_rate");
+    assert_string_equal(ht_config_key_spelling(&hp, "optimizer.muon_config.muon_lr"), "optimizer.muon_config.muon_lr");
+    assert_string_equal(ht_config_key_spelling(&hp, "training.steps"), "training.max_steps");
+    assert_string_equal(ht_config_key_spelling(&mf, "optimizer.muon_config.muon_ns_variant"),
+                        "optimizer.ns_coefficients");
+    int line = 0;
+    assert_int_equal(ht_config_key_source(&mf, "optimizer.muon_config.muon_ns_variant", &line), HT_CONFIG_SOURCE_FILE);
+    assert_true(line > 0);
+}
+
+static void test_shared_aliases(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    /* One learning rate and one weight decay for both optimizers. */
+    assert_ht_ok(
+        load_text("sh1.yaml", "lr_scheduler:\n  learning_rate: 0.003\noptimizer:\n  weight_decay: 0.05\n", &cfg, &err),
+        &err);
+    assert_true(cfg.optimizer.muon.lr == 0.003 && cfg.optimizer.adamw.lr == 0.003);
+    assert_true(cfg.optimizer.muon.weight_decay == 0.05 && cfg.optimizer.adamw.weight_decay == 0.05);
+    assert_source(&cfg, "optimizer.muon_config.muon_lr", HT_CONFIG_SOURCE_FILE, 2);
+    assert_source(&cfg, "optimizer.adamw_config.adamw_weight_decay", HT_CONFIG_SOURCE_FILE, 4);
+    assert_int_equal(ht_config_key_index("lr_scheduler.learning_rate"), -1); /* not one key */
+    assert_int_equal(ht_config_key_index("lr_schedule.type"), ht_config_key_index("lr_scheduler.type"));
+
+    /* The key's own name wins over the shared value in the same file, in either order. */
+    const char *before = "optimizer:\n  muon_config:\n    muon_lr: 0.02\nlr_scheduler:\n  learning_rate: 0.003\n";
+    const char *after = "lr_scheduler:\n  learning_rate: 0.003\noptimizer:\n  muon_config:\n    muon_lr: 0.02\n";
+    for (int k = 0; k < 2; k++) {
+        assert_ht_ok(load_text("sh2.yaml", k ? after : before, &cfg, &err), &err);
+        assert_true(cfg.optimizer.muon.lr == 0.02);
+        assert_true(cfg.optimizer.adamw.lr == 0.003);
+        assert_string_equal(ht_config_key_spelling(&cfg, "optimizer.muon_config.muon_lr"),
+                            "optimizer.muon_config.muon_lr");
+        assert_string_equal(ht_config_key_spelling(&cfg, "optimizer.adamw_config.adamw_lr"),
+                            "lr_scheduler.learning_rate");
+    }
+    /* On the command line too; and the command line wins over the file, shared or not. */
+    const char *path = write_config("sh3.yaml", "optimizer:\n  muon_config:\n    muon_lr: 0.02\n");
+    char *cli[] = {"optimizer.adamw_config.adamw_lr=0.0005", "lr_scheduler.learning_rate=0.004"};
+    assert_ht_ok(ht_config_load(path, 2, cli, &cfg, &err), &err);
+    assert_true(cfg.optimizer.muon.lr == 0.004);   /* the file's muon_lr loses to the command line */
+    assert_true(cfg.optimizer.adamw.lr == 0.0005); /* the command line's own adamw_lr wins over its shared one */
+    assert_source(&cfg, "optimizer.muon_config.muon_lr", HT_CONFIG_SOURCE_CLI, 0);
+
+    /* MindFormers' AdamW: betas, eps and weight_decay are AdamW's. */
+    assert_ht_ok(load_text("sh4.yaml",
+                           "optimizer:\n  type: AdamW\n  betas: [0.9, 0.95]\n  eps: 1.0e-6\n  weight_decay: 0.02\n"
+                           "lr_schedule:\n  type: ConstantWarmUpLR\n  learning_rate: 1.0e-4\n  total_steps: -1\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_true(cfg.optimizer.adamw.betas[1] == 0.95 && cfg.optimizer.adamw.eps == 1e-6);
+    assert_true(cfg.optimizer.adamw.weight_decay == 0.02 && cfg.optimizer.adamw.lr == 1e-4);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_CONSTANT_WARMUP);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(load_text("sh5.yaml", "lr_scheduler:\n  total_steps: null\n", &cfg, &err), &err);
+
+    /* ns_coefficients means custom, unless the variant is given by its own name (then: the usual error). */
+    assert_ht_ok(load_text("sh6.yaml", "optimizer:\n  ns_coefficients: null\n", &cfg, &err), &err);
+    assert_int_equal(cfg.optimizer.muon.ns_variant, HT_CONFIG_NS_ASYM5);
+    expect_invalid("sh7.yaml",
+                   "optimizer:\n  ns_coefficients: [3.4445, -4.775, 2.0315]\n  muon_config:\n"
+                   "    muon_ns_variant: legacy\n",
+                   1, "sh7.yaml:2: optimizer.muon_config.muon_ns_coefficients (as optimizer.ns_coefficients)",
+                   "expected null", "sh7.yaml:4: optimizer.muon_config.muon_ns_variant", NULL);
+
+    /* Two names of one key stay a duplicate; so do a section and its alias. */
+    expect_load_error("dup1.yaml", "optimizer:\n  betas: [0.9, 0.95]\n  adamw_betas: [0.9, 0.95]\n",
+                      "dup1.yaml:3:", "optimizer.adamw_betas", "duplicate key",
+                      "already set on line 2 as optimizer.betas", NULL);
+    expect_load_error("dup2.yaml", "seed: 1\ntraining:\n  seed: 2\n", "dup2.yaml:3:", "training.seed", "duplicate key",
+                      "line 1 as seed", NULL);
+    expect_load_error("dup3.yaml", "runner_config:\n  batch_size: 4\ntraining:\n  micro_batch_size: 4\n",
+                      "dup3.yaml:4:", "training.micro_batch_size", "duplicate key",
+                      "training.local_batch_size was already set on line 2 as runner_config.batch_size", NULL);
+    expect_load_error("dup4.yaml", "lr_schedule:\n  learning_rate: 0.1\nlr_scheduler:\n  lr_end: 0.0\n",
+                      "dup4.yaml:3:", "lr_scheduler", "duplicate key", "line 1 as lr_schedule", NULL);
+    expect_load_error("dup5.yaml",
+                      "optimizer:\n  muon_config:\n    muon_ns_coefficients: null\n  ns_coefficients: null\n",
+                      "dup5.yaml:4:", "optimizer.ns_coefficients", "duplicate key", NULL);
+    /* A shared value with the wrong type names the name it was given by, and sets nothing. */
+    expect_load_error("sh8.yaml", "lr_scheduler:\n  learning_rate: fast\n", "sh8.yaml:2:", "lr_scheduler.learning_rate",
+                      "expected a finite number", "found \"fast\" (a string)", NULL);
+    expect_set_error("lr_scheduler.learning_rate=[1]", "--set lr_scheduler.learning_rate=[1]",
+                     "lr_scheduler.learning_rate", "expected a finite number", "found a sequence", NULL);
+    expect_load_error("sh9.yaml", "lr_schedule:\n  total_steps: 100\n", "sh9.yaml:2:", "lr_scheduler.total_steps",
+                      "total steps come from training.steps", NULL);
+    expect_load_error("sh10.yaml", "lr_schedule:\n  typo: 1\n", "sh10.yaml:2:", "lr_schedule.typo", "unknown key",
+                      NULL);
+}
+
+/* Every rule of CONFIG.md "errors before anything is built" (and NUMERICS.md's),
+ * each message naming the file, the line, the key, what was expected and what was found. */
+static void test_contract_rules(void **state) {
+    (void)state;
+    /* fp32_main_params with a reduce dtype other than float32. */
+    expect_invalid("r1.yaml",
+                   "optimizer:\n  fp32_main_params: true\nfsdp_config:\n  mix_precision:\n"
+                   "    reduce_dtype: float16\n",
+                   1, "r1.yaml:5: fsdp_config.mix_precision.reduce_dtype", "r1.yaml:2: optimizer.fp32_main_params",
+                   "expected float32", "found float16", NULL);
+    /* Every dtype one of float16, bfloat16, float32 (and the Newton-Schulz dtype float32 or bfloat16). */
+    expect_load_error("r2.yaml", "fsdp_config:\n  mix_precision:\n    reduce_dtype: float64\n",
+                      "r2.yaml:3:", "fsdp_config.mix_precision.reduce_dtype",
+                      "expected one of float16, bfloat16, float32", "found \"float64\" (a string)", NULL);
+    expect_load_error("r3.yaml", "optimizer:\n  muon_config:\n    muon_ns_dtype: float16\n",
+                      "r3.yaml:3:", "optimizer.muon_config.muon_ns_dtype", "expected one of float32, bfloat16",
+                      "found \"float16\" (a string)", NULL);
+    /* max_norm, batch sizes, the global batch multiple. */
+    expect_invalid("r4.yaml", "training:\n  max_grad_norm: 0\n", 1,
+                   "r4.yaml:2: training.max_norm (as training.max_grad_norm)", "expected a number > 0", "found 0.0",
+                   NULL);
+    expect_invalid("r5.yaml", "runner_config:\n  batch_size: 0\n", 1,
+                   "r5.yaml:2: training.local_batch_size (as runner_config.batch_size)", "expected an integer > 0",
+                   "found 0", NULL);
+    expect_invalid("r6.yaml", "training:\n  local_batch_size: 4\n  global_batch_size: 20\n", 2,
+                   "r6.yaml:3: training.global_batch_size", "expected a multiple of", "4 x 2 = 8",
+                   "r6.yaml:2: training.local_batch_size", "found 20", NULL);
+    /* asym5 with more than five steps, in both dialects. */
+    expect_invalid("r7.yaml", "optimizer:\n  ns_steps: 7\n", 1,
+                   "r7.yaml:2: optimizer.muon_config.muon_ns_steps (as optimizer.ns_steps)",
+                   "expected at most 5 with muon_ns_variant asym5", "optimizer.muon_config.muon_ns_variant (default)",
+                   "found 7", NULL);
+    /* η ≤ lr_end for PolynomialWithWarmUpLR; with MindFormers' one learning_rate it is one error on that key. */
+    expect_invalid("r8.yaml",
+                   "lr_schedule:\n  type: PolynomialWithWarmUpLR\n  learning_rate: 1.0e-4\n  lr_end: 1.0e-4\n", 1,
+                   "r8.yaml:3: optimizer.adamw_config.adamw_lr (as lr_scheduler.learning_rate)",
+                   "expected lr_scheduler.learning_rate > lr_end", "found 0.0001 <= 0.0001",
+                   "r8.yaml:4: lr_scheduler.lr_end", NULL);
+    {
+        static ht_config cfg;
+        ht_error err = {0};
+        assert_ht_ok(load_text("r9.yaml",
+                               "lr_schedule:\n  type: PolynomialWithWarmUpLR\n  learning_rate: 1.0e-4\n"
+                               "  lr_end: 1.0e-3\n",
+                               &cfg, &err),
+                     &err);
+        assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+        assert_true(strstr(err.msg, "configuration errors") == NULL); /* one, not two */
+        /* A specific muon_lr above lr_end leaves only AdamW's shared one wrong. */
+        assert_ht_ok(ht_config_set(&cfg, "optimizer.muon_config.muon_lr=0.01", &err), &err);
+        assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+        assert_contains(err.msg, "optimizer.adamw_config.adamw_lr (as lr_scheduler.learning_rate)");
+        assert_true(strstr(err.msg, "muon_lr") == NULL);
+    }
+    /* Not YAML, a wrong type, a duplicate key. */
+    expect_load_error("r10.yaml", "training:\n  steps: [1\n", "r10.yaml:", "not valid YAML", NULL);
+    expect_load_error("r11.yaml", "training:\n  max_steps: \"ten\"\n", "r11.yaml:2:", "training.max_steps",
+                      "expected an integer", "found \"ten\" (a string)", NULL);
+    expect_load_error("r12.yaml", "training:\n  steps: 1\n  max_steps: 2\n", "r12.yaml:3:", "training.max_steps",
+                      "duplicate key", "training.steps was already set on line 2", NULL);
+    /* NUMERICS.md: matched_adamw_rms >= 0, custom coefficients finite and not shorter than ns_steps. */
+    expect_invalid("r13.yaml", "optimizer:\n  matched_adamw_rms: -0.2\n", 1,
+                   "r13.yaml:2: optimizer.muon_config.muon_matched_adamw_rms (as optimizer.matched_adamw_rms)",
+                   "expected a number >= 0", "found -0.2", NULL);
+    expect_load_error("r14.yaml", "optimizer:\n  ns_coefficients: [3.4, .nan, 2.0]\n",
+                      "r14.yaml:2:", "optimizer.ns_coefficients", "expected null, [a, b, c]", "found a sequence", NULL);
+    expect_invalid("r15.yaml",
+                   "optimizer:\n  muon_config:\n    muon_ns_variant: custom\n    muon_ns_steps: 6\n"
+                   "    muon_ns_coefficients: [[[3.4445, -4.775, 2.0315], 3], [2.0, -1.5, 0.5]]\n",
+                   1, "r15.yaml:5: optimizer.muon_config.muon_ns_coefficients",
+                   "expected a schedule of at least muon_ns_steps = 6 steps",
+                   "r15.yaml:4: optimizer.muon_config.muon_ns_steps", "found 4", NULL);
+    {
+        /* Non-finite coefficients can only come from code; the validator still refuses them. */
+        static ht_config cfg;
+        ht_error err = {0};
+        char *set[] = {"optimizer.muon_config.muon_ns_variant=custom",
+                       "optimizer.muon_config.muon_ns_coefficients=[1.0, 2.0, 3.0]"};
+        assert_ht_ok(ht_config_load(NULL, 2, set, &cfg, &err), &err);
+        assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err); /* [a, b, c] runs ns_steps times: never short */
+        cfg.optimizer.muon.ns_coefficients.abc[0][1] = INFINITY;
+        assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+        assert_contains(err.msg, "optimizer.muon_config.muon_ns_coefficients (--set)");
+        assert_contains(err.msg, "expected finite coefficients");
+        assert_contains(err.msg, "found [1, inf, 3]");
+        /* A segmented schedule without ns_steps given runs its own length. */
+        char *seg[] = {"optimizer.muon_config.muon_ns_variant=custom",
+                       "optimizer.muon_config.muon_ns_coefficients=[[1.0, 2.0, 3.0]]"};
+        assert_ht_ok(ht_config_load(NULL, 2, seg, &cfg, &err), &err);
+        assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    }
+    /* fp16 loss scaling. */
+    expect_invalid("r16.yaml", "training:\n  loss_scale_backoff_factor: 1.5\n", 1,
+                   "r16.yaml:2: training.loss_scale_backoff_factor", "expected a number in (0, 1)", "found 1.5", NULL);
+    expect_invalid("r17.yaml", "training:\n  loss_scale_growth_factor: 1\n", 1,
+                   "r17.yaml:2: training.loss_scale_growth_factor", "expected a number > 1", "found 1.0", NULL);
+    expect_invalid("r18.yaml", "training:\n  loss_scale_initial: 2\n  loss_scale_min: 4\n", 1,
+                   "r18.yaml:2: training.loss_scale_initial", "expected at least training.loss_scale_min = 4",
+                   "r18.yaml:3: training.loss_scale_min", "found 2", NULL);
+    expect_invalid("r19.yaml", "training:\n  loss_scale_hysteresis: 0\n  loss_scale_growth_interval: -1\n", 1,
+                   "2 configuration errors", "r19.yaml:2: training.loss_scale_hysteresis", "expected an integer > 0",
+                   "r19.yaml:3: training.loss_scale_growth_interval", "found -1", NULL);
+    expect_invalid("r20.yaml", "training:\n  loss_scale_min: 0\n", 1, "r20.yaml:2: training.loss_scale_min",
+                   "expected a number > 0", "found 0.0", NULL);
+}
+
 /* ---------------------------------------------------------------- the log */
 
 static void test_log(void **state) {
@@ -813,25 +1083,69 @@ static void test_log(void **state) {
     free(text);
 }
 
+static void test_log_section(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *path = write_config("sec.yaml", "optimizer:\n  muon_config:\n    muon_momentum: 0.9\n"
+                                                "lr_scheduler:\n  learning_rate: 0.003\n");
+    char *set[] = {"optimizer.muon_config.muon_ns_steps=4"};
+    assert_ht_ok(ht_config_load(path, 1, set, &cfg, &err), &err);
+
+    char out_path[1200];
+    snprintf(out_path, sizeof(out_path), "%s/stderr.txt", scratch_dir("log_section_out"));
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    ht_config_log_section(&cfg, "muon", "optimizer.muon_config.");
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+
+    char *text = NULL;
+    size_t size = 0;
+    assert_ht_ok(ht_read_file(out_path, &text, &size, &err), &err);
+    assert_contains(text, "Effective muon config");
+    assert_contains(text, "default");
+    assert_contains(text, "configured");
+    assert_contains(text, "final");
+    assert_contains(text, "0.9 (file, line 3)");
+    assert_contains(text, "0.003 (file, line 5, as lr_scheduler.learning_rate)");
+    assert_contains(text, "4 (command line)");
+    assert_true(strstr(text, "adamw_lr") == NULL);               /* only the section */
+    assert_true(strstr(text, "optimizer.muon_config.") == NULL); /* names relative to the prefix */
+    /* A row per key under the prefix, plus the title and the header; unconfigured rows show "-". */
+    int lines = 0, keys = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    for (int i = 0; i < ht_config_key_count(); i++)
+        keys += strncmp(ht_config_key_name(i), "optimizer.muon_config.", 22) == 0;
+    assert_int_equal(lines, keys + 2);
+    const char *row = strstr(text, "muon_ns_dtype");
+    assert_non_null(row);
+    const char *eol = strchr(row, '\n');
+    char line[512];
+    snprintf(line, sizeof(line), "%.*s", (int)(eol - row), row);
+    assert_contains(line, "float32  ");
+    assert_contains(line, " -  ");
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_default_yaml),
-        cmocka_unit_test(test_full_file),
-        cmocka_unit_test(test_format_roundtrip),
-        cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_not_yaml),
-        cmocka_unit_test(test_empty_file),
-        cmocka_unit_test(test_top_level_not_mapping),
-        cmocka_unit_test(test_unknown_key),
-        cmocka_unit_test(test_wrong_types),
-        cmocka_unit_test(test_duplicate_key),
-        cmocka_unit_test(test_set_overrides),
-        cmocka_unit_test(test_set_errors),
-        cmocka_unit_test(test_fp32_main_params_rule),
-        cmocka_unit_test(test_validation_rules),
-        cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
-        cmocka_unit_test(test_log),
+        cmocka_unit_test(test_defaults),         cmocka_unit_test(test_default_yaml),
+        cmocka_unit_test(test_full_file),        cmocka_unit_test(test_format_roundtrip),
+        cmocka_unit_test(test_missing_file),     cmocka_unit_test(test_not_yaml),
+        cmocka_unit_test(test_empty_file),       cmocka_unit_test(test_top_level_not_mapping),
+        cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_duplicate_key),    cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_set_errors),       cmocka_unit_test(test_fp32_main_params_rule),
+        cmocka_unit_test(test_validation_rules), cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
+        cmocka_unit_test(test_dialect_examples), cmocka_unit_test(test_shared_aliases),
+        cmocka_unit_test(test_contract_rules),   cmocka_unit_test(test_log),
+        cmocka_unit_test(test_log_section),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,6 +105,7 @@ typedef struct ht_config {
             ht_config_strings adamw_include;
             bool qk_clip_enabled;
             double qk_clip_threshold;
+            ht_dtype ns_dtype; /* the dtype the Newton-Schulz GEMMs run in: HT_DTYPE_F32 or HT_DTYPE_BF16 */
         } muon;
         struct {
             double lr, weight_decay;
@@ -112,6 +113,7 @@ typedef struct ht_config {
             double eps;
             ht_config_strings no_weight_decay;
         } adamw;
+        bool stochastic_rounding; /* main_param -> model dtype cast rounds stochastically (NUMERICS.md) */
     } optimizer;
 
     /* Total steps are training.steps; see NUMERICS.md for the formulas. */
@@ -141,6 +143,13 @@ typedef struct ht_config {
         int eval_interval; /* 0: never */
         int eval_batches;  /* validation batches per evaluation */
         ht_config_strings plugin;
+        /* fp16 dynamic loss scaling (NUMERICS.md, Megatron's DynamicGradScaler). */
+        double loss_scale_initial;
+        int loss_scale_growth_interval; /* clean steps between growths */
+        double loss_scale_growth_factor;
+        double loss_scale_backoff_factor;
+        int loss_scale_hysteresis; /* overflows tolerated before a backoff */
+        double loss_scale_min;
     } training;
 
     struct {
@@ -163,7 +172,8 @@ typedef struct ht_config {
     /* Where each key's value came from, indexed like the key table. */
     char file[HT_CONFIG_STR_MAX]; /* the loaded file, "" if none */
     uint8_t source[HT_CONFIG_MAX_KEYS];
-    int line[HT_CONFIG_MAX_KEYS]; /* 1-based line in `file`, 0 when not from the file */
+    int line[HT_CONFIG_MAX_KEYS];      /* 1-based line in `file`, 0 when not from the file */
+    uint8_t alias[HT_CONFIG_MAX_KEYS]; /* 0: set by its own name; a + 1: by alias a (ht_config_key_spelling) */
 } ht_config;
 
 /* Every key at its default (all sources: default). */
@@ -186,11 +196,25 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
 /* Logs "Trainer config": every key, its final value, and its source. */
 void ht_config_log(const ht_config *cfg);
 
+/* Logs an "Effective <title> config" table of every key whose dotted name
+ * starts with `prefix` (e.g. "optimizer.muon_config."): its default (the
+ * table's text), the configured value ("-" when not configured) with where it
+ * came from (file and line, or command line, and the spelling when an alias
+ * set it), and the final value. */
+void ht_config_log_section(const ht_config *cfg, const char *title, const char *prefix);
+
 /* The keys in table order (canonical dotted names), for dumps and tools. */
 int ht_config_key_count(void);
 const char *ht_config_key_name(int index);
-/* Index of a dotted key or one of its aliases; -1 if unknown. */
+/* Index of a dotted key or another spelling of it (an alias, or a section
+ * alias such as MindFormers' lr_schedule for lr_scheduler); -1 if unknown,
+ * and -1 for a shared alias (one value for several keys, such as MindFormers'
+ * lr_scheduler.learning_rate), which is not one key. */
 int ht_config_key_index(const char *key);
+/* The name that set the key's current value: the canonical name, or the
+ * alias used (e.g. "lr_scheduler.learning_rate" for muon_lr); NULL if the key
+ * is unknown. */
+const char *ht_config_key_spelling(const ht_config *cfg, const char *key);
 /* Source of a key's value and, when from the file, its line (else 0). Unknown key: default, 0. */
 ht_config_source ht_config_key_source(const ht_config *cfg, const char *key, int *line);
 const char *ht_config_source_name(ht_config_source source);

@@ -31,6 +31,7 @@ typedef enum key_type {
 } key_type;
 
 #define NULLABLE 1u
+#define AUTO_OK 2u /* KT_REJECT: null or -1 ("derive it") is accepted and changes nothing */
 
 typedef struct enum_name {
     const char *name;
@@ -82,8 +83,15 @@ static const enum_name MUON_COMMS[] = {
     {"deredundancy", HT_CONFIG_MUON_COMM_DEREDUNDANCY, false},
     {NULL, 0, false},
 };
+static const enum_name NS_DTYPES[] = {
+    {"float32", HT_DTYPE_F32, false},
+    {"bfloat16", HT_DTYPE_BF16, false},
+    {NULL, 0, false},
+};
 static const enum_name TOTAL_STEPS_MSG[] = {
-    {"total steps come from training.steps; remove this key (set training.steps instead)", 0, true},
+    {"total steps come from training.steps; remove this key or leave it -1 (MindFormers: derived), and set "
+     "training.steps instead",
+     0, true},
     {NULL, 0, false},
 };
 
@@ -114,8 +122,8 @@ static const enum_name TOTAL_STEPS_MSG[] = {
     { path, KT_NS, F(field), def, NULL, 0 }
 #define SHARD(path, field, def)                                                                                        \
     { path, KT_SHARD, F(field), def, NULL, 0 }
-#define REJECT(path, msg)                                                                                              \
-    { path, KT_REJECT, 0, 0, NULL, msg, 0 }
+#define REJECT_BUT_AUTO(path, msg)                                                                                     \
+    { path, KT_REJECT, 0, 0, NULL, msg, AUTO_OK }
 
 /* Every key of CONFIG.md, in the order the log prints them. */
 static const key_desc KEYS[] = {
@@ -157,12 +165,14 @@ static const key_desc KEYS[] = {
     STRS("optimizer.muon_config.adamw_include", optimizer.muon.adamw_include, "[\"*embed*\", \"*lm_head*\"]"),
     BOOL("optimizer.muon_config.qk_clip_enabled", optimizer.muon.qk_clip_enabled, "false"),
     FLT("optimizer.muon_config.qk_clip_threshold", optimizer.muon.qk_clip_threshold, "100"),
+    ENUM("optimizer.muon_config.muon_ns_dtype", optimizer.muon.ns_dtype, NS_DTYPES, "float32"),
     FLT("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr, "0.001"),
     FLT("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay, "0.01"),
     FLOATS("optimizer.adamw_config.adamw_betas", optimizer.adamw.betas, "[0.9, 0.999]"),
     FLT("optimizer.adamw_config.adamw_eps", optimizer.adamw.eps, "1.0e-8"),
     STRS("optimizer.adamw_config.no_weight_decay", optimizer.adamw.no_weight_decay,
          "[\"*bias*\", \"*norm*\", \"*ln_*\"]"),
+    BOOL("optimizer.stochastic_rounding", optimizer.stochastic_rounding, "false"),
 
     ENUM("lr_scheduler.type", lr_scheduler.type, LR_SCHEDULES, "CosineWithWarmUpLR"),
     FLT("lr_scheduler.warmup_ratio", lr_scheduler.warmup_ratio, "0.0"),
@@ -176,7 +186,7 @@ static const key_desc KEYS[] = {
     FLT("lr_scheduler.decay_start_ratio", lr_scheduler.decay_start_ratio, "0.8"),
     FLT("lr_scheduler.eta_min", lr_scheduler.eta_min, "0.0"),
     INT("lr_scheduler.t_max", lr_scheduler.t_max, "0"),
-    REJECT("lr_scheduler.total_steps", TOTAL_STEPS_MSG),
+    REJECT_BUT_AUTO("lr_scheduler.total_steps", TOTAL_STEPS_MSG),
 
     INT("training.steps", training.steps, "1000"),
     INT("training.local_batch_size", training.local_batch_size, "8"),
@@ -188,6 +198,12 @@ static const key_desc KEYS[] = {
     INT("training.eval_interval", training.eval_interval, "100"),
     INT("training.eval_batches", training.eval_batches, "20"),
     STRS("training.plugin", training.plugin, "[]"),
+    FLT("training.loss_scale_initial", training.loss_scale_initial, "65536.0"),
+    INT("training.loss_scale_growth_interval", training.loss_scale_growth_interval, "1000"),
+    FLT("training.loss_scale_growth_factor", training.loss_scale_growth_factor, "2.0"),
+    FLT("training.loss_scale_backoff_factor", training.loss_scale_backoff_factor, "0.5"),
+    INT("training.loss_scale_hysteresis", training.loss_scale_hysteresis, "2"),
+    FLT("training.loss_scale_min", training.loss_scale_min, "1.0"),
 
     SHARD("fsdp_config.shard_size", fsdp.shard_size, "auto"),
     DTYPE("fsdp_config.mix_precision.param_dtype", fsdp.param_dtype, "bfloat16"),
@@ -207,29 +223,79 @@ _Static_assert(sizeof(KEYS) / sizeof(KEYS[0]) <= HT_CONFIG_MAX_KEYS, "raise HT_C
 _Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) == sizeof(int),
                "enums are stored as int");
 
-/* Other dialects' names for a key (CONFIG.md, Compatibility): alias -> canonical. */
+/* Other dialects' names for keys (CONFIG.md, Compatibility). An alias is
+ * another spelling of one key (`key`: both spellings in one source are a
+ * duplicate), and/or one value shared by several keys (`shared`, `implies`):
+ * those are weak, so a key set by its own name in the same source (file, or
+ * command line) wins over them whatever the order, and a higher source wins
+ * over both. */
 typedef struct key_alias {
-    const char *alias, *key;
+    const char *alias;
+    const char *key;       /* the key this is another spelling of, or NULL */
+    const char *shared[2]; /* keys that take this one value (weakly) */
+    const char *implies;   /* "key=value" also set (weakly) when the value is not null */
 } key_alias;
 
+#define RENAME(alias, key)                                                                                             \
+    { alias, key, {NULL, NULL}, NULL }
+#define SHARED(alias, key1, key2)                                                                                      \
+    { alias, NULL, {key1, key2}, NULL }
+#define RENAME_IMPLYING(alias, key, implied)                                                                           \
+    { alias, key, {NULL, NULL}, implied }
+
 static const key_alias ALIASES[] = {
-    /* MindFormers optimizer: a flat block. */
-    {"optimizer.type", "optimizer._target_"},
-    {"optimizer.betas", "optimizer.adamw_config.adamw_betas"},
-    {"optimizer.eps", "optimizer.adamw_config.adamw_eps"},
-    {"optimizer.momentum", "optimizer.muon_config.muon_momentum"},
-    {"optimizer.nesterov", "optimizer.muon_config.muon_nesterov"},
-    {"optimizer.ns_steps", "optimizer.muon_config.muon_ns_steps"},
-    {"optimizer.ns_coefficients", "optimizer.muon_config.muon_ns_coefficients"},
-    {"optimizer.matched_adamw_rms", "optimizer.muon_config.muon_matched_adamw_rms"},
-    {"optimizer.adamw_betas", "optimizer.adamw_config.adamw_betas"},
-    {"optimizer.adamw_eps", "optimizer.adamw_config.adamw_eps"},
-    {"optimizer.qk_clip_enabled", "optimizer.muon_config.qk_clip_enabled"},
-    {"optimizer.qk_clip_threshold", "optimizer.muon_config.qk_clip_threshold"},
-    {"optimizer.comm_strategy", "optimizer.muon_config.muon_comm_strategy"},
-    {"optimizer.adamw_include", "optimizer.muon_config.adamw_include"},
+    /* MindFormers: one learning rate and one weight decay drive Muon and AdamW
+     * alike (Muon's step is scaled by matched_adamw_rms to match AdamW's). */
+    SHARED("lr_scheduler.learning_rate", "optimizer.muon_config.muon_lr", "optimizer.adamw_config.adamw_lr"),
+    SHARED("optimizer.weight_decay", "optimizer.muon_config.muon_weight_decay",
+           "optimizer.adamw_config.adamw_weight_decay"),
+    /* MindFormers has no variant key: coefficients given mean a custom schedule. */
+    RENAME_IMPLYING("optimizer.ns_coefficients", "optimizer.muon_config.muon_ns_coefficients",
+                    "optimizer.muon_config.muon_ns_variant=custom"),
+    /* MindFormers optimizer: a flat block (betas, eps: AdamW's). */
+    RENAME("optimizer.type", "optimizer._target_"),
+    RENAME("optimizer.betas", "optimizer.adamw_config.adamw_betas"),
+    RENAME("optimizer.eps", "optimizer.adamw_config.adamw_eps"),
+    RENAME("optimizer.momentum", "optimizer.muon_config.muon_momentum"),
+    RENAME("optimizer.nesterov", "optimizer.muon_config.muon_nesterov"),
+    RENAME("optimizer.ns_steps", "optimizer.muon_config.muon_ns_steps"),
+    RENAME("optimizer.matched_adamw_rms", "optimizer.muon_config.muon_matched_adamw_rms"),
+    RENAME("optimizer.adamw_betas", "optimizer.adamw_config.adamw_betas"),
+    RENAME("optimizer.adamw_eps", "optimizer.adamw_config.adamw_eps"),
+    RENAME("optimizer.qk_clip_enabled", "optimizer.muon_config.qk_clip_enabled"),
+    RENAME("optimizer.qk_clip_threshold", "optimizer.muon_config.qk_clip_threshold"),
+    RENAME("optimizer.comm_strategy", "optimizer.muon_config.muon_comm_strategy"),
+    RENAME("optimizer.adamw_include", "optimizer.muon_config.adamw_include"),
+    /* MindFormers: top-level seed, runner_config's per-device micro-batch. */
+    RENAME("seed", "training.seed"),
+    RENAME("runner_config.batch_size", "training.local_batch_size"),
+    /* HyperParallel AutoModels' training section. */
+    RENAME("training.max_steps", "training.steps"),
+    RENAME("training.micro_batch_size", "training.local_batch_size"),
+    RENAME("training.max_grad_norm", "training.max_norm"),
 };
 #define N_ALIASES ((int)(sizeof(ALIASES) / sizeof(ALIASES[0])))
+_Static_assert(sizeof(ALIASES) / sizeof(ALIASES[0]) < 255, "ht_config.alias is a uint8_t");
+
+/* Another dialect's name for a whole section. */
+static const struct {
+    const char *alias, *section;
+} SECTION_ALIASES[] = {
+    {"lr_schedule", "lr_scheduler"}, /* MindFormers */
+};
+#define N_SECTION_ALIASES ((int)(sizeof(SECTION_ALIASES) / sizeof(SECTION_ALIASES[0])))
+
+/* `path` with a section alias at its front replaced by the section ("lr_schedule.type" -> "lr_scheduler.type"). */
+static const char *canonical_path(const char *path, char *buf, size_t n) {
+    for (int s = 0; s < N_SECTION_ALIASES; s++) {
+        size_t len = strlen(SECTION_ALIASES[s].alias);
+        if (strncmp(path, SECTION_ALIASES[s].alias, len) == 0 && (path[len] == '.' || path[len] == '\0')) {
+            int w = snprintf(buf, n, "%s%s", SECTION_ALIASES[s].section, path + len);
+            return w >= 0 && (size_t)w < n ? buf : path; /* too long to be a key either way */
+        }
+    }
+    return path;
+}
 
 static int key_index_exact(const char *path) {
     for (int i = 0; i < N_KEYS; i++)
@@ -237,12 +303,32 @@ static int key_index_exact(const char *path) {
     return -1;
 }
 
-int ht_config_key_index(const char *key) {
-    int i = key_index_exact(key);
-    if (i >= 0) return i;
+static int alias_index(const char *path) {
+    char buf[256];
+    path = canonical_path(path, buf, sizeof(buf));
     for (int a = 0; a < N_ALIASES; a++)
-        if (strcmp(ALIASES[a].alias, key) == 0) return key_index_exact(ALIASES[a].key);
+        if (strcmp(ALIASES[a].alias, path) == 0) return a;
     return -1;
+}
+
+int ht_config_key_index(const char *key) {
+    char buf[256];
+    int i = key_index_exact(canonical_path(key, buf, sizeof(buf)));
+    if (i >= 0) return i;
+    int a = alias_index(key);
+    return a >= 0 && ALIASES[a].key ? key_index_exact(ALIASES[a].key) : -1;
+}
+
+/* Whether key i's current value was set by its own name or an alias that is another spelling of it (not weakly). */
+static bool set_by_own_name(const ht_config *cfg, int i) {
+    int a = cfg->alias[i] - 1;
+    return a < 0 || (ALIASES[a].key && strcmp(ALIASES[a].key, KEYS[i].path) == 0);
+}
+
+const char *ht_config_key_spelling(const ht_config *cfg, const char *key) {
+    int i = ht_config_key_index(key);
+    if (i < 0) return NULL;
+    return cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : KEYS[i].path;
 }
 
 int ht_config_key_count(void) { return N_KEYS; }
@@ -256,6 +342,8 @@ static bool has_prefix_dot(const char *s, const char *prefix) {
 
 /* A section is a proper dotted prefix of some key ("optimizer", "optimizer.muon_config"). */
 static bool is_section(const char *path) {
+    char buf[256];
+    path = canonical_path(path, buf, sizeof(buf));
     for (int i = 0; i < N_KEYS; i++)
         if (has_prefix_dot(KEYS[i].path, path)) return true;
     for (int a = 0; a < N_ALIASES; a++)
@@ -551,29 +639,84 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
         if (!node_int(node, 1, INT_MAX, &iv)) return false;
         *(int *)dst = (int)iv;
         return true;
-    case KT_REJECT: return false;
+    case KT_REJECT: return (k->flags & AUTO_OK) && (node_is_null(node) || node_int(node, -1, -1, &iv));
     }
     return false;
 }
 
-/* Sets key i of cfg from node (its key on `line`), recording the source; cfg is unchanged on error. */
+/* Sets key i of cfg from node (its key on `line`), recording the source and
+ * the alias `via` that named it (-1: its own name); cfg is unchanged on error. */
 static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_node_t *node, int line, const origin *o,
-                        ht_error *err) {
+                        int via, ht_error *err) {
     const key_desc *k = &KEYS[i];
     void *tmp = k->size ? calloc(1, k->size) : NULL; /* zeroed: equal configs are equal bytes */
     if (k->size && !tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", k->path);
     bool ok = convert(k, doc, node, tmp);
     if (ok) {
-        memcpy((char *)cfg + k->offset, tmp, k->size);
+        if (k->size) memcpy((char *)cfg + k->offset, tmp, k->size);
         cfg->source[i] = (uint8_t)o->source;
         cfg->line[i] = o->source == HT_CONFIG_SOURCE_FILE ? line : 0;
+        cfg->alias[i] = (uint8_t)(via + 1);
     }
     free(tmp);
-    return ok ? HT_OK : type_error(k, o, line, node, err);
+    if (ok) return HT_OK;
+    key_desc named = *k; /* the message names the key as it was written */
+    if (via >= 0) named.path = ALIASES[via].alias;
+    return type_error(&named, o, line, node, err);
 }
 
-/* Parses `text` as one YAML value (a scalar or a flow sequence) and assigns it to key i. */
-static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, ht_error *err) {
+static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, int via, ht_error *err);
+
+/* A weak write (a shared value) loses to the key's own name in the same source, and to any higher source. */
+static bool weak_may_set(const ht_config *cfg, int i, const origin *o) {
+    if (cfg->source[i] != o->source) return cfg->source[i] < o->source;
+    return !set_by_own_name(cfg, i);
+}
+
+/* Sets what alias a names from node: its key, its shared keys, what it implies. cfg is unchanged on error. */
+static ht_status assign_alias(ht_config *cfg, int a, yaml_document_t *doc, const yaml_node_t *node, int line,
+                              const origin *o, ht_error *err) {
+    const key_alias *A = &ALIASES[a];
+    /* Type-check against every shared key first, so that a failure leaves nothing half set. */
+    for (int s = 0; s < 2 && A->shared[s]; s++) {
+        const key_desc *k = &KEYS[key_index_exact(A->shared[s])];
+        void *tmp = calloc(1, k->size);
+        if (!tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", A->alias);
+        bool ok = convert(k, doc, node, tmp);
+        free(tmp);
+        if (!ok) {
+            key_desc named = *k;
+            named.path = A->alias;
+            return type_error(&named, o, line, node, err);
+        }
+    }
+    if (A->key) {
+        ht_status st = assign(cfg, key_index_exact(A->key), doc, node, line, o, a, err);
+        if (st != HT_OK) return st;
+    }
+    for (int s = 0; s < 2 && A->shared[s]; s++) {
+        int i = key_index_exact(A->shared[s]);
+        if (!weak_may_set(cfg, i, o)) continue;
+        ht_status st = assign(cfg, i, doc, node, line, o, a, err);
+        if (st != HT_OK) return st;
+    }
+    if (A->implies && !node_is_null(node)) {
+        const char *eq = strchr(A->implies, '=');
+        char key[256];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - A->implies), A->implies);
+        int i = key_index_exact(key);
+        if (weak_may_set(cfg, i, o)) {
+            ht_status st = assign_text(cfg, i, eq + 1, o, a, err);
+            if (st != HT_OK) return st;
+            cfg->line[i] = o->source == HT_CONFIG_SOURCE_FILE ? line : 0;
+        }
+    }
+    return HT_OK;
+}
+
+/* Parses `text` as one YAML value (a scalar or a flow sequence) and assigns it to key i
+ * (via: the alias that named it, or -1; i < 0: alias `via` names it). */
+static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, int via, ht_error *err) {
     yaml_parser_t parser;
     yaml_document_t doc;
     char where[HT_CONFIG_STR_MAX + 64];
@@ -582,14 +725,25 @@ static ht_status assign_text(ht_config *cfg, int i, const char *text, const orig
     if (!*text) text = "null";
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
     if (!yaml_parser_load(&parser, &doc)) {
-        ht_fail(err, HT_ERR_CONFIG, "%s%s: the value is not valid YAML: %s", where, KEYS[i].path,
+        ht_fail(err, HT_ERR_CONFIG, "%s%s: the value is not valid YAML: %s", where,
+                i >= 0     ? KEYS[i].path
+                : via >= 0 ? ALIASES[via].alias
+                           : "?",
                 parser.problem ? parser.problem : "unknown problem");
         yaml_parser_delete(&parser);
         return HT_ERR_CONFIG;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    ht_status st = root ? assign(cfg, i, &doc, root, 0, o, err)
-                        : ht_fail(err, HT_ERR_CONFIG, "%s%s: no value", where, KEYS[i].path);
+    ht_status st;
+    if (!root)
+        st = ht_fail(err, HT_ERR_CONFIG, "%s%s: no value", where,
+                     i >= 0     ? KEYS[i].path
+                     : via >= 0 ? ALIASES[via].alias
+                                : "?");
+    else if (i >= 0)
+        st = assign(cfg, i, &doc, root, 0, o, via, err);
+    else
+        st = assign_alias(cfg, via, &doc, root, 0, o, err);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     return st;
@@ -602,7 +756,7 @@ void ht_config_defaults(ht_config *cfg) {
         if (!KEYS[i].def) continue;
         ht_error err;
         /* Only a broken table entry can fail; test_config checks every default loads. */
-        if (assign_text(cfg, i, KEYS[i].def, &o, &err) != HT_OK) ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
+        if (assign_text(cfg, i, KEYS[i].def, &o, -1, &err) != HT_OK) ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
     }
 }
 
@@ -703,8 +857,8 @@ typedef struct loader {
     ht_config *cfg;
     yaml_document_t *doc;
     origin origin;
-    int seen_line[HT_CONFIG_MAX_KEYS]; /* where this file set each key, for duplicates */
-    const char *seen_as[HT_CONFIG_MAX_KEYS];
+    int seen_line[HT_CONFIG_MAX_KEYS]; /* where this file set each key by one of its names, for duplicates */
+    char seen_as[HT_CONFIG_MAX_KEYS][256];
 } loader;
 
 static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *prefix, ht_error *err) {
@@ -723,21 +877,32 @@ static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *pre
         char path[256];
         if (snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", name) >= (int)sizeof(path))
             return ht_fail(err, HT_ERR_CONFIG, "%s%.64s...: unknown key (too long)", where, path);
+        /* The same name twice, or a section and its alias (lr_scheduler, lr_schedule). */
+        char canon[256], prev_path[256], prev_canon[256];
+        snprintf(canon, sizeof(canon), "%s", canonical_path(path, prev_canon, sizeof(prev_canon)));
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
             yaml_node_t *prev = yaml_document_get_node(L->doc, q->key);
-            if (prev->type == YAML_SCALAR_NODE && strcmp(scalar_text(prev), name) == 0)
-                return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key (first set on line %d)", where, path,
-                               node_line(prev));
+            if (prev->type != YAML_SCALAR_NODE) continue;
+            snprintf(prev_path, sizeof(prev_path), "%s%s%s", prefix, *prefix ? "." : "", scalar_text(prev));
+            if (strcmp(canonical_path(prev_path, prev_canon, sizeof(prev_canon)), canon) == 0)
+                return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key (first set on line %d%s%s)", where, path,
+                               node_line(prev), strcmp(prev_path, path) ? " as " : "",
+                               strcmp(prev_path, path) ? prev_path : "");
         }
-        int i = ht_config_key_index(path);
-        if (i >= 0) {
-            if (L->seen_line[i])
+        int i = key_index_exact(canon), a = i < 0 ? alias_index(path) : -1;
+        if (i < 0 && a >= 0 && ALIASES[a].key) i = key_index_exact(ALIASES[a].key);
+        if (i >= 0 || a >= 0) {
+            /* Two names of one key in one file is a duplicate; a shared value is not (the key's own name wins). */
+            if (i >= 0 && L->seen_line[i])
                 return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key: %s was already set on line %d as %s", where,
                                path, KEYS[i].path, L->seen_line[i], L->seen_as[i]);
-            ht_status st = assign(L->cfg, i, L->doc, value, node_line(key), &L->origin, err);
+            ht_status st = a >= 0 ? assign_alias(L->cfg, a, L->doc, value, node_line(key), &L->origin, err)
+                                  : assign(L->cfg, i, L->doc, value, node_line(key), &L->origin, -1, err);
             if (st != HT_OK) return st;
-            L->seen_line[i] = node_line(key);
-            L->seen_as[i] = name;
+            if (i >= 0) {
+                L->seen_line[i] = node_line(key);
+                snprintf(L->seen_as[i], sizeof(L->seen_as[i]), "%s", path);
+            }
         } else if (is_section(path)) {
             if (node_is_null(value)) continue; /* an empty section */
             if (value->type != YAML_MAPPING_NODE) {
@@ -848,7 +1013,9 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
     if (klen >= sizeof(path)) return ht_fail(err, HT_ERR_CONFIG, "%sunknown key (too long)", where);
     memcpy(path, assignment, klen);
     path[klen] = '\0';
-    int i = ht_config_key_index(path);
+    char buf[256];
+    int i = key_index_exact(canonical_path(path, buf, sizeof(buf))), a = i < 0 ? alias_index(path) : -1;
+    if (a >= 0) return assign_text(cfg, -1, eq + 1, &o, a, err);
     if (i < 0) {
         if (is_section(path)) {
             char keys[1024];
@@ -858,7 +1025,7 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
         }
         return unknown_key(where, path, err);
     }
-    return assign_text(cfg, i, eq + 1, &o, err);
+    return assign_text(cfg, i, eq + 1, &o, -1, err);
 }
 
 ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err) {
@@ -1057,6 +1224,16 @@ bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, si
     return true;
 }
 
+/* "file, line 12", "command line", "default"; ", as <alias>" when an alias set it. */
+static void describe_source(const ht_config *cfg, int i, char *buf, size_t n) {
+    const char *as = cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : NULL;
+    if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
+        snprintf(buf, n, "file, line %d%s%s", cfg->line[i], as ? ", as " : "", as ? as : "");
+    else
+        snprintf(buf, n, "%s%s%s", ht_config_source_name((ht_config_source)cfg->source[i]), as ? ", as " : "",
+                 as ? as : "");
+}
+
 void ht_config_log(const ht_config *cfg) {
     int key_w = 3, val_w = 5;
     char value[1024];
@@ -1073,12 +1250,40 @@ void ht_config_log(const ht_config *cfg) {
     for (int i = 0; i < N_KEYS; i++) {
         if (KEYS[i].type == KT_REJECT) continue;
         format_value(cfg, i, value, sizeof(value));
-        char source[64];
-        if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
-            snprintf(source, sizeof(source), "file, line %d", cfg->line[i]);
-        else
-            snprintf(source, sizeof(source), "%s", ht_config_source_name((ht_config_source)cfg->source[i]));
+        char source[320];
+        describe_source(cfg, i, source, sizeof(source));
         ht_log_info("  %-*s  %-*s  %s", key_w, KEYS[i].path, val_w, value, source);
+    }
+}
+
+void ht_config_log_section(const ht_config *cfg, const char *title, const char *prefix) {
+    size_t plen = strlen(prefix);
+    int key_w = 3, def_w = 7, conf_w = 10;
+    char value[1024], conf[1400], source[320];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            ht_log_info("Effective %s config", title);
+            ht_log_info("  %-*s  %-*s  %-*s  %s", key_w, "key", def_w, "default", conf_w, "configured", "final");
+        }
+        for (int i = 0; i < N_KEYS; i++) {
+            if (KEYS[i].type == KT_REJECT || strncmp(KEYS[i].path, prefix, plen) != 0) continue;
+            const char *name = KEYS[i].path[plen] ? KEYS[i].path + plen : KEYS[i].path;
+            format_value(cfg, i, value, sizeof(value));
+            if (cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT) {
+                snprintf(conf, sizeof(conf), "-");
+            } else {
+                describe_source(cfg, i, source, sizeof(source));
+                snprintf(conf, sizeof(conf), "%s (%s)", value, source);
+            }
+            if (pass == 0) {
+                int kl = (int)strlen(name), dl = (int)strlen(KEYS[i].def), cl = (int)strlen(conf);
+                if (kl > key_w) key_w = kl;
+                if (dl > def_w && dl <= 40) def_w = dl;
+                if (cl > conf_w && cl <= 60) conf_w = cl;
+                continue;
+            }
+            ht_log_info("  %-*s  %-*s  %-*s  %s", key_w, name, def_w, KEYS[i].def, conf_w, conf, value);
+        }
     }
 }
 

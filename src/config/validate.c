@@ -14,14 +14,18 @@ typedef struct report {
     int count;
 } report;
 
-/* "f.yaml:12: training.max_norm", "training.max_norm (--set)" or "training.max_norm (default)". */
+/* "f.yaml:12: training.max_norm", "training.max_norm (--set)" or "training.max_norm (default)";
+ * set through an alias: "f.yaml:12: optimizer.muon_config.muon_lr (as lr_scheduler.learning_rate)". */
 static const char *at(const ht_config *cfg, const char *key, char *buf, size_t n) {
     int line = 0;
     ht_config_source src = ht_config_key_source(cfg, key, &line);
+    const char *spelling = ht_config_key_spelling(cfg, key);
+    char as[300] = "";
+    if (spelling && strcmp(spelling, key) != 0) snprintf(as, sizeof(as), " (as %s)", spelling);
     if (src == HT_CONFIG_SOURCE_FILE && line > 0)
-        snprintf(buf, n, "%s:%d: %s", cfg->file, line, key);
+        snprintf(buf, n, "%s:%d: %s%s", cfg->file, line, key, as);
     else if (src == HT_CONFIG_SOURCE_CLI)
-        snprintf(buf, n, "%s (--set)", key);
+        snprintf(buf, n, "%s%s (--set)", key, as);
     else
         snprintf(buf, n, "%s (default)", key);
     return buf;
@@ -54,11 +58,44 @@ static void check_polynomial(report *r, const char *lr_key, double lr) {
     const ht_config *cfg = r->cfg;
     if (cfg->lr_scheduler.type != HT_CONFIG_LR_POLYNOMIAL_WARMUP || lr > cfg->lr_scheduler.lr_end) return;
     char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    /* Named as the user wrote it: MindFormers' one lr_scheduler.learning_rate for both optimizers. */
+    const char *spelling = ht_config_key_spelling(cfg, lr_key);
     add(r,
         "%s: PolynomialWithWarmUpLR decays from the base lr down to lr_end, so expected %s > lr_end, found %g <= %g "
         "(%s)",
-        at(cfg, lr_key, a, sizeof(a)), lr_key, lr, cfg->lr_scheduler.lr_end,
+        at(cfg, lr_key, a, sizeof(a)), spelling ? spelling : lr_key, lr, cfg->lr_scheduler.lr_end,
         at(cfg, "lr_scheduler.lr_end", b, sizeof(b)));
+}
+
+/* muon_ns_coefficients (NUMERICS.md, custom / segmented): finite, and not shorter than ns_steps. */
+static void check_ns_coefficients(report *r) {
+    const ht_config *cfg = r->cfg;
+    const char *key = "optimizer.muon_config.muon_ns_coefficients", *steps_key = "optimizer.muon_config.muon_ns_steps";
+    const ht_config_ns_coefficients *ns = &cfg->optimizer.muon.ns_coefficients;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    if (ns->count < 0 || ns->count > HT_CONFIG_NS_MAX) {
+        add(r, "%s: expected at most %d entries, found %d", at(cfg, key, a, sizeof(a)), HT_CONFIG_NS_MAX, ns->count);
+        return;
+    }
+    long long length = 0;
+    for (int j = 0; j < ns->count; j++) {
+        const double *abc = ns->abc[j];
+        if (!isfinite(abc[0]) || !isfinite(abc[1]) || !isfinite(abc[2]))
+            add(r, "%s: expected finite coefficients, found [%g, %g, %g] in entry %d", at(cfg, key, a, sizeof(a)),
+                abc[0], abc[1], abc[2], j + 1);
+        bool repeat_ok = ns->repeat[j] >= 1 || (ns->repeat[j] == 0 && ns->count == 1);
+        if (!repeat_ok)
+            add(r, "%s: expected a count >= 1, found %d in entry %d", at(cfg, key, a, sizeof(a)), ns->repeat[j], j + 1);
+        length += ns->repeat[j];
+    }
+    /* [a, b, c] alone (repeat 0) runs ns_steps times. A segmented schedule runs its own length; when ns_steps
+     * was also given, a shorter schedule would silently run fewer steps than asked for. */
+    int line = 0;
+    bool steps_given = ht_config_key_source(cfg, steps_key, &line) != HT_CONFIG_SOURCE_DEFAULT;
+    bool segmented = !(ns->count == 1 && ns->repeat[0] == 0);
+    if (ns->count > 0 && segmented && steps_given && length < cfg->optimizer.muon.ns_steps)
+        add(r, "%s: expected a schedule of at least muon_ns_steps = %d steps (%s), found %lld",
+            at(cfg, key, a, sizeof(a)), cfg->optimizer.muon.ns_steps, at(cfg, steps_key, b, sizeof(b)), length);
 }
 
 ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err) {
@@ -117,6 +154,17 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->training.log_interval > 0, "training.log_interval", pos);
     check(&r, cfg->training.eval_interval >= 0, "training.eval_interval", "an integer >= 0 (0: never)");
     check(&r, cfg->training.eval_interval == 0 || cfg->training.eval_batches > 0, "training.eval_batches", pos);
+    /* fp16 loss scaling (NUMERICS.md): checked whatever the dtype, so that a later switch to fp16 cannot fail late. */
+    check(&r, cfg->training.loss_scale_min > 0, "training.loss_scale_min", "a number > 0");
+    if (cfg->training.loss_scale_min > 0 && cfg->training.loss_scale_initial < cfg->training.loss_scale_min)
+        add(&r, "%s: expected at least training.loss_scale_min = %g (%s), found %g",
+            at(cfg, "training.loss_scale_initial", a, sizeof(a)), cfg->training.loss_scale_min,
+            at(cfg, "training.loss_scale_min", b, sizeof(b)), cfg->training.loss_scale_initial);
+    check(&r, cfg->training.loss_scale_growth_interval > 0, "training.loss_scale_growth_interval", pos);
+    check(&r, cfg->training.loss_scale_growth_factor > 1, "training.loss_scale_growth_factor", "a number > 1");
+    check(&r, cfg->training.loss_scale_backoff_factor > 0 && cfg->training.loss_scale_backoff_factor < 1,
+          "training.loss_scale_backoff_factor", "a number in (0, 1)");
+    check(&r, cfg->training.loss_scale_hysteresis > 0, "training.loss_scale_hysteresis", pos);
 
     /* Optimizer. */
     check(&r, cfg->optimizer.adamw.lr >= 0, "optimizer.adamw_config.adamw_lr", "a number >= 0");
@@ -126,6 +174,8 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
               cfg->optimizer.adamw.betas[1] >= 0 && cfg->optimizer.adamw.betas[1] < 1,
           "optimizer.adamw_config.adamw_betas", "two numbers in [0, 1)");
     check(&r, cfg->optimizer.adamw.eps > 0, "optimizer.adamw_config.adamw_eps", "a number > 0");
+    check(&r, cfg->optimizer.muon.ns_dtype == HT_DTYPE_F32 || cfg->optimizer.muon.ns_dtype == HT_DTYPE_BF16,
+          "optimizer.muon_config.muon_ns_dtype", "one of float32, bfloat16");
     if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON) {
         const char *ns_key = "optimizer.muon_config.muon_ns_steps";
         check(&r, cfg->optimizer.muon.lr >= 0, "optimizer.muon_config.muon_lr", "a number >= 0");
@@ -133,8 +183,9 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
         check(&r, cfg->optimizer.muon.momentum >= 0 && cfg->optimizer.muon.momentum < 1,
               "optimizer.muon_config.muon_momentum", "a number in [0, 1)");
         check(&r, cfg->optimizer.muon.ns_steps > 0, ns_key, pos);
-        check(&r, cfg->optimizer.muon.matched_adamw_rms >= 0, "optimizer.muon_config.muon_matched_adamw_rms",
-              "a number >= 0 (0: the original scale rule)");
+        check(&r, cfg->optimizer.muon.matched_adamw_rms >= 0 && isfinite(cfg->optimizer.muon.matched_adamw_rms),
+              "optimizer.muon_config.muon_matched_adamw_rms", "a number >= 0 (0: the original scale rule)");
+        check(&r, cfg->optimizer.muon.ns_eps >= 0, "optimizer.muon_config.muon_ns_eps", "a number >= 0");
         /* asym5 has five triples; running "6" of them would silently be 5 (NUMERICS.md). */
         if (cfg->optimizer.muon.ns_variant == HT_CONFIG_NS_ASYM5 && cfg->optimizer.muon.ns_steps > 5)
             add(&r, "%s: expected at most 5 with muon_ns_variant asym5 (%s), found %d", at(cfg, ns_key, a, sizeof(a)),
@@ -146,6 +197,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
                 at(cfg, "optimizer.muon_config.muon_ns_coefficients", a, sizeof(a)),
                 custom ? "coefficients" : "null (coefficients are only used)", custom ? "custom" : "other than custom",
                 at(cfg, "optimizer.muon_config.muon_ns_variant", b, sizeof(b)));
+        check_ns_coefficients(&r);
         check(&r, !cfg->optimizer.muon.qk_clip_enabled || cfg->optimizer.muon.qk_clip_threshold > 0,
               "optimizer.muon_config.qk_clip_threshold", "a number > 0");
     }
@@ -167,7 +219,11 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
           "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
     check(&r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
     check_polynomial(&r, "optimizer.adamw_config.adamw_lr", cfg->optimizer.adamw.lr);
-    if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON)
+    /* One shared learning_rate that set both is one error, not two. */
+    const char *muon_as = ht_config_key_spelling(cfg, "optimizer.muon_config.muon_lr");
+    bool one_lr = strcmp(muon_as, ht_config_key_spelling(cfg, "optimizer.adamw_config.adamw_lr")) == 0 &&
+                  cfg->optimizer.muon.lr == cfg->optimizer.adamw.lr;
+    if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON && !one_lr)
         check_polynomial(&r, "optimizer.muon_config.muon_lr", cfg->optimizer.muon.lr);
 
     /* Sharding and checkpoints. */
