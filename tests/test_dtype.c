@@ -196,12 +196,49 @@ static void test_against_torch(void **state) {
     ht_safetensors_close(st);
 }
 
+/* Stochastic rounding: always one of the two neighbours, unbiased on average,
+ * exact values untouched, reproducible for a seed. */
+static void test_stochastic_rounding(void **state) {
+    (void)state;
+    enum { N = 200000 };
+    static float src[N];
+    static uint16_t a[N], b[N];
+    const ht_dtype types[2] = {HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int t = 0; t < 2; t++) {
+        bool bf = types[t] == HT_DTYPE_BF16;
+        float x = bf ? 1.0f + 0x1p-9f : 1.0f + 0x1p-12f; /* a quarter of the way from 1 to the next value */
+        float up = bf ? 1.0f + 0x1p-7f : 1.0f + 0x1p-10f;
+        for (int i = 0; i < N; i++) src[i] = i % 2 ? x : -x;
+        src[7] = 0.5f; /* exact */
+        ht_convert_stochastic(a, types[t], src, N, 42);
+        ht_convert_stochastic(b, types[t], src, N, 42);
+        assert_memory_equal(a, b, sizeof(a));
+        double sum = 0;
+        int n = 0;
+        for (int i = 1; i < N; i += 2) {
+            if (i == 7) continue;
+            float v = bf ? ht_bf16_to_f32(a[i]) : ht_f16_to_f32(a[i]);
+            assert_true(v == 1.0f || v == up);
+            sum += v;
+            n++;
+        }
+        for (int i = 0; i < N; i += 2) {
+            float v = bf ? ht_bf16_to_f32(a[i]) : ht_f16_to_f32(a[i]);
+            assert_true(v == -1.0f || v == -up);
+        }
+        assert_true((bf ? ht_bf16_to_f32(a[7]) : ht_f16_to_f32(a[7])) == 0.5f);
+        /* The mean over 100,000 draws lands within 5 standard deviations of x. */
+        double p = 0.25, sd = sqrt(p * (1 - p) / n) * (double)(up - 1.0f);
+        assert_true(fabs(sum / n - (double)x) < 5 * sd);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_to_f32_all),  cmocka_unit_test(test_f32_to_f16_all),
         cmocka_unit_test(test_bf16_to_f32_all), cmocka_unit_test(test_f32_to_bf16_all),
         cmocka_unit_test(test_edge_cases),      cmocka_unit_test(test_bulk_convert),
-        cmocka_unit_test(test_against_torch),
+        cmocka_unit_test(test_against_torch),   cmocka_unit_test(test_stochastic_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,6 +68,11 @@ float ht_bf16_to_f32(uint16_t x);
 uint16_t ht_f32_to_f16(float x);
 float ht_f16_to_f32(uint16_t x);
 
+/* FP32 -> bf16 or f16 with stochastic rounding: each value becomes one of its
+ * two neighbours with probability proportional to closeness, from a
+ * counter-based stream (seed, element index), so a result is reproducible. */
+void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed);
+
 /* Converts n elements between any two float dtypes (f32, bf16, f16). */
 void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
 

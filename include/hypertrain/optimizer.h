@@ -43,6 +43,8 @@ typedef struct ht_optimizer_config {
     double max_norm;
     bool loss_scaling; /* dynamic loss scaling (float16 models) */
     ht_loss_scaler scaler;
+    bool stochastic_rounding; /* cast main params back with stochastic rounding */
+    uint64_t seed;            /* its random stream */
 } ht_optimizer_config;
 
 typedef struct ht_optimizer {
@@ -60,6 +62,8 @@ typedef struct ht_optimizer {
     ht_lr_schedule muon_schedule, adamw_schedule;
     bool loss_scaling;
     ht_loss_scaler scaler;
+    bool stochastic_rounding;
+    uint64_t seed;
     int64_t step; /* successful steps: the schedules' step index */
 } ht_optimizer;
 

@@ -2,6 +2,7 @@
  * between them (NUMERICS.md, floating-point formats), plus dtype names. */
 #include "hypertrain/base.h"
 
+#include <math.h>
 #include <string.h>
 
 static const struct {
@@ -141,5 +142,33 @@ void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dty
     for (size_t i = 0; i < n; i++) {
         float v = src_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(s16[i]) : ht_f16_to_f32(s16[i]);
         d16[i] = dst_dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(v) : ht_f32_to_f16(v);
+    }
+}
+
+/* A uniform [0, 1) from (seed, i): splitmix64's finaliser over the pair. */
+static inline double counter_uniform(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1p-53;
+}
+
+void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed) {
+    bool bf16 = dst_dtype == HT_DTYPE_BF16;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = src[i];
+        uint16_t h = bf16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
+        float v = bf16 ? ht_bf16_to_f32(h) : ht_f16_to_f32(h);
+        if (v == x || !isfinite(x) || !isfinite(v)) {
+            dst[i] = h;
+            continue;
+        }
+        /* Neighbours in magnitude: the sign bit is separate, so +-1 on the pattern moves away from or toward 0. */
+        uint16_t lo = fabsf(v) > fabsf(x) ? (uint16_t)(h - 1) : h, hi = fabsf(v) > fabsf(x) ? h : (uint16_t)(h + 1);
+        float flo = bf16 ? ht_bf16_to_f32(lo) : ht_f16_to_f32(lo), fhi = bf16 ? ht_bf16_to_f32(hi) : ht_f16_to_f32(hi);
+        double p_hi = ((double)fabsf(x) - fabs((double)flo)) / (fabs((double)fhi) - fabs((double)flo));
+        dst[i] = counter_uniform(seed, i) < p_hi ? hi : lo;
     }
 }

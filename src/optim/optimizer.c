@@ -73,6 +73,8 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
     opt->adamw_schedule = cfg->adamw_schedule;
     opt->loss_scaling = cfg->loss_scaling;
     opt->scaler = cfg->scaler;
+    opt->stochastic_rounding = cfg->stochastic_rounding;
+    opt->seed = cfg->seed;
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (p->trainable && !ht_dtype_is_float(p->dtype))
@@ -197,6 +199,14 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
     r->adamw_lr = ht_lr_at(&opt->adamw_schedule, opt->step);
     if (opt->muon) ht_muon_step(opt->muon, r->muon_lr);
     if (opt->adamw) ht_adamw_step(opt->adamw, r->adamw_lr);
+    /* The leaves rounded to nearest in their pass; stochastic rounding redoes the cast. */
+    if (opt->stochastic_rounding)
+        for (int i = 0; i < opt->float16_count; i++) {
+            ht_param *p = opt->float16_groups[i];
+            uint64_t stream =
+                opt->seed ^ ht_fnv1a64(p->name, strlen(p->name), (uint64_t)opt->step * 0x9e3779b97f4a7c15ULL);
+            ht_convert_stochastic(p->data, p->dtype, p->main_param, (size_t)ht_param_local_numel(p), stream);
+        }
     if (opt->loss_scaling) ht_loss_scaler_update(&opt->scaler, false);
     opt->step++;
     ht_params_zero_grad(ps);

@@ -42,6 +42,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
+    ht_log_info("Processes: world size 1; shard layout: every parameter whole on rank 0");
     ht_dtype dtype = t->model->params.items[0].dtype;
     ht_log_info("Model: %.2fM parameters in %s; GEMM: %s", (double)ht_params_total_numel(&t->model->params) / 1e6,
                 ht_dtype_name(dtype), ht_gemm_kernel_name(dtype));
@@ -137,7 +138,7 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
             c->optimizer.muon.momentum_style == HT_CONFIG_MOMENTUM_EMA ? HT_MUON_MOMENTUM_EMA : HT_MUON_MOMENTUM_SUM,
         .ns_eps = c->optimizer.muon.ns_eps,
         .matched_adamw_rms = c->optimizer.muon.matched_adamw_rms,
-        .ns_dtype = HT_DTYPE_F32,
+        .ns_dtype = c->optimizer.muon.ns_dtype,
     };
     return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], c->optimizer.muon.ns_steps, segments,
                                  nc->count, &mc->schedule, err);
@@ -166,7 +167,13 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     oc.max_norm = c->training.max_norm;
     /* float16 models train with a dynamic loss scale (NUMERICS.md). */
     oc.loss_scaling = t->model->params.items[0].dtype == HT_DTYPE_F16;
-    ht_loss_scaler_init(&oc.scaler, 65536.0, 2.0, 0.5, 1000, 2, 1.0);
+    ht_loss_scaler_init(&oc.scaler, c->training.loss_scale_initial, c->training.loss_scale_growth_factor,
+                        c->training.loss_scale_backoff_factor, c->training.loss_scale_growth_interval,
+                        c->training.loss_scale_hysteresis, c->training.loss_scale_min);
+    oc.stochastic_rounding = c->optimizer.stochastic_rounding;
+    oc.seed = (uint64_t)c->training.seed;
+    if (oc.use_muon) ht_config_log_section(c, "muon", "optimizer.muon_config.");
+    ht_config_log_section(c, "adamw", "optimizer.adamw_config.");
     s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
     if (s != HT_OK) return s;
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
