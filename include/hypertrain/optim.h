@@ -50,6 +50,107 @@ void ht_adamw_free(ht_adamw *opt);
 void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
                      double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype);
 
+/* ---------------------------------------------------------------- Muon */
+
+/* Newton-Schulz coefficient schedules (NUMERICS.md, Muon). */
+typedef enum ht_ns_variant {
+    HT_NS_LEGACY = 0,    /* (3.4445, -4.7750, 2.0315) every iteration, K = ns_steps */
+    HT_NS_ASYM5,         /* five triples, K = ns_steps <= 5 */
+    HT_NS_POLAR_EXPRESS, /* five triples, the last repeated past 5, K = ns_steps */
+    HT_NS_DEEPSEEK_V4,   /* legacy x 8, then (2, -1.5, 0.5) x 2: K = 10 whatever ns_steps says */
+    HT_NS_CUSTOM,        /* the caller's segments */
+    HT_NS_VARIANT_COUNT
+} ht_ns_variant;
+
+#define HT_NS_MAX_STEPS 100 /* longest expanded schedule (torch.optim.Muon's bound too) */
+
+/* Names as the config spells them: "legacy", "asym5", "polar_express", ... */
+const char *ht_ns_variant_name(ht_ns_variant variant);
+bool ht_ns_variant_from_name(const char *name, ht_ns_variant *out);
+
+/* One segment of a custom schedule: (a, b, c) for `repeat` iterations. As the
+ * config reads muon_ns_coefficients: [a, b, c] is one segment with repeat 0,
+ * meaning ns_steps times; [[a, b, c], ...] one segment per triple, repeat 1;
+ * [[[a, b, c], n], ...] segments of n. */
+typedef struct ht_ns_segment {
+    double abc[3];
+    int repeat;
+} ht_ns_segment;
+
+/* The expanded schedule: iteration k runs coeffs[k] = (a, b, c). */
+typedef struct ht_ns_schedule {
+    int steps; /* K */
+    double coeffs[HT_NS_MAX_STEPS][3];
+} ht_ns_schedule;
+
+/* Expands (variant, ns_steps, custom segments) into one triple per iteration.
+ * Segments are read only for HT_NS_CUSTOM, where a schedule expands to the
+ * sum of its repeats (ns_steps is not a cap) and one shorter than ns_steps is
+ * an error, as are asym5 with ns_steps > 5, ns_steps < 1, non-finite
+ * coefficients and more than HT_NS_MAX_STEPS iterations. Errors name the
+ * config key (optimizer.muon_config.muon_ns_steps, ..._ns_coefficients). */
+ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns_segment *segments, int segment_count,
+                                ht_ns_schedule *out, ht_error *err);
+
+/* Floats of workspace ht_newton_schulz needs for one (rows, cols) matrix. */
+size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype);
+/* O = NS(G) for one (rows, cols) row-major FP32 matrix (NUMERICS.md, Muon):
+ * normalized by its Frobenius norm (accumulated in double) + eps, then
+ * sched->steps iterations, every product on ht_gemm with FP32 accumulation.
+ * ns_dtype F32 multiplies FP32 operands; BF16 rounds the operands of each
+ * product to bf16 (for CPUs with fast bf16 GEMM). O may be G. `work` holds
+ * ht_newton_schulz_workspace(rows, cols, ns_dtype) floats. */
+void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
+                      ht_dtype ns_dtype, float *work);
+
+typedef enum ht_muon_momentum_style {
+    HT_MUON_MOMENTUM_SUM = 0, /* B <- mu B + g; nesterov u = g + mu B (HyperParallel, Moonlight) */
+    HT_MUON_MOMENTUM_EMA,     /* B <- mu B + (1 - mu) g; nesterov u = (1 - mu) g + mu B (PyTorch) */
+} ht_muon_momentum_style;
+
+typedef struct ht_muon_config {
+    double lr; /* the base lr; each step takes the scheduled lr */
+    double weight_decay;
+    double momentum; /* mu, in [0, 1) */
+    bool nesterov;
+    ht_muon_momentum_style momentum_style;
+    ht_ns_schedule schedule;  /* from ht_ns_schedule_expand */
+    double ns_eps;            /* > 0 */
+    double matched_adamw_rms; /* > 0: scale = rms sqrt(max(A, B)); 0: sqrt(max(1, A / B)) */
+    ht_dtype ns_dtype;        /* F32, or BF16 operands with FP32 accumulation */
+} ht_muon_config;
+
+/* One parameter as Muon sees it: `matrices` (A, B) matrices, E of a 3-D
+ * (E, A, B) param or 1 of a 2-D (A, B) one. State is keyed by the name. */
+typedef struct ht_muon_slot {
+    ht_param *param;
+    int64_t matrices, rows, cols; /* E, A, B */
+    double scale;                 /* the update scale of an (A, B) matrix */
+    float *momentum_buffer;       /* (E, A, B) FP32, the param's layout */
+    int64_t step;                 /* updates taken so far */
+} ht_muon_slot;
+
+typedef struct ht_muon {
+    ht_muon_config config;
+    ht_muon_slot *slots;
+    int count;
+    float *state_block; /* one allocation for every momentum_buffer */
+    float *work;        /* the update of one matrix + Newton-Schulz workspace, sized for the largest */
+} ht_muon;
+
+/* Takes every param in `params`: each must be 2-D or 3-D, hold the whole
+ * matrix (rows [0, shape[0]): distributed Muon gathers it first) and have an
+ * FP32 main_param and main_grad; errors name the param or the config key. */
+ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err);
+/* One update of every slot with learning rate `lr` (NUMERICS.md, Muon):
+ * momentum, Newton-Schulz per matrix, decoupled weight decay, the scaled
+ * step, and the cast back to the model dtype fused into the last pass. */
+void ht_muon_step(ht_muon *opt, double lr);
+void ht_muon_free(ht_muon *opt);
+
+/* The update scale of an (rows, cols) matrix (NUMERICS.md, Muon). */
+double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms);
+
 /* ---------------------------------------------------------------- LR schedules */
 
 typedef enum ht_lr_type {

@@ -1,0 +1,172 @@
+/* The Muon leaf optimizer (NUMERICS.md, Muon): momentum, Newton-Schulz per
+ * matrix (3-D params are stacks of matrices), decoupled weight decay and the
+ * scaled update, with the cast back to the model dtype fused into that pass.
+ * It owns the momentum buffers and one workspace sized for the largest matrix. */
+#include "hypertrain/optim.h"
+
+#include <math.h>
+#include <string.h>
+
+double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms) {
+    if (matched_adamw_rms > 0) return matched_adamw_rms * sqrt((double)(rows > cols ? rows : cols));
+    double ratio = (double)rows / (double)cols;
+    return sqrt(ratio > 1.0 ? ratio : 1.0);
+}
+
+static ht_status check_config(const ht_muon_config *c, ht_error *err) {
+    if (!(c->momentum >= 0 && c->momentum < 1))
+        return ht_fail(err, HT_ERR_CONFIG, "optimizer.muon_config.muon_momentum: expected a number in [0, 1), found %g",
+                       c->momentum);
+    if (!(c->weight_decay >= 0))
+        return ht_fail(err, HT_ERR_CONFIG, "optimizer.muon_config.muon_weight_decay: expected a number >= 0, found %g",
+                       c->weight_decay);
+    if (!(c->ns_eps > 0) || !isfinite(c->ns_eps))
+        return ht_fail(err, HT_ERR_CONFIG, "optimizer.muon_config.muon_ns_eps: expected a number > 0, found %g",
+                       c->ns_eps);
+    if (!(c->matched_adamw_rms >= 0) || !isfinite(c->matched_adamw_rms))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "optimizer.muon_config.muon_matched_adamw_rms: expected a number >= 0 (0: the original scale "
+                       "rule), found %g",
+                       c->matched_adamw_rms);
+    if (c->momentum_style != HT_MUON_MOMENTUM_SUM && c->momentum_style != HT_MUON_MOMENTUM_EMA)
+        return ht_fail(err, HT_ERR_CONFIG, "optimizer.muon_config.muon_momentum_style: expected sum or ema");
+    if (c->schedule.steps < 1 || c->schedule.steps > HT_NS_MAX_STEPS)
+        return ht_fail(err, HT_ERR_INVALID, "Muon: the Newton-Schulz schedule has %d iterations (not expanded?)",
+                       c->schedule.steps);
+    for (int k = 0; k < c->schedule.steps; k++)
+        for (int j = 0; j < 3; j++)
+            if (!isfinite(c->schedule.coeffs[k][j]))
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "optimizer.muon_config.muon_ns_coefficients: iteration %d has a non-finite coefficient",
+                               k);
+    if (c->ns_dtype != HT_DTYPE_F32 && c->ns_dtype != HT_DTYPE_BF16)
+        return ht_fail(err, HT_ERR_CONFIG, "Muon: Newton-Schulz runs in float32 or bfloat16, not %s",
+                       ht_dtype_name(c->ns_dtype));
+    return HT_OK;
+}
+
+static ht_status check_param(const ht_param *p, ht_error *err) {
+    if (p->ndim != 2 && p->ndim != 3)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "Muon: parameter %s has %d dims; Muon takes matrices (A, B) and stacks of them (E, A, B), "
+                       "route it to AdamW",
+                       p->name, p->ndim);
+    if (p->row0 != 0 || p->row1 != p->shape[0])
+        return ht_fail(err, HT_ERR_INVALID,
+                       "Muon: parameter %s holds rows [%lld, %lld) of %lld; distributed Muon needs the full matrix "
+                       "(gather it before the step)",
+                       p->name, (long long)p->row0, (long long)p->row1, (long long)p->shape[0]);
+    if (!p->main_param || !p->main_grad)
+        return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has no FP32 main param or main grad", p->name);
+    if (p->dtype != HT_DTYPE_F32 && p->dtype != HT_DTYPE_BF16 && p->dtype != HT_DTYPE_F16)
+        return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has dtype %s; expected a float dtype", p->name,
+                       ht_dtype_name(p->dtype));
+    return HT_OK;
+}
+
+ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err) {
+    memset(opt, 0, sizeof(*opt));
+    ht_status st = check_config(cfg, err);
+    if (st != HT_OK) return st;
+    size_t floats = 0, work = 0;
+    for (int i = 0; i < count; i++) {
+        if ((st = check_param(params[i], err)) != HT_OK) return st;
+        const ht_param *p = params[i];
+        int64_t rows = p->shape[p->ndim - 2], cols = p->shape[p->ndim - 1];
+        size_t need = (size_t)(rows * cols) + ht_newton_schulz_workspace(rows, cols, cfg->ns_dtype);
+        if (need > work) work = need;
+        floats += (size_t)ht_param_local_numel(p);
+    }
+    opt->config = *cfg;
+    opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_muon_slot));
+    opt->state_block = ht_alloc((floats > 0 ? floats : 1) * sizeof(float));
+    opt->work = ht_alloc((work > 0 ? work : 1) * sizeof(float));
+    if (!opt->slots || !opt->state_block || !opt->work) {
+        ht_muon_free(opt);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of Muon state and workspace",
+                       (floats + work) * sizeof(float));
+    }
+    float *next = opt->state_block;
+    for (int i = 0; i < count; i++) {
+        ht_param *p = params[i];
+        ht_muon_slot *s = &opt->slots[opt->count++];
+        s->param = p;
+        s->matrices = p->ndim == 3 ? p->shape[0] : 1;
+        s->rows = p->shape[p->ndim - 2];
+        s->cols = p->shape[p->ndim - 1];
+        s->scale = ht_muon_update_scale(s->rows, s->cols, cfg->matched_adamw_rms);
+        s->momentum_buffer = next;
+        next += ht_param_local_numel(p);
+    }
+    return HT_OK;
+}
+
+/* B <- momentum(B, g) and u, the matrix Newton-Schulz takes (NUMERICS.md,
+ * Muon). Without nesterov u is B itself and nothing is written to u. */
+static void momentum_update(float *B, const float *g, float *u, int64_t n, const ht_muon_config *c) {
+    const float mu = (float)c->momentum;
+    const float gw = c->momentum_style == HT_MUON_MOMENTUM_EMA ? (float)(1.0 - c->momentum) : 1.0f;
+    if (c->nesterov) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float b = mu * B[i] + gw * g[i];
+            B[i] = b;
+            u[i] = gw * g[i] + mu * b;
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) B[i] = mu * B[i] + gw * g[i];
+    }
+}
+
+/* p <- p (1 - lr wd) - lr scale O, and the model copy from the new p in the
+ * same pass when model != NULL. */
+static void apply_update(float *p, const float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype) {
+    uint16_t *out = model;
+    if (!model) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) p[i] = p[i] * decay - step * O[i];
+    } else if (dtype == HT_DTYPE_BF16) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            p[i] = p[i] * decay - step * O[i];
+            out[i] = ht_f32_to_bf16(p[i]);
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            p[i] = p[i] * decay - step * O[i];
+            out[i] = ht_f32_to_f16(p[i]);
+        }
+    }
+}
+
+void ht_muon_step(ht_muon *opt, double lr) {
+    const ht_muon_config *c = &opt->config;
+    /* Scalars in double, then FP32 per element, as PyTorch does. */
+    const float decay = (float)(1.0 - lr * c->weight_decay);
+    for (int i = 0; i < opt->count; i++) {
+        ht_muon_slot *s = &opt->slots[i];
+        ht_param *p = s->param;
+        s->step++;
+        const int64_t n = s->rows * s->cols;
+        const float step = (float)(lr * s->scale);
+        const size_t elem = ht_dtype_size(p->dtype);
+        const bool separate = (void *)p->main_param != p->data;
+        float *u = opt->work, *ns_work = opt->work + n;
+        for (int64_t e = 0; e < s->matrices; e++) {
+            float *B = s->momentum_buffer + e * n;
+            momentum_update(B, p->main_grad + e * n, u, n, c);
+            ht_newton_schulz(c->nesterov ? u : B, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
+            apply_update(p->main_param + e * n, u, n, decay, step,
+                         separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype);
+        }
+    }
+}
+
+void ht_muon_free(ht_muon *opt) {
+    ht_free(opt->work);
+    ht_free(opt->state_block);
+    ht_free(opt->slots);
+    memset(opt, 0, sizeof(*opt));
+}

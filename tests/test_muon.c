@@ -1,0 +1,533 @@
+/* Muon against the references of tools/reference/make_muon_fixtures.py:
+ * torch.optim.Muon (FP32 Newton-Schulz) for 10 steps, a Megatron-style
+ * bf16-model / FP32-master run with the sum momentum, and Newton-Schulz alone
+ * for every schedule in float64; plus the schedule expansion and its errors,
+ * the scale rules, 3-D params and the params Muon must refuse. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/optim.h"
+
+#define STEPS 10
+#define STRIDE 32
+#define NPARAMS 4
+static const char *const NAMES[NPARAMS] = {"square", "wide", "tall", "experts"};
+
+static const ht_st_tensor *tensor(const ht_safetensors *st, const char *fmt, const char *name) {
+    char key[128];
+    snprintf(key, sizeof(key), fmt, name);
+    const ht_st_tensor *t = ht_safetensors_find(st, key);
+    if (!t) fail_msg("fixture has no tensor %s", key);
+    return t;
+}
+
+static ht_muon_config base_config(ht_ns_variant variant, ht_muon_momentum_style style, bool nesterov, double rms) {
+    ht_muon_config c = {.lr = 0.02,
+                        .weight_decay = 0.1,
+                        .momentum = 0.95,
+                        .nesterov = nesterov,
+                        .momentum_style = style,
+                        .ns_eps = 1e-7,
+                        .matched_adamw_rms = rms,
+                        .ns_dtype = HT_DTYPE_F32};
+    ht_error err;
+    assert_ht_ok(ht_ns_schedule_expand(variant, 5, NULL, 0, &c.schedule, &err), &err);
+    return c;
+}
+
+/* The fixture's four params in `dtype`, from init.<p>, with FP32 masters. */
+static void make_params(const ht_safetensors *st, ht_dtype dtype, ht_param_store *store, ht_param **params) {
+    ht_error err;
+    memset(store, 0, sizeof(*store));
+    for (int i = 0; i < NPARAMS; i++) {
+        const ht_st_tensor *t = tensor(st, "init.%s", NAMES[i]);
+        params[i] = ht_params_add(store, NAMES[i], t->ndim, t->shape, dtype);
+    }
+    assert_ht_ok(ht_params_allocate(store, &err), &err);
+    for (int i = 0; i < NPARAMS; i++) {
+        params[i] = ht_params_find(store, NAMES[i]); /* the array may have moved */
+        const ht_st_tensor *t = tensor(st, "init.%s", NAMES[i]);
+        ht_convert(params[i]->data, dtype, t->data, t->dtype, (size_t)ht_param_numel(params[i]));
+    }
+    assert_ht_ok(ht_params_create_main(store, &err), &err);
+}
+
+static void load_grads(const ht_safetensors *st, ht_param **params, int t) {
+    for (int i = 0; i < NPARAMS; i++) {
+        const ht_st_tensor *g = tensor(st, "grad.%s", NAMES[i]);
+        size_t n = (size_t)ht_param_numel(params[i]);
+        ht_convert(params[i]->main_grad, HT_DTYPE_F32, (const uint16_t *)g->data + (size_t)t * n, g->dtype, n);
+    }
+}
+
+/* x at the flat indices the fixture samples after step t (1-based), as F32. */
+static size_t gather(const void *x, ht_dtype dtype, size_t n, int t, float *out) {
+    size_t k = 0;
+    for (size_t i = (size_t)(7 * t) % STRIDE; i < n; i += STRIDE, k++)
+        ht_convert(&out[k], HT_DTYPE_F32, (const char *)x + i * ht_dtype_size(dtype), dtype, 1);
+    return k;
+}
+
+/* rel_max_err of our sampled x against row t-1 of the fixture's samples. */
+static double sample_err(const ht_safetensors *st, const char *fmt, const char *name, const void *x, ht_dtype dtype,
+                         size_t n, int t) {
+    float got[4096], want[4096];
+    size_t k = gather(x, dtype, n, t, got);
+    const ht_st_tensor *ref = tensor(st, fmt, name);
+    assert_int_equal(ref->shape[1], k);
+    ht_convert(want, HT_DTYPE_F32, (const char *)ref->data + (size_t)(t - 1) * k * ht_dtype_size(ref->dtype),
+               ref->dtype, k);
+    return rel_max_err(got, want, k);
+}
+
+static double final_err(const ht_safetensors *st, const char *fmt, const char *name, const float *x, size_t n) {
+    const ht_st_tensor *ref = tensor(st, fmt, name);
+    assert_int_equal(ref->nbytes, n * sizeof(float));
+    return rel_max_err(x, ref->data, n);
+}
+
+/* 10 steps of `cfg` against run `run` of muon_steps.safetensors: params and
+ * momentum at every step (sampled), every element after the last. */
+static void check_run(const char *run, const char *momentum, ht_muon_config cfg) {
+    ht_error err;
+    ht_safetensors *st;
+    assert_ht_ok(ht_safetensors_open(fixture_path("optim/muon_steps.safetensors"), &st, &err), &err);
+    const float *lr = tensor(st, "%s", "lr")->data;
+    ht_param_store store;
+    ht_param *params[NPARAMS];
+    make_params(st, HT_DTYPE_F32, &store, params);
+    ht_muon opt;
+    assert_ht_ok(ht_muon_init(&opt, &cfg, params, NPARAMS, &err), &err);
+    char pfmt[64], mfmt[64];
+    snprintf(pfmt, sizeof(pfmt), "%s.sample.%%s", run);
+    snprintf(mfmt, sizeof(mfmt), "%s.sample.%%s", momentum);
+    double worst_p = 0, worst_m = 0;
+    for (int t = 1; t <= STEPS; t++) {
+        load_grads(st, params, t - 1);
+        ht_muon_step(&opt, lr[t - 1]);
+        for (int i = 0; i < NPARAMS; i++) {
+            size_t n = (size_t)ht_param_numel(params[i]);
+            double ep = sample_err(st, pfmt, NAMES[i], params[i]->main_param, HT_DTYPE_F32, n, t);
+            double em = sample_err(st, mfmt, NAMES[i], opt.slots[i].momentum_buffer, HT_DTYPE_F32, n, t);
+            if (ep > 1e-6 || em > 1e-6)
+                fail_msg("%s step %d %s: param err %.3g, momentum err %.3g (limit 1e-6)", run, t, NAMES[i], ep, em);
+            worst_p = fmax(worst_p, ep);
+            worst_m = fmax(worst_m, em);
+        }
+    }
+    snprintf(pfmt, sizeof(pfmt), "%s.final.%%s", run);
+    double worst_f = 0;
+    for (int i = 0; i < NPARAMS; i++) {
+        double e = final_err(st, pfmt, NAMES[i], params[i]->main_param, (size_t)ht_param_numel(params[i]));
+        if (e > 1e-6) fail_msg("%s final %s: err %.3g (limit 1e-6)", run, NAMES[i], e);
+        worst_f = fmax(worst_f, e);
+        assert_int_equal(opt.slots[i].step, STEPS);
+    }
+    printf("%s: max rel err per step %.3g (params), %.3g (momentum); final params %.3g\n", run, worst_p, worst_m,
+           worst_f);
+    ht_muon_free(&opt);
+    ht_params_free(&store);
+    ht_safetensors_close(st);
+}
+
+/* (a) torch.optim.Muon: ema momentum, legacy coefficients, both scale rules. */
+static void test_torch_original_nesterov(void **state) {
+    (void)state;
+    check_run("torch_original", "momentum_ema", base_config(HT_NS_LEGACY, HT_MUON_MOMENTUM_EMA, true, 0.0));
+}
+
+static void test_torch_match_rms_plain(void **state) {
+    (void)state;
+    check_run("torch_rms_plain", "momentum_ema", base_config(HT_NS_LEGACY, HT_MUON_MOMENTUM_EMA, false, 0.2));
+}
+
+/* bf16 x equals bf16(ref), or ref sits within tol of a bf16 rounding boundary
+ * (NUMERICS.md, reference tolerances): returns false on a real mismatch. */
+static bool bf16_matches(uint16_t x, uint16_t ref_bf16, float ref_master, float tol) {
+    if (x == ref_bf16) return true;
+    return ht_f32_to_bf16(ref_master - tol) != ht_f32_to_bf16(ref_master + tol);
+}
+
+/* (b) bf16 model params with FP32 masters, sum momentum, asym5, rms 0.2. */
+static void test_bf16_master_sum(void **state) {
+    (void)state;
+    ht_error err;
+    ht_safetensors *st;
+    assert_ht_ok(ht_safetensors_open(fixture_path("optim/muon_steps.safetensors"), &st, &err), &err);
+    const float *lr = tensor(st, "%s", "lr")->data;
+    ht_param_store store;
+    ht_param *params[NPARAMS];
+    make_params(st, HT_DTYPE_BF16, &store, params);
+    ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
+    ht_muon opt;
+    assert_ht_ok(ht_muon_init(&opt, &cfg, params, NPARAMS, &err), &err);
+    double worst = 0, worst_m = 0;
+    int boundary = 0;
+    for (int t = 1; t <= STEPS; t++) {
+        load_grads(st, params, t - 1);
+        ht_muon_step(&opt, lr[t - 1]);
+        for (int i = 0; i < NPARAMS; i++) {
+            ht_param *p = params[i];
+            size_t n = (size_t)ht_param_numel(p);
+            double e = sample_err(st, "master_sum.sample.%s", NAMES[i], p->main_param, HT_DTYPE_F32, n, t);
+            double em =
+                sample_err(st, "momentum_sum.sample.%s", NAMES[i], opt.slots[i].momentum_buffer, HT_DTYPE_F32, n, t);
+            if (e > 1e-6 || em > 1e-6)
+                fail_msg("step %d %s: master err %.3g, momentum err %.3g (limit 1e-6)", t, NAMES[i], e, em);
+            worst = fmax(worst, e);
+            worst_m = fmax(worst_m, em);
+            /* The fused cast: every model element is the rounding of its master. */
+            const uint16_t *model = p->data;
+            for (size_t j = 0; j < n; j++)
+                if (model[j] != ht_f32_to_bf16(p->main_param[j]))
+                    fail_msg("step %d %s[%zu]: model bf16 0x%04x is not bf16(master %a)", t, NAMES[i], j, model[j],
+                             (double)p->main_param[j]);
+            /* ... and equals the reference's model params. */
+            float got[4096], ref_master[4096];
+            uint16_t ref_model[4096];
+            size_t k = gather(p->data, HT_DTYPE_BF16, n, t, got);
+            const ht_st_tensor *rm = tensor(st, "model_bf16.sample.%s", NAMES[i]);
+            const ht_st_tensor *rp = tensor(st, "master_sum.sample.%s", NAMES[i]);
+            memcpy(ref_model, (const uint16_t *)rm->data + (size_t)(t - 1) * k, k * 2);
+            memcpy(ref_master, (const float *)rp->data + (size_t)(t - 1) * k, k * 4);
+            float tol = 1e-6f * (float)fabs(ref_master[0]);
+            for (size_t j = 0; j < k; j++) tol = fmaxf(tol, 1e-6f * fabsf(ref_master[j]));
+            for (size_t j = 0; j < k; j++) {
+                uint16_t x = ht_f32_to_bf16(got[j]);
+                if (!bf16_matches(x, ref_model[j], ref_master[j], tol))
+                    fail_msg("step %d %s sample %zu: bf16 0x%04x, reference 0x%04x", t, NAMES[i], j, x, ref_model[j]);
+                boundary += x != ref_model[j];
+            }
+        }
+    }
+    double worst_f = 0;
+    for (int i = 0; i < NPARAMS; i++) {
+        ht_param *p = params[i];
+        size_t n = (size_t)ht_param_numel(p);
+        double e = final_err(st, "master_sum.final.%s", NAMES[i], p->main_param, n);
+        if (e > 1e-6) fail_msg("final %s: master err %.3g (limit 1e-6)", NAMES[i], e);
+        worst_f = fmax(worst_f, e);
+        const uint16_t *ref_model = tensor(st, "model_bf16.final.%s", NAMES[i])->data;
+        const float *ref_master = tensor(st, "master_sum.final.%s", NAMES[i])->data;
+        float maxabs = 0;
+        for (size_t j = 0; j < n; j++) maxabs = fmaxf(maxabs, fabsf(ref_master[j]));
+        const uint16_t *model = p->data;
+        for (size_t j = 0; j < n; j++) {
+            if (!bf16_matches(model[j], ref_model[j], ref_master[j], 1e-6f * maxabs))
+                fail_msg("final %s[%zu]: bf16 0x%04x, reference 0x%04x", NAMES[i], j, model[j], ref_model[j]);
+            boundary += model[j] != ref_model[j];
+        }
+    }
+    printf("bf16/FP32 master: max rel err per step %.3g (master), %.3g (momentum); final master %.3g; "
+           "bf16 model params differing from the reference's (rounding-boundary cases): %d\n",
+           worst, worst_m, worst_f, boundary);
+    ht_muon_free(&opt);
+    ht_params_free(&store);
+    ht_safetensors_close(st);
+}
+
+/* ---------------------------------------------------------------- Newton-Schulz */
+
+typedef struct ns_case {
+    const char *name;
+    ht_ns_variant variant;
+    int ns_steps;
+    ht_ns_segment segments[2];
+    int segment_count;
+} ns_case;
+
+static const ns_case NS_CASES[] = {
+    {"legacy", HT_NS_LEGACY, 5, {{{0}, 0}}, 0},
+    {"asym5", HT_NS_ASYM5, 5, {{{0}, 0}}, 0},
+    {"polar_express", HT_NS_POLAR_EXPRESS, 7, {{{0}, 0}}, 0},
+    {"deepseek_v4", HT_NS_DEEPSEEK_V4, 5, {{{0}, 0}}, 0},
+    {"custom", HT_NS_CUSTOM, 4, {{{3.0, -3.2, 1.2}, 0}}, 1},
+    {"segmented", HT_NS_CUSTOM, 5, {{{4.0848, -6.8946, 2.9270}, 2}, {{2.0, -1.5, 0.5}, 3}}, 2},
+};
+static const char *const NS_MATS[] = {"wide", "tall", "square"};
+
+/* FP32 Newton-Schulz against float64 for every schedule, and each expanded
+ * schedule against the script's. Each product rounds to FP32 (2^-24 relative
+ * per term, sums of <= 24 terms) and each iteration multiplies what enters it
+ * by at most the polynomial's slope (|a| + 3|b| + 5|c| at singular value 1:
+ * ~30 for polar_express's first triple, 5-10 for the others), damped near the
+ * fixed point: 1e-5 of the largest entry (NUMERICS.md's FP32-vs-float64
+ * tolerance) leaves room. Measured 0.7e-6 to 3.7e-6. */
+static void test_newton_schulz_schedules(void **state) {
+    (void)state;
+    ht_error err;
+    ht_safetensors *st;
+    assert_ht_ok(ht_safetensors_open(fixture_path("optim/muon_ns.safetensors"), &st, &err), &err);
+    for (size_t c = 0; c < sizeof(NS_CASES) / sizeof(NS_CASES[0]); c++) {
+        const ns_case *nc = &NS_CASES[c];
+        ht_ns_schedule sched;
+        assert_ht_ok(ht_ns_schedule_expand(nc->variant, nc->ns_steps, nc->segments, nc->segment_count, &sched, &err),
+                     &err);
+        const ht_st_tensor *coeffs = tensor(st, "%s.coeffs", nc->name);
+        assert_int_equal(sched.steps, coeffs->shape[0]);
+        assert_memory_equal(sched.coeffs, coeffs->data, (size_t)sched.steps * 3 * sizeof(double));
+        double worst = 0;
+        for (size_t m = 0; m < 3; m++) {
+            const ht_st_tensor *in = tensor(st, "input.%s", NS_MATS[m]);
+            char key[64];
+            snprintf(key, sizeof(key), "%s.%%s", nc->name);
+            int64_t rows = in->shape[0], cols = in->shape[1], n = rows * cols;
+            float *out = malloc((size_t)n * sizeof(float));
+            float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32) * sizeof(float));
+            ht_newton_schulz(in->data, out, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
+            double e = final_err(st, key, NS_MATS[m], out, (size_t)n);
+            if (e > 1e-5) fail_msg("NS %s on %s: err %.3g (limit 1e-5)", nc->name, NS_MATS[m], e);
+            worst = fmax(worst, e);
+            free(out);
+            ht_free(work);
+        }
+        printf("Newton-Schulz %-13s (K = %2d) vs float64: max rel err %.3g\n", nc->name, sched.steps, worst);
+    }
+    ht_safetensors_close(st);
+}
+
+/* ns_dtype BF16: the operands of each product rounded to bf16 (8 significant
+ * bits, <= 2^-9 relative), FP32 accumulation. Near singular value 1 the
+ * iteration contracts what rounding adds, so errors do not compound over the
+ * iterations; what remains is a few bf16 ulps of the largest entry, each
+ * multiplied by the polynomial's slope. The bound, 5e-2 relative to the
+ * largest entry, is the one torch.optim.Muon itself lives with: its stock
+ * all-bf16 Newton-Schulz lands 0.9e-2, 1.2e-2 and 6.7e-2 from float64 on
+ * these three matrices (asym5); this path measured 2.0e-2, 2.5e-2, 1.5e-2.
+ * It runs in place (O = G) too. */
+static void test_newton_schulz_bf16(void **state) {
+    (void)state;
+    ht_error err;
+    ht_safetensors *st;
+    assert_ht_ok(ht_safetensors_open(fixture_path("optim/muon_ns.safetensors"), &st, &err), &err);
+    ht_ns_schedule sched;
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &sched, &err), &err);
+    double worst = 0, worst32 = 0;
+    for (size_t m = 0; m < 3; m++) {
+        const ht_st_tensor *in = tensor(st, "input.%s", NS_MATS[m]);
+        int64_t rows = in->shape[0], cols = in->shape[1], n = rows * cols;
+        float *x = malloc((size_t)n * sizeof(float)), *x32 = malloc((size_t)n * sizeof(float));
+        float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        memcpy(x, in->data, (size_t)n * sizeof(float));
+        ht_newton_schulz(x, x, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work);
+        ht_newton_schulz(in->data, x32, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
+        double e = final_err(st, "asym5.%s", NS_MATS[m], x, (size_t)n);
+        if (e > 5e-2) fail_msg("bf16 NS on %s: err %.3g vs float64 (limit 5e-2)", NS_MATS[m], e);
+        worst = fmax(worst, e);
+        worst32 = fmax(worst32, rel_max_err(x, x32, (size_t)n));
+        free(x);
+        free(x32);
+        ht_free(work);
+    }
+    printf("Newton-Schulz bf16 operands (asym5): max rel err %.3g vs float64, %.3g vs the FP32 path\n", worst, worst32);
+    assert_true(worst32 > 0 && worst32 < 5e-2); /* it did round, within the bound of the FP32 path too */
+    ht_safetensors_close(st);
+}
+
+/* A zero matrix stays zero: eps keeps 0 / 0 away. */
+static void test_newton_schulz_zero(void **state) {
+    (void)state;
+    ht_error err;
+    ht_ns_schedule sched;
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_POLAR_EXPRESS, 5, NULL, 0, &sched, &err), &err);
+    float g[6 * 10] = {0};
+    float work[6 * 10 + 2 * 36];
+    assert_int_equal(ht_newton_schulz_workspace(6, 10, HT_DTYPE_F32), sizeof(work) / sizeof(float));
+    ht_newton_schulz(g, g, 6, 10, &sched, 1e-7, HT_DTYPE_F32, work);
+    for (int i = 0; i < 60; i++) assert_true(g[i] == 0.0f);
+}
+
+/* ---------------------------------------------------------------- schedules */
+
+static void expect_error(ht_ns_variant v, int ns_steps, const ht_ns_segment *seg, int count, const char *key) {
+    ht_error err = {0};
+    ht_ns_schedule sched;
+    ht_status s = ht_ns_schedule_expand(v, ns_steps, seg, count, &sched, &err);
+    if (s != HT_ERR_CONFIG) fail_msg("%s with ns_steps %d: expected a config error", ht_ns_variant_name(v), ns_steps);
+    if (!strstr(err.msg, key)) fail_msg("error \"%s\" does not name %s", err.msg, key);
+    printf("  rejected: %s\n", err.msg);
+}
+
+static void test_schedule_expansion(void **state) {
+    (void)state;
+    ht_error err;
+    ht_ns_schedule s;
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_LEGACY, 3, NULL, 0, &s, &err), &err);
+    assert_int_equal(s.steps, 3);
+    assert_true(s.coeffs[2][0] == 3.4445 && s.coeffs[2][1] == -4.7750 && s.coeffs[2][2] == 2.0315);
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_ASYM5, 3, NULL, 0, &s, &err), &err);
+    assert_int_equal(s.steps, 3);
+    assert_true(s.coeffs[0][0] == 4.0848 && s.coeffs[2][2] == 2.3037);
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_POLAR_EXPRESS, 8, NULL, 0, &s, &err), &err);
+    assert_int_equal(s.steps, 8);
+    assert_memory_equal(s.coeffs[7], s.coeffs[4], sizeof(s.coeffs[0]));
+    assert_true(s.coeffs[0][0] == 8.156554524902461);
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_DEEPSEEK_V4, 5, NULL, 0, &s, &err), &err);
+    assert_int_equal(s.steps, 10);
+    assert_true(s.coeffs[7][0] == 3.4445 && s.coeffs[8][0] == 2.0 && s.coeffs[9][2] == 0.5);
+    /* [[a,b,c], ...]: one iteration per triple; longer than ns_steps is fine. */
+    ht_ns_segment list[6];
+    for (int i = 0; i < 6; i++) list[i] = (ht_ns_segment){{3.0 + i, -4.0, 1.0}, 1};
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_CUSTOM, 5, list, 6, &s, &err), &err);
+    assert_int_equal(s.steps, 6);
+    assert_true(s.coeffs[5][0] == 8.0);
+
+    expect_error(HT_NS_ASYM5, 6, NULL, 0, "optimizer.muon_config.muon_ns_steps");
+    expect_error(HT_NS_LEGACY, 0, NULL, 0, "optimizer.muon_config.muon_ns_steps");
+    expect_error(HT_NS_CUSTOM, 5, list, 4, "optimizer.muon_config.muon_ns_coefficients"); /* 4 < 5 */
+    ht_ns_segment seg[2] = {{{3.0, -4.0, 1.0}, 2}, {{2.0, -1.5, 0.5}, 2}};
+    expect_error(HT_NS_CUSTOM, 5, seg, 2, "optimizer.muon_config.muon_ns_coefficients");
+    seg[1].abc[1] = NAN;
+    seg[1].repeat = 3;
+    expect_error(HT_NS_CUSTOM, 5, seg, 2, "optimizer.muon_config.muon_ns_coefficients");
+    seg[1].abc[1] = INFINITY;
+    expect_error(HT_NS_CUSTOM, 5, seg, 2, "optimizer.muon_config.muon_ns_coefficients");
+    expect_error(HT_NS_CUSTOM, 5, NULL, 0, "optimizer.muon_config.muon_ns_coefficients");
+    ht_ns_segment many = {{3.0, -4.0, 1.0}, 1000};
+    expect_error(HT_NS_CUSTOM, 5, &many, 1, "optimizer.muon_config.muon_ns_coefficients");
+
+    for (int v = 0; v < HT_NS_VARIANT_COUNT; v++) {
+        ht_ns_variant back;
+        assert_true(ht_ns_variant_from_name(ht_ns_variant_name((ht_ns_variant)v), &back));
+        assert_int_equal(back, v);
+    }
+    ht_ns_variant back;
+    assert_false(ht_ns_variant_from_name("asym6", &back));
+}
+
+/* ---------------------------------------------------------------- scale, 3-D, refusals */
+
+static void test_update_scale(void **state) {
+    (void)state;
+    assert_true(fabs(ht_muon_update_scale(64, 64, 0.2) - 1.6) < 1e-15);
+    assert_true(fabs(ht_muon_update_scale(32, 96, 0.2) - 0.2 * sqrt(96.0)) < 1e-15);
+    assert_true(fabs(ht_muon_update_scale(96, 32, 0.3) - 0.3 * sqrt(96.0)) < 1e-15);
+    assert_true(ht_muon_update_scale(32, 96, 0.0) == 1.0); /* original: sqrt(max(1, A/B)) */
+    assert_true(fabs(ht_muon_update_scale(96, 32, 0.0) - sqrt(3.0)) < 1e-15);
+    /* A 3-D (E, A, B) param takes the scale of its (A, B) matrices. */
+    ht_param_store store = {0};
+    ht_error err;
+    ht_param *p = ht_params_add(&store, "experts", 3, (int64_t[]){3, 24, 40}, HT_DTYPE_F32);
+    assert_ht_ok(ht_params_allocate(&store, &err), &err);
+    p = ht_params_find(&store, "experts");
+    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
+    ht_muon opt;
+    assert_ht_ok(ht_muon_init(&opt, &cfg, &p, 1, &err), &err);
+    assert_int_equal(opt.slots[0].matrices, 3);
+    assert_int_equal(opt.slots[0].rows, 24);
+    assert_int_equal(opt.slots[0].cols, 40);
+    assert_true(fabs(opt.slots[0].scale - 0.2 * sqrt(40.0)) < 1e-15);
+    ht_muon_free(&opt);
+    ht_params_free(&store);
+}
+
+/* A 3-D param is E independent matrices: the same result, bit for bit, as E
+ * 2-D params holding its slices. */
+static void test_3d_equals_slices(void **state) {
+    (void)state;
+    enum { E = 3, A = 20, B = 12 };
+    ht_param_store store = {0};
+    ht_error err;
+    ht_params_add(&store, "stack", 3, (int64_t[]){E, A, B}, HT_DTYPE_BF16);
+    char names[E][16];
+    for (int e = 0; e < E; e++) {
+        snprintf(names[e], sizeof(names[e]), "slice%d", e);
+        ht_params_add(&store, names[e], 2, (int64_t[]){A, B}, HT_DTYPE_BF16);
+    }
+    assert_ht_ok(ht_params_allocate(&store, &err), &err);
+    ht_param *stack = ht_params_find(&store, "stack"), *slices[E];
+    ht_rng rng;
+    ht_rng_seed(&rng, 7);
+    uint16_t *sd = stack->data;
+    for (int i = 0; i < E * A * B; i++) sd[i] = ht_f32_to_bf16(0.05f * ht_rng_normal(&rng));
+    for (int e = 0; e < E; e++) {
+        slices[e] = ht_params_find(&store, names[e]);
+        memcpy(slices[e]->data, sd + e * A * B, A * B * 2);
+    }
+    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    ht_muon_config cfg = base_config(HT_NS_POLAR_EXPRESS, HT_MUON_MOMENTUM_SUM, true, 0.2);
+    ht_muon a, b;
+    assert_ht_ok(ht_muon_init(&a, &cfg, &stack, 1, &err), &err);
+    assert_ht_ok(ht_muon_init(&b, &cfg, slices, E, &err), &err);
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < E * A * B; i++) stack->main_grad[i] = ht_rng_normal(&rng);
+        for (int e = 0; e < E; e++) memcpy(slices[e]->main_grad, stack->main_grad + e * A * B, A * B * 4);
+        ht_muon_step(&a, 0.02);
+        ht_muon_step(&b, 0.02);
+    }
+    for (int e = 0; e < E; e++) {
+        assert_memory_equal(slices[e]->main_param, stack->main_param + e * A * B, A * B * 4);
+        assert_memory_equal(slices[e]->data, sd + e * A * B, A * B * 2);
+        assert_memory_equal(b.slots[e].momentum_buffer, a.slots[0].momentum_buffer + e * A * B, A * B * 4);
+    }
+    ht_muon_free(&a);
+    ht_muon_free(&b);
+    ht_params_free(&store);
+}
+
+static void expect_refused(ht_param *p, const ht_muon_config *cfg, const char *what) {
+    ht_muon opt;
+    ht_error err = {0};
+    ht_status s = ht_muon_init(&opt, cfg, &p, 1, &err);
+    assert_int_not_equal(s, HT_OK);
+    if (!strstr(err.msg, p->name) || !strstr(err.msg, what))
+        fail_msg("error \"%s\" does not name %s and say \"%s\"", err.msg, p->name, what);
+    printf("  refused: %s\n", err.msg);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    ht_param_store store = {0};
+    ht_error err;
+    ht_params_add(&store, "model.norm.weight", 1, (int64_t[]){64}, HT_DTYPE_F32);
+    ht_params_add(&store, "conv.weight", 4, (int64_t[]){2, 3, 4, 5}, HT_DTYPE_F32);
+    ht_params_add(&store, "model.layers.0.mlp.up_proj.weight", 2, (int64_t[]){16, 8}, HT_DTYPE_F32);
+    assert_ht_ok(ht_params_allocate(&store, &err), &err);
+    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
+    expect_refused(ht_params_find(&store, "model.norm.weight"), &cfg, "1 dims");
+    expect_refused(ht_params_find(&store, "conv.weight"), &cfg, "4 dims");
+    ht_param *up = ht_params_find(&store, "model.layers.0.mlp.up_proj.weight");
+    up->row0 = 8; /* a shard: rows [8, 16) */
+    expect_refused(up, &cfg, "distributed Muon needs the full matrix");
+    up->row0 = 0;
+    float *main = up->main_param;
+    up->main_param = NULL;
+    expect_refused(up, &cfg, "main param");
+    up->main_param = main;
+
+    ht_muon opt;
+    ht_muon_config bad = cfg;
+    bad.ns_dtype = HT_DTYPE_F16;
+    assert_int_equal(ht_muon_init(&opt, &bad, &up, 1, &err), HT_ERR_CONFIG);
+    bad = cfg;
+    bad.momentum = 1.0;
+    assert_int_equal(ht_muon_init(&opt, &bad, &up, 1, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "optimizer.muon_config.muon_momentum"));
+    bad = cfg;
+    bad.ns_eps = 0;
+    assert_int_equal(ht_muon_init(&opt, &bad, &up, 1, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "optimizer.muon_config.muon_ns_eps"));
+    bad = cfg;
+    bad.schedule.coeffs[1][2] = NAN;
+    assert_int_equal(ht_muon_init(&opt, &bad, &up, 1, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "optimizer.muon_config.muon_ns_coefficients"));
+    ht_params_free(&store);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_torch_original_nesterov), cmocka_unit_test(test_torch_match_rms_plain),
+        cmocka_unit_test(test_bf16_master_sum),         cmocka_unit_test(test_newton_schulz_schedules),
+        cmocka_unit_test(test_newton_schulz_bf16),      cmocka_unit_test(test_newton_schulz_zero),
+        cmocka_unit_test(test_schedule_expansion),      cmocka_unit_test(test_update_scale),
+        cmocka_unit_test(test_3d_equals_slices),        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
