@@ -114,6 +114,7 @@ static void test_adamw_fp32_vs_torch(void **state) {
     ht_adamw opt;
     make_optimizer(&opt, &ps, st);
     double lr = meta_double(st, "lr"), worst[3] = {0, 0, 0};
+    const char *what[3] = {"param", "exp_avg", "exp_avg_sq"};
     for (int t = 1; t <= STEPS; t++) {
         for (int k = 0; k < ps.count; k++)
             grad_values(ps.items[k].main_grad, ht_param_local_numel(&ps.items[k]), (uint64_t)k, (uint64_t)t);
@@ -125,7 +126,7 @@ static void test_adamw_fp32_vs_torch(void **state) {
                            snapshot_err(s->exp_avg, n, need(st, "m.%d.%s", t, s->param->name), t),
                            snapshot_err(s->exp_avg_sq, n, need(st, "v.%d.%s", t, s->param->name), t)};
             for (int j = 0; j < 3; j++) {
-                if (e[j] > 1e-6) fail_msg("step %d %s: %s rel err %.3g > 1e-6", t, s->param->name, "pmv" + j, e[j]);
+                if (e[j] > 1e-6) fail_msg("step %d %s: %s rel err %.3g > 1e-6", t, s->param->name, what[j], e[j]);
                 if (e[j] > worst[j]) worst[j] = e[j];
             }
         }
