@@ -37,7 +37,8 @@ typedef struct ht_adamw {
     float *state_block; /* one allocation for every exp_avg and exp_avg_sq */
 } ht_adamw;
 
-/* Takes every trainable param in `params` whose main_param is set. Names
+/* One slot per entry of `params`, in order; each must have main_param and
+ * main_grad (HT_ERR_INVALID naming the first that lacks them). Names
  * matching any of the `no_wd` glob patterns get zero weight decay. */
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
                         const char *const *no_wd, int no_wd_count, ht_error *err);
@@ -46,7 +47,11 @@ void ht_adamw_step(ht_adamw *opt, double lr);
 void ht_adamw_free(ht_adamw *opt);
 
 /* The fused kernel: updates p (FP32) in place from g and, when model != NULL,
- * writes the rounded result to model (model_dtype) in the same pass. */
+ * writes the rounded result to model (HT_DTYPE_BF16 or HT_DTYPE_F16; other
+ * dtypes write nothing) in the same pass. Every element takes PyTorch's
+ * rounding sequence (mul, lerp as one FMA, mul + FMA, sqrt, div, add, mul,
+ * div, add in FP32; scalars from double), identical on every path and for
+ * any thread count. Threads: OpenMP, static split; n < 65536 runs serially. */
 void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
                      double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype);
 
@@ -172,16 +177,17 @@ typedef struct ht_lr_schedule {
     int64_t total_steps;  /* T = training.steps */
     int64_t warmup_steps; /* W, already resolved from warmup_ratio */
     double num_cycles;    /* cosine: 0.5 = a half cosine down to lr_end */
-    int64_t decay_steps;  /* cosine D / polynomial D; 0 = default */
+    int64_t decay_steps;  /* cosine D (0 = T) / polynomial D (0 = T − W) */
     double power;         /* polynomial */
     int64_t decay_start;  /* WSD: S, already resolved from decay_start_ratio */
     double eta_min;       /* CosineAnnealingLR */
-    int64_t t_max;        /* CosineAnnealingLR */
+    int64_t t_max;        /* CosineAnnealingLR; 0 = T */
 } ht_lr_schedule;
 
 const char *ht_lr_type_name(ht_lr_type type);
 bool ht_lr_type_from_name(const char *name, ht_lr_type *out);
-/* The lr of the step with 0-based index s (NUMERICS.md, learning-rate schedules). */
+/* The lr of the step with 0-based index s (NUMERICS.md, learning-rate schedules,
+ * as written: PolynomialWithWarmUpLR with W + D < T is not clamped at W + D). */
 double ht_lr_at(const ht_lr_schedule *sched, int64_t s);
 
 /* ---------------------------------------------------------------- clipping */

@@ -47,10 +47,11 @@ double ht_lr_at(const ht_lr_schedule *sc, int64_t s) {
         return end + (eta - end) * 0.5 * (1.0 + cos(M_PI * fmod(sc->num_cycles * p, 1.0)));
     }
     case HT_LR_POLYNOMIAL_WARMUP: {
+        /* No clamp at W + D: NUMERICS.md's formula as written (only s > T ends at lr_end). */
         if (x > T) return end;
         double D = sc->decay_steps > 0 ? (double)sc->decay_steps : T - W;
-        double frac = D > 0 ? max_d(0.0, 1.0 - (x - W) / D) : 0.0;
-        return end + (eta - end) * pow(frac, sc->power);
+        if (D <= 0) return end; /* T == W: no decay phase (the formula would be 0/0) */
+        return end + (eta - end) * pow(1.0 - (x - W) / D, sc->power);
     }
     case HT_LR_WSD: {
         double S = (double)sc->decay_start;
