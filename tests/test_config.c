@@ -162,10 +162,13 @@ static void test_default_yaml(void **state) {
     assert_string_equal(cfg.file, path);
     assert_string_equal(cfg.model.arch.name, "qwen2");
     assert_int_equal(cfg.model.arch.hidden_size, 256);
-    assert_int_equal(cfg.model_init_dtype, HT_DTYPE_F32);
+    assert_int_equal(cfg.model_init_dtype, HT_DTYPE_BF16);
+    assert_int_equal(cfg.fsdp.param_dtype, HT_DTYPE_BF16);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_DTYPE_F32);
+    assert_true(cfg.optimizer.fp32_main_params);
     assert_string_equal(cfg.data.path, "/usr/share/games/fortunes");
     assert_true(cfg.data.valid_fraction == 0.02);
-    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
     assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARMUP);
     assert_int_equal(cfg.training.steps, 300);
     assert_int_equal(cfg.training.local_batch_size, 8);
@@ -175,7 +178,7 @@ static void test_default_yaml(void **state) {
     int line = 0;
     assert_int_equal(ht_config_key_source(&cfg, "training.steps", &line), HT_CONFIG_SOURCE_FILE);
     assert_true(line > 0);
-    assert_int_equal(ht_config_key_source(&cfg, "optimizer.muon_config.muon_lr", &line), HT_CONFIG_SOURCE_DEFAULT);
+    assert_int_equal(ht_config_key_source(&cfg, "optimizer.muon_config.muon_ns_eps", &line), HT_CONFIG_SOURCE_DEFAULT);
     ht_config_log(&cfg);
 }
 
@@ -724,6 +727,11 @@ static void test_validation_rules(void **state) {
                    "v15.yaml:3: optimizer.muon_config.muon_ns_coefficients", "null", NULL);
     expect_invalid("v16.yaml", "fsdp_config:\n  shard_size: 3\n", 4, "v16.yaml:2: fsdp_config.shard_size",
                    "divisor of the data-parallel size 4", NULL);
+    expect_invalid("v18.yaml",
+                   "lr_scheduler:\n  type: PolynomialWithWarmUpLR\n  warmup_steps: 10\n  decay_steps: 50\n"
+                   "training:\n  steps: 100\n",
+                   1, "v18.yaml:4: lr_scheduler.decay_steps", "at least training.steps minus the warmup steps",
+                   "found 50", NULL);
     /* Several at once: every one is listed. */
     expect_invalid("v17.yaml", "training:\n  max_norm: 0\n  steps: -1\n", 1, "2 configuration errors",
                    "training.max_norm", "training.steps", NULL);

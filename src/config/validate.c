@@ -218,6 +218,13 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->lr_scheduler.decay_start_ratio >= 0 && cfg->lr_scheduler.decay_start_ratio <= 1,
           "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
     check(&r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
+    /* PolynomialWithWarmUpLR runs (1 - (s - W)/D)^power up to s = T: with W + D < T the base turns negative
+     * (a negative lr, or NaN for a fractional power), so D must cover the rest of the run. */
+    if (cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP && cfg->lr_scheduler.decay_steps > 0)
+        check(&r, ht_config_warmup_steps(cfg) + cfg->lr_scheduler.decay_steps >= cfg->training.steps,
+              "lr_scheduler.decay_steps",
+              "at least training.steps minus the warmup steps for PolynomialWithWarmUpLR (past W + D its formula "
+              "goes negative)");
     check_polynomial(&r, "optimizer.adamw_config.adamw_lr", cfg->optimizer.adamw.lr);
     /* One shared learning_rate that set both is one error, not two. */
     const char *muon_as = ht_config_key_spelling(cfg, "optimizer.muon_config.muon_lr");
