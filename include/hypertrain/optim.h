@@ -1,5 +1,6 @@
-/* The optimizer layer: leaf optimizers that update FP32 buffers (AdamW now,
- * Muon next), learning-rate schedules and global gradient-norm clipping.
+/* The optimizer layer's leaves: AdamW and Muon (with its Newton-Schulz
+ * schedules), which update FP32 buffers, plus learning-rate schedules and
+ * global gradient-norm clipping. optimizer.h wraps them for the trainer.
  * Leaf optimizers never see the model's dtype: they read main_grad and write
  * main_param, and the cast back to the model dtype is fused into their pass. */
 #ifndef HYPERTRAIN_OPTIM_H
