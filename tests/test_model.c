@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hypertrain/model.h"
@@ -128,12 +129,35 @@ static void test_sequence_too_long(void **state) {
     ht_model_free(m);
 }
 
+/* fsdp_config.mix_precision.output_dtype: bf16 logits are the FP32 logits rounded. */
+static void test_output_dtype_rounds_logits(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny_config("qwen2", true, false);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
+    int32_t in[10], tg[10];
+    random_tokens(in, 10, cfg.vocab_size, 1);
+    random_tokens(tg, 10, cfg.vocab_size, 2);
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 5, &loss, &err), &err);
+    size_t n = (size_t)10 * cfg.vocab_size;
+    float *full = malloc(n * sizeof(float));
+    memcpy(full, m->logits, n * sizeof(float));
+    m->output_dtype = HT_DTYPE_BF16;
+    assert_ht_ok(ht_model_forward(m, in, tg, 2, 5, &loss, &err), &err);
+    for (size_t i = 0; i < n; i++) assert_true(m->logits[i] == ht_bf16_to_f32(ht_f32_to_bf16(full[i])));
+    free(full);
+    ht_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_qwen2_untied),
         cmocka_unit_test(test_grad_llama_tied),
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
+        cmocka_unit_test(test_output_dtype_rounds_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,8 @@ struct ht_model {
     const ht_model_ops *ops;
     ht_model_config config;
     ht_param_store params;
-    float *logits; /* (B, T, V) FP32, valid after forward */
+    float *logits;         /* (B, T, V) FP32, valid after forward */
+    ht_dtype output_dtype; /* the precision the logits are rounded to (F32: none); F32 when built */
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */
     float *attn_max_logit;

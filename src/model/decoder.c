@@ -411,6 +411,15 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     }
     ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
     linear_forward(d->logits, d->lnf, d->head, NULL, N);
+    /* fsdp_config.mix_precision.output_dtype: the logits leave the model in that precision; the loss reads
+     * them in FP32 (the backward pass treats the rounding as the identity). */
+    if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16) {
+        int64_t n = N * V;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            d->logits[i] = m->output_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(ht_f32_to_bf16(d->logits[i]))
+                                                            : ht_f16_to_f32(ht_f32_to_f16(d->logits[i]));
+    }
     m->logits = d->logits;
     m->B = B;
     m->T = T;
@@ -506,6 +515,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
         return ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     }
     m->ops = &decoder_ops;
+    m->output_dtype = HT_DTYPE_F32;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;

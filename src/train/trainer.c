@@ -216,6 +216,7 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     if (s == HT_OK) s = build_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = ht_params_set_compute_dtype(&t->model->params, cfg->fsdp.param_dtype, err);
+    if (s == HT_OK) t->model->output_dtype = cfg->fsdp.output_dtype;
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s != HT_OK) ht_trainer_free(t);
