@@ -1,11 +1,17 @@
 /* Checkpoint files: the safetensors format (a validating reader over a
- * mapped file, and a streaming atomic writer), and Hugging Face model
- * directories (config.json + model.safetensors, sharded with an index). */
+ * mapped file, and a streaming atomic writer), Hugging Face model
+ * directories (config.json + model.safetensors, sharded with an index), and
+ * training checkpoints (sharded, named, crash-safe, any-N-to-M reload). */
 #ifndef HYPERTRAIN_CKPT_H
 #define HYPERTRAIN_CKPT_H
 
+#include <stdio.h>
+
 #include "hypertrain/base.h"
+#include "hypertrain/config.h"
+#include "hypertrain/data.h"
 #include "hypertrain/model.h"
+#include "hypertrain/optimizer.h"
 #include "hypertrain/param.h"
 
 #ifdef __cplusplus
@@ -105,6 +111,125 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
  * Single process: every param's local rows must be the whole tensor. */
 ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param_store *params, ht_dtype dtype,
                      size_t max_shard_bytes, ht_error *err);
+
+/* ---------------------------------------------------------------- training checkpoints */
+
+/* A checkpoint is a directory output_dir/step_XXXXXXXX/ (DESIGN.md, Checkpoints):
+ *   rank_RRRRR.safetensors  one per rank: that rank's rows of every key
+ *   config.json             the model architecture (what export writes)
+ *   metadata.json           written last: the commit point
+ * Keys: model.<fqn> (model dtype), optimizer.state.<fqn>.exp_avg / .exp_avg_sq
+ * / .momentum_buffer (FP32, row-sharded like the param), optimizer.state.<fqn>.step
+ * (int64 scalar, rank 0), _mixed_precision_optimizer.fp32_from_fp16_params.<fqn>
+ * (FP32, only for params whose model dtype is not float32). metadata.json
+ * holds the format version, step, world size, the trainer state, the
+ * effective config, every key's global shape, dtype and chunks (file, row
+ * offset, rows), the size and XXH64 of every file, and its own XXH64. */
+#define HT_CKPT_FORMAT_VERSION 1
+#define HT_CKPT_HASH "xxh64"
+#define HT_CKPT_KEY_MAX (HT_PARAM_NAME_MAX + 64)
+#define HT_CKPT_PATH_MAX 4096
+
+/* Where training stands, besides the tensors. */
+typedef struct ht_ckpt_trainer_state {
+    int64_t step;          /* optimizer steps the trainer took: the global step */
+    int64_t schedule_step; /* successful steps: every LR schedule's step index (ht_optimizer.step) */
+    int64_t seed;          /* training.seed: every random stream derives from it (loader order: (seed, epoch)) */
+    ht_loader_pos train_pos, valid_pos;
+    bool loss_scaling; /* the fp16 loss scaler below is live */
+    ht_loss_scaler scaler;
+} ht_ckpt_trainer_state;
+
+/* One rank's view of what a save reads and a load fills. */
+typedef struct ht_ckpt_view {
+    ht_param_store *params;       /* this rank's rows [row0, row1) of every param */
+    ht_optimizer *optimizer;      /* its muon/adamw slots; NULL: no optimizer state */
+    ht_ckpt_trainer_state state;  /* saved from rank 0's view; filled by a load */
+    const ht_config *config;      /* saved as the effective config; NULL: none */
+    const ht_model_config *model; /* saved as config.json; NULL: none (export then cannot run) */
+} ht_ckpt_view;
+
+typedef struct ht_ckpt_save_options {
+    bool save_optimizer; /* optimizer state and FP32 main params; false: model and trainer state only */
+    int keep_last;       /* complete checkpoints kept after a save; 0: all */
+    /* Globs of keys not written (a plain optimizer checkpoint without the
+     * mixed-precision block is "_mixed_precision_optimizer.*"). */
+    const char *const *exclude;
+    int exclude_count;
+} ht_ckpt_save_options;
+
+/* One chunk of one key that a rank wrote: rows [row0, row0 + rows) of the global tensor. */
+typedef struct ht_ckpt_chunk {
+    char key[HT_CKPT_KEY_MAX];
+    ht_dtype dtype;
+    int ndim;                         /* 0 for a scalar (one "row") */
+    int64_t shape[HT_PARAM_MAX_DIMS]; /* global */
+    int64_t row0, rows;
+} ht_ckpt_chunk;
+
+/* What one rank wrote: rank 0 gathers these to write metadata.json. */
+typedef struct ht_ckpt_rank_file {
+    char file[64]; /* "rank_00003.safetensors" */
+    uint64_t size, hash;
+    ht_ckpt_chunk *chunks;
+    int count, capacity;
+} ht_ckpt_rank_file;
+
+/* The save, in three phases so that each rank writes its own file:
+ * begin (rank 0) makes output_dir/step_X.tmp/ (removing a stale one),
+ * write_rank (every rank) writes and fsyncs rank_R.safetensors into it,
+ * commit (rank 0) writes config.json and metadata.json, fsyncs the directory,
+ * renames it to step_X/, atomically points `latest` at it and only then
+ * prunes beyond keep_last. A crash at any point leaves the previous
+ * checkpoint loadable. The step is view->state.step. */
+ht_status ht_ckpt_begin(const char *output_dir, int64_t step, char *tmp_dir, size_t n, ht_error *err);
+ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *view, const ht_ckpt_save_options *opts,
+                             ht_ckpt_rank_file *out, ht_error *err);
+ht_status ht_ckpt_commit(const char *output_dir, int world, const ht_ckpt_rank_file *ranks, const ht_ckpt_view *view,
+                         const ht_ckpt_save_options *opts, ht_error *err);
+void ht_ckpt_rank_file_free(ht_ckpt_rank_file *f);
+/* All three as rank 0 of 1. `saved` (may be NULL) receives the checkpoint's path. */
+ht_status ht_ckpt_save(const char *output_dir, const ht_ckpt_view *view, const ht_ckpt_save_options *opts, char *saved,
+                       size_t n, ht_error *err);
+
+/* restore_from ("latest" or a checkpoint directory) -> the directory to load.
+ * "latest" reads output_dir/latest; when there is none yet, dir is "" and the
+ * run starts fresh. A .tmp directory is refused. */
+ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char *dir, size_t n, ht_error *err);
+
+typedef struct ht_checkpoint ht_checkpoint;
+
+/* Reads metadata.json (format, version, self hash), checks every file's
+ * size and XXH64, opens the rank files and checks that every chunk is there
+ * with its dtype and shape. Errors name the file and the key. */
+ht_status ht_ckpt_open(const char *dir, ht_checkpoint **out, ht_error *err);
+void ht_ckpt_close(ht_checkpoint *ck);
+int64_t ht_ckpt_step(const ht_checkpoint *ck);
+int ht_ckpt_world_size(const ht_checkpoint *ck);
+const char *ht_ckpt_dir(const ht_checkpoint *ck);
+const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck);
+/* Rows [row0, row1) of a key into dst, converted to dst_dtype (float <-> float
+ * only): the planner reads the overlap of every saved chunk with them. */
+ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *key, int64_t row0, int64_t row1, void *dst,
+                            ht_dtype dst_dtype, ht_error *err);
+/* Fills a rank's view: model weights (converted to each param's dtype, so
+ * the run's model_init_dtype decides), then the FP32 main params: all
+ * present -> bit-for-bit; none -> rebuilt from the model with a warning that
+ * the FP32 tail is lost; some -> refused before anything is touched, listing
+ * every missing name. With restore_optimizer, the optimizer state (absent
+ * state = never created: zero, step 0) and view->state; without, the model
+ * only, main params rebuilt from it, view->state untouched. */
+ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *view, bool restore_optimizer, ht_error *err);
+
+/* Writes out_dir/config.json + model.safetensors (sharded with an index
+ * above max_shard_bytes; 0: no limit) from a checkpoint, in `dtype`
+ * (HT_DTYPE_COUNT: the checkpoint's model dtype). float32 from a checkpoint
+ * with FP32 main params exports the main params. */
+ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, size_t max_shard_bytes,
+                         ht_error *err);
+/* Prints step, world size, trainer state, every file with its hash check and
+ * the keys by kind. Fails (after printing) when a file does not match. */
+ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err);
 
 #ifdef __cplusplus
 }

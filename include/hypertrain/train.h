@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "hypertrain/base.h"
+#include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/data.h"
 #include "hypertrain/model.h"
@@ -58,6 +59,16 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err);
 /* The whole run: steps with progress, evaluation, metrics, final weights and the loss plot. */
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err);
 void ht_trainer_free(ht_trainer *t);
+
+/* Checkpoints (ckpt.h). The trainer as a checkpoint sees it: rank 0 of 1. */
+void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *view);
+/* Saves output_dir/step_X (checkpoint.save_optimizer, keep_last); ht_trainer_run
+ * calls it every checkpoint.save_interval steps and at the end. */
+ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err);
+/* Loads restore_from ("latest" or a directory); with restore_optimizer also
+ * the optimizer, the step, the loader positions and the loss scaler.
+ * ht_trainer_init calls it when checkpoint.restore_from is set. */
+ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err);
 
 /* Draws the train and validation loss of a metrics.jsonl file as an SVG picture. */
 ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_error *err);

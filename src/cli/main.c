@@ -1,10 +1,12 @@
-/* The hypertrain command: `train` runs a config, `plot` draws a metrics file.
+/* The hypertrain command: `train` runs a config, `plot` draws a metrics file,
+ * `export` writes a checkpoint as a Hugging Face model, `inspect` describes one.
  * Only this file calls exit() (by returning from main). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/train.h"
 
@@ -13,7 +15,12 @@ static void usage(FILE *f) {
                "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
                "      train as the YAML file says; --set overrides any key\n"
                "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
-               "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n");
+               "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n"
+               "  hypertrain export CKPT OUT_DIR [--dtype bfloat16|float16|float32] [--max-shard-mb N]\n"
+               "      write a checkpoint's model as Hugging Face config.json + model.safetensors\n"
+               "      (sharded with model.safetensors.index.json above N MiB, default 2048)\n"
+               "  hypertrain inspect CKPT\n"
+               "      print a checkpoint's step, world size, keys by kind, sizes and hash check\n");
 }
 
 static int fail(const ht_error *err) {
@@ -98,6 +105,50 @@ static int cmd_plot(int argc, char **argv) {
     return 0;
 }
 
+/* hypertrain export CKPT OUT_DIR [--dtype D] [--max-shard-mb N] */
+static int cmd_export(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    ht_dtype dtype = HT_DTYPE_COUNT; /* the checkpoint's */
+    long long shard_mb = 2048;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--dtype") == 0 && i + 1 < argc) {
+            a = argv[++i];
+            if (!ht_dtype_from_name(a, &dtype) || !ht_dtype_is_float(dtype)) {
+                fprintf(stderr, "hypertrain export: --dtype %s: expected bfloat16, float16 or float32\n", a);
+                return 2;
+            }
+        } else if (strcmp(a, "--max-shard-mb") == 0 && i + 1 < argc) {
+            char *end;
+            shard_mb = strtoll(argv[++i], &end, 10);
+            if (*end || shard_mb < 0) {
+                fprintf(stderr, "hypertrain export: --max-shard-mb %s: expected a size in MiB\n", argv[i]);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "hypertrain export: unexpected argument '%s'\n", a);
+            return 2;
+        }
+    }
+    ht_error err = {0};
+    if (ht_ckpt_export(argv[0], argv[1], dtype, (size_t)shard_mb << 20, &err) != HT_OK) return fail(&err);
+    printf("%s\n", argv[1]);
+    return 0;
+}
+
+static int cmd_inspect(int argc, char **argv) {
+    if (argc != 1) {
+        usage(stderr);
+        return 2;
+    }
+    ht_error err = {0};
+    if (ht_ckpt_inspect(argv[0], stdout, &err) != HT_OK) return fail(&err);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -109,6 +160,8 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "plot") == 0) return cmd_plot(argc - 2, argv + 2);
+    if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     fprintf(stderr, "hypertrain: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -4,6 +4,8 @@
 #include "kernels/ops.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Loads n weights of any float dtype into FP32 scratch (n is a row width: small). */
@@ -42,11 +44,15 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
                          ht_dtype wdtype, const float *rstd, int64_t N, int64_t C) {
     /* y = w * x * r with r = (mean(x^2) + eps)^-1/2:
      * dw += dy * x * r;  dx += r * (w*dy) - x * r^3 * mean((w*dy) * x). */
+    /* Per-thread partial dw, summed in thread order (never in a critical
+     * section's arrival order) so that a run repeats bit for bit. */
+    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float));
 #pragma omp parallel
     {
-        float w[C], dw_local[C];
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float w[C], *dw_local = partial + (size_t)id * (size_t)C;
         load_row_f32(w, weight, wdtype, C);
-        memset(dw_local, 0, sizeof(dw_local));
+        memset(dw_local, 0, (size_t)C * sizeof(float));
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const float *xr = x + n * C, *dy = dout + n * C;
@@ -60,9 +66,11 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
             float k = dot / (float)C * r * r * r;
             for (int64_t c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - xr[c] * k;
         }
-#pragma omp critical
-        for (int64_t c = 0; c < C; c++) dweight[c] += dw_local[c];
+        /* (the omp for ends with a barrier: every partial is complete) */
+        for (int64_t c = C * id / nt; c < C * (id + 1) / nt; c++)
+            for (int t = 0; t < nt; t++) dweight[c] += partial[(size_t)t * (size_t)C + (size_t)c];
     }
+    free(partial);
 }
 
 void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C) {
@@ -77,16 +85,20 @@ void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t
 }
 
 void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
+    /* Per-thread partials summed in thread order, as in ht_rmsnorm_backward. */
+    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float));
 #pragma omp parallel
     {
-        float acc[C];
-        memset(acc, 0, sizeof(acc));
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float *acc = partial + (size_t)id * (size_t)C;
+        memset(acc, 0, (size_t)C * sizeof(float));
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++) acc[c] += dy[n * C + c];
-#pragma omp critical
-        for (int64_t c = 0; c < C; c++) dbias[c] += acc[c];
+        for (int64_t c = C * id / nt; c < C * (id + 1) / nt; c++)
+            for (int t = 0; t < nt; t++) dbias[c] += partial[(size_t)t * (size_t)C + (size_t)c];
     }
+    free(partial);
 }
 
 void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,

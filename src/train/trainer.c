@@ -219,6 +219,8 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     if (s == HT_OK) t->model->output_dtype = cfg->fsdp.output_dtype;
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
+    if (s == HT_OK && cfg->checkpoint.restore_from[0])
+        s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
     if (s != HT_OK) ht_trainer_free(t);
     return s;
 }
@@ -380,10 +382,18 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s | %s elapsed, ETA %s",
                         (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, el, eta);
         }
+        if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
+            s = ht_trainer_save_checkpoint(t, err);
+            if (s != HT_OK) return s;
+        }
         if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+    }
+    if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0) {
+        s = ht_trainer_save_checkpoint(t, err); /* the end of the run */
+        if (s != HT_OK) return s;
     }
     s = evaluate_and_log(t, err);
     if (s != HT_OK) return s;
@@ -404,4 +414,52 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     ht_log_info("metrics: %s; loss curve: %s", path, svg);
     return HT_OK;
+}
+
+/* ------------------------------------------------------------------ checkpoints */
+
+void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
+    memset(v, 0, sizeof(*v));
+    v->params = &t->model->params;
+    v->optimizer = &t->optimizer;
+    v->config = &t->config;
+    v->model = &t->model->config;
+    v->state.step = t->step;
+    v->state.schedule_step = t->optimizer.step;
+    v->state.seed = t->config.training.seed;
+    v->state.train_pos = ht_loader_position(&t->train_loader);
+    v->state.valid_pos = ht_loader_position(&t->valid_loader);
+    v->state.loss_scaling = t->optimizer.loss_scaling;
+    v->state.scaler = t->optimizer.scaler;
+}
+
+ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_ckpt_view v;
+    ht_trainer_checkpoint_view(t, &v);
+    ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer, .keep_last = c->checkpoint.keep_last};
+    char dir[HT_CKPT_PATH_MAX];
+    double t0 = ht_time_seconds();
+    ht_status s = ht_ckpt_save(c->checkpoint.output_dir, &v, &o, dir, sizeof(dir), err);
+    if (s == HT_OK) ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
+    return s;
+}
+
+ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err) {
+    char dir[HT_CKPT_PATH_MAX];
+    ht_status s = ht_ckpt_resolve(restore_from, t->config.checkpoint.output_dir, dir, sizeof(dir), err);
+    if (s != HT_OK || !dir[0]) return s;
+    ht_checkpoint *ck;
+    s = ht_ckpt_open(dir, &ck, err);
+    if (s != HT_OK) return s;
+    ht_ckpt_view v;
+    ht_trainer_checkpoint_view(t, &v);
+    s = ht_ckpt_load(ck, &v, restore_optimizer, err);
+    ht_ckpt_close(ck);
+    if (s != HT_OK || !restore_optimizer) return s;
+    /* The schedules' step and the loss scaler came with the optimizer; the rest is the trainer's. */
+    t->step = v.state.step;
+    s = ht_loader_resume(&t->train_loader, v.state.train_pos, err);
+    if (s == HT_OK && t->eval_B > 0) s = ht_loader_resume(&t->valid_loader, v.state.valid_pos, err);
+    return s;
 }

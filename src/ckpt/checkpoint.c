@@ -1,0 +1,1203 @@
+/* Training checkpoints (DESIGN.md, Checkpoints): the save (one safetensors
+ * file per rank, metadata.json last, directory rename, `latest`, pruning),
+ * the verified open, the row-overlap planner that loads N ranks' chunks on M
+ * ranks, the FP32 main-param branches, export to Hugging Face and inspect. */
+#define _GNU_SOURCE /* renameat2 */
+#include "hypertrain/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAIN_PREFIX "_mixed_precision_optimizer.fp32_from_fp16_params."
+#define OPT_PREFIX "optimizer.state."
+
+typedef enum key_kind {
+    KIND_MODEL = 0,
+    KIND_MAIN,
+    KIND_EXP_AVG,
+    KIND_EXP_AVG_SQ,
+    KIND_MOMENTUM,
+    KIND_STEP,
+    KIND_COUNT
+} key_kind;
+
+static const char *const KIND_NAMES[KIND_COUNT] = {"model",      "fp32_main_param", "exp_avg",
+                                                   "exp_avg_sq", "momentum_buffer", "step"};
+
+static void key_name(char *buf, key_kind kind, const char *fqn) {
+    switch (kind) {
+    case KIND_MODEL: snprintf(buf, HT_CKPT_KEY_MAX, "model.%s", fqn); break;
+    case KIND_MAIN: snprintf(buf, HT_CKPT_KEY_MAX, MAIN_PREFIX "%s", fqn); break;
+    default: snprintf(buf, HT_CKPT_KEY_MAX, OPT_PREFIX "%s.%s", fqn, KIND_NAMES[kind]); break;
+    }
+}
+
+/* dir/name; a path that does not fit becomes "" (every later open then fails naming nothing worse). */
+static void join(char *buf, size_t n, const char *dir, const char *name) {
+    if (snprintf(buf, n, "%s/%s", dir, name) >= (int)n) buf[0] = '\0';
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd); /* best effort: some file systems refuse to sync a directory */
+        close(fd);
+    }
+}
+
+/* Size and XXH64 of a whole file (through a read-only mapping). */
+static ht_status hash_file(const char *path, uint64_t *size, uint64_t *hash, ht_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    *size = (uint64_t)sb.st_size;
+    if (sb.st_size == 0) {
+        close(fd);
+        *hash = ht_xxh64(NULL, 0, 0);
+        return HT_OK;
+    }
+    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return ht_fail(err, HT_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    madvise(map, (size_t)sb.st_size, MADV_SEQUENTIAL);
+    *hash = ht_xxh64(map, (size_t)sb.st_size, 0);
+    munmap(map, (size_t)sb.st_size);
+    return HT_OK;
+}
+
+/* Removes a flat directory: metadata.json first, so that a crash half-way
+ * leaves something that is never loaded, then the rest, then the directory. */
+static void remove_dir(const char *dir) {
+    char path[HT_CKPT_PATH_MAX];
+    join(path, sizeof(path), dir, "metadata.json");
+    unlink(path);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        join(path, sizeof(path), dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static bool is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* ================================================================== save */
+
+ht_status ht_ckpt_begin(const char *output_dir, int64_t step, char *tmp_dir, size_t n, ht_error *err) {
+    ht_status s = ht_make_dirs(output_dir, err);
+    if (s != HT_OK) return s;
+    if (snprintf(tmp_dir, n, "%s/step_%08lld.tmp", output_dir, (long long)step) >= (int)n)
+        return ht_fail(err, HT_ERR_INVALID, "%s: checkpoint path too long", output_dir);
+    if (is_dir(tmp_dir)) remove_dir(tmp_dir); /* a save that did not finish */
+    if (mkdir(tmp_dir, 0755) != 0) return ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", tmp_dir, strerror(errno));
+    return HT_OK;
+}
+
+void ht_ckpt_rank_file_free(ht_ckpt_rank_file *f) {
+    free(f->chunks);
+    memset(f, 0, sizeof(*f));
+}
+
+static bool excluded(const ht_ckpt_save_options *o, const char *key) {
+    for (int i = 0; i < o->exclude_count; i++)
+        if (ht_glob_match(o->exclude[i], key)) return true;
+    return false;
+}
+
+/* Adds rows [p->row0, p->row1) of a param-shaped tensor (or a scalar when
+ * scalar != NULL) to the writer and the rank's chunk list. */
+static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt_save_options *o, key_kind kind,
+                           const ht_param *p, ht_dtype dtype, const void *src, ht_error *err) {
+    ht_ckpt_chunk c = {0};
+    key_name(c.key, kind, p->name);
+    if (excluded(o, c.key)) return HT_OK;
+    c.dtype = dtype;
+    int64_t local[HT_PARAM_MAX_DIMS];
+    if (kind == KIND_STEP) {
+        c.ndim = 0;
+        c.row0 = 0;
+        c.rows = 1;
+    } else {
+        c.ndim = p->ndim;
+        memcpy(c.shape, p->shape, sizeof(c.shape));
+        c.row0 = p->row0;
+        c.rows = p->row1 - p->row0;
+        if (c.rows == 0) return HT_OK; /* this rank holds none of it */
+        memcpy(local, p->shape, sizeof(local));
+        local[0] = c.rows;
+    }
+    if (rf->count == rf->capacity) {
+        int cap = rf->capacity ? 2 * rf->capacity : 64;
+        ht_ckpt_chunk *chunks = realloc(rf->chunks, (size_t)cap * sizeof(ht_ckpt_chunk));
+        if (!chunks) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory for %d chunks", cap);
+        rf->chunks = chunks;
+        rf->capacity = cap;
+    }
+    rf->chunks[rf->count++] = c;
+    return ht_st_writer_add(w, c.key, dtype, c.ndim, local, src, dtype, err);
+}
+
+ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *v, const ht_ckpt_save_options *o,
+                             ht_ckpt_rank_file *rf, ht_error *err) {
+    memset(rf, 0, sizeof(*rf));
+    snprintf(rf->file, sizeof(rf->file), "rank_%05d.safetensors", rank);
+    ht_st_writer w = {0};
+    ht_status s = HT_OK;
+    const ht_param_store *ps = v->params;
+    for (int i = 0; s == HT_OK && i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        s = add_chunk(&w, rf, o, KIND_MODEL, p, p->dtype, p->data, err);
+        /* Only bf16/fp16 params have an FP32 master distinct from the model. */
+        if (s == HT_OK && o->save_optimizer && p->trainable && p->main_param && (void *)p->main_param != p->data)
+            s = add_chunk(&w, rf, o, KIND_MAIN, p, HT_DTYPE_F32, p->main_param, err);
+    }
+    const ht_optimizer *opt = o->save_optimizer ? v->optimizer : NULL;
+    /* A slot that never stepped has no state yet (PyTorch creates it at the first step). */
+    for (int i = 0; s == HT_OK && opt && opt->muon && i < opt->muon->count; i++) {
+        const ht_muon_slot *sl = &opt->muon->slots[i];
+        if (sl->step == 0) continue;
+        if (sl->momentum_buffer)
+            s = add_chunk(&w, rf, o, KIND_MOMENTUM, sl->param, HT_DTYPE_F32, sl->momentum_buffer, err);
+        if (s == HT_OK && rank == 0) s = add_chunk(&w, rf, o, KIND_STEP, sl->param, HT_DTYPE_I64, &sl->step, err);
+    }
+    for (int i = 0; s == HT_OK && opt && opt->adamw && i < opt->adamw->count; i++) {
+        const ht_adamw_slot *sl = &opt->adamw->slots[i];
+        if (sl->step == 0) continue;
+        s = add_chunk(&w, rf, o, KIND_EXP_AVG, sl->param, HT_DTYPE_F32, sl->exp_avg, err);
+        if (s == HT_OK) s = add_chunk(&w, rf, o, KIND_EXP_AVG_SQ, sl->param, HT_DTYPE_F32, sl->exp_avg_sq, err);
+        if (s == HT_OK && rank == 0) s = add_chunk(&w, rf, o, KIND_STEP, sl->param, HT_DTYPE_I64, &sl->step, err);
+    }
+    char path[HT_CKPT_PATH_MAX];
+    join(path, sizeof(path), tmp_dir, rf->file);
+    if (s == HT_OK) s = ht_st_writer_add_metadata(&w, "format", "pt", err);
+    if (s == HT_OK) s = ht_st_writer_write(&w, path, err); /* fsyncs the file */
+    if (s == HT_OK) s = hash_file(path, &rf->size, &rf->hash, err);
+    ht_st_writer_free(&w);
+    if (s != HT_OK) ht_ckpt_rank_file_free(rf);
+    return s;
+}
+
+/* ------------------------------------------------------------------ metadata.json */
+
+/* One key of the merged table: its chunks from every rank. */
+typedef struct merged_key {
+    const ht_ckpt_chunk *first;
+    int *ranks, *index, count; /* (rank, chunk index) of every chunk, in rank order */
+} merged_key;
+
+static void write_shape(FILE *f, int ndim, const int64_t *shape) {
+    fputc('[', f);
+    for (int d = 0; d < ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)shape[d]);
+    fputc(']', f);
+}
+
+static ht_status write_keys(FILE *f, int world, const ht_ckpt_rank_file *ranks, ht_error *err) {
+    int total = 0;
+    for (int r = 0; r < world; r++) total += ranks[r].count;
+    merged_key *keys = calloc((size_t)total + 1, sizeof(merged_key));
+    int *slots = malloc(2 * ((size_t)total + 1) * sizeof(int));
+    if (!keys || !slots) {
+        free(keys);
+        free(slots);
+        return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory for metadata");
+    }
+    int nkeys = 0;
+    /* Every rank adds keys in the same order: search from the last hit. */
+    for (int r = 0; r < world; r++) {
+        int hint = 0;
+        for (int c = 0; c < ranks[r].count; c++) {
+            const ht_ckpt_chunk *ch = &ranks[r].chunks[c];
+            int k = -1;
+            for (int j = 0; j < nkeys && k < 0; j++) {
+                int idx = (hint + j) % nkeys;
+                if (strcmp(keys[idx].first->key, ch->key) == 0) k = idx;
+            }
+            if (k < 0) {
+                k = nkeys++;
+                keys[k].first = ch;
+            } else if (keys[k].first->dtype != ch->dtype || keys[k].first->ndim != ch->ndim ||
+                       memcmp(keys[k].first->shape, ch->shape, sizeof(ch->shape)) != 0) {
+                free(keys);
+                free(slots);
+                return ht_fail(err, HT_ERR_INVALID, "checkpoint: key %s: rank %d saved a different shape or dtype",
+                               ch->key, r);
+            }
+            hint = k + 1;
+            keys[k].count++;
+        }
+    }
+    /* Lay out each key's (rank, chunk) list. */
+    int off = 0;
+    for (int k = 0; k < nkeys; k++) {
+        keys[k].ranks = slots + off;
+        keys[k].index = slots + total + 1 + off;
+        off += keys[k].count;
+        keys[k].count = 0;
+    }
+    for (int r = 0; r < world; r++) {
+        int hint = 0;
+        for (int c = 0; c < ranks[r].count; c++) {
+            int k = -1;
+            for (int j = 0; j < nkeys && k < 0; j++) {
+                int idx = (hint + j) % nkeys;
+                if (strcmp(keys[idx].first->key, ranks[r].chunks[c].key) == 0) k = idx;
+            }
+            keys[k].ranks[keys[k].count] = r;
+            keys[k].index[keys[k].count++] = c;
+            hint = k + 1;
+        }
+    }
+    fputs("  \"keys\": {", f);
+    for (int k = 0; k < nkeys; k++) {
+        const ht_ckpt_chunk *c0 = keys[k].first;
+        fputs(k ? ",\n    " : "\n    ", f);
+        ht_json_write_string(f, c0->key);
+        fprintf(f, ": {\"dtype\": \"%s\", \"shape\": ", ht_dtype_name(c0->dtype));
+        write_shape(f, c0->ndim, c0->shape);
+        fputs(", \"chunks\": [", f);
+        for (int j = 0; j < keys[k].count; j++) {
+            const ht_ckpt_rank_file *rf = &ranks[keys[k].ranks[j]];
+            const ht_ckpt_chunk *c = &rf->chunks[keys[k].index[j]];
+            fprintf(f, "%s{\"file\": \"%s\", \"row_offset\": %lld, \"rows\": %lld}", j ? ", " : "", rf->file,
+                    (long long)c->row0, (long long)c->rows);
+        }
+        fputs("]}", f);
+    }
+    fputs("\n  }", f);
+    free(keys);
+    free(slots);
+    return HT_OK;
+}
+
+static void write_state(FILE *f, const ht_ckpt_trainer_state *st) {
+    fprintf(f,
+            "  \"trainer_state\": {\"step\": %lld, \"schedule_step\": %lld, \"seed\": \"%lld\", "
+            "\"train_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, "
+            "\"valid_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, \"loss_scaler\": ",
+            (long long)st->step, (long long)st->schedule_step, (long long)st->seed, st->train_pos.epoch,
+            st->train_pos.index, st->valid_pos.epoch, st->valid_pos.index);
+    if (st->loss_scaling) {
+        fputs("{\"scale\": ", f);
+        ht_json_write_number(f, st->scaler.scale);
+        fprintf(f, ", \"growth_tracker\": %d, \"hysteresis_tracker\": %d}", st->scaler.growth_tracker,
+                st->scaler.hysteresis_tracker);
+    } else {
+        fputs("null", f);
+    }
+    fputs("}", f);
+}
+
+static void write_config(FILE *f, const ht_config *cfg) {
+    fputs("  \"config\": {", f);
+    if (cfg) {
+        char value[4096];
+        for (int i = 0; i < ht_config_key_count(); i++) {
+            const char *key = ht_config_key_name(i);
+            if (!ht_config_format_value(cfg, key, value, sizeof(value))) continue;
+            fputs(i ? ",\n    " : "\n    ", f);
+            ht_json_write_string(f, key);
+            fputs(": ", f);
+            ht_json_write_string(f, value);
+        }
+        fputs("\n  ", f);
+    }
+    fputs("}", f);
+}
+
+/* The whole metadata.json text: everything, then its own hash as the last member. */
+static ht_status build_metadata(int world, const ht_ckpt_rank_file *ranks, const ht_ckpt_rank_file *extra, int n_extra,
+                                const ht_ckpt_view *v, char **out, size_t *out_len, ht_error *err) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return ht_fail(err, HT_ERR_OOM, "checkpoint: cannot build metadata.json");
+    fprintf(f, "{\n  \"format\": \"hypertrain checkpoint\",\n  \"format_version\": %d,\n", HT_CKPT_FORMAT_VERSION);
+    fprintf(f, "  \"step\": %lld,\n  \"world_size\": %d,\n  \"hash\": \"%s\",\n", (long long)v->state.step, world,
+            HT_CKPT_HASH);
+    fputs("  \"files\": [", f);
+    for (int i = 0; i < world + n_extra; i++) {
+        const ht_ckpt_rank_file *rf = i < world ? &ranks[i] : &extra[i - world];
+        fprintf(f, "%s\n    {\"name\": \"%s\", \"size\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64 "\"}", i ? "," : "",
+                rf->file, rf->size, rf->hash);
+    }
+    fputs("\n  ],\n", f);
+    write_state(f, &v->state);
+    fputs(",\n", f);
+    ht_status s = write_keys(f, world, ranks, err);
+    fputs(",\n", f);
+    write_config(f, v->config);
+    if (fclose(f) != 0 || !buf) {
+        free(buf);
+        return ht_fail(err, HT_ERR_OOM, "checkpoint: cannot build metadata.json");
+    }
+    if (s != HT_OK) {
+        free(buf);
+        return s;
+    }
+    char tail[64];
+    int k = snprintf(tail, sizeof(tail), ",\n  \"self_xxh64\": \"%016" PRIx64 "\"\n}\n", ht_xxh64(buf, len, 0));
+    char *whole = realloc(buf, len + (size_t)k + 1);
+    if (!whole) {
+        free(buf);
+        return ht_fail(err, HT_ERR_OOM, "checkpoint: cannot build metadata.json");
+    }
+    memcpy(whole + len, tail, (size_t)k + 1);
+    *out = whole;
+    *out_len = len + (size_t)k;
+    return HT_OK;
+}
+
+/* Writes and fsyncs path (a fresh file: the caller makes it visible by a rename). */
+static ht_status write_synced(const char *path, const char *text, size_t len, ht_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return ht_fail(err, HT_ERR_IO, "%s: write failed: %s", path, strerror(e));
+        }
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return ht_fail(err, HT_ERR_IO, "%s: fsync failed: %s", path, strerror(e));
+    }
+    close(fd);
+    return HT_OK;
+}
+
+/* Points output_dir/latest at name: a temp file, fsync, rename, fsync the directory. */
+static ht_status update_latest(const char *output_dir, const char *name, ht_error *err) {
+    char tmp[HT_CKPT_PATH_MAX], path[HT_CKPT_PATH_MAX], text[128];
+    snprintf(tmp, sizeof(tmp), "%s/latest.tmp.%ld", output_dir, (long)getpid());
+    join(path, sizeof(path), output_dir, "latest");
+    int n = snprintf(text, sizeof(text), "%s\n", name);
+    ht_status s = write_synced(tmp, text, (size_t)n, err);
+    if (s != HT_OK) return s;
+    if (rename(tmp, path) != 0) {
+        s = ht_fail(err, HT_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+        unlink(tmp);
+        return s;
+    }
+    fsync_dir(output_dir);
+    return HT_OK;
+}
+
+/* A complete checkpoint's step from its directory name "step_XXXXXXXX", or -1. */
+static long long step_of(const char *name) {
+    long long step;
+    int used = 0;
+    if (sscanf(name, "step_%lld%n", &step, &used) != 1 || name[used] != '\0' || strlen(name) != 13) return -1;
+    return step;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Deletes complete checkpoints beyond the newest keep_last (never `current`)
+ * and the .tmp directories of saves that did not finish. */
+static void prune(const char *output_dir, int keep_last, long long current) {
+    DIR *d = opendir(output_dir);
+    if (!d) return;
+    long long *steps = NULL;
+    int n = 0, cap = 0;
+    char path[HT_CKPT_PATH_MAX];
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        join(path, sizeof(path), output_dir, e->d_name);
+        if (ends_with(e->d_name, ".tmp") && is_dir(path)) {
+            remove_dir(path);
+            continue;
+        }
+        long long step = step_of(e->d_name);
+        if (step < 0 || !is_dir(path)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long long *grown = realloc(steps, (size_t)cap * sizeof(long long));
+            if (!grown) break;
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    if (keep_last > 0 && n > keep_last) {
+        qsort(steps, (size_t)n, sizeof(long long), cmp_desc);
+        for (int i = keep_last; i < n; i++) {
+            if (steps[i] == current) continue;
+            snprintf(path, sizeof(path), "%s/step_%08lld", output_dir, steps[i]);
+            remove_dir(path);
+            ht_log_info("checkpoint: removed %s (checkpoint.keep_last %d)", path, keep_last);
+        }
+        fsync_dir(output_dir);
+    }
+    free(steps);
+}
+
+ht_status ht_ckpt_commit(const char *output_dir, int world, const ht_ckpt_rank_file *ranks, const ht_ckpt_view *v,
+                         const ht_ckpt_save_options *o, ht_error *err) {
+    long long step = (long long)v->state.step;
+    char tmp_dir[HT_CKPT_PATH_MAX], final_dir[HT_CKPT_PATH_MAX], path[HT_CKPT_PATH_MAX], name[32];
+    snprintf(name, sizeof(name), "step_%08lld", step);
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s/%s.tmp", output_dir, name);
+    join(final_dir, sizeof(final_dir), output_dir, name);
+    ht_ckpt_rank_file extra = {0};
+    int n_extra = 0;
+    ht_status s = HT_OK;
+    if (v->model) {
+        ht_dtype dtype = v->params->count ? v->params->items[0].dtype : HT_DTYPE_F32;
+        s = ht_hf_write_config(tmp_dir, v->model, dtype, err);
+        snprintf(extra.file, sizeof(extra.file), "config.json");
+        join(path, sizeof(path), tmp_dir, extra.file);
+        if (s == HT_OK) s = hash_file(path, &extra.size, &extra.hash, err);
+        n_extra = 1;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (s == HT_OK) s = build_metadata(world, ranks, &extra, n_extra, v, &text, &len, err);
+    join(path, sizeof(path), tmp_dir, "metadata.json");
+    if (s == HT_OK) s = write_synced(path, text, len, err);
+    free(text);
+    if (s != HT_OK) return s;
+    fsync_dir(tmp_dir);
+    if (is_dir(final_dir)) {
+        /* The same step saved again (a resumed run that ends where it began):
+         * swap atomically so that `latest` never names a missing directory. */
+        if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) != 0)
+            return ht_fail(err, HT_ERR_IO, "%s: cannot replace it with %s: %s", final_dir, tmp_dir, strerror(errno));
+        remove_dir(tmp_dir);
+    } else if (rename(tmp_dir, final_dir) != 0) {
+        return ht_fail(err, HT_ERR_IO, "%s: cannot rename %s into place: %s", final_dir, tmp_dir, strerror(errno));
+    }
+    fsync_dir(output_dir);
+    s = update_latest(output_dir, name, err);
+    if (s != HT_OK) return s;
+    prune(output_dir, o->keep_last, step);
+    return HT_OK;
+}
+
+ht_status ht_ckpt_save(const char *output_dir, const ht_ckpt_view *v, const ht_ckpt_save_options *o, char *saved,
+                       size_t n, ht_error *err) {
+    char tmp_dir[HT_CKPT_PATH_MAX];
+    ht_status s = ht_ckpt_begin(output_dir, v->state.step, tmp_dir, sizeof(tmp_dir), err);
+    if (s != HT_OK) return s;
+    ht_ckpt_rank_file rf;
+    s = ht_ckpt_write_rank(tmp_dir, 0, v, o, &rf, err);
+    if (s != HT_OK) return s;
+    s = ht_ckpt_commit(output_dir, 1, &rf, v, o, err);
+    ht_ckpt_rank_file_free(&rf);
+    if (s == HT_OK && saved) snprintf(saved, n, "%s/step_%08lld", output_dir, (long long)v->state.step);
+    return s;
+}
+
+/* ================================================================== open */
+
+typedef struct ck_file {
+    char *name;
+    uint64_t size, hash;
+    bool is_rank;
+    ht_safetensors *st; /* rank files, once opened */
+} ck_file;
+
+typedef struct ck_chunk {
+    int file;
+    int64_t row0, rows;
+    const ht_st_tensor *t;
+} ck_chunk;
+
+typedef struct ck_key {
+    const char *name; /* in the metadata tree */
+    key_kind kind;
+    ht_dtype dtype;
+    int ndim;
+    int64_t shape[HT_PARAM_MAX_DIMS];
+    ck_chunk *chunks;
+    int nchunks;
+} ck_key;
+
+struct ht_checkpoint {
+    char dir[HT_CKPT_PATH_MAX];
+    ht_json *meta;
+    int version;
+    int64_t step;
+    int world;
+    ht_ckpt_trainer_state state;
+    ck_file *files;
+    int nfiles;
+    ck_key *keys; /* sorted by name */
+    int nkeys;
+};
+
+static key_kind kind_of(const char *key) {
+    if (strncmp(key, MAIN_PREFIX, strlen(MAIN_PREFIX)) == 0) return KIND_MAIN;
+    if (strncmp(key, OPT_PREFIX, strlen(OPT_PREFIX)) == 0) {
+        for (int k = KIND_EXP_AVG; k < KIND_COUNT; k++) {
+            char suffix[32];
+            snprintf(suffix, sizeof(suffix), ".%s", KIND_NAMES[k]);
+            if (ends_with(key, suffix)) return (key_kind)k;
+        }
+    }
+    return KIND_MODEL;
+}
+
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(((const ck_key *)a)->name, ((const ck_key *)b)->name);
+}
+
+static const ck_key *find_key(const ht_checkpoint *ck, const char *name) {
+    ck_key probe = {.name = name};
+    return bsearch(&probe, ck->keys, (size_t)ck->nkeys, sizeof(ck_key), cmp_key);
+}
+
+static bool json_int(const ht_json *v, int64_t *out) {
+    if (!v || v->type != HT_JSON_NUMBER || v->number != (double)(int64_t)v->number) return false;
+    *out = (int64_t)v->number;
+    return true;
+}
+
+static ht_status bad_meta(const ht_checkpoint *ck, const char *what, ht_error *err) {
+    return ht_fail(err, HT_ERR_FORMAT, "%s/metadata.json: %s", ck->dir, what);
+}
+
+static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err) {
+    ht_ckpt_trainer_state *st = &ck->state;
+    const ht_json *seed = ht_json_get(js, "seed"), *tl = ht_json_get(js, "train_loader"),
+                  *vl = ht_json_get(js, "valid_loader"), *ls = ht_json_get(js, "loss_scaler");
+    int64_t e0, i0, e1, i1;
+    if (js->type != HT_JSON_OBJECT || !json_int(ht_json_get(js, "step"), &st->step) ||
+        !json_int(ht_json_get(js, "schedule_step"), &st->schedule_step) || !seed || seed->type != HT_JSON_STRING ||
+        !tl || !vl || !json_int(ht_json_get(tl, "epoch"), &e0) || !json_int(ht_json_get(tl, "index"), &i0) ||
+        !json_int(ht_json_get(vl, "epoch"), &e1) || !json_int(ht_json_get(vl, "index"), &i1) || !ls)
+        return bad_meta(ck, "\"trainer_state\" is malformed", err);
+    st->seed = strtoll(seed->string, NULL, 10);
+    st->train_pos = (ht_loader_pos){(uint64_t)e0, (uint64_t)i0};
+    st->valid_pos = (ht_loader_pos){(uint64_t)e1, (uint64_t)i1};
+    st->loss_scaling = ls->type == HT_JSON_OBJECT;
+    if (st->loss_scaling) {
+        const ht_json *scale = ht_json_get(ls, "scale");
+        int64_t g, h;
+        if (!scale || scale->type != HT_JSON_NUMBER || !json_int(ht_json_get(ls, "growth_tracker"), &g) ||
+            !json_int(ht_json_get(ls, "hysteresis_tracker"), &h))
+            return bad_meta(ck, "\"trainer_state.loss_scaler\" is malformed", err);
+        st->scaler.scale = scale->number;
+        st->scaler.growth_tracker = (int)g;
+        st->scaler.hysteresis_tracker = (int)h;
+    }
+    return HT_OK;
+}
+
+static int find_file(const ht_checkpoint *ck, const char *name) {
+    for (int i = 0; i < ck->nfiles; i++)
+        if (strcmp(ck->files[i].name, name) == 0) return i;
+    return -1;
+}
+
+static ht_status parse_key(ht_checkpoint *ck, const ht_json *e, ck_key *k, ht_error *err) {
+    char msg[HT_ERROR_MSG_MAX / 2];
+    k->name = e->key;
+    k->kind = kind_of(e->key);
+    const ht_json *dtype = ht_json_get(e, "dtype"), *shape = ht_json_get(e, "shape"),
+                  *chunks = ht_json_get(e, "chunks");
+    if (e->type != HT_JSON_OBJECT || !dtype || dtype->type != HT_JSON_STRING ||
+        !ht_dtype_from_name(dtype->string, &k->dtype) || !shape || shape->type != HT_JSON_ARRAY ||
+        shape->count > HT_PARAM_MAX_DIMS || !chunks || chunks->type != HT_JSON_ARRAY || chunks->count == 0) {
+        snprintf(msg, sizeof(msg), "key %.200s: dtype, shape or chunks missing or malformed", e->key);
+        return bad_meta(ck, msg, err);
+    }
+    k->ndim = (int)shape->count;
+    for (int d = 0; d < k->ndim; d++)
+        if (!json_int(&shape->items[d], &k->shape[d]) || k->shape[d] < 0) {
+            snprintf(msg, sizeof(msg), "key %.200s: shape is not a list of sizes", e->key);
+            return bad_meta(ck, msg, err);
+        }
+    int64_t total_rows = k->ndim ? k->shape[0] : 1;
+    k->chunks = calloc(chunks->count, sizeof(ck_chunk));
+    if (!k->chunks) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    k->nchunks = (int)chunks->count;
+    int64_t next = 0;
+    for (int j = 0; j < k->nchunks; j++) {
+        const ht_json *c = &chunks->items[j], *file = ht_json_get(c, "file");
+        ck_chunk *ch = &k->chunks[j];
+        ch->file = file && file->type == HT_JSON_STRING ? find_file(ck, file->string) : -1;
+        if (ch->file < 0 || !ck->files[ch->file].is_rank || !json_int(ht_json_get(c, "row_offset"), &ch->row0) ||
+            !json_int(ht_json_get(c, "rows"), &ch->rows)) {
+            snprintf(msg, sizeof(msg), "key %.200s: chunk %d names no listed rank file or has no row_offset/rows",
+                     e->key, j);
+            return bad_meta(ck, msg, err);
+        }
+        /* Chunks tile the rows in order: the planner can then trust any overlap it computes. */
+        if (ch->row0 != next || ch->rows <= 0 || ch->row0 + ch->rows > total_rows) {
+            snprintf(msg, sizeof(msg), "key %.200s: chunk %d (rows %lld + %lld) does not continue at row %lld of %lld",
+                     e->key, j, (long long)ch->row0, (long long)ch->rows, (long long)next, (long long)total_rows);
+            return bad_meta(ck, msg, err);
+        }
+        next = ch->row0 + ch->rows;
+    }
+    if (next != total_rows) {
+        snprintf(msg, sizeof(msg), "key %.200s: chunks cover %lld of %lld rows", e->key, (long long)next,
+                 (long long)total_rows);
+        return bad_meta(ck, msg, err);
+    }
+    return HT_OK;
+}
+
+/* Reads and checks metadata.json into ck (files listed, keys parsed; nothing opened). */
+static ht_status load_metadata(const char *dir, ht_checkpoint *ck, ht_error *err) {
+    snprintf(ck->dir, sizeof(ck->dir), "%s", dir);
+    size_t n = strlen(ck->dir);
+    while (n > 1 && ck->dir[n - 1] == '/') ck->dir[--n] = '\0';
+    if (ends_with(ck->dir, ".tmp"))
+        return ht_fail(err, HT_ERR_INVALID, "%s: a .tmp directory is a save that did not finish: never loaded", dir);
+    char path[HT_CKPT_PATH_MAX];
+    join(path, sizeof(path), ck->dir, "metadata.json");
+    struct stat sb;
+    if (stat(ck->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ht_fail(err, HT_ERR_IO, "%s: no such checkpoint directory", ck->dir);
+    if (stat(path, &sb) != 0)
+        return ht_fail(err, HT_ERR_FORMAT, "%s: no metadata.json: an incomplete checkpoint, never loaded", ck->dir);
+    char *text;
+    size_t len;
+    ht_status s = ht_read_file(path, &text, &len, err);
+    if (s != HT_OK) return s;
+    /* The last member is the hash of every byte before it. */
+    const char *marker = ",\n  \"self_xxh64\": \"";
+    char *at = NULL;
+    for (char *p = strstr(text, marker); p; p = strstr(p + 1, marker)) at = p;
+    uint64_t want = 0;
+    if (!at || sscanf(at + strlen(marker), "%16" SCNx64, &want) != 1 ||
+        ht_xxh64(text, (size_t)(at - text), 0) != want) {
+        free(text);
+        return bad_meta(ck, "its self_xxh64 does not match its content: the file was edited or damaged", err);
+    }
+    s = ht_json_parse(text, len, path, &ck->meta, err);
+    free(text);
+    if (s != HT_OK) return s;
+    const ht_json *m = ck->meta, *fmt = ht_json_get(m, "format"), *hash = ht_json_get(m, "hash"),
+                  *files = ht_json_get(m, "files"), *keys = ht_json_get(m, "keys"),
+                  *st = ht_json_get(m, "trainer_state");
+    int64_t version, world;
+    if (!fmt || fmt->type != HT_JSON_STRING || strcmp(fmt->string, "hypertrain checkpoint") != 0 ||
+        !json_int(ht_json_get(m, "format_version"), &version))
+        return bad_meta(ck, "not a hypertrain checkpoint (\"format\" or \"format_version\" missing)", err);
+    ck->version = (int)version;
+    if (version > HT_CKPT_FORMAT_VERSION || version < 1) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "format_version %lld is from the future: this build reads versions 1 to %d",
+                 (long long)version, HT_CKPT_FORMAT_VERSION);
+        return bad_meta(ck, msg, err);
+    }
+    if (!json_int(ht_json_get(m, "step"), &ck->step) || !json_int(ht_json_get(m, "world_size"), &world) || world < 1)
+        return bad_meta(ck, "\"step\" or \"world_size\" missing", err);
+    ck->world = (int)world;
+    if (!hash || hash->type != HT_JSON_STRING || strcmp(hash->string, HT_CKPT_HASH) != 0)
+        return bad_meta(ck, "\"hash\" is not \"" HT_CKPT_HASH "\"", err);
+    if (!files || files->type != HT_JSON_ARRAY || !keys || keys->type != HT_JSON_OBJECT || !st)
+        return bad_meta(ck, "\"files\", \"keys\" or \"trainer_state\" missing", err);
+    s = parse_state(ck, st, err);
+    if (s != HT_OK) return s;
+    ck->files = calloc(files->count + 1, sizeof(ck_file));
+    ck->keys = calloc(keys->count + 1, sizeof(ck_key));
+    if (!ck->files || !ck->keys) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    for (size_t i = 0; i < files->count; i++) {
+        const ht_json *f = &files->items[i], *name = ht_json_get(f, "name"), *h = ht_json_get(f, "xxh64");
+        int64_t size;
+        ck_file *cf = &ck->files[ck->nfiles];
+        if (!name || name->type != HT_JSON_STRING || strchr(name->string, '/') || !h || h->type != HT_JSON_STRING ||
+            sscanf(h->string, "%16" SCNx64, &cf->hash) != 1 || !json_int(ht_json_get(f, "size"), &size))
+            return bad_meta(ck, "an entry of \"files\" lacks name, size or xxh64", err);
+        cf->name = name->string;
+        cf->size = (uint64_t)size;
+        cf->is_rank = strncmp(cf->name, "rank_", 5) == 0 && ends_with(cf->name, ".safetensors");
+        ck->nfiles++;
+    }
+    for (size_t i = 0; i < keys->count; i++) {
+        s = parse_key(ck, &keys->items[i], &ck->keys[ck->nkeys++], err);
+        if (s != HT_OK) return s;
+    }
+    qsort(ck->keys, (size_t)ck->nkeys, sizeof(ck_key), cmp_key);
+    return HT_OK;
+}
+
+/* Names up to a few keys stored in a file, for errors about the file as a whole. */
+static void keys_in_file(const ht_checkpoint *ck, int file, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "holding");
+    int listed = 0, more = 0;
+    for (int k = 0; k < ck->nkeys; k++)
+        for (int j = 0; j < ck->keys[k].nchunks; j++) {
+            if (ck->keys[k].chunks[j].file != file) continue;
+            if (listed < 3 && used < n)
+                used += (size_t)snprintf(buf + used, n - used, "%s %s", listed ? "," : "", ck->keys[k].name);
+            else
+                more++;
+            listed++;
+        }
+    if (more && used < n) snprintf(buf + used, n - used, " and %d more keys", more);
+    if (listed == 0) snprintf(buf, n, "holding no tensor");
+}
+
+/* Checks one file's size and hash against metadata.json. */
+static ht_status verify_file(const ht_checkpoint *ck, int i, ht_error *err) {
+    const ck_file *f = &ck->files[i];
+    char path[HT_CKPT_PATH_MAX], held[512];
+    join(path, sizeof(path), ck->dir, f->name);
+    keys_in_file(ck, i, held, sizeof(held));
+    struct stat sb;
+    if (stat(path, &sb) != 0) return ht_fail(err, HT_ERR_IO, "%s: missing (metadata.json lists it, %s)", path, held);
+    if ((uint64_t)sb.st_size != f->size)
+        return ht_fail(err, HT_ERR_FORMAT, "%s: %lld bytes, metadata.json says %" PRIu64 " (truncated or changed; %s)",
+                       path, (long long)sb.st_size, f->size, held);
+    uint64_t size, hash;
+    ht_status s = hash_file(path, &size, &hash, err);
+    if (s != HT_OK) return s;
+    if (hash != f->hash)
+        return ht_fail(err, HT_ERR_FORMAT,
+                       "%s: content hash xxh64 %016" PRIx64 ", metadata.json says %016" PRIx64 " (damaged; %s)", path,
+                       hash, f->hash, held);
+    return HT_OK;
+}
+
+/* Opens the rank files and binds every chunk to its tensor, checking dtype and shape. */
+static ht_status bind_chunks(ht_checkpoint *ck, ht_error *err) {
+    char path[HT_CKPT_PATH_MAX];
+    for (int i = 0; i < ck->nfiles; i++) {
+        if (!ck->files[i].is_rank) continue;
+        join(path, sizeof(path), ck->dir, ck->files[i].name);
+        ht_status s = ht_safetensors_open(path, &ck->files[i].st, err);
+        if (s != HT_OK) return s;
+    }
+    for (int k = 0; k < ck->nkeys; k++) {
+        ck_key *key = &ck->keys[k];
+        for (int j = 0; j < key->nchunks; j++) {
+            ck_chunk *c = &key->chunks[j];
+            const char *file = ck->files[c->file].name;
+            const ht_st_tensor *t = ht_safetensors_find(ck->files[c->file].st, key->name);
+            if (!t)
+                return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: not in the file (metadata.json lists a chunk there)",
+                               ck->dir, file, key->name);
+            if (t->dtype != key->dtype)
+                return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: dtype %s in the file, metadata.json says %s",
+                               ck->dir, file, key->name, ht_dtype_name(t->dtype), ht_dtype_name(key->dtype));
+            bool same = t->ndim == key->ndim && (key->ndim == 0 || t->shape[0] == c->rows);
+            for (int d = 1; same && d < key->ndim; d++) same = t->shape[d] == key->shape[d];
+            if (!same)
+                return ht_fail(err, HT_ERR_FORMAT,
+                               "%s/%s: key %s: shape in the file does not match %lld rows of the global shape in "
+                               "metadata.json",
+                               ck->dir, file, key->name, (long long)c->rows);
+            c->t = t;
+        }
+    }
+    return HT_OK;
+}
+
+ht_status ht_ckpt_open(const char *dir, ht_checkpoint **out, ht_error *err) {
+    *out = NULL;
+    ht_checkpoint *ck = calloc(1, sizeof(ht_checkpoint));
+    if (!ck) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    ht_status s = load_metadata(dir, ck, err);
+    for (int i = 0; s == HT_OK && i < ck->nfiles; i++) s = verify_file(ck, i, err);
+    if (s == HT_OK) s = bind_chunks(ck, err);
+    if (s != HT_OK) {
+        ht_ckpt_close(ck);
+        return s;
+    }
+    *out = ck;
+    return HT_OK;
+}
+
+void ht_ckpt_close(ht_checkpoint *ck) {
+    if (!ck) return;
+    for (int i = 0; i < ck->nfiles; i++)
+        if (ck->files[i].st) ht_safetensors_close(ck->files[i].st);
+    for (int k = 0; k < ck->nkeys; k++) free(ck->keys[k].chunks);
+    free(ck->files);
+    free(ck->keys);
+    ht_json_free(ck->meta);
+    free(ck);
+}
+
+int64_t ht_ckpt_step(const ht_checkpoint *ck) { return ck->step; }
+int ht_ckpt_world_size(const ht_checkpoint *ck) { return ck->world; }
+const char *ht_ckpt_dir(const ht_checkpoint *ck) { return ck->dir; }
+const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck->state; }
+
+ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char *dir, size_t n, ht_error *err) {
+    dir[0] = '\0';
+    if (strcmp(restore_from, "latest") != 0) {
+        snprintf(dir, n, "%s", restore_from);
+        return HT_OK;
+    }
+    char path[HT_CKPT_PATH_MAX];
+    join(path, sizeof(path), output_dir, "latest");
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        ht_log_info("checkpoint.restore_from latest: %s does not exist yet: starting from step 0", path);
+        return HT_OK;
+    }
+    char *text;
+    size_t len;
+    ht_status s = ht_read_file(path, &text, &len, err);
+    if (s != HT_OK) return s;
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = '\0';
+    if (step_of(text) < 0) {
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: names \"%.100s\", not a step_XXXXXXXX checkpoint", path, text);
+    } else {
+        snprintf(dir, n, "%s/%s", output_dir, text);
+    }
+    free(text);
+    return s;
+}
+
+/* ================================================================== load */
+
+ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *name, int64_t row0, int64_t row1, void *dst,
+                            ht_dtype dst_dtype, ht_error *err) {
+    const ck_key *k = find_key(ck, name);
+    if (!k) return ht_fail(err, HT_ERR_INVALID, "%s: key %s: not in the checkpoint", ck->dir, name);
+    if (k->dtype != dst_dtype && !(ht_dtype_is_float(k->dtype) && ht_dtype_is_float(dst_dtype)))
+        return ht_fail(err, HT_ERR_FORMAT, "%s: key %s: saved as %s, cannot be read as %s", ck->dir, name,
+                       ht_dtype_name(k->dtype), ht_dtype_name(dst_dtype));
+    int64_t row_numel = 1;
+    for (int d = 1; d < k->ndim; d++) row_numel *= k->shape[d];
+    size_t ssize = ht_dtype_size(k->dtype), dsize = ht_dtype_size(dst_dtype);
+    /* The planner: the overlap of each saved chunk with the rows asked for. */
+    for (int j = 0; j < k->nchunks; j++) {
+        const ck_chunk *c = &k->chunks[j];
+        int64_t a = row0 > c->row0 ? row0 : c->row0;
+        int64_t b = row1 < c->row0 + c->rows ? row1 : c->row0 + c->rows;
+        if (a >= b) continue;
+        const char *src = (const char *)c->t->data + (size_t)((a - c->row0) * row_numel) * ssize;
+        char *out = (char *)dst + (size_t)((a - row0) * row_numel) * dsize;
+        ht_convert(out, dst_dtype, src, k->dtype, (size_t)((b - a) * row_numel));
+    }
+    return HT_OK;
+}
+
+/* The key must exist with the param's global shape (and be FP32 unless a model key). */
+static ht_status check_key(const ht_checkpoint *ck, const ck_key *k, const ht_param *p, bool scalar, ht_error *err) {
+    const char *file = ck->files[k->chunks[0].file].name;
+    if (scalar) {
+        if (k->ndim != 0 || k->dtype != HT_DTYPE_I64)
+            return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: expected an int64 scalar, found %s with %d dims",
+                           ck->dir, file, k->name, ht_dtype_name(k->dtype), k->ndim);
+        return HT_OK;
+    }
+    bool same = k->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = k->shape[d] == p->shape[d];
+    if (!same) {
+        char want[96] = "", got[96] = "";
+        for (int d = 0; d < p->ndim; d++)
+            snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", d ? "x" : "", (long long)p->shape[d]);
+        for (int d = 0; d < k->ndim; d++)
+            snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? "x" : "", (long long)k->shape[d]);
+        return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: shape %s in the checkpoint, the model's %s is %s", ck->dir,
+                       file, k->name, got, p->name, want);
+    }
+    bool model = k->kind == KIND_MODEL;
+    if (model ? !ht_dtype_is_float(k->dtype) : k->dtype != HT_DTYPE_F32)
+        return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: dtype %s, expected %s", ck->dir, file, k->name,
+                       ht_dtype_name(k->dtype), model ? "a float dtype" : "float32");
+    return HT_OK;
+}
+
+static bool has_separate_main(const ht_param *p) {
+    return p->trainable && p->main_param && (void *)p->main_param != p->data;
+}
+
+/* An optimizer tensor for a slot, when the checkpoint has it: checked, then returned. */
+static ht_status slot_key(const ht_checkpoint *ck, const ht_param *p, key_kind kind, const ck_key **out,
+                          ht_error *err) {
+    char name[HT_CKPT_KEY_MAX];
+    key_name(name, kind, p->name);
+    *out = find_key(ck, name);
+    return *out ? check_key(ck, *out, p, kind == KIND_STEP, err) : HT_OK;
+}
+
+/* Checks every optimizer key the view will read; loads them when apply is set. */
+static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool apply, int *loaded, ht_error *err) {
+    const ck_key *k;
+    ht_status s = HT_OK;
+    for (int i = 0; s == HT_OK && opt->muon && i < opt->muon->count; i++) {
+        ht_muon_slot *sl = &opt->muon->slots[i];
+        ht_param *p = sl->param;
+        s = slot_key(ck, p, KIND_MOMENTUM, &k, err);
+        if (s == HT_OK && k && !sl->momentum_buffer)
+            s = ht_fail(err, HT_ERR_INVALID, "%s: key %s: this run's Muon keeps no momentum buffer to receive it",
+                        ck->dir, k->name);
+        if (s == HT_OK && apply && sl->momentum_buffer) {
+            if (k)
+                s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, sl->momentum_buffer, HT_DTYPE_F32, err);
+            else /* never created: as fresh */
+                memset(sl->momentum_buffer, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
+            *loaded += k != NULL;
+        }
+        if (s == HT_OK) s = slot_key(ck, p, KIND_STEP, &k, err);
+        if (s == HT_OK && apply) {
+            sl->step = 0;
+            if (k) s = ht_ckpt_read_rows(ck, k->name, 0, 1, &sl->step, HT_DTYPE_I64, err);
+        }
+    }
+    for (int i = 0; s == HT_OK && opt->adamw && i < opt->adamw->count; i++) {
+        ht_adamw_slot *sl = &opt->adamw->slots[i];
+        ht_param *p = sl->param;
+        float *dst[2] = {sl->exp_avg, sl->exp_avg_sq};
+        for (int m = 0; s == HT_OK && m < 2; m++) {
+            s = slot_key(ck, p, m ? KIND_EXP_AVG_SQ : KIND_EXP_AVG, &k, err);
+            if (s == HT_OK && apply) {
+                if (k)
+                    s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, dst[m], HT_DTYPE_F32, err);
+                else
+                    memset(dst[m], 0, (size_t)ht_param_local_numel(p) * sizeof(float));
+                *loaded += k != NULL;
+            }
+        }
+        if (s == HT_OK) s = slot_key(ck, p, KIND_STEP, &k, err);
+        if (s == HT_OK && apply) {
+            sl->step = 0;
+            if (k) s = ht_ckpt_read_rows(ck, k->name, 0, 1, &sl->step, HT_DTYPE_I64, err);
+        }
+    }
+    return s;
+}
+
+static void append_name(char *buf, size_t cap, const char *name) {
+    size_t used = strlen(buf);
+    if (used + strlen(name) + 8 < cap)
+        snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", name);
+    else if (!ends_with(buf, ", ..."))
+        snprintf(buf + used, cap - used, ", ...");
+}
+
+ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_optimizer, ht_error *err) {
+    ht_param_store *ps = v->params;
+    int main_keys = 0;
+    for (int k = 0; k < ck->nkeys; k++) main_keys += ck->keys[k].kind == KIND_MAIN;
+    /* Check everything before touching anything. */
+    char missing[1200] = "";
+    int n_missing = 0, n_main_missing = 0, n_main_wanted = 0;
+    char main_missing[1200] = "";
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MODEL, p->name);
+        const ck_key *k = find_key(ck, name);
+        if (!k) {
+            append_name(missing, sizeof(missing), name);
+            n_missing++;
+            continue;
+        }
+        ht_status s = check_key(ck, k, p, false, err);
+        if (s != HT_OK) return s;
+        /* A model saved in float32 carries no main params: it is its own. */
+        if (!restore_optimizer || !has_separate_main(p) || k->dtype == HT_DTYPE_F32) continue;
+        n_main_wanted++;
+        key_name(name, KIND_MAIN, p->name);
+        const ck_key *mk = find_key(ck, name);
+        if (!mk) {
+            append_name(main_missing, sizeof(main_missing), name);
+            n_main_missing++;
+        } else if ((s = check_key(ck, mk, p, false, err)) != HT_OK) {
+            return s;
+        }
+    }
+    if (n_missing) return ht_fail(err, HT_ERR_FORMAT, "%s: %d model weights missing: %s", ck->dir, n_missing, missing);
+    if (restore_optimizer && main_keys > 0 && n_main_missing > 0)
+        return ht_fail(err, HT_ERR_FORMAT,
+                       "%s: refusing a partial set of FP32 main params: %d of %d missing (never filled in from the "
+                       "model): %s",
+                       ck->dir, n_main_missing, n_main_wanted, main_missing);
+    int loaded = 0;
+    if (restore_optimizer && v->optimizer) {
+        ht_status s = optimizer_pass(ck, v->optimizer, false, &loaded, err);
+        if (s != HT_OK) return s;
+    }
+
+    /* Model weights, converted to each param's dtype: the run's model_init_dtype decides. */
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MODEL, p->name);
+        ht_status s = ht_ckpt_read_rows(ck, name, p->row0, p->row1, p->data, p->dtype, err);
+        if (s != HT_OK) return s;
+    }
+    /* The FP32 main params. */
+    int rebuilt = 0;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        if (!has_separate_main(p)) continue;
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MODEL, p->name);
+        const ck_key *mk = find_key(ck, name);
+        if (restore_optimizer && mk->dtype != HT_DTYPE_F32) {
+            key_name(name, KIND_MAIN, p->name);
+            mk = find_key(ck, name);
+        }
+        if (restore_optimizer && mk && mk->dtype == HT_DTYPE_F32) {
+            ht_status s = ht_ckpt_read_rows(ck, mk->name, p->row0, p->row1, p->main_param, HT_DTYPE_F32, err);
+            if (s != HT_OK) return s;
+        } else {
+            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            rebuilt++;
+        }
+    }
+    if (rebuilt && restore_optimizer)
+        ht_log_warn("%s: no FP32 main params (_mixed_precision_optimizer) in the checkpoint: %d main params rebuilt "
+                    "from the %s model; the FP32 tail the model dtype cannot hold is lost",
+                    ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
+    else if (rebuilt)
+        ht_log_info("%s: checkpoint.restore_optimizer false: the model only; %d FP32 main params rebuilt from it",
+                    ck->dir, rebuilt);
+    ht_params_refresh_compute(ps);
+    if (restore_optimizer && v->optimizer) {
+        ht_status s = optimizer_pass(ck, v->optimizer, true, &loaded, err);
+        if (s != HT_OK) return s;
+        v->optimizer->step = ck->state.schedule_step;
+        if (v->optimizer->loss_scaling && ck->state.loss_scaling) {
+            v->optimizer->scaler.scale = ck->state.scaler.scale;
+            v->optimizer->scaler.growth_tracker = ck->state.scaler.growth_tracker;
+            v->optimizer->scaler.hysteresis_tracker = ck->state.scaler.hysteresis_tracker;
+        }
+    }
+    if (restore_optimizer) v->state = ck->state;
+    ht_log_info("restored %s: step %lld, saved on %d rank(s); %d model tensors, %d optimizer tensors%s", ck->dir,
+                (long long)ck->step, ck->world, ps->count, loaded,
+                restore_optimizer ? "" : " (restore_optimizer false)");
+    return HT_OK;
+}
+
+/* ================================================================== export and inspect */
+
+ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, size_t max_shard_bytes,
+                         ht_error *err) {
+    ht_checkpoint *ck;
+    ht_status s = ht_ckpt_open(ckpt_dir, &ck, err);
+    if (s != HT_OK) return s;
+    ht_model_config cfg;
+    if (find_file(ck, "config.json") < 0)
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: no config.json: saved without the model architecture", ck->dir);
+    if (s == HT_OK) s = ht_hf_read_config(ck->dir, &cfg, err);
+    ht_param_store store = {0};
+    for (int k = 0; s == HT_OK && k < ck->nkeys; k++) {
+        const ck_key *key = &ck->keys[k];
+        if (key->kind != KIND_MODEL) continue;
+        if (dtype == HT_DTYPE_COUNT) dtype = key->dtype;
+        ht_param *p = ht_params_add(&store, key->name + strlen("model."), key->ndim, key->shape, dtype);
+        if (!p)
+            s = ht_fail(err, HT_ERR_OOM, "export: cannot add %s", key->name);
+        else
+            p->trainable = false;
+    }
+    if (s == HT_OK) s = ht_params_allocate(&store, err);
+    for (int i = 0; s == HT_OK && i < store.count; i++) {
+        ht_param *p = &store.items[i];
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MAIN, p->name);
+        /* float32 from a bf16/fp16 checkpoint: the FP32 main params are the precise weights. */
+        if (p->dtype != HT_DTYPE_F32 || !find_key(ck, name)) key_name(name, KIND_MODEL, p->name);
+        s = ht_ckpt_read_rows(ck, name, 0, p->shape[0], p->data, p->dtype, err);
+    }
+    if (s == HT_OK && store.count == 0) s = ht_fail(err, HT_ERR_FORMAT, "%s: no model.* keys to export", ck->dir);
+    if (s == HT_OK) s = ht_hf_save(out_dir, &cfg, &store, dtype, max_shard_bytes, err);
+    if (s == HT_OK)
+        ht_log_info("exported %s (step %lld) to %s in %s", ck->dir, (long long)ck->step, out_dir, ht_dtype_name(dtype));
+    ht_params_free(&store);
+    ht_ckpt_close(ck);
+    return s;
+}
+
+ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err) {
+    ht_checkpoint *ck = calloc(1, sizeof(ht_checkpoint));
+    if (!ck) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    ht_status s = load_metadata(dir, ck, err);
+    if (s != HT_OK) {
+        ht_ckpt_close(ck);
+        return s;
+    }
+    const ht_ckpt_trainer_state *st = &ck->state;
+    fprintf(out, "checkpoint %s\n", ck->dir);
+    fprintf(out, "  format version %d, step %lld, saved on %d rank(s), hash %s\n", ck->version, (long long)ck->step,
+            ck->world, HT_CKPT_HASH);
+    fprintf(out,
+            "  trainer state: step %lld, schedule step %lld, seed %lld, train loader epoch %" PRIu64 " window %" PRIu64
+            ", validation loader epoch %" PRIu64 " window %" PRIu64,
+            (long long)st->step, (long long)st->schedule_step, (long long)st->seed, st->train_pos.epoch,
+            st->train_pos.index, st->valid_pos.epoch, st->valid_pos.index);
+    if (st->loss_scaling) fprintf(out, ", loss scale %g", st->scaler.scale);
+    fputc('\n', out);
+    uint64_t numel[KIND_COUNT] = {0}, bytes[KIND_COUNT] = {0};
+    int count[KIND_COUNT] = {0};
+    ht_dtype dt[KIND_COUNT];
+    for (int k = 0; k < ck->nkeys; k++) {
+        const ck_key *key = &ck->keys[k];
+        uint64_t n = 1;
+        for (int d = 0; d < key->ndim; d++) n *= (uint64_t)key->shape[d];
+        count[key->kind]++;
+        numel[key->kind] += n;
+        bytes[key->kind] += n * ht_dtype_size(key->dtype);
+        dt[key->kind] = key->dtype;
+    }
+    fprintf(out, "  keys by kind:\n");
+    static const char *const labels[KIND_COUNT] = {"model.*",
+                                                   MAIN_PREFIX "*",
+                                                   OPT_PREFIX "*.exp_avg",
+                                                   OPT_PREFIX "*.exp_avg_sq",
+                                                   OPT_PREFIX "*.momentum_buffer",
+                                                   OPT_PREFIX "*.step"};
+    for (int k = 0; k < KIND_COUNT; k++)
+        if (count[k])
+            fprintf(out, "    %-58s %5d keys %12" PRIu64 " values %10.2f MiB %s\n", labels[k], count[k], numel[k],
+                    (double)bytes[k] / (1 << 20), ht_dtype_name(dt[k]));
+        else
+            fprintf(out, "    %-58s     none\n", labels[k]);
+    fprintf(out, "  files:\n");
+    int bad = 0;
+    ht_error first = {0};
+    for (int i = 0; i < ck->nfiles; i++) {
+        ht_error e = {0};
+        ht_status fs = verify_file(ck, i, &e);
+        fprintf(out, "    %-26s %12" PRIu64 " bytes  xxh64 %016" PRIx64 "  %s\n", ck->files[i].name, ck->files[i].size,
+                ck->files[i].hash, fs == HT_OK ? "OK" : "MISMATCH");
+        if (fs != HT_OK && bad++ == 0) first = e;
+    }
+    if (bad == 0) s = bind_chunks(ck, &first);
+    if (bad == 0 && s == HT_OK)
+        fprintf(out, "  hashes: all %d files OK\n", ck->nfiles);
+    else if (bad)
+        s = ht_fail(err, first.status, "%d of %d files do not match metadata.json; first: %s", bad, ck->nfiles,
+                    first.msg);
+    else
+        *err = first;
+    ht_ckpt_close(ck);
+    return s;
+}

@@ -1,0 +1,954 @@
+/* Training checkpoints, the seed's cases: a bf16 model with Muon + AdamW and
+ * FP32 main params resumes bit-for-bit (loss, gradients, main params, model
+ * params) after 1 step and over 20 steps with a save/load every 5; a float32
+ * model writes no main params and resumes exactly; a plain optimizer
+ * checkpoint loads with the warning; a partial one is refused with every
+ * missing name; restore_optimizer false loads the model only. Also N ranks
+ * -> M ranks for N, M in {1, 2, 3, 4}, keep_last and `latest`, every
+ * integrity error, export (library and CLI) and inspect. */
+#include "harness.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/config.h"
+#include "hypertrain/train.h"
+
+/* ------------------------------------------------------------------ fixtures */
+
+static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
+                            "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
+
+static void write_corpus(const char *dir) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 40; i++) fputs(corpus, f);
+    fclose(f);
+}
+
+/* A tiny byte-level Qwen2 on dir/corpus.txt writing to dir/run: the defaults
+ * are a bf16 model, Muon + AdamW and FP32 main params. `extra` overrides. */
+static ht_config *tiny_config(const char *dir, const char *const *extra, int n_extra) {
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_error err;
+    char set[1400];
+    assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
+    const char *sets[] = {
+        "model.vocab_size=256",
+        "model.hidden_size=32",
+        "model.intermediate_size=48",
+        "model.num_hidden_layers=2",
+        "model.num_attention_heads=4",
+        "model.num_key_value_heads=2",
+        "model.max_position_embeddings=32",
+        "data.dataset_type=text_bytes",
+        "data.seq_len=16",
+        "data.valid_fraction=0.1",
+        "lr_scheduler.type=CosineWithWarmUpLR",
+        "lr_scheduler.warmup_steps=3",
+        "lr_scheduler.warmup_lr_init=0.0005",
+        "training.steps=20",
+        "training.local_batch_size=2",
+        "training.global_batch_size=4",
+        "training.eval_batches=2",
+        "checkpoint.keep_last=0",
+        "model_init_dtype=bfloat16",
+        "fsdp_config.mix_precision.param_dtype=bfloat16",
+    };
+    for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
+    snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    for (int i = 0; i < n_extra; i++) assert_ht_ok(ht_config_set(cfg, extra[i], &err), &err);
+    return cfg;
+}
+
+static ht_trainer *trainer_new(const ht_config *cfg) {
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err;
+    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    return t;
+}
+
+static void trainer_delete(ht_trainer *t) {
+    ht_trainer_free(t);
+    free(t);
+}
+
+static size_t total_grad_floats(const ht_trainer *t) { return t->model->params.grad_bytes / sizeof(float); }
+
+/* One step that also returns the step's gradients (before clipping): they are
+ * computed on the step's batches, kept, and the trainer's step then recomputes
+ * them from the same loader position. */
+static double step_with_grads(ht_trainer *t, float *grads) {
+    ht_error err;
+    ht_loader_pos pos = ht_loader_position(&t->train_loader);
+    float scale = (float)(ht_optimizer_loss_scale(&t->optimizer) / t->grad_accum);
+    for (int micro = 0; micro < t->grad_accum; micro++) {
+        ht_loader_next(&t->train_loader, t->batch);
+        ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+        float loss;
+        assert_ht_ok(ht_model_forward(t->model, t->inputs, t->targets, t->B, t->T, &loss, &err), &err);
+        ht_model_backward(t->model, scale);
+    }
+    memcpy(grads, t->model->params.grad_block, t->model->params.grad_bytes);
+    ht_params_zero_grad(&t->model->params);
+    assert_ht_ok(ht_loader_resume(&t->train_loader, pos, &err), &err);
+    ht_step_stats st;
+    assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    return st.loss;
+}
+
+/* Model params, main params, every optimizer buffer and step, the trainer's
+ * step and loader position: bit for bit. */
+static void assert_trainers_equal(const ht_trainer *a, const ht_trainer *b) {
+    const ht_param_store *pa = &a->model->params, *pb = &b->model->params;
+    assert_int_equal(pa->count, pb->count);
+    for (int i = 0; i < pa->count; i++) {
+        const ht_param *x = &pa->items[i], *y = &pb->items[i];
+        size_t n = (size_t)ht_param_local_numel(x);
+        assert_int_equal(x->dtype, y->dtype);
+        if (memcmp(x->data, y->data, n * ht_dtype_size(x->dtype)) != 0) fail_msg("model param %s differs", x->name);
+        if (memcmp(x->main_param, y->main_param, n * sizeof(float)) != 0) fail_msg("main param %s differs", x->name);
+    }
+    const ht_optimizer *oa = &a->optimizer, *ob = &b->optimizer;
+    assert_int_equal(oa->step, ob->step);
+    assert_true((oa->adamw == NULL) == (ob->adamw == NULL));
+    for (int i = 0; oa->adamw && i < oa->adamw->count; i++) {
+        const ht_adamw_slot *x = &oa->adamw->slots[i], *y = &ob->adamw->slots[i];
+        size_t n = (size_t)ht_param_local_numel(x->param) * sizeof(float);
+        assert_int_equal(x->step, y->step);
+        if (memcmp(x->exp_avg, y->exp_avg, n) || memcmp(x->exp_avg_sq, y->exp_avg_sq, n))
+            fail_msg("AdamW state of %s differs", x->param->name);
+    }
+    for (int i = 0; oa->muon && i < oa->muon->count; i++) {
+        const ht_muon_slot *x = &oa->muon->slots[i], *y = &ob->muon->slots[i];
+        assert_int_equal(x->step, y->step);
+        if (x->momentum_buffer &&
+            memcmp(x->momentum_buffer, y->momentum_buffer, (size_t)ht_param_local_numel(x->param) * sizeof(float)))
+            fail_msg("Muon momentum of %s differs", x->param->name);
+    }
+    assert_int_equal(a->step, b->step);
+    assert_int_equal(a->train_loader.pos.epoch, b->train_loader.pos.epoch);
+    assert_int_equal(a->train_loader.pos.index, b->train_loader.pos.index);
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)n + 1);
+    if ((long)fread(text, 1, (size_t)n, f) != n) fail_msg("short read of %s", path);
+    fclose(f);
+    text[n] = '\0';
+    return text;
+}
+
+/* Runs fn with stderr going to a file; returns what was written (malloc'ed). */
+static char *capture_stderr(const char *dir, ht_status (*fn)(void *), void *arg, ht_status *status) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/stderr.txt", dir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    *status = fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    return read_text(path);
+}
+
+/* ------------------------------------------------------------------ the hash */
+
+static void test_xxh64_reference_vectors(void **state) {
+    (void)state;
+    assert_true(ht_xxh64("", 0, 0) == 0xef46db3751d8e999ULL);
+    assert_true(ht_xxh64("a", 1, 0) == 0xd24ec4f1a98c6e5bULL);
+    assert_true(ht_xxh64("abc", 3, 0) == 0x44bc2cf5ad770999ULL);
+    const char *s = "Nobody inspects the spammish repetition"; /* 39 bytes: the 32-byte lanes and every tail */
+    assert_true(ht_xxh64(s, strlen(s), 0) == 0xfbcea83c8a378bf1ULL);
+}
+
+/* ------------------------------------------------------------------ exact resume */
+
+/* bf16 + Muon + AdamW + FP32 main params: 1 step, save, a fresh trainer
+ * loads, step 2 on the same next batch == a continuous 2-step run. */
+static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_resume1");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+
+    ht_trainer *cont = trainer_new(cfg);
+    assert_int_equal(cont->model->params.items[0].dtype, HT_DTYPE_BF16);
+    assert_non_null(cont->optimizer.muon);
+    assert_non_null(cont->optimizer.adamw);
+    float *g_cont = malloc(cont->model->params.grad_bytes), *g_res = malloc(cont->model->params.grad_bytes);
+    double l1_cont = step_with_grads(cont, g_cont);
+    double l2_cont = step_with_grads(cont, g_cont);
+
+    ht_trainer *first = trainer_new(cfg);
+    double l1 = step_with_grads(first, g_res);
+    assert_true(l1 == l1_cont);
+    assert_ht_ok(ht_trainer_save_checkpoint(first, &err), &err);
+    /* Keep what was saved to check branch 1: the FP32 tail survives. */
+    ht_param *w = ht_params_find(&first->model->params, "model.layers.0.mlp.up_proj.weight");
+    size_t n = (size_t)ht_param_local_numel(w);
+    float *saved_main = malloc(n * sizeof(float));
+    memcpy(saved_main, w->main_param, n * sizeof(float));
+    trainer_delete(first);
+
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *res = trainer_new(cfg);
+    assert_int_equal(res->step, 1);
+    assert_int_equal(res->optimizer.step, 1);
+    w = ht_params_find(&res->model->params, "model.layers.0.mlp.up_proj.weight");
+    assert_memory_equal(w->main_param, saved_main, n * sizeof(float));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += w->main_param[i] != ht_bf16_to_f32(((uint16_t *)w->data)[i]);
+    assert_true(differ > n / 2); /* the main params are not the bf16 model cast up */
+
+    double l2 = step_with_grads(res, g_res);
+    assert_true(l2 == l2_cont);
+    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
+    assert_trainers_equal(res, cont);
+    printf("losses %.9g %.9g, resumed step 2 bitwise equal\n", l1_cont, l2_cont);
+    free(saved_main);
+    free(g_cont);
+    free(g_res);
+    trainer_delete(res);
+    trainer_delete(cont);
+    free(cfg);
+}
+
+/* 20 steps continuously == 4 x (restore, 5 steps, save). */
+static void test_bf16_resume_every_5_of_20_steps(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_resume20");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *cont = trainer_new(cfg);
+    double losses[20];
+    for (int s = 0; s < 20; s++) {
+        ht_step_stats st;
+        assert_ht_ok(ht_trainer_step(cont, &st, &err), &err);
+        losses[s] = st.loss;
+    }
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *t = NULL;
+    for (int round = 0; round < 4; round++) {
+        t = trainer_new(cfg);
+        assert_int_equal(t->step, round * 5);
+        for (int s = 0; s < 5; s++) {
+            ht_step_stats st;
+            assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+            if (st.loss != losses[round * 5 + s]) fail_msg("step %d: loss differs after resume", round * 5 + s + 1);
+        }
+        assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+        if (round < 3) trainer_delete(t);
+    }
+    assert_trainers_equal(t, cont);
+    trainer_delete(t);
+    trainer_delete(cont);
+    free(cfg);
+}
+
+/* A float32 model: no main-param tensors at all, and resume is exact. */
+static void test_float32_model_resume(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_fp32");
+    write_corpus(dir);
+    const char *extra[] = {"model_init_dtype=float32", "fsdp_config.mix_precision.param_dtype=float32"};
+    ht_config *cfg = tiny_config(dir, extra, 2);
+    ht_error err;
+    ht_trainer *cont = trainer_new(cfg);
+    assert_int_equal(cont->optimizer.float16_count, 0);
+    float *g_cont = malloc(cont->model->params.grad_bytes), *g_res = malloc(cont->model->params.grad_bytes);
+    step_with_grads(cont, g_cont);
+    double l2_cont = step_with_grads(cont, g_cont);
+
+    ht_trainer *first = trainer_new(cfg);
+    step_with_grads(first, g_res);
+    assert_ht_ok(ht_trainer_save_checkpoint(first, &err), &err);
+    trainer_delete(first);
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
+    char *meta = read_text(path);
+    assert_null(strstr(meta, "_mixed_precision_optimizer"));
+    assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\": {\"dtype\": \"float32\""));
+    assert_non_null(strstr(meta, "optimizer.state.model.embed_tokens.weight.exp_avg_sq"));
+    free(meta);
+
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *res = trainer_new(cfg);
+    double l2 = step_with_grads(res, g_res);
+    assert_true(l2 == l2_cont);
+    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
+    assert_trainers_equal(res, cont);
+    free(g_cont);
+    free(g_res);
+    trainer_delete(res);
+    trainer_delete(cont);
+    free(cfg);
+}
+
+/* Saves t's state as a checkpoint with some keys left out. */
+static void save_excluding(ht_trainer *t, const char *glob) {
+    ht_ckpt_view v;
+    ht_trainer_checkpoint_view(t, &v);
+    const char *ex[] = {glob};
+    ht_ckpt_save_options o = {.save_optimizer = true, .exclude = ex, .exclude_count = 1};
+    ht_error err;
+    assert_ht_ok(ht_ckpt_save(t->config.checkpoint.output_dir, &v, &o, NULL, 0, &err), &err);
+}
+
+typedef struct restore_call {
+    ht_trainer *t;
+    ht_error err;
+} restore_call;
+
+static ht_status call_restore(void *arg) {
+    restore_call *c = arg;
+    return ht_trainer_restore(c->t, "latest", true, &c->err);
+}
+
+/* No _mixed_precision_optimizer block: optimizer state loads, main params are
+ * rebuilt from the model, and a warning says the FP32 tail is lost. */
+static void test_plain_optimizer_checkpoint_loads_with_warning(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_plain");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    save_excluding(a, "_mixed_precision_optimizer.*");
+
+    ht_trainer *b = trainer_new(cfg);
+    restore_call c = {.t = b};
+    ht_status s;
+    char *log = capture_stderr(dir, call_restore, &c, &s);
+    if (s != HT_OK) fail_msg("restore failed: %s", c.err.msg);
+    assert_non_null(strstr(log, "FP32 tail"));
+    assert_non_null(strstr(log, "rebuilt"));
+    free(log);
+    for (int i = 0; i < b->model->params.count; i++) {
+        const ht_param *pa = &a->model->params.items[i], *pb = &b->model->params.items[i];
+        size_t n = (size_t)ht_param_local_numel(pa);
+        assert_memory_equal(pa->data, pb->data, n * 2);
+        for (size_t k = 0; k < n; k++) assert_true(pb->main_param[k] == ht_bf16_to_f32(((uint16_t *)pb->data)[k]));
+    }
+    for (int i = 0; i < a->optimizer.adamw->count; i++) {
+        const ht_adamw_slot *x = &a->optimizer.adamw->slots[i], *y = &b->optimizer.adamw->slots[i];
+        assert_int_equal(x->step, y->step);
+        assert_memory_equal(x->exp_avg, y->exp_avg, (size_t)ht_param_local_numel(x->param) * sizeof(float));
+    }
+    assert_int_equal(b->step, 2);
+    trainer_delete(a);
+    trainer_delete(b);
+    free(cfg);
+}
+
+/* Some main params present, some missing: refused before anything changes,
+ * and the error lists every missing name. */
+static void test_partial_main_params_refused(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_partial");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    save_excluding(a, "_mixed_precision_optimizer.*layers.1.*");
+
+    ht_trainer *b = trainer_new(cfg);
+    ht_param_store *ps = &b->model->params;
+    void *before = malloc(ps->data_bytes), *main_before = malloc(ps->main_bytes);
+    memcpy(before, ps->data_block, ps->data_bytes);
+    memcpy(main_before, ps->main_block, ps->main_bytes);
+    float exp_avg0 = b->optimizer.adamw->slots[0].exp_avg[0];
+    ht_status s = ht_trainer_restore(b, "latest", true, &err);
+    assert_int_equal(s, HT_ERR_FORMAT);
+    printf("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "partial"));
+    int listed = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const char *name = ps->items[i].name;
+        char key[HT_CKPT_KEY_MAX];
+        snprintf(key, sizeof(key), "_mixed_precision_optimizer.fp32_from_fp16_params.%s", name);
+        bool missing = strstr(name, "layers.1.") != NULL;
+        if (missing && !strstr(err.msg, key)) fail_msg("the error does not list %s", key);
+        listed += missing;
+    }
+    assert_true(listed >= 9);
+    assert_memory_equal(before, ps->data_block, ps->data_bytes);
+    assert_memory_equal(main_before, ps->main_block, ps->main_bytes);
+    assert_true(b->optimizer.adamw->slots[0].exp_avg[0] == exp_avg0);
+    assert_int_equal(b->step, 0);
+    free(before);
+    free(main_before);
+    trainer_delete(a);
+    trainer_delete(b);
+    free(cfg);
+}
+
+/* restore_optimizer: false: the model only; main params rebuilt from it; the
+ * optimizer, the step and the data position start fresh. */
+static void test_restore_optimizer_false_loads_model_only(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_model_only");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    for (int s = 0; s < 3; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_optimizer=false", &err), &err);
+    ht_trainer *b = trainer_new(cfg);
+    assert_int_equal(b->step, 0);
+    assert_int_equal(b->optimizer.step, 0);
+    assert_int_equal(b->train_loader.pos.index, 0);
+    for (int i = 0; i < b->model->params.count; i++) {
+        const ht_param *pa = &a->model->params.items[i], *pb = &b->model->params.items[i];
+        size_t n = (size_t)ht_param_local_numel(pa);
+        assert_memory_equal(pa->data, pb->data, n * 2);
+        for (size_t k = 0; k < n; k++) assert_true(pb->main_param[k] == ht_bf16_to_f32(((uint16_t *)pb->data)[k]));
+    }
+    for (int i = 0; i < b->optimizer.adamw->count; i++) {
+        const ht_adamw_slot *y = &b->optimizer.adamw->slots[i];
+        assert_int_equal(y->step, 0);
+        for (int64_t k = 0; k < ht_param_local_numel(y->param); k++) assert_true(y->exp_avg[k] == 0.0f);
+    }
+    trainer_delete(a);
+    trainer_delete(b);
+    free(cfg);
+}
+
+/* ------------------------------------------------------------------ N ranks -> M ranks */
+
+/* One rank's copy of a store: rows [r*S/w, (r+1)*S/w) of every param, with
+ * main params, an AdamW leaf for 1-D params and a Muon leaf (with momentum
+ * buffers) for matrices, all in buffers of its own. */
+typedef struct shard {
+    ht_param_store ps;
+    ht_optimizer opt;
+    ht_adamw adamw;
+    ht_muon muon;
+    float *state; /* every exp_avg, exp_avg_sq, momentum_buffer */
+} shard;
+
+static void shard_init(shard *sh, const ht_param_store *full, int r, int w) {
+    memset(sh, 0, sizeof(*sh));
+    ht_error err;
+    for (int i = 0; i < full->count; i++) {
+        const ht_param *p = &full->items[i];
+        ht_param *q = ht_params_add(&sh->ps, p->name, p->ndim, p->shape, p->dtype);
+        q->row0 = p->shape[0] * r / w;
+        q->row1 = p->shape[0] * (r + 1) / w;
+    }
+    assert_ht_ok(ht_params_allocate(&sh->ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(&sh->ps, &err), &err);
+    size_t floats = 0;
+    for (int i = 0; i < sh->ps.count; i++) floats += 2 * (size_t)ht_param_local_numel(&sh->ps.items[i]);
+    sh->state = ht_alloc(floats * sizeof(float) + 64);
+    sh->adamw.slots = calloc((size_t)sh->ps.count, sizeof(ht_adamw_slot));
+    sh->muon.slots = calloc((size_t)sh->ps.count, sizeof(ht_muon_slot));
+    float *next = sh->state;
+    for (int i = 0; i < sh->ps.count; i++) {
+        ht_param *q = &sh->ps.items[i];
+        int64_t n = ht_param_local_numel(q);
+        if (q->ndim >= 2) {
+            sh->muon.slots[sh->muon.count++] = (ht_muon_slot){.param = q, .momentum_buffer = next};
+            next += n;
+        } else {
+            sh->adamw.slots[sh->adamw.count++] = (ht_adamw_slot){.param = q, .exp_avg = next, .exp_avg_sq = next + n};
+            next += 2 * n;
+        }
+    }
+    sh->opt.params = &sh->ps;
+    sh->opt.muon = &sh->muon;
+    sh->opt.adamw = &sh->adamw;
+}
+
+static void shard_free(shard *sh) {
+    free(sh->adamw.slots);
+    free(sh->muon.slots);
+    ht_free(sh->state);
+    ht_params_free(&sh->ps);
+}
+
+/* A deterministic value for element k of a buffer of param i. */
+static float value_at(int i, int kind, int64_t k) { return (float)(i * 1000 + kind * 100) + 0.001f * (float)k + 1e-7f; }
+
+/* Fills a shard with the values the full tensors hold at its rows. */
+static void shard_fill(shard *sh, int64_t step) {
+    for (int i = 0; i < sh->ps.count; i++) {
+        ht_param *q = &sh->ps.items[i];
+        int64_t row = ht_param_row_numel(q), n = ht_param_local_numel(q), k0 = q->row0 * row;
+        for (int64_t k = 0; k < n; k++) q->main_param[k] = value_at(i, 0, k0 + k);
+        ht_convert(q->data, q->dtype, q->main_param, HT_DTYPE_F32, (size_t)n);
+    }
+    for (int j = 0; j < sh->muon.count; j++) {
+        ht_muon_slot *s = &sh->muon.slots[j];
+        int i = (int)(s->param - sh->ps.items);
+        int64_t k0 = s->param->row0 * ht_param_row_numel(s->param);
+        for (int64_t k = 0; k < ht_param_local_numel(s->param); k++) s->momentum_buffer[k] = value_at(i, 1, k0 + k);
+        s->step = step;
+    }
+    for (int j = 0; j < sh->adamw.count; j++) {
+        ht_adamw_slot *s = &sh->adamw.slots[j];
+        int i = (int)(s->param - sh->ps.items);
+        int64_t k0 = s->param->row0 * ht_param_row_numel(s->param);
+        for (int64_t k = 0; k < ht_param_local_numel(s->param); k++) {
+            s->exp_avg[k] = value_at(i, 2, k0 + k);
+            s->exp_avg_sq[k] = value_at(i, 3, k0 + k);
+        }
+        s->step = step + 1;
+    }
+}
+
+/* Checks a shard holds exactly what shard_fill puts at its rows. */
+static void shard_check(const shard *sh, int64_t step) {
+    for (int i = 0; i < sh->ps.count; i++) {
+        const ht_param *q = &sh->ps.items[i];
+        int64_t row = ht_param_row_numel(q), n = ht_param_local_numel(q), k0 = q->row0 * row;
+        for (int64_t k = 0; k < n; k++) {
+            float want = value_at(i, 0, k0 + k);
+            if (q->main_param[k] != want) fail_msg("%s main[%lld] differs", q->name, (long long)k);
+            uint16_t b = ht_f32_to_bf16(want);
+            if (((const uint16_t *)q->data)[k] != b) fail_msg("%s data[%lld] differs", q->name, (long long)k);
+        }
+    }
+    for (int j = 0; j < sh->muon.count; j++) {
+        const ht_muon_slot *s = &sh->muon.slots[j];
+        int i = (int)(s->param - sh->ps.items);
+        int64_t k0 = s->param->row0 * ht_param_row_numel(s->param);
+        assert_int_equal(s->step, step);
+        for (int64_t k = 0; k < ht_param_local_numel(s->param); k++)
+            if (s->momentum_buffer[k] != value_at(i, 1, k0 + k)) fail_msg("%s momentum differs", s->param->name);
+    }
+    for (int j = 0; j < sh->adamw.count; j++) {
+        const ht_adamw_slot *s = &sh->adamw.slots[j];
+        int i = (int)(s->param - sh->ps.items);
+        int64_t k0 = s->param->row0 * ht_param_row_numel(s->param);
+        assert_int_equal(s->step, step + 1);
+        for (int64_t k = 0; k < ht_param_local_numel(s->param); k++)
+            if (s->exp_avg[k] != value_at(i, 2, k0 + k) || s->exp_avg_sq[k] != value_at(i, 3, k0 + k))
+                fail_msg("%s AdamW state differs", s->param->name);
+    }
+}
+
+static void test_n_ranks_to_m_ranks(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_n_to_m");
+    ht_model_config mc = {.name = "qwen2",
+                          .vocab_size = 50, /* 50 rows over 3 or 4 ranks: uneven chunks */
+                          .hidden_size = 24,
+                          .intermediate_size = 40,
+                          .num_hidden_layers = 2,
+                          .num_attention_heads = 4,
+                          .num_key_value_heads = 2,
+                          .max_position_embeddings = 16,
+                          .rope_theta = 10000.0,
+                          .rms_norm_eps = 1e-6,
+                          .attention_bias = true,
+                          .initializer_range = 0.02};
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&mc, HT_DTYPE_BF16, 1, &m, &err), &err);
+    int loads = 0;
+    for (int N = 1; N <= 4; N++) {
+        char out[1200], tmp[HT_CKPT_PATH_MAX];
+        snprintf(out, sizeof(out), "%s/saved_by_%d", dir, N);
+        ht_ckpt_save_options o = {.save_optimizer = true};
+        shard src[4];
+        ht_ckpt_rank_file files[4];
+        int64_t step = 10 + N;
+        assert_ht_ok(ht_ckpt_begin(out, step, tmp, sizeof(tmp), &err), &err);
+        for (int r = 0; r < N; r++) {
+            shard_init(&src[r], &m->params, r, N);
+            shard_fill(&src[r], step);
+            ht_ckpt_view v = {.params = &src[r].ps, .optimizer = &src[r].opt, .model = &mc};
+            v.state.step = step;
+            assert_ht_ok(ht_ckpt_write_rank(tmp, r, &v, &o, &files[r], &err), &err);
+        }
+        ht_ckpt_view v0 = {.params = &src[0].ps, .optimizer = &src[0].opt, .model = &mc};
+        v0.state.step = step;
+        v0.state.schedule_step = step;
+        assert_ht_ok(ht_ckpt_commit(out, N, files, &v0, &o, &err), &err);
+        for (int r = 0; r < N; r++) {
+            ht_ckpt_rank_file_free(&files[r]);
+            shard_free(&src[r]);
+        }
+        char ckdir[1300];
+        snprintf(ckdir, sizeof(ckdir), "%s/step_%08lld", out, (long long)step);
+        ht_checkpoint *ck;
+        assert_ht_ok(ht_ckpt_open(ckdir, &ck, &err), &err);
+        assert_int_equal(ht_ckpt_world_size(ck), N);
+        for (int M = 1; M <= 4; M++) {
+            for (int r = 0; r < M; r++) {
+                shard dst;
+                shard_init(&dst, &m->params, r, M);
+                ht_ckpt_view v = {.params = &dst.ps, .optimizer = &dst.opt};
+                assert_ht_ok(ht_ckpt_load(ck, &v, true, &err), &err);
+                assert_int_equal(v.state.schedule_step, step);
+                shard_check(&dst, step);
+                shard_free(&dst);
+                loads++;
+            }
+        }
+        ht_ckpt_close(ck);
+    }
+    assert_int_equal(loads, 4 * (1 + 2 + 3 + 4));
+    ht_model_free(m);
+}
+
+/* ------------------------------------------------------------------ layout, latest, keep_last */
+
+static bool exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* A small trained trainer whose checkpoints land in dir/run. */
+static ht_trainer *trained(const char *dir, ht_config **cfg_out) {
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_trainer *t = trainer_new(cfg);
+    ht_error err;
+    assert_ht_ok(ht_trainer_step(t, NULL, &err), &err);
+    *cfg_out = cfg;
+    return t;
+}
+
+static void test_latest_and_keep_last(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_keep");
+    ht_config *cfg;
+    ht_trainer *t = trained(dir, &cfg);
+    ht_error err;
+    char path[1400];
+    /* A stale .tmp from a crashed save is never loaded and is cleaned up. */
+    snprintf(path, sizeof(path), "%s/run/step_00000099.tmp", dir);
+    assert_ht_ok(ht_make_dirs(path, &err), &err);
+    t->config.checkpoint.keep_last = 2;
+    for (int s = 0; s < 4; s++) {
+        assert_ht_ok(ht_trainer_step(t, NULL, &err), &err);
+        assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    }
+    assert_false(exists(path));
+    static const char *gone[] = {"step_00000002", "step_00000003"}, *kept[] = {"step_00000004", "step_00000005"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/run/%s", dir, gone[i]);
+        assert_false(exists(path));
+        snprintf(path, sizeof(path), "%s/run/%s/metadata.json", dir, kept[i]);
+        assert_true(exists(path));
+    }
+    snprintf(path, sizeof(path), "%s/run/latest", dir);
+    char *latest = read_text(path);
+    assert_string_equal(latest, "step_00000005\n");
+    free(latest);
+    snprintf(path, sizeof(path), "%s/run/step_00000005", dir);
+    char *names[] = {"rank_00000.safetensors", "config.json", "metadata.json"};
+    for (int i = 0; i < 3; i++) {
+        char f[1500];
+        snprintf(f, sizeof(f), "%s/%s", path, names[i]);
+        assert_true(exists(f));
+    }
+    /* The same step saved again replaces it in place. */
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    char resolved[HT_CKPT_PATH_MAX];
+    assert_ht_ok(ht_ckpt_resolve("latest", t->config.checkpoint.output_dir, resolved, sizeof(resolved), &err), &err);
+    assert_string_equal(resolved, path);
+    ht_checkpoint *ck;
+    assert_ht_ok(ht_ckpt_open(resolved, &ck, &err), &err);
+    assert_int_equal(ht_ckpt_step(ck), 5);
+    assert_int_equal(ht_ckpt_state(ck)->train_pos.index, t->train_loader.pos.index);
+    ht_ckpt_close(ck);
+    /* "latest" with nothing saved yet: start fresh. */
+    snprintf(path, sizeof(path), "%s/empty", dir);
+    assert_ht_ok(ht_ckpt_resolve("latest", path, resolved, sizeof(resolved), &err), &err);
+    assert_string_equal(resolved, "");
+    trainer_delete(t);
+    free(cfg);
+}
+
+/* ------------------------------------------------------------------ integrity */
+
+static void copy_dir(const char *from, const char *to) {
+    char cmd[5000];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Replaces the first `from` in dir/metadata.json by `to` and re-seals its self hash. */
+static void edit_metadata(const char *dir, const char *from, const char *to) {
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/metadata.json", dir);
+    char *text = read_text(path);
+    char *at = strstr(text, from);
+    assert_non_null(at);
+    size_t len = strlen(text), nf = strlen(from), nt = strlen(to);
+    char *out = malloc(len + nt + 1);
+    memcpy(out, text, (size_t)(at - text));
+    memcpy(out + (at - text), to, nt);
+    strcpy(out + (at - text) + nt, at + nf);
+    const char *marker = ",\n  \"self_xxh64\": \"";
+    char *m = strstr(out, marker);
+    assert_non_null(m);
+    char hex[17];
+    snprintf(hex, sizeof(hex), "%016" PRIx64, ht_xxh64(out, (size_t)(m - out), 0));
+    memcpy(m + strlen(marker), hex, 16);
+    write_file(path, out, strlen(out));
+    free(text);
+    free(out);
+}
+
+static void expect_open_error(const char *dir, const char *a, const char *b) {
+    ht_checkpoint *ck = NULL;
+    ht_error err = {0};
+    ht_status s = ht_ckpt_open(dir, &ck, &err);
+    assert_int_not_equal(s, HT_OK);
+    assert_null(ck);
+    printf("  %s\n", err.msg);
+    if (a && !strstr(err.msg, a)) fail_msg("error does not mention '%s': %s", a, err.msg);
+    if (b && !strstr(err.msg, b)) fail_msg("error does not mention '%s': %s", b, err.msg);
+}
+
+static void test_integrity_errors(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_integrity");
+    ht_config *cfg;
+    ht_trainer *t = trained(dir, &cfg);
+    ht_error err;
+    char good[1400], bad[1400], path[1600];
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    snprintf(good, sizeof(good), "%s/run/step_00000001", dir);
+    snprintf(bad, sizeof(bad), "%s/bad", dir);
+    snprintf(path, sizeof(path), "%s/rank_00000.safetensors", bad);
+
+    /* A flipped byte in the middle of the tensors. */
+    copy_dir(good, bad);
+    char *bytes;
+    size_t len;
+    assert_ht_ok(ht_read_file(path, &bytes, &len, &err), &err);
+    bytes[len / 2] ^= 0x01;
+    write_file(path, bytes, len);
+    expect_open_error(bad, "rank_00000.safetensors", "hash");
+    /* Truncated. */
+    write_file(path, bytes, len - 100);
+    free(bytes);
+    expect_open_error(bad, "rank_00000.safetensors", "bytes, metadata.json says");
+    /* Deleted. */
+    unlink(path);
+    expect_open_error(bad, "rank_00000.safetensors", "missing");
+    /* metadata.json edited by hand (no re-seal). */
+    copy_dir(good, bad);
+    snprintf(path, sizeof(path), "%s/metadata.json", bad);
+    char *meta = read_text(path);
+    char *at = strstr(meta, "\"step\": 1");
+    assert_non_null(at);
+    at[8] = '7';
+    write_file(path, meta, strlen(meta));
+    free(meta);
+    expect_open_error(bad, "metadata.json", "edited");
+    /* A dtype that disagrees with the file (metadata re-sealed so only the dtype is wrong). */
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\"",
+                  "\"model.model.norm.weight\": {\"dtype\": \"float32\"");
+    expect_open_error(bad, "rank_00000.safetensors", "key model.model.norm.weight: dtype");
+    /* A shape that disagrees with the file. */
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [32]",
+                  "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [33]");
+    expect_open_error(bad, "model.model.norm.weight", "33");
+    /* A format version from the future. */
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"format_version\": 1", "\"format_version\": 2");
+    expect_open_error(bad, "metadata.json", "from the future");
+    /* A key whose shape does not fit the run's model. */
+    const char *wider[] = {"model.intermediate_size=64"};
+    ht_config *cfg2 = tiny_config(dir, wider, 1);
+    ht_trainer *t2 = trainer_new(cfg2);
+    assert_int_equal(ht_trainer_restore(t2, good, true, &err), HT_ERR_FORMAT);
+    printf("  %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "rank_00000.safetensors: key model.model.layers.0.mlp.gate_proj.weight: shape"));
+    trainer_delete(t2);
+    free(cfg2);
+    /* No metadata.json, or a .tmp directory: never loaded. */
+    copy_dir(good, bad);
+    snprintf(path, sizeof(path), "%s/metadata.json", bad);
+    unlink(path);
+    expect_open_error(bad, "no metadata.json", NULL);
+    snprintf(path, sizeof(path), "%s/run/step_00000001.tmp", dir);
+    copy_dir(good, path);
+    expect_open_error(path, ".tmp", "never loaded");
+    trainer_delete(t);
+    free(cfg);
+}
+
+/* ------------------------------------------------------------------ export and inspect */
+
+static int run_cli(const char *args, const char *dir, char **output) {
+    const char *bin = getenv("HT_BIN");
+    if (!bin) fail_msg("HT_BIN is not set");
+    char cmd[9000], out[1400];
+    snprintf(out, sizeof(out), "%s/cli.txt", dir);
+    if (snprintf(cmd, sizeof(cmd), "'%s' %s > '%s' 2>&1", bin, args, out) >= (int)sizeof(cmd))
+        fail_msg("command too long");
+    int rc = system(cmd);
+    *output = read_text(out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_export_and_inspect(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_export");
+    ht_config *cfg;
+    ht_trainer *t = trained(dir, &cfg);
+    ht_error err;
+    char ck[1400], args[4000], out[1600];
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    snprintf(ck, sizeof(ck), "%s/run/step_00000001", dir);
+    const ht_param_store *ps = &t->model->params;
+
+    /* bfloat16: the model weights exactly. */
+    snprintf(out, sizeof(out), "%s/hf_bf16", dir);
+    char *text;
+    snprintf(args, sizeof(args), "export '%s' '%s' --dtype bfloat16", ck, out);
+    assert_int_equal(run_cli(args, dir, &text), 0);
+    free(text);
+    ht_model_config arch;
+    assert_ht_ok(ht_hf_read_config(out, &arch, &err), &err);
+    assert_int_equal(arch.hidden_size, 32);
+    ht_model *m;
+    assert_ht_ok(ht_model_build(&arch, HT_DTYPE_BF16, 9, &m, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(out, &m->params, &err), &err);
+    for (int i = 0; i < ps->count; i++)
+        assert_memory_equal(m->params.items[i].data, ps->items[i].data,
+                            (size_t)ht_param_local_numel(&ps->items[i]) * 2);
+    ht_model_free(m);
+
+    /* float32: the FP32 main params; sharded with an index above a small limit (library call). */
+    snprintf(out, sizeof(out), "%s/hf_f32", dir);
+    assert_ht_ok(ht_ckpt_export(ck, out, HT_DTYPE_F32, 16384, &err), &err);
+    char index[1700];
+    snprintf(index, sizeof(index), "%s/model.safetensors.index.json", out);
+    assert_true(exists(index));
+    assert_ht_ok(ht_model_build(&arch, HT_DTYPE_F32, 9, &m, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(out, &m->params, &err), &err);
+    for (int i = 0; i < ps->count; i++)
+        assert_memory_equal(m->params.items[i].data, ps->items[i].main_param,
+                            (size_t)ht_param_local_numel(&ps->items[i]) * sizeof(float));
+    ht_model_free(m);
+
+    /* inspect: what the checkpoint holds and that every hash matches. */
+    snprintf(args, sizeof(args), "inspect '%s'", ck);
+    assert_int_equal(run_cli(args, dir, &text), 0);
+    printf("%s", text);
+    assert_non_null(strstr(text, "step 1, saved on 1 rank(s)"));
+    assert_non_null(strstr(text, "_mixed_precision_optimizer.fp32_from_fp16_params.*"));
+    assert_non_null(strstr(text, "optimizer.state.*.exp_avg_sq"));
+    assert_non_null(strstr(text, "hashes: all 2 files OK"));
+    free(text);
+    /* A damaged file: inspect says which, and fails. */
+    snprintf(out, sizeof(out), "%s/rank_00000.safetensors", ck);
+    char *bytes;
+    size_t len;
+    assert_ht_ok(ht_read_file(out, &bytes, &len, &err), &err);
+    bytes[len - 1] ^= 0x40;
+    write_file(out, bytes, len);
+    free(bytes);
+    assert_int_equal(run_cli(args, dir, &text), 1);
+    assert_non_null(strstr(text, "MISMATCH"));
+    assert_non_null(strstr(text, "rank_00000.safetensors"));
+    free(text);
+    snprintf(args, sizeof(args), "export '%s' '%s/nope'", ck, dir);
+    assert_int_equal(run_cli(args, dir, &text), 1);
+    assert_non_null(strstr(text, "hash"));
+    free(text);
+    trainer_delete(t);
+    free(cfg);
+}
+
+/* The trainer's run saves every save_interval steps and at the end; a run
+ * from the command line resumes from `latest`. */
+static void test_run_saves_and_cli_resumes(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_run");
+    write_corpus(dir);
+    const char *extra[] = {"training.steps=7", "checkpoint.save_interval=3", "checkpoint.keep_last=2",
+                           "training.eval_interval=0"};
+    ht_config *cfg = tiny_config(dir, extra, 4);
+    ht_trainer *t = trainer_new(cfg);
+    ht_error err;
+    assert_ht_ok(ht_trainer_run(t, &err), &err);
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/step_00000003", dir);
+    assert_false(exists(path)); /* pruned: keep_last 2 */
+    snprintf(path, sizeof(path), "%s/run/step_00000006/metadata.json", dir);
+    assert_true(exists(path));
+    snprintf(path, sizeof(path), "%s/run/step_00000007/metadata.json", dir);
+    assert_true(exists(path));
+    trainer_delete(t);
+
+    /* Ten steps from the command line, resuming at 7: three more steps. */
+    snprintf(path, sizeof(path), "%s/run.yaml", dir);
+    write_file(path, "training:\n  steps: 10\n", strlen("training:\n  steps: 10\n"));
+    char value[512];
+    char args[6000];
+    snprintf(args, sizeof(args), "train '%s'", path);
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        if (ht_config_key_source(cfg, key, NULL) == HT_CONFIG_SOURCE_DEFAULT || strcmp(key, "training.steps") == 0)
+            continue;
+        ht_config_format_value(cfg, key, value, sizeof(value));
+        snprintf(args + strlen(args), sizeof(args) - strlen(args), " --set '%s=%s'", key, value);
+    }
+    snprintf(args + strlen(args), sizeof(args) - strlen(args), " --set checkpoint.restore_from=latest");
+    char *text;
+    int rc = run_cli(args, dir, &text);
+    if (rc != 0) fail_msg("hypertrain train failed:\n%s", text);
+    assert_non_null(strstr(text, "restored"));
+    assert_non_null(strstr(text, "step    10/10"));
+    assert_null(strstr(text, "step     1/10"));
+    free(text);
+    snprintf(path, sizeof(path), "%s/run/step_00000010/metadata.json", dir);
+    assert_true(exists(path));
+    free(cfg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_xxh64_reference_vectors),
+        cmocka_unit_test(test_bf16_resume_after_one_step_is_bitwise),
+        cmocka_unit_test(test_bf16_resume_every_5_of_20_steps),
+        cmocka_unit_test(test_float32_model_resume),
+        cmocka_unit_test(test_plain_optimizer_checkpoint_loads_with_warning),
+        cmocka_unit_test(test_partial_main_params_refused),
+        cmocka_unit_test(test_restore_optimizer_false_loads_model_only),
+        cmocka_unit_test(test_n_ranks_to_m_ranks),
+        cmocka_unit_test(test_latest_and_keep_last),
+        cmocka_unit_test(test_integrity_errors),
+        cmocka_unit_test(test_export_and_inspect),
+        cmocka_unit_test(test_run_saves_and_cli_resumes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
