@@ -857,6 +857,20 @@ static void test_export_and_inspect(void **state) {
     for (int i = 0; i < ps->count; i++)
         assert_memory_equal(m->params.items[i].data, ps->items[i].main_param,
                             (size_t)ht_param_local_numel(&ps->items[i]) * sizeof(float));
+    /* Our logits on the export, for tools/reference/check_hypertrain_exports.sh: transformers must load
+     * this sharded folder and agree. */
+    int32_t in[2 * 11];
+    for (int i = 0; i < 22; i++) in[i] = (int32_t)((i * 37 + 11) % arch.vocab_size);
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in, NULL, 2, 11, &loss, &err), &err);
+    ht_st_writer w = {0};
+    int64_t in_shape[2] = {2, 11}, lg_shape[3] = {2, 11, arch.vocab_size};
+    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, in_shape, in, HT_DTYPE_I32, &err), &err);
+    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
+    char logits_path[1800];
+    snprintf(logits_path, sizeof(logits_path), "%s/hypertrain_logits.safetensors", out);
+    assert_ht_ok(ht_st_writer_write(&w, logits_path, &err), &err);
+    ht_st_writer_free(&w);
     ht_model_free(m);
 
     /* inspect: what the checkpoint holds and that every hash matches. */
@@ -932,6 +946,18 @@ static void test_run_saves_and_cli_resumes(void **state) {
     free(text);
     snprintf(path, sizeof(path), "%s/run/step_00000010/metadata.json", dir);
     assert_true(exists(path));
+    /* metrics.jsonl holds every step once: the first run's 1-7, then the resumed 8-10. */
+    snprintf(path, sizeof(path), "%s/run/metrics.jsonl", dir);
+    size_t len;
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    for (int step = 1; step <= 10; step++) {
+        char needle[64];
+        snprintf(needle, sizeof(needle), "{\"step\": %d, \"loss\"", step);
+        const char *at = strstr(text, needle);
+        if (!at) fail_msg("metrics.jsonl has no line for step %d:\n%s", step, text);
+        assert_null(strstr(at + 1, needle));
+    }
+    free(text);
     free(cfg);
 }
 

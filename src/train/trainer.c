@@ -319,13 +319,35 @@ static void format_duration(char *buf, size_t n, double seconds) {
         snprintf(buf, n, "%ds", s);
 }
 
+/* A fresh run starts metrics.jsonl anew; a resumed one keeps the lines up to
+ * the restored step (a crashed run may have written past its last checkpoint)
+ * and appends. */
 static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     char path[HT_CONFIG_STR_MAX + 32];
     ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
     if (s != HT_OK) return s;
     snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
+    char *old = NULL;
+    size_t len = 0;
+    if (t->step > 0 && ht_read_file(path, &old, &len, NULL) != HT_OK) old = NULL;
     t->metrics = fopen(path, "w");
-    if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", path);
+    if (!t->metrics) {
+        free(old);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", path);
+    }
+    for (char *line = old; line && *line;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        ht_json *obj;
+        if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
+            const ht_json *step = ht_json_get(obj, "step");
+            if (step && step->type == HT_JSON_NUMBER && step->number <= (double)t->step)
+                fprintf(t->metrics, "%.*s\n", (int)n, line);
+            ht_json_free(obj);
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(old);
     return HT_OK;
 }
 
@@ -365,6 +387,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     double first_eval = t->last_eval_loss;
     double start = ht_time_seconds(), tokens_per_s = 0.0;
+    int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
         ht_step_stats st;
         s = ht_trainer_step(t, &st, err);
@@ -374,7 +397,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
             double elapsed = ht_time_seconds() - start;
             char eta[32], el[32];
-            format_duration(eta, sizeof(eta), elapsed / (double)t->step * (double)(steps - t->step));
+            format_duration(eta, sizeof(eta), elapsed / (double)(t->step - first_step) * (double)(steps - t->step));
             format_duration(el, sizeof(el), elapsed);
             char scale[48] = "";
             if (t->optimizer.loss_scaling)
