@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
+#include "bench_models.h"
 #include "hypertrain/model.h"
 #include "hypertrain/optimizer.h"
 
@@ -40,18 +41,7 @@ int main(int argc, char **argv) {
     int repeats = argc > 2 ? atoi(argv[2]) : 3;
     ht_log_set_level(HT_LOG_WARN);
     ht_error err;
-    ht_model_config mc = {.name = "qwen2",
-                          .vocab_size = 8192,
-                          .hidden_size = 512,
-                          .intermediate_size = 1408,
-                          .num_hidden_layers = 8,
-                          .num_attention_heads = 8,
-                          .num_key_value_heads = 2,
-                          .max_position_embeddings = 256,
-                          .rope_theta = 10000.0,
-                          .rms_norm_eps = 1e-6,
-                          .attention_bias = true,
-                          .initializer_range = 0.02};
+    ht_model_config mc = bench_model_31m();
     ht_model *m;
     check(ht_model_build(&mc, HT_DTYPE_F32, 1, &m, &err), &err);
     check(ht_params_convert(&m->params, HT_DTYPE_BF16, &err), &err);

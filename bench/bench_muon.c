@@ -108,15 +108,8 @@ int main(int argc, char **argv) {
     if (ht_params_create_main(&store, &err) != HT_OK) die(err.msg);
     for (size_t i = 0; i < total; i++) store.grad_block[i] = ht_rng_normal(&rng);
 
-    ht_muon_config cfg = {.lr = 0.02,
-                          .weight_decay = 0.1,
-                          .momentum = 0.95,
-                          .nesterov = true,
-                          .momentum_style = HT_MUON_MOMENTUM_SUM,
-                          .ns_eps = 1e-7,
-                          .matched_adamw_rms = 0.2,
-                          .ns_dtype = HT_DTYPE_F32};
-    if (ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &cfg.schedule, &err) != HT_OK) die(err.msg);
+    ht_muon_config cfg;
+    ht_muon_config_defaults(&cfg);
     ht_param **params = malloc((size_t)count * sizeof(*params));
     if (!params) die("out of memory");
     for (int i = 0; i < count; i++) params[i] = &store.items[i];

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
+#include "bench_models.h"
 #include "hypertrain/model.h"
 #include "hypertrain/optim.h"
 
@@ -28,19 +29,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    ht_model_config cfg = {.name = "qwen2",
-                           .vocab_size = 8192,
-                           .hidden_size = 512,
-                           .intermediate_size = 1408,
-                           .num_hidden_layers = 8,
-                           .num_attention_heads = 8,
-                           .num_key_value_heads = 2,
-                           .max_position_embeddings = 256,
-                           .rope_theta = 10000.0,
-                           .rms_norm_eps = 1e-6,
-                           .attention_bias = true,
-                           .tie_word_embeddings = false,
-                           .initializer_range = 0.02};
+    ht_model_config cfg = bench_model_31m();
     ht_error err;
     ht_model *m;
     if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||

@@ -35,16 +35,9 @@ static const char *no_wd[] = {"*bias*", "*norm*"};
 static const char *adamw_include[] = {"*embed*", "*lm_head*"};
 
 static ht_muon_config muon_config(double lr) {
-    ht_muon_config mc = {.lr = lr,
-                         .weight_decay = 0.1,
-                         .momentum = 0.95,
-                         .nesterov = true,
-                         .momentum_style = HT_MUON_MOMENTUM_SUM,
-                         .ns_eps = 1e-7,
-                         .matched_adamw_rms = 0.2,
-                         .ns_dtype = HT_DTYPE_F32};
-    ht_error err;
-    assert_ht_ok(ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &mc.schedule, &err), &err);
+    ht_muon_config mc;
+    ht_muon_config_defaults(&mc);
+    mc.lr = lr;
     return mc;
 }
 

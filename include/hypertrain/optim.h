@@ -144,6 +144,10 @@ typedef struct ht_muon {
     float *work;        /* the update of one matrix + Newton-Schulz workspace, sized for the largest */
 } ht_muon;
 
+/* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
+ * decay 0.1, asym5 with 5 steps, ns_eps 1e-7, matched_adamw_rms 0.2, FP32. */
+void ht_muon_config_defaults(ht_muon_config *cfg);
+
 /* Takes every param in `params`: each must be 2-D or 3-D, hold the whole
  * matrix (rows [0, shape[0]): distributed Muon gathers it first) and have an
  * FP32 main_param and main_grad; errors name the param or the config key. */

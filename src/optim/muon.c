@@ -13,6 +13,18 @@ double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms
     return sqrt(ratio > 1.0 ? ratio : 1.0);
 }
 
+void ht_muon_config_defaults(ht_muon_config *cfg) {
+    *cfg = (ht_muon_config){.lr = 0.02,
+                            .weight_decay = 0.1,
+                            .momentum = 0.95,
+                            .nesterov = true,
+                            .momentum_style = HT_MUON_MOMENTUM_SUM,
+                            .ns_eps = 1e-7,
+                            .matched_adamw_rms = 0.2,
+                            .ns_dtype = HT_DTYPE_F32};
+    ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &cfg->schedule, NULL); /* cannot fail */
+}
+
 static ht_status check_config(const ht_muon_config *c, ht_error *err) {
     if (!(c->momentum >= 0 && c->momentum < 1))
         return ht_fail(err, HT_ERR_CONFIG, "optimizer.muon_config.muon_momentum: expected a number in [0, 1), found %g",

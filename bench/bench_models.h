@@ -1,0 +1,27 @@
+/* The models the benchmarks share, so every figure in bench/RESULTS.md is
+ * measured on the same architecture as its PyTorch peer. */
+#ifndef HT_BENCH_MODELS_H
+#define HT_BENCH_MODELS_H
+
+#include "hypertrain/model.h"
+
+/* The 31M-parameter Qwen2 of the train-step and checkpoint benchmarks (and of
+ * bench/peers/torch_train_step.py): vocab 8192, hidden 512, 8 layers, 8 heads,
+ * 2 KV heads, intermediate 1408, untied embeddings, q/k/v biases. */
+static inline ht_model_config bench_model_31m(void) {
+    return (ht_model_config){.name = "qwen2",
+                             .vocab_size = 8192,
+                             .hidden_size = 512,
+                             .intermediate_size = 1408,
+                             .num_hidden_layers = 8,
+                             .num_attention_heads = 8,
+                             .num_key_value_heads = 2,
+                             .max_position_embeddings = 256,
+                             .rope_theta = 10000.0,
+                             .rms_norm_eps = 1e-6,
+                             .attention_bias = true,
+                             .tie_word_embeddings = false,
+                             .initializer_range = 0.02};
+}
+
+#endif
