@@ -33,7 +33,8 @@ int main(int argc, char **argv) {
     ht_error err;
     ht_model *m;
     if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||
-        ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_params_create_main(&m->params, &err) != HT_OK) {
+        ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
+        ht_params_create_main(&m->params, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -66,6 +67,7 @@ int main(int argc, char **argv) {
         ht_model_backward(m, 1.0f);
         double c = ht_time_seconds();
         ht_adamw_step(&opt, 1e-4);
+        ht_params_refresh_compute(&m->params);
         double d = ht_time_seconds();
         fwd += b - a;
         bwd += c - b;

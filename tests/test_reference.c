@@ -40,7 +40,7 @@ static void open_reference(const char *name, reference *r) {
 }
 
 /* Builds the fixture's model from its config.json and model.safetensors, in `dtype`. */
-static ht_model *load_model(const char *name, ht_dtype dtype) {
+static ht_model *load_model(const char *name, ht_dtype dtype, bool set_compute) {
     char rel[256];
     snprintf(rel, sizeof(rel), "model/%s", name);
     const char *dir = fixture_path(rel);
@@ -51,6 +51,8 @@ static ht_model *load_model(const char *name, ht_dtype dtype) {
     assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
     assert_ht_ok(ht_hf_load_weights(dir, &m->params, &err), &err);
     if (dtype != HT_DTYPE_F32) assert_ht_ok(ht_params_convert(&m->params, dtype, &err), &err);
+    /* As the trainer does for param_dtype: without a native kernel, FP32 operands of dtype's precision. */
+    if (set_compute) assert_ht_ok(ht_model_set_compute(m, dtype, &err), &err);
     return m;
 }
 
@@ -86,11 +88,12 @@ static void expect_close(const char *what, const float *got, const float *want, 
 }
 
 /* tol_logits, tol_grads: the per-tensor bound, relative to the tensor's largest magnitude. */
-static void check_against_transformers(const char *name, ht_dtype dtype, double tol_logits, double tol_grads) {
+static void check_against_transformers(const char *name, ht_dtype dtype, bool set_compute, double tol_logits,
+                                       double tol_grads) {
     check_case_name = name;
     reference r;
     open_reference(name, &r);
-    ht_model *m = load_model(name, dtype);
+    ht_model *m = load_model(name, dtype, set_compute);
     ht_error err;
     float loss;
     assert_ht_ok(ht_model_forward(m, r.inputs, r.targets, r.B, r.T, &loss, &err), &err);
@@ -130,19 +133,19 @@ static void check_against_transformers(const char *name, ht_dtype dtype, double 
 /* FP32: the contract of NUMERICS.md, 1e-5 of each tensor's largest magnitude. */
 static void test_qwen2_untied_f32(void **s) {
     (void)s;
-    check_against_transformers("qwen2_untied", HT_DTYPE_F32, 1e-5, 1e-5);
+    check_against_transformers("qwen2_untied", HT_DTYPE_F32, false, 1e-5, 1e-5);
 }
 static void test_qwen2_tied_f32(void **s) {
     (void)s;
-    check_against_transformers("qwen2_tied", HT_DTYPE_F32, 1e-5, 1e-5);
+    check_against_transformers("qwen2_tied", HT_DTYPE_F32, false, 1e-5, 1e-5);
 }
 static void test_llama_untied_f32(void **s) {
     (void)s;
-    check_against_transformers("llama_untied", HT_DTYPE_F32, 1e-5, 1e-5);
+    check_against_transformers("llama_untied", HT_DTYPE_F32, false, 1e-5, 1e-5);
 }
 static void test_llama_tied_f32(void **s) {
     (void)s;
-    check_against_transformers("llama_tied", HT_DTYPE_F32, 1e-5, 1e-5);
+    check_against_transformers("llama_tied", HT_DTYPE_F32, false, 1e-5, 1e-5);
 }
 
 /* bf16 weights against the FP32 reference. bf16 keeps 8 significant bits:
@@ -157,18 +160,46 @@ static void test_llama_tied_f32(void **s) {
 static const double bf16_u = 0x1p-9;
 static void test_qwen2_untied_bf16(void **s) {
     (void)s;
-    check_against_transformers("qwen2_untied", HT_DTYPE_BF16, 16 * bf16_u, 32 * bf16_u);
+    check_against_transformers("qwen2_untied", HT_DTYPE_BF16, false, 16 * bf16_u, 32 * bf16_u);
 }
 static void test_llama_tied_bf16(void **s) {
     (void)s;
-    check_against_transformers("llama_tied", HT_DTYPE_BF16, 16 * bf16_u, 32 * bf16_u);
+    check_against_transformers("llama_tied", HT_DTYPE_BF16, false, 16 * bf16_u, 32 * bf16_u);
+}
+
+/* The same bf16 numerics through ht_model_set_compute (the trainer's path): on
+ * a CPU without native bf16 GEMMs the operands are FP32 values rounded to bf16. */
+static void test_qwen2_untied_bf16_compute(void **s) {
+    (void)s;
+    check_against_transformers("qwen2_untied", HT_DTYPE_BF16, true, 16 * bf16_u, 32 * bf16_u);
+}
+
+/* Both bf16 paths multiply the same bf16 values: they differ only in FP32 summation order. */
+static void test_bf16_paths_agree(void **s) {
+    (void)s;
+    reference r;
+    open_reference("llama_untied", &r);
+    ht_model *a = load_model("llama_untied", HT_DTYPE_BF16, false),
+             *b = load_model("llama_untied", HT_DTYPE_BF16, true);
+    ht_error err;
+    float la, lb;
+    assert_ht_ok(ht_model_forward(a, r.inputs, r.targets, r.B, r.T, &la, &err), &err);
+    assert_ht_ok(ht_model_forward(b, r.inputs, r.targets, r.B, r.T, &lb, &err), &err);
+    size_t n = (size_t)r.B * r.T * (size_t)a->config.vocab_size;
+    double e = rel_max_err(b->logits, a->logits, n);
+    printf("bf16 widened per GEMM vs FP32 operands of bf16 precision: logits differ by %.2e\n", e);
+    assert_true(e <= 1e-5);
+    ht_model_free(a);
+    ht_model_free(b);
+    ht_safetensors_close(r.st);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen2_untied_f32),  cmocka_unit_test(test_qwen2_tied_f32),
-        cmocka_unit_test(test_llama_untied_f32),  cmocka_unit_test(test_llama_tied_f32),
-        cmocka_unit_test(test_qwen2_untied_bf16), cmocka_unit_test(test_llama_tied_bf16),
+        cmocka_unit_test(test_qwen2_untied_f32),          cmocka_unit_test(test_qwen2_tied_f32),
+        cmocka_unit_test(test_llama_untied_f32),          cmocka_unit_test(test_llama_tied_f32),
+        cmocka_unit_test(test_qwen2_untied_bf16),         cmocka_unit_test(test_llama_tied_bf16),
+        cmocka_unit_test(test_qwen2_untied_bf16_compute), cmocka_unit_test(test_bf16_paths_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

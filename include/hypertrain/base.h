@@ -73,6 +73,10 @@ float ht_f16_to_f32(uint16_t x);
  * counter-based stream (seed, element index), so a result is reproducible. */
 void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed);
 
+/* Rounds n FP32 values in place to the precision of `precision` (bf16 or f16,
+ * round to nearest even, as the conversions); F32 leaves them as they are. */
+void ht_round_to(float *x, size_t n, ht_dtype precision);
+
 /* Converts n elements between any two float dtypes (f32, bf16, f16). */
 void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
 

@@ -18,6 +18,11 @@ extern "C" {
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
              const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
 
+/* Whether this CPU multiplies `dtype` operands natively (F32 always; BF16 with
+ * AMX). Otherwise ht_gemm widens them to F32 on every call, and a caller that
+ * keeps its operands as FP32 values of that precision skips the widening. */
+bool ht_gemm_is_native(ht_dtype dtype);
+
 /* A sentence naming the kernel that runs GEMMs of this dtype (for the run log). */
 const char *ht_gemm_kernel_name(ht_dtype dtype);
 

@@ -50,8 +50,9 @@ struct ht_model {
     const ht_model_ops *ops;
     ht_model_config config;
     ht_param_store params;
-    float *logits;         /* (B, T, V) FP32, valid after forward */
-    ht_dtype output_dtype; /* the precision the logits are rounded to (F32: none); F32 when built */
+    float *logits;              /* (B, T, V) FP32, valid after forward */
+    ht_dtype output_dtype;      /* the precision the logits are rounded to (F32: none); F32 when built */
+    ht_dtype compute_precision; /* the precision of every matmul operand (param_dtype); F32 when built */
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */
     float *attn_max_logit;
@@ -75,6 +76,11 @@ static inline ht_status ht_model_forward(ht_model *m, const int32_t *inputs, con
 }
 static inline void ht_model_backward(ht_model *m, float scale) { m->ops->backward(m, scale); }
 void ht_model_free(ht_model *m);
+/* fsdp_config.mix_precision.param_dtype: every matmul operand (weights and
+ * activations) carries `dtype` precision. Where the CPU has no native kernel
+ * for it, operands are FP32 values rounded to it: the same numbers, on the
+ * FP32 kernels, without widening on every GEMM. */
+ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err);
 /* Starts a new window for attn_max_logit (every entry -Inf). */
 void ht_model_reset_attn_max(ht_model *m);
 

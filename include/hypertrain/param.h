@@ -29,6 +29,7 @@ typedef struct ht_param {
      * processes, the all-gathered full tensor). */
     void *compute;
     ht_dtype compute_dtype;
+    ht_dtype compute_precision; /* the values' precision: compute_dtype, or bf16/f16 held in FP32 */
 } ht_param;
 
 typedef struct ht_param_store {
@@ -53,9 +54,11 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
 /* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
  * an F32 param's main_param is its data pointer: no extra bytes. */
 ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
-/* Makes forward and backward read every float param in `dtype`: params
- * already in it are read in place, the others through a cast copy. */
-ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_error *err);
+/* Makes forward and backward read every float param stored in `dtype` with
+ * values of `precision` (its own precision or a coarser one: FP32 storage of
+ * bf16 values runs bf16 numerics on FP32 GEMM kernels). Params already in that
+ * form are read in place, the others through a cast (and rounded) copy. */
+ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err);
 /* Re-casts data into the compute copies (after the weights changed). */
 void ht_params_refresh_compute(ht_param_store *store);
 /* Copies every model param into its FP32 main_param (Megatron's reload_model_params:

@@ -172,3 +172,13 @@ void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, 
         dst[i] = counter_uniform(seed, i) < p_hi ? hi : lo;
     }
 }
+
+void ht_round_to(float *x, size_t n, ht_dtype precision) {
+    if (precision == HT_DTYPE_BF16) {
+#pragma omp parallel for if (n > 65536) schedule(static)
+        for (size_t i = 0; i < n; i++) x[i] = ht_bf16_to_f32(ht_f32_to_bf16(x[i]));
+    } else if (precision == HT_DTYPE_F16) {
+#pragma omp parallel for if (n > 65536) schedule(static)
+        for (size_t i = 0; i < n; i++) x[i] = ht_f16_to_f32(ht_f32_to_f16(x[i]));
+    }
+}

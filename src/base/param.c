@@ -78,6 +78,7 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
         p->compute = p->data;
         p->compute_dtype = p->dtype;
+        p->compute_precision = p->dtype;
     }
     store->data_block = data;
     store->grad_block = (float *)grad;
@@ -108,8 +109,9 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         bool main_was_data = p->main_param == p->data;
         p->data = block + off;
         p->dtype = to;
-        p->compute = p->data; /* a conversion resets the compute view: set_compute_dtype again if needed */
+        p->compute = p->data; /* a conversion resets the compute view: ht_params_set_compute again if needed */
         p->compute_dtype = to;
+        p->compute_precision = to;
         off += align64(n * ht_dtype_size(to));
         if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
     }
@@ -122,13 +124,22 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
     return HT_OK;
 }
 
-ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_error *err) {
-    if (!ht_dtype_is_float(dtype))
-        return ht_fail(err, HT_ERR_INVALID, "the compute dtype must be a float dtype, not %s", ht_dtype_name(dtype));
+/* Whether a param of this dtype can be read in place as (dtype, precision). */
+static bool reads_in_place(ht_dtype have, ht_dtype dtype, ht_dtype precision) {
+    return have == dtype && (precision == dtype || precision == HT_DTYPE_F32);
+}
+
+ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err) {
+    if (!ht_dtype_is_float(dtype) || !ht_dtype_is_float(precision))
+        return ht_fail(err, HT_ERR_INVALID, "the compute dtype must be a float dtype, not %s / %s",
+                       ht_dtype_name(dtype), ht_dtype_name(precision));
+    if (dtype != precision && dtype != HT_DTYPE_F32)
+        return ht_fail(err, HT_ERR_INVALID, "%s values cannot be held in %s", ht_dtype_name(precision),
+                       ht_dtype_name(dtype));
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (ht_dtype_is_float(p->dtype) && p->dtype != dtype)
+        if (ht_dtype_is_float(p->dtype) && !reads_in_place(p->dtype, dtype, precision))
             bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
@@ -142,9 +153,11 @@ ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_
         ht_param *p = &store->items[i];
         p->compute = p->data;
         p->compute_dtype = p->dtype;
-        if (!ht_dtype_is_float(p->dtype) || p->dtype == dtype) continue;
+        p->compute_precision = p->dtype;
+        if (!ht_dtype_is_float(p->dtype) || reads_in_place(p->dtype, dtype, precision)) continue;
         p->compute = block + off;
         p->compute_dtype = dtype;
+        p->compute_precision = precision;
         off += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     ht_params_refresh_compute(store);
@@ -154,8 +167,10 @@ ht_status ht_params_set_compute_dtype(ht_param_store *store, ht_dtype dtype, ht_
 void ht_params_refresh_compute(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (p->compute != p->data)
-            ht_convert(p->compute, p->compute_dtype, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+        if (p->compute == p->data) continue;
+        size_t n = (size_t)ht_param_local_numel(p);
+        ht_convert(p->compute, p->compute_dtype, p->data, p->dtype, n);
+        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to(p->compute, n, p->compute_precision);
     }
 }
 

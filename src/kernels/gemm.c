@@ -343,6 +343,11 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
     }
 }
 
+bool ht_gemm_is_native(ht_dtype dtype) {
+    pthread_once(&g_gemm.once, gemm_init_once);
+    return dtype == HT_DTYPE_F32 || (dtype == HT_DTYPE_BF16 && g_gemm.bf16_native);
+}
+
 const char *ht_gemm_kernel_name(ht_dtype dtype) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
         return "no GEMM kernel for this dtype";

@@ -266,6 +266,10 @@ static void linear_backward(decoder *d, float *dx, float dx_beta, const float *d
     if (w->compute_dtype != HT_DTYPE_F32) {
         ht_convert(d->dy_cd, w->compute_dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
         dy_cd = d->dy_cd;
+    } else if (w->compute_precision != HT_DTYPE_F32) { /* FP32 operands of bf16/f16 precision */
+        memcpy(d->dy_cd, dy, (size_t)(N * out) * sizeof(float));
+        ht_round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
+        dy_cd = d->dy_cd;
     }
     ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->main_grad, in);
     if (b) ht_bias_backward(b->main_grad, dy, N, out);
@@ -377,6 +381,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     ht_status s = size_activations(d, B, T, err);
     if (s != HT_OK) return s;
     ht_dtype cd = d->embed->compute_dtype;
+    /* Matmul inputs of a coarser precision than their FP32 storage are rounded where they are made. */
+    ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
     const float eps = (float)m->config.rms_norm_eps;
 
     /* Token embedding into the FP32 residual stream. */
@@ -392,6 +398,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         layer_acts *a = &d->acts[l];
         float *next = l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final; /* (N, C) */
         ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
+        ht_round_to(a->ln1, (size_t)(N * C), round);
         linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
         linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
         linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
@@ -400,16 +407,20 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         float *att = cd == HT_DTYPE_F32 ? (float *)a->att : d->att_f32; /* (N, H*D) */
         attention_forward(d, a, att, m->attn_max_logit + (size_t)l * d->H, B, T);
         if (cd != HT_DTYPE_F32) ht_convert(a->att, cd, att, HT_DTYPE_F32, (size_t)(N * QD));
+        ht_round_to(a->att, (size_t)(N * QD), round);
         linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
         ht_add(a->resid_mid, a->resid, d->dln, N * C);
         ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
+        ht_round_to(a->ln2, (size_t)(N * C), round);
         linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
         linear_forward(a->up, a->ln2, p->up_w, NULL, N);
         ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
+        ht_round_to(a->h, (size_t)(N * F), round);
         linear_forward(d->dln, a->h, p->down_w, NULL, N);
         ht_add(next, a->resid_mid, d->dln, N * C);
     }
     ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
+    ht_round_to(d->lnf, (size_t)(N * C), round);
     linear_forward(d->logits, d->lnf, d->head, NULL, N);
     /* fsdp_config.mix_precision.output_dtype: the logits leave the model in that precision; the loss reads
      * them in FP32 (the backward pass treats the rounding as the identity). */
@@ -516,6 +527,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     }
     m->ops = &decoder_ops;
     m->output_dtype = HT_DTYPE_F32;
+    m->compute_precision = HT_DTYPE_F32;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
 #include "model/decoder.h"
 
 #define MAX_MODELS 32
@@ -128,6 +129,13 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
     }
     return ht_fail(err, HT_ERR_CONFIG, "unknown model.name '%s'; registered models: %s", cfg->name,
                    ht_model_registered_names());
+}
+
+ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
+    ht_dtype storage = ht_gemm_is_native(dtype) ? dtype : HT_DTYPE_F32;
+    ht_status s = ht_params_set_compute(&m->params, storage, dtype, err);
+    if (s == HT_OK) m->compute_precision = dtype;
+    return s;
 }
 
 void ht_model_reset_attn_max(ht_model *m) {

@@ -43,9 +43,21 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
     ht_log_info("Processes: world size 1; shard layout: every parameter whole on rank 0");
-    ht_dtype dtype = t->model->params.items[0].dtype;
-    ht_log_info("Model: %.2fM parameters in %s; GEMM: %s", (double)ht_params_total_numel(&t->model->params) / 1e6,
-                ht_dtype_name(dtype), ht_gemm_kernel_name(dtype));
+    return HT_OK;
+}
+
+/* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
+static ht_status set_compute(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_status s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
+    if (s != HT_OK) return s;
+    t->model->output_dtype = c->fsdp.output_dtype;
+    const ht_param *p = &t->model->params.items[0];
+    ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
+                (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
+                ht_dtype_name(c->fsdp.param_dtype),
+                p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision: no native kernel)" : "",
+                ht_gemm_kernel_name(p->compute_dtype));
     return HT_OK;
 }
 
@@ -215,8 +227,7 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     ht_status s = ht_config_validate(cfg, 1, err);
     if (s == HT_OK) s = build_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
-    if (s == HT_OK) s = ht_params_set_compute_dtype(&t->model->params, cfg->fsdp.param_dtype, err);
-    if (s == HT_OK) t->model->output_dtype = cfg->fsdp.output_dtype;
+    if (s == HT_OK) s = set_compute(t, err);
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s == HT_OK && cfg->checkpoint.restore_from[0])
