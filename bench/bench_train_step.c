@@ -78,7 +78,8 @@ int main(int argc, char **argv) {
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
            "\"gemm\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
-           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, ht_gemm_kernel_name(m->params.items[0].compute_dtype));
+           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss,
+           ht_gemm_kernel_name(m->params.items[0].compute_dtype));
     ht_adamw_free(&opt);
     ht_model_free(m);
     free(in);
