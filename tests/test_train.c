@@ -233,10 +233,53 @@ static void test_cli_bad_input(void **state) {
     expect_refused(dir, "training:\n  steps: ten\n", NULL, "training.steps", "run.yaml:2");
 }
 
+/* training.plugin: a shared library adds a dataset and a model through the
+ * public API; the run uses both by name. Without it, the names are unknown and
+ * the error lists what is registered. */
+static void test_plugin_registers_a_dataset_and_a_model(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("cli_plugin");
+    write_corpus(dir);
+    const char *plugin = getenv("HT_PLUGIN");
+    if (!plugin) fail_msg("HT_PLUGIN is not set (run the test through ctest)");
+    char yaml[8192], data[2048], out[1300];
+    static char msg[1 << 17];
+    snprintf(data, sizeof(data), "  dataset_type: upper_text\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    snprintf(yaml, sizeof(yaml),
+             "model:\n  name: plugin_llama\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
+             "  num_hidden_layers: 1\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
+             "  max_position_embeddings: 64\n  attention_bias: false\n"
+             "model_init_dtype: float32\n"
+             "data:\n%s"
+             "optimizer:\n  _target_: AdamW\n"
+             "training:\n  steps: 2\n  local_batch_size: 2\n  global_batch_size: 2\n  plugin: [\"%s\"]\n"
+             "checkpoint:\n  output_dir: %s/out\n",
+             data, plugin, dir);
+    int rc = run_cli(dir, yaml, NULL, msg, sizeof(msg));
+    if (rc != 0) fail_msg("training with the plugin failed:\n%s", msg);
+    assert_non_null(strstr(msg, "loaded plugin"));
+    assert_non_null(strstr(msg, "upper_text"));
+    snprintf(out, sizeof(out), "%s/out/final/config.json", dir);
+    assert_true(exists(out));
+    char *cfg_text;
+    size_t len;
+    ht_error err;
+    assert_ht_ok(ht_read_file(out, &cfg_text, &len, &err), &err);
+    assert_non_null(strstr(cfg_text, "LlamaForCausalLM"));
+    free(cfg_text);
+
+    /* Without the plugin the dataset is unknown and the error lists the registered ones. */
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s/out'", dir);
+    assert_int_equal(system(cmd), 0);
+    expect_refused(dir, tiny_yaml(dir, data, NULL), NULL, "upper_text", "text_bytes");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,14 +16,25 @@ static struct {
     ht_model_builder builder;
 } registry[MAX_MODELS];
 static int registry_count = 0;
+static bool builtins_registered = false;
 
+static ht_status add_model(const char *name, ht_model_builder builder, ht_error *err);
+
+/* Before any lookup or registration, so a plugin registering first (or
+ * replacing a built-in) still finds them there. */
 static void register_builtins(void) {
-    if (registry_count > 0) return;
-    ht_model_register("qwen2", ht_decoder_build, NULL);
-    ht_model_register("llama", ht_decoder_build, NULL);
+    if (builtins_registered) return;
+    builtins_registered = true;
+    add_model("qwen2", ht_decoder_build, NULL);
+    add_model("llama", ht_decoder_build, NULL);
 }
 
 ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error *err) {
+    register_builtins();
+    return add_model(name, builder, err);
+}
+
+static ht_status add_model(const char *name, ht_model_builder builder, ht_error *err) {
     if (strlen(name) >= sizeof(registry[0].name))
         return ht_fail(err, HT_ERR_INVALID, "model name '%s' is too long", name);
     for (int i = 0; i < registry_count; i++) {
