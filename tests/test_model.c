@@ -9,6 +9,9 @@
 #include <string.h>
 
 #include "hypertrain/model.h"
+#include "hypertrain/optim.h"
+
+#include <omp.h>
 
 static ht_model_config tiny_config(const char *name, bool bias, bool tied) {
     ht_model_config c = {0};
@@ -151,6 +154,44 @@ static void test_output_dtype_rounds_logits(void **state) {
     ht_model_free(m);
 }
 
+/* Resume is bitwise only if a step repeats bit for bit: every reduction must
+ * combine in a fixed order, whatever order the threads arrive in. */
+static void test_backward_repeats_bitwise_with_3_threads(void **state) {
+    (void)state;
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(3);
+    ht_model_config cfg = tiny_config("qwen2", true, false);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
+    enum { B = 4, T = 15 };
+    int32_t in[B * T], tg[B * T];
+    random_tokens(in, B * T, cfg.vocab_size, 11);
+    random_tokens(tg, B * T, cfg.vocab_size, 12);
+    float *first = malloc(m->params.grad_bytes);
+    float loss0 = 0;
+    double norm0 = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        float loss;
+        ht_params_zero_grad(&m->params);
+        assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
+        ht_model_backward(m, 1.0f);
+        double norm = ht_grad_norm(&m->params, NULL);
+        if (rep == 0) {
+            memcpy(first, m->params.grad_block, m->params.grad_bytes);
+            loss0 = loss;
+            norm0 = norm;
+            continue;
+        }
+        assert_true(loss == loss0);
+        assert_true(norm == norm0);
+        assert_memory_equal(first, m->params.grad_block, m->params.grad_bytes);
+    }
+    free(first);
+    ht_model_free(m);
+    omp_set_num_threads(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_qwen2_untied),
@@ -158,6 +199,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
         cmocka_unit_test(test_output_dtype_rounds_logits),
+        cmocka_unit_test(test_backward_repeats_bitwise_with_3_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

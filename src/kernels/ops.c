@@ -165,22 +165,56 @@ void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *
     }
 }
 
+/* Per-thread double partials are combined in thread order (see ht_sum_squares);
+ * at most this many threads take part. */
+#define HT_MAX_THREADS 256
+
 double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count) {
-    double total = 0.0;
-    int64_t counted = 0;
-#pragma omp parallel for reduction(+ : total, counted) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        if (targets[n] < 0) continue;
-        const float *row = logits + n * V;
-        float mx = -INFINITY;
-        for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
-        total += log(sum) + (double)mx - (double)row[targets[n]];
-        counted++;
+    double partial[HT_MAX_THREADS] = {0};
+    int64_t counted = 0, nthreads = 1;
+    int threads = omp_get_max_threads() < HT_MAX_THREADS ? omp_get_max_threads() : HT_MAX_THREADS;
+#pragma omp parallel num_threads(threads) reduction(+ : counted)
+    {
+        int id = omp_get_thread_num();
+#pragma omp single
+        nthreads = omp_get_num_threads();
+        double total = 0.0;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            if (targets[n] < 0) continue;
+            const float *row = logits + n * V;
+            float mx = -INFINITY;
+            for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            double sum = 0.0;
+            for (int64_t v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
+            total += log(sum) + (double)mx - (double)row[targets[n]];
+            counted++;
+        }
+        partial[id] = total;
     }
+    double total = 0.0;
+    for (int64_t t = 0; t < nthreads; t++) total += partial[t];
     if (count) *count = counted;
     return counted ? total / (double)counted : 0.0;
+}
+
+double ht_sum_squares(const float *x, int64_t n) {
+    double partial[HT_MAX_THREADS] = {0};
+    int nthreads = 1;
+    int threads = omp_get_max_threads() < HT_MAX_THREADS ? omp_get_max_threads() : HT_MAX_THREADS;
+#pragma omp parallel num_threads(threads) if (n > 65536)
+    {
+        int id = omp_get_thread_num();
+#pragma omp single
+        nthreads = omp_get_num_threads();
+        double sum = 0.0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+        partial[id] = sum;
+    }
+    double total = 0.0;
+    for (int t = 0; t < nthreads; t++) total += partial[t];
+    return total;
 }
 
 void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale) {

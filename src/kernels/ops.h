@@ -36,6 +36,11 @@ double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int
 /* In place: logits (N, V) becomes dlogits = scale * (softmax - onehot), rows with target < 0 become 0. */
 void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
 
+/* Σ x² in double, with each thread's share summed in thread order: the same
+ * bits on every run with the same thread count (an OpenMP reduction combines
+ * in arrival order, which breaks bitwise resume past two threads). */
+double ht_sum_squares(const float *x, int64_t n);
+
 /* y = x + a elementwise (n). */
 void ht_add(float *y, const float *x, const float *a, int64_t n);
 /* y += x elementwise (n). */

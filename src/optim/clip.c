@@ -2,14 +2,9 @@
  * (NUMERICS.md, gradient clipping): the sum of squares accumulates in double. */
 #include "hypertrain/optim.h"
 
-#include <math.h>
+#include "kernels/ops.h"
 
-static double sum_squares(const float *g, int64_t n) {
-    double total = 0.0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
-    for (int64_t i = 0; i < n; i++) total += (double)g[i] * (double)g[i];
-    return total;
-}
+#include <math.h>
 
 double ht_grad_norm(const ht_param_store *params, const char **bad) {
     double total = 0.0;
@@ -17,7 +12,7 @@ double ht_grad_norm(const ht_param_store *params, const char **bad) {
     for (int i = 0; i < params->count; i++) {
         const ht_param *p = &params->items[i];
         if (!p->trainable || !p->main_grad) continue;
-        double s = sum_squares(p->main_grad, ht_param_local_numel(p));
+        double s = ht_sum_squares(p->main_grad, ht_param_local_numel(p));
         if (!isfinite(s) && bad && !*bad) *bad = p->name;
         total += s;
     }

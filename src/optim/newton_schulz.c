@@ -3,6 +3,7 @@
  * every product on ht_gemm with the scalings fused into its alpha and beta. */
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
+#include "kernels/ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -115,12 +116,7 @@ size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype)
 }
 
 /* sum of squares in double (NUMERICS.md: the norm is accumulated in double). */
-static double frobenius(const float *x, int64_t n) {
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
-    return sqrt(sum);
-}
+static double frobenius(const float *x, int64_t n) { return sqrt(ht_sum_squares(x, n)); }
 
 /* The operand of a product in ns_dtype: x itself, or its bf16 rounding in `b`. */
 static const void *operand(const float *x, uint16_t *b, int64_t n, ht_dtype ns_dtype) {
