@@ -120,6 +120,37 @@ static void test_training_lowers_validation_loss(void **state) {
     free(cfg);
 }
 
+/* QK-clip in the trainer: with a threshold every head exceeds, each step
+ * rescales all of them; with one none reaches, or when off, none. */
+static int clipped_heads_after_one_step(const char *dir, const char *enabled, const char *threshold) {
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    char set[128];
+    assert_ht_ok(ht_config_set(cfg, "optimizer._target_=Muon", &err), &err);
+    snprintf(set, sizeof(set), "optimizer.muon_config.qk_clip_enabled=%s", enabled);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    snprintf(set, sizeof(set), "optimizer.muon_config.qk_clip_threshold=%s", threshold);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    ht_step_stats st;
+    assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    ht_trainer_free(t);
+    free(t);
+    free(cfg);
+    return st.qk_clipped_heads;
+}
+
+static void test_qk_clip_in_the_trainer(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_qk_clip");
+    write_corpus(dir);
+    assert_int_equal(clipped_heads_after_one_step(dir, "true", "0.001"), 2 * 4); /* 2 layers x 4 heads */
+    assert_int_equal(clipped_heads_after_one_step(dir, "true", "1.0e9"), 0);
+    assert_int_equal(clipped_heads_after_one_step(dir, "false", "0.001"), 0);
+}
+
 /* ------------------------------------------------------------------ the command on bad input */
 
 /* Runs `hypertrain train CFG extra`; returns the exit status, captures stderr. */
@@ -278,6 +309,7 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_lowers_validation_loss),
+        cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };

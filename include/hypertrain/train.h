@@ -18,13 +18,14 @@ extern "C" {
 #endif
 
 typedef struct ht_step_stats {
-    int64_t step;      /* 1-based index of the step just taken */
-    double loss;       /* mean training loss over the step's micro-batches */
-    double lr;         /* the AdamW learning rate of the step */
-    double muon_lr;    /* the Muon learning rate of the step */
-    double loss_scale; /* the fp16 loss scale the step ran with (1 otherwise) */
-    bool skipped;      /* fp16 overflow: the step did not update */
-    double grad_norm;  /* before clipping */
+    int64_t step;         /* 1-based index of the step just taken */
+    double loss;          /* mean training loss over the step's micro-batches */
+    double lr;            /* the AdamW learning rate of the step */
+    double muon_lr;       /* the Muon learning rate of the step */
+    double loss_scale;    /* the fp16 loss scale the step ran with (1 otherwise) */
+    bool skipped;         /* fp16 overflow: the step did not update */
+    int qk_clipped_heads; /* heads QK-clip rescaled after this step */
+    double grad_norm;     /* before clipping */
     double tokens_per_s;
     double seconds;
 } ht_step_stats;

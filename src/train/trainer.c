@@ -271,11 +271,12 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_step_result r;
     ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
     if (s != HT_OK) return s;
+    int clipped = 0;
     if (t->qk_layers && !r.skipped) {
         const ht_model_config *a = &m->config;
         for (int l = 0; l < a->num_hidden_layers; l++)
-            ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
-                       t->config.optimizer.muon.qk_clip_threshold);
+            clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
+                                  t->config.optimizer.muon.qk_clip_threshold);
     }
     ht_params_refresh_compute(&m->params);
     t->step++;
@@ -288,6 +289,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->grad_norm = r.grad_norm;
         stats->loss_scale = r.loss_scale;
         stats->skipped = r.skipped;
+        stats->qk_clipped_heads = clipped;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->B * t->T / dt;
     }
@@ -367,9 +369,9 @@ static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_lo
     if (st)
         fprintf(t->metrics,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"muon_lr\": %.6e, \"grad_norm\": %.6f, "
-                "\"loss_scale\": %g, \"skipped\": %s, \"tokens_per_s\": %.1f",
+                "\"loss_scale\": %g, \"skipped\": %s, \"qk_clipped_heads\": %d, \"tokens_per_s\": %.1f",
                 (long long)st->step, st->loss, st->lr, st->muon_lr, st->grad_norm, st->loss_scale,
-                st->skipped ? "true" : "false", st->tokens_per_s);
+                st->skipped ? "true" : "false", st->qk_clipped_heads, st->tokens_per_s);
     else
         fprintf(t->metrics, "{\"step\": %lld", (long long)t->step);
     if (isfinite(eval_loss)) fprintf(t->metrics, ", \"val_loss\": %.6f", eval_loss);
