@@ -111,6 +111,32 @@ float ht_rng_uniform(ht_rng *rng);
 /* Standard normal (Box-Muller). */
 float ht_rng_normal(ht_rng *rng);
 
+/* ---------------------------------------------------------------- registries */
+
+/* A name -> function registry (the models' builders, the datasets' openers).
+ * Built-ins register on first use; plugins add theirs through the public API.
+ * Functions are stored as the generic ht_registry_fn and cast back by the owner. */
+typedef void (*ht_registry_fn)(void);
+#define HT_REGISTRY_MAX 32
+#define HT_REGISTRY_NAME_MAX 32
+
+typedef struct ht_registry {
+    const char *what;                /* "model", "dataset": for messages */
+    void (*register_builtins)(void); /* called once, before the first use */
+    bool builtins_done;
+    int count;
+    char names[HT_REGISTRY_MAX][HT_REGISTRY_NAME_MAX];
+    ht_registry_fn fns[HT_REGISTRY_MAX];
+    char list[HT_REGISTRY_MAX * (HT_REGISTRY_NAME_MAX + 2)]; /* "a, b, c" */
+} ht_registry;
+
+/* Adds name -> fn; an empty, too long or already registered name is an error. */
+ht_status ht_registry_add(ht_registry *r, const char *name, ht_registry_fn fn, ht_error *err);
+/* The function registered under name, or NULL. */
+ht_registry_fn ht_registry_find(ht_registry *r, const char *name);
+/* The registered names, comma-separated, for error messages. */
+const char *ht_registry_names(ht_registry *r);
+
 /* ---------------------------------------------------------------- hashing */
 
 /* FNV-1a 64 over a byte range, chainable through `seed` (start with HT_FNV64_INIT). */

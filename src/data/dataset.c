@@ -7,54 +7,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DATASETS 32
-
-static struct {
-    char name[32];
-    ht_dataset_opener opener;
-} registry[MAX_DATASETS];
-static int registry_count = 0;
-static bool builtins_registered = false;
-
-static ht_status register_one(const char *name, ht_dataset_opener opener, ht_error *err) {
-    if (!name || !*name || strlen(name) >= sizeof(registry[0].name))
-        return ht_fail(err, HT_ERR_INVALID, "dataset name '%s' must have 1 to %zu characters", name ? name : "",
-                       sizeof(registry[0].name) - 1);
-    for (int i = 0; i < registry_count; i++)
-        if (strcmp(registry[i].name, name) == 0)
-            return ht_fail(err, HT_ERR_INVALID, "dataset '%s' is already registered", name);
-    if (registry_count == MAX_DATASETS)
-        return ht_fail(err, HT_ERR_INVALID, "cannot register dataset '%s': the registry holds %d already", name,
-                       MAX_DATASETS);
-    snprintf(registry[registry_count].name, sizeof(registry[0].name), "%s", name);
-    registry[registry_count].opener = opener;
-    registry_count++;
-    return HT_OK;
-}
+static void register_builtins(void);
+static ht_registry datasets = {.what = "dataset", .register_builtins = register_builtins};
 
 static void register_builtins(void) {
-    if (builtins_registered) return;
-    builtins_registered = true;
-    register_one("text_bytes", ht_dataset_open_text_bytes, NULL);
-    register_one("token_bin", ht_dataset_open_token_bin, NULL);
+    ht_registry_add(&datasets, "text_bytes", (ht_registry_fn)ht_dataset_open_text_bytes, NULL);
+    ht_registry_add(&datasets, "token_bin", (ht_registry_fn)ht_dataset_open_token_bin, NULL);
 }
 
 ht_status ht_dataset_register(const char *name, ht_dataset_opener opener, ht_error *err) {
-    register_builtins();
-    if (!opener) return ht_fail(err, HT_ERR_INVALID, "dataset '%s': the opener is NULL", name ? name : "");
-    return register_one(name, opener, err);
+    return ht_registry_add(&datasets, name, (ht_registry_fn)opener, err);
 }
 
-const char *ht_dataset_registered_names(void) {
-    static char names[MAX_DATASETS * 34];
-    register_builtins();
-    names[0] = '\0';
-    for (int i = 0; i < registry_count; i++) {
-        if (i) strcat(names, ", ");
-        strcat(names, registry[i].name);
-    }
-    return names;
-}
+const char *ht_dataset_registered_names(void) { return ht_registry_names(&datasets); }
 
 ht_status ht_dataset_add_source(ht_dataset *ds, const char *path, size_t count, ht_error *err) {
     ht_data_source *grown = realloc(ds->sources, (size_t)(ds->n_sources + 1) * sizeof(*grown));
@@ -100,10 +65,7 @@ static ht_status split_dataset(const ht_data_config *cfg, ht_dataset *ds, ht_err
 
 ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error *err) {
     *out = NULL;
-    register_builtins();
-    ht_dataset_opener opener = NULL;
-    for (int i = 0; i < registry_count; i++)
-        if (strcmp(registry[i].name, cfg->dataset_type) == 0) opener = registry[i].opener;
+    ht_dataset_opener opener = (ht_dataset_opener)ht_registry_find(&datasets, cfg->dataset_type);
     if (!opener)
         return ht_fail(err, HT_ERR_CONFIG, "data.dataset_type '%s' is not registered; registered datasets: %s",
                        cfg->dataset_type, ht_dataset_registered_names());

@@ -40,12 +40,20 @@ void ht_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *x,
     }
 }
 
+/* out[c] += Σ_t partial[t][c] over nt threads in thread order, this thread
+ * (id) taking its share of the columns. Called inside the parallel region,
+ * after a barrier: never a critical section's arrival order, so a run
+ * repeats bit for bit. */
+static void add_partials_in_thread_order(float *out, const float *partial, int nt, int id, int64_t C) {
+    for (int64_t c = C * id / nt; c < C * (id + 1) / nt; c++)
+        for (int t = 0; t < nt; t++) out[c] += partial[(size_t)t * (size_t)C + (size_t)c];
+}
+
 void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
                          ht_dtype wdtype, const float *rstd, int64_t N, int64_t C) {
     /* y = w * x * r with r = (mean(x^2) + eps)^-1/2:
      * dw += dy * x * r;  dx += r * (w*dy) - x * r^3 * mean((w*dy) * x). */
-    /* Per-thread partial dw, summed in thread order (never in a critical
-     * section's arrival order) so that a run repeats bit for bit. */
+    /* Per-thread partial dw, summed in thread order. */
     float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float));
 #pragma omp parallel
     {
@@ -67,8 +75,7 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
             for (int64_t c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - xr[c] * k;
         }
         /* (the omp for ends with a barrier: every partial is complete) */
-        for (int64_t c = C * id / nt; c < C * (id + 1) / nt; c++)
-            for (int t = 0; t < nt; t++) dweight[c] += partial[(size_t)t * (size_t)C + (size_t)c];
+        add_partials_in_thread_order(dweight, partial, nt, id, C);
     }
     free(partial);
 }
@@ -95,8 +102,7 @@ void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++) acc[c] += dy[n * C + c];
-        for (int64_t c = C * id / nt; c < C * (id + 1) / nt; c++)
-            for (int t = 0; t < nt; t++) dbias[c] += partial[(size_t)t * (size_t)C + (size_t)c];
+        add_partials_in_thread_order(dbias, partial, nt, id, C);
     }
     free(partial);
 }

@@ -1,5 +1,6 @@
-/* The model registry (name -> builder) and the checks on an architecture
- * config that every builder shares. Built-ins register on first use. */
+/* The model registry (name -> builder, on base's ht_registry) and the checks
+ * on an architecture config that every builder shares. Built-ins register on
+ * first use, before any plugin's. */
 #include "hypertrain/model.h"
 
 #include <math.h>
@@ -9,58 +10,19 @@
 #include "hypertrain/kernels.h"
 #include "model/decoder.h"
 
-#define MAX_MODELS 32
+static void register_builtins(void);
+static ht_registry models = {.what = "model", .register_builtins = register_builtins};
 
-static struct {
-    char name[32];
-    ht_model_builder builder;
-} registry[MAX_MODELS];
-static int registry_count = 0;
-static bool builtins_registered = false;
-
-static ht_status add_model(const char *name, ht_model_builder builder, ht_error *err);
-
-/* Before any lookup or registration, so a plugin registering first (or
- * replacing a built-in) still finds them there. */
 static void register_builtins(void) {
-    if (builtins_registered) return;
-    builtins_registered = true;
-    add_model("qwen2", ht_decoder_build, NULL);
-    add_model("llama", ht_decoder_build, NULL);
+    ht_registry_add(&models, "qwen2", (ht_registry_fn)ht_decoder_build, NULL);
+    ht_registry_add(&models, "llama", (ht_registry_fn)ht_decoder_build, NULL);
 }
 
 ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error *err) {
-    register_builtins();
-    return add_model(name, builder, err);
+    return ht_registry_add(&models, name, (ht_registry_fn)builder, err);
 }
 
-static ht_status add_model(const char *name, ht_model_builder builder, ht_error *err) {
-    if (strlen(name) >= sizeof(registry[0].name))
-        return ht_fail(err, HT_ERR_INVALID, "model name '%s' is too long", name);
-    for (int i = 0; i < registry_count; i++) {
-        if (strcmp(registry[i].name, name) == 0) {
-            registry[i].builder = builder; /* a plugin may replace a model */
-            return HT_OK;
-        }
-    }
-    if (registry_count == MAX_MODELS)
-        return ht_fail(err, HT_ERR_INVALID, "cannot register model '%s': the registry is full", name);
-    strcpy(registry[registry_count].name, name);
-    registry[registry_count].builder = builder;
-    registry_count++;
-    return HT_OK;
-}
-
-const char *ht_model_registered_names(void) {
-    static char names[MAX_MODELS * 34];
-    register_builtins();
-    names[0] = '\0';
-    for (int i = 0; i < registry_count; i++) {
-        if (i) strcat(names, ", ");
-        strcat(names, registry[i].name);
-    }
-    return names;
-}
+const char *ht_model_registered_names(void) { return ht_registry_names(&models); }
 
 int ht_model_config_head_dim(const ht_model_config *cfg) {
     if (cfg->head_dim > 0) return cfg->head_dim;
@@ -123,23 +85,20 @@ static void init_weights(ht_param_store *params, double std, uint64_t seed) {
 }
 
 ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {
-    register_builtins();
     *out = NULL;
-    for (int i = 0; i < registry_count; i++) {
-        if (strcmp(registry[i].name, cfg->name) == 0) {
-            ht_status s = ht_model_config_validate(cfg, err);
-            if (s != HT_OK) return s;
-            if (!ht_dtype_is_float(dtype))
-                return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
-                               ht_dtype_name(dtype));
-            s = registry[i].builder(cfg, dtype, out, err);
-            if (s != HT_OK) return s;
-            init_weights(&(*out)->params, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
-            return HT_OK;
-        }
-    }
-    return ht_fail(err, HT_ERR_CONFIG, "unknown model.name '%s'; registered models: %s", cfg->name,
-                   ht_model_registered_names());
+    ht_model_builder builder = (ht_model_builder)ht_registry_find(&models, cfg->name);
+    if (!builder)
+        return ht_fail(err, HT_ERR_CONFIG, "unknown model.name '%s'; registered models: %s", cfg->name,
+                       ht_model_registered_names());
+    ht_status s = ht_model_config_validate(cfg, err);
+    if (s != HT_OK) return s;
+    if (!ht_dtype_is_float(dtype))
+        return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
+                       ht_dtype_name(dtype));
+    s = builder(cfg, dtype, out, err);
+    if (s != HT_OK) return s;
+    init_weights(&(*out)->params, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
+    return HT_OK;
 }
 
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
