@@ -151,6 +151,32 @@ static void test_qk_clip_in_the_trainer(void **state) {
     assert_int_equal(clipped_heads_after_one_step(dir, "false", "0.001"), 0);
 }
 
+/* The README's training command on its own config and corpus, cut to two
+ * steps: the default config, the fortunes text and every output still work. */
+static void test_default_config_runs(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("default_run");
+    char cmd[4096], path[1300];
+    snprintf(cmd, sizeof(cmd),
+             "'%s' train '%s/configs/default.yaml' --set training.steps=2 --set training.eval_batches=1 "
+             "--set checkpoint.output_dir='%s/run' > '%s/log.txt' 2>&1",
+             getenv("HT_BIN"), HT_SOURCE_DIR, dir, dir);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(path, sizeof(path), "%s/log.txt", dir);
+        char *log;
+        size_t len;
+        ht_error err;
+        if (ht_read_file(path, &log, &len, &err) == HT_OK) fail_msg("the default run failed:\n%s", log);
+        fail_msg("the default run failed");
+    }
+    const char *outputs[] = {"final/config.json", "final/model.safetensors", "metrics.jsonl", "loss.svg", "latest"};
+    for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
+        snprintf(path, sizeof(path), "%s/run/%s", dir, outputs[i]);
+        if (!exists(path)) fail_msg("the default run wrote no %s", path);
+    }
+}
+
 /* ------------------------------------------------------------------ the command on bad input */
 
 /* Runs `hypertrain train CFG extra`; returns the exit status, captures stderr. */
@@ -310,6 +336,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_qk_clip_in_the_trainer),
+        cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };
