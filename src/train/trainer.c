@@ -1,7 +1,7 @@
 /* The trainer loop: model, data and optimizer from one config; micro-batches
- * with gradient accumulation into FP32 main_grad; global-norm clipping; the
- * AdamW step on the FP32 main params (cast back to the model dtype in the
- * same pass); progress, metrics, evaluation, the final weights and the plot. */
+ * with gradient accumulation into FP32 main_grad; the chained Muon + AdamW step
+ * on the FP32 main params (clipping, loss scaling, QK-clip, the cast back);
+ * progress, metrics, evaluation, checkpoints, the final weights and the plot. */
 #include "hypertrain/train.h"
 
 #include <math.h>
@@ -104,6 +104,11 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+_Static_assert((int)HT_CONFIG_LR_CONSTANT_WARMUP == (int)HT_LR_CONSTANT_WARMUP &&
+                   (int)HT_CONFIG_LR_COSINE_ANNEALING == (int)HT_LR_COSINE_ANNEALING &&
+                   (int)HT_CONFIG_LR_WARMUP_STABLE_DECAY == (int)HT_LR_WSD,
+               "the config's and the optimizer's schedule enums must follow NUMERICS.md's order");
+
 static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
     memset(sc, 0, sizeof(*sc));
     sc->type = (ht_lr_type)c->lr_scheduler.type; /* both enums follow NUMERICS.md's order */
@@ -156,6 +161,34 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
                                  nc->count, &mc->schedule, err);
 }
 
+/* QK-clip sees each layer's q/k projections (found by their Hugging Face names) and its head layout. */
+static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    t->qk_layers = calloc((size_t)a->num_hidden_layers, sizeof(ht_qk_layer));
+    if (!t->qk_layers) return ht_fail(err, HT_ERR_OOM, "cannot allocate the QK-clip table");
+    for (int l = 0; l < a->num_hidden_layers; l++) {
+        char name[HT_PARAM_NAME_MAX];
+        ht_param_store *ps = &t->model->params;
+#define FIND(field, suffix)                                                                                            \
+    snprintf(name, sizeof(name), "model.layers.%d.self_attn.%s", l, suffix);                                           \
+    t->qk_layers[l].field = ht_params_find(ps, name)
+        FIND(q_weight, "q_proj.weight");
+        FIND(q_bias, "q_proj.bias");
+        FIND(k_weight, "k_proj.weight");
+        FIND(k_bias, "k_proj.bias");
+#undef FIND
+        if (!t->qk_layers[l].q_weight || !t->qk_layers[l].k_weight)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
+                           "weights to clip",
+                           l);
+        t->qk_layers[l].num_heads = a->num_attention_heads;
+        t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
+        t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
+    }
+    return HT_OK;
+}
+
 static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
@@ -191,33 +224,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
                 ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
                 oc.muon.lr, oc.adamw.lr);
-    /* QK-clip reads each layer's q/k projections through their names. */
-    if (c->optimizer.muon.qk_clip_enabled) {
-        const ht_model_config *a = &t->model->config;
-        t->qk_layers = calloc((size_t)a->num_hidden_layers, sizeof(ht_qk_layer));
-        if (!t->qk_layers) return ht_fail(err, HT_ERR_OOM, "cannot allocate the QK-clip table");
-        for (int l = 0; l < a->num_hidden_layers; l++) {
-            char name[HT_PARAM_NAME_MAX];
-            ht_param_store *ps = &t->model->params;
-#define FIND(field, suffix)                                                                                            \
-    snprintf(name, sizeof(name), "model.layers.%d.self_attn.%s", l, suffix);                                           \
-    t->qk_layers[l].field = ht_params_find(ps, name)
-            FIND(q_weight, "q_proj.weight");
-            FIND(q_bias, "q_proj.bias");
-            FIND(k_weight, "k_proj.weight");
-            FIND(k_bias, "k_proj.bias");
-#undef FIND
-            if (!t->qk_layers[l].q_weight || !t->qk_layers[l].k_weight)
-                return ht_fail(err, HT_ERR_CONFIG,
-                               "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
-                               "weights to clip",
-                               l);
-            t->qk_layers[l].num_heads = a->num_attention_heads;
-            t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
-            t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
-        }
-    }
-    return HT_OK;
+    return c->optimizer.muon.qk_clip_enabled ? build_qk_table(t, err) : HT_OK;
 }
 
 ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
