@@ -1,6 +1,8 @@
 /* Shared helpers for the cmocka tests. */
 #include "harness.h"
 
+#include "hypertrain/config.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -46,4 +48,15 @@ double rel_max_err(const float *a, const float *b, size_t n) {
     }
     if (maxref == 0) return maxdiff;
     return maxdiff / maxref;
+}
+
+void config_scratch_run(struct ht_config *cfg, const char *dir, const char *const *sets, size_t n) {
+    ht_error err;
+    char set[1400];
+    assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
+    for (size_t i = 0; i < n; i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
+    snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
+    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
 }

@@ -20,6 +20,10 @@ const char *scratch_dir(const char *name);
 void write_file(const char *path, const void *data, size_t len);
 /* max |a - b| / max |b| over n floats (0 when both are all zero). */
 double rel_max_err(const float *a, const float *b, size_t n);
+struct ht_config;
+/* Defaults, then each "key=value" of `sets`, then data.path = dir/corpus.txt and
+ * checkpoint.output_dir = dir/run: a small run in a scratch directory. */
+void config_scratch_run(struct ht_config *cfg, const char *dir, const char *const *sets, size_t n);
 /* Asserts an ht_status is HT_OK, printing the error message otherwise. */
 #define assert_ht_ok(expr, errp)                                                                                       \
     do {                                                                                                               \

@@ -39,9 +39,6 @@ static void write_corpus(const char *dir) {
  * are a bf16 model, Muon + AdamW and FP32 main params. `extra` overrides. */
 static ht_config *tiny_config(const char *dir, const char *const *extra, int n_extra) {
     ht_config *cfg = malloc(sizeof(ht_config));
-    ht_error err;
-    char set[1400];
-    assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
     const char *sets[] = {
         "model.vocab_size=256",
         "model.hidden_size=32",
@@ -64,11 +61,8 @@ static ht_config *tiny_config(const char *dir, const char *const *extra, int n_e
         "model_init_dtype=bfloat16",
         "fsdp_config.mix_precision.param_dtype=bfloat16",
     };
-    for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
-    snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
-    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
-    snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
-    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    config_scratch_run(cfg, dir, sets, sizeof(sets) / sizeof(sets[0]));
+    ht_error err;
     for (int i = 0; i < n_extra; i++) assert_ht_ok(ht_config_set(cfg, extra[i], &err), &err);
     return cfg;
 }

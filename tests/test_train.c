@@ -30,9 +30,6 @@ static void write_corpus(const char *dir) {
 
 /* A tiny byte-level model on the corpus in `dir`, writing into dir/run. */
 static void tiny_config(ht_config *cfg, const char *dir) {
-    ht_error err;
-    char set[1400];
-    assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
     const char *sets[] = {
         "model.vocab_size=256",
         "model.hidden_size=32",
@@ -57,11 +54,7 @@ static void tiny_config(ht_config *cfg, const char *dir) {
         "model_init_dtype=float32",
         "fsdp_config.mix_precision.param_dtype=float32",
     };
-    for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
-    snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
-    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
-    snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
-    assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    config_scratch_run(cfg, dir, sets, sizeof(sets) / sizeof(sets[0]));
 }
 
 static bool exists(const char *path) {

@@ -107,8 +107,10 @@ void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
     free(partial);
 }
 
-void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                     int64_t D) {
+/* Rotates every head vector of x (B, T, nheads, D) by +-angle (rotate-half
+ * form): the forward pass rotates by the angle, its backward by minus it. */
+static void rope_rotate(float *x, const float *cos_t, const float *sin_t, float sign, int64_t B, int64_t T,
+                        int64_t nheads, int64_t D) {
     int64_t half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++) {
@@ -117,32 +119,23 @@ void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B
             for (int64_t h = 0; h < nheads; h++) {
                 float *v = x + ((b * T + t) * nheads + h) * D;
                 for (int64_t i = 0; i < half; i++) {
-                    float x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c[i] - x2 * s[i];
-                    v[i + half] = x2 * c[i] + x1 * s[i];
+                    float x1 = v[i], x2 = v[i + half], si = sign * s[i];
+                    v[i] = x1 * c[i] - x2 * si;
+                    v[i + half] = x2 * c[i] + x1 * si;
                 }
             }
         }
     }
 }
 
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                     int64_t D) {
+    rope_rotate(x, cos_t, sin_t, 1.0f, B, T, nheads, D);
+}
+
 void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
                       int64_t D) {
-    int64_t half = D / 2;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t t = 0; t < T; t++) {
-            const float *c = cos_t + t * half, *s = sin_t + t * half;
-            for (int64_t h = 0; h < nheads; h++) {
-                float *v = dx + ((b * T + t) * nheads + h) * D;
-                for (int64_t i = 0; i < half; i++) {
-                    float d1 = v[i], d2 = v[i + half];
-                    v[i] = d1 * c[i] + d2 * s[i];
-                    v[i + half] = d2 * c[i] - d1 * s[i];
-                }
-            }
-        }
-    }
+    rope_rotate(dx, cos_t, sin_t, -1.0f, B, T, nheads, D);
 }
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
