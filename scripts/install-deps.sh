@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs the Debian packages hypertrain builds and runs with, when any is
-# missing. Idempotent: a machine that has them all is left untouched.
+# Installs the Debian packages hypertrain builds, tests and trains with, when
+# any is missing. Idempotent: a machine that has them all is left untouched.
+# Recommends are not installed, so every package the build needs is named here.
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config clang clang-format
-  libdnnl-dev        # GEMM: oneDNN picks its own kernels (AVX-512, AMX)
+  build-essential    # gcc, make and the C library headers
+  cmake              # the build
+  pkg-config         # finds libyaml and cmocka for CMake
+  clang              # the second compiler the test suite builds with
+  clang-format       # the formatting check of the test suite
+  libomp-dev         # OpenMP for the clang build (gcc brings its own)
+  libdnnl-dev        # GEMM: oneDNN matmul (f32, and bf16 where the CPU has it)
   libyaml-dev        # the configuration file
-  libopenmpi-dev openmpi-bin
-  libcmocka-dev      # the test suite
-  libomp-dev         # OpenMP for clang builds
+  libopenmpi-dev     # MPI headers and library
+  openmpi-bin        # mpirun
+  libcmocka-dev      # the test framework
+  qemu-user          # the test suite runs the binary on emulated older CPUs
   fortunes           # the default corpus: English text under /usr/share/games/fortunes
 )
 
