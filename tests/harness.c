@@ -60,3 +60,16 @@ void config_scratch_run(struct ht_config *cfg, const char *dir, const char *cons
     snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
     assert_ht_ok(ht_config_set(cfg, set, &err), &err);
 }
+
+bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel) {
+    ht_gemm_choice choice;
+    ht_error err;
+    bool bf16 = dtype == HT_DTYPE_BF16;
+    if (ht_gemm_choose(bf16 ? kernel : HT_GEMM_KERNEL_WIDENED, bf16 ? HT_GEMM_KERNEL_WIDENED : kernel, 64, 64, 64,
+                       &choice, &err) != HT_OK) {
+        printf("GEMM kernel %s not offered here: %s\n", ht_gemm_kernel_label(kernel), err.msg);
+        return false;
+    }
+    ht_gemm_use(&choice);
+    return true;
+}

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "hypertrain/base.h"
+#include "hypertrain/kernels.h"
 
 /* Absolute path of a file under tests/fixtures/ (static buffer, rotating x8). */
 const char *fixture_path(const char *rel);
@@ -24,6 +25,10 @@ struct ht_config;
 /* Defaults, then each "key=value" of `sets`, then data.path = dir/corpus.txt and
  * checkpoint.output_dir = dir/run: a small run in a scratch directory. */
 void config_scratch_run(struct ht_config *cfg, const char *dir, const char *const *sets, size_t n);
+/* Pins the GEMMs of `dtype` (bf16 or f16) to `kernel`, the other 16-bit
+ * dtype's to widened; false, with a note, where this machine does not offer
+ * the kernel (native without the ISA). */
+bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel);
 /* Asserts an ht_status is HT_OK, printing the error message otherwise. */
 #define assert_ht_ok(expr, errp)                                                                                       \
     do {                                                                                                               \

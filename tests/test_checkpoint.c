@@ -230,6 +230,49 @@ static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
     free(cfg);
 }
 
+/* The bf16 and f16 GEMM kernels go into the trainer state; a resume with
+ * kernels on auto keeps them (another kernel sums in another order, and the
+ * resume would not be bitwise), a pinned key overrides them. */
+static void test_resume_keeps_gemm_kernels(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_kernels");
+    write_corpus(dir);
+    const char *pinned[] = {"kernels.bf16_gemm=widened", "kernels.f16_gemm=fp32_rounded"};
+    ht_config *cfg = tiny_config(dir, pinned, 2);
+    ht_error err;
+    ht_trainer *t = trainer_new(cfg);
+    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
+    assert_int_equal(t->model->params.items[0].compute_dtype, HT_DTYPE_BF16); /* widened keeps bf16 operands */
+    float *grads = malloc(t->model->params.grad_bytes);
+    step_with_grads(t, grads);
+    free(grads);
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    trainer_delete(t);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char text[65536];
+    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
+    fclose(f);
+    assert_non_null(strstr(text, "\"gemm\": {\"bf16\": \"widened\", \"f16\": \"fp32_rounded\"}"));
+
+    const char *resume[] = {"kernels.bf16_gemm=auto", "kernels.f16_gemm=auto", "checkpoint.restore_from=latest"};
+    for (int i = 0; i < 3; i++) assert_ht_ok(ht_config_set(cfg, resume[i], &err), &err);
+    t = trainer_new(cfg);
+    assert_int_equal(t->step, 1);
+    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
+    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_F16), HT_GEMM_KERNEL_FP32_ROUNDED);
+    trainer_delete(t);
+
+    assert_ht_ok(ht_config_set(cfg, "kernels.bf16_gemm=fp32_rounded", &err), &err);
+    t = trainer_new(cfg);
+    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_FP32_ROUNDED);
+    assert_int_equal(t->model->params.items[0].compute_dtype, HT_DTYPE_F32);
+    trainer_delete(t);
+    free(cfg);
+}
+
 /* 20 steps continuously == 4 x (restore, 5 steps, save). */
 static void test_bf16_resume_every_5_of_20_steps(void **state) {
     (void)state;
@@ -959,6 +1002,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xxh64_reference_vectors),
         cmocka_unit_test(test_bf16_resume_after_one_step_is_bitwise),
+        cmocka_unit_test(test_resume_keeps_gemm_kernels),
         cmocka_unit_test(test_bf16_resume_every_5_of_20_steps),
         cmocka_unit_test(test_float32_model_resume),
         cmocka_unit_test(test_plain_optimizer_checkpoint_loads_with_warning),

@@ -277,7 +277,10 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "  save_optimizer: false\n"                    /* 91 */
                           "  keep_last: 0\n"                             /* 92 */
                           "  restore_from: latest\n"                     /* 93 */
-                          "  restore_optimizer: false\n";                /* 94 */
+                          "  restore_optimizer: false\n"                 /* 94 */
+                          "kernels:\n"                                   /* 95 */
+                          "  bf16_gemm: fp32_rounded\n"                  /* 96 */
+                          "  f16_gemm: widened\n";                       /* 97 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -371,6 +374,8 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->checkpoint.keep_last, 0);
     assert_string_equal(cfg->checkpoint.restore_from, "latest");
     assert_false(cfg->checkpoint.restore_optimizer);
+    assert_int_equal(cfg->kernels.bf16_gemm, HT_GEMM_KERNEL_FP32_ROUNDED);
+    assert_int_equal(cfg->kernels.f16_gemm, HT_GEMM_KERNEL_WIDENED);
 }
 
 static void test_full_file(void **state) {
@@ -386,7 +391,7 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 94);
+        assert_true(line >= 3 && line <= 97);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);

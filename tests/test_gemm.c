@@ -145,9 +145,10 @@ static void test_gemm_f32(void **state) {
     check_all_shapes(HT_DTYPE_F32, HT_GEMM_PATH_AUTO);
 }
 
+/* Where oneDNN offers a native bf16 matmul (AVX512-BF16, AMX). */
 static void test_gemm_bf16_matmul(void **state) {
     (void)state;
-    check_all_shapes(HT_DTYPE_BF16, HT_GEMM_PATH_MATMUL);
+    if (use_gemm_kernel(HT_DTYPE_BF16, HT_GEMM_KERNEL_NATIVE)) check_all_shapes(HT_DTYPE_BF16, HT_GEMM_PATH_MATMUL);
 }
 
 static void test_gemm_bf16_widened(void **state) {
@@ -155,9 +156,72 @@ static void test_gemm_bf16_widened(void **state) {
     check_all_shapes(HT_DTYPE_BF16, HT_GEMM_PATH_WIDEN);
 }
 
+/* f16 widened always; natively where oneDNN offers an f16 matmul (AVX512-FP16). */
 static void test_gemm_f16(void **state) {
     (void)state;
-    check_all_shapes(HT_DTYPE_F16, HT_GEMM_PATH_AUTO);
+    check_all_shapes(HT_DTYPE_F16, HT_GEMM_PATH_WIDEN);
+    if (use_gemm_kernel(HT_DTYPE_F16, HT_GEMM_KERNEL_NATIVE)) check_all_shapes(HT_DTYPE_F16, HT_GEMM_PATH_MATMUL);
+    if (use_gemm_kernel(HT_DTYPE_F16, HT_GEMM_KERNEL_WIDENED)) check_all_shapes(HT_DTYPE_F16, HT_GEMM_PATH_AUTO);
+}
+
+/* ht_gemm_choose: measured kernels follow the rule (the fastest, where native
+ * or widened must beat fp32_rounded by 5%); native is timed exactly where
+ * oneDNN offers it, and pinning it there works while elsewhere it is an error
+ * naming the CPU's ISA; a pinned kernel is not timed; ht_gemm follows
+ * ht_gemm_use. */
+static void check_choice(ht_gemm_kernel chosen, const double *rates, double f32_rate) {
+    assert_true(chosen != HT_GEMM_KERNEL_AUTO);
+    assert_true(rates[HT_GEMM_KERNEL_WIDENED] > 0);
+    assert_true(rates[HT_GEMM_KERNEL_FP32_ROUNDED] == f32_rate);
+    double best = f32_rate * 1.05;
+    ht_gemm_kernel want = HT_GEMM_KERNEL_FP32_ROUNDED;
+    for (ht_gemm_kernel k = HT_GEMM_KERNEL_NATIVE; k <= HT_GEMM_KERNEL_WIDENED; k++)
+        if (rates[k] > best) {
+            best = rates[k];
+            want = k;
+        }
+    assert_int_equal(chosen, want);
+}
+
+static void test_gemm_choose(void **state) {
+    (void)state;
+    ht_gemm_choice c;
+    ht_error err;
+    assert_ht_ok(ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, 512, 256, 256, &c, &err), &err);
+    char line[512];
+    ht_gemm_describe(&c, line, sizeof(line));
+    printf("%s\n", line);
+    assert_true(c.f32_rate > 0 && c.seconds > 0 && c.seconds < 1.0);
+    check_choice(c.bf16, c.bf16_rate, c.f32_rate);
+    check_choice(c.f16, c.f16_rate, c.f32_rate);
+    assert_non_null(strstr(line, ht_gemm_kernel_label(c.bf16)));
+
+    for (int d = 0; d < 2; d++) {
+        bool offered = (d ? c.f16_rate : c.bf16_rate)[HT_GEMM_KERNEL_NATIVE] > 0;
+        ht_gemm_choice pinned;
+        ht_status s = ht_gemm_choose(d ? HT_GEMM_KERNEL_AUTO : HT_GEMM_KERNEL_NATIVE,
+                                     d ? HT_GEMM_KERNEL_NATIVE : HT_GEMM_KERNEL_AUTO, 64, 64, 64, &pinned, &err);
+        if (offered) {
+            assert_ht_ok(s, &err);
+            assert_int_equal(d ? pinned.f16 : pinned.bf16, HT_GEMM_KERNEL_NATIVE);
+            assert_true((d ? pinned.f16_rate : pinned.bf16_rate)[HT_GEMM_KERNEL_NATIVE] == 0); /* not timed */
+        } else {
+            assert_int_equal(s, HT_ERR_CONFIG);
+            assert_non_null(strstr(err.msg, d ? "kernels.f16_gemm" : "kernels.bf16_gemm"));
+            assert_non_null(strstr(err.msg, ht_gemm_cpu_isa()));
+        }
+    }
+
+    assert_ht_ok(ht_gemm_choose(HT_GEMM_KERNEL_FP32_ROUNDED, HT_GEMM_KERNEL_WIDENED, 64, 64, 64, &c, &err), &err);
+    assert_true(c.f32_rate == 0 && c.bf16_rate[HT_GEMM_KERNEL_WIDENED] == 0);
+    ht_gemm_use(&c);
+    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_FP32_ROUNDED);
+    assert_int_equal(ht_gemm_storage(HT_DTYPE_BF16), HT_DTYPE_F32);
+    assert_int_equal(ht_gemm_storage(HT_DTYPE_F16), HT_DTYPE_F16);
+    assert_int_equal(ht_gemm_storage(HT_DTYPE_F32), HT_DTYPE_F32);
+    assert_non_null(strstr(ht_gemm_kernel_name(HT_DTYPE_BF16), "f32 operands holding values"));
+    assert_non_null(strstr(ht_gemm_kernel_name(HT_DTYPE_F16), "widened"));
+    assert_int_equal(ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, 0, 64, 64, &c, &err), HT_ERR_INVALID);
 }
 
 /* The widened path cuts M and N into tiles of 2048 and K into tiles of 1024,
@@ -210,10 +274,11 @@ static void test_gemm_zero_sizes(void **state) {
 static void test_gemm_inside_parallel_region(void **state) {
     (void)state;
     enum { PROBLEMS = 16, M = 96, N = 80, K = 64 };
-    /* ht_gemm in f32 and bf16, and bf16 on the matmul path ht_gemm takes where there is AMX. */
+    /* ht_gemm in f32 and bf16 (the kernel chosen here), and bf16 on the native matmul. */
     const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_BF16};
     const ht_gemm_path paths[] = {HT_GEMM_PATH_AUTO, HT_GEMM_PATH_AUTO, HT_GEMM_PATH_MATMUL};
-    for (int d = 0; d < 3; d++) {
+    bool native = use_gemm_kernel(HT_DTYPE_BF16, HT_GEMM_KERNEL_NATIVE);
+    for (int d = 0; d < (native ? 3 : 2); d++) {
         ht_dtype dtype = dtypes[d];
         ht_rng rng;
         ht_rng_seed(&rng, 31 + (uint64_t)d);
@@ -273,6 +338,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_zero_sizes),
         cmocka_unit_test(test_gemm_inside_parallel_region),
         cmocka_unit_test(test_gemm_kernel_names),
+        cmocka_unit_test(test_gemm_choose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

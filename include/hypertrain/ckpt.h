@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "hypertrain/base.h"
+#include "hypertrain/kernels.h"
 #include "hypertrain/config.h"
 #include "hypertrain/data.h"
 #include "hypertrain/model.h"
@@ -138,6 +139,9 @@ typedef struct ht_ckpt_trainer_state {
     ht_loader_pos train_pos, valid_pos;
     bool loss_scaling; /* the fp16 loss scaler below is live */
     ht_loss_scaler scaler;
+    /* The bf16 and f16 GEMM kernels the run used: a resumed run keeps them, so
+     * that it sums in the same order (AUTO: not recorded). */
+    ht_gemm_kernel gemm_bf16, gemm_f16;
 } ht_ckpt_trainer_state;
 
 /* One rank's view of what a save reads and a load fills. */

@@ -8,6 +8,7 @@
 #define HYPERTRAIN_CONFIG_H
 
 #include "hypertrain/base.h"
+#include "hypertrain/kernels.h"
 #include "hypertrain/model.h"
 
 #ifdef __cplusplus
@@ -159,6 +160,11 @@ typedef struct ht_config {
         ht_dtype output_dtype;
         bool cast_forward_inputs;
     } fsdp;
+
+    /* How bf16 and f16 products run (kernels.h): auto (measured at start), or pinned. */
+    struct {
+        ht_gemm_kernel bf16_gemm, f16_gemm;
+    } kernels;
 
     struct {
         char output_dir[HT_CONFIG_STR_MAX];

@@ -308,6 +308,9 @@ static void write_state(FILE *f, const ht_ckpt_trainer_state *st) {
     } else {
         fputs("null", f);
     }
+    if (st->gemm_bf16 != HT_GEMM_KERNEL_AUTO && st->gemm_f16 != HT_GEMM_KERNEL_AUTO)
+        fprintf(f, ", \"gemm\": {\"bf16\": \"%s\", \"f16\": \"%s\"}", ht_gemm_kernel_label(st->gemm_bf16),
+                ht_gemm_kernel_label(st->gemm_f16));
     fputs("}", f);
 }
 
@@ -613,6 +616,16 @@ static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err
         st->scaler.scale = scale->number;
         st->scaler.growth_tracker = (int)g;
         st->scaler.hysteresis_tracker = (int)h;
+    }
+    /* Absent in checkpoints older than the measured kernel choice. */
+    const ht_json *gemm = ht_json_get(js, "gemm");
+    st->gemm_bf16 = st->gemm_f16 = HT_GEMM_KERNEL_AUTO;
+    if (gemm) {
+        const ht_json *bf16 = ht_json_get(gemm, "bf16"), *f16 = ht_json_get(gemm, "f16");
+        if (!bf16 || !f16 || bf16->type != HT_JSON_STRING || f16->type != HT_JSON_STRING ||
+            !ht_gemm_kernel_from_label(bf16->string, &st->gemm_bf16) ||
+            !ht_gemm_kernel_from_label(f16->string, &st->gemm_f16))
+            return bad_meta(ck, "\"trainer_state.gemm\" is malformed", err);
     }
     return HT_OK;
 }

@@ -88,6 +88,13 @@ static const enum_name NS_DTYPES[] = {
     {"bfloat16", HT_DTYPE_BF16, false},
     {NULL, 0, false},
 };
+static const enum_name GEMM_KERNELS[] = {
+    {"auto", HT_GEMM_KERNEL_AUTO, false},
+    {"native", HT_GEMM_KERNEL_NATIVE, false},
+    {"widened", HT_GEMM_KERNEL_WIDENED, false},
+    {"fp32_rounded", HT_GEMM_KERNEL_FP32_ROUNDED, false},
+    {NULL, 0, false},
+};
 static const enum_name TOTAL_STEPS_MSG[] = {
     {"total steps come from training.steps; remove this key or leave it -1 (MindFormers: derived), and set "
      "training.steps instead",
@@ -211,6 +218,9 @@ static const key_desc KEYS[] = {
     DTYPE("fsdp_config.mix_precision.output_dtype", fsdp.output_dtype, "bfloat16"),
     BOOL("fsdp_config.mix_precision.cast_forward_inputs", fsdp.cast_forward_inputs, "true"),
 
+    ENUM("kernels.bf16_gemm", kernels.bf16_gemm, GEMM_KERNELS, "auto"),
+    ENUM("kernels.f16_gemm", kernels.f16_gemm, GEMM_KERNELS, "auto"),
+
     STR("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
     INT("checkpoint.save_interval", checkpoint.save_interval, "500"),
     BOOL("checkpoint.save_optimizer", checkpoint.save_optimizer, "true"),
@@ -220,7 +230,8 @@ static const key_desc KEYS[] = {
 };
 #define N_KEYS ((int)(sizeof(KEYS) / sizeof(KEYS[0])))
 _Static_assert(sizeof(KEYS) / sizeof(KEYS[0]) <= HT_CONFIG_MAX_KEYS, "raise HT_CONFIG_MAX_KEYS");
-_Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) == sizeof(int),
+_Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) == sizeof(int) &&
+                   sizeof(ht_gemm_kernel) == sizeof(int),
                "enums are stored as int");
 
 /* Other dialects' names for keys (CONFIG.md, Compatibility). An alias is

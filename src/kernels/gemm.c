@@ -1,11 +1,13 @@
 /* GEMM over oneDNN: ht_gemm, the cache of matmul primitives it runs, and the
- * run-log names of those kernels. F32 runs oneDNN matmul primitives; F16, and
- * BF16 on CPUs without AMX, are widened to F32 tile by tile (see
- * gemm_widened for why). */
+ * choice of kernel for bf16 and f16 products, made by timing each kernel on
+ * this machine (ht_gemm_choose): oneDNN's native 16-bit matmul is twice its
+ * F32 rate on some CPUs with AVX512-BF16 and 0.6x on others, so no CPU name
+ * or ISA flag can decide it. */
 #include "kernels/gemm_internal.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -41,12 +43,14 @@ static struct {
     pthread_mutex_t lock;
     dnnl_engine_t engine;
     pthread_key_t thread_key; /* each thread's thread_ctx */
-    bool bf16_native;         /* run BF16 as bf16 (AMX) rather than widened to F32 */
+    pthread_once_t choice_once;
+    ht_gemm_choice choice; /* ht_gemm_use's, or measured at the first 16-bit product */
+    bool chosen;
     size_t entries;
     bool warned_full;
     cache_slot slots[CACHE_SLOTS];
     char names[3][320]; /* ht_gemm_kernel_name, per dtype; empty until asked */
-} g_gemm = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+} g_gemm = {.once = PTHREAD_ONCE_INIT, .choice_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ht_gemm has no error return: a failure here is a broken build or a bad
  * call, so it is reported and the process stops rather than computing garbage. */
@@ -87,7 +91,6 @@ static void thread_ctx_destroy(void *p) {
 static void gemm_init_once(void) {
     dnnl_check(dnnl_engine_create(&g_gemm.engine, dnnl_cpu, 0), "dnnl_engine_create");
     if (pthread_key_create(&g_gemm.thread_key, thread_ctx_destroy) != 0) gemm_fatal("%s", "pthread_key_create failed");
-    g_gemm.bf16_native = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
 }
 
 /* This thread's context, with a scratchpad of at least scratch_bytes. */
@@ -115,7 +118,7 @@ static dnnl_status_t matmul_pd_create(const gemm_key *k, dnnl_primitive_desc_t *
     dnnl_dims_t a_dims = {k->M, k->K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
     dnnl_dims_t b_dims = {k->K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
     dnnl_dims_t c_dims = {k->M, k->N}, c_strides = {k->ldc, 1};
-    dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32; /* F16 arrives widened */
+    dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : k->dtype == HT_DTYPE_F16 ? dnnl_f16 : dnnl_f32;
     dnnl_status_t s = dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, in, a_strides);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, in, b_strides);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides);
@@ -144,7 +147,14 @@ static dnnl_status_t matmul_pd_create(const gemm_key *k, dnnl_primitive_desc_t *
 static dnnl_primitive_t matmul_create(const gemm_key *k) {
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
-    dnnl_check(matmul_pd_create(k, &pd), "matmul primitive descriptor");
+    dnnl_status_t s = matmul_pd_create(k, &pd);
+    if (s == dnnl_unimplemented) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "oneDNN offers no %s matmul on this CPU (ISA %s)", ht_dtype_name(k->dtype),
+                 ht_gemm_cpu_isa());
+        gemm_fatal("%s", msg);
+    }
+    dnnl_check(s, "matmul primitive descriptor");
     dnnl_check(dnnl_primitive_create(&prim, pd), "dnnl_primitive_create");
     dnnl_primitive_desc_destroy(pd);
     return prim;
@@ -252,13 +262,13 @@ static void widen_block(float *dst, const uint16_t *src, ht_dtype dtype, int64_t
     for (int64_t r = 0; r < rows; r++) ht_convert(dst + r * cols, HT_DTYPE_F32, src + r * ld, dtype, (size_t)cols);
 }
 
-/* F16: oneDNN 2.6 implements no f16 matmul on CPU (primitive creation answers
- * "unimplemented"). BF16 without AMX: oneDNN's avx512_core_bf16 kernels ran
- * at 55-60% of the F32 rate on our 2-core machine, and widening first was
- * 1.2-1.7x faster than them on the decoder's shapes. F32 holds every bf16 and f16 value and their
- * products exactly, so the result is the same FP32-accumulated sum. Each
- * tile runs the F32 path; over K the first tile applies beta and the next
- * ones accumulate with beta = 1. */
+/* The widened kernel: 16-bit operands widened to F32 tile by tile, then the
+ * F32 matmul. F32 holds every bf16 and f16 value and their products exactly,
+ * so the result is the same FP32-accumulated sum as a native kernel's. It
+ * serves callers that keep 16-bit operands where oneDNN has no native kernel
+ * (f16 on most CPUs) or where the native one is slower. Each tile runs the
+ * F32 path; over K the first tile applies beta and the next ones accumulate
+ * with beta = 1. */
 static void gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                          int64_t lda, const uint16_t *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
                          int64_t ldc) {
@@ -312,19 +322,207 @@ void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, i
     }
     pthread_once(&g_gemm.once, gemm_init_once);
     if (path == HT_GEMM_PATH_AUTO)
-        path = dtype == HT_DTYPE_F16 || (dtype == HT_DTYPE_BF16 && !g_gemm.bf16_native) ? HT_GEMM_PATH_WIDEN
-                                                                                        : HT_GEMM_PATH_MATMUL;
+        path = dtype == HT_DTYPE_F32 || ht_gemm_kernel_of(dtype) == HT_GEMM_KERNEL_NATIVE ? HT_GEMM_PATH_MATMUL
+                                                                                          : HT_GEMM_PATH_WIDEN;
     if (path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32)
         gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
-    else if (dtype != HT_DTYPE_F16)
-        gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
     else
-        gemm_fatal("%s", "oneDNN 2.6 has no f16 matmul on CPU: f16 runs widened");
+        gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
 }
 
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
              const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
     ht_gemm_on_path(HT_GEMM_PATH_AUTO, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+}
+
+/* ------------------------------------------------------------------ choosing the kernels */
+
+static const char *const KERNEL_LABELS[HT_GEMM_KERNEL_COUNT] = {"auto", "native", "widened", "fp32_rounded"};
+
+const char *ht_gemm_kernel_label(ht_gemm_kernel kernel) {
+    return kernel >= 0 && kernel < HT_GEMM_KERNEL_COUNT ? KERNEL_LABELS[kernel] : "unknown";
+}
+
+bool ht_gemm_kernel_from_label(const char *label, ht_gemm_kernel *out) {
+    for (int k = 0; k < HT_GEMM_KERNEL_COUNT; k++)
+        if (strcmp(label, KERNEL_LABELS[k]) == 0) {
+            *out = (ht_gemm_kernel)k;
+            return true;
+        }
+    return false;
+}
+
+/* Whether oneDNN offers a matmul on `dtype` operands here: it answers
+ * "unimplemented" for bf16 on CPUs without AVX512-BF16 or AMX (it would
+ * otherwise emulate it slowly or not at all), and for f16 without AVX512-FP16. */
+static bool matmul_available(ht_dtype dtype) {
+    gemm_key key = {.dtype = (int32_t)dtype,
+                    .nthr = omp_get_max_threads(),
+                    .M = 64,
+                    .N = 64,
+                    .K = 64,
+                    .lda = 64,
+                    .ldb = 64,
+                    .ldc = 64,
+                    .alpha = 1.0f};
+    dnnl_primitive_desc_t pd;
+    if (matmul_pd_create(&key, &pd) != dnnl_success) return false;
+    dnnl_primitive_desc_destroy(pd);
+    return true;
+}
+
+/* GFLOP/s of one kernel on C (M, N) = A (M, K) · Bᵀ, the form of a linear
+ * layer's forward pass: the best of several runs after one that creates the
+ * primitive, repeated until ~30 ms have passed so that small shapes are timed
+ * over many calls. Operands are normal values of the kernel's precision. */
+static double time_kernel(ht_gemm_kernel kernel, ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
+    ht_dtype storage = kernel == HT_GEMM_KERNEL_FP32_ROUNDED ? HT_DTYPE_F32 : dtype;
+    ht_gemm_path path = kernel == HT_GEMM_KERNEL_WIDENED ? HT_GEMM_PATH_WIDEN : HT_GEMM_PATH_MATMUL;
+    size_t na = (size_t)(M * K), nb = (size_t)(N * K), es = ht_dtype_size(storage);
+    float *vals = ht_alloc((na > nb ? na : nb) * sizeof(float)), *C = ht_alloc((size_t)(M * N) * sizeof(float));
+    void *A = ht_alloc(na * es), *B = ht_alloc(nb * es);
+    if (!vals || !C || !A || !B) gemm_fatal("%s", "out of memory timing the GEMM kernels");
+    ht_rng rng;
+    ht_rng_seed(&rng, 1);
+    for (size_t i = 0; i < (na > nb ? na : nb); i++) vals[i] = ht_rng_normal(&rng);
+    ht_round_to(vals, na > nb ? na : nb, dtype);
+    ht_convert(A, storage, vals, HT_DTYPE_F32, na);
+    ht_convert(B, storage, vals, HT_DTYPE_F32, nb);
+
+    ht_gemm_on_path(path, false, true, M, N, K, 1.0f, A, K, B, K, storage, 0.0f, C, N);
+    double best = INFINITY, start = ht_time_seconds();
+    for (int run = 0; run < 200 && (run < 3 || ht_time_seconds() - start < 0.03); run++) {
+        double t0 = ht_time_seconds();
+        ht_gemm_on_path(path, false, true, M, N, K, 1.0f, A, K, B, K, storage, 0.0f, C, N);
+        double t = ht_time_seconds() - t0;
+        best = t < best ? t : best;
+    }
+    ht_free(vals);
+    ht_free(C);
+    ht_free(A);
+    ht_free(B);
+    return 2.0 * (double)M * (double)N * (double)K / best / 1e9;
+}
+
+/* Rates are timed once per (kernel, dtype, shape) in a process and kept: a
+ * second trainer in the same process (a test, a resume) then makes the same
+ * choice, whatever the machine's noise. */
+#define RATES_KEPT 64
+typedef struct kept_rate {
+    ht_gemm_kernel kernel;
+    ht_dtype dtype;
+    int64_t M, N, K;
+    double rate;
+} kept_rate;
+static struct {
+    int count;
+    kept_rate items[RATES_KEPT];
+} g_rates; /* guarded by g_gemm.lock */
+
+static double kernel_rate(ht_gemm_kernel kernel, ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
+    pthread_mutex_lock(&g_gemm.lock);
+    for (int i = 0; i < g_rates.count; i++)
+        if (g_rates.items[i].kernel == kernel && g_rates.items[i].dtype == dtype && g_rates.items[i].M == M &&
+            g_rates.items[i].N == N && g_rates.items[i].K == K) {
+            double rate = g_rates.items[i].rate;
+            pthread_mutex_unlock(&g_gemm.lock);
+            return rate;
+        }
+    pthread_mutex_unlock(&g_gemm.lock);
+    double rate = time_kernel(kernel, dtype, M, N, K); /* unlocked: it runs ht_gemm */
+    pthread_mutex_lock(&g_gemm.lock);
+    if (g_rates.count < RATES_KEPT) g_rates.items[g_rates.count++] = (kept_rate){kernel, dtype, M, N, K, rate};
+    pthread_mutex_unlock(&g_gemm.lock);
+    return rate;
+}
+
+/* A kernel other than fp32_rounded must beat it by this factor to be chosen:
+ * a near tie would otherwise flip between runs with the machine's noise. */
+#define CHOICE_MARGIN 1.05
+
+static ht_status choose_dtype(ht_dtype dtype, ht_gemm_kernel requested, const ht_gemm_choice *c, double *rates,
+                              ht_gemm_kernel *out, ht_error *err) {
+    bool native = matmul_available(dtype);
+    if (requested == HT_GEMM_KERNEL_NATIVE && !native)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "kernels.%s_gemm: native: oneDNN %d.%d offers no %s matmul on this CPU (ISA %s); use auto, "
+                       "widened or fp32_rounded",
+                       dtype == HT_DTYPE_BF16 ? "bf16" : "f16", dnnl_version()->major, dnnl_version()->minor,
+                       ht_dtype_name(dtype), ht_gemm_cpu_isa());
+    if (requested != HT_GEMM_KERNEL_AUTO) {
+        *out = requested;
+        return HT_OK;
+    }
+    rates[HT_GEMM_KERNEL_FP32_ROUNDED] = c->f32_rate;
+    rates[HT_GEMM_KERNEL_WIDENED] = kernel_rate(HT_GEMM_KERNEL_WIDENED, dtype, c->M, c->N, c->K);
+    rates[HT_GEMM_KERNEL_NATIVE] = native ? kernel_rate(HT_GEMM_KERNEL_NATIVE, dtype, c->M, c->N, c->K) : 0.0;
+    *out = HT_GEMM_KERNEL_FP32_ROUNDED;
+    double best = c->f32_rate * CHOICE_MARGIN;
+    for (ht_gemm_kernel k = HT_GEMM_KERNEL_NATIVE; k <= HT_GEMM_KERNEL_WIDENED; k++)
+        if (rates[k] > best) {
+            best = rates[k];
+            *out = k;
+        }
+    return HT_OK;
+}
+
+ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int64_t N, int64_t K, ht_gemm_choice *out,
+                         ht_error *err) {
+    memset(out, 0, sizeof(*out));
+    if (M < 1 || N < 1 || K < 1)
+        return ht_fail(err, HT_ERR_INVALID, "ht_gemm_choose: shape %lld x %lld x %lld", (long long)M, (long long)N,
+                       (long long)K);
+    pthread_once(&g_gemm.once, gemm_init_once);
+    if (!matmul_available(HT_DTYPE_F32))
+        return ht_fail(err, HT_ERR_INVALID, "oneDNN %d.%d offers no f32 matmul on this CPU (ISA %s)",
+                       dnnl_version()->major, dnnl_version()->minor, ht_gemm_cpu_isa());
+    double t0 = ht_time_seconds();
+    out->M = M;
+    out->N = N;
+    out->K = K;
+    if (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)
+        out->f32_rate = kernel_rate(HT_GEMM_KERNEL_FP32_ROUNDED, HT_DTYPE_F32, M, N, K);
+    ht_status s = choose_dtype(HT_DTYPE_BF16, bf16, out, out->bf16_rate, &out->bf16, err);
+    if (s == HT_OK) s = choose_dtype(HT_DTYPE_F16, f16, out, out->f16_rate, &out->f16, err);
+    out->seconds = ht_time_seconds() - t0;
+    return s;
+}
+
+/* Before any ht_gemm_use: the choice ht_gemm_choose makes on a mid-sized product. */
+static void choose_default(void) {
+    ht_gemm_choice c;
+    ht_error err;
+    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, 1024, 1024, 1024, &c, &err) != HT_OK)
+        gemm_fatal("%s", err.msg);
+    pthread_mutex_lock(&g_gemm.lock);
+    if (!g_gemm.chosen) {
+        g_gemm.choice = c;
+        g_gemm.chosen = true;
+    }
+    pthread_mutex_unlock(&g_gemm.lock);
+}
+
+void ht_gemm_use(const ht_gemm_choice *choice) {
+    pthread_mutex_lock(&g_gemm.lock);
+    g_gemm.choice = *choice;
+    g_gemm.chosen = true;
+    pthread_mutex_unlock(&g_gemm.lock);
+}
+
+ht_gemm_kernel ht_gemm_kernel_of(ht_dtype dtype) {
+    if (dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) return HT_GEMM_KERNEL_NATIVE;
+    pthread_mutex_lock(&g_gemm.lock);
+    bool chosen = g_gemm.chosen;
+    pthread_mutex_unlock(&g_gemm.lock);
+    if (!chosen) pthread_once(&g_gemm.choice_once, choose_default);
+    pthread_mutex_lock(&g_gemm.lock);
+    ht_gemm_kernel k = dtype == HT_DTYPE_BF16 ? g_gemm.choice.bf16 : g_gemm.choice.f16;
+    pthread_mutex_unlock(&g_gemm.lock);
+    return k;
+}
+
+ht_dtype ht_gemm_storage(ht_dtype precision) {
+    return ht_gemm_kernel_of(precision) == HT_GEMM_KERNEL_FP32_ROUNDED ? HT_DTYPE_F32 : precision;
 }
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
@@ -343,45 +541,67 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
     }
 }
 
-bool ht_gemm_is_native(ht_dtype dtype) {
-    pthread_once(&g_gemm.once, gemm_init_once);
-    return dtype == HT_DTYPE_F32 || (dtype == HT_DTYPE_BF16 && g_gemm.bf16_native);
+const char *ht_gemm_cpu_isa(void) { return isa_name(dnnl_get_effective_cpu_isa()); }
+
+static void describe_rates(char *buf, size_t n, const char *dtype, ht_gemm_kernel chosen, const double *rates,
+                           bool measured) {
+    if (!measured) {
+        snprintf(buf, n, "%s %s (pinned, not measured)", dtype, KERNEL_LABELS[chosen]);
+        return;
+    }
+    char native[32];
+    if (rates[HT_GEMM_KERNEL_NATIVE] > 0)
+        snprintf(native, sizeof(native), "%.0f", rates[HT_GEMM_KERNEL_NATIVE]);
+    else
+        snprintf(native, sizeof(native), "none");
+    snprintf(buf, n, "%s %s (native %s, widened %.0f, fp32_rounded %.0f)", dtype, KERNEL_LABELS[chosen], native,
+             rates[HT_GEMM_KERNEL_WIDENED], rates[HT_GEMM_KERNEL_FP32_ROUNDED]);
+}
+
+void ht_gemm_describe(const ht_gemm_choice *c, char *buf, size_t n) {
+    char bf16[160], f16[160], shape[128] = "";
+    describe_rates(bf16, sizeof(bf16), "bf16", c->bf16, c->bf16_rate, c->bf16_rate[HT_GEMM_KERNEL_WIDENED] > 0);
+    describe_rates(f16, sizeof(f16), "f16", c->f16, c->f16_rate, c->f16_rate[HT_GEMM_KERNEL_WIDENED] > 0);
+    if (c->f32_rate > 0)
+        snprintf(shape, sizeof(shape), "; GFLOP/s on %lld x %lld x %lld, f32 %.0f, measured in %.2f s", (long long)c->M,
+                 (long long)c->N, (long long)c->K, c->f32_rate, c->seconds);
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(buf, n, "GEMM kernels: %s, %s%s; oneDNN %d.%d.%d, CPU ISA %s, %d threads", bf16, f16, shape, v->major,
+             v->minor, v->patch, ht_gemm_cpu_isa(), omp_get_max_threads());
 }
 
 const char *ht_gemm_kernel_name(ht_dtype dtype) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
         return "no GEMM kernel for this dtype";
-    pthread_once(&g_gemm.once, gemm_init_once);
+    ht_gemm_kernel kernel = ht_gemm_kernel_of(dtype);
     pthread_mutex_lock(&g_gemm.lock);
     char *name = g_gemm.names[dtype];
-    if (!name[0]) {
-        bool native = dtype == HT_DTYPE_F32 || (dtype == HT_DTYPE_BF16 && g_gemm.bf16_native);
-        /* The implementation oneDNN picks for a typical decoder shape
-         * (2048 tokens × 512 hidden × 512); others may differ at the edges. */
-        gemm_key key = {.dtype = native ? dtype : HT_DTYPE_F32,
-                        .nthr = omp_get_max_threads(),
-                        .M = 2048,
-                        .N = 512,
-                        .K = 512,
-                        .lda = 512,
-                        .ldb = 512,
-                        .ldc = 512,
-                        .alpha = 1.0f};
-        dnnl_primitive_desc_t pd;
-        const char *impl = "?";
-        dnnl_status_t s = matmul_pd_create(&key, &pd);
-        if (s == dnnl_success) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        const char *what = dtype == HT_DTYPE_F32 ? "f32 x f32 -> f32"
-                           : native              ? "bf16 x bf16 -> f32"
-                           : dtype == HT_DTYPE_F16
-                               ? "f16 widened to f32 in tiles (oneDNN 2.6 has no f16 matmul on CPU), f32 x f32 -> f32"
-                               : "bf16 widened to f32 in tiles (no AMX: f32 kernels beat the bf16 ones), f32 x f32 "
-                                 "-> f32";
-        const dnnl_version_t *v = dnnl_version();
-        snprintf(name, sizeof(g_gemm.names[0]), "oneDNN %d.%d.%d matmul (%s), %s, CPU ISA %s", v->major, v->minor,
-                 v->patch, impl, what, isa_name(dnnl_get_effective_cpu_isa()));
-        if (s == dnnl_success) dnnl_primitive_desc_destroy(pd);
-    }
+    /* The implementation oneDNN picks for a typical decoder shape (2048
+     * tokens × 512 hidden × 512); others may differ at the edges. */
+    bool native = dtype == HT_DTYPE_F32 || kernel == HT_GEMM_KERNEL_NATIVE;
+    gemm_key key = {.dtype = native ? dtype : HT_DTYPE_F32,
+                    .nthr = omp_get_max_threads(),
+                    .M = 2048,
+                    .N = 512,
+                    .K = 512,
+                    .lda = 512,
+                    .ldb = 512,
+                    .ldc = 512,
+                    .alpha = 1.0f};
+    dnnl_primitive_desc_t pd;
+    const char *impl = "?";
+    dnnl_status_t s = matmul_pd_create(&key, &pd);
+    if (s == dnnl_success) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    const char *what = dtype == HT_DTYPE_F32 ? "f32 x f32 -> f32"
+                       : kernel == HT_GEMM_KERNEL_NATIVE
+                           ? (dtype == HT_DTYPE_BF16 ? "bf16 x bf16 -> f32" : "f16 x f16 -> f32")
+                       : kernel == HT_GEMM_KERNEL_WIDENED ? "widened to f32 in tiles, f32 x f32 -> f32"
+                                                          : "f32 operands holding values of that precision, "
+                                                            "f32 x f32 -> f32";
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(name, sizeof(g_gemm.names[0]), "oneDNN %d.%d.%d matmul (%s), %s, CPU ISA %s", v->major, v->minor, v->patch,
+             impl, what, ht_gemm_cpu_isa());
+    if (s == dnnl_success) dnnl_primitive_desc_destroy(pd);
     pthread_mutex_unlock(&g_gemm.lock);
     return name;
 }

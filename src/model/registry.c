@@ -102,7 +102,7 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
 }
 
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
-    ht_dtype storage = ht_gemm_is_native(dtype) ? dtype : HT_DTYPE_F32;
+    ht_dtype storage = ht_gemm_storage(dtype);
     ht_status s = ht_params_set_compute(&m->params, storage, dtype, err);
     if (s == HT_OK) m->compute_precision = dtype;
     return s;

@@ -110,18 +110,25 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
  * transposed iteration of NUMERICS.md without copying Gᵀ. */
 size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
-    size_t floats = rc + 2 * r * r;                                    /* X (the other ping-pong buffer is O), S, T */
-    if (ns_dtype == HT_DTYPE_BF16) floats += (rc + 2 * r * r + 1) / 2; /* bf16 copies of X, S and T */
+    size_t floats = rc + 2 * r * r;                         /* X (the other ping-pong buffer is O), S, T */
+    if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
     return floats;
 }
 
 /* sum of squares in double (NUMERICS.md: the norm is accumulated in double). */
 static double frobenius(const float *x, int64_t n) { return sqrt(ht_sum_squares(x, n)); }
 
-/* The operand of a product in ns_dtype: x itself, or its bf16 rounding in `b`. */
-static const void *operand(const float *x, uint16_t *b, int64_t n, ht_dtype ns_dtype) {
-    if (ns_dtype != HT_DTYPE_BF16) return x;
-    ht_convert(b, HT_DTYPE_BF16, x, HT_DTYPE_F32, (size_t)n);
+/* The operand of a product in ns_dtype, stored as the chosen kernel takes it
+ * (`storage`): x itself for F32, else its rounding to ns_dtype in `b`, as
+ * 16-bit values or as FP32 values of that precision. */
+static const void *operand(const float *x, float *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
+    if (ns_dtype == HT_DTYPE_F32) return x;
+    if (storage == HT_DTYPE_F32) {
+        memcpy(b, x, (size_t)n * sizeof(float));
+        ht_round_to(b, (size_t)n, ns_dtype);
+    } else {
+        ht_convert(b, storage, x, HT_DTYPE_F32, (size_t)n);
+    }
     return b;
 }
 
@@ -131,7 +138,8 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
     const int64_t r = tall ? cols : rows, n = rows * cols;
     const int K = sched->steps;
     float *S = work + n, *T = S + r * r; /* (r, r) each */
-    uint16_t *Xb = (uint16_t *)(T + r * r), *Sb = Xb + n, *Tb = Sb + r * r;
+    float *Xb = T + r * r, *Sb = Xb + n, *Tb = Sb + r * r;
+    const ht_dtype st = ht_gemm_storage(ns_dtype);
 
     /* X lives in O and `work` by turns, so that the last iteration lands in O. */
     float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
@@ -141,23 +149,23 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
 
     for (int k = 0; k < K; k++) {
         const float a = (float)sched->coeffs[k][0], b = (float)sched->coeffs[k][1], c = (float)sched->coeffs[k][2];
-        const void *x = operand(X, Xb, n, ns_dtype);
+        const void *x = operand(X, Xb, n, ns_dtype, st);
         /* S = X Xᵀ (wide) or XᵀX (tall): (r, r) */
         if (tall)
-            ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, ns_dtype, 0.0f, S, r);
+            ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
         else
-            ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, ns_dtype, 0.0f, S, r);
+            ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
         /* T = b S + c S S: S copied into T, scaled by beta. */
         memcpy(T, S, (size_t)(r * r) * sizeof(float));
-        const void *s = operand(S, Sb, r * r, ns_dtype);
-        ht_gemm(false, false, r, r, r, c, s, r, s, r, ns_dtype, b, T, r);
+        const void *s = operand(S, Sb, r * r, ns_dtype, st);
+        ht_gemm(false, false, r, r, r, c, s, r, s, r, st, b, T, r);
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
         memcpy(Y, X, (size_t)n * sizeof(float));
-        const void *t = operand(T, Tb, r * r, ns_dtype);
+        const void *t = operand(T, Tb, r * r, ns_dtype, st);
         if (tall)
-            ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, ns_dtype, a, Y, cols);
+            ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, st, a, Y, cols);
         else
-            ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, ns_dtype, a, Y, cols);
+            ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, st, a, Y, cols);
         float *swap = X;
         X = Y;
         Y = swap;

@@ -46,18 +46,62 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* kernels.bf16_gemm / f16_gemm: pinned, or measured on this machine on the
+ * model's own linear-layer product. A resumed run keeps the kernels it was
+ * checkpointed with where they were measured: the kernels sum in different
+ * orders, and resume is bitwise (NUMERICS.md). */
+static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_gemm_kernel bf16 = c->kernels.bf16_gemm, f16 = c->kernels.f16_gemm;
+    const char *kept = "";
+    if (c->checkpoint.restore_from[0] && c->checkpoint.restore_optimizer &&
+        (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)) {
+        char dir[HT_CKPT_PATH_MAX];
+        ht_checkpoint *ck;
+        ht_status s = ht_ckpt_resolve(c->checkpoint.restore_from, c->checkpoint.output_dir, dir, sizeof(dir), err);
+        if (s == HT_OK && dir[0]) {
+            s = ht_ckpt_open(dir, &ck, err);
+            if (s != HT_OK) return s;
+            const ht_ckpt_trainer_state *st = ht_ckpt_state(ck);
+            if (bf16 == HT_GEMM_KERNEL_AUTO) bf16 = st->gemm_bf16;
+            if (f16 == HT_GEMM_KERNEL_AUTO) f16 = st->gemm_f16;
+            if (st->gemm_bf16 != HT_GEMM_KERNEL_AUTO) kept = "; kept from the checkpoint";
+            ht_ckpt_close(ck);
+        }
+        if (s != HT_OK) return s;
+    }
+    /* A kept native kernel this CPU lacks is measured afresh, not refused. */
+    ht_gemm_choice choice;
+    ht_status s = ht_gemm_choose(bf16, f16, (int64_t)c->training.local_batch_size * c->data.seq_len,
+                                 t->model->config.hidden_size, t->model->config.hidden_size, &choice, err);
+    if (s != HT_OK && kept[0]) {
+        kept = "";
+        s = ht_gemm_choose(c->kernels.bf16_gemm, c->kernels.f16_gemm,
+                           (int64_t)c->training.local_batch_size * c->data.seq_len, t->model->config.hidden_size,
+                           t->model->config.hidden_size, &choice, err);
+    }
+    if (s != HT_OK) return s;
+    ht_gemm_use(&choice);
+    char line[512];
+    ht_gemm_describe(&choice, line, sizeof(line));
+    ht_log_info("%s%s", line, kept);
+    return HT_OK;
+}
+
 /* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
 static ht_status set_compute(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    ht_status s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
+    ht_status s = choose_kernels(t, err);
+    if (s != HT_OK) return s;
+    s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
     if (s != HT_OK) return s;
     t->model->output_dtype = c->fsdp.output_dtype;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
                 (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
                 ht_dtype_name(c->fsdp.param_dtype),
-                p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision: no native kernel)" : "",
-                ht_gemm_kernel_name(p->compute_dtype));
+                p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision)" : "",
+                ht_gemm_kernel_name(p->compute_precision));
     return HT_OK;
 }
 
@@ -474,6 +518,8 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->state.valid_pos = ht_loader_position(&t->valid_loader);
     v->state.loss_scaling = t->optimizer.loss_scaling;
     v->state.scaler = t->optimizer.scaler;
+    v->state.gemm_bf16 = ht_gemm_kernel_of(HT_DTYPE_BF16);
+    v->state.gemm_f16 = ht_gemm_kernel_of(HT_DTYPE_F16);
 }
 
 ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
