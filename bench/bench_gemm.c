@@ -1,9 +1,9 @@
 /* GEMM throughput on the decoder's linear-layer shapes: 2048 tokens, hidden
  * 512, outputs 512 / 1408 / 8192, in the three forms a linear layer runs
- * (forward, backward to the input, backward to the weight). Next to ht_gemm,
- * the yardsticks its choices were made against: dnnl_sgemm for f32, and for
- * bf16 whichever path ht_gemm did not pick on this CPU (native bf16 matmul or
- * widening to f32). */
+ * (forward, backward to the input, backward to the weight): ht_gemm's f32
+ * matmul (which fp32_rounded bf16 operands run on), dnnl_sgemm as a
+ * yardstick, and bf16 natively (where oneDNN offers it) and widened. First
+ * line: the kernels ht_gemm_choose picks here, with the rates it measured. */
 #include <dnnl.h>
 #include <math.h>
 #include <omp.h>
@@ -75,24 +75,24 @@ static void run_once(const gemm_shape *s, const operands *o, const runner *r) {
  * touch. Turns and the fastest call, because the 2-core machine is shared:
  * runners timed one after the other, or a mean, measure the neighbours too. */
 enum { RUNNERS = 4 };
-static void measure(const gemm_shape *s, const runner *runners, double *gflops, ht_rng *rng) {
+static void measure(const gemm_shape *s, const runner *runners, int n, double *gflops, ht_rng *rng) {
     operands o[RUNNERS];
     double best[RUNNERS];
-    for (int r = 0; r < RUNNERS; r++) {
+    for (int r = 0; r < n; r++) {
         o[r] = operands_make(s, runners[r].dtype, rng);
         run_once(s, &o[r], &runners[r]);
         best[r] = INFINITY;
     }
     double start = ht_time_seconds();
     for (int round = 0; round < 5 || ht_time_seconds() - start < 1.5; round++) {
-        for (int r = 0; r < RUNNERS; r++) {
+        for (int r = 0; r < n; r++) {
             double t0 = ht_time_seconds();
             run_once(s, &o[r], &runners[r]);
             double t = ht_time_seconds() - t0;
             if (t < best[r]) best[r] = t;
         }
     }
-    for (int r = 0; r < RUNNERS; r++) {
+    for (int r = 0; r < n; r++) {
         gflops[r] = 2.0 * (double)s->M * (double)s->N * (double)s->K / best[r] * 1e-9;
         operands_free(&o[r]);
     }
@@ -102,19 +102,24 @@ int main(void) {
     const int64_t tokens = 2048, hidden = 512, outs[] = {512, 1408, 8192};
     ht_rng rng;
     ht_rng_seed(&rng, 42);
-    printf("threads: %d\nf32:  %s\nbf16: %s\nf16:  %s\n\n", omp_get_max_threads(), ht_gemm_kernel_name(HT_DTYPE_F32),
-           ht_gemm_kernel_name(HT_DTYPE_BF16), ht_gemm_kernel_name(HT_DTYPE_F16));
-    /* Last column: the bf16 path ht_gemm does not take on this CPU. */
-    bool bf16_widened = strstr(ht_gemm_kernel_name(HT_DTYPE_BF16), "widened") != NULL;
-    const runner runners[RUNNERS] = {
-        {"f32", HT_DTYPE_F32, HT_GEMM_PATH_AUTO, false},
-        {"sgemm", HT_DTYPE_F32, HT_GEMM_PATH_AUTO, true},
-        {"bf16", HT_DTYPE_BF16, HT_GEMM_PATH_AUTO, false},
-        {bf16_widened ? "bf16 matmul" : "bf16 widened", HT_DTYPE_BF16,
-         bf16_widened ? HT_GEMM_PATH_MATMUL : HT_GEMM_PATH_WIDEN, false},
-    };
+    ht_gemm_choice choice;
+    ht_error err;
+    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, tokens, hidden, hidden, &choice, &err) != HT_OK) {
+        fprintf(stderr, "bench_gemm: %s\n", err.msg);
+        return 1;
+    }
+    char line[512];
+    ht_gemm_describe(&choice, line, sizeof(line));
+    printf("%s\n\n", line);
+    runner runners[RUNNERS];
+    int n = 0;
+    runners[n++] = (runner){"f32", HT_DTYPE_F32, HT_GEMM_PATH_MATMUL, false};
+    runners[n++] = (runner){"sgemm", HT_DTYPE_F32, HT_GEMM_PATH_MATMUL, true};
+    if (choice.bf16_rate[HT_GEMM_KERNEL_NATIVE] > 0) /* oneDNN offers it here */
+        runners[n++] = (runner){"bf16 native", HT_DTYPE_BF16, HT_GEMM_PATH_MATMUL, false};
+    runners[n++] = (runner){"bf16 widened", HT_DTYPE_BF16, HT_GEMM_PATH_WIDEN, false};
     printf("%-34s %18s", "GFLOP/s   form (op)", "M x N x K");
-    for (int r = 0; r < RUNNERS; r++) printf(" %12s", runners[r].name);
+    for (int r = 0; r < n; r++) printf(" %12s", runners[r].name);
     printf("\n");
     for (int i = 0; i < 3; i++) {
         int64_t out = outs[i];
@@ -128,9 +133,9 @@ int main(void) {
             char dims[64];
             double gflops[RUNNERS];
             snprintf(dims, sizeof(dims), "%lld x %lld x %lld", (long long)s->M, (long long)s->N, (long long)s->K);
-            measure(s, runners, gflops, &rng);
+            measure(s, runners, n, gflops, &rng);
             printf("%-34s %18s", s->form, dims);
-            for (int r = 0; r < RUNNERS; r++) printf(" %12.1f", gflops[r]);
+            for (int r = 0; r < n; r++) printf(" %12.1f", gflops[r]);
             printf("\n");
             fflush(stdout);
         }

@@ -31,6 +31,16 @@ int main(int argc, char **argv) {
     }
     ht_model_config cfg = bench_model_31m();
     ht_error err;
+    /* The kernels the trainer would choose: timed on the model's own linear layer. */
+    ht_gemm_choice choice;
+    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, (int64_t)B * T, cfg.hidden_size, cfg.hidden_size,
+                       &choice, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ht_gemm_use(&choice);
+    char choice_line[512];
+    ht_gemm_describe(&choice, choice_line, sizeof(choice_line));
     ht_model *m;
     if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||
         ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
@@ -76,10 +86,10 @@ int main(int argc, char **argv) {
     double dt = (ht_time_seconds() - t0) / steps;
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
-           "\"gemm\": \"%s\"}\n",
+           "\"gemm\": \"%s\", \"choice\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
            upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss,
-           ht_gemm_kernel_name(m->params.items[0].compute_dtype));
+           ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
     ht_adamw_free(&opt);
     ht_model_free(m);
     free(in);

@@ -371,79 +371,115 @@ static bool matmul_available(ht_dtype dtype) {
     return true;
 }
 
-/* GFLOP/s of one kernel on C (M, N) = A (M, K) · Bᵀ, the form of a linear
- * layer's forward pass: the best of several runs after one that creates the
- * primitive, repeated until ~30 ms have passed so that small shapes are timed
- * over many calls. Operands are normal values of the kernel's precision. */
-static double time_kernel(ht_gemm_kernel kernel, ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
-    ht_dtype storage = kernel == HT_GEMM_KERNEL_FP32_ROUNDED ? HT_DTYPE_F32 : dtype;
-    ht_gemm_path path = kernel == HT_GEMM_KERNEL_WIDENED ? HT_GEMM_PATH_WIDEN : HT_GEMM_PATH_MATMUL;
-    size_t na = (size_t)(M * K), nb = (size_t)(N * K), es = ht_dtype_size(storage);
-    float *vals = ht_alloc((na > nb ? na : nb) * sizeof(float)), *C = ht_alloc((size_t)(M * N) * sizeof(float));
-    void *A = ht_alloc(na * es), *B = ht_alloc(nb * es);
-    if (!vals || !C || !A || !B) gemm_fatal("%s", "out of memory timing the GEMM kernels");
+/* The five ways a product can run, timed against each other. */
+enum { CAND_F32, CAND_BF16_NATIVE, CAND_BF16_WIDENED, CAND_F16_NATIVE, CAND_F16_WIDENED, CANDIDATES };
+
+typedef struct candidate {
+    ht_dtype storage; /* the operands' dtype */
+    ht_gemm_path path;
+    void *A, *B;
+    double best; /* seconds of the fastest call */
+} candidate;
+
+static void candidate_init(candidate *c, ht_dtype storage, ht_gemm_path path, int64_t M, int64_t N, int64_t K,
+                           const float *vals) {
+    c->storage = storage;
+    c->path = path;
+    c->best = INFINITY;
+    c->A = ht_alloc((size_t)(M * K) * ht_dtype_size(storage));
+    c->B = ht_alloc((size_t)(N * K) * ht_dtype_size(storage));
+    if (!c->A || !c->B) gemm_fatal("%s", "out of memory timing the GEMM kernels");
+    ht_convert(c->A, storage, vals, HT_DTYPE_F32, (size_t)(M * K));
+    ht_convert(c->B, storage, vals, HT_DTYPE_F32, (size_t)(N * K));
+}
+
+/* Times the candidates that `on` selects on C (M, N) = A (M, K) · Bᵀ, the
+ * form of a linear layer's forward pass, and fills GFLOP/s (0 where not
+ * timed). In rounds, one call of each candidate per round, keeping each one's
+ * fastest call, at least 3 rounds and until ~0.3 s have passed: on a shared
+ * machine load that comes and goes then weighs on all of them alike. The
+ * first call of each creates its primitive and is not timed. Operands are
+ * normal values exact in bf16 (and so in f16 as well, up to its range). */
+static void time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, double *gflops) {
+    size_t n = (size_t)(M > N ? M : N) * (size_t)K;
+    float *vals = ht_alloc(n * sizeof(float)), *C = ht_alloc((size_t)(M * N) * sizeof(float));
+    if (!vals || !C) gemm_fatal("%s", "out of memory timing the GEMM kernels");
     ht_rng rng;
     ht_rng_seed(&rng, 1);
-    for (size_t i = 0; i < (na > nb ? na : nb); i++) vals[i] = ht_rng_normal(&rng);
-    ht_round_to(vals, na > nb ? na : nb, dtype);
-    ht_convert(A, storage, vals, HT_DTYPE_F32, na);
-    ht_convert(B, storage, vals, HT_DTYPE_F32, nb);
-
-    ht_gemm_on_path(path, false, true, M, N, K, 1.0f, A, K, B, K, storage, 0.0f, C, N);
-    double best = INFINITY, start = ht_time_seconds();
-    for (int run = 0; run < 200 && (run < 3 || ht_time_seconds() - start < 0.03); run++) {
-        double t0 = ht_time_seconds();
-        ht_gemm_on_path(path, false, true, M, N, K, 1.0f, A, K, B, K, storage, 0.0f, C, N);
-        double t = ht_time_seconds() - t0;
-        best = t < best ? t : best;
+    for (size_t i = 0; i < n; i++) vals[i] = ht_rng_normal(&rng);
+    ht_round_to(vals, n, HT_DTYPE_BF16);
+    static const ht_dtype storage[CANDIDATES] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_BF16, HT_DTYPE_F16,
+                                                 HT_DTYPE_F16};
+    static const ht_gemm_path path[CANDIDATES] = {HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_WIDEN,
+                                                  HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_WIDEN};
+    candidate cand[CANDIDATES] = {0};
+    for (int c = 0; c < CANDIDATES; c++)
+        if (on[c]) {
+            candidate_init(&cand[c], storage[c], path[c], M, N, K, vals);
+            ht_gemm_on_path(path[c], false, true, M, N, K, 1.0f, cand[c].A, K, cand[c].B, K, storage[c], 0.0f, C, N);
+        }
+    double start = ht_time_seconds();
+    for (int round = 0; round < 100 && (round < 3 || ht_time_seconds() - start < 0.3); round++)
+        for (int c = 0; c < CANDIDATES; c++) {
+            if (!on[c]) continue;
+            double t0 = ht_time_seconds();
+            ht_gemm_on_path(path[c], false, true, M, N, K, 1.0f, cand[c].A, K, cand[c].B, K, storage[c], 0.0f, C, N);
+            double t = ht_time_seconds() - t0;
+            cand[c].best = t < cand[c].best ? t : cand[c].best;
+        }
+    for (int c = 0; c < CANDIDATES; c++) {
+        gflops[c] = on[c] ? 2.0 * (double)M * (double)N * (double)K / cand[c].best / 1e9 : 0.0;
+        ht_free(cand[c].A);
+        ht_free(cand[c].B);
     }
     ht_free(vals);
     ht_free(C);
-    ht_free(A);
-    ht_free(B);
-    return 2.0 * (double)M * (double)N * (double)K / best / 1e9;
 }
 
-/* Rates are timed once per (kernel, dtype, shape) in a process and kept: a
- * second trainer in the same process (a test, a resume) then makes the same
- * choice, whatever the machine's noise. */
-#define RATES_KEPT 64
-typedef struct kept_rate {
-    ht_gemm_kernel kernel;
-    ht_dtype dtype;
+/* Rates are timed once per shape in a process and kept: a second trainer in
+ * the same process (a test, a resume) then makes the same choice, whatever
+ * the machine's noise. */
+#define SHAPES_KEPT 16
+typedef struct kept_rates {
     int64_t M, N, K;
-    double rate;
-} kept_rate;
+    double gflops[CANDIDATES];
+} kept_rates;
 static struct {
     int count;
-    kept_rate items[RATES_KEPT];
+    kept_rates items[SHAPES_KEPT];
 } g_rates; /* guarded by g_gemm.lock */
 
-static double kernel_rate(ht_gemm_kernel kernel, ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
+static void rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
     pthread_mutex_lock(&g_gemm.lock);
     for (int i = 0; i < g_rates.count; i++)
-        if (g_rates.items[i].kernel == kernel && g_rates.items[i].dtype == dtype && g_rates.items[i].M == M &&
-            g_rates.items[i].N == N && g_rates.items[i].K == K) {
-            double rate = g_rates.items[i].rate;
+        if (g_rates.items[i].M == M && g_rates.items[i].N == N && g_rates.items[i].K == K) {
+            memcpy(gflops, g_rates.items[i].gflops, sizeof(g_rates.items[i].gflops));
             pthread_mutex_unlock(&g_gemm.lock);
-            return rate;
+            return;
         }
     pthread_mutex_unlock(&g_gemm.lock);
-    double rate = time_kernel(kernel, dtype, M, N, K); /* unlocked: it runs ht_gemm */
+    const bool on[CANDIDATES] = {true, matmul_available(HT_DTYPE_BF16), true, matmul_available(HT_DTYPE_F16), true};
+    time_candidates(on, M, N, K, gflops); /* unlocked: it runs ht_gemm */
     pthread_mutex_lock(&g_gemm.lock);
-    if (g_rates.count < RATES_KEPT) g_rates.items[g_rates.count++] = (kept_rate){kernel, dtype, M, N, K, rate};
+    if (g_rates.count < SHAPES_KEPT) {
+        kept_rates *k = &g_rates.items[g_rates.count++];
+        k->M = M;
+        k->N = N;
+        k->K = K;
+        memcpy(k->gflops, gflops, sizeof(k->gflops));
+    }
     pthread_mutex_unlock(&g_gemm.lock);
-    return rate;
 }
 
 /* A kernel other than fp32_rounded must beat it by this factor to be chosen:
  * a near tie would otherwise flip between runs with the machine's noise. */
 #define CHOICE_MARGIN 1.05
 
-static ht_status choose_dtype(ht_dtype dtype, ht_gemm_kernel requested, const ht_gemm_choice *c, double *rates,
+/* `rates` (indexed by ht_gemm_kernel) from the timed candidates of one dtype;
+ * the fastest kernel, or the pinned one after checking that it exists. */
+static ht_status choose_dtype(ht_dtype dtype, ht_gemm_kernel requested, const double *gflops, double *rates,
                               ht_gemm_kernel *out, ht_error *err) {
-    bool native = matmul_available(dtype);
-    if (requested == HT_GEMM_KERNEL_NATIVE && !native)
+    if (requested == HT_GEMM_KERNEL_NATIVE && !matmul_available(dtype))
         return ht_fail(err, HT_ERR_CONFIG,
                        "kernels.%s_gemm: native: oneDNN %d.%d offers no %s matmul on this CPU (ISA %s); use auto, "
                        "widened or fp32_rounded",
@@ -453,11 +489,12 @@ static ht_status choose_dtype(ht_dtype dtype, ht_gemm_kernel requested, const ht
         *out = requested;
         return HT_OK;
     }
-    rates[HT_GEMM_KERNEL_FP32_ROUNDED] = c->f32_rate;
-    rates[HT_GEMM_KERNEL_WIDENED] = kernel_rate(HT_GEMM_KERNEL_WIDENED, dtype, c->M, c->N, c->K);
-    rates[HT_GEMM_KERNEL_NATIVE] = native ? kernel_rate(HT_GEMM_KERNEL_NATIVE, dtype, c->M, c->N, c->K) : 0.0;
+    bool bf16 = dtype == HT_DTYPE_BF16;
+    rates[HT_GEMM_KERNEL_NATIVE] = gflops[bf16 ? CAND_BF16_NATIVE : CAND_F16_NATIVE];
+    rates[HT_GEMM_KERNEL_WIDENED] = gflops[bf16 ? CAND_BF16_WIDENED : CAND_F16_WIDENED];
+    rates[HT_GEMM_KERNEL_FP32_ROUNDED] = gflops[CAND_F32];
     *out = HT_GEMM_KERNEL_FP32_ROUNDED;
-    double best = c->f32_rate * CHOICE_MARGIN;
+    double best = gflops[CAND_F32] * CHOICE_MARGIN;
     for (ht_gemm_kernel k = HT_GEMM_KERNEL_NATIVE; k <= HT_GEMM_KERNEL_WIDENED; k++)
         if (rates[k] > best) {
             best = rates[k];
@@ -476,14 +513,16 @@ ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int
     if (!matmul_available(HT_DTYPE_F32))
         return ht_fail(err, HT_ERR_INVALID, "oneDNN %d.%d offers no f32 matmul on this CPU (ISA %s)",
                        dnnl_version()->major, dnnl_version()->minor, ht_gemm_cpu_isa());
-    double t0 = ht_time_seconds();
+    double t0 = ht_time_seconds(), gflops[CANDIDATES] = {0};
     out->M = M;
     out->N = N;
     out->K = K;
-    if (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)
-        out->f32_rate = kernel_rate(HT_GEMM_KERNEL_FP32_ROUNDED, HT_DTYPE_F32, M, N, K);
-    ht_status s = choose_dtype(HT_DTYPE_BF16, bf16, out, out->bf16_rate, &out->bf16, err);
-    if (s == HT_OK) s = choose_dtype(HT_DTYPE_F16, f16, out, out->f16_rate, &out->f16, err);
+    if (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO) {
+        rates_for(M, N, K, gflops);
+        out->f32_rate = gflops[CAND_F32];
+    }
+    ht_status s = choose_dtype(HT_DTYPE_BF16, bf16, gflops, out->bf16_rate, &out->bf16, err);
+    if (s == HT_OK) s = choose_dtype(HT_DTYPE_F16, f16, gflops, out->f16_rate, &out->f16, err);
     out->seconds = ht_time_seconds() - t0;
     return s;
 }
