@@ -10,6 +10,7 @@
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/data.h"
+#include "hypertrain/dist.h"
 #include "hypertrain/model.h"
 #include "hypertrain/optimizer.h"
 
@@ -32,6 +33,7 @@ typedef struct ht_step_stats {
 
 typedef struct ht_trainer {
     ht_config config;
+    ht_comm *comm; /* the ranks training together (data parallel); ht_comm_single() for one process */
     ht_model *model;
     ht_dataset *data;
     ht_loader train_loader;
@@ -53,6 +55,10 @@ typedef struct ht_trainer {
 /* Validates the config, builds or loads the model, applies model_init_dtype,
  * opens the data, creates the FP32 main params and the optimizer. */
 ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err);
+/* The same on the ranks of `comm`: each trains on its share of every global
+ * batch, and the FP32 gradients are summed over the ranks before each step.
+ * Every rank of comm calls it (and everything after it) together. */
+ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err);
 /* One optimizer step over grad_accum micro-batches. */
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err);
 /* Mean loss over up to training.eval_batches validation batches. */

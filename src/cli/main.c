@@ -2,12 +2,15 @@
  * `export` writes a checkpoint as a Hugging Face model, `inspect` describes one.
  * Only this file calls exit() (by returning from main). */
 #include <dlfcn.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
+#include "hypertrain/dist.h"
 #include "hypertrain/train.h"
 
 static void usage(FILE *f) {
@@ -26,6 +29,30 @@ static void usage(FILE *f) {
 static int fail(const ht_error *err) {
     fprintf(stderr, "hypertrain: error: %s\n", err->msg);
     return 1;
+}
+
+/* A rank's error once training has begun: its peers may be waiting in a
+ * collective for it, so the whole world ends with it instead of hanging. */
+static int fail_rank(ht_comm *comm, const ht_error *err) {
+    if (comm->size == 1) return fail(err);
+    fprintf(stderr, "hypertrain: error on rank %d of %d: %s\n", comm->rank, comm->size, err->msg);
+    fflush(stderr);
+    ht_comm_abort(comm, 1);
+    return 1;
+}
+
+/* OpenMP threads per rank: the node's cores shared by its ranks, unless
+ * OMP_NUM_THREADS says otherwise. More threads than cores across the ranks
+ * would have OpenMP's spinning threads take turns on the cores. */
+static void set_threads(const ht_comm *comm) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!getenv("OMP_NUM_THREADS")) {
+        long per_rank = cores / (comm->local_size > 0 ? comm->local_size : 1);
+        omp_set_num_threads(per_rank > 0 ? (int)per_rank : 1);
+    }
+    ht_log_info("Processes: %d rank(s) (%s), %d on this node of %ld cores; %d OpenMP thread(s) per rank%s", comm->size,
+                comm->name, comm->local_size, cores, omp_get_max_threads(),
+                getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : "");
 }
 
 /* training.plugin: shared libraries that register models or datasets when loaded. */
@@ -67,19 +94,28 @@ static int cmd_train(int argc, char **argv) {
     ht_trainer *t = malloc(sizeof(ht_trainer));
     ht_error err = {0};
     int rc = 0;
-    if (ht_config_load(path, n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, 1, &err) != HT_OK) {
+    ht_comm *comm = NULL;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
         rc = fail(&err);
+        goto done;
+    }
+    ht_log_set_rank(comm->rank);
+    /* Before any collective: every rank reads the same file and fails alike. */
+    if (ht_config_load(path, n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, comm->size, &err) != HT_OK) {
+        rc = comm->rank == 0 ? fail(&err) : 1;
         goto done;
     }
     ht_config_log(cfg);
+    set_threads(comm);
     if ((rc = load_plugins(cfg)) != 0) goto done;
-    if (ht_trainer_init(t, cfg, &err) != HT_OK) {
-        rc = fail(&err);
+    if (ht_trainer_init_on(t, cfg, comm, &err) != HT_OK) {
+        rc = fail_rank(comm, &err);
         goto done;
     }
-    if (ht_trainer_run(t, &err) != HT_OK) rc = fail(&err);
+    if (ht_trainer_run(t, &err) != HT_OK) rc = fail_rank(comm, &err);
     ht_trainer_free(t);
 done:
+    ht_comm_free(comm);
     free(t);
     free(cfg);
     free(overrides);

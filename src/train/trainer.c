@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hypertrain/ckpt.h"
+#include "hypertrain/dist.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
 
@@ -42,7 +43,11 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
-    ht_log_info("Processes: world size 1; shard layout: every parameter whole on rank 0");
+    if (t->comm->size > 1)
+        ht_log_warn("Data parallel over %d ranks: every rank holds the whole model and optimizer state and trains "
+                    "on its share of each global batch; the FP32 gradients are summed over the ranks before each step "
+                    "(fsdp_config.shard_size: sharding the state is not implemented yet)",
+                    t->comm->size);
     return HT_OK;
 }
 
@@ -81,6 +86,8 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
                            t->model->config.hidden_size, &choice, err);
     }
     if (s != HT_OK) return s;
+    /* Rank 0's measurement for every rank: the ranks sum alike. */
+    ht_broadcast(t->comm, &choice, (int64_t)sizeof(choice), 0);
     ht_gemm_use(&choice);
     char line[512];
     ht_gemm_describe(&choice, line, sizeof(line));
@@ -121,16 +128,18 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     t->B = c->training.local_batch_size;
     t->T = c->data.seq_len;
-    t->grad_accum = c->training.global_batch_size / c->training.local_batch_size;
+    /* Every rank takes its own local batches of each global batch (the loader's rank split). */
+    int world = t->comm->size, rank = t->comm->rank;
+    t->grad_accum = c->training.global_batch_size / (c->training.local_batch_size * world);
     uint64_t seed = (uint64_t)c->training.seed;
-    s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, 0, 1, seed, true, err);
+    s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, rank, world, seed, true, err);
     if (s != HT_OK) return s;
     if (ht_dataset_split_tokens(t->data, HT_SPLIT_VALID) > 0 && c->training.eval_batches > 0) {
         /* Validation may hold fewer windows than a batch: evaluate with a smaller one. */
         int eval_b = t->B;
         ht_error probe;
-        while (eval_b > 0 && ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, eval_b, t->T, 0, 1, seed, false,
-                                            &probe) != HT_OK)
+        while (eval_b > 0 && ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, eval_b, t->T, rank, world, seed,
+                                            false, &probe) != HT_OK)
             eval_b /= 2;
         t->eval_B = eval_b;
         if (eval_b == 0) ht_log_warn("the validation split is too small for one sequence: no evaluation");
@@ -271,11 +280,46 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     return c->optimizer.muon.qk_clip_enabled ? build_qk_table(t, err) : HT_OK;
 }
 
+/* Every rank must run the same configuration: rank 0's is compared with
+ * each rank's own, key by key, and the first key that differs is named. */
+static ht_status check_same_config(ht_trainer *t, ht_error *err) {
+    if (t->comm->size == 1) return HT_OK;
+    ht_config *root = malloc(sizeof(ht_config));
+    if (!root) return ht_fail(err, HT_ERR_OOM, "cannot allocate a config");
+    *root = t->config;
+    ht_broadcast(t->comm, root, (int64_t)sizeof(*root), 0);
+    char mine[4096], theirs[4096];
+    double differs = 0;
+    const char *key = NULL;
+    for (int i = 0; i < ht_config_key_count() && !key; i++) {
+        ht_config_format_value(&t->config, ht_config_key_name(i), mine, sizeof(mine));
+        ht_config_format_value(root, ht_config_key_name(i), theirs, sizeof(theirs));
+        if (strcmp(mine, theirs) != 0) key = ht_config_key_name(i);
+    }
+    differs = key != NULL;
+    ht_all_reduce_f64(t->comm, &differs, 1, HT_REDUCE_MAX); /* every rank learns it, and fails together */
+    ht_status s = HT_OK;
+    if (key)
+        s = ht_fail(err, HT_ERR_CONFIG, "rank %d runs another configuration than rank 0: %s is %s here, %s on rank 0",
+                    t->comm->rank, key, mine, theirs);
+    else if (differs)
+        s = ht_fail(err, HT_ERR_CONFIG, "another rank runs another configuration than rank 0 (its log names the key)");
+    free(root);
+    return s;
+}
+
 ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
+    return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
+}
+
+ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
+    t->comm = comm;
     t->last_eval_loss = NAN;
-    ht_status s = ht_config_validate(cfg, 1, err);
+    /* Every rank validates the same config before any collective: all fail, or none. */
+    ht_status s = ht_config_validate(cfg, comm->size, err);
+    if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = build_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
@@ -298,7 +342,9 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);
+    ht_comm *comm = t->comm;
     memset(t, 0, sizeof(*t));
+    t->comm = comm;
 }
 
 /* ------------------------------------------------------------------ steps */
@@ -306,8 +352,9 @@ void ht_trainer_free(ht_trainer *t) {
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_model *m = t->model;
-    /* The loss scale multiplies the gradients; 1/accumulation averages the micro-batches. */
-    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) / t->grad_accum);
+    /* The loss scale multiplies the gradients; 1/(accumulation × ranks)
+     * averages the global batch's micro-batches, once, before the sum over ranks. */
+    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) / ((double)t->grad_accum * t->comm->size));
     ht_model_reset_attn_max(m);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->grad_accum; micro++) {
@@ -319,6 +366,13 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
+    /* Data parallel: every rank's FP32 gradients summed over the ranks, in rank
+     * order, so that every rank holds the same main_grad and takes the same step. */
+    ht_all_reduce_f32(t->comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)), HT_REDUCE_SUM);
+    ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
+    if (t->qk_layers)
+        ht_all_reduce_f32(t->comm, m->attn_max_logit,
+                          (int64_t)m->config.num_hidden_layers * m->config.num_attention_heads, HT_REDUCE_MAX);
     ht_step_result r;
     ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
     if (s != HT_OK) return s;
@@ -334,7 +388,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double dt = ht_time_seconds() - t0;
     if (stats) {
         stats->step = t->step;
-        stats->loss = loss_sum / t->grad_accum;
+        stats->loss = loss_sum / ((double)t->grad_accum * t->comm->size);
         stats->lr = r.adamw_lr;
         stats->muon_lr = r.muon_lr;
         stats->grad_norm = r.grad_norm;
@@ -342,7 +396,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->skipped = r.skipped;
         stats->qk_clipped_heads = clipped;
         stats->seconds = dt;
-        stats->tokens_per_s = (double)t->grad_accum * t->B * t->T / dt;
+        stats->tokens_per_s = (double)t->grad_accum * t->comm->size * t->B * t->T / dt;
     }
     return HT_OK;
 }
@@ -352,8 +406,11 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
     if (t->eval_B == 0) return HT_OK;
     ht_loader_reset(&t->valid_loader);
     int b = t->eval_B;
-    uint64_t batches = ht_loader_batches_per_epoch(&t->valid_loader);
-    if (batches > (uint64_t)t->config.training.eval_batches) batches = (uint64_t)t->config.training.eval_batches;
+    /* training.eval_batches batches of eval_B sequences in all, shared by the
+     * ranks: the same windows as one process when the world divides it. */
+    uint64_t batches = ht_loader_batches_per_epoch(&t->valid_loader), world = (uint64_t)t->comm->size;
+    uint64_t wanted = ((uint64_t)t->config.training.eval_batches + world - 1) / world;
+    if (batches > wanted) batches = wanted;
     double sum = 0.0;
     for (uint64_t i = 0; i < batches; i++) {
         ht_loader_next(&t->valid_loader, t->batch);
@@ -363,7 +420,8 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         if (s != HT_OK) return s;
         sum += l;
     }
-    if (batches) *loss = sum / (double)batches;
+    ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
+    if (batches) *loss = sum / ((double)batches * t->comm->size);
     return HT_OK;
 }
 
@@ -444,7 +502,8 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
 
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    ht_status s = open_metrics(t, err);
+    const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
+    ht_status s = root ? open_metrics(t, err) : HT_OK;
     if (s != HT_OK) return s;
     int steps = c->training.steps;
     s = evaluate_and_log(t, err);
@@ -487,6 +546,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (isfinite(first_eval) && isfinite(t->last_eval_loss))
         ht_log_info("validation loss: %.4f before training, %.4f after %d steps", first_eval, t->last_eval_loss, steps);
 
+    if (!root) return HT_OK;
     char dir[HT_CONFIG_STR_MAX + 32], path[HT_CONFIG_STR_MAX + 64];
     snprintf(dir, sizeof(dir), "%s/final", c->checkpoint.output_dir);
     ht_dtype dtype = t->model->params.items[0].dtype;
@@ -524,14 +584,22 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
 
 ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
+    /* Every rank holds the whole model and optimizer state (data parallel):
+     * rank 0 writes it, the others wait until it is complete. */
+    if (t->comm->rank != 0) {
+        ht_barrier(t->comm);
+        return HT_OK;
+    }
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer, .keep_last = c->checkpoint.keep_last};
     char dir[HT_CKPT_PATH_MAX];
     double t0 = ht_time_seconds();
     ht_status s = ht_ckpt_save(c->checkpoint.output_dir, &v, &o, dir, sizeof(dir), err);
-    if (s == HT_OK) ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
-    return s;
+    if (s != HT_OK) return s; /* the CLI ends every rank */
+    ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
+    ht_barrier(t->comm);
+    return HT_OK;
 }
 
 ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err) {

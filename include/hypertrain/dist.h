@@ -1,0 +1,79 @@
+/* The process group (DESIGN.md, Processes): this process's rank among its
+ * peers and the collectives the layers above use. One process uses the
+ * trivial group, the same code path with nothing to exchange; `mpirun` gives
+ * the MPI one. Every collective is called by every rank of the group, in the
+ * same order; results are identical on every rank. */
+#ifndef HYPERTRAIN_DIST_H
+#define HYPERTRAIN_DIST_H
+
+#include "hypertrain/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ht_reduce_op { HT_REDUCE_SUM = 0, HT_REDUCE_MAX } ht_reduce_op;
+
+typedef struct ht_comm ht_comm;
+
+/* Sums are taken in rank order, each by one rank or the same way on every
+ * rank, so every rank gets the same bits, run after run (MPI's own reductions
+ * promise neither). */
+typedef struct ht_comm_ops {
+    /* buf (n) ← op over the ranks of buf, in place. */
+    void (*all_reduce_f64)(ht_comm *c, double *buf, int64_t n, ht_reduce_op op);
+    void (*all_reduce_f32)(ht_comm *c, float *buf, int64_t n, ht_reduce_op op);
+    /* send holds one slice per rank, counts[r] floats for rank r, in rank
+     * order; recv (counts[rank]) ← the sum over ranks of this rank's slice. */
+    void (*reduce_scatter_f32)(ht_comm *c, const float *send, float *recv, const int64_t *counts);
+    /* buf (bytes) of `root` copied to every rank. */
+    void (*broadcast)(ht_comm *c, void *buf, int64_t bytes, int root);
+    /* recv ← the concatenation of every rank's send (bytes[r] from rank r), in rank order. */
+    void (*all_gather)(ht_comm *c, const void *send, void *recv, const int64_t *bytes);
+    void (*barrier)(ht_comm *c);
+    void (*free)(ht_comm *c);
+} ht_comm_ops;
+
+struct ht_comm {
+    const ht_comm_ops *ops;
+    int rank, size;
+    int local_size;   /* ranks on this node (threads per rank divide the node's cores) */
+    const char *name; /* "single process", "MPI" */
+    void *impl;
+};
+
+/* The one-process group: rank 0 of 1; every collective leaves its data as it is. */
+ht_comm *ht_comm_single(void);
+
+/* The MPI world when this process was started by a launcher (mpirun, srun):
+ * MPI is initialised and *out is the world. Started without one, *out is
+ * ht_comm_single(). A process a launcher started that cannot join its world
+ * is an error, never a silent run of one rank. */
+ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err);
+/* Leaves the group (MPI_Finalize for the MPI world). */
+void ht_comm_free(ht_comm *c);
+/* Ends every rank of the world at once (a fatal error on one rank, so that
+ * no peer waits forever); the single-process group just returns. */
+void ht_comm_abort(ht_comm *c, int code);
+
+static inline void ht_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op op) {
+    c->ops->all_reduce_f64(c, buf, n, op);
+}
+static inline void ht_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op op) {
+    c->ops->all_reduce_f32(c, buf, n, op);
+}
+static inline void ht_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
+    c->ops->reduce_scatter_f32(c, send, recv, counts);
+}
+static inline void ht_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
+    c->ops->broadcast(c, buf, bytes, root);
+}
+static inline void ht_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
+    c->ops->all_gather(c, send, recv, bytes);
+}
+static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,71 @@
+/* The one-process group, and the choice between it and the MPI world at
+ * start: a process that a launcher started joins MPI, any other is rank 0 of 1. */
+#include "dist/comm_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void single_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op op) {
+    (void)c, (void)buf, (void)n, (void)op;
+}
+static void single_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op op) {
+    (void)c, (void)buf, (void)n, (void)op;
+}
+static void single_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
+    (void)c;
+    if (recv != send) memmove(recv, send, (size_t)counts[0] * sizeof(float));
+}
+static void single_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
+    (void)c, (void)buf, (void)bytes, (void)root;
+}
+static void single_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
+    (void)c;
+    if (recv != send) memmove(recv, send, (size_t)bytes[0]);
+}
+static void single_barrier(ht_comm *c) { (void)c; }
+static void single_free(ht_comm *c) { (void)c; }
+
+static const ht_comm_ops single_ops = {
+    .all_reduce_f64 = single_all_reduce_f64,
+    .all_reduce_f32 = single_all_reduce_f32,
+    .reduce_scatter_f32 = single_reduce_scatter_f32,
+    .broadcast = single_broadcast,
+    .all_gather = single_all_gather,
+    .barrier = single_barrier,
+    .free = single_free,
+};
+
+ht_comm *ht_comm_single(void) {
+    static ht_comm single = {.ops = &single_ops, .rank = 0, .size = 1, .local_size = 1, .name = "single process"};
+    return &single;
+}
+
+/* The world size a launcher announced in the environment, or 0 when none did. */
+static int launcher_world_size(const char **which) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        /* srun sets SLURM_NTASKS for the job; only a step it launched also has SLURM_PROCID. */
+        if (v && atoi(v) > 0 && (strcmp(vars[i], "SLURM_NTASKS") != 0 || getenv("SLURM_PROCID"))) {
+            *which = vars[i];
+            return atoi(v);
+        }
+    }
+    return 0;
+}
+
+ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err) {
+    const char *which = NULL;
+    int announced = launcher_world_size(&which);
+    *out = ht_comm_single();
+    if (announced == 0) return HT_OK;
+    return ht_comm_mpi_init(argc, argv, announced, which, out, err);
+}
+
+void ht_comm_free(ht_comm *c) {
+    if (c) c->ops->free(c);
+}
+
+void ht_comm_abort(ht_comm *c, int code) {
+    if (c && c->size > 1) ht_comm_mpi_abort(c, code);
+}
