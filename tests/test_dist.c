@@ -2,7 +2,9 @@
  * on 1, 2, 3 and 4 ranks under `mpirun --oversubscribe` against one process,
  * for a float32 model (≤ 1e-5 relative per tensor, NUMERICS.md's 10-step
  * bound) and a bf16 model with FP32 main params (the seed's rtol 1e-2);
- * losses per step; configuration errors on every rank before any collective;
+ * losses per step; fully sharded and replicated; a sharded checkpoint saved
+ * on 4 ranks and restored on 4, 2 and 1; configuration errors on every rank
+ * before any collective;
  * ranks that run different configs; a rank killed mid-run ends the world. */
 #include "harness.h"
 
@@ -19,7 +21,7 @@
  * allocations, and its components are unloaded before LeakSanitizer can name
  * them. The engine's own leaks are checked by every single-process test. */
 #define MPIRUN                                                                                                         \
-    "env -u OMP_NUM_THREADS ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun --oversubscribe --allow-run-as-root --mca " \
+    "env -u OMP_NUM_THREADS ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun --oversubscribe --allow-run-as-root --mca " \
     "btl self,tcp "
 
 static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
@@ -52,16 +54,16 @@ static void write_config(const char *dir, const char *dtype, int steps, bool att
 }
 
 /* Runs `hypertrain train DIR/run.yaml` on `ranks` ranks (0: no mpirun) with
- * output in DIR/out<ranks>; returns the exit status and the output. */
-static int run_ranks(const char *dir, int ranks, const char *extra, char **output) {
+ * output in DIR/<out>; returns the exit status and the output. */
+static int run_in(const char *dir, const char *outname, int ranks, const char *extra, char **output) {
     const char *bin = getenv("HT_BIN");
     if (!bin) fail_msg("HT_BIN is not set (run the test through ctest)");
     char cmd[8192], out[1300];
-    snprintf(out, sizeof(out), "%s/log%d.txt", dir, ranks);
+    snprintf(out, sizeof(out), "%s/%s.log", dir, outname);
     char launcher[256] = "";
     if (ranks > 0) snprintf(launcher, sizeof(launcher), MPIRUN "-np %d ", ranks);
-    snprintf(cmd, sizeof(cmd), "%s'%s' train '%s/run.yaml' --set checkpoint.output_dir='%s/out%d' %s > '%s' 2>&1",
-             launcher, bin, dir, dir, ranks, extra ? extra : "", out);
+    snprintf(cmd, sizeof(cmd), "%s'%s' train '%s/run.yaml' --set checkpoint.output_dir='%s/%s' %s > '%s' 2>&1",
+             launcher, bin, dir, dir, outname, extra ? extra : "", out);
     int rc = system(cmd);
     size_t len;
     ht_error err;
@@ -70,11 +72,17 @@ static int run_ranks(const char *dir, int ranks, const char *extra, char **outpu
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-/* Every tensor of out<ranks>/final against out0/final: max |a - b| / max |b| ≤ tol. */
-static double compare_final(const char *dir, int ranks, double tol) {
+static int run_ranks(const char *dir, int ranks, const char *extra, char **output) {
+    char name[32];
+    snprintf(name, sizeof(name), "out%d", ranks);
+    return run_in(dir, name, ranks, extra, output);
+}
+
+/* Every tensor of DIR/<out>/final against DIR/<ref>/final: max |a - b| / max |b| ≤ tol. */
+static double compare_final(const char *dir, const char *out, const char *ref, double tol) {
     char a[1300], b[1300];
-    snprintf(a, sizeof(a), "%s/out%d/final/model.safetensors", dir, ranks);
-    snprintf(b, sizeof(b), "%s/out0/final/model.safetensors", dir);
+    snprintf(a, sizeof(a), "%s/%s/final/model.safetensors", dir, out);
+    snprintf(b, sizeof(b), "%s/%s/final/model.safetensors", dir, ref);
     ht_safetensors *sa, *sb;
     ht_error err;
     assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
@@ -90,7 +98,7 @@ static double compare_final(const char *dir, int ranks, double tol) {
         ht_convert(fa, HT_DTYPE_F32, ta->data, ta->dtype, n);
         ht_convert(fb, HT_DTYPE_F32, tb->data, tb->dtype, n);
         double e = rel_max_err(fa, fb, n);
-        if (!(e <= tol)) fail_msg("%d ranks: %s differs from one process by %.3g (bound %.g)", ranks, tb->name, e, tol);
+        if (!(e <= tol)) fail_msg("%s: %s differs from %s by %.3g (bound %.g)", out, tb->name, ref, e, tol);
         worst = fmax(worst, e);
         count++;
         free(fa);
@@ -110,6 +118,7 @@ static int losses(const char *log, double *out, int max) {
     return n;
 }
 
+/* Fully sharded (shard_size auto) and replicated (shard_size 1). */
 static void check_ranks(const char *name, const char *dtype, bool attention_bias, double tol) {
     const char *dir = scratch_dir(name);
     write_config(dir, dtype, 6, attention_bias);
@@ -117,19 +126,21 @@ static void check_ranks(const char *name, const char *dtype, bool attention_bias
     if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
     double l1[8], ln[8];
     assert_int_equal(losses(one, l1, 8), 6);
-    for (int ranks = 1; ranks <= 4; ranks++) {
-        int rc = run_ranks(dir, ranks, NULL, &log);
-        if (rc != 0) fail_msg("%d ranks failed (%d):\n%s", ranks, rc, log);
-        assert_non_null(strstr(log, ranks > 1 ? "Data parallel over" : "Processes: 1 rank(s) (MPI)"));
-        assert_int_equal(losses(log, ln, 8), 6);
-        for (int s = 0; s < 6; s++)
-            if (fabs(ln[s] - l1[s]) > 2e-4 * fabs(l1[s]) + 1e-4)
-                fail_msg("%d ranks, step %d: loss %.4f, one process %.4f", ranks, s + 1, ln[s], l1[s]);
-        double e = compare_final(dir, ranks, tol);
-        printf("%s, %d rank(s): final weights within %.3g of one process (bound %g); losses match\n", dtype, ranks, e,
-               tol);
-        free(log);
-    }
+    for (int replicate = 0; replicate < 2; replicate++)
+        for (int ranks = 1; ranks <= 4; ranks++) {
+            char out[32];
+            snprintf(out, sizeof(out), "%s%d", replicate ? "replicated" : "sharded", ranks);
+            int rc = run_in(dir, out, ranks, replicate ? "--set fsdp_config.shard_size=1" : NULL, &log);
+            if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
+            if (ranks > 1) assert_non_null(strstr(log, replicate ? "replicated (fsdp_config" : "fully sharded"));
+            assert_int_equal(losses(log, ln, 8), 6);
+            for (int s = 0; s < 6; s++)
+                if (fabs(ln[s] - l1[s]) > 2e-4 * fabs(l1[s]) + 1e-4)
+                    fail_msg("%s, step %d: loss %.4f, one process %.4f", out, s + 1, ln[s], l1[s]);
+            double e = compare_final(dir, out, "out0", tol);
+            printf("%s, %s: final weights within %.3g of one process (bound %g); losses match\n", dtype, out, e, tol);
+            free(log);
+        }
     free(one);
 }
 
@@ -158,6 +169,54 @@ static void test_config_error_on_every_rank(void **state) {
     printf("%s", log);
     assert_true(rc != 0 && rc != 124); /* failed, and did not hang until the timeout */
     assert_non_null(strstr(log, "training.global_batch_size"));
+    free(log);
+}
+
+/* The seed's case 2: a checkpoint saved after 1 step on 4 ranks (4 rank
+ * files), restored on 4 ranks (bitwise equal to the run that went on), on
+ * 2 ranks and on one process (within the bf16 bound), each continued to the end. */
+static void test_checkpoint_4_ranks_restored_on_4_2_1(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_ckpt");
+    write_config(dir, "bfloat16", 4, true);
+    char *log;
+    int rc = run_in(dir, "cont", 4, "--set checkpoint.save_interval=1 --set checkpoint.keep_last=0", &log);
+    if (rc != 0) fail_msg("4 ranks failed:\n%s", log);
+    free(log);
+    char path[1400], extra[1600];
+    for (int r = 0; r < 4; r++) {
+        snprintf(path, sizeof(path), "%s/cont/step_00000001/rank_%05d.safetensors", dir, r);
+        FILE *f = fopen(path, "r");
+        if (!f) fail_msg("%s is missing", path);
+        fclose(f);
+    }
+    snprintf(extra, sizeof(extra), "--set checkpoint.restore_from='%s/cont/step_00000001'", dir);
+    const int ranks[] = {4, 2, 0};
+    for (int i = 0; i < 3; i++) {
+        char out[32];
+        snprintf(out, sizeof(out), "resumed%d", ranks[i]);
+        rc = run_in(dir, out, ranks[i], extra, &log);
+        if (rc != 0) fail_msg("%s failed:\n%s", out, log);
+        assert_non_null(strstr(log, "saved on 4 rank(s)"));
+        assert_null(strstr(log, "step     1/4"));
+        assert_non_null(strstr(log, "step     4/4"));
+        double e = compare_final(dir, out, "cont", ranks[i] == 4 ? 0.0 : 1e-2);
+        printf("restored on %d rank(s): final weights within %.3g of the run that went on\n", ranks[i] ? ranks[i] : 1,
+               e);
+        free(log);
+    }
+}
+
+/* Shard groups smaller than the world (HSDP) are refused, not run as something else. */
+static void test_hsdp_is_refused(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_hsdp");
+    write_config(dir, "float32", 2, true);
+    char *log;
+    int rc = run_ranks(dir, 4, "--set fsdp_config.shard_size=2", &log);
+    assert_true(rc != 0 && rc != 124);
+    assert_non_null(strstr(log, "fsdp_config.shard_size"));
+    assert_non_null(strstr(log, "not supported yet"));
     free(log);
 }
 
@@ -200,7 +259,7 @@ static void test_killed_rank_ends_the_world(void **state) {
     snprintf(cmd, sizeof(cmd),
              "cd '%s' && (" MPIRUN "-np 2 '%s' train "
              "run.yaml --set checkpoint.output_dir=o > '%s' 2>&1 & "
-             "for i in $(seq 600); do grep -q 'step     2/' '%s' 2>/dev/null && break; sleep 0.1; done; "
+             "for i in $(seq 1500); do grep -q 'step     2/' '%s' 2>/dev/null && break; sleep 0.1; done; "
              "pkill -KILL -f -n 'hypertrain train run.yaml'; wait $!)",
              dir, bin, out, out);
     double t0 = ht_time_seconds();
@@ -212,15 +271,19 @@ static void test_killed_rank_ends_the_world(void **state) {
     assert_ht_ok(ht_read_file(out, &log, &len, &err), &err);
     printf("exit %d after %.1f s:\n%.2000s\n", WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, dt, log);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && WEXITSTATUS(rc) != 124);
-    assert_true(dt < 100);
+    assert_true(dt < 250);
     assert_non_null(strstr(log, "step     2/"));
     free(log);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_float32_on_1_to_4_ranks),    cmocka_unit_test(test_bf16_on_1_to_4_ranks),
-        cmocka_unit_test(test_config_error_on_every_rank), cmocka_unit_test(test_ranks_with_different_configs),
+        cmocka_unit_test(test_float32_on_1_to_4_ranks),
+        cmocka_unit_test(test_bf16_on_1_to_4_ranks),
+        cmocka_unit_test(test_config_error_on_every_rank),
+        cmocka_unit_test(test_ranks_with_different_configs),
+        cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
+        cmocka_unit_test(test_hsdp_is_refused),
         cmocka_unit_test(test_killed_rank_ends_the_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

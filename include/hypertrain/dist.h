@@ -7,6 +7,7 @@
 #define HYPERTRAIN_DIST_H
 
 #include "hypertrain/base.h"
+#include "hypertrain/param.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,6 +73,21 @@ static inline void ht_all_gather(ht_comm *c, const void *send, void *recv, const
     c->ops->all_gather(c, send, recv, bytes);
 }
 static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
+
+/* ---------------------------------------------------------------- sharded parameters (FSDP) */
+
+/* The store sharded over the ranks of `comm` (ht_params_shard), after
+ * backward: every param's full gradient summed over the ranks (FP32, rank
+ * order), each rank keeping its rows in main_grad. Unsharded params, whose
+ * grad is their main_grad, are left as they are. */
+void ht_fsdp_reduce_grads(ht_param_store *store, ht_comm *comm);
+/* After the weights changed: this rank's rows cast into the compute copies
+ * (ht_params_refresh_compute), then every sharded param's full compute
+ * tensor gathered from the ranks. */
+void ht_fsdp_refresh_compute(ht_param_store *store, ht_comm *comm);
+/* A param's full FP32 tensor from its rows on every rank (`rows` holds this
+ * rank's rows(row1 - row0) x row_numel values; full gets the whole tensor). */
+void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #define HYPERTRAIN_OPTIM_H
 
 #include "hypertrain/base.h"
+#include "hypertrain/dist.h"
 #include "hypertrain/param.h"
 
 #ifdef __cplusplus
@@ -141,7 +142,13 @@ typedef struct ht_muon {
     ht_muon_slot *slots;
     int count;
     float *state_block; /* one allocation for every momentum_buffer */
-    float *work;        /* the update of one matrix + Newton-Schulz workspace, sized for the largest */
+    float *work;        /* the update of one whole matrix + Newton-Schulz workspace, sized for the largest */
+    /* The ranks a sharded matrix's rows are spread over (ht_comm_single() by
+     * default): each rank's momentum-updated rows are gathered into the whole
+     * matrix, every rank runs Newton-Schulz on it and keeps its own rows (the
+     * allgather strategy). A stack (E, A, B) is sharded by whole matrices:
+     * each rank orthogonalizes its own, with no communication. */
+    ht_comm *comm;
 } ht_muon;
 
 /* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
@@ -201,6 +208,9 @@ double ht_lr_at(const ht_lr_schedule *sched, int64_t s);
  * double). A non-finite norm names the first parameter holding a non-finite
  * gradient in `bad` (when not NULL). */
 double ht_grad_norm(const ht_param_store *params, const char **bad);
+/* The sum of squares behind it, of this rank's rows only (a sharded store's
+ * norm all-reduces it), in double. */
+double ht_grad_sum_squares(const ht_param_store *params, const char **bad);
 /* Scales every main_grad by max_norm / (norm + 1e-6) when norm > max_norm. */
 void ht_clip_grads(ht_param_store *params, double norm, double max_norm);
 

@@ -45,6 +45,7 @@ typedef struct ht_optimizer_config {
     ht_loss_scaler scaler;
     bool stochastic_rounding; /* cast main params back with stochastic rounding */
     uint64_t seed;            /* its random stream */
+    ht_comm *comm;            /* the ranks a sharded store is spread over; NULL: one process */
 } ht_optimizer_config;
 
 typedef struct ht_optimizer {
@@ -65,6 +66,7 @@ typedef struct ht_optimizer {
     bool stochastic_rounding;
     uint64_t seed;
     int64_t step; /* successful steps: the schedules' step index */
+    ht_comm *comm;
 } ht_optimizer;
 
 typedef struct ht_step_result {

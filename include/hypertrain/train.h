@@ -34,6 +34,7 @@ typedef struct ht_step_stats {
 typedef struct ht_trainer {
     ht_config config;
     ht_comm *comm; /* the ranks training together (data parallel); ht_comm_single() for one process */
+    bool sharded;  /* each rank holds its rows of every param and its state (fsdp_config.shard_size) */
     ht_model *model;
     ht_dataset *data;
     ht_loader train_loader;

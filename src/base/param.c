@@ -76,6 +76,7 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
             goff += align64((size_t)ht_param_local_numel(p) * sizeof(float));
         }
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+        p->grad = p->main_grad;
         p->compute = p->data;
         p->compute_dtype = p->dtype;
         p->compute_precision = p->dtype;
@@ -136,11 +137,12 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     if (dtype != precision && dtype != HT_DTYPE_F32)
         return ht_fail(err, HT_ERR_INVALID, "%s values cannot be held in %s", ht_dtype_name(precision),
                        ht_dtype_name(dtype));
+    /* A sharded param's compute copy is the whole tensor, gathered from the ranks. */
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (ht_dtype_is_float(p->dtype) && !reads_in_place(p->dtype, dtype, precision))
-            bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+        if (ht_dtype_is_float(p->dtype) && (ht_param_is_sharded(p) || !reads_in_place(p->dtype, dtype, precision)))
+            bytes += align64((size_t)ht_param_numel(p) * ht_dtype_size(dtype));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
     if (bytes && !block)
@@ -154,11 +156,12 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
         p->compute = p->data;
         p->compute_dtype = p->dtype;
         p->compute_precision = p->dtype;
-        if (!ht_dtype_is_float(p->dtype) || reads_in_place(p->dtype, dtype, precision)) continue;
+        if (!ht_dtype_is_float(p->dtype) || (!ht_param_is_sharded(p) && reads_in_place(p->dtype, dtype, precision)))
+            continue;
         p->compute = block + off;
         p->compute_dtype = dtype;
         p->compute_precision = precision;
-        off += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+        off += align64((size_t)ht_param_numel(p) * ht_dtype_size(dtype));
     }
     ht_params_refresh_compute(store);
     return HT_OK;
@@ -169,8 +172,9 @@ void ht_params_refresh_compute(ht_param_store *store) {
         ht_param *p = &store->items[i];
         if (p->compute == p->data) continue;
         size_t n = (size_t)ht_param_local_numel(p);
-        ht_convert(p->compute, p->compute_dtype, p->data, p->dtype, n);
-        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to(p->compute, n, p->compute_precision);
+        char *rows = (char *)p->compute + (size_t)(p->row0 * ht_param_row_numel(p)) * ht_dtype_size(p->compute_dtype);
+        ht_convert(rows, p->compute_dtype, p->data, p->dtype, n);
+        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to((float *)rows, n, p->compute_precision);
     }
 }
 
@@ -220,6 +224,69 @@ void ht_params_cast_main_to_model(ht_param_store *store) {
 
 void ht_params_zero_grad(ht_param_store *store) {
     if (store->grad_block) memset(store->grad_block, 0, store->grad_bytes);
+    if (store->full_grad_block) memset(store->full_grad_block, 0, store->full_grad_bytes);
+}
+
+void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1) {
+    *row0 = rows * rank / world;
+    *row1 = rows * (rank + 1) / world;
+}
+
+ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *err) {
+    if (world == 1) return HT_OK;
+    if (store->main_block || store->compute_block || store->full_grad_block)
+        return ht_fail(err, HT_ERR_INVALID, "ht_params_shard: shard a store before its main params and compute copies");
+    size_t data_bytes = 0, grad_bytes = 0, full_bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        int64_t r0, r1;
+        ht_param_rows_of(p->shape[0], rank, world, &r0, &r1);
+        size_t local = (size_t)((r1 - r0) * ht_param_row_numel(p));
+        data_bytes += align64(local * ht_dtype_size(p->dtype));
+        if (p->trainable) {
+            grad_bytes += align64(local * sizeof(float));
+            full_bytes += align64((size_t)ht_param_numel(p) * sizeof(float));
+        }
+    }
+    char *data = ht_alloc(data_bytes), *grad = ht_alloc(grad_bytes), *full = ht_alloc(full_bytes);
+    if (!data || !grad || !full) {
+        ht_free(data);
+        ht_free(grad);
+        ht_free(full);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameter shards and %zu of full gradients",
+                       data_bytes + grad_bytes, full_bytes);
+    }
+    size_t doff = 0, goff = 0, foff = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        int64_t r0, r1, row = ht_param_row_numel(p);
+        ht_param_rows_of(p->shape[0], rank, world, &r0, &r1);
+        size_t local = (size_t)((r1 - r0) * row), es = ht_dtype_size(p->dtype);
+        memcpy(data + doff, (const char *)p->data + (size_t)((r0 - p->row0) * row) * es, local * es);
+        p->data = data + doff;
+        doff += align64(local * es);
+        p->row0 = r0;
+        p->row1 = r1;
+        p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+        p->compute = p->data;
+        p->compute_dtype = p->compute_precision = p->dtype;
+        p->main_grad = p->grad = NULL;
+        if (p->trainable) {
+            p->main_grad = (float *)(grad + goff);
+            goff += align64(local * sizeof(float));
+            p->grad = (float *)(full + foff);
+            foff += align64((size_t)ht_param_numel(p) * sizeof(float));
+        }
+    }
+    ht_free(store->data_block);
+    ht_free(store->grad_block);
+    store->data_block = data;
+    store->grad_block = (float *)grad;
+    store->full_grad_block = (float *)full;
+    store->data_bytes = data_bytes;
+    store->grad_bytes = grad_bytes;
+    store->full_grad_bytes = full_bytes;
+    return HT_OK;
 }
 
 void ht_params_free(ht_param_store *store) {
@@ -227,6 +294,7 @@ void ht_params_free(ht_param_store *store) {
     ht_free(store->grad_block);
     ht_free(store->main_block);
     ht_free(store->compute_block);
+    ht_free(store->full_grad_block);
     free(store->items);
     memset(store, 0, sizeof(*store));
 }

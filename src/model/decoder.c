@@ -2,7 +2,8 @@
  * forward pass and a hand-written backward pass. Matmul inputs are stored in
  * the weights' dtype (bf16 weights -> bf16 x bf16 GEMMs with FP32
  * accumulation); the residual stream, norms, softmax and loss are FP32.
- * Gradients accumulate (+=) into each parameter's FP32 main_grad.
+ * Gradients accumulate (+=) into each parameter's full FP32 grad (its main_grad
+ * unless the store is sharded).
  *
  * Shapes: B batch, T sequence, N = B*T tokens, C hidden, H query heads,
  * KV key/value heads, D head dim, F intermediate, V vocab, L layers. */
@@ -257,7 +258,7 @@ static void linear_forward(float *y, const void *x, const ht_param *w, const ht_
     if (b) ht_add_bias(y, b->compute, b->compute_dtype, N, out);
 }
 
-/* Given dy (N, out) FP32: W.main_grad += dyᵀ · x, b.main_grad += Σ dy, and
+/* Given dy (N, out) FP32: W.grad += dyᵀ · x, b.grad += Σ dy, and
  * dx (N, in) = dx_beta · dx + dy · W. The GEMMs take dy in the weight's dtype. */
 static void linear_backward(decoder *d, float *dx, float dx_beta, const float *dy, const void *x, const ht_param *w,
                             const ht_param *b, int64_t N) {
@@ -271,8 +272,8 @@ static void linear_backward(decoder *d, float *dx, float dx_beta, const float *d
         ht_round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
         dy_cd = d->dy_cd;
     }
-    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->main_grad, in);
-    if (b) ht_bias_backward(b->main_grad, dy, N, out);
+    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
+    if (b) ht_bias_backward(b->grad, dy, N, out);
     if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
 }
 
@@ -457,7 +458,7 @@ static void decoder_backward(ht_model *m, float scale) {
     ht_cross_entropy_backward(d->logits, d->targets, N, V, scale / (float)d->target_count); /* dlogits (N, V) */
     linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
-    ht_rmsnorm_backward(d->dresid, d->norm->main_grad, d->dln, d->resid_final, d->norm->compute, d->norm->compute_dtype,
+    ht_rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute, d->norm->compute_dtype,
                         d->rstdf, N, C);
 
     for (int l = d->L - 1; l >= 0; l--) {
@@ -468,7 +469,7 @@ static void decoder_backward(ht_model *m, float scale) {
         ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
         linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
         linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
-        ht_rmsnorm_backward(d->dresid, p->ln2->main_grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
+        ht_rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
                             a->rstd2, N, C);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
         linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
@@ -478,12 +479,12 @@ static void decoder_backward(ht_model *m, float scale) {
         linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
         linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
         linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
-        ht_rmsnorm_backward(d->dresid, p->ln1->main_grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype,
-                            a->rstd1, N, C);
+        ht_rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype, a->rstd1,
+                            N, C);
     }
 
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
-    float *dembed = d->embed->main_grad;
+    float *dembed = d->embed->grad;
 #pragma omp parallel
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();

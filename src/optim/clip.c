@@ -6,7 +6,9 @@
 
 #include <math.h>
 
-double ht_grad_norm(const ht_param_store *params, const char **bad) {
+double ht_grad_norm(const ht_param_store *params, const char **bad) { return sqrt(ht_grad_sum_squares(params, bad)); }
+
+double ht_grad_sum_squares(const ht_param_store *params, const char **bad) {
     double total = 0.0;
     if (bad) *bad = NULL;
     for (int i = 0; i < params->count; i++) {
@@ -16,7 +18,7 @@ double ht_grad_norm(const ht_param_store *params, const char **bad) {
         if (!isfinite(s) && bad && !*bad) *bad = p->name;
         total += s;
     }
-    return sqrt(total);
+    return total;
 }
 
 void ht_clip_grads(ht_param_store *params, double norm, double max_norm) {

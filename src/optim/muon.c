@@ -63,11 +63,6 @@ static ht_status check_param(const ht_param *p, ht_error *err) {
                        "Muon: parameter %s has %d dims; Muon takes matrices (A, B) and stacks of them (E, A, B), "
                        "route it to AdamW",
                        p->name, p->ndim);
-    if (p->row0 != 0 || p->row1 != p->shape[0])
-        return ht_fail(err, HT_ERR_INVALID,
-                       "Muon: parameter %s holds rows [%lld, %lld) of %lld; distributed Muon needs the full matrix "
-                       "(gather it before the step)",
-                       p->name, (long long)p->row0, (long long)p->row1, (long long)p->shape[0]);
     if (!p->main_param || !p->main_grad)
         return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has no FP32 main param or main grad", p->name);
     if (p->dtype != HT_DTYPE_F32 && p->dtype != HT_DTYPE_BF16 && p->dtype != HT_DTYPE_F16)
@@ -155,6 +150,7 @@ static void apply_update(float *p, const float *O, int64_t n, float decay, float
 
 void ht_muon_step(ht_muon *opt, double lr) {
     const ht_muon_config *c = &opt->config;
+    ht_comm *comm = opt->comm ? opt->comm : ht_comm_single();
     /* Scalars in double, then FP32 per element, as PyTorch does. */
     const float decay = (float)(1.0 - lr * c->weight_decay);
     for (int i = 0; i < opt->count; i++) {
@@ -165,8 +161,21 @@ void ht_muon_step(ht_muon *opt, double lr) {
         const float step = (float)(lr * s->scale);
         const size_t elem = ht_dtype_size(p->dtype);
         const bool separate = (void *)p->main_param != p->data;
-        float *u = opt->work, *ns_work = opt->work + n;
-        for (int64_t e = 0; e < s->matrices; e++) {
+        float *u = opt->work, *ns_work = opt->work + n; /* u: one whole (A, B) matrix */
+        if (p->ndim == 2) {
+            /* This rank's rows of the update, gathered into the whole matrix
+             * that Newton-Schulz needs; this rank then applies its own rows. */
+            const int64_t local = (p->row1 - p->row0) * s->cols;
+            float *mine = u + p->row0 * s->cols;
+            momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
+            if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
+            ht_fsdp_gather_rows(p, comm, mine, u, sizeof(float));
+            ht_newton_schulz(u, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
+            apply_update(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype);
+            continue;
+        }
+        /* (E, A, B): this rank's whole matrices [row0, row1) of E, each on its own. */
+        for (int64_t e = 0; e < p->row1 - p->row0; e++) {
             float *B = s->momentum_buffer + e * n;
             momentum_update(B, p->main_grad + e * n, u, n, c);
             ht_newton_schulz(c->nesterov ? u : B, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);

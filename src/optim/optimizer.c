@@ -75,6 +75,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
     opt->scaler = cfg->scaler;
     opt->stochastic_rounding = cfg->stochastic_rounding;
     opt->seed = cfg->seed;
+    opt->comm = cfg->comm ? cfg->comm : ht_comm_single();
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (p->trainable && !ht_dtype_is_float(p->dtype))
@@ -119,6 +120,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         opt->muon = calloc(1, sizeof(ht_muon));
         s = opt->muon ? ht_muon_init(opt->muon, &cfg->muon, to_muon, n_muon, err)
                       : ht_fail(err, HT_ERR_OOM, "cannot allocate Muon");
+        if (s == HT_OK) opt->muon->comm = opt->comm;
     }
     if (s == HT_OK && n_adamw > 0) {
         opt->adamw = calloc(1, sizeof(ht_adamw));
@@ -173,8 +175,11 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
 
     /* Prepare the gradients: with loss scaling they carry the scale. */
     if (opt->loss_scaling) scale_grads(ps, (float)(1.0 / opt->scaler.scale));
+    /* One all-reduce of the ranks' sums of squares (rank order: every rank gets the same norm). */
     const char *bad = NULL;
-    double norm = ht_grad_norm(ps, &bad);
+    double squares = ht_grad_sum_squares(ps, &bad);
+    ht_all_reduce_f64(opt->comm, &squares, 1, HT_REDUCE_SUM);
+    double norm = sqrt(squares);
     r->grad_norm = norm;
     if (!isfinite(norm)) {
         if (!opt->loss_scaling) {
@@ -215,15 +220,19 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
 
 /* ------------------------------------------------------------------ QK-clip */
 
-/* Multiplies rows [r0, r1) of a param's main copy by k and writes them back to the model dtype. */
+/* Multiplies rows [r0, r1) of a param's main copy by k (those of them this
+ * rank holds) and writes them back to the model dtype. */
 static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
     if (!p) return;
+    r0 = r0 > p->row0 ? r0 : p->row0;
+    r1 = r1 < p->row1 ? r1 : p->row1;
+    if (r0 >= r1) return;
     int64_t row = ht_param_row_numel(p);
-    float *m = p->main_param + r0 * row;
+    float *m = p->main_param + (r0 - p->row0) * row;
     for (int64_t i = 0; i < (r1 - r0) * row; i++) m[i] *= k;
     if ((void *)p->main_param != p->data)
-        ht_convert((char *)p->data + (size_t)(r0 * row) * ht_dtype_size(p->dtype), p->dtype, m, HT_DTYPE_F32,
-                   (size_t)((r1 - r0) * row));
+        ht_convert((char *)p->data + (size_t)((r0 - p->row0) * row) * ht_dtype_size(p->dtype), p->dtype, m,
+                   HT_DTYPE_F32, (size_t)((r1 - r0) * row));
 }
 
 int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {

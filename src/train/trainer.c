@@ -16,6 +16,12 @@
 
 /* ------------------------------------------------------------------ setup */
 
+static int64_t local_numel(const ht_param_store *ps) {
+    int64_t n = 0;
+    for (int i = 0; i < ps->count; i++) n += ht_param_local_numel(&ps->items[i]);
+    return n;
+}
+
 static ht_status build_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_model_config arch = c->model.arch;
@@ -31,6 +37,12 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         if (s != HT_OK) return s;
         ht_log_info("loaded weights from %s", c->model.from_pretrained);
     }
+    /* fsdp_config.shard_size: every rank keeps only its rows of every
+     * parameter (and so of its FP32 main param, main_grad and optimizer state). */
+    if (t->sharded) {
+        s = ht_params_shard(&t->model->params, t->comm->rank, t->comm->size, err);
+        if (s != HT_OK) return s;
+    }
     /* model_init_dtype converts every float parameter after the weights exist. */
     if (c->model_init_dtype != HT_CONFIG_DTYPE_NONE) {
         s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
@@ -43,10 +55,16 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
-    if (t->comm->size > 1)
-        ht_log_warn("Data parallel over %d ranks: every rank holds the whole model and optimizer state and trains "
-                    "on its share of each global batch; the FP32 gradients are summed over the ranks before each step "
-                    "(fsdp_config.shard_size: sharding the state is not implemented yet)",
+    if (t->sharded)
+        ht_log_info("Data parallel over %d ranks, fully sharded (fsdp_config.shard_size %d): each rank holds its rows "
+                    "of every parameter, FP32 main param, main_grad and optimizer state (%.2fM of %.2fM values on "
+                    "this rank), gathers the whole compute weights after every update and sums the FP32 gradients "
+                    "into each rank's rows",
+                    t->comm->size, t->comm->size, (double)local_numel(&t->model->params) / 1e6,
+                    (double)ht_params_total_numel(&t->model->params) / 1e6);
+    else if (t->comm->size > 1)
+        ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
+                    "model and optimizer state; the FP32 gradients are summed over the ranks before each step",
                     t->comm->size);
     return HT_OK;
 }
@@ -102,6 +120,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
     if (s != HT_OK) return s;
+    ht_fsdp_refresh_compute(&t->model->params, t->comm);
     t->model->output_dtype = c->fsdp.output_dtype;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
@@ -246,6 +265,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
+    oc.comm = t->sharded ? t->comm : NULL; /* replicated ranks each hold every gradient already */
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
@@ -312,6 +332,26 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
 }
 
+/* fsdp_config.shard_size: auto or the world size shards every rank's state
+ * over all ranks; 1 replicates it (plain data parallel). Shard groups smaller
+ * than the world (HSDP) are not implemented yet: an error, never a silent
+ * full shard. */
+static ht_status choose_sharding(ht_trainer *t, ht_error *err) {
+    int shard = t->config.fsdp.shard_size == 0 ? t->comm->size : t->config.fsdp.shard_size;
+    if (shard != 1 && shard != t->comm->size) {
+        int line = 0;
+        char where[HT_CONFIG_STR_MAX + 32] = "";
+        if (ht_config_key_source(&t->config, "fsdp_config.shard_size", &line) == HT_CONFIG_SOURCE_FILE)
+            snprintf(where, sizeof(where), " (%s, line %d)", t->config.file, line);
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "fsdp_config.shard_size%s: shard groups of %d ranks in a world of %d (HSDP) are not supported "
+                       "yet; expected auto or %d (shard over every rank) or 1 (replicate on every rank)",
+                       where, shard, t->comm->size, t->comm->size);
+    }
+    t->sharded = shard > 1;
+    return HT_OK;
+}
+
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
@@ -320,6 +360,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
     if (s == HT_OK) s = check_same_config(t, err);
+    if (s == HT_OK) s = choose_sharding(t, err);
     if (s == HT_OK) s = build_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
@@ -366,9 +407,13 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
-    /* Data parallel: every rank's FP32 gradients summed over the ranks, in rank
-     * order, so that every rank holds the same main_grad and takes the same step. */
-    ht_all_reduce_f32(t->comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)), HT_REDUCE_SUM);
+    /* Data parallel: every rank's FP32 gradients summed over the ranks, in
+     * rank order: into each rank's rows (sharded), or whole on every rank. */
+    if (t->sharded)
+        ht_fsdp_reduce_grads(&m->params, t->comm);
+    else
+        ht_all_reduce_f32(t->comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)),
+                          HT_REDUCE_SUM);
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
     if (t->qk_layers)
         ht_all_reduce_f32(t->comm, m->attn_max_logit,
@@ -383,7 +428,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
     }
-    ht_params_refresh_compute(&m->params);
+    ht_fsdp_refresh_compute(&m->params, t->comm);
     t->step++;
     double dt = ht_time_seconds() - t0;
     if (stats) {
@@ -500,6 +545,29 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* A whole, unsharded copy of the model's weights from every rank's rows. */
+static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
+    const ht_param_store *ps = &t->model->params;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        ht_param *q = ht_params_add(whole, p->name, p->ndim, p->shape, p->dtype);
+        if (!q) {
+            ht_params_free(whole);
+            return ht_fail(err, HT_ERR_OOM, "cannot gather %s", p->name);
+        }
+        q->trainable = false;
+    }
+    ht_status s = ht_params_allocate(whole, err);
+    if (s != HT_OK) {
+        ht_params_free(whole);
+        return s;
+    }
+    for (int i = 0; i < ps->count; i++)
+        ht_fsdp_gather_rows(&ps->items[i], t->comm, ps->items[i].data, whole->items[i].data,
+                            ht_dtype_size(ps->items[i].dtype));
+    return HT_OK;
+}
+
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
@@ -546,11 +614,23 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (isfinite(first_eval) && isfinite(t->last_eval_loss))
         ht_log_info("validation loss: %.4f before training, %.4f after %d steps", first_eval, t->last_eval_loss, steps);
 
-    if (!root) return HT_OK;
+    /* The final weights, whole: a sharded run gathers every param's rows first. */
+    ht_param_store gathered = {0};
+    const ht_param_store *model = &t->model->params;
+    if (t->sharded) {
+        s = gather_whole_model(t, &gathered, err);
+        if (s != HT_OK) return s;
+        model = &gathered;
+    }
+    if (!root) {
+        ht_params_free(&gathered);
+        return HT_OK;
+    }
     char dir[HT_CONFIG_STR_MAX + 32], path[HT_CONFIG_STR_MAX + 64];
     snprintf(dir, sizeof(dir), "%s/final", c->checkpoint.output_dir);
     ht_dtype dtype = t->model->params.items[0].dtype;
-    s = ht_hf_save(dir, &t->model->config, &t->model->params, dtype, (size_t)2 << 30, err);
+    s = ht_hf_save(dir, &t->model->config, model, dtype, (size_t)2 << 30, err);
+    ht_params_free(&gathered);
     if (s != HT_OK) return s;
     ht_log_info("saved the final weights (Hugging Face format, %s) to %s", ht_dtype_name(dtype), dir);
     fflush(t->metrics);
@@ -582,23 +662,90 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->state.gemm_f16 = ht_gemm_kernel_of(HT_DTYPE_F16);
 }
 
+/* What one rank wrote, as bytes for rank 0: the file's name, size and hash,
+ * then its chunks. */
+typedef struct rank_file_head {
+    char file[64];
+    uint64_t size, hash;
+    int64_t count;
+} rank_file_head;
+
+/* Every rank's ht_ckpt_rank_file, on every rank (ranks[world]). */
+static ht_status gather_rank_files(ht_comm *comm, const ht_ckpt_rank_file *mine, ht_ckpt_rank_file *ranks,
+                                   ht_error *err) {
+    int P = comm->size;
+    int64_t my_bytes = (int64_t)sizeof(rank_file_head) + (int64_t)mine->count * (int64_t)sizeof(ht_ckpt_chunk);
+    int64_t sizes[P], eight[P], total = 0;
+    for (int r = 0; r < P; r++) eight[r] = sizeof(int64_t);
+    ht_all_gather(comm, &my_bytes, sizes, eight);
+    for (int r = 0; r < P; r++) total += sizes[r];
+    char *all = malloc((size_t)total), *me = malloc((size_t)my_bytes);
+    if (!all || !me) {
+        free(all);
+        free(me);
+        return ht_fail(err, HT_ERR_OOM, "cannot gather the checkpoint's chunk lists");
+    }
+    rank_file_head head = {.size = mine->size, .hash = mine->hash, .count = mine->count};
+    memcpy(head.file, mine->file, sizeof(head.file));
+    memcpy(me, &head, sizeof(head));
+    memcpy(me + sizeof(head), mine->chunks, (size_t)mine->count * sizeof(ht_ckpt_chunk));
+    ht_all_gather(comm, me, all, sizes);
+    const char *at = all;
+    for (int r = 0; r < P; r++) {
+        memcpy(&head, at, sizeof(head));
+        memcpy(ranks[r].file, head.file, sizeof(ranks[r].file));
+        ranks[r].size = head.size;
+        ranks[r].hash = head.hash;
+        ranks[r].count = ranks[r].capacity = (int)head.count;
+        ranks[r].chunks = malloc((size_t)(head.count ? head.count : 1) * sizeof(ht_ckpt_chunk));
+        if (ranks[r].chunks) memcpy(ranks[r].chunks, at + sizeof(head), (size_t)head.count * sizeof(ht_ckpt_chunk));
+        at += sizes[r];
+    }
+    free(all);
+    free(me);
+    for (int r = 0; r < P; r++)
+        if (!ranks[r].chunks) return ht_fail(err, HT_ERR_OOM, "cannot gather the checkpoint's chunk lists");
+    return HT_OK;
+}
+
 ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    /* Every rank holds the whole model and optimizer state (data parallel):
-     * rank 0 writes it, the others wait until it is complete. */
-    if (t->comm->rank != 0) {
-        ht_barrier(t->comm);
-        return HT_OK;
-    }
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer, .keep_last = c->checkpoint.keep_last};
-    char dir[HT_CKPT_PATH_MAX];
     double t0 = ht_time_seconds();
-    ht_status s = ht_ckpt_save(c->checkpoint.output_dir, &v, &o, dir, sizeof(dir), err);
-    if (s != HT_OK) return s; /* the CLI ends every rank */
-    ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
-    ht_barrier(t->comm);
+    ht_comm *comm = t->comm;
+    const bool root = comm->rank == 0;
+    if (!t->sharded) {
+        /* Every rank holds the whole state: rank 0 writes it, the others wait until it is complete. */
+        char dir[HT_CKPT_PATH_MAX];
+        ht_status s = root ? ht_ckpt_save(c->checkpoint.output_dir, &v, &o, dir, sizeof(dir), err) : HT_OK;
+        if (s != HT_OK) return s; /* the CLI ends every rank */
+        if (root) ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
+        ht_barrier(comm);
+        return HT_OK;
+    }
+    /* Sharded: rank 0 opens step_X.tmp/, every rank writes its rows into its
+     * own file, rank 0 writes metadata.json from every rank's chunk list and
+     * commits. A rank that fails ends the world (CLI), and the .tmp is never loaded. */
+    char tmp[HT_CKPT_PATH_MAX] = "";
+    ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
+    if (s != HT_OK) return s;
+    ht_broadcast(comm, tmp, (int64_t)sizeof(tmp), 0);
+    ht_ckpt_rank_file mine = {0};
+    s = ht_ckpt_write_rank(tmp, comm->rank, &v, &o, &mine, err);
+    if (s != HT_OK) return s;
+    ht_ckpt_rank_file *ranks = calloc((size_t)comm->size, sizeof(ht_ckpt_rank_file));
+    s = ranks ? gather_rank_files(comm, &mine, ranks, err) : ht_fail(err, HT_ERR_OOM, "out of memory");
+    if (s == HT_OK && root) s = ht_ckpt_commit(c->checkpoint.output_dir, comm->size, ranks, &v, &o, err);
+    ht_ckpt_rank_file_free(&mine);
+    for (int r = 0; ranks && r < comm->size; r++) ht_ckpt_rank_file_free(&ranks[r]);
+    free(ranks);
+    if (s != HT_OK) return s;
+    if (root)
+        ht_log_info("saved checkpoint %s/step_%08lld (%d rank files) in %.2f s", c->checkpoint.output_dir,
+                    (long long)t->step, comm->size, ht_time_seconds() - t0);
+    ht_barrier(comm);
     return HT_OK;
 }
 
@@ -613,7 +760,9 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     ht_trainer_checkpoint_view(t, &v);
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
     ht_ckpt_close(ck);
-    if (s != HT_OK || !restore_optimizer) return s;
+    if (s != HT_OK) return s;
+    ht_fsdp_refresh_compute(&t->model->params, t->comm); /* the load cast this rank's rows only */
+    if (!restore_optimizer) return HT_OK;
     /* The schedules' step and the loss scaler came with the optimizer; the rest is the trainer's. */
     t->step = v.state.step;
     s = ht_loader_resume(&t->train_loader, v.state.train_pos, err);
