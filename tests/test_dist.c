@@ -118,7 +118,10 @@ static int losses(const char *log, double *out, int max) {
     return n;
 }
 
-/* Fully sharded (shard_size auto) and replicated (shard_size 1). */
+/* Fully sharded (shard_size auto, Muon's allgather strategy) and replicated
+ * (shard_size 1) against one process; Muon's deredundancy strategy against
+ * allgather on the same ranks: the owner orthogonalizes the same gathered
+ * matrix every rank would, so the runs agree bit for bit. */
 static void check_ranks(const char *name, const char *dtype, bool attention_bias, double tol) {
     const char *dir = scratch_dir(name);
     write_config(dir, dtype, 6, attention_bias);
@@ -126,19 +129,27 @@ static void check_ranks(const char *name, const char *dtype, bool attention_bias
     if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
     double l1[8], ln[8];
     assert_int_equal(losses(one, l1, 8), 6);
-    for (int replicate = 0; replicate < 2; replicate++)
+    static const char *const modes[] = {"sharded", "replicated", "deredundancy"};
+    static const char *const sets[] = {NULL, "--set fsdp_config.shard_size=1",
+                                       "--set optimizer.muon_config.muon_comm_strategy=allgather_deredundency"};
+    static const char *const says[] = {"fully sharded", "replicated (fsdp_config", "Muon deredundancy: 14 sharded"};
+    for (int mode = 0; mode < 3; mode++)
         for (int ranks = 1; ranks <= 4; ranks++) {
-            char out[32];
-            snprintf(out, sizeof(out), "%s%d", replicate ? "replicated" : "sharded", ranks);
-            int rc = run_in(dir, out, ranks, replicate ? "--set fsdp_config.shard_size=1" : NULL, &log);
+            char out[32], ref[32];
+            snprintf(out, sizeof(out), "%s%d", modes[mode], ranks);
+            int rc = run_in(dir, out, ranks, sets[mode], &log);
             if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
-            if (ranks > 1) assert_non_null(strstr(log, replicate ? "replicated (fsdp_config" : "fully sharded"));
+            if (ranks > 1 && !strstr(log, says[mode])) fail_msg("%s: no \"%s\" in its log:\n%s", out, says[mode], log);
             assert_int_equal(losses(log, ln, 8), 6);
             for (int s = 0; s < 6; s++)
                 if (fabs(ln[s] - l1[s]) > 2e-4 * fabs(l1[s]) + 1e-4)
                     fail_msg("%s, step %d: loss %.4f, one process %.4f", out, s + 1, ln[s], l1[s]);
             double e = compare_final(dir, out, "out0", tol);
             printf("%s, %s: final weights within %.3g of one process (bound %g); losses match\n", dtype, out, e, tol);
+            if (mode == 2) {
+                snprintf(ref, sizeof(ref), "sharded%d", ranks);
+                compare_final(dir, out, ref, 0.0);
+            }
             free(log);
         }
     free(one);

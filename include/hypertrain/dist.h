@@ -31,6 +31,10 @@ typedef struct ht_comm_ops {
     void (*broadcast)(ht_comm *c, void *buf, int64_t bytes, int root);
     /* recv ← the concatenation of every rank's send (bytes[r] from rank r), in rank order. */
     void (*all_gather)(ht_comm *c, const void *send, void *recv, const int64_t *bytes);
+    /* recv on `root` ← every rank's send (bytes[r] from rank r), in rank order; recv is ignored elsewhere. */
+    void (*gather)(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root);
+    /* recv (bytes[rank]) on every rank ← its slice of `root`'s send, the slices in rank order. */
+    void (*scatter)(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root);
     void (*barrier)(ht_comm *c);
     void (*free)(ht_comm *c);
 } ht_comm_ops;
@@ -71,6 +75,12 @@ static inline void ht_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) 
 }
 static inline void ht_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
     c->ops->all_gather(c, send, recv, bytes);
+}
+static inline void ht_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    c->ops->gather(c, send, recv, bytes, root);
+}
+static inline void ht_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    c->ops->scatter(c, send, recv, bytes, root);
 }
 static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
 

@@ -115,6 +115,12 @@ typedef enum ht_muon_momentum_style {
     HT_MUON_MOMENTUM_EMA,     /* B <- mu B + (1 - mu) g; nesterov u = (1 - mu) g + mu B (PyTorch) */
 } ht_muon_momentum_style;
 
+/* How a sharded matrix reaches Newton-Schulz (muon_comm_strategy). */
+typedef enum ht_muon_comm {
+    HT_MUON_COMM_ALLGATHER = 0, /* every rank gathers every matrix and orthogonalizes it */
+    HT_MUON_COMM_DEREDUNDANCY,  /* each matrix has one owner rank that gathers, orthogonalizes and scatters it */
+} ht_muon_comm;
+
 typedef struct ht_muon_config {
     double lr; /* the base lr; each step takes the scheduled lr */
     double weight_decay;
@@ -125,6 +131,7 @@ typedef struct ht_muon_config {
     double ns_eps;            /* > 0 */
     double matched_adamw_rms; /* > 0: scale = rms sqrt(max(A, B)); 0: sqrt(max(1, A / B)) */
     ht_dtype ns_dtype;        /* F32, or BF16 operands with FP32 accumulation */
+    ht_muon_comm comm_strategy;
 } ht_muon_config;
 
 /* One parameter as Muon sees it: `matrices` (A, B) matrices, E of a 3-D
@@ -149,6 +156,11 @@ typedef struct ht_muon {
      * allgather strategy). A stack (E, A, B) is sharded by whole matrices:
      * each rank orthogonalizes its own, with no communication. */
     ht_comm *comm;
+    /* deredundancy: each sharded matrix's owner rank (-1: none, a stack or
+     * unsharded), and this rank's owned matrices, whole, at owned[i]. */
+    int *owner;
+    float **owned;
+    float *owned_block;
 } ht_muon;
 
 /* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
@@ -162,6 +174,10 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
 /* One update of every slot with learning rate `lr` (NUMERICS.md, Muon):
  * momentum, Newton-Schulz per matrix, decoupled weight decay, the scaled
  * step, and the cast back to the model dtype fused into the last pass. */
+/* Spreads the matrices over the ranks of `comm` (ht_muon.comm): with the
+ * deredundancy strategy every sharded matrix gets an owner, greedily by
+ * Newton-Schulz FLOPs (largest first, to the least loaded rank), logged. */
+ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err);
 void ht_muon_step(ht_muon *opt, double lr);
 void ht_muon_free(ht_muon *opt);
 

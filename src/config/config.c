@@ -81,6 +81,7 @@ static const enum_name MOMENTUM_STYLES[] = {
 static const enum_name MUON_COMMS[] = {
     {"allgather", HT_CONFIG_MUON_COMM_ALLGATHER, false},
     {"deredundancy", HT_CONFIG_MUON_COMM_DEREDUNDANCY, false},
+    {"allgather_deredundency", HT_CONFIG_MUON_COMM_DEREDUNDANCY, false}, /* MindFormers' spelling */
     {NULL, 0, false},
 };
 static const enum_name NS_DTYPES[] = {

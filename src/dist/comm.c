@@ -22,6 +22,10 @@ static void single_all_gather(ht_comm *c, const void *send, void *recv, const in
     (void)c;
     if (recv != send) memmove(recv, send, (size_t)bytes[0]);
 }
+static void single_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    (void)root;
+    single_all_gather(c, send, recv, bytes);
+}
 static void single_barrier(ht_comm *c) { (void)c; }
 static void single_free(ht_comm *c) { (void)c; }
 
@@ -31,6 +35,8 @@ static const ht_comm_ops single_ops = {
     .reduce_scatter_f32 = single_reduce_scatter_f32,
     .broadcast = single_broadcast,
     .all_gather = single_all_gather,
+    .gather = single_gather,
+    .scatter = single_gather, /* one rank: both are a copy */
     .barrier = single_barrier,
     .free = single_free,
 };

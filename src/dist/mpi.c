@@ -72,18 +72,41 @@ static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, c
     }
 }
 
+static void byte_layout(mpi_comm *m, const int64_t *bytes);
+
 static void mpi_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
     mpi_comm *m = (mpi_comm *)c;
-    int64_t off = 0;
-    for (int r = 0; r < c->size; r++) {
-        m->counts[r] = as_int(m, bytes[r]);
-        m->displs[r] = as_int(m, off);
-        off += bytes[r];
-    }
+    byte_layout(m, bytes);
     /* In place when send already sits at this rank's offset in recv. */
     const void *src = (const char *)recv + m->displs[c->rank] == send ? MPI_IN_PLACE : send;
     mpi_check(m, MPI_Allgatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, m->comm),
               "MPI_Allgatherv");
+}
+
+/* counts/displs (bytes) of every rank's slice, in MPI's int. */
+static void byte_layout(mpi_comm *m, const int64_t *bytes) {
+    int64_t off = 0;
+    for (int r = 0; r < m->base.size; r++) {
+        m->counts[r] = as_int(m, bytes[r]);
+        m->displs[r] = as_int(m, off);
+        off += bytes[r];
+    }
+}
+
+static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    mpi_comm *m = (mpi_comm *)c;
+    byte_layout(m, bytes);
+    const void *src = c->rank == root && (const char *)recv + m->displs[root] == send ? MPI_IN_PLACE : send;
+    mpi_check(m, MPI_Gatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, root, m->comm),
+              "MPI_Gatherv");
+}
+
+static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    mpi_comm *m = (mpi_comm *)c;
+    byte_layout(m, bytes);
+    void *dst = c->rank == root && (const char *)send + m->displs[root] == recv ? MPI_IN_PLACE : recv;
+    mpi_check(m, MPI_Scatterv(send, m->counts, m->displs, MPI_BYTE, dst, m->counts[c->rank], MPI_BYTE, root, m->comm),
+              "MPI_Scatterv");
 }
 
 /* Balanced slices of n: rank r owns [n·r/P, n·(r+1)/P). */
@@ -152,6 +175,8 @@ static const ht_comm_ops mpi_ops = {
     .reduce_scatter_f32 = mpi_reduce_scatter_f32,
     .broadcast = mpi_broadcast,
     .all_gather = mpi_all_gather,
+    .gather = mpi_gather,
+    .scatter = mpi_scatter,
     .barrier = mpi_barrier,
     .free = mpi_free,
 };

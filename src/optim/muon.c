@@ -5,6 +5,8 @@
 #include "hypertrain/optim.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms) {
@@ -148,11 +150,100 @@ static void apply_update(float *p, const float *O, int64_t n, float decay, float
     }
 }
 
+/* Newton-Schulz FLOPs of an (A, B) matrix, up to the schedule's length:
+ * per iteration X Xᵀ, S S and T X with r = min(A, B), c = max(A, B). */
+static double ns_flops(int64_t rows, int64_t cols) {
+    double r = (double)(rows < cols ? rows : cols), c = (double)(rows < cols ? cols : rows);
+    return 2 * r * r * c + 2 * r * r * r + 2 * r * r * c;
+}
+
+ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
+    opt->comm = comm;
+    if (opt->config.comm_strategy != HT_MUON_COMM_DEREDUNDANCY || comm->size == 1) return HT_OK;
+    int P = comm->size;
+    opt->owner = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
+    opt->owned = calloc((size_t)(opt->count ? opt->count : 1), sizeof(float *));
+    int *order = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
+    double load[P], total = 0;
+    int owned_count[P];
+    if (!opt->owner || !opt->owned || !order) {
+        free(order);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owner table");
+    }
+    for (int r = 0; r < P; r++) load[r] = 0, owned_count[r] = 0;
+    int n = 0;
+    for (int i = 0; i < opt->count; i++) {
+        const ht_param *p = opt->slots[i].param;
+        opt->owner[i] = -1;
+        if (p->ndim == 2 && ht_param_is_sharded(p)) order[n++] = i;
+    }
+    /* Largest first (ties by index, so every rank computes the same table). */
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0; b--) {
+            const ht_muon_slot *x = &opt->slots[order[b - 1]], *y = &opt->slots[order[b]];
+            if (ns_flops(x->rows, x->cols) >= ns_flops(y->rows, y->cols)) break;
+            int t = order[b - 1];
+            order[b - 1] = order[b];
+            order[b] = t;
+        }
+    size_t floats = 0;
+    for (int k = 0; k < n; k++) {
+        const ht_muon_slot *s = &opt->slots[order[k]];
+        int best = 0;
+        for (int r = 1; r < P; r++)
+            if (load[r] < load[best]) best = r;
+        opt->owner[order[k]] = best;
+        double f = ns_flops(s->rows, s->cols);
+        load[best] += f;
+        total += f;
+        owned_count[best]++;
+        if (best == comm->rank) floats += (size_t)(s->rows * s->cols);
+    }
+    free(order);
+    opt->owned_block = ht_alloc((floats ? floats : 1) * sizeof(float));
+    if (!opt->owned_block) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owned matrices");
+    float *next = opt->owned_block;
+    for (int i = 0; i < opt->count; i++)
+        if (opt->owner[i] == comm->rank) {
+            opt->owned[i] = next;
+            next += opt->slots[i].rows * opt->slots[i].cols;
+        }
+    char line[1024] = "";
+    for (int r = 0; r < P && strlen(line) + 64 < sizeof(line); r++)
+        snprintf(line + strlen(line), sizeof(line) - strlen(line), "%srank %d: %d (%.0f%%)", r ? ", " : "", r,
+                 owned_count[r], total > 0 ? 100.0 * load[r] / total : 0.0);
+    ht_log_info("Muon deredundancy: %d sharded matrices, one owner each by Newton-Schulz FLOPs: %s", n, line);
+    return HT_OK;
+}
+
+/* Element counts of each rank's rows of a matrix's slot, in bytes of float. */
+static void row_bytes(const ht_param *p, int P, int64_t *bytes) {
+    for (int r = 0; r < P; r++) {
+        int64_t r0, r1;
+        ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+        bytes[r] = (r1 - r0) * ht_param_row_numel(p) * (int64_t)sizeof(float);
+    }
+}
+
 void ht_muon_step(ht_muon *opt, double lr) {
     const ht_muon_config *c = &opt->config;
     ht_comm *comm = opt->comm ? opt->comm : ht_comm_single();
     /* Scalars in double, then FP32 per element, as PyTorch does. */
     const float decay = (float)(1.0 - lr * c->weight_decay);
+    int64_t bytes[comm->size];
+    /* deredundancy, phase 1: every matrix's momentum-updated rows to its owner. */
+    if (opt->owner)
+        for (int i = 0; i < opt->count; i++) {
+            ht_muon_slot *s = &opt->slots[i];
+            ht_param *p = s->param;
+            if (opt->owner[i] < 0) continue;
+            const int64_t local = (p->row1 - p->row0) * s->cols;
+            float *mine = opt->work; /* (local) */
+            momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
+            if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
+            row_bytes(p, comm->size, bytes);
+            ht_gather(comm, mine, opt->owned[i], bytes, opt->owner[i]);
+        }
     for (int i = 0; i < opt->count; i++) {
         ht_muon_slot *s = &opt->slots[i];
         ht_param *p = s->param;
@@ -162,9 +253,16 @@ void ht_muon_step(ht_muon *opt, double lr) {
         const size_t elem = ht_dtype_size(p->dtype);
         const bool separate = (void *)p->main_param != p->data;
         float *u = opt->work, *ns_work = opt->work + n; /* u: one whole (A, B) matrix */
+        if (opt->owner && opt->owner[i] >= 0) {
+            /* Phase 2: the owner orthogonalizes; its peers go on to theirs. */
+            if (opt->owned[i])
+                ht_newton_schulz(opt->owned[i], opt->owned[i], s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype,
+                                 ns_work);
+            continue;
+        }
         if (p->ndim == 2) {
-            /* This rank's rows of the update, gathered into the whole matrix
-             * that Newton-Schulz needs; this rank then applies its own rows. */
+            /* allgather: this rank's rows of the update, gathered into the
+             * whole matrix that Newton-Schulz needs; this rank then applies its own rows. */
             const int64_t local = (p->row1 - p->row0) * s->cols;
             float *mine = u + p->row0 * s->cols;
             momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
@@ -183,9 +281,25 @@ void ht_muon_step(ht_muon *opt, double lr) {
                          separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype);
         }
     }
+    /* deredundancy, phase 3: each owner's result rows back to their ranks, applied there. */
+    if (opt->owner)
+        for (int i = 0; i < opt->count; i++) {
+            ht_muon_slot *s = &opt->slots[i];
+            ht_param *p = s->param;
+            if (opt->owner[i] < 0) continue;
+            const int64_t local = (p->row1 - p->row0) * s->cols;
+            float *mine = opt->work;
+            row_bytes(p, comm->size, bytes);
+            ht_scatter(comm, opt->owned[i], mine, bytes, opt->owner[i]);
+            apply_update(p->main_param, mine, local, decay, (float)(lr * s->scale),
+                         (void *)p->main_param != p->data ? p->data : NULL, p->dtype);
+        }
 }
 
 void ht_muon_free(ht_muon *opt) {
+    free(opt->owner);
+    free(opt->owned);
+    ht_free(opt->owned_block);
     ht_free(opt->work);
     ht_free(opt->state_block);
     ht_free(opt->slots);

@@ -120,7 +120,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         opt->muon = calloc(1, sizeof(ht_muon));
         s = opt->muon ? ht_muon_init(opt->muon, &cfg->muon, to_muon, n_muon, err)
                       : ht_fail(err, HT_ERR_OOM, "cannot allocate Muon");
-        if (s == HT_OK) opt->muon->comm = opt->comm;
+        if (s == HT_OK) s = ht_muon_set_comm(opt->muon, opt->comm, err);
     }
     if (s == HT_OK && n_adamw > 0) {
         opt->adamw = calloc(1, sizeof(ht_adamw));

@@ -228,6 +228,8 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
         .ns_eps = c->optimizer.muon.ns_eps,
         .matched_adamw_rms = c->optimizer.muon.matched_adamw_rms,
         .ns_dtype = c->optimizer.muon.ns_dtype,
+        .comm_strategy = c->optimizer.muon.comm_strategy == HT_CONFIG_MUON_COMM_DEREDUNDANCY ? HT_MUON_COMM_DEREDUNDANCY
+                                                                                             : HT_MUON_COMM_ALLGATHER,
     };
     return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], c->optimizer.muon.ns_steps, segments,
                                  nc->count, &mc->schedule, err);
