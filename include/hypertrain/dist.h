@@ -95,6 +95,8 @@ void ht_fsdp_reduce_grads(ht_param_store *store, ht_comm *comm);
  * (ht_params_refresh_compute), then every sharded param's full compute
  * tensor gathered from the ranks. */
 void ht_fsdp_refresh_compute(ht_param_store *store, ht_comm *comm);
+/* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
+void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);
 /* A param's full FP32 tensor from its rows on every rank (`rows` holds this
  * rank's rows(row1 - row0) x row_numel values; full gets the whole tensor). */
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);

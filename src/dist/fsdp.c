@@ -7,8 +7,7 @@
 
 #include <stdlib.h>
 
-/* Element counts of each rank's rows of p. */
-static void rank_counts(const ht_param *p, int world, int64_t *counts, size_t elem_size) {
+void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *counts, size_t elem_size) {
     int64_t row = ht_param_row_numel(p);
     for (int r = 0; r < world; r++) {
         int64_t r0, r1;
@@ -22,14 +21,14 @@ void ht_fsdp_reduce_grads(ht_param_store *store, ht_comm *comm) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         if (!p->trainable || p->grad == p->main_grad) continue;
-        rank_counts(p, comm->size, counts, 1);
+        ht_fsdp_row_bytes(p, comm->size, counts, 1);
         ht_reduce_scatter_f32(comm, p->grad, p->main_grad, counts);
     }
 }
 
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size) {
     int64_t bytes[comm->size];
-    rank_counts(p, comm->size, bytes, elem_size);
+    ht_fsdp_row_bytes(p, comm->size, bytes, elem_size);
     ht_all_gather(comm, rows, full, bytes);
 }
 

@@ -355,16 +355,21 @@ bool ht_gemm_kernel_from_label(const char *label, ht_gemm_kernel *out) {
 /* Whether oneDNN offers a matmul on `dtype` operands here: it answers
  * "unimplemented" for bf16 on CPUs without AVX512-BF16 or AMX (it would
  * otherwise emulate it slowly or not at all), and for f16 without AVX512-FP16. */
+/* The key of C (M, N) = A (M, K) · B (K, N), dense, alpha 1, beta 0. */
+static gemm_key plain_key(ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
+    return (gemm_key){.dtype = (int32_t)dtype,
+                      .nthr = omp_get_max_threads(),
+                      .M = M,
+                      .N = N,
+                      .K = K,
+                      .lda = K,
+                      .ldb = N,
+                      .ldc = N,
+                      .alpha = 1.0f};
+}
+
 static bool matmul_available(ht_dtype dtype) {
-    gemm_key key = {.dtype = (int32_t)dtype,
-                    .nthr = omp_get_max_threads(),
-                    .M = 64,
-                    .N = 64,
-                    .K = 64,
-                    .lda = 64,
-                    .ldb = 64,
-                    .ldc = 64,
-                    .alpha = 1.0f};
+    gemm_key key = plain_key(dtype, 64, 64, 64);
     dnnl_primitive_desc_t pd;
     if (matmul_pd_create(&key, &pd) != dnnl_success) return false;
     dnnl_primitive_desc_destroy(pd);
@@ -618,15 +623,7 @@ const char *ht_gemm_kernel_name(ht_dtype dtype) {
     /* The implementation oneDNN picks for a typical decoder shape (2048
      * tokens × 512 hidden × 512); others may differ at the edges. */
     bool native = dtype == HT_DTYPE_F32 || kernel == HT_GEMM_KERNEL_NATIVE;
-    gemm_key key = {.dtype = native ? dtype : HT_DTYPE_F32,
-                    .nthr = omp_get_max_threads(),
-                    .M = 2048,
-                    .N = 512,
-                    .K = 512,
-                    .lda = 512,
-                    .ldb = 512,
-                    .ldc = 512,
-                    .alpha = 1.0f};
+    gemm_key key = plain_key(native ? dtype : HT_DTYPE_F32, 2048, 512, 512);
     dnnl_primitive_desc_t pd;
     const char *impl = "?";
     dnnl_status_t s = matmul_pd_create(&key, &pd);

@@ -216,13 +216,13 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
     return HT_OK;
 }
 
-/* Element counts of each rank's rows of a matrix's slot, in bytes of float. */
-static void row_bytes(const ht_param *p, int P, int64_t *bytes) {
-    for (int r = 0; r < P; r++) {
-        int64_t r0, r1;
-        ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
-        bytes[r] = (r1 - r0) * ht_param_row_numel(p) * (int64_t)sizeof(float);
-    }
+/* This rank's rows of a sharded matrix's update: the momentum step on its
+ * rows of B and g, and u (nesterov) or B itself in `mine` ((row1 - row0) x cols). */
+static void update_rows(const ht_muon_slot *s, const ht_muon_config *c, float *mine) {
+    const ht_param *p = s->param;
+    const int64_t local = (p->row1 - p->row0) * s->cols;
+    momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
+    if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
 }
 
 void ht_muon_step(ht_muon *opt, double lr) {
@@ -237,12 +237,9 @@ void ht_muon_step(ht_muon *opt, double lr) {
             ht_muon_slot *s = &opt->slots[i];
             ht_param *p = s->param;
             if (opt->owner[i] < 0) continue;
-            const int64_t local = (p->row1 - p->row0) * s->cols;
-            float *mine = opt->work; /* (local) */
-            momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
-            if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
-            row_bytes(p, comm->size, bytes);
-            ht_gather(comm, mine, opt->owned[i], bytes, opt->owner[i]);
+            update_rows(s, c, opt->work);
+            ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
+            ht_gather(comm, opt->work, opt->owned[i], bytes, opt->owner[i]);
         }
     for (int i = 0; i < opt->count; i++) {
         ht_muon_slot *s = &opt->slots[i];
@@ -265,8 +262,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
              * whole matrix that Newton-Schulz needs; this rank then applies its own rows. */
             const int64_t local = (p->row1 - p->row0) * s->cols;
             float *mine = u + p->row0 * s->cols;
-            momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
-            if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
+            update_rows(s, c, mine);
             ht_fsdp_gather_rows(p, comm, mine, u, sizeof(float));
             ht_newton_schulz(u, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
             apply_update(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype);
@@ -289,7 +285,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
             if (opt->owner[i] < 0) continue;
             const int64_t local = (p->row1 - p->row0) * s->cols;
             float *mine = opt->work;
-            row_bytes(p, comm->size, bytes);
+            ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
             ht_scatter(comm, opt->owned[i], mine, bytes, opt->owner[i]);
             apply_update(p->main_param, mine, local, decay, (float)(lr * s->scale),
                          (void *)p->main_param != p->data ? p->data : NULL, p->dtype);
