@@ -93,19 +93,33 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
         }
         if (s != HT_OK) return s;
     }
-    /* A kept native kernel this CPU lacks is measured afresh, not refused. */
+    /* Rank 0 measures alone (ranks timing at once on shared cores would
+     * measure each other) and its choice goes to every rank, so that the
+     * ranks sum alike; each rank then checks that it has those kernels. A
+     * kept native kernel this CPU lacks is measured afresh, not refused. */
     ht_gemm_choice choice;
-    ht_status s = ht_gemm_choose(bf16, f16, (int64_t)c->training.local_batch_size * c->data.seq_len,
-                                 t->model->config.hidden_size, t->model->config.hidden_size, &choice, err);
-    if (s != HT_OK && kept[0]) {
-        kept = "";
-        s = ht_gemm_choose(c->kernels.bf16_gemm, c->kernels.f16_gemm,
-                           (int64_t)c->training.local_batch_size * c->data.seq_len, t->model->config.hidden_size,
-                           t->model->config.hidden_size, &choice, err);
+    int64_t M = (int64_t)c->training.local_batch_size * c->data.seq_len, C = t->model->config.hidden_size;
+    ht_status s = HT_OK;
+    if (t->comm->rank == 0) {
+        s = ht_gemm_choose(bf16, f16, M, C, C, &choice, err);
+        if (s != HT_OK && kept[0]) {
+            kept = "";
+            s = ht_gemm_choose(c->kernels.bf16_gemm, c->kernels.f16_gemm, M, C, C, &choice, err);
+        }
     }
-    if (s != HT_OK) return s;
-    /* Rank 0's measurement for every rank: the ranks sum alike. */
+    int64_t status = s;
+    ht_broadcast(t->comm, &status, (int64_t)sizeof(status), 0);
+    if (status != HT_OK)
+        return t->comm->rank == 0 ? s
+                                  : ht_fail(err, (ht_status)status,
+                                            "rank 0 could not choose the GEMM kernels (its "
+                                            "error says why)");
     ht_broadcast(t->comm, &choice, (int64_t)sizeof(choice), 0);
+    if (t->comm->rank != 0) {
+        ht_gemm_choice here;
+        s = ht_gemm_choose(choice.bf16, choice.f16, M, C, C, &here, err); /* pinned: checked, not timed */
+        if (s != HT_OK) return s;
+    }
     ht_gemm_use(&choice);
     char line[512];
     ht_gemm_describe(&choice, line, sizeof(line));
