@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "hypertrain/ckpt.h"
 
@@ -185,7 +186,8 @@ static void test_config_error_on_every_rank(void **state) {
 
 /* The seed's case 2: a checkpoint saved after 1 step on 4 ranks (4 rank
  * files), restored on 4 ranks (bitwise equal to the run that went on), on
- * 2 ranks and on one process (within the bf16 bound), each continued to the end. */
+ * 2 ranks and on one process (within the bf16 bound), each continued to the
+ * end; then, one rank file damaged, refused on every rank. */
 static void test_checkpoint_4_ranks_restored_on_4_2_1(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_ckpt");
@@ -216,6 +218,15 @@ static void test_checkpoint_4_ranks_restored_on_4_2_1(void **state) {
                e);
         free(log);
     }
+    /* One rank file damaged: every rank refuses the checkpoint, naming the file, and none trains on. */
+    snprintf(path, sizeof(path), "%s/cont/step_00000001/rank_00002.safetensors", dir);
+    assert_int_equal(truncate(path, 1000), 0);
+    rc = run_in(dir, "damaged", 2, extra, &log);
+    printf("%s", log);
+    assert_true(rc != 0 && rc != 124);
+    assert_non_null(strstr(log, "rank_00002.safetensors"));
+    assert_null(strstr(log, "step     2/4"));
+    free(log);
 }
 
 /* Shard groups smaller than the world (HSDP) are refused, not run as something else. */
