@@ -3,7 +3,8 @@
  * for a float32 model (≤ 1e-5 relative per tensor, NUMERICS.md's 10-step
  * bound) and a bf16 model with FP32 main params (the seed's rtol 1e-2);
  * losses per step; fully sharded and replicated; a sharded checkpoint saved
- * on 4 ranks and restored on 4, 2 and 1; configuration errors on every rank
+ * on 4 ranks and restored on 4, 2 and 1; HSDP (2 shards x 2 replicas);
+ * configuration errors on every rank
  * before any collective;
  * ranks that run different configs; a rank killed mid-run ends the world. */
 #include "harness.h"
@@ -229,16 +230,40 @@ static void test_checkpoint_4_ranks_restored_on_4_2_1(void **state) {
     free(log);
 }
 
-/* Shard groups smaller than the world (HSDP) are refused, not run as something else. */
-static void test_hsdp_is_refused(void **state) {
+/* HSDP, the seed's "4 ranks as 2 shards x 2 replicas": the same model as one
+ * process, a checkpoint of 2 rank files (one shard group writes) that
+ * restores on 4 ranks bitwise; and a shard size that does not divide the
+ * world is a config error on every rank. */
+static void test_hsdp_2_shards_x_2_replicas(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_hsdp");
-    write_config(dir, "float32", 2, true);
-    char *log;
-    int rc = run_ranks(dir, 4, "--set fsdp_config.shard_size=2", &log);
+    write_config(dir, "bfloat16", 4, true);
+    char *one, *log, extra[1600];
+    if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
+    free(one);
+    const char *hsdp = "--set fsdp_config.shard_size=2 --set checkpoint.save_interval=1 --set checkpoint.keep_last=0";
+    int rc = run_in(dir, "hsdp", 4, hsdp, &log);
+    if (rc != 0) fail_msg("HSDP failed:\n%s", log);
+    assert_non_null(strstr(log, "hybrid sharded (HSDP) (fsdp_config.shard_size 2: 2 shard group(s) x 2 replica(s))"));
+    free(log);
+    double e = compare_final(dir, "hsdp", "out0", 1e-2);
+    printf("HSDP 2 x 2: final weights within %.3g of one process\n", e);
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/hsdp/step_00000001/rank_00001.safetensors", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/hsdp/step_00000001/rank_00002.safetensors", dir);
+    assert_null(fopen(path, "r")); /* one shard group writes: 2 files */
+    snprintf(extra, sizeof(extra), "%s --set checkpoint.restore_from='%s/hsdp/step_00000001'", hsdp, dir);
+    rc = run_in(dir, "hsdp_resumed", 4, extra, &log);
+    if (rc != 0) fail_msg("HSDP resume failed:\n%s", log);
+    free(log);
+    compare_final(dir, "hsdp_resumed", "hsdp", 0.0);
+
+    rc = run_ranks(dir, 4, "--set fsdp_config.shard_size=3", &log);
     assert_true(rc != 0 && rc != 124);
     assert_non_null(strstr(log, "fsdp_config.shard_size"));
-    assert_non_null(strstr(log, "not supported yet"));
     free(log);
 }
 
@@ -305,7 +330,7 @@ int main(void) {
         cmocka_unit_test(test_config_error_on_every_rank),
         cmocka_unit_test(test_ranks_with_different_configs),
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
-        cmocka_unit_test(test_hsdp_is_refused),
+        cmocka_unit_test(test_hsdp_2_shards_x_2_replicas),
         cmocka_unit_test(test_killed_rank_ends_the_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -55,6 +55,10 @@ ht_comm *ht_comm_single(void);
  * ht_comm_single(). A process a launcher started that cannot join its world
  * is an error, never a silent run of one rank. */
 ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err);
+/* The ranks of c with the same `color`, ordered by `key` (MPI_Comm_split):
+ * HSDP's shard and replicate groups. Every rank of c calls it. A group of
+ * one rank is ht_comm_single(). Free it with ht_comm_free before its parent. */
+ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
 /* Leaves the group (MPI_Finalize for the MPI world). */
 void ht_comm_free(ht_comm *c);
 /* Ends every rank of the world at once (a fatal error on one rank, so that

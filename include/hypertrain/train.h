@@ -34,7 +34,12 @@ typedef struct ht_step_stats {
 typedef struct ht_trainer {
     ht_config config;
     ht_comm *comm; /* the ranks training together (data parallel); ht_comm_single() for one process */
-    bool sharded;  /* each rank holds its rows of every param and its state (fsdp_config.shard_size) */
+    /* fsdp_config.shard_size S: the world splits into groups of S ranks that
+     * shard the state among them (shard_comm), and the ranks with the same
+     * place in each group hold the same rows (replica_comm): HSDP. S = world:
+     * one shard group; S = 1: every rank holds everything. */
+    ht_comm *shard_comm, *replica_comm;
+    bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;
     ht_dataset *data;
     ht_loader train_loader;

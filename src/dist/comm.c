@@ -68,6 +68,12 @@ ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err) {
     return ht_comm_mpi_init(argc, argv, announced, which, out, err);
 }
 
+ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
+    *out = ht_comm_single();
+    if (c->size == 1) return HT_OK;
+    return ht_comm_mpi_split(c, color, key, out, err);
+}
+
 void ht_comm_free(ht_comm *c) {
     if (c) c->ops->free(c);
 }

@@ -5,6 +5,7 @@
 #include "dist/comm_internal.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 typedef struct mpi_comm {
     ht_comm base;
     MPI_Comm comm;
+    bool world; /* MPI_COMM_WORLD: freeing it finalizes MPI */
     /* Scratch reused across calls: the slices received, counts and offsets. */
     void *scratch;
     size_t scratch_bytes;
@@ -160,13 +162,15 @@ static void mpi_barrier(ht_comm *c) {
 
 static void mpi_free(ht_comm *c) {
     mpi_comm *m = (mpi_comm *)c;
+    bool world = m->world;
+    if (!world) MPI_Comm_free(&m->comm);
     ht_free(m->scratch);
     free(m->counts);
     free(m->displs);
     free(m->counts2);
     free(m->displs2);
     free(m);
-    MPI_Finalize();
+    if (world) MPI_Finalize();
 }
 
 static const ht_comm_ops mpi_ops = {
@@ -181,30 +185,20 @@ static const ht_comm_ops mpi_ops = {
     .free = mpi_free,
 };
 
-ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *which, ht_comm **out, ht_error *err) {
-    int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-        return ht_fail(err, HT_ERR_INVALID, "%s=%d: started by a launcher, but MPI_Init failed", which, announced);
+/* The ht_comm of an MPI communicator (its rank, size, local size and buffers). */
+static ht_status wrap(MPI_Comm comm, bool world, mpi_comm **out, ht_error *err) {
     mpi_comm *m = calloc(1, sizeof(*m));
-    if (!m) return ht_fail(err, HT_ERR_OOM, "cannot allocate the MPI world");
-    m->comm = MPI_COMM_WORLD;
-    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(m->comm, &m->base.rank);
-    MPI_Comm_size(m->comm, &m->base.size);
+    if (!m) return ht_fail(err, HT_ERR_OOM, "cannot allocate an MPI group");
+    m->comm = comm;
+    m->world = world;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &m->base.rank);
+    MPI_Comm_size(comm, &m->base.size);
     m->base.ops = &mpi_ops;
     m->base.name = "MPI";
-    if (m->base.size != announced) {
-        int size = m->base.size;
-        free(m);
-        MPI_Finalize();
-        return ht_fail(err, HT_ERR_INVALID,
-                       "%s=%d: the launcher started %d processes, but MPI's world has %d: this process cannot join "
-                       "its world (an MPI library other than the one mpirun belongs to?)",
-                       which, announced, announced, size);
-    }
-    /* Ranks on this node: the shared-memory split of the world. */
+    /* Ranks on this node: the shared-memory split of the group. */
     MPI_Comm node;
-    MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->base.rank, MPI_INFO_NULL, &node);
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, m->base.rank, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &m->base.local_size);
     MPI_Comm_free(&node);
     size_t P = (size_t)m->base.size;
@@ -213,9 +207,55 @@ ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *w
     m->counts2 = calloc(P, sizeof(int));
     m->displs2 = calloc(P, sizeof(int));
     if (!m->counts || !m->displs || !m->counts2 || !m->displs2) {
-        mpi_free(&m->base);
-        return ht_fail(err, HT_ERR_OOM, "cannot allocate the MPI world");
+        free(m->counts);
+        free(m->displs);
+        free(m->counts2);
+        free(m->displs2);
+        free(m);
+        if (!world) MPI_Comm_free(&comm);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate an MPI group");
     }
+    *out = m;
+    return HT_OK;
+}
+
+ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *which, ht_comm **out, ht_error *err) {
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return ht_fail(err, HT_ERR_INVALID, "%s=%d: started by a launcher, but MPI_Init failed", which, announced);
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != announced) {
+        MPI_Finalize();
+        return ht_fail(err, HT_ERR_INVALID,
+                       "%s=%d: the launcher started %d processes, but MPI's world has %d: this process cannot join "
+                       "its world (an MPI library other than the one mpirun belongs to?)",
+                       which, announced, announced, size);
+    }
+    mpi_comm *m;
+    ht_status s = wrap(MPI_COMM_WORLD, true, &m, err);
+    if (s != HT_OK) {
+        MPI_Finalize();
+        return s;
+    }
+    *out = &m->base;
+    return HT_OK;
+}
+
+ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
+    mpi_comm *parent = (mpi_comm *)c;
+    MPI_Comm sub;
+    mpi_check(parent, MPI_Comm_split(parent->comm, color, key, &sub), "MPI_Comm_split");
+    int size = 0;
+    MPI_Comm_size(sub, &size);
+    if (size == 1) { /* a group of one: the single-process group, nothing to exchange */
+        MPI_Comm_free(&sub);
+        *out = ht_comm_single();
+        return HT_OK;
+    }
+    mpi_comm *m;
+    ht_status s = wrap(sub, false, &m, err);
+    if (s != HT_OK) return s;
     *out = &m->base;
     return HT_OK;
 }

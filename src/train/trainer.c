@@ -40,7 +40,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     /* fsdp_config.shard_size: every rank keeps only its rows of every
      * parameter (and so of its FP32 main param, main_grad and optimizer state). */
     if (t->sharded) {
-        s = ht_params_shard(&t->model->params, t->comm->rank, t->comm->size, err);
+        s = ht_params_shard(&t->model->params, t->shard_comm->rank, t->shard_comm->size, err);
         if (s != HT_OK) return s;
     }
     /* model_init_dtype converts every float parameter after the weights exist. */
@@ -56,12 +56,15 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
     if (t->sharded)
-        ht_log_info("Data parallel over %d ranks, fully sharded (fsdp_config.shard_size %d): each rank holds its rows "
-                    "of every parameter, FP32 main param, main_grad and optimizer state (%.2fM of %.2fM values on "
-                    "this rank), gathers the whole compute weights after every update and sums the FP32 gradients "
-                    "into each rank's rows",
-                    t->comm->size, t->comm->size, (double)local_numel(&t->model->params) / 1e6,
-                    (double)ht_params_total_numel(&t->model->params) / 1e6);
+        ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
+                    "each rank holds its rows of every parameter, FP32 main param, main_grad and optimizer state "
+                    "(%.2fM of %.2fM values on this rank), gathers the whole compute weights from its shard group "
+                    "after every update and sums the FP32 gradients into each rank's rows%s",
+                    t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
+                    t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
+                    (double)local_numel(&t->model->params) / 1e6,
+                    (double)ht_params_total_numel(&t->model->params) / 1e6,
+                    t->replica_comm->size > 1 ? ", then over the replicas" : "");
     else if (t->comm->size > 1)
         ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
                     "model and optimizer state; the FP32 gradients are summed over the ranks before each step",
@@ -134,7 +137,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
     if (s != HT_OK) return s;
-    ht_fsdp_refresh_compute(&t->model->params, t->comm);
+    ht_fsdp_refresh_compute(&t->model->params, t->shard_comm);
     t->model->output_dtype = c->fsdp.output_dtype;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
@@ -281,7 +284,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
-    oc.comm = t->sharded ? t->comm : NULL; /* replicated ranks each hold every gradient already */
+    oc.comm = t->shard_comm; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
@@ -348,35 +351,26 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
 }
 
-/* fsdp_config.shard_size: auto or the world size shards every rank's state
- * over all ranks; 1 replicates it (plain data parallel). Shard groups smaller
- * than the world (HSDP) are not implemented yet: an error, never a silent
- * full shard. */
-static ht_status choose_sharding(ht_trainer *t, ht_error *err) {
-    int shard = t->config.fsdp.shard_size == 0 ? t->comm->size : t->config.fsdp.shard_size;
-    if (shard != 1 && shard != t->comm->size) {
-        int line = 0;
-        char where[HT_CONFIG_STR_MAX + 32] = "";
-        if (ht_config_key_source(&t->config, "fsdp_config.shard_size", &line) == HT_CONFIG_SOURCE_FILE)
-            snprintf(where, sizeof(where), " (%s, line %d)", t->config.file, line);
-        return ht_fail(err, HT_ERR_CONFIG,
-                       "fsdp_config.shard_size%s: shard groups of %d ranks in a world of %d (HSDP) are not supported "
-                       "yet; expected auto or %d (shard over every rank) or 1 (replicate on every rank)",
-                       where, shard, t->comm->size, t->comm->size);
-    }
-    t->sharded = shard > 1;
-    return HT_OK;
+/* fsdp_config.shard_size S (auto: the world) splits the world W into W / S
+ * shard groups of S consecutive ranks and S replicate groups (HSDP). */
+static ht_status make_groups(ht_trainer *t, ht_error *err) {
+    int W = t->comm->size, S = t->config.fsdp.shard_size == 0 ? W : t->config.fsdp.shard_size;
+    ht_status s = ht_comm_split(t->comm, t->comm->rank / S, t->comm->rank % S, &t->shard_comm, err);
+    if (s == HT_OK) s = ht_comm_split(t->comm, t->comm->rank % S, t->comm->rank / S, &t->replica_comm, err);
+    t->sharded = S > 1;
+    return s;
 }
 
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
     t->comm = comm;
+    t->shard_comm = t->replica_comm = ht_comm_single();
     t->last_eval_loss = NAN;
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
     if (s == HT_OK) s = check_same_config(t, err);
-    if (s == HT_OK) s = choose_sharding(t, err);
+    if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = build_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
@@ -399,6 +393,8 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);
+    if (t->replica_comm) ht_comm_free(t->replica_comm);
+    if (t->shard_comm) ht_comm_free(t->shard_comm);
     ht_comm *comm = t->comm;
     memset(t, 0, sizeof(*t));
     t->comm = comm;
@@ -425,11 +421,9 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     }
     /* Data parallel: every rank's FP32 gradients summed over the ranks, in
      * rank order: into each rank's rows (sharded), or whole on every rank. */
-    if (t->sharded)
-        ht_fsdp_reduce_grads(&m->params, t->comm);
-    else
-        ht_all_reduce_f32(t->comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)),
-                          HT_REDUCE_SUM);
+    ht_fsdp_reduce_grads(&m->params, t->shard_comm);
+    ht_all_reduce_f32(t->replica_comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)),
+                      HT_REDUCE_SUM);
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
     if (t->qk_layers)
         ht_all_reduce_f32(t->comm, m->attn_max_logit,
@@ -444,7 +438,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
     }
-    ht_fsdp_refresh_compute(&m->params, t->comm);
+    ht_fsdp_refresh_compute(&m->params, t->shard_comm);
     t->step++;
     double dt = ht_time_seconds() - t0;
     if (stats) {
@@ -579,7 +573,7 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
         return s;
     }
     for (int i = 0; i < ps->count; i++)
-        ht_fsdp_gather_rows(&ps->items[i], t->comm, ps->items[i].data, whole->items[i].data,
+        ht_fsdp_gather_rows(&ps->items[i], t->shard_comm, ps->items[i].data, whole->items[i].data,
                             ht_dtype_size(ps->items[i].dtype));
     return HT_OK;
 }
@@ -732,35 +726,32 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_comm *comm = t->comm;
     const bool root = comm->rank == 0;
-    if (!t->sharded) {
-        /* Every rank holds the whole state: rank 0 writes it, the others wait until it is complete. */
-        char dir[HT_CKPT_PATH_MAX];
-        ht_status s = root ? ht_ckpt_save(c->checkpoint.output_dir, &v, &o, dir, sizeof(dir), err) : HT_OK;
-        if (s != HT_OK) return s; /* the CLI ends every rank */
-        if (root) ht_log_info("saved checkpoint %s in %.2f s", dir, ht_time_seconds() - t0);
-        ht_barrier(comm);
-        return HT_OK;
+    /* The first shard group writes (its replicas hold the same rows; with
+     * shard_size 1 that is rank 0 alone, holding everything). Rank 0 opens
+     * step_X.tmp/, every rank of the group writes its rows into its own file,
+     * rank 0 writes metadata.json from every rank's chunk list and commits,
+     * and the other ranks wait until it is complete. A rank that fails ends
+     * the world (CLI), and the .tmp is never loaded. */
+    ht_comm *group = t->shard_comm;
+    if (comm->rank < group->size) {
+        char tmp[HT_CKPT_PATH_MAX] = "";
+        ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
+        if (s != HT_OK) return s;
+        ht_broadcast(group, tmp, (int64_t)sizeof(tmp), 0);
+        ht_ckpt_rank_file mine = {0};
+        s = ht_ckpt_write_rank(tmp, group->rank, &v, &o, &mine, err);
+        if (s != HT_OK) return s;
+        ht_ckpt_rank_file *ranks = calloc((size_t)group->size, sizeof(ht_ckpt_rank_file));
+        s = ranks ? gather_rank_files(group, &mine, ranks, err) : ht_fail(err, HT_ERR_OOM, "out of memory");
+        if (s == HT_OK && root) s = ht_ckpt_commit(c->checkpoint.output_dir, group->size, ranks, &v, &o, err);
+        ht_ckpt_rank_file_free(&mine);
+        for (int r = 0; ranks && r < group->size; r++) ht_ckpt_rank_file_free(&ranks[r]);
+        free(ranks);
+        if (s != HT_OK) return s;
+        if (root)
+            ht_log_info("saved checkpoint %s/step_%08lld (%d rank file%s) in %.2f s", c->checkpoint.output_dir,
+                        (long long)t->step, group->size, group->size > 1 ? "s" : "", ht_time_seconds() - t0);
     }
-    /* Sharded: rank 0 opens step_X.tmp/, every rank writes its rows into its
-     * own file, rank 0 writes metadata.json from every rank's chunk list and
-     * commits. A rank that fails ends the world (CLI), and the .tmp is never loaded. */
-    char tmp[HT_CKPT_PATH_MAX] = "";
-    ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
-    if (s != HT_OK) return s;
-    ht_broadcast(comm, tmp, (int64_t)sizeof(tmp), 0);
-    ht_ckpt_rank_file mine = {0};
-    s = ht_ckpt_write_rank(tmp, comm->rank, &v, &o, &mine, err);
-    if (s != HT_OK) return s;
-    ht_ckpt_rank_file *ranks = calloc((size_t)comm->size, sizeof(ht_ckpt_rank_file));
-    s = ranks ? gather_rank_files(comm, &mine, ranks, err) : ht_fail(err, HT_ERR_OOM, "out of memory");
-    if (s == HT_OK && root) s = ht_ckpt_commit(c->checkpoint.output_dir, comm->size, ranks, &v, &o, err);
-    ht_ckpt_rank_file_free(&mine);
-    for (int r = 0; ranks && r < comm->size; r++) ht_ckpt_rank_file_free(&ranks[r]);
-    free(ranks);
-    if (s != HT_OK) return s;
-    if (root)
-        ht_log_info("saved checkpoint %s/step_%08lld (%d rank files) in %.2f s", c->checkpoint.output_dir,
-                    (long long)t->step, comm->size, ht_time_seconds() - t0);
     ht_barrier(comm);
     return HT_OK;
 }
@@ -777,7 +768,7 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
     ht_ckpt_close(ck);
     if (s != HT_OK) return s;
-    ht_fsdp_refresh_compute(&t->model->params, t->comm); /* the load cast this rank's rows only */
+    ht_fsdp_refresh_compute(&t->model->params, t->shard_comm); /* the load cast this rank's rows only */
     if (!restore_optimizer) return HT_OK;
     /* The schedules' step and the loss scaler came with the optimizer; the rest is the trainer's. */
     t->step = v.state.step;
