@@ -1146,6 +1146,23 @@ static void test_log_section(void **state) {
     free(text);
 }
 
+/* MindSpeed-MM's parallel.fully_shard_parallel_size is fsdp_config.shard_size,
+ * auto included; both spellings in one file are a duplicate. */
+static void test_mindspeed_shard_size(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("ms1.yaml", "parallel:\n  fully_shard_parallel_size: 4\n", &cfg, &err), &err);
+    assert_int_equal(cfg.fsdp.shard_size, 4);
+    assert_string_equal(ht_config_key_spelling(&cfg, "fsdp_config.shard_size"), "parallel.fully_shard_parallel_size");
+    assert_ht_ok(load_text("ms2.yaml", "parallel:\n  fully_shard_parallel_size: auto\n", &cfg, &err), &err);
+    assert_int_equal(cfg.fsdp.shard_size, 0);
+    assert_int_not_equal(
+        load_text("ms3.yaml", "parallel:\n  fully_shard_parallel_size: 2\nfsdp_config:\n  shard_size: 2\n", &cfg, &err),
+        HT_OK);
+    assert_non_null(strstr(err.msg, "fully_shard_parallel_size"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),         cmocka_unit_test(test_default_yaml),
@@ -1158,7 +1175,7 @@ int main(void) {
         cmocka_unit_test(test_validation_rules), cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples), cmocka_unit_test(test_shared_aliases),
         cmocka_unit_test(test_contract_rules),   cmocka_unit_test(test_log),
-        cmocka_unit_test(test_log_section),
+        cmocka_unit_test(test_log_section),      cmocka_unit_test(test_mindspeed_shard_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

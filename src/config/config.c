@@ -285,6 +285,8 @@ static const key_alias ALIASES[] = {
     RENAME("training.max_steps", "training.steps"),
     RENAME("training.micro_batch_size", "training.local_batch_size"),
     RENAME("training.max_grad_norm", "training.max_norm"),
+    /* MindSpeed-MM's parallel section: the FSDP shard group size (auto: the world). */
+    RENAME("parallel.fully_shard_parallel_size", "fsdp_config.shard_size"),
 };
 #define N_ALIASES ((int)(sizeof(ALIASES) / sizeof(ALIASES[0])))
 _Static_assert(sizeof(ALIASES) / sizeof(ALIASES[0]) < 255, "ht_config.alias is a uint8_t");
