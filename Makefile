@@ -7,18 +7,18 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release
 	@cmake --build build/release -j$(JOBS)
 
 build-asan: deps
-	@cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHT_SANITIZE=ON >/dev/null
+	@cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHT_SANITIZE=ON
 	@cmake --build build/asan -j$(JOBS)
 
 # clang, warning-free too (-Werror), built for x86-64-v3 (AVX2 + FMA) rather
 # than this machine: the suite also runs on the code paths a CPU without
 # AVX-512 takes, and the binary must run on any CPU the engine supports.
 build-clang: deps
-	@CC=clang cmake -S . -B build/clang -DCMAKE_BUILD_TYPE=Release -DHT_MARCH=x86-64-v3 >/dev/null
+	@CC=clang cmake -S . -B build/clang -DCMAKE_BUILD_TYPE=Release -DHT_MARCH=x86-64-v3
 	@cmake --build build/clang -j$(JOBS)
 
 # Train the default model on the default corpus. STEPS=N trains N steps instead

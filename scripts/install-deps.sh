@@ -17,6 +17,7 @@ packages=(
   openmpi-bin        # mpirun
   libcmocka-dev      # the test framework
   qemu-user          # the test suite runs the binary on emulated older CPUs
+  procps             # pgrep and pkill: the MPI tests kill one rank of their own run
   fortunes           # the default corpus: English text under /usr/share/games/fortunes
 )
 

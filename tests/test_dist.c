@@ -302,12 +302,14 @@ static void test_killed_rank_ends_the_world(void **state) {
     const char *bin = getenv("HT_BIN");
     char cmd[8192], out[1300];
     snprintf(out, sizeof(out), "%s/log.txt", dir);
-    /* Rank 1 kills itself once training has begun (its first step is logged by rank 0). */
+    /* Once training has begun (rank 0 logged step 2), the newest rank of this
+     * test's own mpirun (timeout's child; its ranks are mpirun's children) is
+     * killed: never a process of another run on the machine. */
     snprintf(cmd, sizeof(cmd),
              "cd '%s' && (" MPIRUN "-np 2 '%s' train "
              "run.yaml --set checkpoint.output_dir=o > '%s' 2>&1 & "
              "for i in $(seq 1500); do grep -q 'step     2/' '%s' 2>/dev/null && break; sleep 0.1; done; "
-             "pkill -KILL -f -n 'hypertrain train run.yaml'; wait $!)",
+             "pkill -KILL -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
              dir, bin, out, out);
     double t0 = ht_time_seconds();
     int rc = system(cmd);
