@@ -723,6 +723,30 @@ static void test_latest_and_keep_last(void **state) {
     snprintf(path, sizeof(path), "%s/empty", dir);
     assert_ht_ok(ht_ckpt_resolve("latest", path, resolved, sizeof(resolved), &err), &err);
     assert_string_equal(resolved, "");
+
+    /* Anything else that cannot be resolved is an error, never a fresh start
+     * that would overwrite the checkpoints there: `latest` naming a deleted
+     * step, `latest` gone while checkpoints remain, a dangling symlink, a
+     * directory where the file should be. */
+    const char *out = t->config.checkpoint.output_dir;
+    char latest_path[1500];
+    snprintf(latest_path, sizeof(latest_path), "%s/latest", out);
+    write_file(latest_path, "step_00000003\n", 14);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "names step_00000003"));
+    assert_int_equal(unlink(latest_path), 0);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "holds checkpoints (step_0000000"));
+    assert_int_equal(symlink("step_00000003", latest_path), 0);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "points to step_00000003, which does not exist"));
+    assert_int_equal(unlink(latest_path), 0);
+    assert_int_equal(mkdir(latest_path, 0755), 0);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "expected a file, found a directory"));
+    assert_int_equal(rmdir(latest_path), 0);
+    write_file(latest_path, "step_00000005\n", 14);
+    assert_ht_ok(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), &err);
     trainer_delete(t);
     free(cfg);
 }
@@ -983,9 +1007,28 @@ static void test_run_saves_and_cli_resumes(void **state) {
     free(text);
     snprintf(path, sizeof(path), "%s/run/step_00000010/metadata.json", dir);
     assert_true(exists(path));
-    /* metrics.jsonl holds every step once: the first run's 1-7, then the resumed 8-10. */
+    /* Resumes killed at 12 moments of their start-up never lose the history:
+     * steps 1-10 stay. A guard, not a proof: the old in-place rewrite lost the
+     * file only in a window of milliseconds here, which these kills did not
+     * hit; the fix is the rename (open_metrics). */
     snprintf(path, sizeof(path), "%s/run/metrics.jsonl", dir);
     size_t len;
+    for (int trial = 0; trial < 12; trial++) {
+        char kill_cmd[8000];
+        snprintf(
+            kill_cmd, sizeof(kill_cmd),
+            "cd '%s' && { '%s' %s > killed.txt 2>&1 & pid=$!; sleep 0.%02d; kill -9 $pid; wait $pid; } 2>/dev/null",
+            dir, getenv("HT_BIN"), args, 5 + trial * 6);
+        if (system(kill_cmd) == -1) fail_msg("cannot run %s", kill_cmd);
+        assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+        for (int step = 1; step <= 10; step++) {
+            char needle[64];
+            snprintf(needle, sizeof(needle), "{\"step\": %d, \"loss\"", step);
+            if (!strstr(text, needle)) fail_msg("kill %d: metrics.jsonl lost step %d:\n%s", trial, step, text);
+        }
+        free(text);
+    }
+    /* metrics.jsonl holds every step once: the first run's 1-7, then the resumed 8-10. */
     assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
     for (int step = 1; step <= 10; step++) {
         char needle[64];

@@ -49,6 +49,13 @@ ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error 
     if (out_size) *out_size = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* A directory opens for reading, and its "size" is no size at all. */
+    struct stat sb = {0};
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return ht_fail(err, HT_ERR_IO, "%s: expected a file, found %s", path,
+                       S_ISDIR(sb.st_mode) ? "a directory" : "something else (not a regular file)");
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return ht_fail(err, HT_ERR_IO, "%s: cannot seek (not a regular file?)", path);

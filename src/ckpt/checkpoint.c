@@ -865,26 +865,66 @@ int ht_ckpt_world_size(const ht_checkpoint *ck) { return ck->world; }
 const char *ht_ckpt_dir(const ht_checkpoint *ck) { return ck->dir; }
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck->state; }
 
+/* The first complete checkpoint directory (step_X with a metadata.json) in
+ * output_dir, into name; false when there is none. */
+static bool first_checkpoint(const char *output_dir, char *name, size_t n) {
+    DIR *d = opendir(output_dir);
+    if (!d) return false;
+    bool found = false;
+    char path[HT_CKPT_PATH_MAX];
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        if (step_of(e->d_name) < 0) continue;
+        snprintf(path, sizeof(path), "%s/%s/metadata.json", output_dir, e->d_name);
+        struct stat sb;
+        if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            snprintf(name, n, "%s", e->d_name);
+            found = true;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char *dir, size_t n, ht_error *err) {
     dir[0] = '\0';
     if (strcmp(restore_from, "latest") != 0) {
         snprintf(dir, n, "%s", restore_from);
         return HT_OK;
     }
-    char path[HT_CKPT_PATH_MAX];
+    char path[HT_CKPT_PATH_MAX], any[64];
     join(path, sizeof(path), output_dir, "latest");
     struct stat sb;
-    if (stat(path, &sb) != 0) {
+    /* Only an output directory with no checkpoint at all starts fresh: a run
+     * that cannot find the one it should resume must not overwrite the others. */
+    if (lstat(path, &sb) != 0) {
+        if (first_checkpoint(output_dir, any, sizeof(any)))
+            return ht_fail(err, HT_ERR_IO,
+                           "checkpoint.restore_from latest: %s is missing, but %s holds checkpoints (%s, ...); "
+                           "name the one to resume in checkpoint.restore_from, or move them away to start fresh",
+                           path, output_dir, any);
         ht_log_info("checkpoint.restore_from latest: %s does not exist yet: starting from step 0", path);
         return HT_OK;
+    }
+    if (S_ISLNK(sb.st_mode) && stat(path, &sb) != 0) {
+        char target[HT_CKPT_PATH_MAX] = "";
+        ssize_t len = readlink(path, target, sizeof(target) - 1);
+        if (len > 0) target[len] = '\0';
+        return ht_fail(err, HT_ERR_IO, "checkpoint.restore_from latest: %s points to %s, which does not exist", path,
+                       target);
     }
     char *text;
     size_t len;
     ht_status s = ht_read_file(path, &text, &len, err);
     if (s != HT_OK) return s;
     while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = '\0';
+    char meta[HT_CKPT_PATH_MAX + 64];
+    snprintf(meta, sizeof(meta), "%s/%s/metadata.json", output_dir, text);
     if (step_of(text) < 0) {
         s = ht_fail(err, HT_ERR_FORMAT, "%s: names \"%.100s\", not a step_XXXXXXXX checkpoint", path, text);
+    } else if (stat(meta, &sb) != 0) {
+        s = ht_fail(err, HT_ERR_IO, "checkpoint.restore_from latest: %s names %s, but %s does not exist", path, text,
+                    meta);
     } else {
         snprintf(dir, n, "%s/%s", output_dir, text);
     }

@@ -5,9 +5,11 @@
 #include "hypertrain/train.h"
 
 #include <math.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/dist.h"
@@ -498,19 +500,26 @@ static void format_duration(char *buf, size_t n, double seconds) {
 
 /* A fresh run starts metrics.jsonl anew; a resumed one keeps the lines up to
  * the restored step (a crashed run may have written past its last checkpoint)
- * and appends. */
+ * and appends. The kept lines go to metrics.jsonl.tmp, fsynced, then renamed
+ * over the old file: a kill at any moment leaves the whole old history or the
+ * whole kept one, never an empty or cut file. */
 static ht_status open_metrics(ht_trainer *t, ht_error *err) {
-    char path[HT_CONFIG_STR_MAX + 32];
+    char path[HT_CONFIG_STR_MAX + 32], tmp[HT_CONFIG_STR_MAX + 40];
     ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
     if (s != HT_OK) return s;
     snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
     char *old = NULL;
     size_t len = 0;
-    if (t->step > 0 && ht_read_file(path, &old, &len, NULL) != HT_OK) old = NULL;
-    t->metrics = fopen(path, "w");
-    if (!t->metrics) {
+    if (t->step == 0 || ht_read_file(path, &old, &len, NULL) != HT_OK) {
+        t->metrics = fopen(path, "w");
+        if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", path);
+        return HT_OK;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
         free(old);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", path);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", tmp);
     }
     for (char *line = old; line && *line;) {
         char *end = strchr(line, '\n');
@@ -519,12 +528,20 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
         if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
             const ht_json *step = ht_json_get(obj, "step");
             if (step && step->type == HT_JSON_NUMBER && step->number <= (double)t->step)
-                fprintf(t->metrics, "%.*s\n", (int)n, line);
+                fprintf(f, "%.*s\n", (int)n, line);
             ht_json_free(obj);
         }
         line = end ? end + 1 : NULL;
     }
     free(old);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot write the kept metrics: %s", tmp, strerror(errno));
+    }
+    t->metrics = fopen(path, "a");
+    if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for appending", path);
     return HT_OK;
 }
 
