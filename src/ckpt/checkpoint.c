@@ -892,7 +892,7 @@ ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char
         snprintf(dir, n, "%s", restore_from);
         return HT_OK;
     }
-    char path[HT_CKPT_PATH_MAX], any[64];
+    char path[HT_CKPT_PATH_MAX], any[256];
     join(path, sizeof(path), output_dir, "latest");
     struct stat sb;
     /* Only an output directory with no checkpoint at all starts fresh: a run
