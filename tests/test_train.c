@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 
 #include "hypertrain/ckpt.h"
@@ -229,6 +230,20 @@ static void test_cli_bad_input(void **state) {
     snprintf(cmd, sizeof(cmd), "'%s' train '%s' 2>/dev/null", getenv("HT_BIN"), path);
     assert_int_not_equal(system(cmd), 0);
     (void)msg;
+
+    /* A directory where the config file should be: a sentence, exit 1, no huge allocation. */
+    ht_error err;
+    snprintf(path, sizeof(path), "%s/dir.yaml", dir);
+    assert_ht_ok(ht_make_dirs(path, &err), &err);
+    snprintf(cmd, sizeof(cmd), "'%s' train '%s' > '%s/dir.txt' 2>&1", getenv("HT_BIN"), path, dir);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    snprintf(path, sizeof(path), "%s/dir.txt", dir);
+    char *said;
+    size_t said_len;
+    assert_ht_ok(ht_read_file(path, &said, &said_len, &err), &err);
+    assert_non_null(strstr(said, "dir.yaml: expected a file, found a directory"));
+    free(said);
 
     /* A data path that does not exist. */
     snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/missing.txt\n  seq_len: 16\n", dir);
