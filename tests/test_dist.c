@@ -185,6 +185,26 @@ static void test_config_error_on_every_rank(void **state) {
     free(log);
 }
 
+/* Ranks that hold no rows of some parameters: a Llama with hidden 16, 4
+ * heads of dim 4 and one KV head, so k_proj and v_proj have 4 rows, on 8
+ * ranks (half of them hold none of those rows). The same model as one process. */
+static void test_ranks_holding_no_rows(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_zero_rows");
+    write_config(dir, "float32", 4, false);
+    char *one, *log;
+    const char *small = "--set model.hidden_size=16 --set model.num_key_value_heads=1 --set model.intermediate_size=24 "
+                        "--set training.global_batch_size=8";
+    if (run_ranks(dir, 0, small, &one) != 0) fail_msg("one process failed:\n%s", one);
+    free(one);
+    int rc = run_ranks(dir, 8, small, &log);
+    if (rc != 0) fail_msg("8 ranks failed (%d):\n%s", rc, log);
+    assert_non_null(strstr(log, "fully sharded (fsdp_config.shard_size 8"));
+    free(log);
+    double e = compare_final(dir, "out8", "out0", 1e-5);
+    printf("8 ranks, some holding no rows: final weights within %.3g of one process\n", e);
+}
+
 /* The seed's case 2: a checkpoint saved after 1 step on 4 ranks (4 rank
  * files), restored on 4 ranks (bitwise equal to the run that went on), on
  * 2 ranks and on one process (within the bf16 bound), each continued to the
@@ -333,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_ranks_with_different_configs),
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
         cmocka_unit_test(test_hsdp_2_shards_x_2_replicas),
+        cmocka_unit_test(test_ranks_holding_no_rows),
         cmocka_unit_test(test_killed_rank_ends_the_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
