@@ -217,6 +217,60 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
     if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
 }
 
+/* An fp16 run whose first steps overflow (an absurd initial loss scale):
+ * the skipped steps' grad_norm is null, not "-nan", so metrics.jsonl stays
+ * JSON and the plot is drawn; a resume keeps those lines. A line in the middle
+ * of metrics.jsonl that is not JSON stops a resume, naming it; a last line
+ * cut by a kill is dropped with a warning. */
+static void test_fp16_metrics_and_their_resume(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_fp16_metrics");
+    write_corpus(dir);
+    char data[2048], msg[1 << 16], path[1400];
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    const char *fp16 = "--set model_init_dtype=float16 --set fsdp_config.mix_precision.param_dtype=float16 "
+                       "--set training.loss_scale_initial=1e30 --set checkpoint.save_interval=1";
+    int rc = run_cli(dir, yaml, fp16, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the fp16 run failed: %s", msg);
+    assert_non_null(strstr(msg, "skipped: gradient overflow"));
+    snprintf(path, sizeof(path), "%s/out/metrics.jsonl", dir);
+    char *text;
+    size_t len;
+    ht_error err;
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    assert_non_null(strstr(text, "\"grad_norm\": null"));
+    assert_null(strstr(text, "nan"));
+    free(text);
+    snprintf(path, sizeof(path), "%s/out/loss.svg", dir);
+    assert_true(exists(path));
+
+    /* Resume to step 3: steps 1 and 2 stay. Then a broken middle line refuses, a cut last line warns. */
+    char resume[1200];
+    snprintf(resume, sizeof(resume), "%s --set training.steps=3 --set checkpoint.restore_from=latest", fp16);
+    rc = run_cli(dir, NULL, resume, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the resume failed: %s", msg);
+    snprintf(path, sizeof(path), "%s/out/metrics.jsonl", dir);
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    assert_non_null(strstr(text, "{\"step\": 2, \"loss\""));
+    assert_non_null(strstr(text, "{\"step\": 3, \"loss\""));
+    char *broken = malloc(len + 64);
+    char *second = strchr(text, '\n') + 1;
+    snprintf(broken, len + 64, "%.*s{not json\n%s", (int)(second - text), text, second);
+    write_file(path, broken, strlen(broken));
+    snprintf(resume, sizeof(resume), "%s --set training.steps=4 --set checkpoint.restore_from=latest", fp16);
+    rc = run_cli(dir, NULL, resume, msg, sizeof(msg));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(msg, "metrics.jsonl: line 2 is not a JSON object"));
+    snprintf(broken, len + 64, "%s{\"step\": 3, \"lo", text);
+    write_file(path, broken, strlen(broken));
+    rc = run_cli(dir, NULL, resume, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the resume after a cut last line failed: %s", msg);
+    assert_non_null(strstr(msg, "was cut short"));
+    free(broken);
+    free(text);
+}
+
 static void test_cli_bad_input(void **state) {
     (void)state;
     const char *dir = scratch_dir("cli_bad");
@@ -346,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

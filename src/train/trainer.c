@@ -521,15 +521,30 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
         free(old);
         return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", tmp);
     }
+    /* Every line is kept or dropped for a reason: past the restored step, or
+     * the last line cut by a kill mid-write. Any other line that is not JSON
+     * stops the resume rather than vanish. */
+    int number = 0;
     for (char *line = old; line && *line;) {
         char *end = strchr(line, '\n');
         size_t n = end ? (size_t)(end - line) : strlen(line);
         ht_json *obj;
+        number++;
         if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
             const ht_json *step = ht_json_get(obj, "step");
             if (step && step->type == HT_JSON_NUMBER && step->number <= (double)t->step)
                 fprintf(f, "%.*s\n", (int)n, line);
             ht_json_free(obj);
+        } else if (!end) {
+            ht_log_warn("%s: line %d was cut short (a kill while it was written): dropped", path, number);
+        } else if (n > 0) {
+            fclose(f);
+            remove(tmp);
+            free(old);
+            return ht_fail(err, HT_ERR_FORMAT,
+                           "%s: line %d is not a JSON object: fix or move the file before resuming (it is never "
+                           "rewritten without its lines)",
+                           path, number);
         }
         line = end ? end + 1 : NULL;
     }
@@ -545,19 +560,32 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss) {
-    if (!t->metrics) return;
-    if (st)
-        fprintf(t->metrics,
-                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"muon_lr\": %.6e, \"grad_norm\": %.6f, "
-                "\"loss_scale\": %g, \"skipped\": %s, \"qk_clipped_heads\": %d, \"tokens_per_s\": %.1f",
-                (long long)st->step, st->loss, st->lr, st->muon_lr, st->grad_norm, st->loss_scale,
-                st->skipped ? "true" : "false", st->qk_clipped_heads, st->tokens_per_s);
+/* ", \"key\": value" in `fmt`; JSON has no NaN or Inf, so a non-finite value
+ * (an fp16 step skipped on overflow has no gradient norm) is null. */
+static void write_number(FILE *f, const char *key, const char *fmt, double v) {
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v))
+        fprintf(f, fmt, v);
     else
-        fprintf(t->metrics, "{\"step\": %lld", (long long)t->step);
-    if (isfinite(eval_loss)) fprintf(t->metrics, ", \"val_loss\": %.6f", eval_loss);
-    fprintf(t->metrics, "}\n");
-    fflush(t->metrics);
+        fputs("null", f);
+}
+
+static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss) {
+    FILE *f = t->metrics;
+    if (!f) return;
+    fprintf(f, "{\"step\": %lld", (long long)(st ? st->step : t->step));
+    if (st) {
+        write_number(f, "loss", "%.6f", st->loss);
+        write_number(f, "lr", "%.6e", st->lr);
+        write_number(f, "muon_lr", "%.6e", st->muon_lr);
+        write_number(f, "grad_norm", "%.6f", st->grad_norm);
+        write_number(f, "loss_scale", "%g", st->loss_scale);
+        fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
+        write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
+    }
+    if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
+    fprintf(f, "}\n");
+    fflush(f);
 }
 
 static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
