@@ -1146,6 +1146,32 @@ static void test_log_section(void **state) {
     free(text);
 }
 
+/* Hostile files are refused fast: more than 1 MiB, or brackets nested past
+ * 64 levels (libyaml's time grows with the square of that nesting); brackets
+ * inside quotes and comments do not count. */
+static void test_size_and_nesting_caps(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    char *text = malloc((2 << 20) + 1);
+    memset(text, '[', 2 << 20);
+    text[2 << 20] = '\0';
+    double t0 = ht_time_seconds();
+    assert_int_equal(load_text("huge.yaml", text, &cfg, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "expected a configuration of at most 1048576 bytes"));
+    text[100000] = '\0';
+    assert_int_equal(load_text("deep.yaml", text, &cfg, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "deep.yaml:1: brackets nested deeper than 64 levels"));
+    assert_true(ht_time_seconds() - t0 < 1.0);
+    free(text);
+    char quoted[512], brackets[101];
+    memset(brackets, '[', 100);
+    brackets[100] = '\0';
+    snprintf(quoted, sizeof(quoted), "data:\n  path: \"%s\"  # %s\n", brackets, brackets);
+    assert_ht_ok(load_text("quoted.yaml", quoted, &cfg, &err), &err);
+    assert_string_equal(cfg.data.path, brackets);
+}
+
 /* MindSpeed-MM's parallel.fully_shard_parallel_size is fsdp_config.shard_size,
  * auto included; both spellings in one file are a duplicate. */
 static void test_mindspeed_shard_size(void **state) {
@@ -1165,17 +1191,29 @@ static void test_mindspeed_shard_size(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),         cmocka_unit_test(test_default_yaml),
-        cmocka_unit_test(test_full_file),        cmocka_unit_test(test_format_roundtrip),
-        cmocka_unit_test(test_missing_file),     cmocka_unit_test(test_not_yaml),
-        cmocka_unit_test(test_empty_file),       cmocka_unit_test(test_top_level_not_mapping),
-        cmocka_unit_test(test_unknown_key),      cmocka_unit_test(test_wrong_types),
-        cmocka_unit_test(test_duplicate_key),    cmocka_unit_test(test_set_overrides),
-        cmocka_unit_test(test_set_errors),       cmocka_unit_test(test_fp32_main_params_rule),
-        cmocka_unit_test(test_validation_rules), cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
-        cmocka_unit_test(test_dialect_examples), cmocka_unit_test(test_shared_aliases),
-        cmocka_unit_test(test_contract_rules),   cmocka_unit_test(test_log),
-        cmocka_unit_test(test_log_section),      cmocka_unit_test(test_mindspeed_shard_size),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_default_yaml),
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_format_roundtrip),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_not_yaml),
+        cmocka_unit_test(test_empty_file),
+        cmocka_unit_test(test_top_level_not_mapping),
+        cmocka_unit_test(test_unknown_key),
+        cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_duplicate_key),
+        cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_set_errors),
+        cmocka_unit_test(test_fp32_main_params_rule),
+        cmocka_unit_test(test_validation_rules),
+        cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
+        cmocka_unit_test(test_dialect_examples),
+        cmocka_unit_test(test_shared_aliases),
+        cmocka_unit_test(test_contract_rules),
+        cmocka_unit_test(test_log),
+        cmocka_unit_test(test_log_section),
+        cmocka_unit_test(test_mindspeed_shard_size),
+        cmocka_unit_test(test_size_and_nesting_caps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

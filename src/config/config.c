@@ -945,12 +945,63 @@ static ht_status yaml_problem(const char *path, const yaml_parser_t *parser, ht_
                    problem, parser->problem_mark.column + 1);
 }
 
+/* A configuration is a few kilobytes; these bounds keep a hostile file from
+ * costing minutes: libyaml's time grows with the square of flow nesting
+ * (100,000 levels of "[" took 20 s). */
+#define CONFIG_FILE_MAX (1 << 20)
+#define CONFIG_NESTING_MAX 64
+
+/* The deepest flow nesting ([ and {) outside quotes and comments, and its line. */
+static int flow_depth(const char *text, size_t size, size_t *line_out) {
+    int depth = 0, deepest = 0;
+    size_t line = 1;
+    char quote = 0;
+    for (size_t i = 0; i < size; i++) {
+        char ch = text[i];
+        if (ch == '\n') {
+            line++;
+            if (quote == '#') quote = 0;
+            continue;
+        }
+        if (quote) {
+            if (ch == quote && quote != '#')
+                quote = 0;
+            else if (quote == '"' && ch == '\\' && i + 1 < size)
+                i++;
+            continue;
+        }
+        if (ch == '"' || ch == '\'')
+            quote = ch;
+        else if (ch == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n'))
+            quote = '#';
+        else if (ch == '[' || ch == '{') {
+            if (++depth > deepest) {
+                deepest = depth;
+                *line_out = line;
+            }
+            if (deepest > CONFIG_NESTING_MAX) return deepest;
+        } else if ((ch == ']' || ch == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return deepest;
+}
+
 static ht_status load_file(ht_config *cfg, const char *path, ht_error *err) {
     char *text = NULL;
     size_t size = 0;
     ht_error io;
     if (ht_read_file(path, &text, &size, &io) != HT_OK)
         return ht_fail(err, io.status, "config file %s (expected a readable YAML file)", io.msg);
+    size_t deep_line = 0;
+    if (size > CONFIG_FILE_MAX || flow_depth(text, size, &deep_line) > CONFIG_NESTING_MAX) {
+        free(text);
+        if (size > CONFIG_FILE_MAX)
+            return ht_fail(err, HT_ERR_CONFIG, "%s: %zu bytes; expected a configuration of at most %d bytes", path,
+                           size, CONFIG_FILE_MAX);
+        return ht_fail(err, HT_ERR_CONFIG, "%s:%zu: brackets nested deeper than %d levels; expected a configuration",
+                       path, deep_line, CONFIG_NESTING_MAX);
+    }
     if (strlen(path) >= sizeof(cfg->file)) {
         free(text);
         return ht_fail(err, HT_ERR_CONFIG, "%s: the path is longer than %d bytes", path, HT_CONFIG_STR_MAX - 1);
