@@ -375,6 +375,28 @@ static void test_sharded(void **state) {
     expect_same(&dst, &src, HT_DTYPE_BF16);
     ht_params_free(&dst);
 
+    /* A tensor in two shards: shard 1 replaced by a file holding every tensor
+     * (other values), so the tensors the index maps to the other shards are
+     * there twice. Refused, naming both files, rather than read from either. */
+    char other[1100], first[1300];
+    snprintf(other, sizeof(other), "%s/other", dir);
+    ht_param_store dup;
+    build_store(&dup, &cfg, HT_DTYPE_F32, 77);
+    assert_ht_ok(ht_hf_save(other, &cfg, &dup, HT_DTYPE_BF16, 0, &err), &err);
+    ht_params_free(&dup);
+    snprintf(first, sizeof(first), "%s/model-00001-of-%05d.safetensors", dir, nshards);
+    snprintf(path, sizeof(path), "%s/model.safetensors", other);
+    char keep[1400];
+    snprintf(keep, sizeof(keep), "%s.kept", first);
+    assert_int_equal(rename(first, keep), 0);
+    assert_int_equal(rename(path, first), 0);
+    build_store(&dst, &cfg, HT_DTYPE_F32, 99);
+    assert_int_equal(ht_hf_load_weights(dir, &dst, &err), HT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "is in both model-0000"));
+    assert_non_null(strstr(err.msg, "and model-00001-of-"));
+    ht_params_free(&dst);
+    assert_int_equal(rename(keep, first), 0);
+
     /* An untied save carries lm_head.weight: a tied store ignores it silently. */
     ht_model_config untied = small_config("llama", false);
     ht_param_store full;

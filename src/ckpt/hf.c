@@ -302,12 +302,20 @@ static ht_status open_index(const char *dir, const char *index_path, hf_files *f
         }
         which[i] = f;
     }
+    /* Each listed tensor must be where the index says, and nowhere else: a
+     * second copy in another shard would otherwise be read in its place. */
     for (size_t i = 0; i < map->count; i++) {
         if (!ht_safetensors_find(fs->files[which[i]], map->items[i].key)) {
             s = ht_fail(err, HT_ERR_FORMAT, "%s: maps tensor '%s' to %s, which does not hold it", index_path,
                         map->items[i].key, names[which[i]]);
             goto done;
         }
+        for (int f = 0; f < nfiles; f++)
+            if (f != which[i] && ht_safetensors_find(fs->files[f], map->items[i].key)) {
+                s = ht_fail(err, HT_ERR_FORMAT, "%s: tensor '%s' is in both %s (where the index maps it) and %s",
+                            index_path, map->items[i].key, names[which[i]], names[f]);
+                goto done;
+            }
     }
 done:
     free(names);
