@@ -41,7 +41,8 @@ typedef struct ht_model_ops {
     ht_status (*forward)(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
                          ht_error *err);
     /* Back-propagates the last forward's mean loss, scaled by `scale` (e.g.
-     * 1/accumulation steps), accumulating (+=) into every param's main_grad. */
+     * 1/accumulation steps), accumulating (+=) into every param's full FP32
+     * grad (its main_grad unless the store is sharded). */
     void (*backward)(ht_model *m, float scale);
     void (*free)(ht_model *m);
 } ht_model_ops;

@@ -52,14 +52,22 @@ static void *scratch(mpi_comm *m, size_t bytes) {
     return m->scratch;
 }
 
+/* counts and displs of every rank's slice, in MPI's int, from the slices'
+ * sizes laid end to end (in whatever unit the collective counts). */
+static void layout(mpi_comm *m, const int64_t *sizes) {
+    int64_t off = 0;
+    for (int r = 0; r < m->base.size; r++) {
+        m->counts[r] = as_int(m, sizes[r]);
+        m->displs[r] = as_int(m, off);
+        off += sizes[r];
+    }
+}
+
 static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
     mpi_comm *m = (mpi_comm *)c;
     int P = c->size, me = c->rank, mine = as_int(m, counts[me]);
-    int64_t off = 0;
+    layout(m, counts);
     for (int r = 0; r < P; r++) {
-        m->counts[r] = as_int(m, counts[r]);
-        m->displs[r] = as_int(m, off);
-        off += counts[r];
         m->counts2[r] = mine;
         m->displs2[r] = as_int(m, (int64_t)r * mine);
     }
@@ -74,30 +82,18 @@ static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, c
     }
 }
 
-static void byte_layout(mpi_comm *m, const int64_t *bytes);
-
 static void mpi_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
     mpi_comm *m = (mpi_comm *)c;
-    byte_layout(m, bytes);
+    layout(m, bytes);
     /* In place when send already sits at this rank's offset in recv. */
     const void *src = (const char *)recv + m->displs[c->rank] == send ? MPI_IN_PLACE : send;
     mpi_check(m, MPI_Allgatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, m->comm),
               "MPI_Allgatherv");
 }
 
-/* counts/displs (bytes) of every rank's slice, in MPI's int. */
-static void byte_layout(mpi_comm *m, const int64_t *bytes) {
-    int64_t off = 0;
-    for (int r = 0; r < m->base.size; r++) {
-        m->counts[r] = as_int(m, bytes[r]);
-        m->displs[r] = as_int(m, off);
-        off += bytes[r];
-    }
-}
-
 static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
     mpi_comm *m = (mpi_comm *)c;
-    byte_layout(m, bytes);
+    layout(m, bytes);
     const void *src = c->rank == root && (const char *)recv + m->displs[root] == send ? MPI_IN_PLACE : send;
     mpi_check(m, MPI_Gatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, root, m->comm),
               "MPI_Gatherv");
@@ -105,7 +101,7 @@ static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *
 
 static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
     mpi_comm *m = (mpi_comm *)c;
-    byte_layout(m, bytes);
+    layout(m, bytes);
     void *dst = c->rank == root && (const char *)send + m->displs[root] == recv ? MPI_IN_PLACE : recv;
     mpi_check(m, MPI_Scatterv(send, m->counts, m->displs, MPI_BYTE, dst, m->counts[c->rank], MPI_BYTE, root, m->comm),
               "MPI_Scatterv");
