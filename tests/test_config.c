@@ -185,102 +185,107 @@ static void test_default_yaml(void **state) {
 /* ---------------------------------------------------------------- a full file */
 
 static const char *FULL = "# every section and key, none at its default\n"
-                          "model:\n"                          /* 2 */
-                          "  name: llama\n"                   /* 3 */
-                          "  from_pretrained: /models/tiny\n" /* 4 */
-                          "  vocab_size: 1000\n"              /* 5 */
-                          "  hidden_size: 64\n"               /* 6 */
-                          "  intermediate_size: 128\n"        /* 7 */
-                          "  num_hidden_layers: 2\n"          /* 8 */
-                          "  num_attention_heads: 4\n"        /* 9 */
-                          "  num_key_value_heads: 4\n"        /* 10 */
-                          "  head_dim: 16\n"                  /* 11 */
-                          "  max_position_embeddings: 1024\n" /* 12 */
-                          "  rope_theta: 500000\n"            /* 13 */
-                          "  rms_norm_eps: 1.0e-5\n"          /* 14 */
-                          "  attention_bias: false\n"         /* 15 */
-                          "  tie_word_embeddings: true\n"     /* 16 */
-                          "  initializer_range: 0.01\n"       /* 17 */
-                          "model_init_dtype: bfloat16\n"      /* 18 */
-                          "data:\n"                           /* 19 */
-                          "  dataset_type: token_bin\n"       /* 20 */
-                          "  path: \"data/*.bin\"\n"          /* 21 */
-                          "  seq_len: 128\n"                  /* 22 */
-                          "  valid_fraction: 0.1\n"           /* 23 */
-                          "optimizer:\n"                      /* 24 */
-                          "  _target_: Muon\n"                /* 25 */
-                          "  fp32_main_params: false\n"       /* 26 */
-                          "  muon_config:\n"                  /* 27 */
-                          "    muon_lr: 0.03\n"               /* 28 */
-                          "    muon_weight_decay: 0.2\n"      /* 29 */
-                          "    muon_momentum: 0.9\n"          /* 30 */
-                          "    muon_nesterov: false\n"        /* 31 */
-                          "    muon_ns_steps: 7\n"            /* 32 */
-                          "    muon_ns_variant: custom\n"     /* 33 */
-                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n"
-                          "    muon_ns_eps: 1.0e-6\n"                    /* 35 */
-                          "    muon_matched_adamw_rms: 0\n"              /* 36 */
-                          "    muon_momentum_style: ema\n"               /* 37 */
-                          "    muon_comm_strategy: deredundancy\n"       /* 38 */
-                          "    adamw_include: [\"*embed_tokens*\"]\n"    /* 39 */
-                          "    qk_clip_enabled: true\n"                  /* 40 */
-                          "    qk_clip_threshold: 50.5\n"                /* 41 */
-                          "    muon_ns_dtype: bfloat16\n"                /* 42 */
-                          "  adamw_config:\n"                            /* 43 */
-                          "    adamw_lr: 0.0003\n"                       /* 44 */
-                          "    adamw_weight_decay: 0.1\n"                /* 45 */
-                          "    adamw_betas: [0.8, 0.95]\n"               /* 46 */
-                          "    adamw_eps: 1.0e-6\n"                      /* 47 */
-                          "    no_weight_decay:\n"                       /* 48 */
-                          "      - \"*bias*\"\n"                         /* 49 */
-                          "  stochastic_rounding: true\n"                /* 50 */
-                          "lr_scheduler:\n"                              /* 51 */
-                          "  type: WarmUpStableDecayLR\n"                /* 52 */
-                          "  warmup_ratio: 0.1\n"                        /* 53 */
-                          "  warmup_steps: 7\n"                          /* 54 */
-                          "  warmup_lr_init: 1.0e-6\n"                   /* 55 */
-                          "  lr_end: 1.0e-5\n"                           /* 56 */
-                          "  num_cycles: 2\n"                            /* 57 */
-                          "  decay_steps: 90\n"                          /* 58 */
-                          "  power: 2.0\n"                               /* 59 */
-                          "  decay_start_steps: 60\n"                    /* 60 */
-                          "  decay_start_ratio: 0.5\n"                   /* 61 */
-                          "  eta_min: 1.0e-6\n"                          /* 62 */
-                          "  t_max: 80\n"                                /* 63 */
-                          "training:\n"                                  /* 64 */
-                          "  steps: 100\n"                               /* 65 */
-                          "  local_batch_size: 4\n"                      /* 66 */
-                          "  global_batch_size: 64\n"                    /* 67 */
-                          "  max_norm: 0.5\n"                            /* 68 */
-                          "  seed: 12345678901\n"                        /* 69 */
-                          "  deterministic: true\n"                      /* 70 */
-                          "  log_interval: 5\n"                          /* 71 */
-                          "  eval_interval: 0\n"                         /* 72 */
-                          "  eval_batches: 3\n"                          /* 73 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 74 */
-                          "  loss_scale_initial: 4096\n"                 /* 75 */
-                          "  loss_scale_growth_interval: 200\n"          /* 76 */
-                          "  loss_scale_growth_factor: 4\n"              /* 77 */
-                          "  loss_scale_backoff_factor: 0.25\n"          /* 78 */
-                          "  loss_scale_hysteresis: 1\n"                 /* 79 */
-                          "  loss_scale_min: 2\n"                        /* 80 */
-                          "fsdp_config:\n"                               /* 81 */
-                          "  shard_size: 2\n"                            /* 82 */
-                          "  mix_precision:\n"                           /* 83 */
-                          "    param_dtype: float16\n"                   /* 84 */
-                          "    reduce_dtype: bfloat16\n"                 /* 85 */
-                          "    output_dtype: float32\n"                  /* 86 */
-                          "    cast_forward_inputs: false\n"             /* 87 */
-                          "checkpoint:\n"                                /* 88 */
-                          "  output_dir: runs/full\n"                    /* 89 */
-                          "  save_interval: 0\n"                         /* 90 */
-                          "  save_optimizer: false\n"                    /* 91 */
-                          "  keep_last: 0\n"                             /* 92 */
-                          "  restore_from: latest\n"                     /* 93 */
-                          "  restore_optimizer: false\n"                 /* 94 */
-                          "kernels:\n"                                   /* 95 */
-                          "  bf16_gemm: fp32_rounded\n"                  /* 96 */
-                          "  f16_gemm: widened\n";                       /* 97 */
+                          "model:\n"                                                                          /* 2 */
+                          "  name: llama\n"                                                                   /* 3 */
+                          "  from_pretrained: /models/tiny\n"                                                 /* 4 */
+                          "  vocab_size: 1000\n"                                                              /* 5 */
+                          "  hidden_size: 64\n"                                                               /* 6 */
+                          "  intermediate_size: 128\n"                                                        /* 7 */
+                          "  num_hidden_layers: 2\n"                                                          /* 8 */
+                          "  num_attention_heads: 4\n"                                                        /* 9 */
+                          "  num_key_value_heads: 4\n"                                                        /* 10 */
+                          "  head_dim: 16\n"                                                                  /* 11 */
+                          "  max_position_embeddings: 1024\n"                                                 /* 12 */
+                          "  rope_theta: 500000\n"                                                            /* 13 */
+                          "  rms_norm_eps: 1.0e-5\n"                                                          /* 14 */
+                          "  attention_bias: false\n"                                                         /* 15 */
+                          "  tie_word_embeddings: true\n"                                                     /* 16 */
+                          "  initializer_range: 0.01\n"                                                       /* 17 */
+                          "model_init_dtype: bfloat16\n"                                                      /* 18 */
+                          "data:\n"                                                                           /* 19 */
+                          "  dataset_type: token_bin\n"                                                       /* 20 */
+                          "  path: \"data/*.bin\"\n"                                                          /* 21 */
+                          "  seq_len: 128\n"                                                                  /* 22 */
+                          "  valid_fraction: 0.1\n"                                                           /* 23 */
+                          "optimizer:\n"                                                                      /* 24 */
+                          "  _target_: Muon\n"                                                                /* 25 */
+                          "  fp32_main_params: false\n"                                                       /* 26 */
+                          "  muon_config:\n"                                                                  /* 27 */
+                          "    muon_lr: 0.03\n"                                                               /* 28 */
+                          "    muon_weight_decay: 0.2\n"                                                      /* 29 */
+                          "    muon_momentum: 0.9\n"                                                          /* 30 */
+                          "    muon_nesterov: false\n"                                                        /* 31 */
+                          "    muon_ns_steps: 7\n"                                                            /* 32 */
+                          "    muon_ns_variant: custom\n"                                                     /* 33 */
+                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 34 */
+                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 35 */
+                          "    muon_matched_adamw_rms: 0\n"                                                   /* 36 */
+                          "    muon_momentum_style: ema\n"                                                    /* 37 */
+                          "    muon_comm_strategy: deredundancy\n"                                            /* 38 */
+                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 39 */
+                          "    qk_clip_enabled: true\n"                                                       /* 40 */
+                          "    qk_clip_threshold: 50.5\n"                                                     /* 41 */
+                          "    muon_ns_dtype: bfloat16\n"                                                     /* 42 */
+                          "  adamw_config:\n"                                                                 /* 43 */
+                          "    adamw_lr: 0.0003\n"                                                            /* 44 */
+                          "    adamw_weight_decay: 0.1\n"                                                     /* 45 */
+                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 46 */
+                          "    adamw_eps: 1.0e-6\n"                                                           /* 47 */
+                          "    no_weight_decay:\n"                                                            /* 48 */
+                          "      - \"*bias*\"\n"                                                              /* 49 */
+                          "  stochastic_rounding: true\n"                                                     /* 50 */
+                          "lr_scheduler:\n"                                                                   /* 51 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 52 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 53 */
+                          "  warmup_steps: 7\n"                                                               /* 54 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 55 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 56 */
+                          "  num_cycles: 2\n"                                                                 /* 57 */
+                          "  decay_steps: 90\n"                                                               /* 58 */
+                          "  power: 2.0\n"                                                                    /* 59 */
+                          "  decay_start_steps: 60\n"                                                         /* 60 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 61 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 62 */
+                          "  t_max: 80\n"                                                                     /* 63 */
+                          "training:\n"                                                                       /* 64 */
+                          "  steps: 100\n"                                                                    /* 65 */
+                          "  local_batch_size: 4\n"                                                           /* 66 */
+                          "  global_batch_size: 64\n"                                                         /* 67 */
+                          "  max_norm: 0.5\n"                                                                 /* 68 */
+                          "  seed: 12345678901\n"                                                             /* 69 */
+                          "  deterministic: true\n"                                                           /* 70 */
+                          "  log_interval: 5\n"                                                               /* 71 */
+                          "  eval_interval: 0\n"                                                              /* 72 */
+                          "  eval_batches: 3\n"                                                               /* 73 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 74 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 75 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 76 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 77 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 78 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 79 */
+                          "  loss_scale_min: 2\n"                                                             /* 80 */
+                          "  init_model_with_meta_device: false\n"                                            /* 81 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 82 */
+                          "fsdp_config:\n"                                                                    /* 83 */
+                          "  shard_size: 2\n"                                                                 /* 84 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 85 */
+                          "  reshard_after_forward: false\n"                                                  /* 86 */
+                          "  prefetch: false\n"                                                               /* 87 */
+                          "  mix_precision:\n"                                                                /* 88 */
+                          "    param_dtype: float16\n"                                                        /* 89 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 90 */
+                          "    output_dtype: float32\n"                                                       /* 91 */
+                          "    cast_forward_inputs: false\n"                                                  /* 92 */
+                          "checkpoint:\n"                                                                     /* 93 */
+                          "  output_dir: runs/full\n"                                                         /* 94 */
+                          "  save_interval: 0\n"                                                              /* 95 */
+                          "  save_optimizer: false\n"                                                         /* 96 */
+                          "  keep_last: 0\n"                                                                  /* 97 */
+                          "  restore_from: latest\n"                                                          /* 98 */
+                          "  restore_optimizer: false\n"                                                      /* 99 */
+                          "kernels:\n"                                                                        /* 100 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 101 */
+                          "  f16_gemm: widened\n";                                                            /* 102 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -364,6 +369,12 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->training.loss_scale_hysteresis, 1);
     assert_true(cfg->training.loss_scale_min == 2);
     assert_int_equal(cfg->fsdp.shard_size, 2);
+    assert_int_equal(cfg->fsdp.apply_modules.count, 1);
+    assert_string_equal(cfg->fsdp.apply_modules.items[0], "model.layers.{*}");
+    assert_false(cfg->fsdp.reshard_after_forward);
+    assert_false(cfg->fsdp.prefetch);
+    assert_false(cfg->training.init_model_with_meta_device);
+    assert_true(cfg->training.distributed_timeout_minutes == 2.5);
     assert_int_equal(cfg->fsdp.param_dtype, HT_DTYPE_F16);
     assert_int_equal(cfg->fsdp.reduce_dtype, HT_DTYPE_BF16);
     assert_int_equal(cfg->fsdp.output_dtype, HT_DTYPE_F32);
@@ -391,14 +402,14 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 97);
+        assert_true(line >= 3 && line <= 102);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
     assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
     assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 50);
     assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 80);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 94);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 99);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);

@@ -140,6 +140,8 @@ typedef struct ht_config {
         double max_norm;
         int64_t seed;
         bool deterministic;
+        bool init_model_with_meta_device;   /* each rank builds only its rows */
+        double distributed_timeout_minutes; /* a collective waiting longer ends the world; 0: never */
         int log_interval;
         int eval_interval; /* 0: never */
         int eval_batches;  /* validation batches per evaluation */
@@ -154,7 +156,10 @@ typedef struct ht_config {
     } training;
 
     struct {
-        int shard_size; /* 0: auto */
+        int shard_size;                  /* 0: auto */
+        ht_config_strings apply_modules; /* the modules that are FSDP units (the rest: the root unit) */
+        bool reshard_after_forward;
+        bool prefetch;
         ht_dtype param_dtype;
         ht_dtype reduce_dtype; /* HT_CONFIG_DTYPE_NONE: missing (only legal without fp32_main_params) */
         ht_dtype output_dtype;

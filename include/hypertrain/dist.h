@@ -17,6 +17,23 @@ typedef enum ht_reduce_op { HT_REDUCE_SUM = 0, HT_REDUCE_MAX } ht_reduce_op;
 
 typedef struct ht_comm ht_comm;
 
+/* A run of bytes in this process's memory: one piece of what a rank sends or receives. */
+typedef struct ht_span {
+    void *addr;
+    int64_t bytes;
+} ht_span;
+
+/* What one rank sends to (or receives from) every rank of a group, without
+ * packing: the bytes for rank r are spans[first[r]] .. spans[first[r + 1] - 1]
+ * laid end to end. */
+typedef struct ht_spans {
+    const ht_span *spans;
+    const int *first; /* (size + 1) */
+} ht_spans;
+
+/* A collective started and not yet waited for. */
+typedef struct ht_request ht_request;
+
 /* Sums are taken in rank order, each by one rank or the same way on every
  * rank, so every rank gets the same bits, run after run (MPI's own reductions
  * promise neither). */
@@ -36,6 +53,16 @@ typedef struct ht_comm_ops {
     /* recv (bytes[rank]) on every rank ← its slice of `root`'s send, the slices in rank order. */
     void (*scatter)(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root);
     void (*barrier)(ht_comm *c);
+    /* Starts an all-to-all of scattered memory (MPI_Ialltoallw): every rank
+     * sends rank r its bytes for r and receives from rank r into its spans
+     * for r; the byte counts of each pair agree. The spans' memory must stay
+     * untouched until wait returns; the span lists themselves may go at
+     * once. Collectives run in the order they were started, blocking ones
+     * after every request started before them. */
+    ht_request *(*start_exchange)(ht_comm *c, const ht_spans *send, const ht_spans *recv);
+    /* Waits for a started request and frees it (NULL: nothing to wait for).
+     * *seconds, if not NULL, gets the time it was in flight. */
+    void (*wait)(ht_comm *c, ht_request *r, double *seconds);
     void (*free)(ht_comm *c);
 } ht_comm_ops;
 
@@ -61,6 +88,10 @@ ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err);
 ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
 /* Leaves the group (MPI_Finalize for the MPI world). */
 void ht_comm_free(ht_comm *c);
+/* A rank that waits in a collective longer than `seconds` (0: forever)
+ * prints which one and ends the world: a stopped, unreachable or stuck peer
+ * must not leave the others waiting. One setting for the whole process. */
+void ht_comm_set_timeout(ht_comm *c, double seconds);
 /* Ends every rank of the world at once (a fatal error on one rank, so that
  * no peer waits forever); the single-process group just returns. */
 void ht_comm_abort(ht_comm *c, int code);
@@ -87,22 +118,66 @@ static inline void ht_scatter(ht_comm *c, const void *send, void *recv, const in
     c->ops->scatter(c, send, recv, bytes, root);
 }
 static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
+static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
+    return c->ops->start_exchange(c, send, recv);
+}
+static inline void ht_wait(ht_comm *c, ht_request *r, double *seconds) { c->ops->wait(c, r, seconds); }
 
 /* ---------------------------------------------------------------- sharded parameters (FSDP) */
 
-/* The store sharded over the ranks of `comm` (ht_params_shard), after
- * backward: every param's full gradient summed over the ranks (FP32, rank
- * order), each rank keeping its rows in main_grad. Unsharded params, whose
- * grad is their main_grad, are left as they are. */
-void ht_fsdp_reduce_grads(ht_param_store *store, ht_comm *comm);
-/* After the weights changed: this rank's rows cast into the compute copies
- * (ht_params_refresh_compute), then every sharded param's full compute
- * tensor gathered from the ranks. */
-void ht_fsdp_refresh_compute(ht_param_store *store, ht_comm *comm);
+typedef struct ht_model ht_model;
+
+/* How a model's params group into FSDP units. */
+typedef struct ht_fsdp_options {
+    /* Module patterns (parallel.fsdp_plan.apply_modules): each module they
+     * match is a unit; "{*}" (or "*") stands for one dotted component, as in
+     * "model.layers.{*}". The params no unit holds, and those read by modules
+     * of two units (tied embeddings), form the root unit. */
+    const char *const *apply_modules;
+    int apply_count;
+    /* A unit's gathered weights are dropped after its forward and gathered
+     * again for its backward (false: kept until its backward). The root
+     * unit keeps them from its first forward to the end of backward. */
+    bool reshard_after_forward;
+    /* The next module's units are gathered while the current one computes. */
+    bool prefetch;
+} ht_fsdp_options;
+
+/* What the collectives cost, summed since the last ht_fsdp_stats_reset. */
+typedef struct ht_fsdp_stats {
+    int64_t gathers, reduce_scatters;
+    double gathered_bytes, reduced_bytes;
+    double in_flight_seconds; /* the collectives' time from start to completion */
+    double waited_seconds;    /* the part of it compute stood waiting: the rest was hidden */
+    double pool_peak_bytes;   /* the largest memory of gathered weights and unit gradients held at once */
+} ht_fsdp_stats;
+
+typedef struct ht_fsdp ht_fsdp;
+
+/* Groups the model's params into units and hooks the model, so that each
+ * unit's whole weights exist only around its modules' forward and backward
+ * (one all-gather of every rank's compute_rows), and its whole FP32
+ * gradient only from its backward until one reduce-scatter adds each rank's
+ * rows into main_grad (FP32, in rank order, += across micro-batches). A
+ * store that is not sharded (one rank, or shard_size 1) has nothing to
+ * gather: the same hooks run and move nothing. */
+ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_fsdp **out, ht_error *err);
+/* One log line per unit kind and the plan in force. */
+void ht_fsdp_log_plan(const ht_fsdp *f);
+/* After the last micro-batch's backward: every reduce-scatter complete, every
+ * rank's main_grad rows final. */
+void ht_fsdp_finish_backward(ht_fsdp *f);
+/* After the weights changed (an update, a load): gathered copies are stale
+ * and dropped; the compute_rows are refreshed from data. */
+void ht_fsdp_weights_changed(ht_fsdp *f);
+const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f);
+void ht_fsdp_stats_reset(ht_fsdp *f);
+void ht_fsdp_free(ht_fsdp *f);
+
 /* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
 void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);
-/* A param's full FP32 tensor from its rows on every rank (`rows` holds this
- * rank's rows(row1 - row0) x row_numel values; full gets the whole tensor). */
+/* A param's full tensor from its rows on every rank (`rows` holds this
+ * rank's (row1 - row0) x row_numel values; full gets the whole tensor). */
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);
 
 #ifdef __cplusplus

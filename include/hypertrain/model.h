@@ -35,6 +35,32 @@ int ht_model_config_head_dim(const ht_model_config *cfg);
 
 typedef struct ht_model ht_model;
 
+/* A module in the sense of Hugging Face's named_modules(), at the grain the
+ * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
+ * "lm_head". FSDP units are made of modules (dist.h). */
+#define HT_MODULE_MAX_PARAMS 16
+typedef struct ht_module {
+    char name[HT_PARAM_NAME_MAX];
+    int param_count;
+    ht_param *params[HT_MODULE_MAX_PARAMS]; /* every param it reads (the tied lm_head reads the embedding) */
+} ht_module;
+
+typedef enum ht_module_event {
+    HT_BEFORE_FORWARD = 0,
+    HT_AFTER_FORWARD,
+    HT_BEFORE_BACKWARD,
+    HT_AFTER_BACKWARD,
+} ht_module_event;
+
+/* Called around every module's forward and backward, in the order they run:
+ * forward in module order, backward in reverse. Before a module runs, its
+ * params' `compute` (and in backward `grad`) must point at whole tensors;
+ * what happens in between is the hook's business (dist/ gathers shards). */
+typedef struct ht_module_hook {
+    void (*fn)(void *ctx, int module, ht_module_event event);
+    void *ctx;
+} ht_module_hook;
+
 typedef struct ht_model_ops {
     /* inputs, targets: (B, T) token ids. Computes logits and the mean
      * cross-entropy over all B*T positions (targets < 0 are ignored). */
@@ -57,10 +83,22 @@ struct ht_model {
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */
     float *attn_max_logit;
-    int B, T;   /* the shapes of the last forward */
-    void *impl; /* the builder's own state */
+    int B, T;                /* the shapes of the last forward */
+    size_t activation_bytes; /* what forward keeps for backward, and backward's scratch, for (B, T) */
+    ht_module *modules;      /* (module_count) in forward order */
+    int module_count;
+    ht_module_hook hook; /* fn NULL: none */
+    void *impl;          /* the builder's own state */
 };
 
+static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {
+    if (m->hook.fn) m->hook.fn(m->hook.ctx, module, event);
+}
+
+/* A builder declares the model's params (ht_params_add) and its modules, and
+ * leaves them without storage: ht_model_build gives each rank storage for
+ * its own rows only. (A builder that allocates still works: its store is
+ * sharded afterwards, costing the whole model's memory once.) */
 typedef ht_status (*ht_model_builder)(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err);
 
 /* The registry. Built-ins register themselves on first use; plugins call ht_model_register. */
@@ -68,6 +106,11 @@ ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error
 /* Builds cfg->name with parameters of `dtype`, initialised from `seed`
  * (normal(0, initializer_range) for matrices, ones for norms, zeros for biases). */
 ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err);
+/* The same with only rows [row0, row1) of each param's dim 0 for rank
+ * `rank` of `world` (ht_param_rows_of) allocated and initialised: the values
+ * are those rows of ht_model_build's (FSDP's meta-device init). */
+ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
+                               ht_model **out, ht_error *err);
 /* Comma-separated registered names, for error messages. */
 const char *ht_model_registered_names(void);
 

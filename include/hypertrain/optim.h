@@ -150,6 +150,7 @@ typedef struct ht_muon {
     int count;
     float *state_block; /* one allocation for every momentum_buffer */
     float *work;        /* the update of one whole matrix + Newton-Schulz workspace, sized for the largest */
+    size_t work_floats;
     /* The ranks a sharded matrix's rows are spread over (ht_comm_single() by
      * default): each rank's momentum-updated rows are gathered into the whole
      * matrix, every rank runs Newton-Schulz on it and keeps its own rows (the

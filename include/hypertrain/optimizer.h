@@ -87,6 +87,9 @@ double ht_optimizer_loss_scale(const ht_optimizer *opt);
  * gradient without loss scaling is an error naming the first such param. */
 ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *result, ht_error *err);
 void ht_optimizer_free(ht_optimizer *opt);
+/* The bytes this rank's optimizer holds: AdamW's moments, Muon's momentum,
+ * its workspace and (deredundancy) the whole matrices it owns. */
+size_t ht_optimizer_bytes(const ht_optimizer *opt);
 
 /* ---------------------------------------------------------------- QK-clip */
 

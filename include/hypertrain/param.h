@@ -19,19 +19,23 @@ typedef struct ht_param {
     int64_t shape[HT_PARAM_MAX_DIMS]; /* global shape */
     ht_dtype dtype;                   /* the model dtype of `data` */
     int64_t row0, row1;               /* this rank's shard: rows [row0, row1) of dim 0 */
+    bool sharded; /* the rows are spread over the ranks of a group (even where this one holds all) */
     bool trainable;
     void *data;       /* (row1 - row0, shape[1:]) in dtype: the model's weights */
     float *main_grad; /* same layout in FP32: this rank's rows of the step's gradient, never rounded to dtype */
     /* The full (global shape) FP32 gradient that backward accumulates into.
-     * Unsharded it IS main_grad; sharded, dist/ sums it over the ranks into
-     * each rank's main_grad rows. */
+     * Unsharded it IS main_grad; sharded, it is NULL except while dist/'s
+     * FSDP unit holding the param runs backward, which then sums it over the
+     * ranks into each rank's main_grad rows. */
     float *grad;
     float *main_param; /* FP32 master of `data`; equals `data` itself when dtype is F32 */
-    /* What forward and backward read: the weights in the compute dtype
-     * (fsdp_config.mix_precision.param_dtype). Equals `data` when the dtypes
-     * agree; otherwise a cast copy refreshed after every update (and, across
-     * processes, the all-gathered full tensor). */
+    /* What forward and backward read: the whole weights in the compute dtype
+     * (fsdp_config.mix_precision.param_dtype). Unsharded: `data` when the
+     * dtypes agree, otherwise a cast copy refreshed after every update.
+     * Sharded: NULL except while dist/'s FSDP unit holding the param has
+     * gathered it from the ranks' compute_rows. */
     void *compute;
+    void *compute_rows; /* this rank's rows in the compute dtype: `data` when the dtypes agree */
     ht_dtype compute_dtype;
     ht_dtype compute_precision; /* the values' precision: compute_dtype, or bf16/f16 held in FP32 */
 } ht_param;
@@ -40,12 +44,12 @@ typedef struct ht_param_store {
     ht_param *items;
     int count;
     int capacity;
-    void *data_block;       /* one allocation carved into every param's data */
-    float *grad_block;      /* one allocation carved into every main_grad */
-    float *main_block;      /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
-    void *compute_block;    /* the compute copies of params whose dtype differs from the compute dtype */
-    float *full_grad_block; /* the full gradients of sharded params (NULL when none is sharded) */
-    size_t data_bytes, grad_bytes, main_bytes, compute_bytes, full_grad_bytes;
+    void *data_block;    /* one allocation carved into every param's data */
+    float *grad_block;   /* one allocation carved into every main_grad */
+    float *main_block;   /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
+    void *compute_block; /* the compute copies of params whose dtype differs from the compute dtype */
+    size_t data_bytes, grad_bytes, main_bytes, compute_bytes;
+    int shard_rank, shard_world; /* the rows this store holds: ht_param_rows_of(rank, world); world 0 or 1: all */
 } ht_param_store;
 
 /* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
@@ -56,12 +60,15 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
 /* Rows [row0, row1) of a dim-0 size for rank `rank` of `world`: balanced, a
  * rank may hold none. */
 void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1);
-/* Keeps only rank `rank`'s rows of every param (of `world`): data and
- * main_grad shrink to them, and every trainable param gets a full-size FP32
- * `grad`. Call it on an allocated, unsharded store, before ht_params_convert,
- * ht_params_create_main and ht_params_set_compute. world 1 changes nothing. */
+/* Declares that this store holds only rank `rank`'s rows of every param (of
+ * `world`), before ht_params_allocate: storage is then for those rows only. */
+void ht_params_set_rows(ht_param_store *store, int rank, int world);
+/* Keeps only rank `rank`'s rows of every param (of `world`) of an allocated,
+ * unsharded store: data and main_grad shrink to them. Call it before
+ * ht_params_convert, ht_params_create_main and ht_params_set_compute. world 1
+ * changes nothing. */
 ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *err);
-static inline bool ht_param_is_sharded(const ht_param *p) { return p->row0 != 0 || p->row1 != p->shape[0]; }
+static inline bool ht_param_is_sharded(const ht_param *p) { return p->sharded; }
 /* Converts every float param's data to `dtype` in place of the old storage:
  * the ht_param structs (their identity) and shard layout do not change. */
 ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err);
@@ -74,7 +81,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
  * form are read in place, the others through a cast (and rounded) copy. */
 ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err);
 /* Re-casts data into the compute copies (after the weights changed); for a
- * sharded param only this rank's rows, which dist/ then gathers. */
+ * sharded param its compute_rows, which dist/ gathers when they are used. */
 void ht_params_refresh_compute(ht_param_store *store);
 /* Copies every model param into its FP32 main_param (Megatron's reload_model_params:
  * used when a checkpoint holds no main params). */

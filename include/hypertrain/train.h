@@ -41,6 +41,7 @@ typedef struct ht_trainer {
     ht_comm *shard_comm, *replica_comm;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;
+    ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */
     ht_dataset *data;
     ht_loader train_loader;
     ht_loader valid_loader;
@@ -56,6 +57,7 @@ typedef struct ht_trainer {
     int32_t *inputs, *targets; /* (B, T) */
     FILE *metrics;             /* output_dir/metrics.jsonl */
     double last_eval_loss;
+    double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
 } ht_trainer;
 
 /* Validates the config, builds or loads the model, applies model_init_dtype,

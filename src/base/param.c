@@ -50,6 +50,26 @@ ht_param *ht_params_find(const ht_param_store *store, const char *name) {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* grad and compute as a param with no compute copy has them: its own
+ * storage when it is whole, nothing (until dist/ gathers) when sharded. */
+static void reset_views(ht_param *p) {
+    p->grad = p->sharded ? NULL : p->main_grad;
+    p->compute = p->sharded ? NULL : p->data;
+    p->compute_rows = p->data;
+    p->compute_dtype = p->dtype;
+    p->compute_precision = p->dtype;
+}
+
+void ht_params_set_rows(ht_param_store *store, int rank, int world) {
+    store->shard_rank = rank;
+    store->shard_world = world;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        ht_param_rows_of(p->shape[0], rank, world, &p->row0, &p->row1);
+        p->sharded = world > 1;
+    }
+}
+
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     size_t data_bytes = 0, grad_bytes = 0;
     for (int i = 0; i < store->count; i++) {
@@ -76,10 +96,7 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
             goff += align64((size_t)ht_param_local_numel(p) * sizeof(float));
         }
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
-        p->grad = p->main_grad;
-        p->compute = p->data;
-        p->compute_dtype = p->dtype;
-        p->compute_precision = p->dtype;
+        reset_views(p);
     }
     store->data_block = data;
     store->grad_block = (float *)grad;
@@ -110,11 +127,9 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         bool main_was_data = p->main_param == p->data;
         p->data = block + off;
         p->dtype = to;
-        p->compute = p->data; /* a conversion resets the compute view: ht_params_set_compute again if needed */
-        p->compute_dtype = to;
-        p->compute_precision = to;
         off += align64(n * ht_dtype_size(to));
         if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
+        reset_views(p); /* a conversion resets the compute view: ht_params_set_compute again if needed */
     }
     ht_free(store->data_block);
     ht_free(store->compute_block);
@@ -137,12 +152,13 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     if (dtype != precision && dtype != HT_DTYPE_F32)
         return ht_fail(err, HT_ERR_INVALID, "%s values cannot be held in %s", ht_dtype_name(precision),
                        ht_dtype_name(dtype));
-    /* A sharded param's compute copy is the whole tensor, gathered from the ranks. */
+    /* A copy where the param cannot be read in place: the whole tensor, or
+     * for a sharded param its rows (dist/ gathers the whole one when used). */
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (ht_dtype_is_float(p->dtype) && (ht_param_is_sharded(p) || !reads_in_place(p->dtype, dtype, precision)))
-            bytes += align64((size_t)ht_param_numel(p) * ht_dtype_size(dtype));
+        if (ht_dtype_is_float(p->dtype) && !reads_in_place(p->dtype, dtype, precision))
+            bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
     if (bytes && !block)
@@ -153,15 +169,13 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        p->compute = p->data;
-        p->compute_dtype = p->dtype;
-        p->compute_precision = p->dtype;
-        if (!ht_dtype_is_float(p->dtype) || (!ht_param_is_sharded(p) && reads_in_place(p->dtype, dtype, precision)))
-            continue;
-        p->compute = block + off;
+        reset_views(p);
+        if (!ht_dtype_is_float(p->dtype) || reads_in_place(p->dtype, dtype, precision)) continue;
+        p->compute_rows = block + off;
+        if (!p->sharded) p->compute = p->compute_rows;
         p->compute_dtype = dtype;
         p->compute_precision = precision;
-        off += align64((size_t)ht_param_numel(p) * ht_dtype_size(dtype));
+        off += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     ht_params_refresh_compute(store);
     return HT_OK;
@@ -170,11 +184,10 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
 void ht_params_refresh_compute(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (p->compute == p->data) continue;
+        if (p->compute_rows == p->data) continue;
         size_t n = (size_t)ht_param_local_numel(p);
-        char *rows = (char *)p->compute + (size_t)(p->row0 * ht_param_row_numel(p)) * ht_dtype_size(p->compute_dtype);
-        ht_convert(rows, p->compute_dtype, p->data, p->dtype, n);
-        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to((float *)rows, n, p->compute_precision);
+        ht_convert(p->compute_rows, p->compute_dtype, p->data, p->dtype, n);
+        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to((float *)p->compute_rows, n, p->compute_precision);
     }
 }
 
@@ -224,7 +237,6 @@ void ht_params_cast_main_to_model(ht_param_store *store) {
 
 void ht_params_zero_grad(ht_param_store *store) {
     if (store->grad_block) memset(store->grad_block, 0, store->grad_bytes);
-    if (store->full_grad_block) memset(store->full_grad_block, 0, store->full_grad_bytes);
 }
 
 void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1) {
@@ -234,58 +246,32 @@ void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t 
 
 ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *err) {
     if (world == 1) return HT_OK;
-    if (store->main_block || store->compute_block || store->full_grad_block)
-        return ht_fail(err, HT_ERR_INVALID, "ht_params_shard: shard a store before its main params and compute copies");
-    size_t data_bytes = 0, grad_bytes = 0, full_bytes = 0;
+    if (store->main_block || store->compute_block || store->shard_world > 1)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "ht_params_shard: shard a whole store before its main params and compute copies");
+    ht_param *items = store->items;
+    int64_t old_rows[store->count];
+    for (int i = 0; i < store->count; i++) old_rows[i] = items[i].row0;
+    ht_params_set_rows(store, rank, world);
+    void *old_data = store->data_block, *old_grad = store->grad_block;
+    void *old_ptrs[store->count];
+    for (int i = 0; i < store->count; i++) old_ptrs[i] = items[i].data;
+    store->data_block = NULL;
+    store->grad_block = NULL;
+    ht_status s = ht_params_allocate(store, err);
+    if (s != HT_OK) {
+        store->data_block = old_data;
+        store->grad_block = old_grad;
+        return s;
+    }
     for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        int64_t r0, r1;
-        ht_param_rows_of(p->shape[0], rank, world, &r0, &r1);
-        size_t local = (size_t)((r1 - r0) * ht_param_row_numel(p));
-        data_bytes += align64(local * ht_dtype_size(p->dtype));
-        if (p->trainable) {
-            grad_bytes += align64(local * sizeof(float));
-            full_bytes += align64((size_t)ht_param_numel(p) * sizeof(float));
-        }
+        ht_param *p = &items[i];
+        size_t es = ht_dtype_size(p->dtype), row = (size_t)ht_param_row_numel(p);
+        memcpy(p->data, (const char *)old_ptrs[i] + (size_t)(p->row0 - old_rows[i]) * row * es,
+               (size_t)ht_param_local_numel(p) * es);
     }
-    char *data = ht_alloc(data_bytes), *grad = ht_alloc(grad_bytes), *full = ht_alloc(full_bytes);
-    if (!data || !grad || !full) {
-        ht_free(data);
-        ht_free(grad);
-        ht_free(full);
-        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameter shards and %zu of full gradients",
-                       data_bytes + grad_bytes, full_bytes);
-    }
-    size_t doff = 0, goff = 0, foff = 0;
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        int64_t r0, r1, row = ht_param_row_numel(p);
-        ht_param_rows_of(p->shape[0], rank, world, &r0, &r1);
-        size_t local = (size_t)((r1 - r0) * row), es = ht_dtype_size(p->dtype);
-        memcpy(data + doff, (const char *)p->data + (size_t)((r0 - p->row0) * row) * es, local * es);
-        p->data = data + doff;
-        doff += align64(local * es);
-        p->row0 = r0;
-        p->row1 = r1;
-        p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
-        p->compute = p->data;
-        p->compute_dtype = p->compute_precision = p->dtype;
-        p->main_grad = p->grad = NULL;
-        if (p->trainable) {
-            p->main_grad = (float *)(grad + goff);
-            goff += align64(local * sizeof(float));
-            p->grad = (float *)(full + foff);
-            foff += align64((size_t)ht_param_numel(p) * sizeof(float));
-        }
-    }
-    ht_free(store->data_block);
-    ht_free(store->grad_block);
-    store->data_block = data;
-    store->grad_block = (float *)grad;
-    store->full_grad_block = (float *)full;
-    store->data_bytes = data_bytes;
-    store->grad_bytes = grad_bytes;
-    store->full_grad_bytes = full_bytes;
+    ht_free(old_data);
+    ht_free(old_grad);
     return HT_OK;
 }
 
@@ -294,7 +280,6 @@ void ht_params_free(ht_param_store *store) {
     ht_free(store->grad_block);
     ht_free(store->main_block);
     ht_free(store->compute_block);
-    ht_free(store->full_grad_block);
     free(store->items);
     memset(store, 0, sizeof(*store));
 }

@@ -202,6 +202,8 @@ static const key_desc KEYS[] = {
     FLT("training.max_norm", training.max_norm, "1.0"),
     I64("training.seed", training.seed, "42"),
     BOOL("training.deterministic", training.deterministic, "false"),
+    BOOL("training.init_model_with_meta_device", training.init_model_with_meta_device, "true"),
+    FLT("training.distributed_timeout_minutes", training.distributed_timeout_minutes, "10"),
     INT("training.log_interval", training.log_interval, "10"),
     INT("training.eval_interval", training.eval_interval, "100"),
     INT("training.eval_batches", training.eval_batches, "20"),
@@ -214,6 +216,9 @@ static const key_desc KEYS[] = {
     FLT("training.loss_scale_min", training.loss_scale_min, "1.0"),
 
     SHARD("fsdp_config.shard_size", fsdp.shard_size, "auto"),
+    STRS("fsdp_config.apply_modules", fsdp.apply_modules, "[\"model.embed_tokens\", \"model.layers.{*}\"]"),
+    BOOL("fsdp_config.reshard_after_forward", fsdp.reshard_after_forward, "true"),
+    BOOL("fsdp_config.prefetch", fsdp.prefetch, "true"),
     DTYPE("fsdp_config.mix_precision.param_dtype", fsdp.param_dtype, "bfloat16"),
     DTYPE_OR_NULL("fsdp_config.mix_precision.reduce_dtype", fsdp.reduce_dtype, "float32"),
     DTYPE("fsdp_config.mix_precision.output_dtype", fsdp.output_dtype, "bfloat16"),
@@ -287,6 +292,7 @@ static const key_alias ALIASES[] = {
     RENAME("training.max_grad_norm", "training.max_norm"),
     /* MindSpeed-MM's parallel section: the FSDP shard group size (auto: the world). */
     RENAME("parallel.fully_shard_parallel_size", "fsdp_config.shard_size"),
+    RENAME("parallel.fsdp_plan.apply_modules", "fsdp_config.apply_modules"),
 };
 #define N_ALIASES ((int)(sizeof(ALIASES) / sizeof(ALIASES[0])))
 _Static_assert(sizeof(ALIASES) / sizeof(ALIASES[0]) < 255, "ht_config.alias is a uint8_t");

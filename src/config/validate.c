@@ -151,6 +151,8 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
                 per_step, at(cfg, "training.local_batch_size", b, sizeof(b)), cfg->training.global_batch_size);
     }
     check(&r, cfg->training.max_norm > 0, "training.max_norm", "a number > 0");
+    check(&r, cfg->training.distributed_timeout_minutes >= 0 && isfinite(cfg->training.distributed_timeout_minutes),
+          "training.distributed_timeout_minutes", "minutes >= 0 (0: wait forever)");
     check(&r, cfg->training.log_interval > 0, "training.log_interval", pos);
     check(&r, cfg->training.eval_interval >= 0, "training.eval_interval", "an integer >= 0 (0: never)");
     check(&r, cfg->training.eval_interval == 0 || cfg->training.eval_batches > 0, "training.eval_batches", pos);

@@ -1,11 +1,547 @@
-/* Sharded parameters over a process group: each rank holds rows [row0, row1)
- * of every parameter's data, FP32 main param, main_grad and optimizer state;
- * forward and backward read the whole tensors (the compute copies, gathered
- * after every update) and accumulate whole gradients, which are summed over
- * the ranks into each rank's rows. */
+/* FSDP units over a process group. Each rank holds rows [row0, row1) of every
+ * parameter's data, FP32 main param, main_grad and optimizer state. The
+ * model's modules group into units (ht_fsdp_options); the hooks around each
+ * module's forward and backward give a unit's params whole weights only
+ * while its modules run, and a whole FP32 gradient only from its backward
+ * until the reduce-scatter lands each rank's rows in main_grad.
+ *
+ * Per unit and step (reshard_after_forward, the default):
+ *   forward:  all-gather (prefetched while the previous module computes),
+ *             forward, drop the whole weights;
+ *   backward: all-gather again (prefetched), backward into a zeroed whole
+ *             FP32 gradient, reduce-scatter it (in flight while the next
+ *             module computes), main_grad rows += the sum over ranks.
+ * One collective per unit each way: an all-to-all of scattered memory
+ * (ht_start_exchange), so that nothing is packed or unpacked: every rank
+ * sends its compute_rows of each param straight into the others' whole
+ * tensors, and each rank's rows of the whole gradients straight to it. */
 #include "hypertrain/dist.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/model.h"
+
+/* ------------------------------------------------------------------ buffers */
+
+/* Whole weights and gradients come from a pool: a unit's buffer goes back
+ * when the unit is released and serves the next unit of a size it fits
+ * (the layers share a few buffers between them). */
+typedef struct pool_buf {
+    void *ptr;
+    size_t bytes;
+    bool used;
+} pool_buf;
+
+typedef struct pool {
+    pool_buf *bufs;
+    int count, cap;
+    size_t held, peak; /* bytes in use now, and at most */
+} pool;
+
+static void *pool_get(pool *pl, size_t bytes, bool zero) {
+    int best = -1;
+    for (int i = 0; i < pl->count; i++)
+        if (!pl->bufs[i].used && pl->bufs[i].bytes >= bytes && (best < 0 || pl->bufs[i].bytes < pl->bufs[best].bytes))
+            best = i;
+    if (best < 0) {
+        if (pl->count == pl->cap) {
+            int cap = pl->cap ? 2 * pl->cap : 8;
+            pool_buf *b = realloc(pl->bufs, (size_t)cap * sizeof(pool_buf));
+            if (!b) return NULL;
+            pl->bufs = b;
+            pl->cap = cap;
+        }
+        void *ptr = ht_alloc(bytes);
+        if (!ptr) return NULL;
+        best = pl->count++;
+        pl->bufs[best] = (pool_buf){ptr, bytes, false};
+        zero = false; /* ht_alloc zeroes */
+    }
+    pool_buf *b = &pl->bufs[best];
+    b->used = true;
+    pl->held += b->bytes;
+    if (pl->held > pl->peak) pl->peak = pl->held;
+    if (zero) memset(b->ptr, 0, bytes);
+    return b->ptr;
+}
+
+static void pool_put(pool *pl, void *ptr) {
+    for (int i = 0; ptr && i < pl->count; i++)
+        if (pl->bufs[i].ptr == ptr) {
+            pl->bufs[i].used = false;
+            pl->held -= pl->bufs[i].bytes;
+            return;
+        }
+}
+
+static void pool_free(pool *pl) {
+    for (int i = 0; i < pl->count; i++) ht_free(pl->bufs[i].ptr);
+    free(pl->bufs);
+    memset(pl, 0, sizeof(*pl));
+}
+
+/* ------------------------------------------------------------------ units */
+
+typedef struct unit {
+    char name[HT_PARAM_NAME_MAX]; /* the module's name, or "root" */
+    bool root;
+    bool resident; /* unsharded: the params are whole already, nothing moves */
+    int count;
+    ht_param **params; /* (count) */
+    size_t *woff;      /* (count) byte offset of each whole weight in the gathered buffer */
+    size_t *goff;      /* (count) float offset of each whole gradient in the gradient buffer */
+    size_t *soff;      /* (count) float offset of each param's rows in one rank's slice of the stage */
+    size_t weight_bytes, grad_floats, rows_floats; /* whole weights, whole gradients, this rank's rows */
+    int first_use, last_use;                       /* modules (forward order) reading it */
+    /* state */
+    void *weights;         /* the gathered whole weights, or NULL */
+    ht_request *gathering; /* their all-gather, not waited for yet */
+    float *grad;           /* the whole gradients while backward runs, or NULL */
+    float *sent;           /* a whole gradient being reduced (the previous backward's grad) */
+    float *stage;          /* (world, rows_floats): every rank's gradients of this rank's rows */
+    ht_request *reducing;  /* the reduce-scatter of sent into stage */
+} unit;
+
+struct ht_fsdp {
+    ht_model *model;
+    ht_comm *comm;
+    ht_fsdp_options opt;
+    unit *units;
+    int unit_count;
+    int **uses; /* (module_count) the units each module reads, -1 ended */
+    pool pool;
+    int reducing; /* the unit whose reduce-scatter is in flight (one at a time); -1: none */
+    ht_fsdp_stats stats;
+    /* scratch for building span lists */
+    ht_span *spans;
+    int span_cap;
+};
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* "{*}" and "*" match one dotted component; anything else matches itself. */
+static bool module_matches(const char *pattern, const char *name) {
+    while (*pattern && *name) {
+        const char *pe = strchr(pattern, '.'), *ne = strchr(name, '.');
+        size_t pl = pe ? (size_t)(pe - pattern) : strlen(pattern), nl = ne ? (size_t)(ne - name) : strlen(name);
+        bool wild = (pl == 3 && strncmp(pattern, "{*}", 3) == 0) || (pl == 1 && pattern[0] == '*');
+        if (!wild && (pl != nl || strncmp(pattern, name, pl) != 0)) return false;
+        if (!pe || !ne) return !pe && !ne;
+        pattern = pe + 1;
+        name = ne + 1;
+    }
+    return !*pattern && !*name;
+}
+
+/* "model.embed_tokens, model.layers.{0..3}, model.norm, lm_head" */
+static void module_list(const ht_model *m, char *out, size_t cap) {
+    size_t len = 0;
+    out[0] = 0;
+    for (int k = 0; k < m->module_count && len < cap; k++) {
+        const char *name = m->modules[k].name;
+        const char *dot = strrchr(name, '.');
+        int run = k;
+        if (dot && dot[1] >= '0' && dot[1] <= '9') { /* a numbered run: prefix.{a..b} */
+            size_t plen = (size_t)(dot - name) + 1;
+            while (run + 1 < m->module_count && strncmp(m->modules[run + 1].name, name, plen) == 0) run++;
+            len += (size_t)snprintf(out + len, cap - len, "%s%.*s{%s..%s}", k ? ", " : "", (int)plen, name, dot + 1,
+                                    strrchr(m->modules[run].name, '.') + 1);
+        } else {
+            len += (size_t)snprintf(out + len, cap - len, "%s%s", k ? ", " : "", name);
+        }
+        k = run;
+    }
+}
+
+static ht_status add_unit(ht_fsdp *f, const char *name, bool root, ht_error *err) {
+    unit *u = realloc(f->units, (size_t)(f->unit_count + 1) * sizeof(unit));
+    if (!u) return ht_fail(err, HT_ERR_OOM, "cannot allocate FSDP units");
+    f->units = u;
+    u = &f->units[f->unit_count++];
+    memset(u, 0, sizeof(*u));
+    snprintf(u->name, sizeof(u->name), "%s", name);
+    u->root = root;
+    u->first_use = -1;
+    return HT_OK;
+}
+
+/* Which unit every param goes to: the unit of the matched module(s) reading
+ * it when they are one, else the root. */
+static ht_status plan_units(ht_fsdp *f, ht_error *err) {
+    ht_model *m = f->model;
+    ht_param_store *ps = &m->params;
+    int unit_of_module[m->module_count];
+    bool matched[f->opt.apply_count > 0 ? f->opt.apply_count : 1];
+    memset(matched, 0, sizeof(matched));
+    ht_status s = add_unit(f, "root", true, err);
+    for (int k = 0; s == HT_OK && k < m->module_count; k++) {
+        unit_of_module[k] = 0;
+        for (int i = 0; i < f->opt.apply_count; i++) {
+            if (!module_matches(f->opt.apply_modules[i], m->modules[k].name)) continue;
+            matched[i] = true;
+            if (unit_of_module[k] == 0) {
+                unit_of_module[k] = f->unit_count;
+                s = add_unit(f, m->modules[k].name, false, err);
+            }
+        }
+    }
+    if (s != HT_OK) return s;
+    for (int i = 0; i < f->opt.apply_count; i++) {
+        if (matched[i]) continue;
+        char list[1024];
+        module_list(m, list, sizeof(list));
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.fsdp_plan.apply_modules: '%s' matches no module of this model (its modules: %s)",
+                       f->opt.apply_modules[i], list);
+    }
+    /* Each param: the one unit all the modules reading it belong to, else the root. */
+    int *owner = malloc((size_t)ps->count * sizeof(int));
+    if (!owner) return ht_fail(err, HT_ERR_OOM, "cannot plan the FSDP units");
+    for (int i = 0; i < ps->count; i++) owner[i] = -2; /* read by no module */
+    for (int k = 0; k < m->module_count; k++)
+        for (int j = 0; j < m->modules[k].param_count; j++) {
+            int i = (int)(m->modules[k].params[j] - ps->items);
+            owner[i] = owner[i] == -2 || owner[i] == unit_of_module[k] ? unit_of_module[k] : 0;
+        }
+    for (int i = 0; i < ps->count; i++) {
+        if (owner[i] != -2) continue;
+        free(owner);
+        return ht_fail(err, HT_ERR_INVALID, "FSDP: parameter %s is read by no module of the model", ps->items[i].name);
+    }
+    for (int ui = 0; ui < f->unit_count; ui++) {
+        unit *u = &f->units[ui];
+        for (int i = 0; i < ps->count; i++) u->count += owner[i] == ui;
+        u->params = calloc((size_t)(u->count ? u->count : 1), sizeof(ht_param *));
+        u->woff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
+        u->goff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
+        u->soff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
+        if (!u->params || !u->woff || !u->goff || !u->soff) {
+            free(owner);
+            return ht_fail(err, HT_ERR_OOM, "cannot plan the FSDP units");
+        }
+        int n = 0;
+        u->resident = true;
+        for (int i = 0; i < ps->count; i++) {
+            if (owner[i] != ui) continue;
+            ht_param *p = &ps->items[i];
+            u->params[n] = p;
+            u->woff[n] = u->weight_bytes;
+            u->goff[n] = u->grad_floats;
+            u->soff[n] = u->rows_floats;
+            u->weight_bytes += align64((size_t)ht_param_numel(p) * ht_dtype_size(p->compute_dtype));
+            u->grad_floats += align64((size_t)ht_param_numel(p) * sizeof(float)) / sizeof(float);
+            u->rows_floats += (size_t)ht_param_local_numel(p);
+            u->resident = u->resident && !p->sharded;
+            n++;
+        }
+    }
+    free(owner);
+    /* Which units each module reads, and the first and last module reading each unit. */
+    f->uses = calloc((size_t)m->module_count, sizeof(int *));
+    if (!f->uses) return ht_fail(err, HT_ERR_OOM, "cannot plan the FSDP units");
+    for (int k = 0; k < m->module_count; k++) {
+        f->uses[k] = malloc((size_t)(f->unit_count + 1) * sizeof(int));
+        if (!f->uses[k]) return ht_fail(err, HT_ERR_OOM, "cannot plan the FSDP units");
+        int n = 0;
+        for (int ui = 0; ui < f->unit_count; ui++) {
+            unit *u = &f->units[ui];
+            bool reads = false;
+            for (int j = 0; j < m->modules[k].param_count && !reads; j++)
+                for (int q = 0; q < u->count && !reads; q++) reads = m->modules[k].params[j] == u->params[q];
+            if (!reads) continue;
+            f->uses[k][n++] = ui;
+            if (u->first_use < 0) u->first_use = k;
+            u->last_use = k;
+        }
+        f->uses[k][n] = -1;
+    }
+    return HT_OK;
+}
+
+/* ------------------------------------------------------------------ collectives */
+
+static bool reserve_spans(ht_fsdp *f, int n) {
+    if (n <= f->span_cap) return true;
+    ht_span *s = realloc(f->spans, (size_t)n * sizeof(ht_span));
+    if (!s) return false;
+    f->spans = s;
+    f->span_cap = n;
+    return true;
+}
+
+static void fatal(ht_fsdp *f, const char *what, const unit *u) {
+    fprintf(stderr, "[hypertrain error rank %d] FSDP unit %s: %s\n", f->comm->rank, u->name, what);
+    ht_comm_abort(f->comm, 1);
+    abort();
+}
+
+/* Starts the all-gather of u's whole weights: this rank's compute_rows of
+ * every param to every rank, rank r's rows into their place. */
+static void start_gather(ht_fsdp *f, unit *u) {
+    if (u->resident || u->weights || u->gathering) return;
+    int P = f->comm->size, n = u->count;
+    u->weights = pool_get(&f->pool, u->weight_bytes ? u->weight_bytes : 64, false);
+    if (!u->weights || !reserve_spans(f, 2 * P * n + 2)) fatal(f, "out of memory for the gathered weights", u);
+    ht_span *send = f->spans, *recv = f->spans + P * n;
+    int sfirst[P + 1], rfirst[P + 1];
+    for (int r = 0; r < P; r++) {
+        sfirst[r] = r * n;
+        rfirst[r] = r * n;
+        for (int i = 0; i < n; i++) {
+            ht_param *p = u->params[i];
+            size_t es = ht_dtype_size(p->compute_dtype), row = (size_t)ht_param_row_numel(p) * es;
+            int64_t r0, r1;
+            ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+            send[r * n + i] = (ht_span){p->compute_rows, (int64_t)((size_t)ht_param_local_numel(p) * es)};
+            recv[r * n + i] =
+                (ht_span){(char *)u->weights + u->woff[i] + (size_t)r0 * row, (int64_t)((size_t)(r1 - r0) * row)};
+        }
+    }
+    sfirst[P] = rfirst[P] = P * n;
+    ht_spans s = {send, sfirst}, rv = {recv, rfirst};
+    u->gathering = ht_start_exchange(f->comm, &s, &rv);
+    f->stats.gathers++;
+    f->stats.gathered_bytes += (double)u->weight_bytes;
+}
+
+static void wait_timed(ht_fsdp *f, ht_request *r) {
+    double t0 = ht_time_seconds(), flight = 0.0;
+    ht_wait(f->comm, r, &flight);
+    f->stats.waited_seconds += ht_time_seconds() - t0;
+    f->stats.in_flight_seconds += flight;
+}
+
+/* u's whole weights, gathered and in place for its params' `compute`. */
+static void use_weights(ht_fsdp *f, unit *u) {
+    if (u->resident) return;
+    start_gather(f, u);
+    if (u->gathering) {
+        wait_timed(f, u->gathering);
+        u->gathering = NULL;
+    }
+    for (int i = 0; i < u->count; i++) u->params[i]->compute = (char *)u->weights + u->woff[i];
+}
+
+static void release_weights(ht_fsdp *f, unit *u) {
+    if (u->resident || !u->weights) return;
+    if (u->gathering) { /* a prefetch never used: it still has to complete */
+        wait_timed(f, u->gathering);
+        u->gathering = NULL;
+    }
+    for (int i = 0; i < u->count; i++) u->params[i]->compute = NULL;
+    pool_put(&f->pool, u->weights);
+    u->weights = NULL;
+}
+
+static void use_grads(ht_fsdp *f, unit *u) {
+    if (u->resident || u->grad) return;
+    u->grad = pool_get(&f->pool, u->grad_floats * sizeof(float) + 64, true);
+    if (!u->grad) fatal(f, "out of memory for the whole gradients", u);
+    for (int i = 0; i < u->count; i++) u->params[i]->grad = u->grad + u->goff[i];
+}
+
+/* main_grad rows += the sum over ranks (in rank order) of every rank's
+ * gradient for them, once the reduce-scatter of u is complete. */
+static void complete_reduce(ht_fsdp *f, unit *u) {
+    if (!u->reducing) return;
+    wait_timed(f, u->reducing);
+    u->reducing = NULL;
+    pool_put(&f->pool, u->sent);
+    u->sent = NULL;
+    int P = f->comm->size;
+    for (int i = 0; i < u->count; i++) {
+        ht_param *p = u->params[i];
+        if (!p->trainable) continue;
+        int64_t n = ht_param_local_numel(p);
+        const float *slice = u->stage + u->soff[i];
+        float *mg = p->main_grad;
+#pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < n; k++) {
+            float sum = slice[k];
+            for (int r = 1; r < P; r++) sum += slice[(size_t)r * u->rows_floats + (size_t)k];
+            mg[k] += sum;
+        }
+    }
+    pool_put(&f->pool, u->stage);
+    u->stage = NULL;
+}
+
+/* Starts the reduce-scatter of u's whole gradients: rank r's rows of each to
+ * rank r; this rank's rows from every rank into the stage. One is in flight
+ * at a time (it overlaps the next module's backward): starting one completes
+ * the last. */
+static void start_reduce(ht_fsdp *f, int ui) {
+    unit *u = &f->units[ui];
+    if (u->resident || !u->grad) return;
+    int P = f->comm->size, n = u->count;
+    if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
+    u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * sizeof(float) + 64, false);
+    if (!u->stage || !reserve_spans(f, P * n + P + 2)) fatal(f, "out of memory for the gradient reduction", u);
+    ht_span *send = f->spans, *recv = f->spans + P * n;
+    int sfirst[P + 1], rfirst[P + 1];
+    for (int r = 0; r < P; r++) {
+        sfirst[r] = r * n;
+        rfirst[r] = r;
+        for (int i = 0; i < n; i++) {
+            ht_param *p = u->params[i];
+            int64_t r0, r1, row = ht_param_row_numel(p);
+            ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+            send[r * n + i] = (ht_span){u->grad + u->goff[i] + r0 * row, (r1 - r0) * row * (int64_t)sizeof(float)};
+        }
+        recv[r] = (ht_span){u->stage + (size_t)r * u->rows_floats, (int64_t)(u->rows_floats * sizeof(float))};
+    }
+    sfirst[P] = P * n;
+    rfirst[P] = P;
+    ht_spans s = {send, sfirst}, rv = {recv, rfirst};
+    u->reducing = ht_start_exchange(f->comm, &s, &rv);
+    f->reducing = ui;
+    /* The whole gradient goes back to the pool once sent. */
+    u->sent = u->grad;
+    u->grad = NULL;
+    for (int i = 0; i < n; i++) u->params[i]->grad = NULL;
+    f->stats.reduce_scatters++;
+    f->stats.reduced_bytes += (double)u->grad_floats * sizeof(float);
+}
+
+void ht_fsdp_finish_backward(ht_fsdp *f) {
+    if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
+    f->reducing = -1;
+    f->stats.pool_peak_bytes = (double)f->pool.peak;
+}
+
+/* ------------------------------------------------------------------ hooks */
+
+static void prefetch(ht_fsdp *f, int module) {
+    if (!f->opt.prefetch || module < 0 || module >= f->model->module_count) return;
+    for (const int *ui = f->uses[module]; *ui >= 0; ui++) start_gather(f, &f->units[*ui]);
+}
+
+static void on_event(void *ctx, int module, ht_module_event ev) {
+    ht_fsdp *f = ctx;
+    const int *uses = f->uses[module];
+    switch (ev) {
+    case HT_BEFORE_FORWARD:
+        for (const int *ui = uses; *ui >= 0; ui++) use_weights(f, &f->units[*ui]);
+        prefetch(f, module + 1);
+        break;
+    case HT_AFTER_FORWARD:
+        for (const int *ui = uses; *ui >= 0; ui++) {
+            unit *u = &f->units[*ui];
+            if (!u->root && f->opt.reshard_after_forward && u->last_use == module) release_weights(f, u);
+        }
+        break;
+    case HT_BEFORE_BACKWARD:
+        for (const int *ui = uses; *ui >= 0; ui++) {
+            use_weights(f, &f->units[*ui]);
+            use_grads(f, &f->units[*ui]);
+        }
+        prefetch(f, module - 1);
+        break;
+    case HT_AFTER_BACKWARD:
+        for (const int *ui = uses; *ui >= 0; ui++) {
+            unit *u = &f->units[*ui];
+            if (u->first_use != module) continue; /* later modules (earlier in backward) still read it */
+            start_reduce(f, *ui);
+            release_weights(f, u);
+        }
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------ life */
+
+ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_fsdp **out, ht_error *err) {
+    *out = NULL;
+    if (m->module_count == 0) return ht_fail(err, HT_ERR_INVALID, "FSDP: model %s declares no modules", m->config.name);
+    ht_fsdp *f = calloc(1, sizeof(*f));
+    if (!f) return ht_fail(err, HT_ERR_OOM, "cannot allocate FSDP");
+    f->model = m;
+    f->comm = comm;
+    f->opt = *opt;
+    f->reducing = -1;
+    ht_status s = plan_units(f, err);
+    if (s != HT_OK) {
+        ht_fsdp_free(f);
+        return s;
+    }
+    m->hook = (ht_module_hook){on_event, f};
+    *out = f;
+    return HT_OK;
+}
+
+void ht_fsdp_log_plan(const ht_fsdp *f) {
+    char list[2048];
+    size_t len = 0;
+    list[0] = 0;
+    int shown = 0;
+    for (int ui = 0; ui < f->unit_count; ui++) {
+        const unit *u = &f->units[ui];
+        if (u->count == 0) continue;
+        /* Consecutive units of the same size are one entry: "model.layers.{0..23} (24 x 2.36M)". */
+        int run = ui;
+        while (run + 1 < f->unit_count && !f->units[run + 1].root && f->units[run + 1].grad_floats == u->grad_floats &&
+               f->units[run + 1].count == u->count)
+            run++;
+        int64_t numel = 0;
+        for (int i = 0; i < u->count; i++) numel += ht_param_numel(u->params[i]);
+        if (run > ui)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s..%s (%d x %.2fM)", shown ? ", " : "", u->name,
+                                    strrchr(f->units[run].name, '.') + 1, run - ui + 1, (double)numel / 1e6);
+        else
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s (%.2fM)", shown ? ", " : "", u->name,
+                                    (double)numel / 1e6);
+        if (len >= sizeof(list)) break;
+        shown++;
+        ui = run;
+    }
+    bool resident = true;
+    for (int ui = 0; ui < f->unit_count; ui++) resident = resident && f->units[ui].resident;
+    ht_log_info("FSDP units: %s; %s", list,
+                resident                       ? "whole on every rank (nothing gathered)"
+                : f->opt.reshard_after_forward ? "gathered for forward, dropped, gathered again for backward"
+                                               : "gathered for forward and kept until backward");
+    if (!resident)
+        ht_log_info("FSDP prefetch: %s", f->opt.prefetch ? "the next module's units gather while one computes"
+                                                         : "off (each unit gathers when its module starts)");
+}
+
+void ht_fsdp_weights_changed(ht_fsdp *f) {
+    ht_params_refresh_compute(&f->model->params);
+    for (int ui = 0; ui < f->unit_count; ui++) release_weights(f, &f->units[ui]);
+}
+
+const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f) { return &f->stats; }
+
+void ht_fsdp_stats_reset(ht_fsdp *f) {
+    memset(&f->stats, 0, sizeof(f->stats));
+    f->pool.peak = f->pool.held;
+}
+
+void ht_fsdp_free(ht_fsdp *f) {
+    if (!f) return;
+    ht_fsdp_finish_backward(f);
+    for (int ui = 0; ui < f->unit_count; ui++) {
+        unit *u = &f->units[ui];
+        release_weights(f, u);
+        for (int i = 0; i < u->count; i++)
+            if (u->params[i]->sharded) u->params[i]->grad = NULL;
+        free(u->params);
+        free(u->woff);
+        free(u->goff);
+        free(u->soff);
+    }
+    if (f->model && f->model->hook.ctx == f) f->model->hook = (ht_module_hook){NULL, NULL};
+    for (int k = 0; f->uses && f->model && k < f->model->module_count; k++) free(f->uses[k]);
+    free(f->uses);
+    free(f->units);
+    free(f->spans);
+    pool_free(&f->pool);
+    free(f);
+}
+
+/* ------------------------------------------------------------------ whole tensors */
 
 void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *counts, size_t elem_size) {
     int64_t row = ht_param_row_numel(p);
@@ -16,29 +552,8 @@ void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *counts, size_t ele
     }
 }
 
-void ht_fsdp_reduce_grads(ht_param_store *store, ht_comm *comm) {
-    int64_t counts[comm->size];
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        if (!p->trainable || p->grad == p->main_grad) continue;
-        ht_fsdp_row_bytes(p, comm->size, counts, 1);
-        ht_reduce_scatter_f32(comm, p->grad, p->main_grad, counts);
-    }
-}
-
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size) {
     int64_t bytes[comm->size];
     ht_fsdp_row_bytes(p, comm->size, bytes, elem_size);
     ht_all_gather(comm, rows, full, bytes);
-}
-
-void ht_fsdp_refresh_compute(ht_param_store *store, ht_comm *comm) {
-    ht_params_refresh_compute(store);
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        if (!ht_param_is_sharded(p)) continue;
-        size_t es = ht_dtype_size(p->compute_dtype);
-        const char *mine = (const char *)p->compute + (size_t)(p->row0 * ht_param_row_numel(p)) * es;
-        ht_fsdp_gather_rows(p, comm, mine, p->compute, es);
-    }
 }

@@ -1,15 +1,26 @@
 /* The MPI world behind ht_comm. Sums are never MPI's own reductions, whose
  * order MPI leaves to the algorithm: a reduce-scatter sends each rank the
  * slices it owns (all-to-all) and the owner adds them in rank order; an
- * all-reduce is that reduce-scatter followed by an all-gather of the sums. */
+ * all-reduce is that reduce-scatter followed by an all-gather of the sums.
+ *
+ * Started collectives (ht_start_exchange) belong to one progress thread per
+ * process: it starts them in order and drives them (MPI_Test, sleeping
+ * between polls) while the caller computes. Open MPI moves a large message
+ * only when some thread is inside MPI, so without it a prefetch would wait
+ * for the caller's next MPI call. Blocking collectives run on the caller's
+ * thread once the progress thread is idle: one thread is in MPI at a time
+ * (MPI_THREAD_SERIALIZED). */
 #include "dist/comm_internal.h"
 
 #include <limits.h>
 #include <stdbool.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct mpi_comm {
     ht_comm base;
@@ -42,6 +53,264 @@ static int as_int(mpi_comm *m, int64_t n) {
     return (int)n;
 }
 
+/* ------------------------------------------------------------------ the watchdog */
+
+/* A collective this rank waits in for longer than the timeout
+ * (training.distributed_timeout_minutes) ends the world with an error
+ * naming it: a peer that died is noticed by the launcher, but one that is
+ * stopped, unreachable or stuck would leave every rank waiting forever. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    bool running;
+    double timeout;   /* seconds; 0: none */
+    double since;     /* when the caller began waiting; 0: not waiting */
+    const char *what; /* the collective */
+    int rank, size;   /* of the waiting group */
+} watch = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static void *watch_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&watch.lock);
+    for (;;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&watch.wake, &watch.lock, &ts);
+        double waited = watch.since > 0 ? ht_time_seconds() - watch.since : 0.0;
+        if (watch.timeout > 0 && waited > watch.timeout) {
+            fprintf(stderr,
+                    "[hypertrain error rank %d] %s on a group of %d ranks has waited %.0f s for its peers "
+                    "(training.distributed_timeout_minutes %g): a rank is unreachable, stopped or stuck; ending the "
+                    "world\n",
+                    watch.rank, watch.what, watch.size, waited, watch.timeout / 60.0);
+            fflush(stderr);
+            _exit(1); /* the launcher ends the other ranks */
+        }
+    }
+    return NULL;
+}
+
+static void watch_begin(const mpi_comm *m, const char *what) {
+    if (!watch.running) return;
+    pthread_mutex_lock(&watch.lock);
+    watch.since = ht_time_seconds();
+    watch.what = what;
+    watch.rank = m->base.rank;
+    watch.size = m->base.size;
+    pthread_mutex_unlock(&watch.lock);
+}
+
+static void watch_end(void) {
+    if (!watch.running) return;
+    pthread_mutex_lock(&watch.lock);
+    watch.since = 0;
+    pthread_mutex_unlock(&watch.lock);
+}
+
+void ht_comm_mpi_set_timeout(double seconds) {
+    pthread_mutex_lock(&watch.lock);
+    watch.timeout = seconds;
+    bool start = seconds > 0 && !watch.running;
+    pthread_mutex_unlock(&watch.lock);
+    if (start && pthread_create(&watch.thread, NULL, watch_main, NULL) == 0) {
+        pthread_detach(watch.thread);
+        watch.running = true;
+    }
+}
+
+/* ------------------------------------------------------------------ started collectives */
+
+struct ht_request {
+    mpi_comm *m;
+    ht_span *spans;       /* the send spans, then the receive spans */
+    int *first;           /* (2 (size + 1)): send, then receive */
+    MPI_Datatype *types;  /* (2 size): send, then receive; MPI_DATATYPE_NULL until started */
+    int *counts, *displs; /* (2 size) */
+    MPI_Request req;
+    double started, finished; /* seconds */
+    bool done;
+    struct ht_request *next; /* in the queue or the active list */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t work, done;
+    pthread_t thread;
+    bool running, stop;
+    ht_request *queue, *queue_tail; /* not started yet, in order */
+    ht_request *active;             /* started, not complete */
+} progress = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+
+/* MPI's datatype for the bytes at spans[0 .. n) (absolute addresses, used with MPI_BOTTOM). */
+static MPI_Datatype span_type(mpi_comm *m, const ht_span *spans, int n, int *count) {
+    *count = 0;
+    int used = 0;
+    for (int i = 0; i < n; i++) used += spans[i].bytes > 0;
+    if (used == 0) return MPI_BYTE;
+    int lens[used];
+    MPI_Aint addrs[used];
+    for (int i = 0, k = 0; i < n; i++) {
+        if (spans[i].bytes == 0) continue;
+        lens[k] = as_int(m, spans[i].bytes);
+        MPI_Get_address(spans[i].addr, &addrs[k]);
+        k++;
+    }
+    MPI_Datatype t;
+    mpi_check(m, MPI_Type_create_hindexed(used, lens, addrs, MPI_BYTE, &t), "MPI_Type_create_hindexed");
+    mpi_check(m, MPI_Type_commit(&t), "MPI_Type_commit");
+    *count = 1;
+    return t;
+}
+
+static void request_start(ht_request *r) {
+    mpi_comm *m = r->m;
+    int P = m->base.size;
+    for (int side = 0; side < 2; side++) {
+        const int *first = r->first + side * (P + 1);
+        for (int q = 0; q < P; q++) {
+            int k = side * P + q;
+            r->types[k] = span_type(m, r->spans + first[q], first[q + 1] - first[q], &r->counts[k]);
+            r->displs[k] = 0;
+        }
+    }
+    mpi_check(m,
+              MPI_Ialltoallw(MPI_BOTTOM, r->counts, r->displs, r->types, MPI_BOTTOM, r->counts + P, r->displs + P,
+                             r->types + P, m->comm, &r->req),
+              "MPI_Ialltoallw");
+}
+
+static void request_free(ht_request *r) {
+    if (!r) return;
+    for (int k = 0; r->types && k < 2 * r->m->base.size; k++)
+        if (r->types[k] != MPI_BYTE && r->types[k] != MPI_DATATYPE_NULL) MPI_Type_free(&r->types[k]);
+    free(r->spans);
+    free(r->first);
+    free(r->types);
+    free(r->counts);
+    free(r->displs);
+    free(r);
+}
+
+/* The progress thread: starts queued requests in order, tests the started
+ * ones, sleeps 20 µs between polls that found nothing new, and waits on a
+ * condition variable when there is nothing to do. */
+static void *progress_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&progress.lock);
+    for (;;) {
+        while (!progress.stop && !progress.queue && !progress.active) pthread_cond_wait(&progress.work, &progress.lock);
+        if (progress.stop && !progress.queue && !progress.active) break;
+        while (progress.queue) { /* start in order; the requests' own buffers are not the caller's now */
+            ht_request *r = progress.queue;
+            progress.queue = r->next;
+            if (!progress.queue) progress.queue_tail = NULL;
+            request_start(r);
+            r->next = progress.active;
+            progress.active = r;
+        }
+        bool any = false;
+        for (ht_request **pp = &progress.active; *pp;) {
+            ht_request *r = *pp;
+            int flag = 0;
+            mpi_check(r->m, MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+            if (flag) {
+                r->finished = ht_time_seconds();
+                r->done = true;
+                *pp = r->next;
+                any = true;
+            } else {
+                pp = &r->next;
+            }
+        }
+        if (any) pthread_cond_broadcast(&progress.done);
+        if (!any && progress.active) {
+            pthread_mutex_unlock(&progress.lock);
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&progress.lock);
+        }
+    }
+    pthread_mutex_unlock(&progress.lock);
+    return NULL;
+}
+
+/* Blocks until every started request is complete and the progress thread is
+ * out of MPI: a blocking collective may then run on this thread. */
+static void drain(void) {
+    if (!progress.running) return;
+    pthread_mutex_lock(&progress.lock);
+    while (progress.queue || progress.active) pthread_cond_wait(&progress.done, &progress.lock);
+    pthread_mutex_unlock(&progress.lock);
+}
+
+static ht_request *mpi_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
+    mpi_comm *m = (mpi_comm *)c;
+    int P = c->size, ns = send->first[P] - send->first[0], nr = recv->first[P] - recv->first[0];
+    ht_request *r = calloc(1, sizeof(*r));
+    if (r) {
+        r->spans = malloc((size_t)(ns + nr + 1) * sizeof(ht_span));
+        r->first = malloc((size_t)(2 * (P + 1)) * sizeof(int));
+        r->types = malloc((size_t)(2 * P) * sizeof(MPI_Datatype));
+        r->counts = malloc((size_t)(2 * P) * sizeof(int));
+        r->displs = malloc((size_t)(2 * P) * sizeof(int));
+    }
+    if (!r || !r->spans || !r->first || !r->types || !r->counts || !r->displs)
+        mpi_fatal(m, "out of memory for a collective");
+    r->m = m;
+    memcpy(r->spans, send->spans + send->first[0], (size_t)ns * sizeof(ht_span));
+    memcpy(r->spans + ns, recv->spans + recv->first[0], (size_t)nr * sizeof(ht_span));
+    for (int q = 0; q <= P; q++) {
+        r->first[q] = send->first[q] - send->first[0];
+        r->first[P + 1 + q] = ns + recv->first[q] - recv->first[0];
+    }
+    for (int k = 0; k < 2 * P; k++) r->types[k] = MPI_DATATYPE_NULL;
+    r->started = ht_time_seconds();
+    if (!progress.running) { /* no progress thread: MPI moves it when waited for */
+        request_start(r);
+        return r;
+    }
+    pthread_mutex_lock(&progress.lock);
+    if (progress.queue_tail)
+        progress.queue_tail->next = r;
+    else
+        progress.queue = r;
+    progress.queue_tail = r;
+    pthread_cond_signal(&progress.work);
+    pthread_mutex_unlock(&progress.lock);
+    return r;
+}
+
+static void mpi_wait(ht_comm *c, ht_request *r, double *seconds) {
+    (void)c;
+    if (seconds) *seconds = 0.0;
+    if (!r) return;
+    if (progress.running) {
+        pthread_mutex_lock(&progress.lock);
+        while (!r->done) pthread_cond_wait(&progress.done, &progress.lock);
+        pthread_mutex_unlock(&progress.lock);
+    } else {
+        mpi_check(r->m, MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
+        r->finished = ht_time_seconds();
+    }
+    if (seconds) *seconds = r->finished - r->started;
+    request_free(r);
+}
+
+static void progress_stop(void) {
+    if (!progress.running) return;
+    pthread_mutex_lock(&progress.lock);
+    progress.stop = true;
+    pthread_cond_signal(&progress.work);
+    pthread_mutex_unlock(&progress.lock);
+    pthread_join(progress.thread, NULL);
+    progress.running = false;
+}
+
+/* ------------------------------------------------------------------ blocking collectives */
+
 static void *scratch(mpi_comm *m, size_t bytes) {
     if (bytes > m->scratch_bytes) {
         ht_free(m->scratch);
@@ -64,6 +333,7 @@ static void layout(mpi_comm *m, const int64_t *sizes) {
 }
 
 static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     int P = c->size, me = c->rank, mine = as_int(m, counts[me]);
     layout(m, counts);
@@ -83,6 +353,7 @@ static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, c
 }
 
 static void mpi_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     layout(m, bytes);
     /* In place when send already sits at this rank's offset in recv. */
@@ -92,6 +363,7 @@ static void mpi_all_gather(ht_comm *c, const void *send, void *recv, const int64
 }
 
 static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     layout(m, bytes);
     const void *src = c->rank == root && (const char *)recv + m->displs[root] == send ? MPI_IN_PLACE : send;
@@ -100,6 +372,7 @@ static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *
 }
 
 static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     layout(m, bytes);
     void *dst = c->rank == root && (const char *)send + m->displs[root] == recv ? MPI_IN_PLACE : recv;
@@ -109,6 +382,7 @@ static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t 
 
 /* Balanced slices of n: rank r owns [n·r/P, n·(r+1)/P). */
 static void mpi_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op op) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     if (op == HT_REDUCE_MAX) {
         mpi_check(m, MPI_Allreduce(MPI_IN_PLACE, buf, as_int(m, n), MPI_FLOAT, MPI_MAX, m->comm), "MPI_Allreduce");
@@ -131,6 +405,7 @@ static void mpi_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op o
 /* Small vectors (norms, flags, losses): every rank gathers every rank's
  * values and adds them in rank order itself. */
 static void mpi_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op op) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     int P = c->size, count = as_int(m, n);
     if (op == HT_REDUCE_MAX) {
@@ -147,16 +422,19 @@ static void mpi_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op 
 }
 
 static void mpi_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     mpi_check(m, MPI_Bcast(buf, as_int(m, bytes), MPI_BYTE, root, m->comm), "MPI_Bcast");
 }
 
 static void mpi_barrier(ht_comm *c) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     mpi_check(m, MPI_Barrier(m->comm), "MPI_Barrier");
 }
 
 static void mpi_free(ht_comm *c) {
+    drain();
     mpi_comm *m = (mpi_comm *)c;
     bool world = m->world;
     if (!world) MPI_Comm_free(&m->comm);
@@ -166,18 +444,45 @@ static void mpi_free(ht_comm *c) {
     free(m->counts2);
     free(m->displs2);
     free(m);
-    if (world) MPI_Finalize();
+    if (world) {
+        progress_stop();
+        MPI_Finalize();
+    }
 }
 
+/* Every wait on peers under the watchdog. */
+#define WATCHED(name, what, params, args)                                                                              \
+    static void name##_watched params {                                                                                \
+        watch_begin((mpi_comm *)c, what);                                                                              \
+        name args;                                                                                                     \
+        watch_end();                                                                                                   \
+    }
+WATCHED(mpi_all_reduce_f64, "an all-reduce", (ht_comm * c, double *buf, int64_t n, ht_reduce_op op), (c, buf, n, op))
+WATCHED(mpi_all_reduce_f32, "an all-reduce", (ht_comm * c, float *buf, int64_t n, ht_reduce_op op), (c, buf, n, op))
+WATCHED(mpi_reduce_scatter_f32, "a reduce-scatter",
+        (ht_comm * c, const float *send, float *recv, const int64_t *counts), (c, send, recv, counts))
+WATCHED(mpi_broadcast, "a broadcast", (ht_comm * c, void *buf, int64_t bytes, int root), (c, buf, bytes, root))
+WATCHED(mpi_all_gather, "an all-gather", (ht_comm * c, const void *send, void *recv, const int64_t *bytes),
+        (c, send, recv, bytes))
+WATCHED(mpi_gather, "a gather", (ht_comm * c, const void *send, void *recv, const int64_t *bytes, int root),
+        (c, send, recv, bytes, root))
+WATCHED(mpi_scatter, "a scatter", (ht_comm * c, const void *send, void *recv, const int64_t *bytes, int root),
+        (c, send, recv, bytes, root))
+WATCHED(mpi_barrier, "a barrier", (ht_comm * c), (c))
+WATCHED(mpi_wait, "an FSDP all-to-all (a gather of weights or a reduce-scatter of gradients)",
+        (ht_comm * c, ht_request *r, double *seconds), (c, r, seconds))
+
 static const ht_comm_ops mpi_ops = {
-    .all_reduce_f64 = mpi_all_reduce_f64,
-    .all_reduce_f32 = mpi_all_reduce_f32,
-    .reduce_scatter_f32 = mpi_reduce_scatter_f32,
-    .broadcast = mpi_broadcast,
-    .all_gather = mpi_all_gather,
-    .gather = mpi_gather,
-    .scatter = mpi_scatter,
-    .barrier = mpi_barrier,
+    .all_reduce_f64 = mpi_all_reduce_f64_watched,
+    .all_reduce_f32 = mpi_all_reduce_f32_watched,
+    .reduce_scatter_f32 = mpi_reduce_scatter_f32_watched,
+    .broadcast = mpi_broadcast_watched,
+    .all_gather = mpi_all_gather_watched,
+    .gather = mpi_gather_watched,
+    .scatter = mpi_scatter_watched,
+    .barrier = mpi_barrier_watched,
+    .start_exchange = mpi_start_exchange,
+    .wait = mpi_wait_watched,
     .free = mpi_free,
 };
 
@@ -217,7 +522,7 @@ static ht_status wrap(MPI_Comm comm, bool world, mpi_comm **out, ht_error *err) 
 
 ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *which, ht_comm **out, ht_error *err) {
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return ht_fail(err, HT_ERR_INVALID, "%s=%d: started by a launcher, but MPI_Init failed", which, announced);
     int size = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -234,6 +539,9 @@ ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *w
         MPI_Finalize();
         return s;
     }
+    /* The progress thread, where MPI allows a second thread in it. */
+    if (provided >= MPI_THREAD_SERIALIZED && pthread_create(&progress.thread, NULL, progress_main, NULL) == 0)
+        progress.running = true;
     *out = &m->base;
     return HT_OK;
 }
@@ -241,6 +549,7 @@ ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *w
 ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
     mpi_comm *parent = (mpi_comm *)c;
     MPI_Comm sub;
+    drain();
     mpi_check(parent, MPI_Comm_split(parent->comm, color, key, &sub), "MPI_Comm_split");
     int size = 0;
     MPI_Comm_size(sub, &size);

@@ -141,6 +141,39 @@ static void bind_params(ht_model *m, decoder *d) {
     }
 }
 
+/* The modules in forward order: the embedding, each layer, the final norm,
+ * the LM head (which reads the embedding when they are tied). */
+enum { MOD_EMBED = 0 };
+#define MOD_LAYER(l) (1 + (l))
+#define MOD_NORM(d) (1 + (d)->L)
+#define MOD_HEAD(d) (2 + (d)->L)
+
+static void module_add(ht_module *mod, ht_param *p) {
+    if (p) mod->params[mod->param_count++] = p;
+}
+
+static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
+    bind_params(m, d); /* the store's array is final: pointers into it stay valid */
+    m->module_count = d->L + 3;
+    m->modules = ht_alloc((size_t)m->module_count * sizeof(ht_module));
+    if (!m->modules) return ht_fail(err, HT_ERR_OOM, "cannot allocate the model's modules");
+    snprintf(m->modules[MOD_EMBED].name, HT_PARAM_NAME_MAX, "model.embed_tokens");
+    module_add(&m->modules[MOD_EMBED], d->embed);
+    for (int l = 0; l < d->L; l++) {
+        ht_module *mod = &m->modules[MOD_LAYER(l)];
+        layer_params *p = &d->layers[l];
+        snprintf(mod->name, HT_PARAM_NAME_MAX, "model.layers.%d", l);
+        ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
+                           p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
+    }
+    snprintf(m->modules[MOD_NORM(d)].name, HT_PARAM_NAME_MAX, "model.norm");
+    module_add(&m->modules[MOD_NORM(d)], d->norm);
+    snprintf(m->modules[MOD_HEAD(d)].name, HT_PARAM_NAME_MAX, "lm_head");
+    module_add(&m->modules[MOD_HEAD(d)], d->head);
+    return HT_OK;
+}
+
 /* Rotary tables computed as transformers does: inv_freq and the angles in
  * float32, the cosine and sine of each float32 angle correctly rounded. */
 static void fill_rope_tables(decoder *d, int max_pos, double theta) {
@@ -158,8 +191,9 @@ static void fill_rope_tables(decoder *d, int max_pos, double theta) {
 /* ------------------------------------------------------------------ activations */
 
 /* Sizes every activation for (B, T) and carves them from one block. */
-static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
-    if (d->act_block && d->B == B && d->T == T) return HT_OK;
+static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
+    /* The attention scratch is per thread: more threads than it was sized for size it again. */
+    if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads()) return HT_OK;
     ht_free(d->act_block);
     d->act_block = NULL;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
@@ -246,6 +280,7 @@ static ht_status size_activations(decoder *d, int B, int T, ht_error *err) {
     d->act_block = block;
     d->B = B;
     d->T = T;
+    m->activation_bytes = total;
     return HT_OK;
 }
 
@@ -379,7 +414,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
             return ht_fail(err, HT_ERR_INVALID, "target token %d at position %lld is outside the vocabulary [0, %lld)",
                            targets[n], (long long)n, (long long)V);
     }
-    ht_status s = size_activations(d, B, T, err);
+    ht_status s = size_activations(m, d, B, T, err);
     if (s != HT_OK) return s;
     ht_dtype cd = d->embed->compute_dtype;
     /* Matmul inputs of a coarser precision than their FP32 storage are rounded where they are made. */
@@ -387,14 +422,17 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     const float eps = (float)m->config.rms_norm_eps;
 
     /* Token embedding into the FP32 residual stream. */
+    ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
     float *x = d->acts[0].resid; /* (N, C) */
     size_t row_bytes = (size_t)C * ht_dtype_size(cd);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         ht_convert(x + n * C, HT_DTYPE_F32, (const char *)d->embed->compute + (size_t)inputs[n] * row_bytes, cd,
                    (size_t)C);
+    ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
 
     for (int l = 0; l < d->L; l++) {
+        ht_model_event(m, MOD_LAYER(l), HT_BEFORE_FORWARD);
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         float *next = l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final; /* (N, C) */
@@ -419,10 +457,15 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         ht_round_to(a->h, (size_t)(N * F), round);
         linear_forward(d->dln, a->h, p->down_w, NULL, N);
         ht_add(next, a->resid_mid, d->dln, N * C);
+        ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
+    ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
     ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
     ht_round_to(d->lnf, (size_t)(N * C), round);
+    ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
+    ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     linear_forward(d->logits, d->lnf, d->head, NULL, N);
+    ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
     /* fsdp_config.mix_precision.output_dtype: the logits leave the model in that precision; the loss reads
      * them in FP32 (the backward pass treats the rounding as the identity). */
     if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16) {
@@ -452,16 +495,23 @@ static void decoder_backward(ht_model *m, float scale) {
     decoder *d = m->impl;
     int B = d->B, T = d->T;
     int64_t N = (int64_t)B * T, C = d->C, V = d->V;
-    if (d->target_count == 0) return;
+    /* No target at all still runs backward (adding zeros): every rank runs
+     * every module, so that dist/'s collectives meet. */
+    float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
 
     /* Loss -> logits -> final norm. */
-    ht_cross_entropy_backward(d->logits, d->targets, N, V, scale / (float)d->target_count); /* dlogits (N, V) */
+    ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
+    ht_cross_entropy_backward(d->logits, d->targets, N, V, loss_scale); /* dlogits (N, V) */
     linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
+    ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
+    ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
     ht_rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute, d->norm->compute_dtype,
                         d->rstdf, N, C);
+    ht_model_event(m, MOD_NORM(d), HT_AFTER_BACKWARD);
 
     for (int l = d->L - 1; l >= 0; l--) {
+        ht_model_event(m, MOD_LAYER(l), HT_BEFORE_BACKWARD);
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
@@ -481,9 +531,11 @@ static void decoder_backward(ht_model *m, float scale) {
         linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
         ht_rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype, a->rstd1,
                             N, C);
+        ht_model_event(m, MOD_LAYER(l), HT_AFTER_BACKWARD);
     }
 
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
+    ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
     float *dembed = d->embed->grad;
 #pragma omp parallel
     {
@@ -495,6 +547,7 @@ static void decoder_backward(ht_model *m, float scale) {
             for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
         }
     }
+    ht_model_event(m, MOD_EMBED, HT_AFTER_BACKWARD);
 }
 
 static void decoder_free(ht_model *m) {
@@ -507,6 +560,7 @@ static void decoder_free(ht_model *m) {
         ht_free(d->sin_t);
         ht_free(d);
     }
+    ht_free(m->modules);
     ht_free(m->attn_max_logit);
     ht_params_free(&m->params);
     ht_free(m);
@@ -548,12 +602,11 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit)
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
-    if (s == HT_OK) s = ht_params_allocate(&m->params, err);
+    if (s == HT_OK) s = declare_modules(m, d, err);
     if (s != HT_OK) {
         decoder_free(m);
         return s;
     }
-    bind_params(m, d);
     ht_model_reset_attn_max(m);
     fill_rope_tables(d, cfg->max_position_embeddings, cfg->rope_theta);
     *out = m;

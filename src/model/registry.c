@@ -84,7 +84,8 @@ static void init_weights(ht_param_store *params, double std, uint64_t seed) {
     }
 }
 
-ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {
+ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
+                               ht_model **out, ht_error *err) {
     *out = NULL;
     ht_model_builder builder = (ht_model_builder)ht_registry_find(&models, cfg->name);
     if (!builder)
@@ -97,8 +98,24 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
                        ht_dtype_name(dtype));
     s = builder(cfg, dtype, out, err);
     if (s != HT_OK) return s;
-    init_weights(&(*out)->params, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
+    ht_param_store *ps = &(*out)->params;
+    if (!ps->data_block) { /* declared only: storage for this rank's rows */
+        if (world > 1) ht_params_set_rows(ps, rank, world);
+        s = ht_params_allocate(ps, err);
+    } else {
+        s = ht_params_shard(ps, rank, world, err);
+    }
+    if (s != HT_OK) {
+        ht_model_free(*out);
+        *out = NULL;
+        return s;
+    }
+    init_weights(ps, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
     return HT_OK;
+}
+
+ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {
+    return ht_model_build_shard(cfg, dtype, seed, 0, 1, out, err);
 }
 
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {

@@ -90,6 +90,7 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
     opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_muon_slot));
     opt->state_block = ht_alloc((floats > 0 ? floats : 1) * sizeof(float));
     opt->work = ht_alloc((work > 0 ? work : 1) * sizeof(float));
+    opt->work_floats = work;
     if (!opt->slots || !opt->state_block || !opt->work) {
         ht_muon_free(opt);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of Muon state and workspace",

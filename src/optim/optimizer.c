@@ -254,3 +254,16 @@ int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {
     }
     return clipped;
 }
+
+size_t ht_optimizer_bytes(const ht_optimizer *opt) {
+    size_t floats = 0;
+    for (int i = 0; opt->adamw && i < opt->adamw->count; i++)
+        floats += 2 * (size_t)ht_param_local_numel(opt->adamw->slots[i].param);
+    const ht_muon *mu = opt->muon;
+    for (int i = 0; mu && i < mu->count; i++) {
+        floats += (size_t)ht_param_local_numel(mu->slots[i].param);
+        if (mu->owned && mu->owned[i]) floats += (size_t)(mu->slots[i].rows * mu->slots[i].cols);
+    }
+    if (mu) floats += mu->work_floats;
+    return floats * sizeof(float);
+}

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
@@ -17,6 +18,22 @@
 #include "hypertrain/optimizer.h"
 
 /* ------------------------------------------------------------------ setup */
+
+/* This process's resident bytes now, and at most so far. */
+static double rss_now(void) {
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (double)resident * (double)sysconf(_SC_PAGESIZE);
+}
+
+static double rss_peak(void) {
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) == 0 ? (double)u.ru_maxrss * 1024.0 : 0.0;
+}
 
 static int64_t local_numel(const ht_param_store *ps) {
     int64_t n = 0;
@@ -32,17 +49,23 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         s = ht_hf_read_config(c->model.from_pretrained, &arch, err);
         if (s != HT_OK) return s;
     }
-    s = ht_model_build(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, &t->model, err);
+    /* fsdp_config.shard_size: every rank holds only its rows of every
+     * parameter (and so of its FP32 main param, main_grad and optimizer
+     * state). training.init_model_with_meta_device: it builds, initialises
+     * and loads only those rows; otherwise it builds the whole model first. */
+    int rank = t->shard_comm->rank, world = t->shard_comm->size;
+    bool meta = c->training.init_model_with_meta_device;
+    s = ht_model_build_shard(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, meta ? rank : 0, meta ? world : 1,
+                             &t->model, err);
     if (s != HT_OK) return s;
     if (c->model.from_pretrained[0]) {
         s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
         if (s != HT_OK) return s;
-        ht_log_info("loaded weights from %s", c->model.from_pretrained);
+        ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
+                    t->sharded && meta ? " (this rank's rows)" : "");
     }
-    /* fsdp_config.shard_size: every rank keeps only its rows of every
-     * parameter (and so of its FP32 main param, main_grad and optimizer state). */
-    if (t->sharded) {
-        s = ht_params_shard(&t->model->params, t->shard_comm->rank, t->shard_comm->size, err);
+    if (!meta) {
+        s = ht_params_shard(&t->model->params, rank, world, err);
         if (s != HT_OK) return s;
     }
     /* model_init_dtype converts every float parameter after the weights exist. */
@@ -60,8 +83,8 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     if (t->sharded)
         ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
                     "each rank holds its rows of every parameter, FP32 main param, main_grad and optimizer state "
-                    "(%.2fM of %.2fM values on this rank), gathers the whole compute weights from its shard group "
-                    "after every update and sums the FP32 gradients into each rank's rows%s",
+                    "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
+                    "modules and sums its FP32 gradients into each rank's rows%s",
                     t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
                     t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
                     (double)local_numel(&t->model->params) / 1e6,
@@ -139,7 +162,13 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
     if (s != HT_OK) return s;
-    ht_fsdp_refresh_compute(&t->model->params, t->shard_comm);
+    /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
+    const char *apply[HT_CONFIG_LIST_MAX];
+    for (int i = 0; i < c->fsdp.apply_modules.count; i++) apply[i] = c->fsdp.apply_modules.items[i];
+    ht_fsdp_options fo = {apply, c->fsdp.apply_modules.count, c->fsdp.reshard_after_forward, c->fsdp.prefetch};
+    s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
+    if (s != HT_OK) return s;
+    ht_fsdp_log_plan(t->fsdp);
     t->model->output_dtype = c->fsdp.output_dtype;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
@@ -369,8 +398,10 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     t->comm = comm;
     t->shard_comm = t->replica_comm = ht_comm_single();
     t->last_eval_loss = NAN;
+    t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
+    if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = build_model(t, err);
@@ -387,6 +418,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
 void ht_trainer_free(ht_trainer *t) {
     if (t->metrics) fclose(t->metrics);
     ht_optimizer_free(&t->optimizer);
+    ht_fsdp_free(t->fsdp);
     free(t->qk_layers);
     ht_loader_free(&t->train_loader);
     ht_loader_free(&t->valid_loader);
@@ -421,9 +453,10 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
-    /* Data parallel: every rank's FP32 gradients summed over the ranks, in
-     * rank order: into each rank's rows (sharded), or whole on every rank. */
-    ht_fsdp_reduce_grads(&m->params, t->shard_comm);
+    /* Data parallel: every rank's FP32 gradients summed over the shard
+     * group into each rank's rows (each unit's reduce-scatter, started in
+     * backward), then over the replicas. */
+    ht_fsdp_finish_backward(t->fsdp);
     ht_all_reduce_f32(t->replica_comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)),
                       HT_REDUCE_SUM);
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
@@ -440,7 +473,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
     }
-    ht_fsdp_refresh_compute(&m->params, t->shard_comm);
+    ht_fsdp_weights_changed(t->fsdp);
     t->step++;
     double dt = ht_time_seconds() - t0;
     if (stats) {
@@ -600,10 +633,73 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-/* A whole, unsharded copy of the model's weights from every rank's rows. */
+/* What the FSDP collectives cost a step over the run (evaluations included). */
+static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
+    const ht_fsdp_stats *st = ht_fsdp_stats_get(t->fsdp);
+    const ht_param_store *ps = &t->model->params;
+    double weights = 0, grads = 0;
+    for (int i = 0; i < ps->count; i++) {
+        weights += (double)ht_param_numel(&ps->items[i]) * (double)ht_dtype_size(ps->items[i].compute_dtype);
+        grads += (double)ht_param_numel(&ps->items[i]) * sizeof(float);
+    }
+    double n = (double)steps, mib = 1024.0 * 1024.0;
+    double hidden = st->in_flight_seconds > 0 ? 100.0 * (1.0 - st->waited_seconds / st->in_flight_seconds) : 100.0;
+    ht_log_info("FSDP a step (over %lld steps, evaluations included): %.1f all-gathers (%.2f MiB), %.1f "
+                "reduce-scatters (%.2f MiB); collectives in flight %.3f s, compute waited %.3f s of it (%.0f%% "
+                "hidden); at most %.2f MiB of whole weights and gradients held at once (the whole model: %.2f MiB "
+                "of weights, %.2f MiB of FP32 gradients)",
+                (long long)steps, (double)st->gathers / n, st->gathered_bytes / n / mib,
+                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, st->in_flight_seconds / n,
+                st->waited_seconds / n, hidden, st->pool_peak_bytes / mib, weights / mib, grads / mib);
+}
+
+/* Every rank's peak resident memory against what it should hold: the
+ * process before the trainer, its rows of the weights (and their compute
+ * copy), FP32 main params, main_grad and optimizer state, the whole weights
+ * and gradients of FSDP units (the most held at once, measured), the
+ * activations of one micro-batch and the corpus. Rank 0 prints a line a rank. */
+static void log_memory(ht_trainer *t) {
+    const ht_param_store *ps = &t->model->params;
+    enum { START, WEIGHTS, MAIN, GRAD, OPTIM, UNITS, ACTS, DATA, PEAK, N };
+    double v[N] = {
+        [START] = t->rss_at_start,
+        [WEIGHTS] = (double)(ps->data_bytes + ps->compute_bytes),
+        [MAIN] = (double)ps->main_bytes,
+        [GRAD] = (double)ps->grad_bytes,
+        [OPTIM] = (double)ht_optimizer_bytes(&t->optimizer),
+        [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_peak_bytes,
+        [ACTS] = (double)t->model->activation_bytes,
+        [DATA] = t->data ? (double)t->data->n_tokens * sizeof(uint16_t) : 0.0,
+        [PEAK] = rss_peak(),
+    };
+    int P = t->comm->size;
+    double *all = t->comm->rank == 0 ? malloc((size_t)P * N * sizeof(double)) : NULL;
+    int64_t bytes[P];
+    for (int r = 0; r < P; r++) bytes[r] = N * (int64_t)sizeof(double);
+    if (t->comm->rank == 0 && !all) return;
+    ht_gather(t->comm, v, all, bytes, 0);
+    const double mib = 1024.0 * 1024.0;
+    for (int r = 0; all && r < P; r++) {
+        const double *x = all + (size_t)r * N;
+        double sum = 0;
+        for (int k = START; k < PEAK; k++) sum += x[k];
+        ht_log_info("memory rank %d: peak RSS %.1f MiB = %.3f x the formula %.1f MiB (at start %.1f, weights %.1f, "
+                    "FP32 main params %.1f, main_grad %.1f, optimizer %.1f, whole units %.1f, activations %.1f, "
+                    "corpus %.1f)",
+                    r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
+                    x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
+    }
+    free(all);
+}
+
+/* A whole, unsharded copy of the model's weights on rank 0, from the rows of
+ * the first shard group's ranks (the others hold the same rows). The other
+ * ranks send theirs and hold nothing more. */
 static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
     const ht_param_store *ps = &t->model->params;
-    for (int i = 0; i < ps->count; i++) {
+    bool root = t->comm->rank == 0;
+    if (t->comm->rank >= t->shard_comm->size) return HT_OK; /* not the first shard group */
+    for (int i = 0; root && i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
         ht_param *q = ht_params_add(whole, p->name, p->ndim, p->shape, p->dtype);
         if (!q) {
@@ -612,14 +708,19 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
         }
         q->trainable = false;
     }
-    ht_status s = ht_params_allocate(whole, err);
-    if (s != HT_OK) {
+    /* Every rank of the group learns whether rank 0 could hold the model before anyone sends. */
+    int64_t ok = root ? ht_params_allocate(whole, err) == HT_OK : 1;
+    ht_broadcast(t->shard_comm, &ok, (int64_t)sizeof(ok), 0);
+    if (!ok) {
         ht_params_free(whole);
-        return s;
+        return root ? HT_ERR_OOM : ht_fail(err, HT_ERR_OOM, "rank 0 cannot hold the whole model to save it");
     }
-    for (int i = 0; i < ps->count; i++)
-        ht_fsdp_gather_rows(&ps->items[i], t->shard_comm, ps->items[i].data, whole->items[i].data,
-                            ht_dtype_size(ps->items[i].dtype));
+    int64_t bytes[t->shard_comm->size];
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        ht_fsdp_row_bytes(p, t->shard_comm->size, bytes, ht_dtype_size(p->dtype));
+        ht_gather(t->shard_comm, p->data, root ? whole->items[i].data : NULL, bytes, 0);
+    }
     return HT_OK;
 }
 
@@ -632,6 +733,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     s = evaluate_and_log(t, err);
     if (s != HT_OK) return s;
     double first_eval = t->last_eval_loss;
+    ht_fsdp_stats_reset(t->fsdp);
     double start = ht_time_seconds(), tokens_per_s = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
@@ -660,6 +762,8 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             if (s != HT_OK) return s;
         }
     }
+    if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
+    log_memory(t);
     if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0) {
         s = ht_trainer_save_checkpoint(t, err); /* the end of the run */
         if (s != HT_OK) return s;
@@ -813,7 +917,7 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
     ht_ckpt_close(ck);
     if (s != HT_OK) return s;
-    ht_fsdp_refresh_compute(&t->model->params, t->shard_comm); /* the load cast this rank's rows only */
+    if (t->fsdp) ht_fsdp_weights_changed(t->fsdp); /* gathered copies of the old weights are stale */
     if (!restore_optimizer) return HT_OK;
     /* The schedules' step and the loss scaler came with the optimizer; the rest is the trainer's. */
     t->step = v.state.step;
