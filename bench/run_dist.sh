@@ -2,9 +2,13 @@
 # Data parallel on one machine, the 31M benchmark model (bench_models.h) in
 # bf16 with FP32 main params and Muon + AdamW, trained on the fortunes corpus:
 # one rank x THREADS threads against RANKS ranks x 1 thread (sharded, Muon
-# allgather and deredundancy, and replicated), then 4 ranks oversubscribed for
-# memory. Prints tokens/s (the log's moving average at the last step), the
-# step's Muon + AdamW time, and each rank's peak resident memory (GNU time).
+# allgather and deredundancy, and replicated), then 4 ranks oversubscribed;
+# beside them PyTorch FSDP2 (fully_shard, gloo) on the same model, ranks,
+# threads and batch (bench/peers/torch_fsdp2_step.py; skipped without torch).
+# Prints per run: tokens/s (the log's moving average at the last step), the
+# time a step spends in forward + backward and in the optimizer, the FSDP
+# collectives a step and the share of them compute hid, and every rank's
+# peak RSS against the formula the run logs (trainer.c, log_memory).
 # usage: bench/run_dist.sh [STEPS] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,16 +34,35 @@ run() { # label ranks threads extra...
   shift 3
   local launcher=()
   [ "$ranks" -gt 0 ] && launcher=(mpirun --oversubscribe --allow-run-as-root --mca btl self,vader -np "$ranks")
-  OMP_NUM_THREADS=$th "${launcher[@]}" /usr/bin/time -f 'peak_rss_kb %M' "$bin" train "$work/run.yaml" \
+  OMP_NUM_THREADS=$th "${launcher[@]}" "$bin" train "$work/run.yaml" \
     --set checkpoint.output_dir="$work/$label" "$@" > "$work/$label.log" 2>&1 ||
     { tail -20 "$work/$label.log"; exit 1; }
-  local tps rss
-  tps=$(grep -oE '[0-9]+ tok/s' "$work/$label.log" | tail -1)
-  rss=$(grep -oE 'peak_rss_kb [0-9]+' "$work/$label.log" | awk '{ s = s (NR > 1 ? ", " : "") int($2 / 1024) } END { print s }')
-  printf '%-28s %4s rank(s) x %s thread(s): %12s, peak RSS per rank (MiB): %s\n' "$label" "${ranks/#0/1}" "$th" "$tps" "$rss"
+  local log=$work/$label.log tps times fsdp mem
+  tps=$(grep -oE '[0-9]+ tok/s' "$log" | tail -1)
+  times=$(sed -n 's/.*time a step (over [0-9]* steps): forward + backward \([0-9.]*\) s, gradient sync \([0-9.]*\) s, optimizer \([0-9.]*\) s.*/fwd+bwd \1 s, sync \2 s, optimizer \3 s/p' "$log")
+  fsdp=$(sed -n 's/.*collectives in flight \([0-9.]*\) s, compute waited \([0-9.]*\) s of it (\([0-9]*%\) hidden); at most \([0-9.]*\) MiB.*/collectives \1 s a step, \3 hidden, units \4 MiB/p' "$log")
+  mem=$(sed -n 's/.*memory rank \([0-9]*\): peak RSS \([0-9.]*\) MiB = \([0-9.]*\) x the formula \([0-9.]*\) MiB.*/\2 (\3 x \4)/p' "$log" | paste -sd, -)
+  printf '%-22s %2s x %s: %10s | %s | %s | peak RSS MiB (x formula): %s\n' "$label" "${ranks/#0/1}" "$th" "$tps" \
+    "$times" "${fsdp:-no FSDP collectives}" "$mem"
 }
 run one_rank 0 "$threads"
 run sharded_allgather 2 1
 run sharded_deredundancy 2 1 --set optimizer.muon_config.muon_comm_strategy=allgather_deredundency
+run sharded_no_prefetch 2 1 --set optimizer.muon_config.muon_comm_strategy=allgather_deredundency \
+  --set fsdp_config.prefetch=false
 run replicated 2 1 --set fsdp_config.shard_size=1
-run sharded_4_ranks 4 1
+run sharded_4_allgather 4 1
+run sharded_4_deredundancy 4 1 --set optimizer.muon_config.muon_comm_strategy=allgather_deredundency
+
+# The peer: PyTorch FSDP2 on the same model, batch and threads (random tokens).
+if python3 -c 'import torch, transformers' 2> /dev/null; then
+  for cfg in "1 $threads" "2 1"; do
+    set -- $cfg
+    # (gloo sometimes aborts in its teardown, after the line is printed: the line is what counts)
+    OMP_NUM_THREADS=$2 timeout 1800 torchrun --standalone --nproc_per_node="$1" bench/peers/torch_fsdp2_step.py \
+      --steps "$steps" --threads "$2" > "$work/torch.out" 2> "$work/torch.err" || true
+    grep '^torch_fsdp2' "$work/torch.out" || tail -5 "$work/torch.err"
+  done
+else
+  echo "torch_fsdp2: skipped (no torch)"
+fi

@@ -252,8 +252,9 @@ static void test_checkpoint_4_ranks_restored_on_4_2_1(void **state) {
 
 /* HSDP, the seed's "4 ranks as 2 shards x 2 replicas": the same model as one
  * process, a checkpoint of 2 rank files (one shard group writes) that
- * restores on 4 ranks bitwise; and a shard size that does not divide the
- * world is a config error on every rank. */
+ * restores on 4 ranks bitwise; Muon's deredundancy over both replicas,
+ * bitwise; and a shard size that does not divide the world is a config
+ * error on every rank. */
 static void test_hsdp_2_shards_x_2_replicas(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_hsdp");
@@ -280,6 +281,16 @@ static void test_hsdp_2_shards_x_2_replicas(void **state) {
     if (rc != 0) fail_msg("HSDP resume failed:\n%s", log);
     free(log);
     compare_final(dir, "hsdp_resumed", "hsdp", 0.0);
+    /* Muon's deredundancy under HSDP: the owners are drawn from all 4 ranks,
+     * one replica computes each matrix and sends its rows to the other:
+     * the same bits as every rank computing every matrix. */
+    snprintf(extra, sizeof(extra), "%s --set optimizer.muon_config.muon_comm_strategy=deredundancy", hsdp);
+    rc = run_in(dir, "hsdp_dered", 4, extra, &log);
+    if (rc != 0) fail_msg("HSDP deredundancy failed:\n%s", log);
+    assert_non_null(strstr(log, "over every rank (HSDP: one replica computes each, the others receive its rows): "
+                                "rank 0: 4 (24%), rank 1: 4 (24%), rank 2: 3 (26%), rank 3: 3 (26%)"));
+    free(log);
+    compare_final(dir, "hsdp_dered", "hsdp", 0.0);
 
     rc = run_ranks(dir, 4, "--set fsdp_config.shard_size=3", &log);
     assert_true(rc != 0 && rc != 124);

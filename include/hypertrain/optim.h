@@ -162,6 +162,10 @@ typedef struct ht_muon {
     int *owner;
     float **owned;
     float *owned_block;
+    /* HSDP: the replica (shard group) whose owner computes each matrix; the
+     * other replicas receive its rows over `replicas`. */
+    ht_comm *replicas;
+    int *owner_replica;
 } ht_muon;
 
 /* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
@@ -177,8 +181,12 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
  * step, and the cast back to the model dtype fused into the last pass. */
 /* Spreads the matrices over the ranks of `comm` (ht_muon.comm): with the
  * deredundancy strategy every sharded matrix gets an owner, greedily by
- * Newton-Schulz FLOPs (largest first, to the least loaded rank), logged. */
-ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err);
+ * Newton-Schulz FLOPs (largest first, to the least loaded rank), logged.
+ * Under HSDP `replicas` (NULL: none) are the ranks of the other shard groups
+ * that hold this rank's rows: the owners are then drawn from every rank of
+ * the world, one shard group computes each matrix and its replicas receive
+ * the result rows instead of repeating the work. */
+ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_error *err);
 void ht_muon_step(ht_muon *opt, double lr);
 void ht_muon_free(ht_muon *opt);
 

@@ -46,6 +46,7 @@ typedef struct ht_optimizer_config {
     bool stochastic_rounding; /* cast main params back with stochastic rounding */
     uint64_t seed;            /* its random stream */
     ht_comm *comm;            /* the ranks a sharded store is spread over; NULL: one process */
+    ht_comm *replicas;        /* HSDP: the ranks holding the same rows as this one (Muon splits its work over them) */
 } ht_optimizer_config;
 
 typedef struct ht_optimizer {
@@ -87,6 +88,20 @@ double ht_optimizer_loss_scale(const ht_optimizer *opt);
  * gradient without loss scaling is an error naming the first such param. */
 ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *result, ht_error *err);
 void ht_optimizer_free(ht_optimizer *opt);
+/* One tensor of optimizer state as the checkpoint code sees it: the param
+ * it belongs to, its PyTorch state key, and this rank's rows of it (FP32, the
+ * param's layout) or, for "step", one int64 every rank shares. */
+typedef struct ht_opt_state {
+    ht_param *param;
+    const char *key; /* "exp_avg", "exp_avg_sq", "momentum_buffer" or "step" */
+    void *data;      /* NULL: this run keeps no such tensor (Muon without momentum) */
+    ht_dtype dtype;  /* HT_DTYPE_F32 rows, or HT_DTYPE_I64 for the step */
+    int64_t *step;   /* the slot's step count: 0 until its first update (PyTorch creates state then) */
+} ht_opt_state;
+/* The optimizer's state tensors, Muon's slots then AdamW's, into out (NULL:
+ * just count them); returns the count. */
+int ht_optimizer_list_state(const ht_optimizer *opt, ht_opt_state *out);
+
 /* The bytes this rank's optimizer holds: AdamW's moments, Muon's momentum,
  * its workspace and (deredundancy) the whole matrices it owns. */
 size_t ht_optimizer_bytes(const ht_optimizer *opt);

@@ -58,6 +58,8 @@ typedef struct ht_trainer {
     FILE *metrics;             /* output_dir/metrics.jsonl */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
+    /* Seconds spent in each phase of the steps since the run began. */
+    double forward_backward_seconds, sync_seconds, optimizer_seconds;
 } ht_trainer;
 
 /* Validates the config, builds or loads the model, applies model_init_dtype,

@@ -128,6 +128,33 @@ static bool excluded(const ht_ckpt_save_options *o, const char *key) {
     return false;
 }
 
+/* The kind of an optimizer state key ("exp_avg", ...). */
+static key_kind state_kind(const char *key) {
+    for (int k = KIND_EXP_AVG; k < KIND_COUNT; k++)
+        if (strcmp(KIND_NAMES[k], key) == 0) return (key_kind)k;
+    return KIND_COUNT;
+}
+
+/* The optimizer's state list (ht_optimizer_list_state), allocated; none without an optimizer. */
+static ht_status optimizer_state(const ht_optimizer *opt, ht_opt_state **out, int *n, ht_error *err) {
+    *out = NULL;
+    *n = opt ? ht_optimizer_list_state(opt, NULL) : 0;
+    if (*n == 0) return HT_OK;
+    *out = malloc((size_t)*n * sizeof(ht_opt_state));
+    if (!*out) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory for the optimizer's state list");
+    ht_optimizer_list_state(opt, *out);
+    for (int i = 0; i < *n; i++)
+        if (state_kind((*out)[i].key) == KIND_COUNT) {
+            ht_status s =
+                ht_fail(err, HT_ERR_INVALID, "checkpoint: the optimizer lists state '%s' of %s, which has no key",
+                        (*out)[i].key, (*out)[i].param->name);
+            free(*out);
+            *out = NULL;
+            return s;
+        }
+    return HT_OK;
+}
+
 /* Adds rows [p->row0, p->row1) of a param-shaped tensor (or a scalar when
  * scalar != NULL) to the writer and the rank's chunk list. */
 static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt_save_options *o, key_kind kind,
@@ -175,22 +202,19 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
         if (s == HT_OK && o->save_optimizer && p->trainable && p->main_param && (void *)p->main_param != p->data)
             s = add_chunk(&w, rf, o, KIND_MAIN, p, HT_DTYPE_F32, p->main_param, err);
     }
-    const ht_optimizer *opt = o->save_optimizer ? v->optimizer : NULL;
-    /* A slot that never stepped has no state yet (PyTorch creates it at the first step). */
-    for (int i = 0; s == HT_OK && opt && opt->muon && i < opt->muon->count; i++) {
-        const ht_muon_slot *sl = &opt->muon->slots[i];
-        if (sl->step == 0) continue;
-        if (sl->momentum_buffer)
-            s = add_chunk(&w, rf, o, KIND_MOMENTUM, sl->param, HT_DTYPE_F32, sl->momentum_buffer, err);
-        if (s == HT_OK && rank == 0) s = add_chunk(&w, rf, o, KIND_STEP, sl->param, HT_DTYPE_I64, &sl->step, err);
+    /* The optimizer's own list of its state; a slot that never stepped has
+     * none yet (PyTorch creates it at the first step); the step, one number
+     * the ranks share, is written by rank 0. */
+    ht_opt_state *state = NULL;
+    int n = 0;
+    s = s == HT_OK ? optimizer_state(o->save_optimizer ? v->optimizer : NULL, &state, &n, err) : s;
+    for (int i = 0; s == HT_OK && i < n; i++) {
+        const ht_opt_state *e = &state[i];
+        key_kind kind = state_kind(e->key);
+        if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != 0)) continue;
+        s = add_chunk(&w, rf, o, kind, e->param, e->dtype, e->data, err);
     }
-    for (int i = 0; s == HT_OK && opt && opt->adamw && i < opt->adamw->count; i++) {
-        const ht_adamw_slot *sl = &opt->adamw->slots[i];
-        if (sl->step == 0) continue;
-        s = add_chunk(&w, rf, o, KIND_EXP_AVG, sl->param, HT_DTYPE_F32, sl->exp_avg, err);
-        if (s == HT_OK) s = add_chunk(&w, rf, o, KIND_EXP_AVG_SQ, sl->param, HT_DTYPE_F32, sl->exp_avg_sq, err);
-        if (s == HT_OK && rank == 0) s = add_chunk(&w, rf, o, KIND_STEP, sl->param, HT_DTYPE_I64, &sl->step, err);
-    }
+    free(state);
     char path[HT_CKPT_PATH_MAX];
     join(path, sizeof(path), tmp_dir, rf->file);
     if (s == HT_OK) s = ht_st_writer_add_metadata(&w, "format", "pt", err);
@@ -999,48 +1023,31 @@ static ht_status slot_key(const ht_checkpoint *ck, const ht_param *p, key_kind k
 
 /* Checks every optimizer key the view will read; loads them when apply is set. */
 static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool apply, int *loaded, ht_error *err) {
-    const ck_key *k;
-    ht_status s = HT_OK;
-    for (int i = 0; s == HT_OK && opt->muon && i < opt->muon->count; i++) {
-        ht_muon_slot *sl = &opt->muon->slots[i];
-        ht_param *p = sl->param;
-        s = slot_key(ck, p, KIND_MOMENTUM, &k, err);
-        if (s == HT_OK && k && !sl->momentum_buffer)
-            s = ht_fail(err, HT_ERR_INVALID, "%s: key %s: this run's Muon keeps no momentum buffer to receive it",
-                        ck->dir, k->name);
-        if (s == HT_OK && apply && sl->momentum_buffer) {
-            if (k)
-                s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, sl->momentum_buffer, HT_DTYPE_F32, err);
-            else /* never created: as fresh */
-                memset(sl->momentum_buffer, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
-            *loaded += k != NULL;
+    ht_opt_state *state;
+    int n;
+    ht_status s = optimizer_state(opt, &state, &n, err);
+    for (int i = 0; s == HT_OK && i < n; i++) {
+        const ht_opt_state *e = &state[i];
+        ht_param *p = e->param;
+        key_kind kind = state_kind(e->key);
+        const ck_key *k;
+        s = slot_key(ck, p, kind, &k, err);
+        if (s == HT_OK && k && !e->data)
+            s = ht_fail(err, HT_ERR_INVALID, "%s: key %s: this run's optimizer keeps no %s to receive it", ck->dir,
+                        k->name, e->key);
+        if (s != HT_OK || !apply || !e->data) continue;
+        if (kind == KIND_STEP) {
+            *(int64_t *)e->data = 0;
+            if (k) s = ht_ckpt_read_rows(ck, k->name, 0, 1, e->data, HT_DTYPE_I64, err);
+            continue;
         }
-        if (s == HT_OK) s = slot_key(ck, p, KIND_STEP, &k, err);
-        if (s == HT_OK && apply) {
-            sl->step = 0;
-            if (k) s = ht_ckpt_read_rows(ck, k->name, 0, 1, &sl->step, HT_DTYPE_I64, err);
-        }
+        if (k)
+            s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, e->data, HT_DTYPE_F32, err);
+        else /* never created: as fresh */
+            memset(e->data, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
+        *loaded += k != NULL;
     }
-    for (int i = 0; s == HT_OK && opt->adamw && i < opt->adamw->count; i++) {
-        ht_adamw_slot *sl = &opt->adamw->slots[i];
-        ht_param *p = sl->param;
-        float *dst[2] = {sl->exp_avg, sl->exp_avg_sq};
-        for (int m = 0; s == HT_OK && m < 2; m++) {
-            s = slot_key(ck, p, m ? KIND_EXP_AVG_SQ : KIND_EXP_AVG, &k, err);
-            if (s == HT_OK && apply) {
-                if (k)
-                    s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, dst[m], HT_DTYPE_F32, err);
-                else
-                    memset(dst[m], 0, (size_t)ht_param_local_numel(p) * sizeof(float));
-                *loaded += k != NULL;
-            }
-        }
-        if (s == HT_OK) s = slot_key(ck, p, KIND_STEP, &k, err);
-        if (s == HT_OK && apply) {
-            sl->step = 0;
-            if (k) s = ht_ckpt_read_rows(ck, k->name, 0, 1, &sl->step, HT_DTYPE_I64, err);
-        }
-    }
+    free(state);
     return s;
 }
 

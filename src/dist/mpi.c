@@ -380,7 +380,9 @@ static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t 
               "MPI_Scatterv");
 }
 
-/* Balanced slices of n: rank r owns [n·r/P, n·(r+1)/P). */
+/* Balanced slices of n: rank r owns [n·r/P, n·(r+1)/P); a long vector goes
+ * in pieces of 4M floats, so that the buffers stay small (each element is
+ * still the sum of every rank's value in rank order). */
 static void mpi_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op op) {
     drain();
     mpi_comm *m = (mpi_comm *)c;
@@ -388,18 +390,23 @@ static void mpi_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op o
         mpi_check(m, MPI_Allreduce(MPI_IN_PLACE, buf, as_int(m, n), MPI_FLOAT, MPI_MAX, m->comm), "MPI_Allreduce");
         return;
     }
+    const int64_t piece = (int64_t)1 << 22;
     int P = c->size;
     int64_t counts[P], bytes[P];
-    for (int r = 0; r < P; r++) {
-        counts[r] = n * (r + 1) / P - n * r / P;
-        bytes[r] = counts[r] * (int64_t)sizeof(float);
-    }
-    float *mine = ht_alloc((size_t)(counts[c->rank] ? counts[c->rank] : 1) * sizeof(float));
+    float *mine = ht_alloc((size_t)((n < piece ? n : piece) / P + 1) * sizeof(float));
     if (!mine) mpi_fatal(m, "out of memory for an all-reduce");
-    mpi_reduce_scatter_f32(c, buf, mine, counts);
-    memcpy(buf + n * c->rank / P, mine, (size_t)counts[c->rank] * sizeof(float));
+    for (int64_t at = 0; at < n; at += piece) {
+        int64_t len = n - at < piece ? n - at : piece;
+        float *x = buf + at;
+        for (int r = 0; r < P; r++) {
+            counts[r] = len * (r + 1) / P - len * r / P;
+            bytes[r] = counts[r] * (int64_t)sizeof(float);
+        }
+        mpi_reduce_scatter_f32(c, x, mine, counts);
+        memcpy(x + len * c->rank / P, mine, (size_t)counts[c->rank] * sizeof(float));
+        mpi_all_gather(c, x + len * c->rank / P, x, bytes);
+    }
     ht_free(mine);
-    mpi_all_gather(c, buf + n * c->rank / P, buf, bytes);
 }
 
 /* Small vectors (norms, flags, losses): every rank gathers every rank's

@@ -158,16 +158,19 @@ static double ns_flops(int64_t rows, int64_t cols) {
     return 2 * r * r * c + 2 * r * r * r + 2 * r * r * c;
 }
 
-ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
+ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_error *err) {
     opt->comm = comm;
     if (opt->config.comm_strategy != HT_MUON_COMM_DEREDUNDANCY || comm->size == 1) return HT_OK;
-    int P = comm->size;
+    /* Owners are (replica, shard rank) pairs: P ranks a group, R groups. */
+    int S = comm->size, R = replicas ? replicas->size : 1, P = S * R, me = replicas ? replicas->rank : 0;
+    opt->replicas = R > 1 ? replicas : NULL;
     opt->owner = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
+    opt->owner_replica = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
     opt->owned = calloc((size_t)(opt->count ? opt->count : 1), sizeof(float *));
     int *order = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
     double load[P], total = 0;
     int owned_count[P];
-    if (!opt->owner || !opt->owned || !order) {
+    if (!opt->owner || !opt->owner_replica || !opt->owned || !order) {
         free(order);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owner table");
     }
@@ -176,6 +179,7 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
     for (int i = 0; i < opt->count; i++) {
         const ht_param *p = opt->slots[i].param;
         opt->owner[i] = -1;
+        opt->owner_replica[i] = 0;
         if (p->ndim == 2 && ht_param_is_sharded(p)) order[n++] = i;
     }
     /* Largest first (ties by index, so every rank computes the same table). */
@@ -193,19 +197,20 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
         int best = 0;
         for (int r = 1; r < P; r++)
             if (load[r] < load[best]) best = r;
-        opt->owner[order[k]] = best;
+        opt->owner[order[k]] = best % S;
+        opt->owner_replica[order[k]] = best / S;
         double f = ns_flops(s->rows, s->cols);
         load[best] += f;
         total += f;
         owned_count[best]++;
-        if (best == comm->rank) floats += (size_t)(s->rows * s->cols);
+        if (best == me * S + comm->rank) floats += (size_t)(s->rows * s->cols);
     }
     free(order);
     opt->owned_block = ht_alloc((floats ? floats : 1) * sizeof(float));
     if (!opt->owned_block) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owned matrices");
     float *next = opt->owned_block;
     for (int i = 0; i < opt->count; i++)
-        if (opt->owner[i] == comm->rank) {
+        if (opt->owner[i] == comm->rank && opt->owner_replica[i] == me) {
             opt->owned[i] = next;
             next += opt->slots[i].rows * opt->slots[i].cols;
         }
@@ -213,7 +218,8 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_error *err) {
     for (int r = 0; r < P && strlen(line) + 64 < sizeof(line); r++)
         snprintf(line + strlen(line), sizeof(line) - strlen(line), "%srank %d: %d (%.0f%%)", r ? ", " : "", r,
                  owned_count[r], total > 0 ? 100.0 * load[r] / total : 0.0);
-    ht_log_info("Muon deredundancy: %d sharded matrices, one owner each by Newton-Schulz FLOPs: %s", n, line);
+    ht_log_info("Muon deredundancy: %d sharded matrices, one owner each by Newton-Schulz FLOPs%s: %s", n,
+                R > 1 ? " over every rank (HSDP: one replica computes each, the others receive its rows)" : "", line);
     return HT_OK;
 }
 
@@ -232,13 +238,15 @@ void ht_muon_step(ht_muon *opt, double lr) {
     /* Scalars in double, then FP32 per element, as PyTorch does. */
     const float decay = (float)(1.0 - lr * c->weight_decay);
     int64_t bytes[comm->size];
+    const int my_replica = opt->replicas ? opt->replicas->rank : 0;
     /* deredundancy, phase 1: every matrix's momentum-updated rows to its owner. */
     if (opt->owner)
         for (int i = 0; i < opt->count; i++) {
             ht_muon_slot *s = &opt->slots[i];
             ht_param *p = s->param;
             if (opt->owner[i] < 0) continue;
-            update_rows(s, c, opt->work);
+            update_rows(s, c, opt->work); /* every replica keeps its own momentum */
+            if (opt->owner_replica[i] != my_replica) continue;
             ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
             ht_gather(comm, opt->work, opt->owned[i], bytes, opt->owner[i]);
         }
@@ -286,8 +294,12 @@ void ht_muon_step(ht_muon *opt, double lr) {
             if (opt->owner[i] < 0) continue;
             const int64_t local = (p->row1 - p->row0) * s->cols;
             float *mine = opt->work;
-            ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
-            ht_scatter(comm, opt->owned[i], mine, bytes, opt->owner[i]);
+            if (opt->owner_replica[i] == my_replica) {
+                ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
+                ht_scatter(comm, opt->owned[i], mine, bytes, opt->owner[i]);
+            }
+            if (opt->replicas) /* the computing replica's rows to the others */
+                ht_broadcast(opt->replicas, mine, local * (int64_t)sizeof(float), opt->owner_replica[i]);
             apply_update(p->main_param, mine, local, decay, (float)(lr * s->scale),
                          (void *)p->main_param != p->data ? p->data : NULL, p->dtype);
         }
@@ -295,6 +307,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
 
 void ht_muon_free(ht_muon *opt) {
     free(opt->owner);
+    free(opt->owner_replica);
     free(opt->owned);
     ht_free(opt->owned_block);
     ht_free(opt->work);

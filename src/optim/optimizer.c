@@ -120,7 +120,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         opt->muon = calloc(1, sizeof(ht_muon));
         s = opt->muon ? ht_muon_init(opt->muon, &cfg->muon, to_muon, n_muon, err)
                       : ht_fail(err, HT_ERR_OOM, "cannot allocate Muon");
-        if (s == HT_OK) s = ht_muon_set_comm(opt->muon, opt->comm, err);
+        if (s == HT_OK) s = ht_muon_set_comm(opt->muon, opt->comm, cfg->replicas, err);
     }
     if (s == HT_OK && n_adamw > 0) {
         opt->adamw = calloc(1, sizeof(ht_adamw));
@@ -266,4 +266,26 @@ size_t ht_optimizer_bytes(const ht_optimizer *opt) {
     }
     if (mu) floats += mu->work_floats;
     return floats * sizeof(float);
+}
+
+int ht_optimizer_list_state(const ht_optimizer *opt, ht_opt_state *out) {
+    int n = 0;
+#define ENTRY(p, k, d, t, s)                                                                                           \
+    do {                                                                                                               \
+        if (out) out[n] = (ht_opt_state){p, k, d, t, s};                                                               \
+        n++;                                                                                                           \
+    } while (0)
+    for (int i = 0; opt->muon && i < opt->muon->count; i++) {
+        ht_muon_slot *sl = &opt->muon->slots[i];
+        ENTRY(sl->param, "momentum_buffer", sl->momentum_buffer, HT_DTYPE_F32, &sl->step);
+        ENTRY(sl->param, "step", &sl->step, HT_DTYPE_I64, &sl->step);
+    }
+    for (int i = 0; opt->adamw && i < opt->adamw->count; i++) {
+        ht_adamw_slot *sl = &opt->adamw->slots[i];
+        ENTRY(sl->param, "exp_avg", sl->exp_avg, HT_DTYPE_F32, &sl->step);
+        ENTRY(sl->param, "exp_avg_sq", sl->exp_avg_sq, HT_DTYPE_F32, &sl->step);
+        ENTRY(sl->param, "step", &sl->step, HT_DTYPE_I64, &sl->step);
+    }
+#undef ENTRY
+    return n;
 }

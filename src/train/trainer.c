@@ -316,6 +316,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     ht_optimizer_config oc = {0};
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
     oc.comm = t->shard_comm; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
+    oc.replicas = t->sharded ? t->replica_comm : NULL;
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
@@ -453,6 +454,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
+    double t1 = ht_time_seconds();
     /* Data parallel: every rank's FP32 gradients summed over the shard
      * group into each rank's rows (each unit's reduce-scatter, started in
      * backward), then over the replicas. */
@@ -463,6 +465,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     if (t->qk_layers)
         ht_all_reduce_f32(t->comm, m->attn_max_logit,
                           (int64_t)m->config.num_hidden_layers * m->config.num_attention_heads, HT_REDUCE_MAX);
+    double t2 = ht_time_seconds();
     ht_step_result r;
     ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
     if (s != HT_OK) return s;
@@ -475,7 +478,10 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     }
     ht_fsdp_weights_changed(t->fsdp);
     t->step++;
-    double dt = ht_time_seconds() - t0;
+    double t3 = ht_time_seconds(), dt = t3 - t0;
+    t->forward_backward_seconds += t1 - t0;
+    t->sync_seconds += t2 - t1;
+    t->optimizer_seconds += t3 - t2;
     if (stats) {
         stats->step = t->step;
         stats->loss = loss_sum / ((double)t->grad_accum * t->comm->size);
@@ -734,6 +740,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     double first_eval = t->last_eval_loss;
     ht_fsdp_stats_reset(t->fsdp);
+    t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
     double start = ht_time_seconds(), tokens_per_s = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
@@ -761,6 +768,13 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+    }
+    if (t->step > first_step) {
+        double n = (double)(t->step - first_step);
+        ht_log_info("time a step (over %lld steps): forward + backward %.3f s, gradient sync %.3f s, optimizer %.3f s "
+                    "(Muon and AdamW with their collectives, the clip, the cast back)",
+                    (long long)(t->step - first_step), t->forward_backward_seconds / n, t->sync_seconds / n,
+                    t->optimizer_seconds / n);
     }
     if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
     log_memory(t);
