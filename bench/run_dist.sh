@@ -53,6 +53,9 @@ run sharded_no_prefetch 2 1 --set optimizer.muon_config.muon_comm_strategy=allga
 run replicated 2 1 --set fsdp_config.shard_size=1
 run sharded_4_allgather 4 1
 run sharded_4_deredundancy 4 1 --set optimizer.muon_config.muon_comm_strategy=allgather_deredundency
+run hsdp_2x2_allgather 4 1 --set fsdp_config.shard_size=2
+run hsdp_2x2_deredundancy 4 1 --set fsdp_config.shard_size=2 \
+  --set optimizer.muon_config.muon_comm_strategy=allgather_deredundency
 
 # The peer: PyTorch FSDP2 on the same model, batch and threads (random tokens).
 if python3 -c 'import torch, transformers' 2> /dev/null; then
