@@ -23,6 +23,11 @@
 
 /* ------------------------------------------------------------------ fixtures */
 
+static bool exists_path(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
 static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
                             "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
 
@@ -745,8 +750,22 @@ static void test_latest_and_keep_last(void **state) {
     assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
     assert_non_null(strstr(err.msg, "expected a file, found a directory"));
     assert_int_equal(rmdir(latest_path), 0);
+    /* Binary garbage in latest: said to be so, not "names \"\"". */
+    write_file(latest_path, "\0\x01\xfe\xff garbage", 12);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "holds 12 bytes that are not text (damaged?)"));
     write_file(latest_path, "step_00000005\n", 14);
     assert_ht_ok(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), &err);
+    /* A latest.tmp.<pid> left by a process that is gone is removed by the next save; one of a live process is not. */
+    char stale[1600], live[1600];
+    snprintf(stale, sizeof(stale), "%s/latest.tmp.%d", out, INT32_MAX - 1); /* no such process */
+    snprintf(live, sizeof(live), "%s/latest.tmp.1", out);                   /* init: alive */
+    write_file(stale, "step_00000001\n", 14);
+    write_file(live, "step_00000001\n", 14);
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    assert_false(exists_path(stale));
+    assert_true(exists_path(live));
+    unlink(live);
     trainer_delete(t);
     free(cfg);
 }
@@ -840,6 +859,13 @@ static void test_integrity_errors(void **state) {
     edit_metadata(bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [32]",
                   "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [33]");
     expect_open_error(bad, "model.model.norm.weight", "33");
+    /* A negative trainer step, and a schedule step beyond it (re-sealed). */
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"trainer_state\": {\"step\": 1", "\"trainer_state\": {\"step\": -1");
+    expect_open_error(bad, "trainer_state step -1, schedule_step 1", "expected 0 <= schedule_step <= step");
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"schedule_step\": 1", "\"schedule_step\": 9");
+    expect_open_error(bad, "trainer_state step 1, schedule_step 9", NULL);
     /* A format version from the future. */
     copy_dir(good, bad);
     edit_metadata(bad, "\"format_version\": 1", "\"format_version\": 2");

@@ -557,6 +557,15 @@ static void test_wrong_types(void **state) {
                       "found .inf (a float)", NULL);
     expect_load_error("t15.yaml", "optimizer:\n  muon_config:\n    muon_ns_coefficients: [1, 2]\n",
                       "t15.yaml:3:", "optimizer.muon_config.muon_ns_coefficients", "expected null, [a, b, c]", NULL);
+    /* A schedule of the right form with a wrong value says which, not "found a sequence". */
+    expect_load_error("t15b.yaml", "optimizer:\n  muon_config:\n    muon_ns_coefficients: [[[3.4, -4.7, 2.0], 0]]\n",
+                      "t15b.yaml:3:", "segment 0 repeats 0 times; expected 1 to 100", NULL);
+    expect_load_error(
+        "t15c.yaml", "optimizer:\n  muon_config:\n    muon_ns_coefficients: [[[3, -4, 2], 2], [[3.4, .nan, 2.0], 2]]\n",
+        "t15c.yaml:3:", "segment 1: every coefficient must be a finite number", NULL);
+    expect_load_error("t15d.yaml",
+                      "optimizer:\n  muon_config:\n    muon_ns_coefficients: [[[3.4, -4.7, 2.0], 1000000000]]\n",
+                      "t15d.yaml:3:", "segment 0 repeats 1000000000 times", NULL);
     expect_load_error("t16.yaml", "lr_scheduler:\n  type: CosineLR\n", "t16.yaml:2:", "lr_scheduler.type",
                       "expected one of ConstantWarmUpLR, LinearWithWarmUpLR, CosineWithWarmUpLR, "
                       "CosineWithRestartsAndWarmUpLR, PolynomialWithWarmUpLR, WarmUpStableDecayLR, CosineAnnealingLR",
@@ -734,6 +743,17 @@ static void test_validation_rules(void **state) {
                    "optimizer.muon_config.muon_lr (default)", "found 0.02 <= 0.05", NULL);
     expect_invalid("v11.yaml", "lr_scheduler:\n  warmup_ratio: 1.5\n", 1, "v11.yaml:2: lr_scheduler.warmup_ratio",
                    "expected a number in [0, 1]", "found 1.5", NULL);
+    /* One error for a bad ratio, not a second one about the warmup steps derived from it. */
+    {
+        static ht_config cfg;
+        ht_error err = {0};
+        assert_ht_ok(load_text("v11b.yaml", "lr_scheduler:\n  warmup_ratio: 2\n", &cfg, &err), &err);
+        assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+        assert_contains(err.msg, "lr_scheduler.warmup_ratio");
+        assert_null(strstr(err.msg, "warmup_steps"));
+    }
+    expect_invalid("v23.yaml", "training:\n  distributed_timeout_minutes: -1\n", 1,
+                   "v23.yaml:2: training.distributed_timeout_minutes", "minutes >= 0", NULL);
     expect_invalid("v12.yaml", "data:\n  valid_fraction: 1.0\n", 1, "v12.yaml:2: data.valid_fraction",
                    "expected a number in [0, 1)", "found 1.0", NULL);
     expect_invalid("v13.yaml", "data:\n  valid_fraction: -0.1\n", 1, "data.valid_fraction", NULL);

@@ -348,8 +348,57 @@ static void test_cli_bad_input(void **state) {
     assert_int_equal(system(cmd), 0);
     expect_refused(dir, tiny_yaml(dir, data, model), NULL, "mlp", "shape");
 
+    /* Architecture numbers that used to be taken silently. */
+    expect_refused(dir, tiny_yaml(dir, data, "  head_dim: -2\n"), NULL, "model.head_dim must be >= 0", "-2");
+    expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: 0\n"), NULL, "model.initializer_range", "found 0");
+    expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: -0.5\n"), NULL, "model.initializer_range", "-0.5");
+
     /* A config error is reported with its line before anything runs. */
     expect_refused(dir, "training:\n  steps: ten\n", NULL, "training.steps", "run.yaml:2");
+}
+
+/* Optimizer state is never zeroed or dropped silently on a resume: a
+ * checkpoint saved without it, or with another Muon/AdamW routing, is
+ * refused, naming the tensors, unless checkpoint.restore_optimizer is false. */
+static void test_resume_refuses_lost_optimizer_state(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_strict_resume");
+    write_corpus(dir);
+    char data[2048], msg[1 << 16];
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    const char *muon = "--set optimizer._target_=Muon --set checkpoint.save_interval=1";
+    char run[1200];
+    snprintf(run, sizeof(run), "%s --set checkpoint.save_optimizer=false", muon);
+    int rc = run_cli(dir, yaml, run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run without optimizer state failed: %s", msg);
+    snprintf(run, sizeof(run), "%s --set training.steps=3 --set checkpoint.restore_from=latest", muon);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    assert_int_equal(rc, 1);
+    if (!strstr(msg, "the optimizer had taken 2 steps, but 38 of the state tensors this run needs are missing") ||
+        !strstr(msg, "optimizer.state.model.layers.0.self_attn.q_proj.weight.momentum_buffer") ||
+        !strstr(msg, "set checkpoint.restore_optimizer false to load the model alone"))
+        fail_msg("unexpected refusal: %s", msg);
+    snprintf(run, sizeof(run),
+             "%s --set training.steps=3 --set checkpoint.restore_from=latest "
+             "--set checkpoint.restore_optimizer=false",
+             muon);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("restore_optimizer false failed: %s", msg);
+
+    /* Saved with state; resumed with q_proj moved from Muon to AdamW. */
+    snprintf(run, sizeof(run), "%s --set checkpoint.output_dir=%s/out2", muon, dir);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run with optimizer state failed: %s", msg);
+    snprintf(run, sizeof(run),
+             "%s --set checkpoint.output_dir=%s/out2 --set training.steps=3 --set checkpoint.restore_from=latest "
+             "--set 'optimizer.muon_config.adamw_include=[\"*embed*\", \"*lm_head*\", \"*q_proj.weight\"]'",
+             muon, dir);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    assert_int_equal(rc, 1);
+    if (!strstr(msg, "optimizer.state.model.layers.0.self_attn.q_proj.weight.exp_avg") ||
+        !strstr(msg, "another optimizer or routing"))
+        fail_msg("unexpected refusal: %s", msg);
 }
 
 /* training.plugin: a shared library adds a dataset and a model through the
@@ -400,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };

@@ -18,6 +18,8 @@ extern "C" {
 #define HT_CONFIG_STR_MAX 1024 /* bytes of a string value, NUL included */
 #define HT_CONFIG_LIST_MAX 16  /* items of a string list */
 #define HT_CONFIG_NS_MAX 32    /* segments of muon_ns_coefficients */
+#define HT_CONFIG_NS_MAX_REPEAT                                                                                        \
+    100                        /* iterations a segment may repeat: the longest schedule (optim.h HT_NS_MAX_STEPS) */
 #define HT_CONFIG_MAX_KEYS 160 /* capacity of the per-key source tracking */
 
 /* A nullable dtype that is null: model_init_dtype "keep", reduce_dtype "missing". */

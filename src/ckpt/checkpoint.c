@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -452,8 +453,9 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Deletes complete checkpoints beyond the newest keep_last (never `current`)
- * and the .tmp directories of saves that did not finish. */
+/* Deletes complete checkpoints beyond the newest keep_last (never `current`),
+ * the .tmp directories of saves that did not finish and the latest.tmp.<pid>
+ * files of processes that are gone. */
 static void prune(const char *output_dir, int keep_last, long long current) {
     DIR *d = opendir(output_dir);
     if (!d) return;
@@ -462,6 +464,15 @@ static void prune(const char *output_dir, int keep_last, long long current) {
     char path[HT_CKPT_PATH_MAX];
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
+        /* A latest.tmp.<pid> of a process that is gone (killed between its write and its rename). */
+        long pid = 0;
+        int used = 0;
+        if (sscanf(e->d_name, "latest.tmp.%ld%n", &pid, &used) == 1 && e->d_name[used] == '\0' && pid > 0 &&
+            pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            join(path, sizeof(path), output_dir, e->d_name);
+            unlink(path);
+            continue;
+        }
         if (strncmp(e->d_name, "step_", 5) != 0) continue;
         join(path, sizeof(path), output_dir, e->d_name);
         if (ends_with(e->d_name, ".tmp") && is_dir(path)) {
@@ -627,6 +638,13 @@ static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err
         !tl || !vl || !json_int(ht_json_get(tl, "epoch"), &e0) || !json_int(ht_json_get(tl, "index"), &i0) ||
         !json_int(ht_json_get(vl, "epoch"), &e1) || !json_int(ht_json_get(vl, "index"), &i1) || !ls)
         return bad_meta(ck, "\"trainer_state\" is malformed", err);
+    if (st->step < 0 || st->schedule_step < 0 || st->schedule_step > st->step)
+        return ht_fail(err, HT_ERR_FORMAT,
+                       "%s/metadata.json: trainer_state step %lld, schedule_step %lld: expected 0 <= schedule_step <= "
+                       "step",
+                       ck->dir, (long long)st->step, (long long)st->schedule_step);
+    if (e0 < 0 || i0 < 0 || e1 < 0 || i1 < 0)
+        return bad_meta(ck, "\"trainer_state\": a data loader position is negative", err);
     st->seed = strtoll(seed->string, NULL, 10);
     st->train_pos = (ht_loader_pos){(uint64_t)e0, (uint64_t)i0};
     st->valid_pos = (ht_loader_pos){(uint64_t)e1, (uint64_t)i1};
@@ -944,7 +962,14 @@ ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char
     while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = '\0';
     char meta[HT_CKPT_PATH_MAX + 64];
     snprintf(meta, sizeof(meta), "%s/%s/metadata.json", output_dir, text);
-    if (step_of(text) < 0) {
+    bool printable = true;
+    for (size_t i = 0; i < len; i++) printable = printable && text[i] >= 0x20 && text[i] < 0x7f;
+    if (!printable) {
+        s = ht_fail(err, HT_ERR_FORMAT,
+                    "%s: holds %zu bytes that are not text (damaged?), where a checkpoint name (step_XXXXXXXX) "
+                    "belongs; name the checkpoint to resume in checkpoint.restore_from",
+                    path, len);
+    } else if (step_of(text) < 0) {
         s = ht_fail(err, HT_ERR_FORMAT, "%s: names \"%.100s\", not a step_XXXXXXXX checkpoint", path, text);
     } else if (stat(meta, &sb) != 0) {
         s = ht_fail(err, HT_ERR_IO, "checkpoint.restore_from latest: %s names %s, but %s does not exist", path, text,
@@ -1021,11 +1046,28 @@ static ht_status slot_key(const ht_checkpoint *ck, const ht_param *p, key_kind k
     return *out ? check_key(ck, *out, p, kind == KIND_STEP, err) : HT_OK;
 }
 
-/* Checks every optimizer key the view will read; loads them when apply is set. */
+/* Appends ", name" to a list that stays within cap (", ..." once it is full). */
+static void append_name(char *buf, size_t cap, const char *name) {
+    size_t used = strlen(buf);
+    if (used + strlen(name) + 8 < cap)
+        snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", name);
+    else if (!ends_with(buf, ", ..."))
+        snprintf(buf + used, cap - used, ", ...");
+}
+
+/* Checks every optimizer key the view will read; loads them when apply is
+ * set. Strict: once the saved optimizer has stepped, every state tensor this
+ * run keeps must be there, and every one the checkpoint holds must have a
+ * place here (a changed routing or optimizer would otherwise zero or drop
+ * state without a word). restore_optimizer false loads the model alone. */
 static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool apply, int *loaded, ht_error *err) {
     ht_opt_state *state;
     int n;
     ht_status s = optimizer_state(opt, &state, &n, err);
+    bool *used = s == HT_OK ? calloc((size_t)ck->nkeys + 1, sizeof(bool)) : NULL;
+    if (s == HT_OK && !used) s = ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    char missing[1200] = "";
+    int n_missing = 0;
     for (int i = 0; s == HT_OK && i < n; i++) {
         const ht_opt_state *e = &state[i];
         ht_param *p = e->param;
@@ -1035,6 +1077,13 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool
         if (s == HT_OK && k && !e->data)
             s = ht_fail(err, HT_ERR_INVALID, "%s: key %s: this run's optimizer keeps no %s to receive it", ck->dir,
                         k->name, e->key);
+        if (k) used[k - ck->keys] = true;
+        if (s == HT_OK && !k && e->data && ck->state.schedule_step > 0) {
+            char name[HT_CKPT_KEY_MAX];
+            key_name(name, kind, p->name);
+            append_name(missing, sizeof(missing), name);
+            n_missing++;
+        }
         if (s != HT_OK || !apply || !e->data) continue;
         if (kind == KIND_STEP) {
             *(int64_t *)e->data = 0;
@@ -1043,20 +1092,32 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool
         }
         if (k)
             s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, e->data, HT_DTYPE_F32, err);
-        else /* never created: as fresh */
+        else /* the saved optimizer never stepped: as fresh */
             memset(e->data, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
         *loaded += k != NULL;
     }
+    char extra[1200] = "";
+    int n_extra = 0;
+    for (int k = 0; s == HT_OK && k < ck->nkeys; k++)
+        if (ck->keys[k].kind >= KIND_EXP_AVG && !used[k]) {
+            append_name(extra, sizeof(extra), ck->keys[k].name);
+            n_extra++;
+        }
+    if (s == HT_OK && n_missing)
+        s = ht_fail(err, HT_ERR_FORMAT,
+                    "%s: the optimizer had taken %lld steps, but %d of the state tensors this run needs are missing "
+                    "(saved with checkpoint.save_optimizer false, or another optimizer or routing): %s; refusing to "
+                    "start them from zero: set checkpoint.restore_optimizer false to load the model alone",
+                    ck->dir, (long long)ck->state.schedule_step, n_missing, missing);
+    if (s == HT_OK && n_extra)
+        s = ht_fail(err, HT_ERR_FORMAT,
+                    "%s: %d optimizer state tensors have no place in this run (its optimizer or its Muon/AdamW "
+                    "routing differs from the saved run's): %s; refusing to drop them: set "
+                    "checkpoint.restore_optimizer false to load the model alone",
+                    ck->dir, n_extra, extra);
+    free(used);
     free(state);
     return s;
-}
-
-static void append_name(char *buf, size_t cap, const char *name) {
-    size_t used = strlen(buf);
-    if (used + strlen(name) + 8 < cap)
-        snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", name);
-    else if (!ends_with(buf, ", ..."))
-        snprintf(buf + used, cap - used, ", ...");
 }
 
 ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_optimizer, ht_error *err) {

@@ -497,12 +497,15 @@ static void expected(const key_desc *k, char *buf, size_t n) {
     }
 }
 
-static ht_status type_error(const key_desc *k, const origin *o, int line, const yaml_node_t *node, ht_error *err) {
+/* `why`: what is wrong with a value of the right form ("" when the form is wrong). */
+static ht_status type_error(const key_desc *k, const origin *o, int line, const yaml_node_t *node, const char *why,
+                            ht_error *err) {
     char where[HT_CONFIG_STR_MAX + 64], want[512], found[160];
     origin_prefix(o, line, where, sizeof(where));
     expected(k, want, sizeof(want));
     describe(node, found, sizeof(found));
     if (k->type == KT_REJECT) return ht_fail(err, HT_ERR_CONFIG, "%s%s: %s", where, k->path, k->names[0].name);
+    if (why && why[0]) return ht_fail(err, HT_ERR_CONFIG, "%s%s: %s", where, k->path, why);
     return ht_fail(err, HT_ERR_CONFIG, "%s%s: expected %s, found %s", where, k->path, want, found);
 }
 
@@ -562,7 +565,11 @@ static bool node_triple(yaml_document_t *doc, const yaml_node_t *node, double ab
     return true;
 }
 
-static bool node_ns(yaml_document_t *doc, const yaml_node_t *node, ht_config_ns_coefficients *ns) {
+/* A Newton-Schulz schedule: null, [a, b, c], [[a, b, c], ...] or
+ * [[[a, b, c], n], ...]. When the form is right but a value is not, `why`
+ * says which (a non-finite coefficient, a count out of range). */
+static bool node_ns(yaml_document_t *doc, const yaml_node_t *node, ht_config_ns_coefficients *ns, char *why,
+                    size_t why_size) {
     memset(ns, 0, sizeof(*ns));
     if (node_is_null(node)) return true;
     if (node_triple(doc, node, ns->abc[0])) {
@@ -570,15 +577,30 @@ static bool node_ns(yaml_document_t *doc, const yaml_node_t *node, ht_config_ns_
         ns->repeat[0] = 0;
         return true;
     }
-    if (node->type != YAML_SEQUENCE_NODE || seq_len(node) == 0 || seq_len(node) > HT_CONFIG_NS_MAX) return false;
+    if (node->type != YAML_SEQUENCE_NODE || seq_len(node) == 0) return false;
+    if (seq_len(node) > HT_CONFIG_NS_MAX) {
+        snprintf(why, why_size, "%d segments; at most %d", seq_len(node), HT_CONFIG_NS_MAX);
+        return false;
+    }
     for (int i = 0; i < seq_len(node); i++) {
         yaml_node_t *item = seq_item(doc, node, i);
         long long count;
-        if (node_triple(doc, item, ns->abc[i])) {
+        bool pair = item->type == YAML_SEQUENCE_NODE && seq_len(item) == 2;
+        yaml_node_t *abc = pair ? seq_item(doc, item, 0) : item;
+        if (abc->type == YAML_SEQUENCE_NODE && seq_len(abc) == 3 && !node_triple(doc, abc, ns->abc[i])) {
+            snprintf(why, why_size, "segment %d: every coefficient must be a finite number", i);
+            return false;
+        }
+        if (!pair && node_triple(doc, item, ns->abc[i])) {
             ns->repeat[i] = 1;
-        } else if (item->type == YAML_SEQUENCE_NODE && seq_len(item) == 2 &&
-                   node_triple(doc, seq_item(doc, item, 0), ns->abc[i]) &&
-                   node_int(seq_item(doc, item, 1), 1, 1000000, &count)) {
+        } else if (pair && node_triple(doc, abc, ns->abc[i])) {
+            yaml_node_t *n = seq_item(doc, item, 1);
+            if (!node_int(n, LLONG_MIN, LLONG_MAX, &count)) return false;
+            if (count < 1 || count > HT_CONFIG_NS_MAX_REPEAT) {
+                snprintf(why, why_size, "segment %d repeats %lld times; expected 1 to %d", i, count,
+                         HT_CONFIG_NS_MAX_REPEAT);
+                return false;
+            }
             ns->repeat[i] = (int)count;
         } else {
             return false;
@@ -589,7 +611,9 @@ static bool node_ns(yaml_document_t *doc, const yaml_node_t *node, ht_config_ns_
 }
 
 /* Converts `node` to key k's type into dst (k->size bytes); false on a type mismatch. */
-static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *node, void *dst) {
+static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *node, void *dst, char *why,
+                    size_t why_size) {
+    why[0] = '\0';
     long long iv;
     double dv;
     bool bv;
@@ -650,7 +674,7 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
             if (!node_number(seq_item(doc, node, i), (double *)dst + i)) return false;
         return true;
     }
-    case KT_NS: return node_ns(doc, node, dst);
+    case KT_NS: return node_ns(doc, node, dst, why, why_size);
     case KT_SHARD:
         if (node->type == YAML_SCALAR_NODE && strcmp(scalar_text(node), "auto") == 0) {
             *(int *)dst = 0;
@@ -671,7 +695,8 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
     const key_desc *k = &KEYS[i];
     void *tmp = k->size ? calloc(1, k->size) : NULL; /* zeroed: equal configs are equal bytes */
     if (k->size && !tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", k->path);
-    bool ok = convert(k, doc, node, tmp);
+    char why[256];
+    bool ok = convert(k, doc, node, tmp, why, sizeof(why));
     if (ok) {
         if (k->size) memcpy((char *)cfg + k->offset, tmp, k->size);
         cfg->source[i] = (uint8_t)o->source;
@@ -682,7 +707,7 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
     if (ok) return HT_OK;
     key_desc named = *k; /* the message names the key as it was written */
     if (via >= 0) named.path = ALIASES[via].alias;
-    return type_error(&named, o, line, node, err);
+    return type_error(&named, o, line, node, why, err);
 }
 
 static ht_status assign_text(ht_config *cfg, int i, const char *text, const origin *o, int via, ht_error *err);
@@ -702,12 +727,13 @@ static ht_status assign_alias(ht_config *cfg, int a, yaml_document_t *doc, const
         const key_desc *k = &KEYS[key_index_exact(A->shared[s])];
         void *tmp = calloc(1, k->size);
         if (!tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", A->alias);
-        bool ok = convert(k, doc, node, tmp);
+        char why[256];
+        bool ok = convert(k, doc, node, tmp, why, sizeof(why));
         free(tmp);
         if (!ok) {
             key_desc named = *k;
             named.path = A->alias;
-            return type_error(&named, o, line, node, err);
+            return type_error(&named, o, line, node, why, err);
         }
     }
     if (A->key) {

@@ -208,7 +208,9 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1, "lr_scheduler.warmup_ratio",
           "a number in [0, 1]");
     check(&r, cfg->lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps", "an integer >= 0");
-    if (cfg->lr_scheduler.warmup_steps >= 0 && cfg->training.steps > 0)
+    /* The derived count is checked only from valid parts (a bad ratio is its own error, not a second one). */
+    bool ratio_ok = cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1;
+    if (cfg->lr_scheduler.warmup_steps >= 0 && cfg->training.steps > 0 && ratio_ok)
         check(&r, ht_config_warmup_steps(cfg) <= cfg->training.steps, "lr_scheduler.warmup_steps",
               "at most training.steps");
     check(&r, cfg->lr_scheduler.warmup_lr_init >= 0, "lr_scheduler.warmup_lr_init", "a number >= 0");

@@ -46,6 +46,13 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
         if (positive[i].value <= 0)
             return ht_fail(err, HT_ERR_CONFIG, "model.%s must be positive, found %d", positive[i].field,
                            positive[i].value);
+    if (cfg->head_dim < 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.head_dim must be >= 0 (0: hidden_size / num_attention_heads), found %d", cfg->head_dim);
+    if (!(cfg->initializer_range > 0) || !isfinite(cfg->initializer_range))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.initializer_range must be a positive number (the std of the normal init), found %g",
+                       cfg->initializer_range);
     if (cfg->num_attention_heads % cfg->num_key_value_heads != 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "model.num_attention_heads (%d) must be a multiple of model.num_key_value_heads (%d)",
@@ -110,7 +117,7 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
         *out = NULL;
         return s;
     }
-    init_weights(ps, cfg->initializer_range > 0 ? cfg->initializer_range : 0.02, seed);
+    init_weights(ps, cfg->initializer_range, seed);
     return HT_OK;
 }
 

@@ -17,6 +17,8 @@
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
 
+_Static_assert(HT_CONFIG_NS_MAX_REPEAT == HT_NS_MAX_STEPS, "the config's bound on a segment is the longest schedule");
+
 /* ------------------------------------------------------------------ setup */
 
 /* This process's resident bytes now, and at most so far. */
