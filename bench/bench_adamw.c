@@ -19,6 +19,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+    ht_openmp_settle(argv);
     int tensors = 48, rows = 1024, steps = 5, warmup = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tensors") == 0) tensors = atoi(argv[i + 1]);

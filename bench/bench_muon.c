@@ -68,6 +68,7 @@ static void ns_vs_gemm(int64_t n, const ht_ns_schedule *sched, int rounds, const
 }
 
 int main(int argc, char **argv) {
+    ht_openmp_settle(argv);
     int steps = 2, count = 48;
     int64_t n = 1024;
     bool peer = true;

@@ -14,6 +14,7 @@
 #include "hypertrain/optim.h"
 
 int main(int argc, char **argv) {
+    ht_openmp_settle(argv);
     ht_dtype dtype = HT_DTYPE_F32;
     int steps = 10, B = 8, T = 256;
     for (int i = 1; i < argc; i++) {

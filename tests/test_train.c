@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "hypertrain/ckpt.h"
@@ -401,6 +402,33 @@ static void test_resume_refuses_lost_optimizer_state(void **state) {
         fail_msg("unexpected refusal: %s", msg);
 }
 
+/* OpenMP's idle threads: a busy machine at start (another process running)
+ * gets the short spin, said in the log; /proc/loadavg's running count decides. */
+static void test_openmp_wait_on_a_busy_machine(void **state) {
+    (void)state;
+    assert_false(ht_openmp_machine_busy("0.00 0.01 0.05 1/123 4567\n"));
+    assert_true(ht_openmp_machine_busy("1.00 0.50 0.20 3/200 999\n"));
+    assert_false(ht_openmp_machine_busy("garbage"));
+    assert_false(ht_openmp_machine_busy(NULL));
+    const char *dir = scratch_dir("train_openmp_wait");
+    write_corpus(dir);
+    char data[2048], msg[1 << 16], cmd[256];
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    pid_t busy = fork();
+    if (busy == 0) {
+        for (volatile unsigned long i = 0;; i++) {
+        }
+    }
+    int rc = run_cli(dir, tiny_yaml(dir, data, NULL), NULL, msg, sizeof(msg));
+    snprintf(cmd, sizeof(cmd), "kill -9 %d", (int)busy);
+    assert_int_equal(system(cmd), 0);
+    waitpid(busy, NULL, 0);
+    if (rc != 0) fail_msg("the run failed: %s", msg);
+    const char *env = getenv("GOMP_SPINCOUNT");
+    if (!env && !getenv("OMP_WAIT_POLICY") && !getenv("KMP_BLOCKTIME"))
+        assert_non_null(strstr(msg, "idle threads: spin 1000 iterations, then sleep (the machine was busy at start"));
+}
+
 /* training.plugin: a shared library adds a dataset and a model through the
  * public API; the run uses both by name. Without it, the names are unknown and
  * the error lists what is registered. */
@@ -450,6 +478,7 @@ int main(void) {
         cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
+        cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };

@@ -95,6 +95,18 @@ void ht_log(ht_log_level level, const char *fmt, ...) __attribute__((format(prin
 /* Monotonic wall clock in seconds. */
 double ht_time_seconds(void);
 
+/* OpenMP's idle threads spin only briefly (1000 iterations) before they
+ * sleep when the machine is busy at start (other processes running), and as
+ * the runtime's default otherwise;
+ * the environment (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME) wins.
+ * The runtime reads these only when it loads: a process that changes them
+ * executes itself again. Call first thing in main, before any thread or MPI. */
+void ht_openmp_settle(char **argv);
+/* Whether /proc/loadavg's text says another process is running too. */
+bool ht_openmp_machine_busy(const char *loadavg);
+/* How the idle threads wait, for the log. */
+const char *ht_openmp_wait(void);
+
 /* ---------------------------------------------------------------- random numbers */
 
 /* A splitmix64-seeded xoshiro256** generator: a state that checkpoints as four words. */

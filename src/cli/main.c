@@ -50,9 +50,10 @@ static void set_threads(const ht_comm *comm) {
         long per_rank = cores / (comm->local_size > 0 ? comm->local_size : 1);
         omp_set_num_threads(per_rank > 0 ? (int)per_rank : 1);
     }
-    ht_log_info("Processes: %d rank(s) (%s), %d on this node of %ld cores; %d OpenMP thread(s) per rank%s", comm->size,
-                comm->name, comm->local_size, cores, omp_get_max_threads(),
-                getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : "");
+    ht_log_info("Processes: %d rank(s) (%s), %d on this node of %ld cores; %d OpenMP thread(s) per rank%s; idle "
+                "threads: %s",
+                comm->size, comm->name, comm->local_size, cores, omp_get_max_threads(),
+                getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : "", ht_openmp_wait());
 }
 
 /* training.plugin: shared libraries that register models or datasets when loaded. */
@@ -186,6 +187,7 @@ static int cmd_inspect(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    ht_openmp_settle(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
