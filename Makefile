@@ -1,7 +1,7 @@
 # The README's two commands, and the builds behind them. CMake does the work.
 JOBS ?= $(shell nproc)
 
-.PHONY: train test build build-asan build-clang clean deps
+.PHONY: train test build build-asan build-clang build-fuzz fuzz clean deps
 
 deps:
 	@scripts/install-deps.sh
@@ -21,6 +21,16 @@ build-clang: deps
 	@CC=clang cmake -S . -B build/clang -DCMAKE_BUILD_TYPE=Release -DHT_MARCH=x86-64-v3
 	@cmake --build build/clang -j$(JOBS)
 
+# libFuzzer targets (tests/fuzz/): clang, the library instrumented, ASan + UBSan.
+build-fuzz: deps
+	@CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHT_FUZZ=ON -DHT_MARCH=x86-64-v3
+	@cmake --build build/fuzz -j$(JOBS)
+
+# Every fuzz target for FUZZ_SECONDS (10 in the suite; for hours: make fuzz FUZZ_SECONDS=3600).
+FUZZ_SECONDS ?= 10
+fuzz: build-fuzz
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 # Train the default model on the default corpus. STEPS=N trains N steps instead
 # of the config's 300 (a quick pass through the whole path: the fresh-machine check).
 STEPS ?=
@@ -28,11 +38,13 @@ train: build
 	@scripts/train-default.sh $(if $(STEPS),--set training.steps=$(STEPS))
 
 # The whole suite three times: the gcc release build for this CPU, the same
-# tests under ASan + UBSan, and the portable clang build.
-test: build build-asan build-clang
+# tests under ASan + UBSan, and the portable clang build; then every fuzz
+# target for FUZZ_SECONDS after replaying its regression inputs.
+test: build build-asan build-clang build-fuzz
 	cd build/release && ctest --output-on-failure -j$(JOBS)
 	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 	cd build/clang && ctest --output-on-failure -j$(JOBS)
+	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

@@ -11,6 +11,7 @@ packages=(
   clang              # the second compiler the test suite builds with
   clang-format       # the formatting check of the test suite
   libomp-dev         # OpenMP for the clang build (gcc brings its own)
+  libclang-rt-14-dev # libFuzzer and the sanitizers' runtime for clang: the fuzz targets
   libdnnl-dev        # GEMM: oneDNN matmul (f32, and bf16 where the CPU has it)
   libyaml-dev        # the configuration file
   libopenmpi-dev     # MPI headers and library

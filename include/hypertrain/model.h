@@ -77,7 +77,7 @@ struct ht_model {
     const ht_model_ops *ops;
     ht_model_config config;
     ht_param_store params;
-    float *logits;              /* (B, T, V) FP32, valid after forward */
+    float *logits;              /* (B, T, V) FP32, valid after forward; backward turns them into their gradient */
     ht_dtype output_dtype;      /* the precision the logits are rounded to (F32: none); F32 when built */
     ht_dtype compute_precision; /* the precision of every matmul operand (param_dtype); F32 when built */
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over

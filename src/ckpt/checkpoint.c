@@ -619,7 +619,10 @@ static const ck_key *find_key(const ht_checkpoint *ck, const char *name) {
 }
 
 static bool json_int(const ht_json *v, int64_t *out) {
-    if (!v || v->type != HT_JSON_NUMBER || v->number != (double)(int64_t)v->number) return false;
+    /* In range before the cast (a double beyond int64 converts to undefined behaviour), then whole. */
+    if (!v || v->type != HT_JSON_NUMBER || !(v->number >= -0x1p63 && v->number < 0x1p63) ||
+        v->number != (double)(int64_t)v->number)
+        return false;
     *out = (int64_t)v->number;
     return true;
 }

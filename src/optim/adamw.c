@@ -12,9 +12,12 @@
 #include <immintrin.h>
 #endif
 
-/* Each rounding step below is one PyTorch op (torch.optim.AdamW, single
- * tensor path), so the compiler must not fuse a multiply into the following
- * add: the only FMAs are the ones torch's kernels use (lerp, addcmul). */
+/* Each rounding step below is one step of PyTorch's fused CPU AdamW kernel
+ * (torch.optim.AdamW(fused=True)), whose results these match bit for bit as
+ * measured; torch's single-tensor path differs from both by one ulp of sqrt
+ * on about a fifth of the elements. So the compiler must not
+ * fuse a multiply into the following add: the only FMAs are the ones torch's
+ * kernel uses (lerp, addcmul). */
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
