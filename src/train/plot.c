@@ -3,7 +3,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hypertrain/train.h"
 
@@ -89,9 +91,12 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     const double pw = W - L - R, ph = H - Tm - Bm;
 #define PX(x) (L + ((x)-x0) / (x1 - x0) * pw)
 #define PY(y) (Tm + (1.0 - ((y)-y0) / (y1 - y0)) * ph)
-    FILE *f = fopen(svg_path, "w");
+    /* Written beside, then renamed over the old picture: a kill or a full disk leaves the old one whole. */
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", svg_path);
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        s = ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", svg_path);
+        s = ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
         goto done;
     }
     fprintf(f,
@@ -157,7 +162,16 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY
-    if (fclose(f) != 0) s = ht_fail(err, HT_ERR_IO, "%s: write failed", svg_path);
+    bool written = fflush(f) == 0 && !ferror(f);
+    int e = errno;
+    if (fclose(f) != 0 && written) written = false, e = errno;
+    if (!written) {
+        s = ht_fail(err, HT_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
+        unlink(tmp);
+    } else if (rename(tmp, svg_path) != 0) {
+        s = ht_fail(err, HT_ERR_IO, "%s: cannot rename %s into place: %s", svg_path, tmp, strerror(errno));
+        unlink(tmp);
+    }
 done:
     free(train.x);
     free(train.y);

@@ -553,14 +553,14 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     size_t len = 0;
     if (t->step == 0 || ht_read_file(path, &old, &len, NULL) != HT_OK) {
         t->metrics = fopen(path, "w");
-        if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", path);
+        if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
         return HT_OK;
     }
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) {
         free(old);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing", tmp);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
     }
     /* Every line is kept or dropped for a reason: past the restored step, or
      * the last line cut by a kill mid-write. Any other line that is not JSON
@@ -611,9 +611,11 @@ static void write_number(FILE *f, const char *key, const char *fmt, double v) {
         fputs("null", f);
 }
 
-static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss) {
+/* One line of metrics.jsonl, flushed; a line the disk did not take stops the
+ * run, naming the file, rather than leaving the history cut short unnoticed. */
+static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss, ht_error *err) {
     FILE *f = t->metrics;
-    if (!f) return;
+    if (!f) return HT_OK;
     fprintf(f, "{\"step\": %lld", (long long)(st ? st->step : t->step));
     if (st) {
         write_number(f, "loss", "%.6f", st->loss);
@@ -626,7 +628,10 @@ static void write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_lo
     }
     if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
     fprintf(f, "}\n");
-    fflush(f);
+    if (fflush(f) != 0 || ferror(f))
+        return ht_fail(err, HT_ERR_IO, "%s/metrics.jsonl: cannot write step %lld's line: %s",
+                       t->config.checkpoint.output_dir, (long long)(st ? st->step : t->step), strerror(errno));
+    return HT_OK;
 }
 
 static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
@@ -636,7 +641,7 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     if (isfinite(vl)) {
         ht_log_info("eval  step %5lld | validation loss %.4f (%.3f bits/token)", (long long)t->step, vl, vl / log(2.0));
         t->last_eval_loss = vl;
-        write_metrics(t, NULL, vl);
+        return write_metrics(t, NULL, vl, err);
     }
     return HT_OK;
 }
@@ -750,7 +755,8 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
-        write_metrics(t, &st, NAN);
+        s = write_metrics(t, &st, NAN, err);
+        if (s != HT_OK) return s;
         if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
             double elapsed = ht_time_seconds() - start;
             char eta[32], el[32];
@@ -808,8 +814,14 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     ht_params_free(&gathered);
     if (s != HT_OK) return s;
     ht_log_info("saved the final weights (Hugging Face format, %s) to %s", ht_dtype_name(dtype), dir);
-    fflush(t->metrics);
+    /* The metrics are complete: synced and closed, an error if the disk did not take them. */
     snprintf(path, sizeof(path), "%s/metrics.jsonl", c->checkpoint.output_dir);
+    FILE *metrics = t->metrics;
+    t->metrics = NULL;
+    bool kept = fflush(metrics) == 0 && fsync(fileno(metrics)) == 0;
+    int e = errno;
+    if (fclose(metrics) != 0 && kept) kept = false, e = errno;
+    if (!kept) return ht_fail(err, HT_ERR_IO, "%s: cannot finish writing: %s", path, strerror(e));
     char svg[HT_CONFIG_STR_MAX + 64];
     snprintf(svg, sizeof(svg), "%s/loss.svg", c->checkpoint.output_dir);
     s = ht_plot_metrics(path, svg, err);
