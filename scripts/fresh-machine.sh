@@ -113,6 +113,12 @@ run_phase() {
   if [ "$rc" -ne 0 ]; then
     local why="exit $rc"
     [ "$rc" -eq 124 ] && why="out of time: FRESH_TIMEOUT=${timeout_total}s"
+    # What a failing test said (cmocka's and the tests' own error lines, with context), then the log's end.
+    if grep -qE '^\[  ERROR   \]|^ERROR: |runtime error|ERROR: AddressSanitizer' "$logfile"; then
+      log "$name: FAILED ($why) after $((SECONDS - t0))s; its errors:"
+      grep -E -B3 -A12 '^\[  ERROR   \]|^ERROR: |runtime error|ERROR: AddressSanitizer' "$logfile" | head -n 120 |
+        sed 's/^/    | /'
+    fi
     log "$name: FAILED ($why) after $((SECONDS - t0))s; last 40 lines of its log:"
     tail -n 40 "$logfile" | sed 's/^/    | /'
     die "$name ($why)"

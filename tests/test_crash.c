@@ -178,7 +178,10 @@ static void test_sigkill_during_saves_leaves_latest_loadable(void **state) {
     printf("crash test: %d trials, %d killed in the middle of a save (a .tmp left behind), %d before any save "
            "completed, %d loads of latest all equal to a completed save (%d saves completed in all)\n",
            trials, mid_save, none_yet, loaded, saves);
-    assert_true(loaded >= trials / 2);
+    if (loaded < trials / 2)
+        fail_msg("only %d of %d trials found a checkpoint to load (%d before any save completed): the saves were "
+                 "slower than the kills",
+                 loaded, trials, none_yet);
     world_free(&w);
 }
 
