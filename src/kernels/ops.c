@@ -53,12 +53,14 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
                          ht_dtype wdtype, const float *rstd, int64_t N, int64_t C) {
     /* y = w * x * r with r = (mean(x^2) + eps)^-1/2:
      * dw += dy * x * r;  dx += r * (w*dy) - x * r^3 * mean((w*dy) * x). */
-    /* Per-thread partial dw, summed in thread order. */
-    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float));
-#pragma omp parallel
+    /* Per-thread partial dw, summed in thread order. Without the memory for
+     * them, one thread does it all, its partial on the stack. */
+    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float)), alone[partial ? 1 : C];
+    float *partials = partial ? partial : alone;
+#pragma omp parallel num_threads(partial ? omp_get_max_threads() : 1)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        float w[C], *dw_local = partial + (size_t)id * (size_t)C;
+        float w[C], *dw_local = partials + (size_t)id * (size_t)C;
         load_row_f32(w, weight, wdtype, C);
         memset(dw_local, 0, (size_t)C * sizeof(float));
 #pragma omp for schedule(static)
@@ -75,7 +77,7 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
             for (int64_t c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - xr[c] * k;
         }
         /* (the omp for ends with a barrier: every partial is complete) */
-        add_partials_in_thread_order(dweight, partial, nt, id, C);
+        add_partials_in_thread_order(dweight, partials, nt, id, C);
     }
     free(partial);
 }
@@ -92,17 +94,18 @@ void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t
 }
 
 void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
-    /* Per-thread partials summed in thread order, as in ht_rmsnorm_backward. */
-    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float));
-#pragma omp parallel
+    /* Per-thread partials summed in thread order, as in ht_rmsnorm_backward (one thread without the memory). */
+    float *partial = malloc((size_t)omp_get_max_threads() * (size_t)C * sizeof(float)), alone[partial ? 1 : C];
+    float *partials = partial ? partial : alone;
+#pragma omp parallel num_threads(partial ? omp_get_max_threads() : 1)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        float *acc = partial + (size_t)id * (size_t)C;
+        float *acc = partials + (size_t)id * (size_t)C;
         memset(acc, 0, (size_t)C * sizeof(float));
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < C; c++) acc[c] += dy[n * C + c];
-        add_partials_in_thread_order(dbias, partial, nt, id, C);
+        add_partials_in_thread_order(dbias, partials, nt, id, C);
     }
     free(partial);
 }

@@ -72,11 +72,14 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
 /* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
  * biases 0. Each tensor draws from its own stream seeded by (seed, name), so
  * values do not depend on parameter order or on how rows are sharded. */
-static void init_weights(ht_param_store *params, double std, uint64_t seed) {
+static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         int64_t row = ht_param_row_numel(p), n = ht_param_local_numel(p);
         float *vals = ht_alloc((size_t)n * sizeof(float));
+        if (!vals)
+            return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
+                           (double)n * sizeof(float) / (1 << 20), p->name);
         if (p->ndim >= 2) {
             ht_rng rng;
             ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
@@ -89,6 +92,7 @@ static void init_weights(ht_param_store *params, double std, uint64_t seed) {
         ht_convert(p->data, p->dtype, vals, HT_DTYPE_F32, (size_t)n);
         ht_free(vals);
     }
+    return HT_OK;
 }
 
 ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
@@ -117,8 +121,12 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
         *out = NULL;
         return s;
     }
-    init_weights(ps, cfg->initializer_range, seed);
-    return HT_OK;
+    s = init_weights(ps, cfg->initializer_range, seed, err);
+    if (s != HT_OK) {
+        ht_model_free(*out);
+        *out = NULL;
+    }
+    return s;
 }
 
 ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {
