@@ -912,23 +912,25 @@ const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck
 
 /* The first complete checkpoint directory (step_X with a metadata.json) in
  * output_dir, into name; false when there is none. */
-static bool first_checkpoint(const char *output_dir, char *name, size_t n) {
+/* The newest complete checkpoint (step_XXXXXXXX with its metadata.json) in output_dir. */
+static bool newest_checkpoint(const char *output_dir, char *name, size_t n) {
     DIR *d = opendir(output_dir);
     if (!d) return false;
-    bool found = false;
+    long long best = -1;
     char path[HT_CKPT_PATH_MAX];
     struct dirent *e;
-    while (!found && (e = readdir(d)) != NULL) {
-        if (step_of(e->d_name) < 0) continue;
+    while ((e = readdir(d)) != NULL) {
+        long long step = step_of(e->d_name);
+        if (step <= best) continue;
         snprintf(path, sizeof(path), "%s/%s/metadata.json", output_dir, e->d_name);
         struct stat sb;
         if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
             snprintf(name, n, "%s", e->d_name);
-            found = true;
+            best = step;
         }
     }
     closedir(d);
-    return found;
+    return best >= 0;
 }
 
 ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char *dir, size_t n, ht_error *err) {
@@ -943,11 +945,15 @@ ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char
     /* Only an output directory with no checkpoint at all starts fresh: a run
      * that cannot find the one it should resume must not overwrite the others. */
     if (lstat(path, &sb) != 0) {
-        if (first_checkpoint(output_dir, any, sizeof(any)))
-            return ht_fail(err, HT_ERR_IO,
-                           "checkpoint.restore_from latest: %s is missing, but %s holds checkpoints (%s, ...); "
-                           "name the one to resume in checkpoint.restore_from, or move them away to start fresh",
-                           path, output_dir, any);
+        /* A save killed between its checkpoint's rename and latest's update leaves a complete checkpoint
+         * and no latest (on the first save): the newest complete one is what latest would have named. */
+        if (newest_checkpoint(output_dir, any, sizeof(any))) {
+            ht_log_warn("checkpoint.restore_from latest: %s is missing, but %s holds complete checkpoints: resuming "
+                        "the newest, %s (a save stopped before it could write latest?)",
+                        path, output_dir, any);
+            snprintf(dir, n, "%s/%s", output_dir, any);
+            return HT_OK;
+        }
         ht_log_info("checkpoint.restore_from latest: %s does not exist yet: starting from step 0", path);
         return HT_OK;
     }
