@@ -283,9 +283,10 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "  keep_last: 0\n"                                                                  /* 97 */
                           "  restore_from: latest\n"                                                          /* 98 */
                           "  restore_optimizer: false\n"                                                      /* 99 */
-                          "kernels:\n"                                                                        /* 100 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 101 */
-                          "  f16_gemm: widened\n";                                                            /* 102 */
+                          "  overwrite: true\n"                                                               /* 100 */
+                          "kernels:\n"                                                                        /* 101 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 102 */
+                          "  f16_gemm: widened\n";                                                            /* 103 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -385,6 +386,7 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->checkpoint.keep_last, 0);
     assert_string_equal(cfg->checkpoint.restore_from, "latest");
     assert_false(cfg->checkpoint.restore_optimizer);
+    assert_true(cfg->checkpoint.overwrite);
     assert_int_equal(cfg->kernels.bf16_gemm, HT_GEMM_KERNEL_FP32_ROUNDED);
     assert_int_equal(cfg->kernels.f16_gemm, HT_GEMM_KERNEL_WIDENED);
 }
@@ -402,7 +404,7 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 102);
+        assert_true(line >= 3 && line <= 103);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);

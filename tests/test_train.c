@@ -380,12 +380,23 @@ static void test_resume_refuses_lost_optimizer_state(void **state) {
         !strstr(msg, "optimizer.state.model.layers.0.self_attn.q_proj.weight.momentum_buffer") ||
         !strstr(msg, "set checkpoint.restore_optimizer false to load the model alone"))
         fail_msg("unexpected refusal: %s", msg);
+    /* The model alone restarts the step count: in the same output_dir that replaces the run there, so only
+     * with checkpoint.overwrite. */
     snprintf(run, sizeof(run),
              "%s --set training.steps=3 --set checkpoint.restore_from=latest "
              "--set checkpoint.restore_optimizer=false",
              muon);
     rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    assert_int_equal(rc, 1);
+    if (!strstr(msg, "holds another run (step_00000002 and metrics.jsonl) and this one starts from step 0"))
+        fail_msg("unexpected refusal: %s", msg);
+    snprintf(run, sizeof(run),
+             "%s --set training.steps=3 --set checkpoint.restore_from=latest "
+             "--set checkpoint.restore_optimizer=false --set checkpoint.overwrite=true",
+             muon);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
     if (rc != 0) fail_msg("restore_optimizer false failed: %s", msg);
+    assert_non_null(strstr(msg, "checkpoint.overwrite: this run replaces the one in"));
 
     /* Saved with state; resumed with q_proj moved from Muon to AdamW. */
     snprintf(run, sizeof(run), "%s --set checkpoint.output_dir=%s/out2", muon, dir);

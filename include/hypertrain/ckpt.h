@@ -196,6 +196,10 @@ void ht_ckpt_rank_file_free(ht_ckpt_rank_file *f);
 ht_status ht_ckpt_save(const char *output_dir, const ht_ckpt_view *view, const ht_ckpt_save_options *opts, char *saved,
                        size_t n, ht_error *err);
 
+/* The newest complete checkpoint (step_XXXXXXXX with its metadata.json) in
+ * output_dir: its directory name in name, false when there is none. */
+bool ht_ckpt_newest(const char *output_dir, char *name, size_t n);
+
 /* restore_from ("latest" or a checkpoint directory) -> the directory to load.
  * "latest" reads output_dir/latest; when there is none yet, dir is "" and the
  * run starts fresh. A .tmp directory is refused. */

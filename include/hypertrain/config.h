@@ -180,6 +180,7 @@ typedef struct ht_config {
         int keep_last;                        /* 0: keep all */
         char restore_from[HT_CONFIG_STR_MAX]; /* "" (null), a directory, or "latest" */
         bool restore_optimizer;
+        bool overwrite; /* a fresh run may replace the run already in output_dir */
     } checkpoint;
 
     /* Where each key's value came from, indexed like the key table. */

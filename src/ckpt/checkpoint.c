@@ -912,8 +912,7 @@ const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck
 
 /* The first complete checkpoint directory (step_X with a metadata.json) in
  * output_dir, into name; false when there is none. */
-/* The newest complete checkpoint (step_XXXXXXXX with its metadata.json) in output_dir. */
-static bool newest_checkpoint(const char *output_dir, char *name, size_t n) {
+bool ht_ckpt_newest(const char *output_dir, char *name, size_t n) {
     DIR *d = opendir(output_dir);
     if (!d) return false;
     long long best = -1;
@@ -947,7 +946,7 @@ ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char
     if (lstat(path, &sb) != 0) {
         /* A save killed between its checkpoint's rename and latest's update leaves a complete checkpoint
          * and no latest (on the first save): the newest complete one is what latest would have named. */
-        if (newest_checkpoint(output_dir, any, sizeof(any))) {
+        if (ht_ckpt_newest(output_dir, any, sizeof(any))) {
             ht_log_warn("checkpoint.restore_from latest: %s is missing, but %s holds complete checkpoints: resuming "
                         "the newest, %s (a save stopped before it could write latest?)",
                         path, output_dir, any);

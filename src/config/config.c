@@ -233,6 +233,7 @@ static const key_desc KEYS[] = {
     INT("checkpoint.keep_last", checkpoint.keep_last, "3"),
     STR_OR_NULL("checkpoint.restore_from", checkpoint.restore_from, "null"),
     BOOL("checkpoint.restore_optimizer", checkpoint.restore_optimizer, "true"),
+    BOOL("checkpoint.overwrite", checkpoint.overwrite, "false"),
 };
 #define N_KEYS ((int)(sizeof(KEYS) / sizeof(KEYS[0])))
 _Static_assert(sizeof(KEYS) / sizeof(KEYS[0]) <= HT_CONFIG_MAX_KEYS, "raise HT_CONFIG_MAX_KEYS");

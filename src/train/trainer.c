@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
@@ -549,6 +550,24 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
     if (s != HT_OK) return s;
     snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
+    /* A run that starts from step 0 where another run left checkpoints or
+     * metrics would replace them: only with checkpoint.overwrite. */
+    char newest[64] = "";
+    struct stat sb;
+    bool has_metrics = stat(path, &sb) == 0 && sb.st_size > 0;
+    if (t->step == 0 && (ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest)) || has_metrics)) {
+        char what[160];
+        snprintf(what, sizeof(what), "%s%s%s", newest, newest[0] && has_metrics ? " and " : "",
+                 has_metrics ? "metrics.jsonl" : "");
+        if (!t->config.checkpoint.overwrite)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "checkpoint.output_dir %s holds another run (%s) and this one starts from step 0: resume "
+                           "it (checkpoint.restore_from: latest), choose another output_dir, or set "
+                           "checkpoint.overwrite: true to replace it",
+                           t->config.checkpoint.output_dir, what);
+        ht_log_warn("checkpoint.overwrite: this run replaces the one in %s (%s)", t->config.checkpoint.output_dir,
+                    what);
+    }
     char *old = NULL;
     size_t len = 0;
     if (t->step == 0 || ht_read_file(path, &old, &len, NULL) != HT_OK) {
