@@ -249,9 +249,7 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
     if (store->main_block || store->compute_block || store->shard_world > 1)
         return ht_fail(err, HT_ERR_INVALID,
                        "ht_params_shard: shard a whole store before its main params and compute copies");
-    ht_param *items = store->items;
-    int64_t old_rows[store->count];
-    for (int i = 0; i < store->count; i++) old_rows[i] = items[i].row0;
+    ht_param *items = store->items; /* whole: every param's rows start at 0 */
     ht_params_set_rows(store, rank, world);
     void *old_data = store->data_block, *old_grad = store->grad_block;
     void *old_ptrs[store->count];
@@ -259,7 +257,8 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
     store->data_block = NULL;
     store->grad_block = NULL;
     ht_status s = ht_params_allocate(store, err);
-    if (s != HT_OK) {
+    if (s != HT_OK) { /* the whole store as it was */
+        ht_params_set_rows(store, 0, 1);
         store->data_block = old_data;
         store->grad_block = old_grad;
         return s;
@@ -267,8 +266,7 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &items[i];
         size_t es = ht_dtype_size(p->dtype), row = (size_t)ht_param_row_numel(p);
-        memcpy(p->data, (const char *)old_ptrs[i] + (size_t)(p->row0 - old_rows[i]) * row * es,
-               (size_t)ht_param_local_numel(p) * es);
+        memcpy(p->data, (const char *)old_ptrs[i] + (size_t)p->row0 * row * es, (size_t)ht_param_local_numel(p) * es);
     }
     ht_free(old_data);
     ht_free(old_grad);
