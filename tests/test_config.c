@@ -677,6 +677,43 @@ static void test_set_errors(void **state) {
 
 /* ---------------------------------------------------------------- validation */
 
+/* The seed's case 5 in HyperParallel's own dialect (an optimizer _target_ of
+ * hyper_parallel...): its defaults are fp32_main_params false and no
+ * reduce_dtype; with fp32_main_params true, reduce_dtype absent or bfloat16
+ * is an error naming both keys, never filled in. hypertrain's own dialect
+ * keeps its defaults (true, float32). */
+static void test_hyperparallel_defaults(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *hp = "optimizer:\n"
+                     "  _target_: hyper_parallel.auto_models.components.optim.optimizer.optimizer.AdamW\n";
+    assert_ht_ok(load_text("hp.yaml", hp, &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_HYPERPARALLEL);
+    assert_false(cfg.optimizer.fp32_main_params);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_CONFIG_DTYPE_NONE);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    char text[512];
+    snprintf(text, sizeof(text), "%s  fp32_main_params: true\n", hp);
+    assert_ht_ok(load_text("hp_absent.yaml", text, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "fsdp_config.mix_precision.reduce_dtype");
+    assert_contains(err.msg, "hp_absent.yaml:3: optimizer.fp32_main_params");
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_CONFIG_DTYPE_NONE); /* never filled in */
+    snprintf(text, sizeof(text),
+             "%s  fp32_main_params: true\nfsdp_config:\n  mix_precision:\n    reduce_dtype: bfloat16\n", hp);
+    assert_ht_ok(load_text("hp_bf16.yaml", text, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "hp_bf16.yaml:6: fsdp_config.mix_precision.reduce_dtype");
+    assert_contains(err.msg, "optimizer.fp32_main_params");
+    assert_contains(err.msg, "found bfloat16");
+    /* hypertrain's spelling: its own defaults. */
+    assert_ht_ok(load_text("own.yaml", "optimizer:\n  _target_: AdamW\n", &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_HYPERTRAIN);
+    assert_true(cfg.optimizer.fp32_main_params);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_DTYPE_F32);
+}
+
 static void test_fp32_main_params_rule(void **state) {
     (void)state;
     static ht_config cfg;
@@ -1238,6 +1275,7 @@ int main(void) {
         cmocka_unit_test(test_set_overrides),
         cmocka_unit_test(test_set_errors),
         cmocka_unit_test(test_fp32_main_params_rule),
+        cmocka_unit_test(test_hyperparallel_defaults),
         cmocka_unit_test(test_validation_rules),
         cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples),

@@ -62,6 +62,11 @@ typedef enum ht_config_muon_comm {
     HT_CONFIG_MUON_COMM_DEREDUNDANCY
 } ht_config_muon_comm;
 
+typedef enum ht_config_dialect {
+    HT_CONFIG_DIALECT_HYPERTRAIN = 0,
+    HT_CONFIG_DIALECT_HYPERPARALLEL, /* optimizer._target_: hyper_parallel.auto_models... */
+} ht_config_dialect;
+
 typedef struct ht_config_strings {
     int count;
     char items[HT_CONFIG_LIST_MAX][HT_CONFIG_STR_MAX];
@@ -182,6 +187,10 @@ typedef struct ht_config {
         bool restore_optimizer;
         bool overwrite; /* a fresh run may replace the run already in output_dir */
     } checkpoint;
+
+    /* The dialect the optimizer block is written in: its system's defaults
+     * apply to the keys the run leaves unset (CONFIG.md, Compatibility). */
+    ht_config_dialect dialect;
 
     /* Where each key's value came from, indexed like the key table. */
     char file[HT_CONFIG_STR_MAX]; /* the loaded file, "" if none */

@@ -700,6 +700,9 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
     bool ok = convert(k, doc, node, tmp, why, sizeof(why));
     if (ok) {
         if (k->size) memcpy((char *)cfg + k->offset, tmp, k->size);
+        if (strcmp(k->path, "optimizer._target_") == 0) /* HyperParallel's spelling says whose defaults apply */
+            cfg->dialect = strncmp(scalar_text(node), "hyper_parallel.", 15) == 0 ? HT_CONFIG_DIALECT_HYPERPARALLEL
+                                                                                  : HT_CONFIG_DIALECT_HYPERTRAIN;
         cfg->source[i] = (uint8_t)o->source;
         cfg->line[i] = o->source == HT_CONFIG_SOURCE_FILE ? line : 0;
         cfg->alias[i] = (uint8_t)(via + 1);
@@ -1126,6 +1129,17 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
     return assign_text(cfg, i, eq + 1, &o, -1, err);
 }
 
+/* HyperParallel AutoModels' own defaults, for the keys the run left unset:
+ * fp32_main_params false, and no reduce_dtype (with fp32_main_params true it
+ * must be given as float32: "never silently filled in"). */
+static void apply_dialect_defaults(ht_config *cfg) {
+    if (cfg->dialect != HT_CONFIG_DIALECT_HYPERPARALLEL) return;
+    int fp32 = ht_config_key_index("optimizer.fp32_main_params"),
+        reduce = ht_config_key_index("fsdp_config.mix_precision.reduce_dtype");
+    if (cfg->source[fp32] == HT_CONFIG_SOURCE_DEFAULT) cfg->optimizer.fp32_main_params = false;
+    if (cfg->source[reduce] == HT_CONFIG_SOURCE_DEFAULT) cfg->fsdp.reduce_dtype = HT_CONFIG_DTYPE_NONE;
+}
+
 ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err) {
     ht_config_defaults(cfg);
     if (path) {
@@ -1136,6 +1150,7 @@ ht_status ht_config_load(const char *path, int n_overrides, char *const *overrid
         ht_status st = ht_config_set(cfg, overrides[i], err);
         if (st != HT_OK) return st;
     }
+    apply_dialect_defaults(cfg);
     return HT_OK;
 }
 
@@ -1325,7 +1340,12 @@ bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, si
 /* "file, line 12", "command line", "default"; ", as <alias>" when an alias set it. */
 static void describe_source(const ht_config *cfg, int i, char *buf, size_t n) {
     const char *as = cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : NULL;
-    if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
+    bool hp_default = cfg->dialect == HT_CONFIG_DIALECT_HYPERPARALLEL && cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT &&
+                      (strcmp(KEYS[i].path, "optimizer.fp32_main_params") == 0 ||
+                       strcmp(KEYS[i].path, "fsdp_config.mix_precision.reduce_dtype") == 0);
+    if (hp_default)
+        snprintf(buf, n, "HyperParallel's default");
+    else if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
         snprintf(buf, n, "file, line %d%s%s", cfg->line[i], as ? ", as " : "", as ? as : "");
     else
         snprintf(buf, n, "%s%s%s", ht_config_source_name((ht_config_source)cfg->source[i]), as ? ", as " : "",
