@@ -383,35 +383,40 @@ static void test_ranks_with_different_configs(void **state) {
     free(log);
 }
 
-/* SIGKILL on one rank mid-run: the world ends, non-zero, well before the timeout. */
-static void test_killed_rank_ends_the_world(void **state) {
-    (void)state;
-    const char *dir = scratch_dir("dist_kill");
+/* Two ranks train in `name`'s scratch dir (with `extra` settings); once rank
+ * 0 has logged step 2, the newest rank of this test's own mpirun (timeout's
+ * child; its ranks are mpirun's children: never a process of another run on
+ * the machine) gets `sig`. Checks that the world ended non-zero, not by the
+ * timeout, after step 2; returns the log and the seconds it all took. */
+static char *signal_a_rank(const char *name, const char *sig, const char *extra, double *seconds) {
+    const char *dir = scratch_dir(name);
     write_config(dir, "float32", 100000, true);
-    const char *bin = getenv("HT_BIN");
     char cmd[8192], out[1300];
     snprintf(out, sizeof(out), "%s/log.txt", dir);
-    /* Once training has begun (rank 0 logged step 2), the newest rank of this
-     * test's own mpirun (timeout's child; its ranks are mpirun's children) is
-     * killed: never a process of another run on the machine. */
     snprintf(cmd, sizeof(cmd),
-             "cd '%s' && (" MPIRUN "-np 2 '%s' train "
-             "run.yaml --set checkpoint.output_dir=o > '%s' 2>&1 & "
+             "cd '%s' && (" MPIRUN "-np 2 '%s' train run.yaml --set checkpoint.output_dir=o %s > '%s' 2>&1 & "
              "for i in $(seq 1500); do grep -q 'step     2/' '%s' 2>/dev/null && break; sleep 0.1; done; "
-             "pkill -KILL -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
-             dir, bin, out, out);
+             "pkill -%s -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
+             dir, getenv("HT_BIN"), extra, out, out, sig);
     double t0 = ht_time_seconds();
     int rc = system(cmd);
-    double dt = ht_time_seconds() - t0;
+    *seconds = ht_time_seconds() - t0;
     char *log;
     size_t len;
     ht_error err;
     assert_ht_ok(ht_read_file(out, &log, &len, &err), &err);
-    printf("exit %d after %.1f s:\n%.2000s\n", WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, dt, log);
+    printf("SIG%s: exit %d after %.1f s:\n%.3000s\n", sig, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, *seconds, log);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && WEXITSTATUS(rc) != 124);
-    assert_true(dt < 250);
     assert_non_null(strstr(log, "step     2/"));
-    free(log);
+    return log;
+}
+
+/* SIGKILL on one rank mid-run: the world ends, non-zero, well before the timeout. */
+static void test_killed_rank_ends_the_world(void **state) {
+    (void)state;
+    double dt;
+    free(signal_a_rank("dist_kill", "KILL", "", &dt));
+    assert_true(dt < 250);
 }
 
 /* A rank that stops answering (SIGSTOP: alive to the launcher, silent to its
@@ -420,26 +425,8 @@ static void test_killed_rank_ends_the_world(void **state) {
  * ends non-zero, long before the test's timeout. */
 static void test_stopped_rank_times_out(void **state) {
     (void)state;
-    const char *dir = scratch_dir("dist_stop");
-    write_config(dir, "float32", 100000, true);
-    const char *bin = getenv("HT_BIN");
-    char cmd[8192], out[1300];
-    snprintf(out, sizeof(out), "%s/log.txt", dir);
-    snprintf(cmd, sizeof(cmd),
-             "cd '%s' && (" MPIRUN "-np 2 '%s' train "
-             "run.yaml --set checkpoint.output_dir=o --set training.distributed_timeout_minutes=0.05 > '%s' 2>&1 & "
-             "for i in $(seq 1500); do grep -q 'step     2/' '%s' 2>/dev/null && break; sleep 0.1; done; "
-             "pkill -STOP -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
-             dir, bin, out, out);
-    double t0 = ht_time_seconds();
-    int rc = system(cmd);
-    double dt = ht_time_seconds() - t0;
-    char *log;
-    size_t len;
-    ht_error err;
-    assert_ht_ok(ht_read_file(out, &log, &len, &err), &err);
-    printf("exit %d after %.1f s:\n%.3000s\n", WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, dt, log);
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && WEXITSTATUS(rc) != 124);
+    double dt;
+    char *log = signal_a_rank("dist_stop", "STOP", "--set training.distributed_timeout_minutes=0.05", &dt);
     assert_true(dt < 120);
     assert_non_null(strstr(log, "for its peers (training.distributed_timeout_minutes 0.05): a rank is unreachable, "
                                 "stopped or stuck; ending the world"));

@@ -36,28 +36,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-
-def build_model(attn):
-    cfg = Qwen2Config(
-        vocab_size=8192,
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=1408,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        use_cache=False,
-    )
-    cfg._attn_implementation = attn
-    model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    assert model.config._attn_implementation == attn
-    return model, cfg
+# The same 31M model as the one-process peer (one definition for both).
+from torch_train_step import build_model
 
 
 def shard(model, mesh):
