@@ -8,6 +8,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kernels/gemm_internal.h"
 
@@ -268,6 +270,36 @@ static void test_gemm_zero_sizes(void **state) {
             }
 }
 
+/* A product that cannot run is recorded, not fatal: the process lives, C is
+ * left alone (its layout is not to be trusted), ht_gemm_status names the
+ * failure from then on, and valid products still compute. In a child, since
+ * the failure is sticky for the process. */
+static void test_gemm_failure_is_reported(void **state) {
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        ht_error err;
+        float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4] = {7, 7, 7, 7};
+        bool ok = ht_gemm_status(&err) == HT_OK;
+        ht_gemm(false, false, 2, 2, 3, 1.0f, A, 3, B, 2, HT_DTYPE_F32, 0.0f, C, 1); /* ldc 1 < N 2 */
+        ok = ok && C[0] == 7 && C[3] == 7;
+        ok = ok && ht_gemm_status(&err) != HT_OK && strstr(err.msg, "invalid shape") && strstr(err.msg, "ldc=1");
+        ht_gemm(false, false, 2, 2, 3, 1.0f, A, 3, B, 2, HT_DTYPE_F32, 0.0f, C, 2);
+        ok = ok && C[0] == 4 && C[1] == 5 && C[2] == 10 && C[3] == 11;
+        ok = ok && ht_gemm_status(&err) != HT_OK; /* still reported */
+        if (!ok) fprintf(stderr, "failure path: C = %g %g %g %g, status '%s'\n", C[0], C[1], C[2], C[3], err.msg);
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status))
+        fail_msg("the child died of signal %d: a failed product must not end the process",
+                 WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* As the model's attention does: 16 independent problems from a parallel for.
  * Each call must run whole on its thread; a GEMM that split its work for two
  * threads but ran on one would leave part of C unwritten (NaN here). */
@@ -338,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_zero_sizes),
         cmocka_unit_test(test_gemm_inside_parallel_region),
         cmocka_unit_test(test_gemm_kernel_names),
+        cmocka_unit_test(test_gemm_failure_is_reported),
         cmocka_unit_test(test_gemm_choose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

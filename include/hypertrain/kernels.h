@@ -14,9 +14,15 @@ extern "C" {
  *   op(B): (K, N); B is (K, N) with row stride ldb, or (N, K) when trans_b.
  *   C: (M, N) FP32 with row stride ldc. A and B share `dtype`: F32, BF16 or F16
  *   (BF16/F16 multiply with FP32 accumulation). beta = 0 ignores C's old content.
- * Called inside an OpenMP parallel region it runs on the calling thread only. */
+ * Called inside an OpenMP parallel region it runs on the calling thread only.
+ * A product that cannot run (oneDNN refuses it, memory runs out, a bad shape)
+ * leaves NaN in C and is recorded: check ht_gemm_status after a step. */
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
              const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+
+/* HT_OK, or the first product that could not run since the process started:
+ * every later result is suspect, so a caller stops at the first failure. */
+ht_status ht_gemm_status(ht_error *err);
 
 /* How products of a 16-bit float dtype run. All three give the same
  * FP32-accumulated sums (products of 16-bit values are exact in FP32); they

@@ -50,23 +50,47 @@ static struct {
     bool warned_full;
     cache_slot slots[CACHE_SLOTS];
     char names[3][320]; /* ht_gemm_kernel_name, per dtype; empty until asked */
-} g_gemm = {.once = PTHREAD_ONCE_INIT, .choice_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+    bool have_thread_key;
+    pthread_mutex_t fail_lock;      /* guards the two below (taken under `lock` too) */
+    bool failed;                    /* a product could not run: ht_gemm_status reports it */
+    char failure[HT_ERROR_MSG_MAX]; /* the first failure's message */
+} g_gemm = {.once = PTHREAD_ONCE_INIT,
+            .choice_once = PTHREAD_ONCE_INIT,
+            .lock = PTHREAD_MUTEX_INITIALIZER,
+            .fail_lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* ht_gemm has no error return: a failure here is a broken build or a bad
- * call, so it is reported and the process stops rather than computing garbage. */
-static void gemm_fatal(const char *fmt, const char *detail) {
-    char msg[512];
+/* ht_gemm has no error return (it sits in every kernel's inner loop): a
+ * product that cannot run records the first failure, fills its C with NaN so
+ * that nothing downstream looks right, and returns. Callers ask
+ * ht_gemm_status at the end of a step and stop there with the message. */
+static bool gemm_fail(const char *fmt, const char *detail) {
+    char msg[HT_ERROR_MSG_MAX];
     snprintf(msg, sizeof(msg), fmt, detail);
-    ht_log(HT_LOG_ERROR, "ht_gemm: %s", msg);
-    abort();
+    pthread_mutex_lock(&g_gemm.fail_lock);
+    bool first = !g_gemm.failed;
+    if (first) {
+        snprintf(g_gemm.failure, sizeof(g_gemm.failure), "%s", msg);
+        g_gemm.failed = true;
+    }
+    pthread_mutex_unlock(&g_gemm.fail_lock);
+    if (first) ht_log(HT_LOG_ERROR, "ht_gemm: %s", msg);
+    return false;
 }
 
-static void dnnl_check(dnnl_status_t status, const char *what) {
-    if (status != dnnl_success) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s failed: %s", what, dnnl_status2str(status));
-        gemm_fatal("%s", msg);
-    }
+static bool dnnl_ok(dnnl_status_t status, const char *what) {
+    if (status == dnnl_success) return true;
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s failed: %s", what, dnnl_status2str(status));
+    return gemm_fail("%s", msg);
+}
+
+ht_status ht_gemm_status(ht_error *err) {
+    pthread_mutex_lock(&g_gemm.fail_lock);
+    bool failed = g_gemm.failed;
+    char msg[sizeof(g_gemm.failure)];
+    memcpy(msg, g_gemm.failure, sizeof(msg));
+    pthread_mutex_unlock(&g_gemm.fail_lock);
+    return failed ? ht_fail(err, HT_ERR_INVALID, "a matrix product could not run: %s", msg) : HT_OK;
 }
 
 /* What each thread that calls ht_gemm owns, released when the thread exits:
@@ -89,23 +113,33 @@ static void thread_ctx_destroy(void *p) {
 }
 
 static void gemm_init_once(void) {
-    dnnl_check(dnnl_engine_create(&g_gemm.engine, dnnl_cpu, 0), "dnnl_engine_create");
-    if (pthread_key_create(&g_gemm.thread_key, thread_ctx_destroy) != 0) gemm_fatal("%s", "pthread_key_create failed");
+    if (!dnnl_ok(dnnl_engine_create(&g_gemm.engine, dnnl_cpu, 0), "dnnl_engine_create")) g_gemm.engine = NULL;
+    g_gemm.have_thread_key = pthread_key_create(&g_gemm.thread_key, thread_ctx_destroy) == 0;
+    if (!g_gemm.have_thread_key) gemm_fail("%s", "pthread_key_create failed");
 }
 
-/* This thread's context, with a scratchpad of at least scratch_bytes. */
+/* This thread's context, with a scratchpad of at least scratch_bytes; NULL on failure (recorded). */
 static thread_ctx *thread_ctx_get(size_t scratch_bytes) {
+    if (!g_gemm.engine || !g_gemm.have_thread_key) return NULL;
     thread_ctx *ctx = pthread_getspecific(g_gemm.thread_key);
     if (!ctx) {
         ctx = calloc(1, sizeof(*ctx));
-        if (!ctx) gemm_fatal("%s", "out of memory for a thread context");
-        dnnl_check(dnnl_stream_create(&ctx->stream, g_gemm.engine, dnnl_stream_default_flags), "dnnl_stream_create");
-        if (pthread_setspecific(g_gemm.thread_key, ctx) != 0) gemm_fatal("%s", "pthread_setspecific failed");
+        if (!ctx) return gemm_fail("%s", "out of memory for a thread context"), NULL;
+        if (!dnnl_ok(dnnl_stream_create(&ctx->stream, g_gemm.engine, dnnl_stream_default_flags),
+                     "dnnl_stream_create")) {
+            free(ctx);
+            return NULL;
+        }
+        if (pthread_setspecific(g_gemm.thread_key, ctx) != 0) {
+            thread_ctx_destroy(ctx);
+            return gemm_fail("%s", "pthread_setspecific failed"), NULL;
+        }
     }
     if (scratch_bytes > ctx->scratch_bytes) {
         ht_free(ctx->scratch);
+        ctx->scratch_bytes = 0;
         ctx->scratch = ht_alloc(scratch_bytes);
-        if (!ctx->scratch) gemm_fatal("%s", "out of memory for the scratchpad");
+        if (!ctx->scratch) return gemm_fail("%s", "out of memory for the scratchpad"), NULL;
         ctx->scratch_bytes = scratch_bytes;
     }
     return ctx;
@@ -144,18 +178,19 @@ static dnnl_status_t matmul_pd_create(const gemm_key *k, dnnl_primitive_desc_t *
     return s;
 }
 
+/* NULL on failure (recorded). */
 static dnnl_primitive_t matmul_create(const gemm_key *k) {
     dnnl_primitive_desc_t pd;
-    dnnl_primitive_t prim;
+    dnnl_primitive_t prim = NULL;
     dnnl_status_t s = matmul_pd_create(k, &pd);
     if (s == dnnl_unimplemented) {
         char msg[160];
         snprintf(msg, sizeof(msg), "oneDNN offers no %s matmul on this CPU (ISA %s)", ht_dtype_name(k->dtype),
                  ht_gemm_cpu_isa());
-        gemm_fatal("%s", msg);
+        return gemm_fail("%s", msg), NULL;
     }
-    dnnl_check(s, "matmul primitive descriptor");
-    dnnl_check(dnnl_primitive_create(&prim, pd), "dnnl_primitive_create");
+    if (!dnnl_ok(s, "matmul primitive descriptor")) return NULL;
+    if (!dnnl_ok(dnnl_primitive_create(&prim, pd), "dnnl_primitive_create")) prim = NULL;
     dnnl_primitive_desc_destroy(pd);
     return prim;
 }
@@ -183,7 +218,12 @@ static dnnl_primitive_t cache_get(const gemm_key *key, bool *owned) {
     if (!slot->used) {
         /* Created under the lock: it takes about a millisecond, happens once
          * per shape, and two threads never build the same primitive. */
-        slot->prim = matmul_create(key);
+        dnnl_primitive_t created = matmul_create(key);
+        if (!created) { /* not cached: the next call tries again, and fails alike */
+            pthread_mutex_unlock(&g_gemm.lock);
+            return NULL;
+        }
+        slot->prim = created;
         slot->key = *key;
         slot->used = true;
         g_gemm.entries++;
@@ -193,8 +233,8 @@ static dnnl_primitive_t cache_get(const gemm_key *key, bool *owned) {
     return prim;
 }
 
-/* Runs one GEMM of F32 or BF16 operands through a cached matmul primitive. */
-static void gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+/* Runs one GEMM of F32 or BF16 operands through a cached matmul primitive; false on a failure (recorded). */
+static bool gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                         int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
     /* Inside an active parallel region oneDNN's OpenMP runtime runs every
      * parallel section on the calling thread alone, while a primitive plans
@@ -220,32 +260,39 @@ static void gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
                     .ldc = ldc,
                     .alpha = alpha,
                     .beta = beta};
-    bool owned;
-    dnnl_primitive_t prim = cache_get(&key, &owned);
-
+    bool owned = false, ok = false;
+    dnnl_primitive_t prim = g_gemm.engine ? cache_get(&key, &owned) : NULL;
     const_dnnl_primitive_desc_t pd;
-    dnnl_check(dnnl_primitive_get_primitive_desc(prim, &pd), "dnnl_primitive_get_primitive_desc");
-    size_t scratch_bytes = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
-    thread_ctx *ctx = thread_ctx_get(scratch_bytes);
-    /* oneDNN takes non-const handles; it only reads src and weights. */
-    void *handles[4] = {(void *)A, (void *)B, C, ctx->scratch};
-    const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
-                                     dnnl_query_scratchpad_md};
-    const int arg_names[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
-    int nargs = scratch_bytes ? 4 : 3;
     dnnl_exec_arg_t args[4];
-    for (int i = 0; i < nargs; i++) {
-        args[i].arg = arg_names[i];
-        dnnl_check(dnnl_memory_create(&args[i].memory, dnnl_primitive_desc_query_md(pd, queries[i], 0), g_gemm.engine,
-                                      handles[i]),
-                   "dnnl_memory_create");
+    int nargs = 0, made = 0;
+    thread_ctx *ctx = NULL;
+    if (prim && dnnl_ok(dnnl_primitive_get_primitive_desc(prim, &pd), "dnnl_primitive_get_primitive_desc")) {
+        size_t scratch_bytes = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+        ctx = thread_ctx_get(scratch_bytes);
+        nargs = scratch_bytes ? 4 : 3;
     }
-    dnnl_check(dnnl_primitive_execute(prim, ctx->stream, nargs, args), "dnnl_primitive_execute");
-    dnnl_check(dnnl_stream_wait(ctx->stream), "dnnl_stream_wait");
-    for (int i = 0; i < nargs; i++) dnnl_memory_destroy(args[i].memory);
+    if (ctx) {
+        /* oneDNN takes non-const handles; it only reads src and weights. */
+        void *handles[4] = {(void *)A, (void *)B, C, ctx->scratch};
+        const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                         dnnl_query_scratchpad_md};
+        const int arg_names[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+        for (; made < nargs; made++) {
+            args[made].arg = arg_names[made];
+            if (!dnnl_ok(dnnl_memory_create(&args[made].memory, dnnl_primitive_desc_query_md(pd, queries[made], 0),
+                                            g_gemm.engine, handles[made]),
+                         "dnnl_memory_create"))
+                break;
+        }
+        ok = made == nargs &&
+             dnnl_ok(dnnl_primitive_execute(prim, ctx->stream, nargs, args), "dnnl_primitive_execute") &&
+             dnnl_ok(dnnl_stream_wait(ctx->stream), "dnnl_stream_wait");
+    }
+    for (int i = 0; i < made; i++) dnnl_memory_destroy(args[i].memory);
     if (owned) dnnl_primitive_destroy(prim);
 
     if (nested) omp_set_num_threads(saved_threads);
+    return ok;
 }
 
 /* Tiles of the widened path: the F32 copies of an A and a B tile take at most
@@ -269,18 +316,19 @@ static void widen_block(float *dst, const uint16_t *src, ht_dtype dtype, int64_t
  * (f16 on most CPUs) or where the native one is slower. Each tile runs the
  * F32 path; over K the first tile applies beta and the next ones accumulate
  * with beta = 1. */
-static void gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+static bool gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                          int64_t lda, const uint16_t *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
                          int64_t ldc) {
     int64_t mt = M < WIDEN_TILE_MN ? M : WIDEN_TILE_MN, nt = N < WIDEN_TILE_MN ? N : WIDEN_TILE_MN;
     int64_t kt = K < WIDEN_TILE_K ? K : WIDEN_TILE_K;
     float *a32 = malloc((size_t)(mt * kt) * sizeof(float)), *b32 = malloc((size_t)(kt * nt) * sizeof(float));
-    if (!a32 || !b32) gemm_fatal("%s", "out of memory for the widened tiles");
-    for (int64_t m0 = 0; m0 < M; m0 += mt) {
+    bool ok = a32 && b32;
+    if (!ok) gemm_fail("%s", "out of memory for the widened tiles");
+    for (int64_t m0 = 0; ok && m0 < M; m0 += mt) {
         int64_t mb = M - m0 < mt ? M - m0 : mt;
-        for (int64_t n0 = 0; n0 < N; n0 += nt) {
+        for (int64_t n0 = 0; ok && n0 < N; n0 += nt) {
             int64_t nb = N - n0 < nt ? N - n0 : nt;
-            for (int64_t k0 = 0; k0 < K; k0 += kt) {
+            for (int64_t k0 = 0; ok && k0 < K; k0 += kt) {
                 int64_t kb = K - k0 < kt ? K - k0 : kt;
                 /* Each block keeps its stored orientation, so the tile GEMM keeps the transposes. */
                 if (trans_a)
@@ -291,27 +339,37 @@ static void gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                     widen_block(b32, B + n0 * ldb + k0, dtype, ldb, nb, kb);
                 else
                     widen_block(b32, B + k0 * ldb + n0, dtype, ldb, kb, nb);
-                gemm_matmul(trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32, trans_b ? kb : nb,
-                            HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
+                ok = gemm_matmul(trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32, trans_b ? kb : nb,
+                                 HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
             }
         }
     }
     free(a32);
     free(b32);
+    return ok;
+}
+
+/* What a product that could not run leaves in C: NaN, so that no result built on it looks right. */
+static void fill_nan(float *C, int64_t M, int64_t N, int64_t ldc) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) C[m * ldc + n] = NAN;
 }
 
 void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
                      int64_t ldc) {
-    if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16)
-        gemm_fatal("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
+    if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) {
+        gemm_fail("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
+        return; /* C's layout is unknown to trust: left as it is */
+    }
     if (M < 0 || N < 0 || K < 0 || ldc < (N > 1 ? N : 1) || lda < ((trans_a ? M : K) > 1 ? (trans_a ? M : K) : 1) ||
         ldb < ((trans_b ? K : N) > 1 ? (trans_b ? K : N) : 1)) {
         char shape[256];
         snprintf(shape, sizeof(shape), "M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld trans_a=%d trans_b=%d",
                  (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc, trans_a,
                  trans_b);
-        gemm_fatal("invalid shape or leading dimension: %s", shape);
+        gemm_fail("invalid shape or leading dimension: %s", shape);
+        return; /* C's layout is unknown to trust: left as it is */
     }
     /* Before oneDNN, which divides by zero creating an M = 0 matmul. */
     if (M == 0 || N == 0) return;
@@ -324,10 +382,10 @@ void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, i
     if (path == HT_GEMM_PATH_AUTO)
         path = dtype == HT_DTYPE_F32 || ht_gemm_kernel_of(dtype) == HT_GEMM_KERNEL_NATIVE ? HT_GEMM_PATH_MATMUL
                                                                                           : HT_GEMM_PATH_WIDEN;
-    if (path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32)
-        gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
-    else
-        gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    bool ok = path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32
+                  ? gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc)
+                  : gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    if (!ok) fill_nan(C, M, N, ldc);
 }
 
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
@@ -386,16 +444,17 @@ typedef struct candidate {
     double best; /* seconds of the fastest call */
 } candidate;
 
-static void candidate_init(candidate *c, ht_dtype storage, ht_gemm_path path, int64_t M, int64_t N, int64_t K,
+static bool candidate_init(candidate *c, ht_dtype storage, ht_gemm_path path, int64_t M, int64_t N, int64_t K,
                            const float *vals) {
     c->storage = storage;
     c->path = path;
     c->best = INFINITY;
     c->A = ht_alloc((size_t)(M * K) * ht_dtype_size(storage));
     c->B = ht_alloc((size_t)(N * K) * ht_dtype_size(storage));
-    if (!c->A || !c->B) gemm_fatal("%s", "out of memory timing the GEMM kernels");
+    if (!c->A || !c->B) return false;
     ht_convert(c->A, storage, vals, HT_DTYPE_F32, (size_t)(M * K));
     ht_convert(c->B, storage, vals, HT_DTYPE_F32, (size_t)(N * K));
+    return true;
 }
 
 /* Times the candidates that `on` selects on C (M, N) = A (M, K) · Bᵀ, the
@@ -405,10 +464,14 @@ static void candidate_init(candidate *c, ht_dtype storage, ht_gemm_path path, in
  * machine load that comes and goes then weighs on all of them alike. The
  * first call of each creates its primitive and is not timed. Operands are
  * normal values exact in bf16 (and so in f16 as well, up to its range). */
-static void time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, double *gflops) {
+static bool time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, double *gflops) {
     size_t n = (size_t)(M > N ? M : N) * (size_t)K;
     float *vals = ht_alloc(n * sizeof(float)), *C = ht_alloc((size_t)(M * N) * sizeof(float));
-    if (!vals || !C) gemm_fatal("%s", "out of memory timing the GEMM kernels");
+    if (!vals || !C) {
+        ht_free(vals);
+        ht_free(C);
+        return false;
+    }
     ht_rng rng;
     ht_rng_seed(&rng, 1);
     for (size_t i = 0; i < n; i++) vals[i] = ht_rng_normal(&rng);
@@ -418,13 +481,16 @@ static void time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, dou
     static const ht_gemm_path path[CANDIDATES] = {HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_WIDEN,
                                                   HT_GEMM_PATH_MATMUL, HT_GEMM_PATH_WIDEN};
     candidate cand[CANDIDATES] = {0};
-    for (int c = 0; c < CANDIDATES; c++)
+    bool ok = true;
+    for (int c = 0; c < CANDIDATES && ok; c++)
         if (on[c]) {
-            candidate_init(&cand[c], storage[c], path[c], M, N, K, vals);
-            ht_gemm_on_path(path[c], false, true, M, N, K, 1.0f, cand[c].A, K, cand[c].B, K, storage[c], 0.0f, C, N);
+            ok = candidate_init(&cand[c], storage[c], path[c], M, N, K, vals);
+            if (ok)
+                ht_gemm_on_path(path[c], false, true, M, N, K, 1.0f, cand[c].A, K, cand[c].B, K, storage[c], 0.0f, C,
+                                N);
         }
     double start = ht_time_seconds();
-    for (int round = 0; round < 100 && (round < 3 || ht_time_seconds() - start < 0.3); round++)
+    for (int round = 0; ok && round < 100 && (round < 3 || ht_time_seconds() - start < 0.3); round++)
         for (int c = 0; c < CANDIDATES; c++) {
             if (!on[c]) continue;
             double t0 = ht_time_seconds();
@@ -439,6 +505,7 @@ static void time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, dou
     }
     ht_free(vals);
     ht_free(C);
+    return ok;
 }
 
 /* Rates are timed once per shape in a process and kept: a second trainer in
@@ -454,17 +521,18 @@ static struct {
     kept_rates items[SHAPES_KEPT];
 } g_rates; /* guarded by g_gemm.lock */
 
-static void rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
+/* False when the timing buffers cannot be allocated. */
+static bool rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
     pthread_mutex_lock(&g_gemm.lock);
     for (int i = 0; i < g_rates.count; i++)
         if (g_rates.items[i].M == M && g_rates.items[i].N == N && g_rates.items[i].K == K) {
             memcpy(gflops, g_rates.items[i].gflops, sizeof(g_rates.items[i].gflops));
             pthread_mutex_unlock(&g_gemm.lock);
-            return;
+            return true;
         }
     pthread_mutex_unlock(&g_gemm.lock);
     const bool on[CANDIDATES] = {true, matmul_available(HT_DTYPE_BF16), true, matmul_available(HT_DTYPE_F16), true};
-    time_candidates(on, M, N, K, gflops); /* unlocked: it runs ht_gemm */
+    if (!time_candidates(on, M, N, K, gflops)) return false; /* unlocked: it runs ht_gemm */
     pthread_mutex_lock(&g_gemm.lock);
     if (g_rates.count < SHAPES_KEPT) {
         kept_rates *k = &g_rates.items[g_rates.count++];
@@ -474,6 +542,7 @@ static void rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
         memcpy(k->gflops, gflops, sizeof(k->gflops));
     }
     pthread_mutex_unlock(&g_gemm.lock);
+    return true;
 }
 
 /* A kernel other than fp32_rounded must beat it by this factor to be chosen:
@@ -523,7 +592,11 @@ ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int
     out->N = N;
     out->K = K;
     if (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO) {
-        rates_for(M, N, K, gflops);
+        if (!rates_for(M, N, K, gflops))
+            return ht_fail(err, HT_ERR_OOM, "out of memory timing the GEMM kernels on %lld x %lld x %lld", (long long)M,
+                           (long long)N, (long long)K);
+        ht_status st = ht_gemm_status(err); /* a product that could not run while timed */
+        if (st != HT_OK) return st;
         out->f32_rate = gflops[CAND_F32];
     }
     ht_status s = choose_dtype(HT_DTYPE_BF16, bf16, gflops, out->bf16_rate, &out->bf16, err);
@@ -536,8 +609,11 @@ ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int
 static void choose_default(void) {
     ht_gemm_choice c;
     ht_error err;
-    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, 1024, 1024, 1024, &c, &err) != HT_OK)
-        gemm_fatal("%s", err.msg);
+    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, 1024, 1024, 1024, &c, &err) != HT_OK) {
+        gemm_fail("%s", err.msg); /* the products that follow run on fp32_rounded, and ht_gemm_status says why */
+        memset(&c, 0, sizeof(c));
+        c.bf16 = c.f16 = HT_GEMM_KERNEL_FP32_ROUNDED;
+    }
     pthread_mutex_lock(&g_gemm.lock);
     if (!g_gemm.chosen) {
         g_gemm.choice = c;

@@ -457,6 +457,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
+    ht_status gs = ht_gemm_status(err); /* before any rank sums this rank's gradients */
+    if (gs != HT_OK) return gs;
     double t1 = ht_time_seconds();
     /* Data parallel: every rank's FP32 gradients summed over the shard
      * group into each rank's rows (each unit's reduce-scatter, started in
@@ -471,6 +473,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t2 = ht_time_seconds();
     ht_step_result r;
     ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
+    if (s == HT_OK) s = ht_gemm_status(err); /* Newton-Schulz */
     if (s != HT_OK) return s;
     int clipped = 0;
     if (t->qk_layers && !r.skipped) {
@@ -516,6 +519,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         ht_batch_split(t->batch, b, t->T, t->inputs, t->targets);
         float l;
         ht_status s = ht_model_forward(t->model, t->inputs, t->targets, b, t->T, &l, err);
+        if (s == HT_OK) s = ht_gemm_status(err);
         if (s != HT_OK) return s;
         sum += l;
     }
