@@ -203,6 +203,24 @@ static char *capture(void (*write)(FILE *, const void *), const void *arg) {
 static void write_str(FILE *f, const void *s) { ht_json_write_string(f, s); }
 static void write_num(FILE *f, const void *x) { ht_json_write_number(f, *(const double *)x); }
 
+/* ht_read_file_max: a file at the cap reads, one byte more is refused naming the file and the cap. */
+static void test_read_file_cap(void **state) {
+    (void)state;
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/ten.json", scratch_dir("json_cap"));
+    write_file(path, "[1,2,3,45]", 10);
+    char *text;
+    size_t len;
+    ht_error err;
+    assert_ht_ok(ht_read_file_max(path, 10, "a test file may have", &text, &len, &err), &err);
+    assert_int_equal(len, 10);
+    free(text);
+    assert_int_equal(ht_read_file_max(path, 9, "a test file may have", &text, &len, &err), HT_ERR_FORMAT);
+    assert_null(text);
+    if (!strstr(err.msg, path) || !strstr(err.msg, "10 bytes, more than the 9 bytes a test file may have"))
+        fail_msg("message '%s'", err.msg);
+}
+
 static void test_writer(void **state) {
     (void)state;
     const char *s = "a\"b\\c\nd\te\x01 \xc3\xa9";
@@ -232,7 +250,7 @@ static void test_writer(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalars), cmocka_unit_test(test_strings), cmocka_unit_test(test_containers),
-        cmocka_unit_test(test_invalid), cmocka_unit_test(test_writer),
+        cmocka_unit_test(test_invalid), cmocka_unit_test(test_writer),  cmocka_unit_test(test_read_file_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,6 +116,37 @@ static void test_unknown_model(void **state) {
     assert_non_null(strstr(err.msg, "qwen2"));
 }
 
+/* Sizes whose tensors or whole model pass HT_MODEL_MAX_PARAMS (or int64 itself)
+ * are refused by name before anything is allocated. */
+static void test_model_size_caps(void **state) {
+    (void)state;
+    static const struct {
+        int vocab, hidden, inter, layers, heads, kv;
+        const char *want;
+    } cases[] = {
+        {2000000000, 1048576, 64, 1, 8, 2, "the embedding (vocab_size x hidden_size) has 2000000000 x 1048576"},
+        {256, 2000000000, 2000000000, 1, 8, 2, "has 2000000000 x 2000000000 elements"},
+        {256, 4096, 11008, 2000000000, 32, 8, "2000000000 layers of"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ht_model_config cfg = tiny_config("qwen2", true, false);
+        cfg.vocab_size = cases[i].vocab;
+        cfg.hidden_size = cases[i].hidden;
+        cfg.intermediate_size = cases[i].inter;
+        cfg.num_hidden_layers = cases[i].layers;
+        cfg.num_attention_heads = cases[i].heads;
+        cfg.num_key_value_heads = cases[i].kv;
+        cfg.head_dim = 0;
+        ht_error err;
+        assert_int_equal(ht_model_config_validate(&cfg, &err), HT_ERR_CONFIG);
+        if (!strstr(err.msg, cases[i].want) || !strstr(err.msg, "HT_MODEL_MAX_PARAMS"))
+            fail_msg("case %zu: '%s' lacks '%s' or the cap's name", i, err.msg, cases[i].want);
+    }
+    ht_model_config ok = tiny_config("qwen2", true, false);
+    ht_error err;
+    assert_ht_ok(ht_model_config_validate(&ok, &err), &err);
+}
+
 static void test_sequence_too_long(void **state) {
     (void)state;
     ht_model_config cfg = tiny_config("qwen2", true, false);
@@ -198,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_grad_llama_tied),
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
+        cmocka_unit_test(test_model_size_caps),
         cmocka_unit_test(test_output_dtype_rounds_logits),
         cmocka_unit_test(test_backward_repeats_bitwise_with_3_threads),
     };

@@ -229,6 +229,22 @@ static void test_malformed(void **state) {
     snprintf(path, sizeof(path), "%s/len_huge.safetensors", dir);
     write_raw(path, ok_header, 200000000, 4);
     expect_bad(path, "header length 200000000 exceeds the 100000000-byte limit", NULL);
+    /* More entries than HT_ST_MAX_TENSORS: refused before any is read (the same key will do). */
+    size_t n_entries = (size_t)HT_ST_MAX_TENSORS + 1;
+    char *many = malloc(6 * n_entries + 2);
+    assert_non_null(many);
+    size_t at = 0;
+    many[at++] = '{';
+    for (size_t i = 0; i < n_entries; i++) {
+        memcpy(many + at, "\"a\":0,", 6);
+        at += 6;
+    }
+    many[at - 1] = '}';
+    many[at] = '\0';
+    snprintf(path, sizeof(path), "%s/many.safetensors", dir);
+    write_raw(path, many, -1, 0);
+    free(many);
+    expect_bad(path, "1048577 entries, more than the 1048576 tensors", "HT_ST_MAX_TENSORS");
     snprintf(path, sizeof(path), "%s/tiny.safetensors", dir);
     write_file(path, "\x05\x00\x00", 3);
     expect_bad(path, "too short", NULL);

@@ -163,6 +163,14 @@ uint64_t ht_xxh64(const void *data, size_t n, uint64_t seed);
 
 /* Reads a whole file into a malloc'ed buffer (NUL-terminated for convenience). */
 ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err);
+/* The same, refusing a file of more than max_bytes: `what` names the kind of
+ * file and the cap in the message ("a checkpoint's metadata.json"). */
+ht_status ht_read_file_max(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_size,
+                           ht_error *err);
+/* The JSON files the engine reads (config.json, model.safetensors.index.json,
+ * metadata.json) are kilobytes to a few megabytes; a bigger one is not one of
+ * them. Raise it here and rebuild. */
+#define HT_JSON_FILE_MAX ((size_t)256 << 20)
 /* mkdir -p: creates path and any missing parents. */
 ht_status ht_make_dirs(const char *path, ht_error *err);
 

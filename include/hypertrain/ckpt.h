@@ -23,6 +23,9 @@ extern "C" {
 
 #define HT_ST_MAX_DIMS 8
 #define HT_ST_MAX_HEADER (100u * 1000u * 1000u) /* the reference implementation's limit */
+/* Tensors one safetensors file may list: the largest released checkpoints
+ * hold under 100,000 across all their shards. Raise it here and rebuild. */
+#define HT_ST_MAX_TENSORS (1 << 20)
 
 /* One tensor of an open file. `data` points into the mapping: valid until
  * close, read-only, aligned as the writer laid it out (this writer aligns

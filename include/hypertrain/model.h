@@ -35,6 +35,11 @@ int ht_model_config_head_dim(const ht_model_config *cfg);
 
 typedef struct ht_model ht_model;
 
+/* Parameters a model may have, and elements any one tensor may have: 2^40
+ * (1.1 trillion), past every dense model this engine could hold in memory.
+ * ht_model_config_validate refuses a config beyond it, naming the sizes. */
+#define HT_MODEL_MAX_PARAMS ((int64_t)1 << 40)
+
 /* A module in the sense of Hugging Face's named_modules(), at the grain the
  * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
  * "lm_head". FSDP units are made of modules (dist.h). */

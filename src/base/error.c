@@ -4,6 +4,7 @@
 #include "hypertrain/base.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,11 @@ void *ht_alloc(size_t bytes) {
 void ht_free(void *ptr) { free(ptr); }
 
 ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err) {
+    return ht_read_file_max(path, (size_t)LONG_MAX, NULL, out, out_size, err);
+}
+
+ht_status ht_read_file_max(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_size,
+                           ht_error *err) {
     *out = NULL;
     if (out_size) *out_size = 0;
     FILE *f = fopen(path, "rb");
@@ -64,6 +70,12 @@ ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error 
     if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         return ht_fail(err, HT_ERR_IO, "%s: cannot determine the size", path);
+    }
+    if ((unsigned long)size > max_bytes) {
+        fclose(f);
+        bool mib = max_bytes >= ((size_t)1 << 20);
+        return ht_fail(err, HT_ERR_FORMAT, "%s: %ld bytes, more than the %zu %s %s", path, size,
+                       mib ? max_bytes >> 20 : max_bytes, mib ? "MiB" : "bytes", what ? what : "a file may have");
     }
     char *buf = malloc((size_t)size + 1);
     if (!buf) {

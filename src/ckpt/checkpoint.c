@@ -746,7 +746,9 @@ static ht_status load_metadata(const char *dir, ht_checkpoint *ck, ht_error *err
         return ht_fail(err, HT_ERR_FORMAT, "%s: no metadata.json: an incomplete checkpoint, never loaded", ck->dir);
     char *text;
     size_t len;
-    ht_status s = ht_read_file(path, &text, &len, err);
+    ht_status s = ht_read_file_max(
+        path, HT_JSON_FILE_MAX, "a checkpoint's metadata.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)",
+        &text, &len, err);
     if (s != HT_OK) return s;
     /* The last member is the hash of every byte before it. */
     const char *marker = ",\n  \"self_xxh64\": \"";
@@ -965,7 +967,7 @@ ht_status ht_ckpt_resolve(const char *restore_from, const char *output_dir, char
     }
     char *text;
     size_t len;
-    ht_status s = ht_read_file(path, &text, &len, err);
+    ht_status s = ht_read_file_max(path, 4096, "a latest file (one checkpoint name) may have", &text, &len, err);
     if (s != HT_OK) return s;
     while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = '\0';
     char meta[HT_CKPT_PATH_MAX + 64];

@@ -145,7 +145,9 @@ ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err
     join(path, dir, "config.json");
     char *text;
     size_t len;
-    ht_status s = ht_read_file(path, &text, &len, err);
+    ht_status s =
+        ht_read_file_max(path, HT_JSON_FILE_MAX,
+                         "a config.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
     if (s != HT_OK) return s;
     ht_json *root;
     s = ht_json_parse(text, len, path, &root, err);
@@ -265,7 +267,9 @@ static const ht_st_tensor *files_find(const hf_files *fs, const char *name, cons
 static ht_status open_index(const char *dir, const char *index_path, hf_files *fs, ht_error *err) {
     char *text;
     size_t len;
-    ht_status s = ht_read_file(index_path, &text, &len, err);
+    ht_status s = ht_read_file_max(
+        index_path, HT_JSON_FILE_MAX,
+        "a model.safetensors.index.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
     if (s != HT_OK) return s;
     ht_json *root;
     s = ht_json_parse(text, len, index_path, &root, err);

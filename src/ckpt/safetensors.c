@@ -185,6 +185,13 @@ static ht_status parse_file(ht_safetensors *st, ht_error *err) {
         s = ht_fail(err, HT_ERR_FORMAT, "%s: header is not a JSON object", path);
         goto done;
     }
+    if (root->count > HT_ST_MAX_TENSORS) {
+        s = ht_fail(err, HT_ERR_FORMAT,
+                    "%s: the header lists %zu entries, more than the %d tensors a file may hold (HT_ST_MAX_TENSORS "
+                    "in include/hypertrain/ckpt.h)",
+                    path, root->count, HT_ST_MAX_TENSORS);
+        goto done;
+    }
     infos = calloc(root->count + 1, sizeof(st_info));
     if (!infos) {
         s = ht_fail(err, HT_ERR_OOM, "%s: out of memory for %zu header entries", path, root->count);

@@ -29,6 +29,45 @@ int ht_model_config_head_dim(const ht_model_config *cfg) {
     return cfg->num_attention_heads > 0 ? cfg->hidden_size / cfg->num_attention_heads : 0;
 }
 
+/* Every tensor's element count and the whole model's, overflow-checked in
+ * int64, against HT_MODEL_MAX_PARAMS: a typo of a few digits in a size is a
+ * sentence naming the sizes, not an allocation of exabytes. */
+static ht_status check_model_size(const ht_model_config *cfg, int head_dim, ht_error *err) {
+    const int64_t C = cfg->hidden_size, F = cfg->intermediate_size, V = cfg->vocab_size;
+    const int64_t q = (int64_t)cfg->num_attention_heads * head_dim, kv = (int64_t)cfg->num_key_value_heads * head_dim;
+    const struct {
+        const char *what;
+        int64_t rows, cols;
+    } tensors[] = {
+        {"the embedding (vocab_size x hidden_size)", V, C},
+        {"q_proj (num_attention_heads * head_dim x hidden_size)", q, C},
+        {"k_proj (num_key_value_heads * head_dim x hidden_size)", kv, C},
+        {"each MLP matrix (intermediate_size x hidden_size)", F, C},
+    };
+    int64_t layer, total;
+    for (size_t i = 0; i < sizeof(tensors) / sizeof(tensors[0]); i++) {
+        int64_t n;
+        if (__builtin_mul_overflow(tensors[i].rows, tensors[i].cols, &n) || n > HT_MODEL_MAX_PARAMS)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "%s has %lld x %lld elements, more than the %lld parameters a model may have "
+                           "(HT_MODEL_MAX_PARAMS in include/hypertrain/model.h)",
+                           tensors[i].what, (long long)tensors[i].rows, (long long)tensors[i].cols,
+                           (long long)HT_MODEL_MAX_PARAMS);
+    }
+    /* One layer: q, k, v, o, three MLP matrices (biases and norms are smaller than any of them). */
+    layer = 2 * q * C + 2 * kv * C + 3 * F * C + 2 * C + q + 2 * kv;
+    bool over = __builtin_mul_overflow(layer, (int64_t)cfg->num_hidden_layers, &total) ||
+                __builtin_add_overflow(total, V * C * (cfg->tie_word_embeddings ? 1 : 2) + C, &total) ||
+                total > HT_MODEL_MAX_PARAMS;
+    if (over)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "the model would have more than the %lld parameters a model may have (%d layers of %lld; "
+                       "HT_MODEL_MAX_PARAMS in include/hypertrain/model.h): check model.num_hidden_layers, "
+                       "hidden_size, intermediate_size and vocab_size",
+                       (long long)HT_MODEL_MAX_PARAMS, cfg->num_hidden_layers, (long long)layer);
+    return HT_OK;
+}
+
 ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
     const struct {
         const char *field;
@@ -66,7 +105,7 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
     if (d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
     if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
     if (!(cfg->rms_norm_eps > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rms_norm_eps must be positive");
-    return HT_OK;
+    return check_model_size(cfg, d, err);
 }
 
 /* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
