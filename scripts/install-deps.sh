@@ -14,6 +14,7 @@ packages=(
   libclang-rt-14-dev # libFuzzer and the sanitizers' runtime for clang: the fuzz targets
   libdnnl-dev        # GEMM: oneDNN matmul (f32, and bf16 where the CPU has it)
   libyaml-dev        # the configuration file
+  libxxhash-dev      # XXH64, the content hash of checkpoint files
   libopenmpi-dev     # MPI headers and library
   openmpi-bin        # mpirun
   libcmocka-dev      # the test framework

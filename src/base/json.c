@@ -1,6 +1,14 @@
 /* A strict RFC 8259 JSON reader into an owned tree (ht_json), with errors
  * that name the document, the byte offset and line:column; and the two
- * writer helpers (string escaping, shortest round-trip numbers). */
+ * writer helpers (string escaping, shortest round-trip numbers).
+ *
+ * Why not Debian's libjansson: measured on a safetensors header of 100,000
+ * tensors (13.5 MB, a large sharded model's), json_loadb took 0.24-0.25 s
+ * against 0.06-0.09 s here (2.6-3.9x), before any copy into the tree the
+ * readers walk; its hashtable objects buy nothing for documents that are
+ * walked once in order. Its strictness otherwise matches (it refuses \u0000,
+ * 1e999, [1,], 01 and bad UTF-8 as this does). Measured with libjansson 2.14,
+ * gcc -O2, AMD EPYC. */
 #include "hypertrain/base.h"
 
 #include <math.h>
