@@ -413,6 +413,57 @@ static void test_resume_refuses_lost_optimizer_state(void **state) {
         fail_msg("unexpected refusal: %s", msg);
 }
 
+/* A run continued from another directory's checkpoint starts a new lineage in
+ * output_dir: the checkpoints and metrics already there are another run's and
+ * are refused, named, unless checkpoint.overwrite; an empty output_dir takes it. */
+static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_lineage");
+    write_corpus(dir);
+    char data[2048], msg[1 << 16], run[2400];
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    for (int i = 0; i < 2; i++) { /* runs a and b, 2 steps each */
+        snprintf(run, sizeof(run), "--set checkpoint.save_interval=1 --set checkpoint.output_dir=%s/%s", dir,
+                 i ? "b" : "a");
+        int rc = run_cli(dir, i ? NULL : yaml, run, msg, sizeof(msg));
+        if (rc != 0) fail_msg("run %d failed: %s", i, msg);
+    }
+    char b_metrics[1200], *before, *after;
+    size_t len;
+    ht_error err;
+    snprintf(b_metrics, sizeof(b_metrics), "%s/b/metrics.jsonl", dir);
+    assert_ht_ok(ht_read_file(b_metrics, &before, &len, &err), &err);
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set checkpoint.output_dir=%s/b --set checkpoint.restore_from=%s/a/step_00000002",
+             dir, dir);
+    assert_int_equal(run_cli(dir, NULL, run, msg, sizeof(msg)), 1);
+    if (!strstr(msg, "holds another run (step_00000002 and metrics.jsonl) and this one continues") ||
+        !strstr(msg, "a/step_00000002, a checkpoint of another directory") || !strstr(msg, "checkpoint.overwrite"))
+        fail_msg("unexpected refusal: %s", msg);
+    assert_ht_ok(ht_read_file(b_metrics, &after, &len, &err), &err);
+    assert_string_equal(before, after); /* b's history untouched */
+    free(before);
+    free(after);
+    char b_step[1200];
+    snprintf(b_step, sizeof(b_step), "%s/b/step_00000001", dir);
+    struct stat sb;
+    assert_int_equal(stat(b_step, &sb), 0); /* and its checkpoints */
+
+    /* Into an empty directory it is a plain continuation. */
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set checkpoint.output_dir=%s/c --set checkpoint.restore_from=%s/a/step_00000002",
+             dir, dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("continuing into an empty directory failed: %s", msg);
+    /* And with the flag, b is replaced. */
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set checkpoint.output_dir=%s/b --set checkpoint.restore_from=%s/a/step_00000002 "
+             "--set checkpoint.overwrite=true",
+             dir, dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("overwrite failed: %s", msg);
+    assert_non_null(strstr(msg, "checkpoint.overwrite: this run replaces the one in"));
+}
+
 /* OpenMP's idle threads: a busy machine at start (another process running)
  * gets the short spin, said in the log; /proc/loadavg's running count decides. */
 static void test_openmp_wait_on_a_busy_machine(void **state) {
@@ -489,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
+        cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),

@@ -50,6 +50,7 @@ typedef struct ht_trainer {
     const char *no_wd[HT_CONFIG_LIST_MAX]; /* config strings, as the optimizer takes them */
     const char *adamw_include[HT_CONFIG_LIST_MAX];
     int64_t step;              /* optimizer steps taken */
+    char resumed_from[4096];   /* the checkpoint restored from another directory than output_dir, or "" */
     int grad_accum;            /* micro-batches per step */
     int B, T;                  /* local micro-batch */
     int eval_B;                /* validation batch (may be smaller than B); 0: no evaluation */

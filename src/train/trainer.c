@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -559,22 +560,27 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     char newest[64] = "";
     struct stat sb;
     bool has_metrics = stat(path, &sb) == 0 && sb.st_size > 0;
-    if (t->step == 0 && (ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest)) || has_metrics)) {
-        char what[160];
+    bool new_lineage = t->step == 0 || t->resumed_from[0]; /* this run did not write what output_dir holds */
+    if (new_lineage && (ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest)) || has_metrics)) {
+        char what[160], how[HT_CKPT_PATH_MAX + 64];
         snprintf(what, sizeof(what), "%s%s%s", newest, newest[0] && has_metrics ? " and " : "",
                  has_metrics ? "metrics.jsonl" : "");
+        if (t->step == 0)
+            snprintf(how, sizeof(how), "this one starts from step 0");
+        else
+            snprintf(how, sizeof(how), "this one continues %s, a checkpoint of another directory", t->resumed_from);
         if (!t->config.checkpoint.overwrite)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "checkpoint.output_dir %s holds another run (%s) and this one starts from step 0: resume "
+                           "checkpoint.output_dir %s holds another run (%s) and %s: resume "
                            "it (checkpoint.restore_from: latest), choose another output_dir, or set "
                            "checkpoint.overwrite: true to replace it",
-                           t->config.checkpoint.output_dir, what);
+                           t->config.checkpoint.output_dir, what, how);
         ht_log_warn("checkpoint.overwrite: this run replaces the one in %s (%s)", t->config.checkpoint.output_dir,
                     what);
     }
     char *old = NULL;
     size_t len = 0;
-    if (t->step == 0 || ht_read_file(path, &old, &len, NULL) != HT_OK) {
+    if (new_lineage || ht_read_file(path, &old, &len, NULL) != HT_OK) {
         t->metrics = fopen(path, "w");
         if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
         return HT_OK;
@@ -963,6 +969,13 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     ht_checkpoint *ck;
     s = ht_ckpt_open(dir, &ck, err);
     if (s != HT_OK) return s;
+    /* A checkpoint of another directory starts a new lineage in output_dir:
+     * what output_dir holds already is another run's (open_metrics). */
+    char parent[HT_CKPT_PATH_MAX + 8], here[PATH_MAX], there[PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s/..", dir);
+    t->resumed_from[0] = '\0';
+    if (!realpath(parent, there) || !realpath(t->config.checkpoint.output_dir, here) || strcmp(here, there) != 0)
+        snprintf(t->resumed_from, sizeof(t->resumed_from), "%s", dir);
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
