@@ -944,6 +944,90 @@ static void test_dialect_examples(void **state) {
     assert_true(line > 0);
 }
 
+/* MindFormers' ConstantWithCoolDownLR, CosineAnnealingWarmRestarts and LearningRateWiseLayer by name,
+ * base_lr (CosineAnnealingLR's name for learning_rate) and decay_ratio. */
+static void test_mindformers_lr_keys(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("cool.yaml",
+                           "training:\n  steps: 100\nlr_scheduler:\n  type: ConstantWithCoolDownLR\n"
+                           "  learning_rate: 0.002\n  warmup_steps: 10\n  keep_steps: 20\n  decay_ratio: 0.505\n"
+                           "  final_steps: 10\n  lr_end1: 1.0e-5\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_CONSTANT_COOLDOWN);
+    assert_int_equal(cfg.lr_scheduler.keep_steps, 20);
+    assert_int_equal(cfg.lr_scheduler.final_steps, 10);
+    assert_int_equal(ht_config_decay_steps(&cfg), 50); /* floor(100 * 0.505) */
+    assert_true(ht_config_lr_end2(&cfg) == 1.0e-5);    /* lr_end2 not given: lr_end1 */
+    assert_true(cfg.optimizer.muon.lr == 0.002 && cfg.optimizer.adamw.lr == 0.002);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    /* The ratio wins over decay_steps, whichever comes first; decay_steps alone is itself. */
+    assert_ht_ok(load_text("cool2.yaml",
+                           "training:\n  steps: 200\nlr_scheduler:\n  type: ConstantWithCoolDownLR\n"
+                           "  decay_ratio: 0.25\n  decay_steps: 30\n  lr_end2: 0.0\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(ht_config_decay_steps(&cfg), 50);
+    assert_true(ht_config_lr_end2(&cfg) == 0.0 && cfg.lr_scheduler.lr_end1 == 0.0);
+    assert_ht_ok(
+        load_text("cool3.yaml", "lr_scheduler:\n  type: ConstantWithCoolDownLR\n  decay_steps: 30\n", &cfg, &err),
+        &err);
+    assert_int_equal(ht_config_decay_steps(&cfg), 30);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+
+    /* base_lr sets both optimizers' lr, as learning_rate does, in a file and on the command line. */
+    assert_ht_ok(load_text("warm.yaml",
+                           "lr_schedule:\n  type: CosineAnnealingWarmRestarts\n  base_lr: 0.01\n  t_0: 10\n"
+                           "  t_mult: 2\n  eta_min: 1.0e-6\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARM_RESTARTS);
+    assert_int_equal(cfg.lr_scheduler.t_0, 10);
+    assert_int_equal(cfg.lr_scheduler.t_mult, 2);
+    assert_true(cfg.optimizer.muon.lr == 0.01 && cfg.optimizer.adamw.lr == 0.01);
+    assert_string_equal(ht_config_key_spelling(&cfg, "optimizer.adamw_config.adamw_lr"), "lr_scheduler.base_lr");
+    assert_source(&cfg, "optimizer.muon_config.muon_lr", HT_CONFIG_SOURCE_FILE, 3);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_set(&cfg, "lr_scheduler.base_lr=0.02", &err), &err);
+    assert_true(cfg.optimizer.muon.lr == 0.02 && cfg.optimizer.adamw.lr == 0.02);
+    assert_int_equal(ht_config_key_index("lr_scheduler.base_lr"), -1); /* a shared value, not one key */
+
+    /* base_lr and learning_rate in one file: one value named twice, in either order and section spelling. */
+    expect_load_error("both.yaml", "lr_scheduler:\n  learning_rate: 0.001\n  base_lr: 0.002\n",
+                      "both.yaml:3: lr_scheduler.base_lr", "lr_scheduler.learning_rate was already given on line 2",
+                      NULL);
+    expect_load_error("both2.yaml", "lr_schedule:\n  base_lr: 0.002\n  type: CosineAnnealingLR\n  learning_rate: 1\n",
+                      "both2.yaml:4: lr_schedule.learning_rate", "lr_schedule.base_lr was already given on line 2",
+                      NULL);
+
+    /* LearningRateWiseLayer wraps a schedule object per parameter group: refused, saying why. */
+    expect_invalid("wise.yaml", "lr_scheduler:\n  type: LearningRateWiseLayer\n  learning_rate: 0.001\n", 1,
+                   "wise.yaml:2: lr_scheduler.type", "LearningRateWiseLayer is not supported",
+                   "no per-layer parameter groups", NULL);
+
+    /* Bad values name their key. */
+    expect_invalid("t0.yaml", "lr_scheduler:\n  type: CosineAnnealingWarmRestarts\n", 1, "lr_scheduler.t_0 (default)",
+                   "an integer >= 1 for CosineAnnealingWarmRestarts", NULL);
+    expect_invalid("tm.yaml", "lr_scheduler:\n  type: CosineAnnealingWarmRestarts\n  t_0: 5\n  t_mult: 0\n", 1,
+                   "tm.yaml:4: lr_scheduler.t_mult", "an integer >= 1", NULL);
+    expect_invalid("keep.yaml", "lr_scheduler:\n  keep_steps: -1\n  final_steps: -2\n  lr_end1: -1\n  lr_end2: -1\n", 1,
+                   "keep.yaml:2: lr_scheduler.keep_steps", "keep.yaml:3: lr_scheduler.final_steps",
+                   "keep.yaml:4: lr_scheduler.lr_end1", "keep.yaml:5: lr_scheduler.lr_end2", "4 configuration errors",
+                   NULL);
+    expect_invalid("ratio.yaml", "lr_scheduler:\n  decay_ratio: 1.5\n", 1, "ratio.yaml:2: lr_scheduler.decay_ratio",
+                   "a number in [0, 1]", NULL);
+    expect_invalid("nodecay.yaml", "lr_scheduler:\n  type: ConstantWithCoolDownLR\n  keep_steps: 3\n", 1,
+                   "nodecay.yaml:2: lr_scheduler.type", "set lr_scheduler.decay_steps or lr_scheduler.decay_ratio",
+                   NULL);
+    /* For the cosine schedules D = 0 means the whole run: a ratio of no steps is not that. */
+    expect_invalid("tiny.yaml",
+                   "training:\n  steps: 100\nlr_scheduler:\n  type: CosineWithWarmUpLR\n"
+                   "  decay_ratio: 0.001\n",
+                   1, "tiny.yaml:5: lr_scheduler.decay_ratio", "at least one decay step", NULL);
+}
+
 static void test_shared_aliases(void **state) {
     (void)state;
     static ht_config cfg;
@@ -1295,6 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples),
         cmocka_unit_test(test_shared_aliases),
+        cmocka_unit_test(test_mindformers_lr_keys),
         cmocka_unit_test(test_contract_rules),
         cmocka_unit_test(test_log),
         cmocka_unit_test(test_log_section),
