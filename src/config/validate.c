@@ -102,7 +102,7 @@ static void check_new_schedules(report *r) {
         check(r, cfg->lr_scheduler.t_0 >= 1, "lr_scheduler.t_0",
               "an integer >= 1 for CosineAnnealingWarmRestarts (the first cycle's length; MindFormers has no default)");
     else
-        check(r, cfg->lr_scheduler.t_0 >= 0, "lr_scheduler.t_0", "an integer >= 1");
+        check(r, cfg->lr_scheduler.t_0 >= 0, "lr_scheduler.t_0", "an integer >= 1 (0: not given)");
     check(r, cfg->lr_scheduler.t_mult >= 1, "lr_scheduler.t_mult", "an integer >= 1");
     /* MindFormers' LearningRateWiseLayer(base_lr, lr_scale) returns lr_scale * base_lr(global_step), base_lr being
      * another schedule object: its layer-wise lr decay builds one per parameter group in code. */
