@@ -247,46 +247,53 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "  decay_start_ratio: 0.5\n"                                                        /* 61 */
                           "  eta_min: 1.0e-6\n"                                                               /* 62 */
                           "  t_max: 80\n"                                                                     /* 63 */
-                          "training:\n"                                                                       /* 64 */
-                          "  steps: 100\n"                                                                    /* 65 */
-                          "  local_batch_size: 4\n"                                                           /* 66 */
-                          "  global_batch_size: 64\n"                                                         /* 67 */
-                          "  max_norm: 0.5\n"                                                                 /* 68 */
-                          "  seed: 12345678901\n"                                                             /* 69 */
-                          "  deterministic: true\n"                                                           /* 70 */
-                          "  log_interval: 5\n"                                                               /* 71 */
-                          "  eval_interval: 0\n"                                                              /* 72 */
-                          "  eval_batches: 3\n"                                                               /* 73 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 74 */
-                          "  loss_scale_initial: 4096\n"                                                      /* 75 */
-                          "  loss_scale_growth_interval: 200\n"                                               /* 76 */
-                          "  loss_scale_growth_factor: 4\n"                                                   /* 77 */
-                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 78 */
-                          "  loss_scale_hysteresis: 1\n"                                                      /* 79 */
-                          "  loss_scale_min: 2\n"                                                             /* 80 */
-                          "  init_model_with_meta_device: false\n"                                            /* 81 */
-                          "  distributed_timeout_minutes: 2.5\n"                                              /* 82 */
-                          "fsdp_config:\n"                                                                    /* 83 */
-                          "  shard_size: 2\n"                                                                 /* 84 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 85 */
-                          "  reshard_after_forward: false\n"                                                  /* 86 */
-                          "  prefetch: false\n"                                                               /* 87 */
-                          "  mix_precision:\n"                                                                /* 88 */
-                          "    param_dtype: float16\n"                                                        /* 89 */
-                          "    reduce_dtype: bfloat16\n"                                                      /* 90 */
-                          "    output_dtype: float32\n"                                                       /* 91 */
-                          "    cast_forward_inputs: false\n"                                                  /* 92 */
-                          "checkpoint:\n"                                                                     /* 93 */
-                          "  output_dir: runs/full\n"                                                         /* 94 */
-                          "  save_interval: 0\n"                                                              /* 95 */
-                          "  save_optimizer: false\n"                                                         /* 96 */
-                          "  keep_last: 0\n"                                                                  /* 97 */
-                          "  restore_from: latest\n"                                                          /* 98 */
-                          "  restore_optimizer: false\n"                                                      /* 99 */
-                          "  overwrite: true\n"                                                               /* 100 */
-                          "kernels:\n"                                                                        /* 101 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 102 */
-                          "  f16_gemm: widened\n";                                                            /* 103 */
+                          "  decay_ratio: 0.6\n"                                                              /* 64 */
+                          "  keep_steps: 5\n"                                                                 /* 65 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 66 */
+                          "  final_steps: 3\n"                                                                /* 67 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 68 */
+                          "  t_0: 10\n"                                                                       /* 69 */
+                          "  t_mult: 2\n"                                                                     /* 70 */
+                          "training:\n"                                                                       /* 71 */
+                          "  steps: 100\n"                                                                    /* 72 */
+                          "  local_batch_size: 4\n"                                                           /* 73 */
+                          "  global_batch_size: 64\n"                                                         /* 74 */
+                          "  max_norm: 0.5\n"                                                                 /* 75 */
+                          "  seed: 12345678901\n"                                                             /* 76 */
+                          "  deterministic: true\n"                                                           /* 77 */
+                          "  log_interval: 5\n"                                                               /* 78 */
+                          "  eval_interval: 0\n"                                                              /* 79 */
+                          "  eval_batches: 3\n"                                                               /* 80 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 81 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 82 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 83 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 84 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 85 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 86 */
+                          "  loss_scale_min: 2\n"                                                             /* 87 */
+                          "  init_model_with_meta_device: false\n"                                            /* 88 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 89 */
+                          "fsdp_config:\n"                                                                    /* 90 */
+                          "  shard_size: 2\n"                                                                 /* 91 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 92 */
+                          "  reshard_after_forward: false\n"                                                  /* 93 */
+                          "  prefetch: false\n"                                                               /* 94 */
+                          "  mix_precision:\n"                                                                /* 95 */
+                          "    param_dtype: float16\n"                                                        /* 96 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 97 */
+                          "    output_dtype: float32\n"                                                       /* 98 */
+                          "    cast_forward_inputs: false\n"                                                  /* 99 */
+                          "checkpoint:\n"                                                                     /* 100 */
+                          "  output_dir: runs/full\n"                                                         /* 101 */
+                          "  save_interval: 0\n"                                                              /* 102 */
+                          "  save_optimizer: false\n"                                                         /* 103 */
+                          "  keep_last: 0\n"                                                                  /* 104 */
+                          "  restore_from: latest\n"                                                          /* 105 */
+                          "  restore_optimizer: false\n"                                                      /* 106 */
+                          "  overwrite: true\n"                                                               /* 107 */
+                          "kernels:\n"                                                                        /* 108 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 109 */
+                          "  f16_gemm: widened\n";                                                            /* 110 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -351,6 +358,11 @@ static void check_full(const ht_config *cfg) {
     assert_true(cfg->lr_scheduler.decay_start_ratio == 0.5);
     assert_true(cfg->lr_scheduler.eta_min == 1e-6);
     assert_int_equal(cfg->lr_scheduler.t_max, 80);
+    assert_int_equal(cfg->lr_scheduler.keep_steps, 5);
+    assert_true(cfg->lr_scheduler.lr_end1 == 2.0e-6 && cfg->lr_scheduler.lr_end2 == 1.0e-6);
+    assert_int_equal(cfg->lr_scheduler.final_steps, 3);
+    assert_int_equal(cfg->lr_scheduler.t_0, 10);
+    assert_int_equal(cfg->lr_scheduler.t_mult, 2);
     assert_int_equal(cfg->training.steps, 100);
     assert_int_equal(cfg->training.local_batch_size, 4);
     assert_int_equal(cfg->training.global_batch_size, 64);
@@ -404,17 +416,20 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 103);
+        assert_true(line >= 3 && line <= 110);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
     assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
     assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 50);
-    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 80);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 99);
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 87);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 106);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
+    /* decay_ratio was given, so it wins over decay_steps: floor(100 * 0.6). */
+    assert_int_equal(ht_config_decay_steps(&cfg), 60);
+    assert_true(ht_config_lr_end2(&cfg) == 1.0e-6);
 }
 
 /* Every key's formatted value reads back, through --set, as the same value. */
@@ -929,6 +944,90 @@ static void test_dialect_examples(void **state) {
     assert_true(line > 0);
 }
 
+/* MindFormers' ConstantWithCoolDownLR, CosineAnnealingWarmRestarts and LearningRateWiseLayer by name,
+ * base_lr (CosineAnnealingLR's name for learning_rate) and decay_ratio. */
+static void test_mindformers_lr_keys(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("cool.yaml",
+                           "training:\n  steps: 100\nlr_scheduler:\n  type: ConstantWithCoolDownLR\n"
+                           "  learning_rate: 0.002\n  warmup_steps: 10\n  keep_steps: 20\n  decay_ratio: 0.505\n"
+                           "  final_steps: 10\n  lr_end1: 1.0e-5\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_CONSTANT_COOLDOWN);
+    assert_int_equal(cfg.lr_scheduler.keep_steps, 20);
+    assert_int_equal(cfg.lr_scheduler.final_steps, 10);
+    assert_int_equal(ht_config_decay_steps(&cfg), 50); /* floor(100 * 0.505) */
+    assert_true(ht_config_lr_end2(&cfg) == 1.0e-5);    /* lr_end2 not given: lr_end1 */
+    assert_true(cfg.optimizer.muon.lr == 0.002 && cfg.optimizer.adamw.lr == 0.002);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    /* The ratio wins over decay_steps, whichever comes first; decay_steps alone is itself. */
+    assert_ht_ok(load_text("cool2.yaml",
+                           "training:\n  steps: 200\nlr_scheduler:\n  type: ConstantWithCoolDownLR\n"
+                           "  decay_ratio: 0.25\n  decay_steps: 30\n  lr_end2: 0.0\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(ht_config_decay_steps(&cfg), 50);
+    assert_true(ht_config_lr_end2(&cfg) == 0.0 && cfg.lr_scheduler.lr_end1 == 0.0);
+    assert_ht_ok(
+        load_text("cool3.yaml", "lr_scheduler:\n  type: ConstantWithCoolDownLR\n  decay_steps: 30\n", &cfg, &err),
+        &err);
+    assert_int_equal(ht_config_decay_steps(&cfg), 30);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+
+    /* base_lr sets both optimizers' lr, as learning_rate does, in a file and on the command line. */
+    assert_ht_ok(load_text("warm.yaml",
+                           "lr_schedule:\n  type: CosineAnnealingWarmRestarts\n  base_lr: 0.01\n  t_0: 10\n"
+                           "  t_mult: 2\n  eta_min: 1.0e-6\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARM_RESTARTS);
+    assert_int_equal(cfg.lr_scheduler.t_0, 10);
+    assert_int_equal(cfg.lr_scheduler.t_mult, 2);
+    assert_true(cfg.optimizer.muon.lr == 0.01 && cfg.optimizer.adamw.lr == 0.01);
+    assert_string_equal(ht_config_key_spelling(&cfg, "optimizer.adamw_config.adamw_lr"), "lr_scheduler.base_lr");
+    assert_source(&cfg, "optimizer.muon_config.muon_lr", HT_CONFIG_SOURCE_FILE, 3);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    assert_ht_ok(ht_config_set(&cfg, "lr_scheduler.base_lr=0.02", &err), &err);
+    assert_true(cfg.optimizer.muon.lr == 0.02 && cfg.optimizer.adamw.lr == 0.02);
+    assert_int_equal(ht_config_key_index("lr_scheduler.base_lr"), -1); /* a shared value, not one key */
+
+    /* base_lr and learning_rate in one file: one value named twice, in either order and section spelling. */
+    expect_load_error("both.yaml", "lr_scheduler:\n  learning_rate: 0.001\n  base_lr: 0.002\n",
+                      "both.yaml:3: lr_scheduler.base_lr", "lr_scheduler.learning_rate was already given on line 2",
+                      NULL);
+    expect_load_error("both2.yaml", "lr_schedule:\n  base_lr: 0.002\n  type: CosineAnnealingLR\n  learning_rate: 1\n",
+                      "both2.yaml:4: lr_schedule.learning_rate", "lr_schedule.base_lr was already given on line 2",
+                      NULL);
+
+    /* LearningRateWiseLayer wraps a schedule object per parameter group: refused, saying why. */
+    expect_invalid("wise.yaml", "lr_scheduler:\n  type: LearningRateWiseLayer\n  learning_rate: 0.001\n", 1,
+                   "wise.yaml:2: lr_scheduler.type", "LearningRateWiseLayer is not supported",
+                   "no per-layer parameter groups", NULL);
+
+    /* Bad values name their key. */
+    expect_invalid("t0.yaml", "lr_scheduler:\n  type: CosineAnnealingWarmRestarts\n", 1, "lr_scheduler.t_0 (default)",
+                   "an integer >= 1 for CosineAnnealingWarmRestarts", NULL);
+    expect_invalid("tm.yaml", "lr_scheduler:\n  type: CosineAnnealingWarmRestarts\n  t_0: 5\n  t_mult: 0\n", 1,
+                   "tm.yaml:4: lr_scheduler.t_mult", "an integer >= 1", NULL);
+    expect_invalid("keep.yaml", "lr_scheduler:\n  keep_steps: -1\n  final_steps: -2\n  lr_end1: -1\n  lr_end2: -1\n", 1,
+                   "keep.yaml:2: lr_scheduler.keep_steps", "keep.yaml:3: lr_scheduler.final_steps",
+                   "keep.yaml:4: lr_scheduler.lr_end1", "keep.yaml:5: lr_scheduler.lr_end2", "4 configuration errors",
+                   NULL);
+    expect_invalid("ratio.yaml", "lr_scheduler:\n  decay_ratio: 1.5\n", 1, "ratio.yaml:2: lr_scheduler.decay_ratio",
+                   "a number in [0, 1]", NULL);
+    expect_invalid("nodecay.yaml", "lr_scheduler:\n  type: ConstantWithCoolDownLR\n  keep_steps: 3\n", 1,
+                   "nodecay.yaml:2: lr_scheduler.type", "set lr_scheduler.decay_steps or lr_scheduler.decay_ratio",
+                   NULL);
+    /* For the cosine schedules D = 0 means the whole run: a ratio of no steps is not that. */
+    expect_invalid("tiny.yaml",
+                   "training:\n  steps: 100\nlr_scheduler:\n  type: CosineWithWarmUpLR\n"
+                   "  decay_ratio: 0.001\n",
+                   1, "tiny.yaml:5: lr_scheduler.decay_ratio", "at least one decay step", NULL);
+}
+
 static void test_shared_aliases(void **state) {
     (void)state;
     static ht_config cfg;
@@ -1280,6 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples),
         cmocka_unit_test(test_shared_aliases),
+        cmocka_unit_test(test_mindformers_lr_keys),
         cmocka_unit_test(test_contract_rules),
         cmocka_unit_test(test_log),
         cmocka_unit_test(test_log_section),

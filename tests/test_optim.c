@@ -353,11 +353,84 @@ static void test_lr_schedules_vs_table(void **state) {
             points++;
         }
     }
-    for (int t = 0; t < HT_LR_TYPE_COUNT; t++)
+    for (int t = 0; t <= HT_LR_COSINE_ANNEALING; t++) /* NUMERICS.md's seven; the rest: mindformers_lr.json */
         if (seen[t] < 2) fail_msg("%s: only %d cases in the table", ht_lr_type_name((ht_lr_type)t), seen[t]);
     ht_lr_type unused;
     assert_false(ht_lr_type_from_name("cosine", &unused));
     printf("# LR schedules: %d points in %zu cases, max rel err %.3g\n", points, cases->count, worst);
+    ht_json_free(root);
+    free(text);
+}
+
+static double json_number(const ht_json *j, const char *key) {
+    const ht_json *v = ht_json_get(j, key);
+    if (!v) fail_msg("mindformers_lr.json: a case without %s", key);
+    return v->number;
+}
+
+/* Every schedule, NUMERICS.md's seven and MindFormers' three more, vs mindformers_lr.json: MindFormers'
+ * lr_schedule.py transcribed into Python (tools/reference/make_lr_fixtures.py), 1e-12 relative. */
+static void test_lr_schedules_vs_mindformers(void **state) {
+    (void)state;
+    ht_error err;
+    char *text;
+    size_t len;
+    ht_json *root;
+    assert_ht_ok(ht_read_file(fixture_path("lr/mindformers_lr.json"), &text, &len, &err), &err);
+    assert_ht_ok(ht_json_parse(text, len, "mindformers_lr.json", &root, &err), &err);
+    const ht_json *cases = ht_json_get(root, "cases");
+    assert_non_null(cases);
+    int seen[HT_LR_TYPE_COUNT] = {0}, points = 0;
+    double worst = 0;
+    for (size_t c = 0; c < cases->count; c++) {
+        const ht_json *j = &cases->items[c];
+        const char *type = ht_json_get(j, "type")->string;
+        ht_lr_schedule sc = {
+            .base_lr = json_number(j, "base_lr"),
+            .warmup_lr_init = json_number(j, "warmup_lr_init"),
+            .lr_end = json_number(j, "lr_end"),
+            .total_steps = (int64_t)json_number(j, "total_steps"),
+            .warmup_steps = (int64_t)json_number(j, "warmup_steps"),
+            .num_cycles = json_number(j, "num_cycles"),
+            .decay_steps = (int64_t)json_number(j, "decay_steps"),
+            .power = json_number(j, "power"),
+            .decay_start = (int64_t)json_number(j, "decay_start"),
+            .eta_min = json_number(j, "eta_min"),
+            .t_max = (int64_t)json_number(j, "t_max"),
+            .keep_steps = (int64_t)json_number(j, "keep_steps"),
+            .final_steps = (int64_t)json_number(j, "final_steps"),
+            .lr_end1 = json_number(j, "lr_end1"),
+            .lr_end2 = json_number(j, "lr_end2"),
+            .t_0 = (int64_t)json_number(j, "t_0"),
+            .t_mult = (int64_t)json_number(j, "t_mult"),
+            .lr_scale = json_number(j, "lr_scale"),
+        };
+        assert_true(ht_lr_type_from_name(type, &sc.type));
+        assert_string_equal(ht_lr_type_name(sc.type), type);
+        assert_true(ht_lr_type_from_name(ht_json_get(j, "wrapped")->string, &sc.wrapped));
+        seen[sc.type]++;
+        const ht_json *steps = ht_json_get(j, "steps"), *lrs = ht_json_get(j, "lr");
+        assert_int_equal(steps->count, lrs->count);
+        for (size_t i = 0; i < steps->count; i++) {
+            int64_t s = (int64_t)steps->items[i].number;
+            double want = lrs->items[i].number, got = ht_lr_at(&sc, s);
+            double scale = fmax(fabs(want), 1e-6 * sc.base_lr); /* relative, floored for lr = 0 */
+            double e = fabs(got - want) / scale;
+            if (!(e <= 1e-12))
+                fail_msg("case %zu %s (T %lld, W %lld): step %lld lr %.17g, want %.17g", c, type,
+                         (long long)sc.total_steps, (long long)sc.warmup_steps, (long long)s, got, want);
+            if (e > worst) worst = e;
+            points++;
+        }
+    }
+    for (int t = 0; t < HT_LR_TYPE_COUNT; t++)
+        if (seen[t] < 2) fail_msg("%s: only %d cases in mindformers_lr.json", ht_lr_type_name((ht_lr_type)t), seen[t]);
+    /* A wrapper around itself, or a restart schedule without a first cycle, is no schedule. */
+    ht_lr_schedule bad = {.type = HT_LR_WISE_LAYER, .wrapped = HT_LR_WISE_LAYER, .base_lr = 1e-3, .lr_scale = 1};
+    assert_true(isnan(ht_lr_at(&bad, 0)));
+    bad = (ht_lr_schedule){.type = HT_LR_COSINE_WARM_RESTARTS, .base_lr = 1e-3, .t_0 = 0, .t_mult = 1};
+    assert_true(isnan(ht_lr_at(&bad, 5)));
+    printf("# MindFormers LR schedules: %d points in %zu cases, max rel err %.3g\n", points, cases->count, worst);
     ht_json_free(root);
     free(text);
 }
@@ -469,10 +542,15 @@ static void test_glob_match(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw_fp32_vs_torch),       cmocka_unit_test(test_adamw_bf16_master_vs_torch),
-        cmocka_unit_test(test_adamw_kernel_bitwise),      cmocka_unit_test(test_adamw_no_wd_routing),
-        cmocka_unit_test(test_lr_schedules_vs_table),     cmocka_unit_test(test_clip_vs_torch),
-        cmocka_unit_test(test_grad_norm_names_nonfinite), cmocka_unit_test(test_glob_match),
+        cmocka_unit_test(test_adamw_fp32_vs_torch),
+        cmocka_unit_test(test_adamw_bf16_master_vs_torch),
+        cmocka_unit_test(test_adamw_kernel_bitwise),
+        cmocka_unit_test(test_adamw_no_wd_routing),
+        cmocka_unit_test(test_lr_schedules_vs_table),
+        cmocka_unit_test(test_lr_schedules_vs_mindformers),
+        cmocka_unit_test(test_clip_vs_torch),
+        cmocka_unit_test(test_grad_norm_names_nonfinite),
+        cmocka_unit_test(test_glob_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,13 +38,16 @@ typedef enum ht_config_optimizer {
 
 /* The seven schedules of NUMERICS.md, in its order. */
 typedef enum ht_config_lr_schedule {
-    HT_CONFIG_LR_CONSTANT_WARMUP = 0, /* ConstantWarmUpLR */
-    HT_CONFIG_LR_LINEAR_WARMUP,       /* LinearWithWarmUpLR */
-    HT_CONFIG_LR_COSINE_WARMUP,       /* CosineWithWarmUpLR */
-    HT_CONFIG_LR_COSINE_RESTARTS,     /* CosineWithRestartsAndWarmUpLR */
-    HT_CONFIG_LR_POLYNOMIAL_WARMUP,   /* PolynomialWithWarmUpLR */
-    HT_CONFIG_LR_WARMUP_STABLE_DECAY, /* WarmUpStableDecayLR */
-    HT_CONFIG_LR_COSINE_ANNEALING,    /* CosineAnnealingLR */
+    HT_CONFIG_LR_CONSTANT_WARMUP = 0,  /* ConstantWarmUpLR */
+    HT_CONFIG_LR_LINEAR_WARMUP,        /* LinearWithWarmUpLR */
+    HT_CONFIG_LR_COSINE_WARMUP,        /* CosineWithWarmUpLR */
+    HT_CONFIG_LR_COSINE_RESTARTS,      /* CosineWithRestartsAndWarmUpLR */
+    HT_CONFIG_LR_POLYNOMIAL_WARMUP,    /* PolynomialWithWarmUpLR */
+    HT_CONFIG_LR_WARMUP_STABLE_DECAY,  /* WarmUpStableDecayLR */
+    HT_CONFIG_LR_COSINE_ANNEALING,     /* CosineAnnealingLR */
+    HT_CONFIG_LR_CONSTANT_COOLDOWN,    /* ConstantWithCoolDownLR */
+    HT_CONFIG_LR_COSINE_WARM_RESTARTS, /* CosineAnnealingWarmRestarts */
+    HT_CONFIG_LR_WISE_LAYER,           /* LearningRateWiseLayer: named only to be refused (validate.c says why) */
 } ht_config_lr_schedule;
 
 typedef enum ht_config_ns_variant {
@@ -132,12 +135,19 @@ typedef struct ht_config {
         double warmup_lr_init;
         double lr_end;
         double num_cycles;
-        int decay_steps; /* 0: T (cosine) or T - W (polynomial) */
+        int decay_steps;    /* 0: T (cosine) or T - W (polynomial); resolved by ht_config_decay_steps */
+        double decay_ratio; /* wins over decay_steps when given: ht_config_decay_steps */
         double power;
         int decay_start_steps; /* WarmUpStableDecayLR: wins over decay_start_ratio when given */
         double decay_start_ratio;
         double eta_min;
-        int t_max; /* CosineAnnealingLR; 0: T */
+        int t_max;       /* CosineAnnealingLR; 0: T */
+        int keep_steps;  /* ConstantWithCoolDownLR */
+        double lr_end1;  /* ConstantWithCoolDownLR */
+        int final_steps; /* ConstantWithCoolDownLR */
+        double lr_end2;  /* ConstantWithCoolDownLR; not given: lr_end1 (ht_config_lr_end2) */
+        int t_0;         /* CosineAnnealingWarmRestarts */
+        int t_mult;      /* CosineAnnealingWarmRestarts */
     } lr_scheduler;
 
     struct {
@@ -250,6 +260,11 @@ bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, si
 int ht_config_warmup_steps(const ht_config *cfg);
 /* S of WarmUpStableDecayLR: decay_start_steps if given, else floor(steps * decay_start_ratio). */
 int ht_config_decay_start_steps(const ht_config *cfg);
+/* D: floor(steps * decay_ratio) if decay_ratio was given, else decay_steps (as MindFormers
+ * resolves warmup_ratio / warmup_steps, the ratio wins). */
+int ht_config_decay_steps(const ht_config *cfg);
+/* ConstantWithCoolDownLR's lr_end2: its value if given, else lr_end1 (MindFormers: None). */
+double ht_config_lr_end2(const ht_config *cfg);
 
 #ifdef __cplusplus
 }

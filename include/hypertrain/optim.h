@@ -196,13 +196,16 @@ double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms
 /* ---------------------------------------------------------------- LR schedules */
 
 typedef enum ht_lr_type {
-    HT_LR_CONSTANT_WARMUP = 0, /* ConstantWarmUpLR */
-    HT_LR_LINEAR_WARMUP,       /* LinearWithWarmUpLR */
-    HT_LR_COSINE_WARMUP,       /* CosineWithWarmUpLR */
-    HT_LR_COSINE_RESTARTS,     /* CosineWithRestartsAndWarmUpLR */
-    HT_LR_POLYNOMIAL_WARMUP,   /* PolynomialWithWarmUpLR */
-    HT_LR_WSD,                 /* WarmUpStableDecayLR */
-    HT_LR_COSINE_ANNEALING,    /* CosineAnnealingLR */
+    HT_LR_CONSTANT_WARMUP = 0,  /* ConstantWarmUpLR */
+    HT_LR_LINEAR_WARMUP,        /* LinearWithWarmUpLR */
+    HT_LR_COSINE_WARMUP,        /* CosineWithWarmUpLR */
+    HT_LR_COSINE_RESTARTS,      /* CosineWithRestartsAndWarmUpLR */
+    HT_LR_POLYNOMIAL_WARMUP,    /* PolynomialWithWarmUpLR */
+    HT_LR_WSD,                  /* WarmUpStableDecayLR */
+    HT_LR_COSINE_ANNEALING,     /* CosineAnnealingLR */
+    HT_LR_CONSTANT_COOLDOWN,    /* ConstantWithCoolDownLR */
+    HT_LR_COSINE_WARM_RESTARTS, /* CosineAnnealingWarmRestarts */
+    HT_LR_WISE_LAYER,           /* LearningRateWiseLayer: lr_scale times the schedule `wrapped` */
     HT_LR_TYPE_COUNT
 } ht_lr_type;
 
@@ -211,14 +214,20 @@ typedef struct ht_lr_schedule {
     double base_lr;        /* η */
     double warmup_lr_init; /* lr at step 0 of warmup */
     double lr_end;
-    int64_t total_steps;  /* T = training.steps */
-    int64_t warmup_steps; /* W, already resolved from warmup_ratio */
-    double num_cycles;    /* cosine: 0.5 = a half cosine down to lr_end */
-    int64_t decay_steps;  /* cosine D (0 = T) / polynomial D (0 = T − W) */
-    double power;         /* polynomial */
-    int64_t decay_start;  /* WSD: S, already resolved from decay_start_ratio */
-    double eta_min;       /* CosineAnnealingLR */
-    int64_t t_max;        /* CosineAnnealingLR; 0 = T */
+    int64_t total_steps;     /* T = training.steps */
+    int64_t warmup_steps;    /* W, already resolved from warmup_ratio */
+    double num_cycles;       /* cosine: 0.5 = a half cosine down to lr_end */
+    int64_t decay_steps;     /* cosine D (0 = T) / polynomial D (0 = T − W) */
+    double power;            /* polynomial */
+    int64_t decay_start;     /* WSD: S, already resolved from decay_start_ratio */
+    double eta_min;          /* CosineAnnealingLR */
+    int64_t t_max;           /* CosineAnnealingLR; 0 = T */
+    int64_t keep_steps;      /* ConstantWithCoolDownLR: steps held at η after warmup */
+    int64_t final_steps;     /* ConstantWithCoolDownLR: steps held at lr_end1 after the decay (D = decay_steps) */
+    double lr_end1, lr_end2; /* ConstantWithCoolDownLR; lr_end2 already resolved (MindFormers: None = lr_end1) */
+    int64_t t_0, t_mult;     /* CosineAnnealingWarmRestarts, both >= 1 */
+    double lr_scale;         /* LearningRateWiseLayer */
+    ht_lr_type wrapped;      /* LearningRateWiseLayer: the base schedule (any type but LearningRateWiseLayer) */
 } ht_lr_schedule;
 
 const char *ht_lr_type_name(ht_lr_type type);

@@ -63,6 +63,9 @@ static const enum_name LR_SCHEDULES[] = {
     {"PolynomialWithWarmUpLR", HT_CONFIG_LR_POLYNOMIAL_WARMUP, false},
     {"WarmUpStableDecayLR", HT_CONFIG_LR_WARMUP_STABLE_DECAY, false},
     {"CosineAnnealingLR", HT_CONFIG_LR_COSINE_ANNEALING, false},
+    {"ConstantWithCoolDownLR", HT_CONFIG_LR_CONSTANT_COOLDOWN, false},
+    {"CosineAnnealingWarmRestarts", HT_CONFIG_LR_COSINE_WARM_RESTARTS, false},
+    {"LearningRateWiseLayer", HT_CONFIG_LR_WISE_LAYER, false},
     {NULL, 0, false},
 };
 static const enum_name NS_VARIANTS[] = {
@@ -189,11 +192,18 @@ static const key_desc KEYS[] = {
     FLT("lr_scheduler.lr_end", lr_scheduler.lr_end, "0.0"),
     FLT("lr_scheduler.num_cycles", lr_scheduler.num_cycles, "0.5"),
     INT("lr_scheduler.decay_steps", lr_scheduler.decay_steps, "0"),
+    FLT("lr_scheduler.decay_ratio", lr_scheduler.decay_ratio, "0.0"),
     FLT("lr_scheduler.power", lr_scheduler.power, "1.0"),
     INT("lr_scheduler.decay_start_steps", lr_scheduler.decay_start_steps, "0"),
     FLT("lr_scheduler.decay_start_ratio", lr_scheduler.decay_start_ratio, "0.8"),
     FLT("lr_scheduler.eta_min", lr_scheduler.eta_min, "0.0"),
     INT("lr_scheduler.t_max", lr_scheduler.t_max, "0"),
+    INT("lr_scheduler.keep_steps", lr_scheduler.keep_steps, "0"),
+    FLT("lr_scheduler.lr_end1", lr_scheduler.lr_end1, "0.0"),
+    INT("lr_scheduler.final_steps", lr_scheduler.final_steps, "0"),
+    FLT("lr_scheduler.lr_end2", lr_scheduler.lr_end2, "0.0"),
+    INT("lr_scheduler.t_0", lr_scheduler.t_0, "0"),
+    INT("lr_scheduler.t_mult", lr_scheduler.t_mult, "1"),
     REJECT_BUT_AUTO("lr_scheduler.total_steps", TOTAL_STEPS_MSG),
 
     INT("training.steps", training.steps, "1000"),
@@ -265,6 +275,9 @@ static const key_alias ALIASES[] = {
     /* MindFormers: one learning rate and one weight decay drive Muon and AdamW
      * alike (Muon's step is scaled by matched_adamw_rms to match AdamW's). */
     SHARED("lr_scheduler.learning_rate", "optimizer.muon_config.muon_lr", "optimizer.adamw_config.adamw_lr"),
+    /* MindFormers' CosineAnnealingLR (and CosineAnnealingWarmRestarts) name it base_lr; both in one file is an error.
+     */
+    SHARED("lr_scheduler.base_lr", "optimizer.muon_config.muon_lr", "optimizer.adamw_config.adamw_lr"),
     SHARED("optimizer.weight_decay", "optimizer.muon_config.muon_weight_decay",
            "optimizer.adamw_config.adamw_weight_decay"),
     /* MindFormers has no variant key: coefficients given mean a custom schedule. */
@@ -909,7 +922,22 @@ typedef struct loader {
     origin origin;
     int seen_line[HT_CONFIG_MAX_KEYS]; /* where this file set each key by one of its names, for duplicates */
     char seen_as[HT_CONFIG_MAX_KEYS][256];
+    int alias_line[N_ALIASES]; /* where this file used each alias, for two names of one shared value */
+    char alias_as[N_ALIASES][256];
 } loader;
+
+/* Another alias for the same shared value as alias a (learning_rate and base_lr) already used in this file. */
+static int seen_same_shared(const loader *L, int a) {
+    const key_alias *A = &ALIASES[a];
+    if (A->key || !A->shared[0]) return -1;
+    for (int b = 0; b < N_ALIASES; b++) {
+        const key_alias *B = &ALIASES[b];
+        if (b != a && L->alias_line[b] && !B->key && B->shared[0] && strcmp(A->shared[0], B->shared[0]) == 0 &&
+            strcmp(A->shared[1] ? A->shared[1] : "", B->shared[1] ? B->shared[1] : "") == 0)
+            return b;
+    }
+    return -1;
+}
 
 static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *prefix, ht_error *err) {
     char where[HT_CONFIG_STR_MAX + 64];
@@ -946,9 +974,19 @@ static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *pre
             if (i >= 0 && L->seen_line[i])
                 return ht_fail(err, HT_ERR_CONFIG, "%s%s: duplicate key: %s was already set on line %d as %s", where,
                                path, KEYS[i].path, L->seen_line[i], L->seen_as[i]);
+            int other = a >= 0 ? seen_same_shared(L, a) : -1;
+            if (other >= 0)
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "%s%s: %s was already given on line %d; they are two names for one value (the "
+                               "schedule's base lr), give one of them",
+                               where, path, L->alias_as[other], L->alias_line[other]);
             ht_status st = a >= 0 ? assign_alias(L->cfg, a, L->doc, value, node_line(key), &L->origin, err)
                                   : assign(L->cfg, i, L->doc, value, node_line(key), &L->origin, -1, err);
             if (st != HT_OK) return st;
+            if (a >= 0) {
+                L->alias_line[a] = node_line(key);
+                snprintf(L->alias_as[a], sizeof(L->alias_as[a]), "%s", path);
+            }
             if (i >= 0) {
                 L->seen_line[i] = node_line(key);
                 snprintf(L->seen_as[i], sizeof(L->seen_as[i]), "%s", path);
@@ -1410,6 +1448,18 @@ int ht_config_warmup_steps(const ht_config *cfg) {
     if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT)
         return (int)floor((double)cfg->training.steps * cfg->lr_scheduler.warmup_ratio);
     return cfg->lr_scheduler.warmup_steps;
+}
+
+int ht_config_decay_steps(const ht_config *cfg) {
+    int i = ht_config_key_index("lr_scheduler.decay_ratio");
+    if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT)
+        return (int)floor((double)cfg->training.steps * cfg->lr_scheduler.decay_ratio);
+    return cfg->lr_scheduler.decay_steps;
+}
+
+double ht_config_lr_end2(const ht_config *cfg) {
+    int i = ht_config_key_index("lr_scheduler.lr_end2");
+    return cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT ? cfg->lr_scheduler.lr_end2 : cfg->lr_scheduler.lr_end1;
 }
 
 int ht_config_decay_start_steps(const ht_config *cfg) {

@@ -67,6 +67,55 @@ static void check_polynomial(report *r, const char *lr_key, double lr) {
         at(cfg, "lr_scheduler.lr_end", b, sizeof(b)));
 }
 
+static bool given(const ht_config *cfg, const char *key) {
+    int line = 0;
+    return ht_config_key_source(cfg, key, &line) != HT_CONFIG_SOURCE_DEFAULT;
+}
+
+/* decay_ratio, ConstantWithCoolDownLR, CosineAnnealingWarmRestarts and LearningRateWiseLayer
+ * (mindformers/core/lr/lr_schedule.py: what MindFormers refuses, and what hypertrain cannot do). */
+static void check_new_schedules(report *r) {
+    const ht_config *cfg = r->cfg;
+    const ht_config_lr_schedule type = cfg->lr_scheduler.type;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    double ratio = cfg->lr_scheduler.decay_ratio;
+    check(r, ratio >= 0 && ratio <= 1, "lr_scheduler.decay_ratio", "a number in [0, 1]");
+    /* For the cosine and polynomial schedules a D of 0 means "the default"; a ratio giving 0 steps would
+     * silently mean the whole run. */
+    bool zero_means_default = type == HT_CONFIG_LR_COSINE_WARMUP || type == HT_CONFIG_LR_COSINE_RESTARTS ||
+                              type == HT_CONFIG_LR_POLYNOMIAL_WARMUP;
+    if (given(cfg, "lr_scheduler.decay_ratio") && ratio >= 0 && ratio <= 1 && zero_means_default &&
+        cfg->training.steps > 0)
+        check(r, ht_config_decay_steps(cfg) >= 1, "lr_scheduler.decay_ratio",
+              "a ratio giving at least one decay step (floor(training.steps * decay_ratio) >= 1)");
+    check(r, cfg->lr_scheduler.keep_steps >= 0, "lr_scheduler.keep_steps", "an integer >= 0");
+    check(r, cfg->lr_scheduler.final_steps >= 0, "lr_scheduler.final_steps", "an integer >= 0");
+    check(r, cfg->lr_scheduler.lr_end1 >= 0, "lr_scheduler.lr_end1", "a number >= 0");
+    check(r, cfg->lr_scheduler.lr_end2 >= 0, "lr_scheduler.lr_end2", "a number >= 0 (not given: lr_end1)");
+    if (type == HT_CONFIG_LR_CONSTANT_COOLDOWN && !given(cfg, "lr_scheduler.decay_steps") &&
+        !given(cfg, "lr_scheduler.decay_ratio"))
+        add(r,
+            "%s: ConstantWithCoolDownLR needs the length of its cosine phase: set lr_scheduler.decay_steps or "
+            "lr_scheduler.decay_ratio (MindFormers has no default for it)",
+            at(cfg, "lr_scheduler.type", a, sizeof(a)));
+    if (type == HT_CONFIG_LR_COSINE_WARM_RESTARTS)
+        check(r, cfg->lr_scheduler.t_0 >= 1, "lr_scheduler.t_0",
+              "an integer >= 1 for CosineAnnealingWarmRestarts (the first cycle's length; MindFormers has no default)");
+    else
+        check(r, cfg->lr_scheduler.t_0 >= 0, "lr_scheduler.t_0", "an integer >= 1 (0: not given)");
+    check(r, cfg->lr_scheduler.t_mult >= 1, "lr_scheduler.t_mult", "an integer >= 1");
+    /* MindFormers' LearningRateWiseLayer(base_lr, lr_scale) returns lr_scale * base_lr(global_step), base_lr being
+     * another schedule object: its layer-wise lr decay builds one per parameter group in code. */
+    if (type == HT_CONFIG_LR_WISE_LAYER)
+        add(r,
+            "%s: LearningRateWiseLayer is not supported as a configured schedule: MindFormers' LearningRateWiseLayer "
+            "wraps another schedule object (its base_lr) and multiplies it by a per-layer lr_scale, one instance per "
+            "parameter group built by layer-wise lr decay code; hypertrain has no per-layer parameter groups, and "
+            "its lr_scheduler.base_lr is a number (%s), not a schedule. Use the base schedule as lr_scheduler.type "
+            "and scale its learning_rate instead",
+            at(cfg, "lr_scheduler.type", a, sizeof(a)), at(cfg, "optimizer.adamw_config.adamw_lr", b, sizeof(b)));
+}
+
 /* muon_ns_coefficients (NUMERICS.md, custom / segmented): finite, and not shorter than ns_steps. */
 static void check_ns_coefficients(report *r) {
     const ht_config *cfg = r->cfg;
@@ -222,10 +271,11 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->lr_scheduler.decay_start_ratio >= 0 && cfg->lr_scheduler.decay_start_ratio <= 1,
           "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
     check(&r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
+    check_new_schedules(&r);
     /* PolynomialWithWarmUpLR runs (1 - (s - W)/D)^power up to s = T: with W + D < T the base turns negative
      * (a negative lr, or NaN for a fractional power), so D must cover the rest of the run. */
-    if (cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP && cfg->lr_scheduler.decay_steps > 0)
-        check(&r, ht_config_warmup_steps(cfg) + cfg->lr_scheduler.decay_steps >= cfg->training.steps,
+    if (cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP && ht_config_decay_steps(cfg) > 0)
+        check(&r, ht_config_warmup_steps(cfg) + ht_config_decay_steps(cfg) >= cfg->training.steps,
               "lr_scheduler.decay_steps",
               "at least training.steps minus the warmup steps for PolynomialWithWarmUpLR (past W + D its formula "
               "goes negative)");

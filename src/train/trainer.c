@@ -230,7 +230,10 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
 
 _Static_assert((int)HT_CONFIG_LR_CONSTANT_WARMUP == (int)HT_LR_CONSTANT_WARMUP &&
                    (int)HT_CONFIG_LR_COSINE_ANNEALING == (int)HT_LR_COSINE_ANNEALING &&
-                   (int)HT_CONFIG_LR_WARMUP_STABLE_DECAY == (int)HT_LR_WSD,
+                   (int)HT_CONFIG_LR_WARMUP_STABLE_DECAY == (int)HT_LR_WSD &&
+                   (int)HT_CONFIG_LR_CONSTANT_COOLDOWN == (int)HT_LR_CONSTANT_COOLDOWN &&
+                   (int)HT_CONFIG_LR_COSINE_WARM_RESTARTS == (int)HT_LR_COSINE_WARM_RESTARTS &&
+                   (int)HT_CONFIG_LR_WISE_LAYER == (int)HT_LR_WISE_LAYER,
                "the config's and the optimizer's schedule enums must follow NUMERICS.md's order");
 
 static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
@@ -242,11 +245,18 @@ static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr
     sc->total_steps = c->training.steps;
     sc->warmup_steps = ht_config_warmup_steps(c);
     sc->num_cycles = c->lr_scheduler.num_cycles;
-    sc->decay_steps = c->lr_scheduler.decay_steps;
+    sc->decay_steps = ht_config_decay_steps(c);
     sc->power = c->lr_scheduler.power;
     sc->decay_start = ht_config_decay_start_steps(c);
     sc->eta_min = c->lr_scheduler.eta_min;
     sc->t_max = c->lr_scheduler.t_max;
+    sc->keep_steps = c->lr_scheduler.keep_steps;
+    sc->final_steps = c->lr_scheduler.final_steps;
+    sc->lr_end1 = c->lr_scheduler.lr_end1;
+    sc->lr_end2 = ht_config_lr_end2(c);
+    sc->t_0 = c->lr_scheduler.t_0;
+    sc->t_mult = c->lr_scheduler.t_mult;
+    /* LearningRateWiseLayer is refused by ht_config_validate (no schedule to wrap); lr_scale stays 0. */
 }
 
 /* The strings of a config list as the const char * array the optimizer takes. */
