@@ -184,7 +184,7 @@ static void test_default_yaml(void **state) {
 
 /* ---------------------------------------------------------------- a full file */
 
-static const char *FULL = "# every section and key, none at its default\n"
+static const char *FULL = "# every section and key, none at its default\n"                                    /* 1 */
                           "model:\n"                                                                          /* 2 */
                           "  name: llama\n"                                                                   /* 3 */
                           "  from_pretrained: /models/tiny\n"                                                 /* 4 */
@@ -233,67 +233,71 @@ static const char *FULL = "# every section and key, none at its default\n"
                           "    adamw_eps: 1.0e-6\n"                                                           /* 47 */
                           "    no_weight_decay:\n"                                                            /* 48 */
                           "      - \"*bias*\"\n"                                                              /* 49 */
-                          "  stochastic_rounding: true\n"                                                     /* 50 */
-                          "lr_scheduler:\n"                                                                   /* 51 */
-                          "  type: WarmUpStableDecayLR\n"                                                     /* 52 */
-                          "  warmup_ratio: 0.1\n"                                                             /* 53 */
-                          "  warmup_steps: 7\n"                                                               /* 54 */
-                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 55 */
-                          "  lr_end: 1.0e-5\n"                                                                /* 56 */
-                          "  num_cycles: 2\n"                                                                 /* 57 */
-                          "  decay_steps: 90\n"                                                               /* 58 */
-                          "  power: 2.0\n"                                                                    /* 59 */
-                          "  decay_start_steps: 60\n"                                                         /* 60 */
-                          "  decay_start_ratio: 0.5\n"                                                        /* 61 */
-                          "  eta_min: 1.0e-6\n"                                                               /* 62 */
-                          "  t_max: 80\n"                                                                     /* 63 */
-                          "  decay_ratio: 0.6\n"                                                              /* 64 */
-                          "  keep_steps: 5\n"                                                                 /* 65 */
-                          "  lr_end1: 2.0e-6\n"                                                               /* 66 */
-                          "  final_steps: 3\n"                                                                /* 67 */
-                          "  lr_end2: 1.0e-6\n"                                                               /* 68 */
-                          "  t_0: 10\n"                                                                       /* 69 */
-                          "  t_mult: 2\n"                                                                     /* 70 */
-                          "training:\n"                                                                       /* 71 */
-                          "  steps: 100\n"                                                                    /* 72 */
-                          "  local_batch_size: 4\n"                                                           /* 73 */
-                          "  global_batch_size: 64\n"                                                         /* 74 */
-                          "  max_norm: 0.5\n"                                                                 /* 75 */
-                          "  seed: 12345678901\n"                                                             /* 76 */
-                          "  deterministic: true\n"                                                           /* 77 */
-                          "  log_interval: 5\n"                                                               /* 78 */
-                          "  eval_interval: 0\n"                                                              /* 79 */
-                          "  eval_batches: 3\n"                                                               /* 80 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 81 */
-                          "  loss_scale_initial: 4096\n"                                                      /* 82 */
-                          "  loss_scale_growth_interval: 200\n"                                               /* 83 */
-                          "  loss_scale_growth_factor: 4\n"                                                   /* 84 */
-                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 85 */
-                          "  loss_scale_hysteresis: 1\n"                                                      /* 86 */
-                          "  loss_scale_min: 2\n"                                                             /* 87 */
-                          "  init_model_with_meta_device: false\n"                                            /* 88 */
-                          "  distributed_timeout_minutes: 2.5\n"                                              /* 89 */
-                          "fsdp_config:\n"                                                                    /* 90 */
-                          "  shard_size: 2\n"                                                                 /* 91 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 92 */
-                          "  reshard_after_forward: false\n"                                                  /* 93 */
-                          "  prefetch: false\n"                                                               /* 94 */
-                          "  mix_precision:\n"                                                                /* 95 */
-                          "    param_dtype: float16\n"                                                        /* 96 */
-                          "    reduce_dtype: bfloat16\n"                                                      /* 97 */
-                          "    output_dtype: float32\n"                                                       /* 98 */
-                          "    cast_forward_inputs: false\n"                                                  /* 99 */
-                          "checkpoint:\n"                                                                     /* 100 */
-                          "  output_dir: runs/full\n"                                                         /* 101 */
-                          "  save_interval: 0\n"                                                              /* 102 */
-                          "  save_optimizer: false\n"                                                         /* 103 */
-                          "  keep_last: 0\n"                                                                  /* 104 */
-                          "  restore_from: latest\n"                                                          /* 105 */
-                          "  restore_optimizer: false\n"                                                      /* 106 */
-                          "  overwrite: true\n"                                                               /* 107 */
-                          "kernels:\n"                                                                        /* 108 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 109 */
-                          "  f16_gemm: widened\n";                                                            /* 110 */
+                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 50 */
+                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 51 */
+                          "  stochastic_rounding: true\n"                                                     /* 52 */
+                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 53 */
+                          "  use_fused_adamw: true\n"                                                         /* 54 */
+                          "lr_scheduler:\n"                                                                   /* 55 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 56 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 57 */
+                          "  warmup_steps: 7\n"                                                               /* 58 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 59 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 60 */
+                          "  num_cycles: 2\n"                                                                 /* 61 */
+                          "  decay_steps: 90\n"                                                               /* 62 */
+                          "  power: 2.0\n"                                                                    /* 63 */
+                          "  decay_start_steps: 60\n"                                                         /* 64 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 65 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 66 */
+                          "  t_max: 80\n"                                                                     /* 67 */
+                          "  decay_ratio: 0.6\n"                                                              /* 68 */
+                          "  keep_steps: 5\n"                                                                 /* 69 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 70 */
+                          "  final_steps: 3\n"                                                                /* 71 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 72 */
+                          "  t_0: 10\n"                                                                       /* 73 */
+                          "  t_mult: 2\n"                                                                     /* 74 */
+                          "training:\n"                                                                       /* 75 */
+                          "  steps: 100\n"                                                                    /* 76 */
+                          "  local_batch_size: 4\n"                                                           /* 77 */
+                          "  global_batch_size: 64\n"                                                         /* 78 */
+                          "  max_norm: 0.5\n"                                                                 /* 79 */
+                          "  seed: 12345678901\n"                                                             /* 80 */
+                          "  deterministic: true\n"                                                           /* 81 */
+                          "  log_interval: 5\n"                                                               /* 82 */
+                          "  eval_interval: 0\n"                                                              /* 83 */
+                          "  eval_batches: 3\n"                                                               /* 84 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 85 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 86 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 87 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 88 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 89 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 90 */
+                          "  loss_scale_min: 2\n"                                                             /* 91 */
+                          "  init_model_with_meta_device: false\n"                                            /* 92 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 93 */
+                          "fsdp_config:\n"                                                                    /* 94 */
+                          "  shard_size: 2\n"                                                                 /* 95 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 96 */
+                          "  reshard_after_forward: false\n"                                                  /* 97 */
+                          "  prefetch: false\n"                                                               /* 98 */
+                          "  mix_precision:\n"                                                                /* 99 */
+                          "    param_dtype: float16\n"                                                        /* 100 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 101 */
+                          "    output_dtype: float32\n"                                                       /* 102 */
+                          "    cast_forward_inputs: false\n"                                                  /* 103 */
+                          "checkpoint:\n"                                                                     /* 104 */
+                          "  output_dir: runs/full\n"                                                         /* 105 */
+                          "  save_interval: 0\n"                                                              /* 106 */
+                          "  save_optimizer: false\n"                                                         /* 107 */
+                          "  keep_last: 0\n"                                                                  /* 108 */
+                          "  restore_from: latest\n"                                                          /* 109 */
+                          "  restore_optimizer: false\n"                                                      /* 110 */
+                          "  overwrite: true\n"                                                               /* 111 */
+                          "kernels:\n"                                                                        /* 112 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 113 */
+                          "  f16_gemm: widened\n";                                                            /* 114 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -416,14 +420,14 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 110);
+        assert_true(line >= 3 && line <= 114);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
     assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
-    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 50);
-    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 87);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 106);
+    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 52);
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 91);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 110);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
@@ -1106,7 +1110,7 @@ static void test_shared_aliases(void **state) {
                      "lr_scheduler.learning_rate", "expected a finite number", "found a sequence", NULL);
     expect_load_error("sh9.yaml", "lr_schedule:\n  total_steps: 100\n", "sh9.yaml:2:", "lr_scheduler.total_steps",
                       "total steps come from training.steps", NULL);
-    expect_load_error("sh10.yaml", "lr_schedule:\n  typo: 1\n", "sh10.yaml:2:", "lr_schedule.typo", "unknown key",
+    expect_load_error("sh10.yaml", "lr_scheduler:\n  typo: 1\n", "sh10.yaml:2:", "lr_scheduler.typo", "unknown key",
                       NULL);
 }
 

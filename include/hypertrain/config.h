@@ -19,8 +19,9 @@ extern "C" {
 #define HT_CONFIG_LIST_MAX 16  /* items of a string list */
 #define HT_CONFIG_NS_MAX 32    /* segments of muon_ns_coefficients */
 #define HT_CONFIG_NS_MAX_REPEAT                                                                                        \
-    100                        /* iterations a segment may repeat: the longest schedule (optim.h HT_NS_MAX_STEPS) */
-#define HT_CONFIG_MAX_KEYS 160 /* capacity of the per-key source tracking */
+    100                          /* iterations a segment may repeat: the longest schedule (optim.h HT_NS_MAX_STEPS) */
+#define HT_CONFIG_MAX_KEYS 200   /* capacity of the per-key source tracking */
+#define HT_CONFIG_IGNORED_MAX 32 /* keys a section that allows extra keys may ignore */
 
 /* A nullable dtype that is null: model_init_dtype "keep", reduce_dtype "missing". */
 #define HT_CONFIG_DTYPE_NONE HT_DTYPE_COUNT
@@ -65,10 +66,16 @@ typedef enum ht_config_muon_comm {
     HT_CONFIG_MUON_COMM_DEREDUNDANCY
 } ht_config_muon_comm;
 
+/* Whose YAML a file is, told from the file itself (CONFIG.md, Compatibility):
+ * each dialect keeps its own system's defaults for the keys it leaves unset. */
 typedef enum ht_config_dialect {
     HT_CONFIG_DIALECT_HYPERTRAIN = 0,
     HT_CONFIG_DIALECT_HYPERPARALLEL, /* optimizer._target_: hyper_parallel.auto_models... */
+    HT_CONFIG_DIALECT_MINDFORMERS,   /* optimizer: {type: AdamW | Muon, ...} */
+    HT_CONFIG_DIALECT_MINDSPEED,     /* parallel:, data.dataset_param, training.* (MindSpeed-MM's FSDP2 trainer) */
 } ht_config_dialect;
+
+const char *ht_config_dialect_name(ht_config_dialect dialect); /* "hypertrain", "HyperParallel", ... */
 
 typedef struct ht_config_strings {
     int count;
@@ -123,7 +130,11 @@ typedef struct ht_config {
             double betas[2];
             double eps;
             ht_config_strings no_weight_decay;
+            ht_config_strings weight_decay_include; /* decayed even where no_weight_decay says otherwise */
+            ht_config_strings weight_decay_exclude; /* never decayed */
         } adamw;
+        bool accumulate_allreduce_grads_in_fp32; /* MindFormers' name for what is always true here */
+        bool use_fused_adamw;                    /* accepted: the fused AdamW pass is the only one */
         bool stochastic_rounding; /* main_param -> model dtype cast rounds stochastically (NUMERICS.md) */
     } optimizer;
 
@@ -202,11 +213,18 @@ typedef struct ht_config {
      * apply to the keys the run leaves unset (CONFIG.md, Compatibility). */
     ht_config_dialect dialect;
 
+    /* Keys of a section whose system accepts extra keys there (MindFormers'
+     * optimizer and lr_scheduler: allow_extra), kept to be logged as ignored. */
+    int ignored_count;
+    char ignored[HT_CONFIG_IGNORED_MAX][256];
+    int ignored_line[HT_CONFIG_IGNORED_MAX];
+
     /* Where each key's value came from, indexed like the key table. */
     char file[HT_CONFIG_STR_MAX]; /* the loaded file, "" if none */
     uint8_t source[HT_CONFIG_MAX_KEYS];
     int line[HT_CONFIG_MAX_KEYS];      /* 1-based line in `file`, 0 when not from the file */
     uint8_t alias[HT_CONFIG_MAX_KEYS]; /* 0: set by its own name; a + 1: by alias a (ht_config_key_spelling) */
+    uint8_t dialect_default[HT_CONFIG_MAX_KEYS]; /* the value is the dialect's default, not hypertrain's */
 } ht_config;
 
 /* Every key at its default (all sources: default). */

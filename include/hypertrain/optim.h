@@ -41,7 +41,7 @@ typedef struct ht_adamw {
 
 /* One slot per entry of `params`, in order; each must have main_param and
  * main_grad (HT_ERR_INVALID naming the first that lacks them). Names
- * matching any of the `no_wd` glob patterns get zero weight decay. */
+ * matching any of the `no_wd` patterns (ht_name_match) get zero weight decay. */
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
                         const char *const *no_wd, int no_wd_count, ht_error *err);
 /* One update of every slot with learning rate `lr` (NUMERICS.md, AdamW). */
@@ -250,6 +250,21 @@ void ht_clip_grads(ht_param_store *params, double norm, double max_norm);
 
 /* fnmatch-style glob over parameter names ("*bias*", "model.layers.?.mlp.*"). */
 bool ht_glob_match(const char *pattern, const char *name);
+
+/* How routing and weight-decay lists match a parameter: a pattern with a glob
+ * character (* ? [) is a glob; a bare name matches where it is a substring, as
+ * MindFormers matches its module names. Either kind is tried on the
+ * parameter's own (Hugging Face) name and on its Megatron/MindFormers
+ * spelling, so "word_embeddings" and "output_layer" find model.embed_tokens
+ * and lm_head (ht_megatron_name). */
+bool ht_name_match(const char *pattern, const char *name);
+/* The Megatron/MindFormers spelling of a decoder parameter's name:
+ * model.embed_tokens -> embedding.word_embeddings, model.layers.N ->
+ * decoder.layers.N, self_attn.{q,k,v}_proj -> self_attention.linear_qkv,
+ * o_proj -> self_attention.linear_proj, mlp.{gate,up}_proj -> mlp.linear_fc1,
+ * down_proj -> mlp.linear_fc2, post_attention_layernorm -> pre_mlp_layernorm,
+ * model.norm -> decoder.final_layernorm, lm_head -> output_layer. */
+void ht_megatron_name(const char *name, char *out, size_t n);
 
 #ifdef __cplusplus
 }

@@ -33,10 +33,16 @@ typedef struct ht_optimizer_config {
     bool use_muon;         /* Muon for matrices; false: every parameter goes to AdamW */
     bool fp32_main_params; /* false: the leaves update the model's own (low-precision) values */
     ht_adamw_config adamw;
-    const char *const *no_weight_decay; /* globs: AdamW weight decay 0 */
+    const char *const *no_weight_decay; /* patterns (ht_name_match): AdamW weight decay 0 */
     int no_weight_decay_count;
+    /* MindFormers' overrides of that: included names decay whatever no_weight_decay
+     * says, excluded ones never do; a name in both is an error. */
+    const char *const *weight_decay_include;
+    int weight_decay_include_count;
+    const char *const *weight_decay_exclude;
+    int weight_decay_exclude_count;
     ht_muon_config muon;
-    const char *const *adamw_include; /* globs: matrices that still go to AdamW */
+    const char *const *adamw_include; /* patterns (ht_name_match): matrices that still go to AdamW */
     int adamw_include_count;
     ht_lr_schedule adamw_schedule; /* base_lr = adamw.lr */
     ht_lr_schedule muon_schedule;  /* base_lr = muon.lr */

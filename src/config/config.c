@@ -183,6 +183,10 @@ static const key_desc KEYS[] = {
     FLT("optimizer.adamw_config.adamw_eps", optimizer.adamw.eps, "1.0e-8"),
     STRS("optimizer.adamw_config.no_weight_decay", optimizer.adamw.no_weight_decay,
          "[\"*bias*\", \"*norm*\", \"*ln_*\"]"),
+    STRS("optimizer.adamw_config.weight_decay_include", optimizer.adamw.weight_decay_include, "[]"),
+    STRS("optimizer.adamw_config.weight_decay_exclude", optimizer.adamw.weight_decay_exclude, "[]"),
+    BOOL("optimizer.accumulate_allreduce_grads_in_fp32", optimizer.accumulate_allreduce_grads_in_fp32, "true"),
+    BOOL("optimizer.use_fused_adamw", optimizer.use_fused_adamw, "false"),
     BOOL("optimizer.stochastic_rounding", optimizer.stochastic_rounding, "false"),
 
     ENUM("lr_scheduler.type", lr_scheduler.type, LR_SCHEDULES, "CosineWithWarmUpLR"),
@@ -257,19 +261,29 @@ _Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) ==
  * those are weak, so a key set by its own name in the same source (file, or
  * command line) wins over them whatever the order, and a higher source wins
  * over both. */
+/* When an alias applies: one name may mean different keys in different blocks. */
+typedef enum alias_when {
+    WHEN_ALWAYS = 0,
+    WHEN_MINDFORMERS_MUON,     /* a MindFormers optimizer block of type Muon */
+    WHEN_NOT_MINDFORMERS_MUON, /* any other */
+} alias_when;
+
 typedef struct key_alias {
     const char *alias;
     const char *key;       /* the key this is another spelling of, or NULL */
     const char *shared[2]; /* keys that take this one value (weakly) */
     const char *implies;   /* "key=value" also set (weakly) when the value is not null */
+    alias_when when;
 } key_alias;
 
 #define RENAME(alias, key)                                                                                             \
-    { alias, key, {NULL, NULL}, NULL }
+    { alias, key, {NULL, NULL}, NULL, WHEN_ALWAYS }
+#define RENAME_WHEN(alias, key, when)                                                                                  \
+    { alias, key, {NULL, NULL}, NULL, when }
 #define SHARED(alias, key1, key2)                                                                                      \
-    { alias, NULL, {key1, key2}, NULL }
+    { alias, NULL, {key1, key2}, NULL, WHEN_ALWAYS }
 #define RENAME_IMPLYING(alias, key, implied)                                                                           \
-    { alias, key, {NULL, NULL}, implied }
+    { alias, key, {NULL, NULL}, implied, WHEN_ALWAYS }
 
 static const key_alias ALIASES[] = {
     /* MindFormers: one learning rate and one weight decay drive Muon and AdamW
@@ -283,10 +297,15 @@ static const key_alias ALIASES[] = {
     /* MindFormers has no variant key: coefficients given mean a custom schedule. */
     RENAME_IMPLYING("optimizer.ns_coefficients", "optimizer.muon_config.muon_ns_coefficients",
                     "optimizer.muon_config.muon_ns_variant=custom"),
-    /* MindFormers optimizer: a flat block (betas, eps: AdamW's). */
+    /* MindFormers optimizer: a flat block. betas and eps are AdamW's, except
+     * that a Muon block's eps is its Newton-Schulz normalization epsilon
+     * (its AdamW part has adamw_betas and adamw_eps). */
     RENAME("optimizer.type", "optimizer._target_"),
     RENAME("optimizer.betas", "optimizer.adamw_config.adamw_betas"),
-    RENAME("optimizer.eps", "optimizer.adamw_config.adamw_eps"),
+    RENAME_WHEN("optimizer.eps", "optimizer.muon_config.muon_ns_eps", WHEN_MINDFORMERS_MUON),
+    RENAME_WHEN("optimizer.eps", "optimizer.adamw_config.adamw_eps", WHEN_NOT_MINDFORMERS_MUON),
+    RENAME("optimizer.weight_decay_include", "optimizer.adamw_config.weight_decay_include"),
+    RENAME("optimizer.weight_decay_exclude", "optimizer.adamw_config.weight_decay_exclude"),
     RENAME("optimizer.momentum", "optimizer.muon_config.muon_momentum"),
     RENAME("optimizer.nesterov", "optimizer.muon_config.muon_nesterov"),
     RENAME("optimizer.ns_steps", "optimizer.muon_config.muon_ns_steps"),
@@ -337,13 +356,22 @@ static int key_index_exact(const char *path) {
     return -1;
 }
 
-static int alias_index(const char *path) {
+static bool alias_applies(const key_alias *A, const ht_config *cfg) {
+    if (!cfg || A->when == WHEN_ALWAYS) return true;
+    bool mf_muon = cfg->dialect == HT_CONFIG_DIALECT_MINDFORMERS && cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
+    return A->when == WHEN_MINDFORMERS_MUON ? mf_muon : !mf_muon;
+}
+
+/* The alias `path` names in cfg's dialect and block (cfg NULL: its first meaning); -1 if none. */
+static int alias_index_in(const ht_config *cfg, const char *path) {
     char buf[256];
     path = canonical_path(path, buf, sizeof(buf));
     for (int a = 0; a < N_ALIASES; a++)
-        if (strcmp(ALIASES[a].alias, path) == 0) return a;
+        if (strcmp(ALIASES[a].alias, path) == 0 && alias_applies(&ALIASES[a], cfg)) return a;
     return -1;
 }
+
+static int alias_index(const char *path) { return alias_index_in(NULL, path); }
 
 int ht_config_key_index(const char *key) {
     char buf[256];
@@ -713,9 +741,13 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
     bool ok = convert(k, doc, node, tmp, why, sizeof(why));
     if (ok) {
         if (k->size) memcpy((char *)cfg + k->offset, tmp, k->size);
-        if (strcmp(k->path, "optimizer._target_") == 0) /* HyperParallel's spelling says whose defaults apply */
-            cfg->dialect = strncmp(scalar_text(node), "hyper_parallel.", 15) == 0 ? HT_CONFIG_DIALECT_HYPERPARALLEL
-                                                                                  : HT_CONFIG_DIALECT_HYPERTRAIN;
+        /* HyperParallel's spelling of the optimizer says whose defaults apply
+         * (on the command line too); the other dialects are told by their files. */
+        bool hp_name =
+            strcmp(k->path, "optimizer._target_") == 0 && strncmp(scalar_text(node), "hyper_parallel.", 15) == 0;
+        if (hp_name && cfg->dialect == HT_CONFIG_DIALECT_HYPERTRAIN) cfg->dialect = HT_CONFIG_DIALECT_HYPERPARALLEL;
+        if (!hp_name && strcmp(k->path, "optimizer._target_") == 0 && cfg->dialect == HT_CONFIG_DIALECT_HYPERPARALLEL)
+            cfg->dialect = HT_CONFIG_DIALECT_HYPERTRAIN;
         cfg->source[i] = (uint8_t)o->source;
         cfg->line[i] = o->source == HT_CONFIG_SOURCE_FILE ? line : 0;
         cfg->alias[i] = (uint8_t)(via + 1);
@@ -939,6 +971,17 @@ static int seen_same_shared(const loader *L, int a) {
     return -1;
 }
 
+/* MindFormers declares its optimizer and lr_scheduler sections allow_extra:
+ * keys beyond its field tables are passed on (to an optimizer's or a
+ * schedule's constructor) rather than refused. Here they have nothing to go
+ * to: they are kept, and the log names each as ignored. */
+static bool allows_extra_keys(const ht_config *cfg, const char *path) {
+    char buf[256];
+    path = canonical_path(path, buf, sizeof(buf));
+    return cfg->dialect == HT_CONFIG_DIALECT_MINDFORMERS &&
+           (has_prefix_dot(path, "optimizer") || has_prefix_dot(path, "lr_scheduler"));
+}
+
 static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *prefix, ht_error *err) {
     char where[HT_CONFIG_STR_MAX + 64];
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
@@ -967,7 +1010,7 @@ static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *pre
                                node_line(prev), strcmp(prev_path, path) ? " as " : "",
                                strcmp(prev_path, path) ? prev_path : "");
         }
-        int i = key_index_exact(canon), a = i < 0 ? alias_index(path) : -1;
+        int i = key_index_exact(canon), a = i < 0 ? alias_index_in(L->cfg, path) : -1;
         if (i < 0 && a >= 0 && ALIASES[a].key) i = key_index_exact(ALIASES[a].key);
         if (i >= 0 || a >= 0) {
             /* Two names of one key in one file is a duplicate; a shared value is not (the key's own name wins). */
@@ -1001,6 +1044,13 @@ static ht_status load_mapping(loader *L, const yaml_node_t *map, const char *pre
             }
             ht_status st = load_mapping(L, value, path, err);
             if (st != HT_OK) return st;
+        } else if (allows_extra_keys(L->cfg, path)) {
+            ht_config *cfg = L->cfg;
+            if (cfg->ignored_count == HT_CONFIG_IGNORED_MAX)
+                return ht_fail(err, HT_ERR_CONFIG, "%s%s: more than %d keys hypertrain does not use", where, path,
+                               HT_CONFIG_IGNORED_MAX);
+            snprintf(cfg->ignored[cfg->ignored_count], sizeof(cfg->ignored[0]), "%s", path);
+            cfg->ignored_line[cfg->ignored_count++] = node_line(key);
         } else {
             return unknown_key(where, path, err);
         }
@@ -1061,6 +1111,38 @@ static int flow_depth(const char *text, size_t size, size_t *line_out) {
     return deepest;
 }
 
+/* A mapping's value under `name`, or NULL. */
+static yaml_node_t *map_get(yaml_document_t *doc, const yaml_node_t *map, const char *name) {
+    if (!map || map->type != YAML_MAPPING_NODE) return NULL;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *key = yaml_document_get_node(doc, p->key);
+        if (key->type == YAML_SCALAR_NODE && strcmp(scalar_text(key), name) == 0)
+            return yaml_document_get_node(doc, p->value);
+    }
+    return NULL;
+}
+
+/* Whose YAML the file is, before any key is read, since a dialect decides
+ * what some names mean (a MindFormers Muon block's eps) and which sections
+ * take extra keys: MindSpeed-MM's top level (parallel:, data.dataset_param),
+ * an optimizer _target_ of HyperParallel's, a MindFormers optimizer type (or
+ * its lr_schedule section), else hypertrain's own. The MindFormers optimizer
+ * type is noted too, for the same reason; its key is read in its turn. */
+static void detect_dialect(yaml_document_t *doc, const yaml_node_t *root, ht_config *cfg) {
+    yaml_node_t *opt = map_get(doc, root, "optimizer"), *target = map_get(doc, opt, "_target_"),
+                *type = map_get(doc, opt, "type");
+    if (map_get(doc, root, "parallel") || map_get(doc, map_get(doc, root, "data"), "dataset_param")) {
+        cfg->dialect = HT_CONFIG_DIALECT_MINDSPEED;
+    } else if (target && target->type == YAML_SCALAR_NODE && strncmp(scalar_text(target), "hyper_parallel.", 15) == 0) {
+        cfg->dialect = HT_CONFIG_DIALECT_HYPERPARALLEL;
+    } else if ((type && type->type == YAML_SCALAR_NODE) || map_get(doc, root, "lr_schedule")) {
+        cfg->dialect = HT_CONFIG_DIALECT_MINDFORMERS;
+        cfg->optimizer.type = HT_CONFIG_OPTIMIZER_ADAMW; /* MindFormers' default type */
+        if (type && type->type == YAML_SCALAR_NODE && strcmp(scalar_text(type), "Muon") == 0)
+            cfg->optimizer.type = HT_CONFIG_OPTIMIZER_MUON;
+    }
+}
+
 static ht_status load_file(ht_config *cfg, const char *path, ht_error *err) {
     char *text = NULL;
     size_t size = 0;
@@ -1117,6 +1199,7 @@ static ht_status load_file(ht_config *cfg, const char *path, ht_error *err) {
             L->cfg = cfg;
             L->doc = &doc;
             L->origin = (origin){cfg->file, NULL, HT_CONFIG_SOURCE_FILE};
+            detect_dialect(&doc, root, cfg);
             st = load_mapping(L, root, "", err);
             free(L);
         }
@@ -1153,7 +1236,7 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
     memcpy(path, assignment, klen);
     path[klen] = '\0';
     char buf[256];
-    int i = key_index_exact(canonical_path(path, buf, sizeof(buf))), a = i < 0 ? alias_index(path) : -1;
+    int i = key_index_exact(canonical_path(path, buf, sizeof(buf))), a = i < 0 ? alias_index_in(cfg, path) : -1;
     if (a >= 0) return assign_text(cfg, -1, eq + 1, &o, a, err);
     if (i < 0) {
         if (is_section(path)) {
@@ -1167,15 +1250,86 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err) {
     return assign_text(cfg, i, eq + 1, &o, -1, err);
 }
 
-/* HyperParallel AutoModels' own defaults, for the keys the run left unset:
- * fp32_main_params false, and no reduce_dtype (with fp32_main_params true it
- * must be given as float32: "never silently filled in"). */
+const char *ht_config_dialect_name(ht_config_dialect dialect) {
+    switch (dialect) {
+    case HT_CONFIG_DIALECT_HYPERTRAIN: return "hypertrain";
+    case HT_CONFIG_DIALECT_HYPERPARALLEL: return "HyperParallel";
+    case HT_CONFIG_DIALECT_MINDFORMERS: return "MindFormers";
+    case HT_CONFIG_DIALECT_MINDSPEED: return "MindSpeed-MM";
+    }
+    return "?";
+}
+
+/* The other systems' defaults where they differ from hypertrain's, for the
+ * keys a run in their dialect leaves unset (their documents, ../shared/seeds). */
+typedef enum default_when {
+    IF_ALWAYS,
+    IF_MUON,         /* optimizer type Muon */
+    IF_ADAMW,        /* optimizer type AdamW */
+    IF_POLY_OR_WSD,  /* lr_scheduler PolynomialWithWarmUpLR or WarmUpStableDecayLR */
+    IF_COS_RESTARTS, /* lr_scheduler CosineWithRestartsAndWarmUpLR */
+} default_when;
+
+static const struct {
+    ht_config_dialect dialect;
+    default_when when;
+    const char *key, *value;
+} DIALECT_DEFAULTS[] = {
+    /* HyperParallel AutoModels: no FP32 main params, and no reduce_dtype (with
+     * fp32_main_params true it must be given as float32: "never silently filled in"). */
+    {HT_CONFIG_DIALECT_HYPERPARALLEL, IF_ALWAYS, "optimizer.fp32_main_params", "false"},
+    {HT_CONFIG_DIALECT_HYPERPARALLEL, IF_ALWAYS, "fsdp_config.mix_precision.reduce_dtype", "null"},
+    /* MindFormers (its field tables): AdamW by default; the base lr 1e-5 from
+     * lr_scheduler.learning_rate; AdamW betas [0.9, 0.95]; a Muon block's
+     * weight_decay 0.1 for both parts, its AdamW betas (0.95, 0.95), the flat
+     * (3.4445, -4.7750, 2.0315) triple ns_steps times, QK-clip on, embeddings
+     * and the output layer to AdamW; batch sizes 1; lr_end 1e-7 where its
+     * schedules have it; restarts num_cycles 1. */
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "optimizer._target_", "AdamW"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "optimizer.muon_config.muon_lr", "1.0e-5"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "optimizer.adamw_config.adamw_lr", "1.0e-5"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ADAMW, "optimizer.adamw_config.adamw_betas", "[0.9, 0.95]"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_MUON, "optimizer.adamw_config.adamw_betas", "[0.95, 0.95]"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_MUON, "optimizer.adamw_config.adamw_weight_decay", "0.1"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_MUON, "optimizer.muon_config.muon_ns_variant", "legacy"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_MUON, "optimizer.muon_config.qk_clip_enabled", "true"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_MUON, "optimizer.muon_config.adamw_include",
+     "[\"word_embeddings\", \"output_layer\"]"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "training.local_batch_size", "1"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "training.global_batch_size", "1"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_POLY_OR_WSD, "lr_scheduler.lr_end", "1.0e-7"},
+    {HT_CONFIG_DIALECT_MINDFORMERS, IF_COS_RESTARTS, "lr_scheduler.num_cycles", "1.0"},
+};
+#define N_DIALECT_DEFAULTS ((int)(sizeof(DIALECT_DEFAULTS) / sizeof(DIALECT_DEFAULTS[0])))
+
+static bool default_applies(const ht_config *cfg, default_when when) {
+    switch (when) {
+    case IF_ALWAYS: return true;
+    case IF_MUON: return cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
+    case IF_ADAMW: return cfg->optimizer.type == HT_CONFIG_OPTIMIZER_ADAMW;
+    case IF_POLY_OR_WSD:
+        return cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP ||
+               cfg->lr_scheduler.type == HT_CONFIG_LR_WARMUP_STABLE_DECAY;
+    case IF_COS_RESTARTS: return cfg->lr_scheduler.type == HT_CONFIG_LR_COSINE_RESTARTS;
+    }
+    return false;
+}
+
+/* Each dialect default whose key the run left unset. The type default comes
+ * first: the others depend on it. They stay "default" as sources. */
 static void apply_dialect_defaults(ht_config *cfg) {
-    if (cfg->dialect != HT_CONFIG_DIALECT_HYPERPARALLEL) return;
-    int fp32 = ht_config_key_index("optimizer.fp32_main_params"),
-        reduce = ht_config_key_index("fsdp_config.mix_precision.reduce_dtype");
-    if (cfg->source[fp32] == HT_CONFIG_SOURCE_DEFAULT) cfg->optimizer.fp32_main_params = false;
-    if (cfg->source[reduce] == HT_CONFIG_SOURCE_DEFAULT) cfg->fsdp.reduce_dtype = HT_CONFIG_DTYPE_NONE;
+    origin o = {NULL, NULL, HT_CONFIG_SOURCE_DEFAULT};
+    for (int d = 0; d < N_DIALECT_DEFAULTS; d++) {
+        int i = key_index_exact(DIALECT_DEFAULTS[d].key);
+        if (DIALECT_DEFAULTS[d].dialect != cfg->dialect || cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT ||
+            !default_applies(cfg, DIALECT_DEFAULTS[d].when))
+            continue;
+        ht_error err;
+        /* Only a broken table entry can fail; test_config loads every dialect's defaults. */
+        if (assign_text(cfg, i, DIALECT_DEFAULTS[d].value, &o, -1, &err) != HT_OK)
+            ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
+        cfg->dialect_default[i] = 1;
+    }
 }
 
 ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err) {
@@ -1378,11 +1532,8 @@ bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, si
 /* "file, line 12", "command line", "default"; ", as <alias>" when an alias set it. */
 static void describe_source(const ht_config *cfg, int i, char *buf, size_t n) {
     const char *as = cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : NULL;
-    bool hp_default = cfg->dialect == HT_CONFIG_DIALECT_HYPERPARALLEL && cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT &&
-                      (strcmp(KEYS[i].path, "optimizer.fp32_main_params") == 0 ||
-                       strcmp(KEYS[i].path, "fsdp_config.mix_precision.reduce_dtype") == 0);
-    if (hp_default)
-        snprintf(buf, n, "HyperParallel's default");
+    if (cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT && cfg->dialect_default[i])
+        snprintf(buf, n, "%s's default", ht_config_dialect_name(cfg->dialect));
     else if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
         snprintf(buf, n, "file, line %d%s%s", cfg->line[i], as ? ", as " : "", as ? as : "");
     else
@@ -1401,7 +1552,8 @@ void ht_config_log(const ht_config *cfg) {
         int vl = (int)strlen(value);
         if (vl > val_w && vl <= 40) val_w = vl;
     }
-    ht_log_info("Trainer config%s%s", cfg->file[0] ? " from " : "", cfg->file);
+    ht_log_info("Trainer config%s%s (%s's dialect)", cfg->file[0] ? " from " : "", cfg->file,
+                ht_config_dialect_name(cfg->dialect));
     ht_log_info("  %-*s  %-*s  %s", key_w, "key", val_w, "value", "source");
     for (int i = 0; i < N_KEYS; i++) {
         if (KEYS[i].type == KT_REJECT) continue;
@@ -1409,6 +1561,13 @@ void ht_config_log(const ht_config *cfg) {
         char source[320];
         describe_source(cfg, i, source, sizeof(source));
         ht_log_info("  %-*s  %-*s  %s", key_w, KEYS[i].path, val_w, value, source);
+    }
+    for (int j = 0; j < cfg->ignored_count; j++) {
+        char hint[256];
+        bool close = suggest(cfg->ignored[j], hint, sizeof(hint)) != NULL;
+        ht_log_warn("%s:%d: %s is not a key hypertrain uses; ignored (%s's section allows extra keys)%s%s%s", cfg->file,
+                    cfg->ignored_line[j], cfg->ignored[j], ht_config_dialect_name(cfg->dialect),
+                    close ? "; did you mean " : "", close ? hint : "", close ? "?" : "");
     }
 }
 

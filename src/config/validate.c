@@ -167,6 +167,15 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
             cfg->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? " (missing)" : "");
     }
 
+    /* MindFormers' switch for FP32 gradient accumulation and reduction: here
+     * gradients always accumulate in FP32 main_grad and reduce in FP32 when
+     * main params are FP32, so false would be a promise the engine cannot keep. */
+    if (!cfg->optimizer.accumulate_allreduce_grads_in_fp32)
+        add(&r,
+            "%s: not supported: false asks for gradients accumulated in the model's dtype; hypertrain always "
+            "accumulates them in FP32 (main_grad). Leave it true or remove it",
+            at(cfg, "optimizer.accumulate_allreduce_grads_in_fp32", a, sizeof(a)));
+
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";
     check(&r, is_float_dtype(cfg->model_init_dtype) || cfg->model_init_dtype == HT_CONFIG_DTYPE_NONE,

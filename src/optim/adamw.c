@@ -6,6 +6,7 @@
 #include <fnmatch.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <string.h>
 
 #ifdef __AVX512F__
@@ -25,6 +26,44 @@
 #endif
 
 bool ht_glob_match(const char *pattern, const char *name) { return fnmatch(pattern, name, 0) == 0; }
+
+void ht_megatron_name(const char *name, char *out, size_t n) {
+    static const char *const renames[][2] = {
+        {"model.embed_tokens", "embedding.word_embeddings"},
+        {"model.layers.", "decoder.layers."},
+        {"self_attn.q_proj", "self_attention.linear_qkv"},
+        {"self_attn.k_proj", "self_attention.linear_qkv"},
+        {"self_attn.v_proj", "self_attention.linear_qkv"},
+        {"self_attn.o_proj", "self_attention.linear_proj"},
+        {"mlp.gate_proj", "mlp.linear_fc1"},
+        {"mlp.up_proj", "mlp.linear_fc1"},
+        {"mlp.down_proj", "mlp.linear_fc2"},
+        {"post_attention_layernorm", "pre_mlp_layernorm"},
+        {"model.norm", "decoder.final_layernorm"},
+        {"lm_head", "output_layer"},
+    };
+    size_t used = 0;
+    if (n == 0) return;
+    while (*name && used + 1 < n) {
+        size_t r = 0, count = sizeof(renames) / sizeof(renames[0]);
+        while (r < count && strncmp(name, renames[r][0], strlen(renames[r][0])) != 0) r++;
+        if (r < count) {
+            int w = snprintf(out + used, n - used, "%s", renames[r][1]);
+            used += (size_t)w < n - used ? (size_t)w : n - used - 1;
+            name += strlen(renames[r][0]);
+        } else {
+            out[used++] = *name++;
+        }
+    }
+    out[used] = '\0';
+}
+
+bool ht_name_match(const char *pattern, const char *name) {
+    char other[HT_PARAM_NAME_MAX * 2];
+    ht_megatron_name(name, other, sizeof(other));
+    if (strpbrk(pattern, "*?[")) return fnmatch(pattern, name, 0) == 0 || fnmatch(pattern, other, 0) == 0;
+    return strstr(name, pattern) != NULL || strstr(other, pattern) != NULL;
+}
 
 /* The per-call scalars, computed once in double as PyTorch does on the host,
  * then rounded to FP32 as its kernels do. */
@@ -168,7 +207,7 @@ ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **pa
         s->param = p;
         s->weight_decay = cfg->weight_decay;
         for (int k = 0; k < no_wd_count; k++)
-            if (ht_glob_match(no_wd[k], p->name)) s->weight_decay = 0.0;
+            if (ht_name_match(no_wd[k], p->name)) s->weight_decay = 0.0;
         int64_t n = ht_param_local_numel(p);
         s->exp_avg = next;
         s->exp_avg_sq = next + n;

@@ -43,7 +43,7 @@ void ht_loss_scaler_update(ht_loss_scaler *s, bool found_inf) {
 
 static bool matches_any(const char *name, const char *const *globs, int count) {
     for (int i = 0; i < count; i++)
-        if (ht_glob_match(globs[i], name)) return true;
+        if (ht_name_match(globs[i], name)) return true;
     return false;
 }
 
@@ -51,17 +51,42 @@ static bool goes_to_muon(const ht_param *p, const ht_optimizer_config *cfg) {
     return cfg->use_muon && p->ndim >= 2 && !matches_any(p->name, cfg->adamw_include, cfg->adamw_include_count);
 }
 
-static void log_routing(const char *leaf, ht_param **list, int n) {
+/* `wd`: each param's weight decay, or NULL when the leaf has one for all. */
+static void log_routing(const char *leaf, ht_param **list, const double *wd, int n) {
     int64_t numel = 0;
     for (int i = 0; i < n; i++) numel += ht_param_numel(list[i]);
     ht_log_info("Parameter routing: %d parameters (%.2fM values) to %s", n, (double)numel / 1e6, leaf);
     for (int i = 0; i < n; i++) {
-        char shape[64] = "";
+        char shape[64] = "", decay[32] = "";
         for (int d = 0; d < list[i]->ndim; d++)
             snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), "%s%lld", d ? "x" : "",
                      (long long)list[i]->shape[d]);
-        ht_log_info("  %-6s %-56s %-12s %s", leaf, list[i]->name, shape, ht_dtype_name(list[i]->dtype));
+        if (wd) snprintf(decay, sizeof(decay), "weight decay %g", wd[i]);
+        ht_log_info("  %-6s %-56s %-12s %-9s %s", leaf, list[i]->name, shape, ht_dtype_name(list[i]->dtype), decay);
     }
+}
+
+static const char *first_match(const char *name, const char *const *patterns, int count) {
+    for (int i = 0; i < count; i++)
+        if (ht_name_match(patterns[i], name)) return patterns[i];
+    return NULL;
+}
+
+/* weight_decay_include and weight_decay_exclude over what no_weight_decay decided. */
+static ht_status apply_decay_overrides(ht_adamw *adamw, const ht_optimizer_config *cfg, ht_error *err) {
+    for (int i = 0; i < adamw->count; i++) {
+        ht_adamw_slot *s = &adamw->slots[i];
+        const char *in = first_match(s->param->name, cfg->weight_decay_include, cfg->weight_decay_include_count);
+        const char *out = first_match(s->param->name, cfg->weight_decay_exclude, cfg->weight_decay_exclude_count);
+        if (in && out)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "%s matches weight_decay_include \"%s\" and weight_decay_exclude \"%s\": decay it or "
+                           "not, one of the two",
+                           s->param->name, in, out);
+        if (in) s->weight_decay = cfg->adamw.weight_decay;
+        if (out) s->weight_decay = 0.0;
+    }
+    return HT_OK;
 }
 
 ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_optimizer_config *cfg, ht_error *err) {
@@ -127,10 +152,14 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         s = opt->adamw ? ht_adamw_init(opt->adamw, &cfg->adamw, to_adamw, n_adamw, cfg->no_weight_decay,
                                        cfg->no_weight_decay_count, err)
                        : ht_fail(err, HT_ERR_OOM, "cannot allocate AdamW");
+        if (s == HT_OK) s = apply_decay_overrides(opt->adamw, cfg, err);
     }
     if (s == HT_OK) {
-        log_routing("Muon", to_muon, n_muon);
-        log_routing("AdamW", to_adamw, n_adamw);
+        double *wd = calloc((size_t)n_adamw + 1, sizeof(double));
+        for (int i = 0; wd && i < n_adamw; i++) wd[i] = opt->adamw->slots[i].weight_decay;
+        log_routing("Muon", to_muon, NULL, n_muon);
+        log_routing("AdamW", to_adamw, wd, n_adamw);
+        free(wd);
         ht_log_info("FP32 main params: %s; %d low-precision params with their own FP32 copy (%.1f MiB), %d float32 "
                     "params that are their own",
                     opt->fp32_main_params ? "on" : "off (the leaves update the model's own values)", opt->float16_count,

@@ -125,6 +125,15 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
         }
         if (s != HT_OK) return s;
     }
+    /* training.deterministic: the one choice made by timing is made by rule,
+     * so that two runs of one config on one machine sum alike everywhere:
+     * fp32_rounded, which every CPU has. Everything else (thread counts from
+     * the cores, fixed-order reductions, seeded streams) is fixed already. */
+    if (c->training.deterministic && (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)) {
+        if (bf16 == HT_GEMM_KERNEL_AUTO) bf16 = HT_GEMM_KERNEL_FP32_ROUNDED;
+        if (f16 == HT_GEMM_KERNEL_AUTO) f16 = HT_GEMM_KERNEL_FP32_ROUNDED;
+        kept = "; training.deterministic: 16-bit kernels fixed to fp32_rounded, not chosen by timing";
+    }
     /* Rank 0 measures alone (ranks timing at once on shared cores would
      * measure each other) and its choice goes to every rank, so that the
      * ranks sum alike; each rank then checks that it has those kernels. A
@@ -325,6 +334,23 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* A routing or weight-decay pattern that matches no parameter is named: a
+ * module name spelled for another model goes nowhere otherwise. */
+static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config_strings *patterns) {
+    const ht_param_store *ps = &t->model->params;
+    for (int k = 0; k < patterns->count; k++) {
+        bool hit = false;
+        for (int i = 0; i < ps->count && !hit; i++) hit = ht_name_match(patterns->items[k], ps->items[i].name);
+        if (!hit)
+            ht_log_warn("%s: \"%s\" matches no parameter (names look like %s, or in MindFormers' spelling "
+                        "decoder.layers.0.self_attention.linear_qkv.weight)",
+                        ht_config_key_spelling(&t->config, key), patterns->items[k],
+                        ps->count > 1 ? ps->items[1].name
+                        : ps->count   ? ps->items[0].name
+                                      : "?");
+    }
+}
+
 static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
@@ -343,6 +369,18 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     oc.no_weight_decay_count = string_list(&c->optimizer.adamw.no_weight_decay, t->no_wd);
     oc.adamw_include = t->adamw_include;
     oc.adamw_include_count = string_list(&c->optimizer.muon.adamw_include, t->adamw_include);
+    oc.weight_decay_include = t->wd_include;
+    oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
+    oc.weight_decay_exclude = t->wd_exclude;
+    oc.weight_decay_exclude_count = string_list(&c->optimizer.adamw.weight_decay_exclude, t->wd_exclude);
+    warn_unmatched(t, "optimizer.adamw_config.no_weight_decay", &c->optimizer.adamw.no_weight_decay);
+    warn_unmatched(t, "optimizer.adamw_config.weight_decay_include", &c->optimizer.adamw.weight_decay_include);
+    warn_unmatched(t, "optimizer.adamw_config.weight_decay_exclude", &c->optimizer.adamw.weight_decay_exclude);
+    if (oc.use_muon) warn_unmatched(t, "optimizer.muon_config.adamw_include", &c->optimizer.muon.adamw_include);
+    if (ht_config_key_source(c, "optimizer.use_fused_adamw", NULL) != HT_CONFIG_SOURCE_DEFAULT)
+        ht_log_info("optimizer.use_fused_adamw: %s: AdamW always runs as one fused pass here (equal bit for bit "
+                    "to torch's fused AdamW)",
+                    c->optimizer.use_fused_adamw ? "true" : "false");
     ht_status s = muon_config(c, &oc.muon, err);
     if (s != HT_OK) return s;
     fill_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
