@@ -346,6 +346,26 @@ static void test_token_bin_v2_malformed(void **state) {
     expect_open_error(&cfg, (const char *[]){"corrupt.bin", "position 50", "id 100050", "100050 tokens", NULL});
 }
 
+/* Shards that tools/prepare_data.py wrote (tools/test_prepare_data.py
+ * --write-fixtures): a 70,000-word tokenizer, so version 2; EOS 69999 after
+ * each of four documents, the third empty; 4 tokens a shard. */
+static void test_token_bin_prepared(void **state) {
+    (void)state;
+    ht_data_config cfg = config("token_bin", fixture_path("data/prepared_v2_*.bin"), 4, 0.0);
+    ht_dataset *ds;
+    ht_error err;
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    const uint32_t want[] = {1, 65536, 69998, 69999, 7, 69999, 69999, 65535, 2, 69999};
+    assert_int_equal(ds->n_tokens, 10);
+    for (int i = 0; i < 10; i++) assert_int_equal(ds->tokens[i], want[i]);
+    assert_int_equal(ds->n_sources, 3);
+    assert_int_equal(ht_dataset_vocab_size(ds), 70000);
+    assert_ht_ok(ht_dataset_check_vocab(ds, 70000, NULL, &err), &err);
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 65536, "model.vocab_size", &err), HT_OK);
+    assert_non_null(strstr(err.msg, "prepared_v2_000000.bin"));
+    ht_dataset_free(ds);
+}
+
 /* The model's vocabulary against version-2 data: a header that declares more,
  * or (header silent) a token id at or above it, is refused, naming the shard. */
 static void test_check_vocab_v2(void **state) {
@@ -645,6 +665,7 @@ int main(void) {
         cmocka_unit_test(test_check_vocab),
         cmocka_unit_test(test_token_bin_v2_round_trip),
         cmocka_unit_test(test_token_bin_v2_malformed),
+        cmocka_unit_test(test_token_bin_prepared),
         cmocka_unit_test(test_check_vocab_v2),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_loader_windows),
