@@ -102,7 +102,7 @@ ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const cha
     for (int k = 0; k < ds->n_sources; k++)
         if (ds->sources[k].vocab_size > vocab_size)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "%s: tokenized with a vocabulary of %d tokens, more than %s %d "
+                           "%s: tokenized with a vocabulary of %d tokens, but %s is %d "
                            "(the data was made with another model's tokenizer?)",
                            ds->sources[k].path, ds->sources[k].vocab_size, vocab_from, vocab_size);
     for (size_t i = 0; i < ds->n_tokens; i++) {
