@@ -212,7 +212,8 @@ def main():
         fail("no tokens: the inputs hold no documents")
     if tty and last != start:  # end the redrawn line
         print(file=sys.stderr)
-    print(f"prepare_data: {n_docs:,} documents -> {w.total:,} tokens in {len(w.paths)} shards "
+    shards = f"{len(w.paths)} shard{'s' if len(w.paths) > 1 else ''}"
+    print(f"prepare_data: {n_docs:,} documents -> {w.total:,} tokens in {shards} "
           f"({w.paths[0]} ...), {time.monotonic() - start:.1f} s", file=sys.stderr)
     print(f"  data.dataset_type: token_bin\n  data.path: {args.out}_*.bin")
 
