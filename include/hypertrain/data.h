@@ -43,9 +43,8 @@ typedef struct ht_dataset {
 
 /* An opener loads cfg->path into ds->tokens (malloc'ed), records the files
  * through ht_dataset_add_source (and may set each one's vocab_size) and may
- * set ds->vocab_size. The registry then
- * checks the sizes and splits. On failure the opener may leave partial state:
- * the registry frees it. */
+ * set ds->vocab_size. The registry then checks the sizes and splits. On
+ * failure the opener may leave partial state: the registry frees it. */
 typedef ht_status (*ht_dataset_opener)(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
 
 /* The registry. Built-ins register themselves on first use; plugins call
