@@ -1,7 +1,7 @@
 /* The data layer: text_bytes on files and folders (and the default fortunes
- * corpus when installed), token_bin round trips and every malformed shard,
- * the split, the vocabulary check, and the loader's determinism, rank split
- * and exact resume. */
+ * corpus when installed), token_bin round trips (versions 1 and 2, and a shard
+ * that tools/prepare_data.py wrote) and every malformed shard, the split, the
+ * vocabulary check, and the loader's determinism, rank split and exact resume. */
 #include "harness.h"
 
 #include <stdio.h>
@@ -34,21 +34,35 @@ static void put_le32(unsigned char *p, int32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(u >> (8 * i));
 }
 
-/* An llm.c shard: header (magic, version, count as given) then `n` tokens
- * (n may disagree with count, to make truncated or padded files). */
-static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, const uint16_t *toks,
-                        size_t n) {
-    size_t bytes = 1024 + 2 * n;
+/* An llm.c shard: header (magic, version, count, vocab as given) then `n`
+ * tokens of `width` bytes (n may disagree with count, to make truncated or
+ * padded files). */
+static void write_shard_words(const char *path, int32_t magic, int32_t version, int32_t count, int32_t vocab,
+                              const uint32_t *toks, size_t n, int width) {
+    size_t bytes = 1024 + (size_t)width * n;
     unsigned char *buf = calloc(1, bytes);
     put_le32(buf, magic);
     put_le32(buf + 4, version);
     put_le32(buf + 8, count);
-    for (size_t i = 0; i < n; i++) {
-        buf[1024 + 2 * i] = (unsigned char)(toks[i] & 0xff);
-        buf[1024 + 2 * i + 1] = (unsigned char)(toks[i] >> 8);
-    }
+    put_le32(buf + 12, vocab);
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < width; b++) buf[1024 + (size_t)width * i + (size_t)b] = (unsigned char)(toks[i] >> (8 * b));
     write_file(path, buf, bytes);
     free(buf);
+}
+
+/* A version-1 shard (uint16 tokens), vocabulary unknown. */
+static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, const uint16_t *toks,
+                        size_t n) {
+    uint32_t *wide = malloc((n ? n : 1) * sizeof(uint32_t));
+    for (size_t i = 0; i < n; i++) wide[i] = toks[i];
+    write_shard_words(path, magic, version, count, 0, wide, n, 2);
+    free(wide);
+}
+
+/* A version-2 shard (uint32 tokens) of `n` tokens, the count right, declaring `vocab`. */
+static void write_shard_v2(const char *path, int32_t vocab, const uint32_t *toks, size_t n) {
+    write_shard_words(path, 20240520, 2, (int32_t)n, vocab, toks, n, 4);
 }
 
 static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
@@ -180,7 +194,7 @@ static void test_token_bin_round_trip(void **state) {
     for (int i = 0; i < 50; i++) assert_int_equal(ds->tokens[100 + i], b[i]);
     for (int i = 0; i < 30; i++) assert_int_equal(ds->tokens[150 + i], c[i]);
     assert_int_equal(ht_dataset_vocab_size(ds), 60050);
-    assert_ht_ok(ht_dataset_check_vocab(ds, 60050, &err), &err);
+    assert_ht_ok(ht_dataset_check_vocab(ds, 60050, NULL, &err), &err);
     ht_dataset_free(ds);
 
     /* One file without a glob character. */
@@ -206,9 +220,9 @@ static void test_token_bin_malformed(void **state) {
     cfg = config("token_bin", join(dir, "magic.bin"), 4, 0.0);
     expect_open_error(&cfg, (const char *[]){"magic.bin", "12345", "20240520", NULL});
 
-    write_shard(join(dir, "version.bin"), 20240520, 2, 64, toks, 64);
+    write_shard(join(dir, "version.bin"), 20240520, 3, 64, toks, 64);
     cfg = config("token_bin", join(dir, "version.bin"), 4, 0.0);
-    expect_open_error(&cfg, (const char *[]){"version.bin", "version 2", "expected 1", NULL});
+    expect_open_error(&cfg, (const char *[]){"version.bin", "version 3", "expected 1", "or 2", NULL});
 
     write_shard(join(dir, "truncated.bin"), 20240520, 1, 64, toks, 60);
     cfg = config("token_bin", join(dir, "truncated.bin"), 4, 0.0);
@@ -248,12 +262,148 @@ static void test_check_vocab(void **state) {
     ht_error err;
     assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
     assert_int_equal(ht_dataset_vocab_size(ds), 701);
-    assert_ht_ok(ht_dataset_check_vocab(ds, 701, &err), &err);
-    assert_int_not_equal(ht_dataset_check_vocab(ds, 300, &err), HT_OK);
+    assert_ht_ok(ht_dataset_check_vocab(ds, 701, NULL, &err), &err);
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 300, NULL, &err), HT_OK);
     assert_non_null(strstr(err.msg, "p1.bin"));
     assert_non_null(strstr(err.msg, "position 7 "));
     assert_non_null(strstr(err.msg, "id 500"));
     assert_non_null(strstr(err.msg, "300"));
+    ht_dataset_free(ds);
+}
+
+/* Version 2: uint32 tokens beyond 65,535 (Qwen2.5's vocabulary is 151,936),
+ * the header's vocabulary, and a glob that mixes both versions. */
+static void test_token_bin_v2_round_trip(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("data_token_bin_v2");
+    uint32_t a[100], b[70];
+    uint16_t c[30];
+    for (int i = 0; i < 100; i++) a[i] = (uint32_t)(i * 1511 % 151665);
+    for (int i = 0; i < 70; i++) b[i] = (uint32_t)(151664 - i);
+    for (int i = 0; i < 30; i++) c[i] = (uint16_t)(65535 - i);
+    write_shard_v2(join(dir, "v2_000.bin"), 151665, a, 100);
+    write_shard_v2(join(dir, "v2_001.bin"), 151665, b, 70);
+
+    ht_data_config cfg = config("token_bin", join(dir, "v2_*.bin"), 8, 0.0);
+    ht_dataset *ds;
+    ht_error err;
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    assert_int_equal(ds->n_tokens, 170);
+    for (int i = 0; i < 100; i++) assert_int_equal(ds->tokens[i], a[i]);
+    for (int i = 0; i < 70; i++) assert_int_equal(ds->tokens[100 + i], b[i]);
+    assert_int_equal(ds->sources[1].vocab_size, 151665);
+    assert_int_equal(ht_dataset_vocab_size(ds), 151665); /* every header declares it: theirs, not max id + 1 */
+    assert_ht_ok(ht_dataset_check_vocab(ds, 151936, "model.vocab_size", &err), &err);
+    ht_loader l;
+    assert_ht_ok(ht_loader_init(&l, ds, HT_SPLIT_TRAIN, 1, 8, 0, 1, 1, false, &err), &err);
+    int32_t row[9];
+    for (int k = 0; k <= 12; k++) ht_loader_next(&l, row); /* window 12 starts at token 96 */
+    for (int t = 0; t < 9; t++) assert_int_equal(row[t], (int32_t)(96 + t < 100 ? a[96 + t] : b[96 + t - 100]));
+    ht_loader_free(&l);
+    ht_dataset_free(ds);
+
+    /* A version-1 shard among them, vocabulary unknown: max id + 1 again. */
+    write_shard(join(dir, "v2_002.bin"), 20240520, 1, 30, c, 30);
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    assert_int_equal(ds->n_tokens, 200);
+    for (int i = 0; i < 30; i++) assert_int_equal(ds->tokens[170 + i], c[i]);
+    assert_int_equal(ds->sources[2].vocab_size, 0);
+    assert_int_equal(ht_dataset_vocab_size(ds), 151665);
+    ht_dataset_free(ds);
+}
+
+static void test_token_bin_v2_malformed(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("data_token_bin_v2_bad");
+    uint32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (uint32_t)(100000 + i);
+    ht_data_config cfg;
+
+    write_shard_words(join(dir, "truncated.bin"), 20240520, 2, 64, 0, toks, 60, 4);
+    cfg = config("token_bin", join(dir, "truncated.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"truncated.bin", "truncated", "64 tokens of 4 bytes", "version 2", NULL});
+
+    /* 64 uint16 tokens under a version-2 header: half the bytes it needs. */
+    write_shard_words(join(dir, "narrow.bin"), 20240520, 2, 64, 0, toks, 64, 2);
+    cfg = config("token_bin", join(dir, "narrow.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"narrow.bin", "truncated", "1280 bytes", "1152 bytes", NULL});
+
+    write_shard_words(join(dir, "oversized.bin"), 20240520, 2, 60, 0, toks, 64, 4);
+    cfg = config("token_bin", join(dir, "oversized.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"oversized.bin", "trailing bytes", "60 tokens", NULL});
+
+    write_shard_words(join(dir, "version0.bin"), 20240520, 0, 64, 0, toks, 64, 4);
+    cfg = config("token_bin", join(dir, "version0.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"version0.bin", "version 0", "expected 1", NULL});
+
+    write_shard_words(join(dir, "vocab.bin"), 20240520, 2, 64, -7, toks, 64, 4);
+    cfg = config("token_bin", join(dir, "vocab.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"vocab.bin", "vocabulary size", "negative (-7)", NULL});
+
+    /* A token at or above the vocabulary its own header declares. */
+    write_shard_v2(join(dir, "corrupt.bin"), 100050, toks, 64);
+    cfg = config("token_bin", join(dir, "corrupt.bin"), 4, 0.0);
+    expect_open_error(&cfg, (const char *[]){"corrupt.bin", "position 50", "id 100050", "100050 tokens", NULL});
+}
+
+/* Shards that tools/prepare_data.py wrote (tools/test_prepare_data.py
+ * --write-fixtures): a 70,000-word tokenizer, so version 2; EOS 69999 after
+ * each of four documents, the third empty; 4 tokens a shard. */
+static void test_token_bin_prepared(void **state) {
+    (void)state;
+    ht_data_config cfg = config("token_bin", fixture_path("data/prepared_v2_*.bin"), 4, 0.0);
+    ht_dataset *ds;
+    ht_error err;
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    const uint32_t want[] = {1, 65536, 69998, 69999, 7, 69999, 69999, 65535, 2, 69999};
+    assert_int_equal(ds->n_tokens, 10);
+    for (int i = 0; i < 10; i++) assert_int_equal(ds->tokens[i], want[i]);
+    assert_int_equal(ds->n_sources, 3);
+    assert_int_equal(ht_dataset_vocab_size(ds), 70000);
+    assert_ht_ok(ht_dataset_check_vocab(ds, 70000, NULL, &err), &err);
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 65536, "model.vocab_size", &err), HT_OK);
+    assert_non_null(strstr(err.msg, "prepared_v2_000000.bin"));
+    ht_dataset_free(ds);
+}
+
+/* The model's vocabulary against version-2 data: a header that declares more,
+ * or (header silent) a token id at or above it, is refused, naming the shard. */
+static void test_check_vocab_v2(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("data_vocab_v2");
+    uint32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = (uint32_t)(i * 3000);
+    write_shard_v2(join(dir, "qwen.bin"), 151665, toks, 40);
+    ht_data_config cfg = config("token_bin", join(dir, "qwen.bin"), 4, 0.0);
+    ht_dataset *ds;
+    ht_error err;
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    /* Every id (at most 117,000) fits 128,256, but the tokenizer's vocabulary does not. */
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 128256, "model.vocab_size", &err), HT_OK);
+    const char *want[] = {"qwen.bin", "vocabulary of 151665 tokens", "but model.vocab_size is 128256", NULL};
+    for (int i = 0; want[i]; i++)
+        if (!strstr(err.msg, want[i])) fail_msg("error \"%s\" does not mention \"%s\"", err.msg, want[i]);
+    assert_ht_ok(ht_dataset_check_vocab(ds, 151665, "model.vocab_size", &err), &err);
+    ht_dataset_free(ds);
+
+    write_shard_v2(join(dir, "silent.bin"), 0, toks, 40);
+    cfg = config("token_bin", join(dir, "silent.bin"), 4, 0.0);
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    assert_int_equal(ht_dataset_vocab_size(ds), 117001);
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 100000, "the vocab_size of hf/config.json", &err), HT_OK);
+    const char *want2[] = {"silent.bin", "position 34 ", "id 102000", "the vocab_size of hf/config.json is 100000",
+                           NULL};
+    for (int i = 0; want2[i]; i++)
+        if (!strstr(err.msg, want2[i])) fail_msg("error \"%s\" does not mention \"%s\"", err.msg, want2[i]);
+    ht_dataset_free(ds);
+
+    /* An id beyond INT32_MAX is still an id >= vocab_size, not a negative int. */
+    toks[5] = 0xfffffff0u;
+    write_shard_v2(join(dir, "huge.bin"), 0, toks, 40);
+    cfg = config("token_bin", join(dir, "huge.bin"), 4, 0.0);
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    assert_int_not_equal(ht_dataset_check_vocab(ds, 151936, NULL, &err), HT_OK);
+    assert_non_null(strstr(err.msg, "id 4294967280"));
     ht_dataset_free(ds);
 }
 
@@ -474,7 +624,7 @@ static void test_loader_resume(void **state) {
 
 static ht_status open_constant(const ht_data_config *cfg, ht_dataset *ds, ht_error *err) {
     size_t n = 100;
-    ds->tokens = malloc(n * sizeof(uint16_t));
+    ds->tokens = malloc(n * sizeof(*ds->tokens));
     if (!ds->tokens) return ht_fail(err, HT_ERR_OOM, "oom");
     for (size_t i = 0; i < n; i++) ds->tokens[i] = 3;
     ds->n_tokens = n;
@@ -513,6 +663,10 @@ int main(void) {
         cmocka_unit_test(test_token_bin_round_trip),
         cmocka_unit_test(test_token_bin_malformed),
         cmocka_unit_test(test_check_vocab),
+        cmocka_unit_test(test_token_bin_v2_round_trip),
+        cmocka_unit_test(test_token_bin_v2_malformed),
+        cmocka_unit_test(test_token_bin_prepared),
+        cmocka_unit_test(test_check_vocab_v2),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_loader_windows),
         cmocka_unit_test(test_loader_epoch_is_permutation),

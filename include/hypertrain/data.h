@@ -25,25 +25,26 @@ typedef enum ht_split { HT_SPLIT_TRAIN = 0, HT_SPLIT_VALID = 1 } ht_split;
 typedef struct ht_data_source {
     char path[1024];
     size_t start, count;
+    int vocab_size; /* the vocabulary the file says it was tokenized with; 0 = unknown */
 } ht_data_source;
 
-/* A dataset is one token stream held once, as uint16 (so vocabularies up to
+/* A dataset is one token stream held once, as uint32 (so vocabularies beyond
  * 65,536), plus where each token came from and how the stream is split. */
 typedef struct ht_dataset {
     char type[64];
-    uint16_t *tokens; /* (n_tokens,) malloc'ed; owned by the dataset */
+    uint32_t *tokens; /* (n_tokens,) malloc'ed; owned by the dataset */
     size_t n_tokens;
     ht_data_source *sources; /* (n_sources,) in stream order */
     int n_sources;
-    int vocab_size; /* the opener's (256 for bytes) or, when it leaves 0, max id + 1 */
+    int vocab_size; /* the opener's (256 for bytes, the shards' headers) or, when it leaves 0, max id + 1 */
     int seq_len;
     size_t split_start[2], split_count[2]; /* indexed by ht_split */
 } ht_dataset;
 
 /* An opener loads cfg->path into ds->tokens (malloc'ed), records the files
- * through ht_dataset_add_source and may set ds->vocab_size. The registry then
- * checks the sizes and splits. On failure the opener may leave partial state:
- * the registry frees it. */
+ * through ht_dataset_add_source (and may set each one's vocab_size) and may
+ * set ds->vocab_size. The registry then checks the sizes and splits. On
+ * failure the opener may leave partial state: the registry frees it. */
 typedef ht_status (*ht_dataset_opener)(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
 
 /* The registry. Built-ins register themselves on first use; plugins call
@@ -66,15 +67,20 @@ ht_status ht_dataset_add_source(ht_dataset *ds, const char *path, size_t count, 
  * skipped, files with a NUL byte skipped as binary) in byte order of their
  * names, concatenated; the tokens are the bytes (vocab 256).
  * token_bin: llm.c token shards (header of 256 int32 LE: magic 20240520,
- * version 1, token count; then count uint16 LE tokens), one file or the
- * glob(3) matches in sorted order. */
+ * version, token count, vocabulary size or 0; then count LE tokens, uint16
+ * for version 1, uint32 for version 2), one file or the glob(3) matches in
+ * sorted order. A token at or above its shard's declared vocabulary is an error. */
 ht_status ht_dataset_open_text_bytes(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
 ht_status ht_dataset_open_token_bin(const ht_data_config *cfg, ht_dataset *ds, ht_error *err);
 
 static inline int ht_dataset_vocab_size(const ht_dataset *ds) { return ds->vocab_size; }
 static inline size_t ht_dataset_split_tokens(const ht_dataset *ds, ht_split split) { return ds->split_count[split]; }
-/* Fails naming the file and the token position in it of the first token id >= vocab_size. */
-ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, ht_error *err);
+/* Checks the data against the model's vocab_size: fails naming the first file
+ * whose declared vocabulary is larger, or else the file and the token position
+ * in it of the first token id >= vocab_size. `vocab_from` names where the
+ * model's vocab_size came from in the messages ("model.vocab_size", a
+ * config.json); NULL says "the model's vocab_size". */
+ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const char *vocab_from, ht_error *err);
 
 /* Where a loader stands: the next global batch starts at window perm[index]
  * of epoch `epoch`. It does not depend on B or the world size, so a
@@ -92,7 +98,7 @@ typedef struct ht_loader_pos {
  * fill a global batch. The loader borrows the dataset's tokens: keep the
  * dataset alive while the loader is. */
 typedef struct ht_loader {
-    const uint16_t *tokens; /* the split's first token, borrowed */
+    const uint32_t *tokens; /* the split's first token, borrowed */
     int B, T, rank, world;
     uint64_t seed;
     bool shuffle;

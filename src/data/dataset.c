@@ -30,6 +30,7 @@ ht_status ht_dataset_add_source(ht_dataset *ds, const char *path, size_t count, 
     snprintf(s->path, sizeof(s->path), "%s", path);
     s->start = start;
     s->count = count;
+    s->vocab_size = 0;
     ds->n_sources++;
     return HT_OK;
 }
@@ -84,10 +85,10 @@ ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error 
         return st;
     }
     if (ds->vocab_size == 0) {
-        uint16_t max = 0;
+        uint32_t max = 0;
         for (size_t i = 0; i < ds->n_tokens; i++)
             if (ds->tokens[i] > max) max = ds->tokens[i];
-        ds->vocab_size = (int)max + 1;
+        ds->vocab_size = max >= INT32_MAX ? INT32_MAX : (int)max + 1; /* check_vocab refuses ids that large */
     }
     ht_log_info("data: %s %s: %zu tokens from %d file%s (train %zu, validation %zu), vocab %d", ds->type, cfg->path,
                 ds->n_tokens, ds->n_sources, ds->n_sources == 1 ? "" : "s", ds->split_count[HT_SPLIT_TRAIN],
@@ -96,16 +97,24 @@ ht_status ht_dataset_open(const ht_data_config *cfg, ht_dataset **out, ht_error 
     return HT_OK;
 }
 
-ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, ht_error *err) {
+ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const char *vocab_from, ht_error *err) {
+    if (!vocab_from) vocab_from = "the model's vocab_size";
+    for (int k = 0; k < ds->n_sources; k++)
+        if (ds->sources[k].vocab_size > vocab_size)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "%s: tokenized with a vocabulary of %d tokens, but %s is %d "
+                           "(the data was made with another model's tokenizer?)",
+                           ds->sources[k].path, ds->sources[k].vocab_size, vocab_from, vocab_size);
     for (size_t i = 0; i < ds->n_tokens; i++) {
-        if ((int)ds->tokens[i] < vocab_size) continue;
+        if ((int64_t)ds->tokens[i] < vocab_size) continue;
         const ht_data_source *s = NULL;
         for (int k = 0; k < ds->n_sources; k++)
             if (i >= ds->sources[k].start && i < ds->sources[k].start + ds->sources[k].count) s = &ds->sources[k];
         return ht_fail(err, HT_ERR_CONFIG,
-                       "%s: token at position %zu has id %d, but the model's vocab_size is %d "
+                       "%s: token at position %zu has id %u, but %s is %d "
                        "(ids must be below it; position %zu of the whole %s stream)",
-                       s ? s->path : ds->type, s ? i - s->start : i, ds->tokens[i], vocab_size, i, ds->type);
+                       s ? s->path : ds->type, s ? i - s->start : i, ds->tokens[i], vocab_from, vocab_size, i,
+                       ds->type);
     }
     return HT_OK;
 }

@@ -66,9 +66,10 @@ void ht_loader_next(ht_loader *l, int32_t *tokens) {
     size_t row = (size_t)l->T + 1;
     for (int b = 0; b < l->B; b++) {
         size_t w = l->perm ? l->perm[first + (size_t)b] : first + (size_t)b;
-        const uint16_t *src = l->tokens + w * (size_t)l->T;
+        const uint32_t *src = l->tokens + w * (size_t)l->T;
         int32_t *dst = tokens + (size_t)b * row; // (T+1,)
-        for (size_t t = 0; t < row; t++) dst[t] = src[t];
+        /* The ids are below the model's vocab_size (ht_dataset_check_vocab), so they fit int32. */
+        for (size_t t = 0; t < row; t++) dst[t] = (int32_t)src[t];
     }
     l->pos.index += global_batch(l);
 }

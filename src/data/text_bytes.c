@@ -53,7 +53,7 @@ static ht_status list_folder(const char *dir, char ***out, size_t *out_n, ht_err
 
 /* Appends the bytes of `path` to ds->tokens as a new source. */
 static ht_status append_bytes(ht_dataset *ds, const char *path, const char *bytes, size_t size, ht_error *err) {
-    uint16_t *grown = realloc(ds->tokens, (ds->n_tokens + size + 1) * sizeof(*grown));
+    uint32_t *grown = realloc(ds->tokens, (ds->n_tokens + size + 1) * sizeof(*grown));
     if (!grown) return ht_fail(err, HT_ERR_OOM, "%s: cannot allocate %zu tokens", path, ds->n_tokens + size);
     ds->tokens = grown;
     for (size_t i = 0; i < size; i++) ds->tokens[ds->n_tokens + i] = (unsigned char)bytes[i];

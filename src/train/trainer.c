@@ -204,7 +204,10 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
                        dc.seq_len, t->model->config.max_position_embeddings);
     ht_status s = ht_dataset_open(&dc, &t->data, err);
     if (s != HT_OK) return s;
-    s = ht_dataset_check_vocab(t->data, t->model->config.vocab_size, err);
+    char vocab_from[sizeof(c->model.from_pretrained) + 64] = "model.vocab_size";
+    if (c->model.from_pretrained[0])
+        snprintf(vocab_from, sizeof(vocab_from), "the vocab_size of %s/config.json", c->model.from_pretrained);
+    s = ht_dataset_check_vocab(t->data, t->model->config.vocab_size, vocab_from, err);
     if (s != HT_OK) return s;
     t->B = c->training.local_batch_size;
     t->T = c->data.seq_len;
@@ -759,7 +762,7 @@ static void log_memory(ht_trainer *t) {
         [OPTIM] = (double)ht_optimizer_bytes(&t->optimizer),
         [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_peak_bytes,
         [ACTS] = (double)t->model->activation_bytes,
-        [DATA] = t->data ? (double)t->data->n_tokens * sizeof(uint16_t) : 0.0,
+        [DATA] = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
         [PEAK] = rss_peak(),
     };
     int P = t->comm->size;

@@ -1,4 +1,5 @@
-/* A token_bin shard: its 1024-byte header (magic, version, token count) and the tokens after it. */
+/* A token_bin shard: its 1024-byte header (magic, version 1 or 2, token count,
+ * vocabulary size) and the uint16 or uint32 tokens after it. */
 #include <string.h>
 
 #include "fuzz_common.h"
