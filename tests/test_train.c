@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <glob.h>
 #include <sys/stat.h>
 
 #include "hypertrain/ckpt.h"
@@ -464,6 +465,48 @@ static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
     assert_non_null(strstr(msg, "checkpoint.overwrite: this run replaces the one in"));
 }
 
+/* Every example YAML of the seed documents, as configs/seeds/ holds it, loads
+ * in its own dialect and trains 2 steps (sizes made small: steps, sequence,
+ * model, and warmup where the example's is longer than 2 steps). */
+static void test_seed_configs_train(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_seeds");
+    write_corpus(dir);
+    glob_t g;
+    assert_int_equal(glob(HT_SOURCE_DIR "/configs/seeds/*.yaml", 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 17);
+    for (size_t k = 0; k < g.gl_pathc; k++) {
+        const char *path = g.gl_pathv[k], *base = strrchr(path, '/') + 1;
+        char *text, msg[1 << 16], run[4096];
+        size_t len;
+        ht_error err;
+        assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+        const char *want = strncmp(base, "mindformers_training", 20) == 0 ? "hypertrain's"
+                           : strncmp(base, "mindformers_", 12) == 0       ? "MindFormers'"
+                           : strncmp(base, "hyperparallel_", 14) == 0     ? "HyperParallel's"
+                                                                          : "MindSpeed-MM's";
+        bool from_hf = strstr(text, "model_name_or_path:") != NULL;
+        snprintf(run, sizeof(run),
+                 "--set training.steps=2 --set data.path=%s/corpus.txt --set data.seq_len=16 "
+                 "--set checkpoint.output_dir=%s/%s %s %s",
+                 dir, dir, base,
+                 from_hf ? ""
+                         : "--set model.hidden_size=32 --set model.intermediate_size=64 "
+                           "--set model.num_hidden_layers=1 --set model.num_attention_heads=4 "
+                           "--set model.num_key_value_heads=2",
+                 strstr(text, "warmup_steps:") ? "--set lr_scheduler.warmup_steps=1" : "");
+        int rc = run_cli(dir, text, run, msg, sizeof(msg));
+        free(text);
+        if (rc != 0) fail_msg("%s: exit %d: %s", base, rc, msg);
+        char dialect[128];
+        snprintf(dialect, sizeof(dialect), "(%s dialect)", want);
+        if (!strstr(msg, dialect)) fail_msg("%s: not read as %s: %s", base, dialect, msg);
+        if (!strstr(msg, "step     2/2")) fail_msg("%s: did not train 2 steps: %s", base, msg);
+        if (strstr(msg, "matches no parameter")) fail_msg("%s: a pattern matches nothing: %s", base, msg);
+    }
+    globfree(&g);
+}
+
 /* OpenMP's idle threads: a busy machine at start (another process running)
  * gets the short spin, said in the log; /proc/loadavg's running count decides. */
 static void test_openmp_wait_on_a_busy_machine(void **state) {
@@ -541,6 +584,7 @@ int main(void) {
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
+        cmocka_unit_test(test_seed_configs_train),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),

@@ -1126,7 +1126,8 @@ static yaml_node_t *map_get(yaml_document_t *doc, const yaml_node_t *map, const 
  * what some names mean (a MindFormers Muon block's eps) and which sections
  * take extra keys: MindSpeed-MM's top level (parallel:, data.dataset_param),
  * an optimizer _target_ of HyperParallel's, a MindFormers optimizer type (or
- * its lr_schedule section), else hypertrain's own. The MindFormers optimizer
+ * its lr_schedule section, or a learning_rate / base_lr in lr_scheduler,
+ * which only MindFormers spells), else hypertrain's own. The MindFormers optimizer
  * type is noted too, for the same reason; its key is read in its turn. */
 static void detect_dialect(yaml_document_t *doc, const yaml_node_t *root, ht_config *cfg) {
     yaml_node_t *opt = map_get(doc, root, "optimizer"), *target = map_get(doc, opt, "_target_"),
@@ -1135,7 +1136,9 @@ static void detect_dialect(yaml_document_t *doc, const yaml_node_t *root, ht_con
         cfg->dialect = HT_CONFIG_DIALECT_MINDSPEED;
     } else if (target && target->type == YAML_SCALAR_NODE && strncmp(scalar_text(target), "hyper_parallel.", 15) == 0) {
         cfg->dialect = HT_CONFIG_DIALECT_HYPERPARALLEL;
-    } else if ((type && type->type == YAML_SCALAR_NODE) || map_get(doc, root, "lr_schedule")) {
+    } else if ((type && type->type == YAML_SCALAR_NODE) || map_get(doc, root, "lr_schedule") ||
+               map_get(doc, map_get(doc, root, "lr_scheduler"), "learning_rate") ||
+               map_get(doc, map_get(doc, root, "lr_scheduler"), "base_lr")) {
         cfg->dialect = HT_CONFIG_DIALECT_MINDFORMERS;
         cfg->optimizer.type = HT_CONFIG_OPTIMIZER_ADAMW; /* MindFormers' default type */
         if (type && type->type == YAML_SCALAR_NODE && strcmp(scalar_text(type), "Muon") == 0)
@@ -1529,11 +1532,22 @@ bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, si
     return true;
 }
 
+/* "MindFormers'", "HyperParallel's". */
+static const char *dialect_possessive(ht_config_dialect d) {
+    switch (d) {
+    case HT_CONFIG_DIALECT_HYPERTRAIN: return "hypertrain's";
+    case HT_CONFIG_DIALECT_HYPERPARALLEL: return "HyperParallel's";
+    case HT_CONFIG_DIALECT_MINDFORMERS: return "MindFormers'";
+    case HT_CONFIG_DIALECT_MINDSPEED: return "MindSpeed-MM's";
+    }
+    return "?";
+}
+
 /* "file, line 12", "command line", "default"; ", as <alias>" when an alias set it. */
 static void describe_source(const ht_config *cfg, int i, char *buf, size_t n) {
     const char *as = cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : NULL;
     if (cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT && cfg->dialect_default[i])
-        snprintf(buf, n, "%s's default", ht_config_dialect_name(cfg->dialect));
+        snprintf(buf, n, "%s default", dialect_possessive(cfg->dialect));
     else if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
         snprintf(buf, n, "file, line %d%s%s", cfg->line[i], as ? ", as " : "", as ? as : "");
     else
@@ -1552,8 +1566,8 @@ void ht_config_log(const ht_config *cfg) {
         int vl = (int)strlen(value);
         if (vl > val_w && vl <= 40) val_w = vl;
     }
-    ht_log_info("Trainer config%s%s (%s's dialect)", cfg->file[0] ? " from " : "", cfg->file,
-                ht_config_dialect_name(cfg->dialect));
+    ht_log_info("Trainer config%s%s (%s dialect)", cfg->file[0] ? " from " : "", cfg->file,
+                dialect_possessive(cfg->dialect));
     ht_log_info("  %-*s  %-*s  %s", key_w, "key", val_w, "value", "source");
     for (int i = 0; i < N_KEYS; i++) {
         if (KEYS[i].type == KT_REJECT) continue;
@@ -1565,8 +1579,8 @@ void ht_config_log(const ht_config *cfg) {
     for (int j = 0; j < cfg->ignored_count; j++) {
         char hint[256];
         bool close = suggest(cfg->ignored[j], hint, sizeof(hint)) != NULL;
-        ht_log_warn("%s:%d: %s is not a key hypertrain uses; ignored (%s's section allows extra keys)%s%s%s", cfg->file,
-                    cfg->ignored_line[j], cfg->ignored[j], ht_config_dialect_name(cfg->dialect),
+        ht_log_warn("%s:%d: %s is not a key hypertrain uses; ignored (%s allows extra keys in this section)%s%s%s",
+                    cfg->file, cfg->ignored_line[j], cfg->ignored[j], ht_config_dialect_name(cfg->dialect),
                     close ? "; did you mean " : "", close ? hint : "", close ? "?" : "");
     }
 }

@@ -341,6 +341,11 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
  * module name spelled for another model goes nowhere otherwise. */
 static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config_strings *patterns) {
     const ht_param_store *ps = &t->model->params;
+    int line;
+    int i = ht_config_key_index(key);
+    /* hypertrain's own defaults cover other models' names too ("*ln_*"): only what a run chose is checked. */
+    if (ht_config_key_source(&t->config, key, &line) == HT_CONFIG_SOURCE_DEFAULT && !t->config.dialect_default[i])
+        return;
     for (int k = 0; k < patterns->count; k++) {
         bool hit = false;
         for (int i = 0; i < ps->count && !hit; i++) hit = ht_name_match(patterns->items[k], ps->items[i].name);
