@@ -263,41 +263,42 @@ static const char *FULL = "# every section and key, none at its default\n"      
                           "  local_batch_size: 4\n"                                                           /* 77 */
                           "  global_batch_size: 64\n"                                                         /* 78 */
                           "  max_norm: 0.5\n"                                                                 /* 79 */
-                          "  seed: 12345678901\n"                                                             /* 80 */
-                          "  deterministic: true\n"                                                           /* 81 */
-                          "  log_interval: 5\n"                                                               /* 82 */
-                          "  eval_interval: 0\n"                                                              /* 83 */
-                          "  eval_batches: 3\n"                                                               /* 84 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 85 */
-                          "  loss_scale_initial: 4096\n"                                                      /* 86 */
-                          "  loss_scale_growth_interval: 200\n"                                               /* 87 */
-                          "  loss_scale_growth_factor: 4\n"                                                   /* 88 */
-                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 89 */
-                          "  loss_scale_hysteresis: 1\n"                                                      /* 90 */
-                          "  loss_scale_min: 2\n"                                                             /* 91 */
-                          "  init_model_with_meta_device: false\n"                                            /* 92 */
-                          "  distributed_timeout_minutes: 2.5\n"                                              /* 93 */
-                          "fsdp_config:\n"                                                                    /* 94 */
-                          "  shard_size: 2\n"                                                                 /* 95 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 96 */
-                          "  reshard_after_forward: false\n"                                                  /* 97 */
-                          "  prefetch: false\n"                                                               /* 98 */
-                          "  mix_precision:\n"                                                                /* 99 */
-                          "    param_dtype: float16\n"                                                        /* 100 */
-                          "    reduce_dtype: bfloat16\n"                                                      /* 101 */
-                          "    output_dtype: float32\n"                                                       /* 102 */
-                          "    cast_forward_inputs: false\n"                                                  /* 103 */
-                          "checkpoint:\n"                                                                     /* 104 */
-                          "  output_dir: runs/full\n"                                                         /* 105 */
-                          "  save_interval: 0\n"                                                              /* 106 */
-                          "  save_optimizer: false\n"                                                         /* 107 */
-                          "  keep_last: 0\n"                                                                  /* 108 */
-                          "  restore_from: latest\n"                                                          /* 109 */
-                          "  restore_optimizer: false\n"                                                      /* 110 */
-                          "  overwrite: true\n"                                                               /* 111 */
-                          "kernels:\n"                                                                        /* 112 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 113 */
-                          "  f16_gemm: widened\n";                                                            /* 114 */
+                          "  gradient_scaling_factor: 0.5\n"                                                  /* 80 */
+                          "  seed: 12345678901\n"                                                             /* 81 */
+                          "  deterministic: true\n"                                                           /* 82 */
+                          "  log_interval: 5\n"                                                               /* 83 */
+                          "  eval_interval: 0\n"                                                              /* 84 */
+                          "  eval_batches: 3\n"                                                               /* 85 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 86 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 87 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 88 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 89 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 90 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 91 */
+                          "  loss_scale_min: 2\n"                                                             /* 92 */
+                          "  init_model_with_meta_device: false\n"                                            /* 93 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 94 */
+                          "fsdp_config:\n"                                                                    /* 95 */
+                          "  shard_size: 2\n"                                                                 /* 96 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 97 */
+                          "  reshard_after_forward: false\n"                                                  /* 98 */
+                          "  prefetch: false\n"                                                               /* 99 */
+                          "  mix_precision:\n"                                                                /* 100 */
+                          "    param_dtype: float16\n"                                                        /* 101 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 102 */
+                          "    output_dtype: float32\n"                                                       /* 103 */
+                          "    cast_forward_inputs: false\n"                                                  /* 104 */
+                          "checkpoint:\n"                                                                     /* 105 */
+                          "  output_dir: runs/full\n"                                                         /* 106 */
+                          "  save_interval: 0\n"                                                              /* 107 */
+                          "  save_optimizer: false\n"                                                         /* 108 */
+                          "  keep_last: 0\n"                                                                  /* 109 */
+                          "  restore_from: latest\n"                                                          /* 110 */
+                          "  restore_optimizer: false\n"                                                      /* 111 */
+                          "  overwrite: true\n"                                                               /* 112 */
+                          "kernels:\n"                                                                        /* 113 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 114 */
+                          "  f16_gemm: widened\n";                                                            /* 115 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -420,14 +421,14 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 114);
+        assert_true(line >= 3 && line <= 115);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
     assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
     assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 52);
-    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 91);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 110);
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 92);
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 111);
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
@@ -890,6 +891,72 @@ static void test_mindformers_and_hyperparallel_dialects(void **state) {
     assert_string_equal(value, "AdamW"); /* logged by its short name */
     assert_int_equal(ht_config_key_index("optimizer.betas"), ht_config_key_index("optimizer.adamw_config.adamw_betas"));
     assert_int_equal(ht_config_key_index("optimizer.nope"), -1);
+}
+
+/* MindFormers' dialect keeps its own meanings and defaults: a Muon block's
+ * eps is the Newton-Schulz eps (with adamw_eps beside it, no duplicate);
+ * what the block leaves unset takes MindFormers' defaults, logged as such;
+ * its optimizer and lr_scheduler sections take extra keys, kept as ignored;
+ * accumulate_allreduce_grads_in_fp32: false is refused with the reason. */
+static void test_mindformers_dialect_meanings(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *muon = "optimizer:\n"
+                       "  type: Muon\n"
+                       "  eps: 1.e-6\n"
+                       "  adamw_eps: 1.e-9\n"
+                       "  use_fused: true\n"
+                       "lr_scheduler:\n"
+                       "  type: cosine\n"
+                       "  warmup_steps: 2\n"
+                       "  some_future_key: 3\n";
+    assert_ht_ok(load_text("mfm.yaml", muon, &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_MINDFORMERS);
+    assert_true(cfg.optimizer.muon.ns_eps == 1e-6);
+    assert_true(cfg.optimizer.adamw.eps == 1e-9);
+    assert_string_equal(ht_config_key_spelling(&cfg, "optimizer.muon_config.muon_ns_eps"), "optimizer.eps");
+    /* MindFormers' Muon defaults where hypertrain's differ. */
+    assert_true(cfg.optimizer.adamw.betas[0] == 0.95 && cfg.optimizer.adamw.betas[1] == 0.95);
+    assert_true(cfg.optimizer.muon.lr == 1e-5 && cfg.optimizer.adamw.lr == 1e-5);
+    assert_true(cfg.optimizer.adamw.weight_decay == 0.1);
+    assert_true(cfg.optimizer.muon.qk_clip_enabled);
+    assert_int_equal(cfg.optimizer.muon.ns_variant, HT_CONFIG_NS_LEGACY);
+    assert_string_equal(cfg.optimizer.muon.adamw_include.items[0], "word_embeddings");
+    assert_int_equal(cfg.training.local_batch_size, 1);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_COSINE_WARMUP); /* "cosine", HyperParallel's name */
+    assert_int_equal(cfg.ignored_count, 2);
+    assert_string_equal(cfg.ignored[0], "optimizer.use_fused");
+    assert_int_equal(cfg.ignored_line[0], 5);
+    assert_string_equal(cfg.ignored[1], "lr_scheduler.some_future_key");
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+
+    /* An AdamW block (MindFormers' default type): eps is AdamW's, betas [0.9, 0.95]. */
+    assert_ht_ok(load_text("mfa.yaml", "optimizer:\n  eps: 1.e-7\n  weight_decay: 0.05\n", &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_HYPERTRAIN); /* no type, no lr_schedule: not told */
+    assert_ht_ok(load_text("mfa.yaml", "optimizer:\n  type: AdamW\n  eps: 1.e-7\n", &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_MINDFORMERS);
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW);
+    assert_true(cfg.optimizer.adamw.eps == 1e-7);
+    assert_true(cfg.optimizer.muon.ns_eps == 1e-7); /* hypertrain's default, untouched */
+    assert_true(cfg.optimizer.adamw.betas[0] == 0.9 && cfg.optimizer.adamw.betas[1] == 0.95);
+    assert_true(cfg.optimizer.adamw.weight_decay == 0.01);
+
+    /* hypertrain's own dialect still refuses an unknown key there. */
+    expect_load_error("mfx.yaml", "optimizer:\n  _target_: AdamW\n  use_fused: true\n", "mfx.yaml:3:",
+                      "optimizer.use_fused", "unknown key", NULL);
+    /* false asks for what the engine never does. */
+    assert_ht_ok(load_text("mff.yaml", "optimizer:\n  type: AdamW\n  accumulate_allreduce_grads_in_fp32: false\n",
+                           &cfg, &err),
+                 &err);
+    assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "mff.yaml:3: optimizer.accumulate_allreduce_grads_in_fp32");
+    assert_contains(err.msg, "always accumulates them in FP32");
+    /* HyperParallel's scheduler names. */
+    assert_ht_ok(load_text("hps.yaml", "lr_scheduler:\n  type: linear\n", &cfg, &err), &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_LINEAR_WARMUP);
+    assert_ht_ok(load_text("hps.yaml", "lr_scheduler:\n  type: constant\n", &cfg, &err), &err);
+    assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_CONSTANT_WARMUP);
 }
 
 /* The two dialect examples describe one run: every key loads to the same value,
@@ -1382,6 +1449,7 @@ int main(void) {
         cmocka_unit_test(test_validation_rules),
         cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples),
+        cmocka_unit_test(test_mindformers_dialect_meanings),
         cmocka_unit_test(test_shared_aliases),
         cmocka_unit_test(test_mindformers_lr_keys),
         cmocka_unit_test(test_contract_rules),

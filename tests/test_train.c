@@ -465,6 +465,85 @@ static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
     assert_non_null(strstr(msg, "checkpoint.overwrite: this run replaces the one in"));
 }
 
+/* The line of a log holding `needle`, copied into line (empty if none). */
+static const char *log_line(const char *log, const char *needle, char *line, size_t n) {
+    const char *at = strstr(log, needle);
+    line[0] = '\0';
+    if (!at) return line;
+    const char *start = at;
+    while (start > log && start[-1] != '\n') start--;
+    size_t len = strcspn(start, "\n");
+    snprintf(line, n, "%.*s", (int)(len < n ? len : n - 1), start);
+    return line;
+}
+
+/* MindFormers' weight_decay_include/exclude over no_weight_decay, its module
+ * names in routing (word_embeddings, output_layer), a pattern that matches no
+ * parameter named, a name in both lists refused; and HyperParallel's gradient
+ * scaling factor, which scales every gradient before the reduction (0.5: the
+ * first step's gradient norm exactly halves). */
+static void test_decay_lists_routing_names_and_gradient_scaling(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_decay_lists");
+    write_corpus(dir);
+    char data[2048], msg[1 << 16], line[512], run[2048];
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    int rc = run_cli(dir, yaml,
+                     "--set 'optimizer.adamw_config.weight_decay_exclude=[\"output_layer\"]' "
+                     "--set 'optimizer.adamw_config.weight_decay_include=[\"*norm*\"]' "
+                     "--set 'optimizer.adamw_config.no_weight_decay=[\"*bias*\", \"*norm*\", \"*nothing_like_it*\"]' "
+                     "--set checkpoint.overwrite=true",
+                     msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run failed: %s", msg);
+    if (!strstr(log_line(msg, " lm_head.weight ", line, sizeof(line)), "weight decay 0") ||
+        strstr(line, "weight decay 0.01"))
+        fail_msg("lm_head (output_layer) should not decay: '%s'", line);
+    if (!strstr(log_line(msg, " model.norm.weight ", line, sizeof(line)), "weight decay 0.01"))
+        fail_msg("model.norm should decay (weight_decay_include): '%s'", line);
+    if (!strstr(log_line(msg, " model.layers.0.self_attn.q_proj.bias ", line, sizeof(line)), "weight decay 0"))
+        fail_msg("biases stay undecayed: '%s'", line);
+    assert_non_null(strstr(msg, "optimizer.adamw_config.no_weight_decay: \"*nothing_like_it*\" matches no parameter"));
+
+    rc = run_cli(dir, NULL,
+                 "--set 'optimizer.adamw_config.weight_decay_exclude=[\"*norm*\"]' "
+                 "--set 'optimizer.adamw_config.weight_decay_include=[\"model.norm\"]' --set checkpoint.overwrite=true",
+                 msg, sizeof(msg));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(msg, "model.norm.weight matches weight_decay_include \"model.norm\" and "
+                                "weight_decay_exclude \"*norm*\""));
+
+    /* MindFormers' module names route the embedding and the output layer to AdamW. */
+    rc = run_cli(dir, NULL,
+                 "--set optimizer._target_=Muon --set checkpoint.overwrite=true "
+                 "--set 'optimizer.muon_config.adamw_include=[\"word_embeddings\", \"output_layer\"]'",
+                 msg, sizeof(msg));
+    if (rc != 0) fail_msg("the Muon run failed: %s", msg);
+    assert_non_null(strstr(log_line(msg, " model.embed_tokens.weight ", line, sizeof(line)), "AdamW"));
+    assert_non_null(strstr(log_line(msg, " lm_head.weight ", line, sizeof(line)), "AdamW"));
+    assert_non_null(strstr(log_line(msg, " model.layers.0.mlp.up_proj.weight ", line, sizeof(line)), "Muon"));
+
+    /* gradient_scaling_factor: one step each, the norms compared. */
+    double norm[2];
+    for (int k = 0; k < 2; k++) {
+        snprintf(run, sizeof(run),
+                 "--set training.steps=1 --set checkpoint.overwrite=true --set checkpoint.output_dir=%s/gs%d %s", dir,
+                 k, k ? "--set training.gradient_scaling_factor=0.5" : "");
+        rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+        if (rc != 0) fail_msg("the scaling run failed: %s", msg);
+        char path[1200], *text;
+        size_t len;
+        ht_error err;
+        snprintf(path, sizeof(path), "%s/gs%d/metrics.jsonl", dir, k);
+        assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+        const char *g = strstr(text, "\"grad_norm\": ");
+        assert_non_null(g);
+        norm[k] = strtod(g + 13, NULL);
+        free(text);
+    }
+    if (!(norm[0] > 0) || norm[1] != norm[0] / 2) fail_msg("grad norms %.17g and %.17g", norm[0], norm[1]);
+}
+
 /* Every example YAML of the seed documents, as configs/seeds/ holds it, loads
  * in its own dialect and trains 2 steps (sizes made small: steps, sequence,
  * model, and warmup where the example's is longer than 2 steps). */
@@ -585,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
         cmocka_unit_test(test_seed_configs_train),
+        cmocka_unit_test(test_decay_lists_routing_names_and_gradient_scaling),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),

@@ -166,6 +166,8 @@ typedef struct ht_config {
         int local_batch_size;  /* sequences per micro-batch per data-parallel rank */
         int global_batch_size; /* accumulation = global / (local * data_parallel) */
         double max_norm;
+        double gradient_scaling_factor; /* every gradient times this before the reduction (HyperParallel's
+                                           set_gradient_scaling_factor) */
         int64_t seed;
         bool deterministic;
         bool init_model_with_meta_device;   /* each rank builds only its rows */

@@ -66,6 +66,15 @@ static const enum_name LR_SCHEDULES[] = {
     {"ConstantWithCoolDownLR", HT_CONFIG_LR_CONSTANT_COOLDOWN, false},
     {"CosineAnnealingWarmRestarts", HT_CONFIG_LR_COSINE_WARM_RESTARTS, false},
     {"LearningRateWiseLayer", HT_CONFIG_LR_WISE_LAYER, false},
+    /* HyperParallel's get_hyper_lr_scheduler and MindSpeed-MM's (Megatron's)
+     * lr_decay_style names: after warmup, "constant" holds the base lr,
+     * "linear" falls linearly to 0 at the last step (theirs stops at min_lr,
+     * 1e-7 by default), "cosine" is a half cosine from the base lr to lr_end
+     * over floor(steps * decay_ratio) steps (their min_lr is lr_end here, and
+     * their lr_decay_ratio decay_ratio): the values of the schedules named. */
+    {"constant", HT_CONFIG_LR_CONSTANT_WARMUP, true},
+    {"linear", HT_CONFIG_LR_LINEAR_WARMUP, true},
+    {"cosine", HT_CONFIG_LR_COSINE_WARMUP, true},
     {NULL, 0, false},
 };
 static const enum_name NS_VARIANTS[] = {
@@ -214,6 +223,7 @@ static const key_desc KEYS[] = {
     INT("training.local_batch_size", training.local_batch_size, "8"),
     INT("training.global_batch_size", training.global_batch_size, "32"),
     FLT("training.max_norm", training.max_norm, "1.0"),
+    FLT("training.gradient_scaling_factor", training.gradient_scaling_factor, "1.0"),
     I64("training.seed", training.seed, "42"),
     BOOL("training.deterministic", training.deterministic, "false"),
     BOOL("training.init_model_with_meta_device", training.init_model_with_meta_device, "true"),

@@ -176,6 +176,8 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
             "accumulates them in FP32 (main_grad). Leave it true or remove it",
             at(cfg, "optimizer.accumulate_allreduce_grads_in_fp32", a, sizeof(a)));
 
+    check(&r, cfg->training.gradient_scaling_factor > 0, "training.gradient_scaling_factor", "a number > 0");
+
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";
     check(&r, is_float_dtype(cfg->model_init_dtype) || cfg->model_init_dtype == HT_CONFIG_DTYPE_NONE,

@@ -502,7 +502,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_model *m = t->model;
     /* The loss scale multiplies the gradients; 1/(accumulation × ranks)
      * averages the global batch's micro-batches, once, before the sum over ranks. */
-    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) / ((double)t->grad_accum * t->comm->size));
+    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
+                               ((double)t->grad_accum * t->comm->size));
     ht_model_reset_attn_max(m);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->grad_accum; micro++) {
