@@ -54,7 +54,7 @@ static void write_shard_words(const char *path, int32_t magic, int32_t version, 
 /* A version-1 shard (uint16 tokens), vocabulary unknown. */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, const uint16_t *toks,
                         size_t n) {
-    uint32_t *wide = malloc((n ? n : 1) * sizeof(uint32_t));
+    uint32_t *wide = calloc(n ? n : 1, sizeof(uint32_t));
     for (size_t i = 0; i < n; i++) wide[i] = toks[i];
     write_shard_words(path, magic, version, count, 0, wide, n, 2);
     free(wide);

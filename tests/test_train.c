@@ -399,6 +399,20 @@ static void test_resume_refuses_lost_optimizer_state(void **state) {
     if (rc != 0) fail_msg("restore_optimizer false failed: %s", msg);
     assert_non_null(strstr(msg, "checkpoint.overwrite: this run replaces the one in"));
 
+    /* Saved with state; resumed with another lr and betas: each difference named, the config's value used. */
+    snprintf(run, sizeof(run), "%s --set checkpoint.output_dir=%s/out3", muon, dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the run to resume failed: %s", msg);
+    snprintf(run, sizeof(run),
+             "%s --set checkpoint.output_dir=%s/out3 --set training.steps=3 --set checkpoint.restore_from=latest "
+             "--set optimizer.adamw_config.adamw_lr=0.0005 --set 'optimizer.adamw_config.adamw_betas=[0.9, 0.95]'",
+             muon, dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the resume failed: %s", msg);
+    if (!strstr(msg, "resume: optimizer.adamw_config.adamw_lr was 0.001 in ") ||
+        !strstr(msg, "this run uses 0.0005 (the config's value wins)") ||
+        !strstr(msg, "resume: optimizer.adamw_config.adamw_betas was [0.9, 0.999]") ||
+        !strstr(msg, "resume: 2 optimizer settings changed since the checkpoint"))
+        fail_msg("the changed settings are not named: %s", msg);
+
     /* Saved with state; resumed with q_proj moved from Muon to AdamW. */
     snprintf(run, sizeof(run), "%s --set checkpoint.output_dir=%s/out2", muon, dir);
     rc = run_cli(dir, NULL, run, msg, sizeof(msg));

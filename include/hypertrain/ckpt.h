@@ -218,6 +218,9 @@ void ht_ckpt_close(ht_checkpoint *ck);
 int64_t ht_ckpt_step(const ht_checkpoint *ck);
 int ht_ckpt_world_size(const ht_checkpoint *ck);
 const char *ht_ckpt_dir(const ht_checkpoint *ck);
+/* The value a config key had in the run that saved ck, as its log printed it
+ * (ht_config_format_value); NULL if the checkpoint holds no such key. */
+const char *ht_ckpt_config_value(const ht_checkpoint *ck, const char *key);
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck);
 /* Rows [row0, row1) of a key into dst, converted to dst_dtype (float <-> float
  * only): the planner reads the overlap of every saved chunk with them. */

@@ -912,6 +912,11 @@ int ht_ckpt_world_size(const ht_checkpoint *ck) { return ck->world; }
 const char *ht_ckpt_dir(const ht_checkpoint *ck) { return ck->dir; }
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck->state; }
 
+const char *ht_ckpt_config_value(const ht_checkpoint *ck, const char *key) {
+    const ht_json *v = ht_json_get(ht_json_get(ck->meta, "config"), key);
+    return v && v->type == HT_JSON_STRING ? v->string : NULL;
+}
+
 /* The first complete checkpoint directory (step_X with a metadata.json) in
  * output_dir, into name; false when there is none. */
 bool ht_ckpt_newest(const char *output_dir, char *name, size_t n) {

@@ -1019,6 +1019,27 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* The optimizer and schedule settings the checkpoint was saved with, against
+ * this run's: each difference is named, and this run's value is the one used
+ * (as the seed systems do on a resume). */
+static void log_changed_hyperparameters(const ht_trainer *t, const ht_checkpoint *ck) {
+    int changed = 0;
+    char now[4096];
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        if (strncmp(key, "optimizer.", 10) != 0 && strncmp(key, "lr_scheduler.", 13) != 0 &&
+            strcmp(key, "training.max_norm") != 0 && strcmp(key, "training.gradient_scaling_factor") != 0)
+            continue;
+        const char *then = ht_ckpt_config_value(ck, key);
+        if (!then || !ht_config_format_value(&t->config, key, now, sizeof(now)) || strcmp(then, now) == 0) continue;
+        ht_log_warn("resume: %s was %s in %s; this run uses %s (the config's value wins)", key, then, ht_ckpt_dir(ck),
+                    now);
+        changed++;
+    }
+    if (changed)
+        ht_log_info("resume: %d optimizer setting%s changed since the checkpoint", changed, changed > 1 ? "s" : "");
+}
+
 ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err) {
     char dir[HT_CKPT_PATH_MAX];
     ht_status s = ht_ckpt_resolve(restore_from, t->config.checkpoint.output_dir, dir, sizeof(dir), err);
@@ -1036,6 +1057,7 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
+    if (s == HT_OK && restore_optimizer) log_changed_hyperparameters(t, ck);
     ht_ckpt_close(ck);
     if (s != HT_OK) return s;
     if (t->fsdp) ht_fsdp_weights_changed(t->fsdp); /* gathered copies of the old weights are stale */
