@@ -198,107 +198,141 @@ static const char *FULL = "# every section and key, none at its default\n"      
                           "  max_position_embeddings: 1024\n"                                                 /* 12 */
                           "  rope_theta: 500000\n"                                                            /* 13 */
                           "  rms_norm_eps: 1.0e-5\n"                                                          /* 14 */
-                          "  attention_bias: false\n"                                                         /* 15 */
-                          "  tie_word_embeddings: true\n"                                                     /* 16 */
-                          "  initializer_range: 0.01\n"                                                       /* 17 */
-                          "model_init_dtype: bfloat16\n"                                                      /* 18 */
-                          "data:\n"                                                                           /* 19 */
-                          "  dataset_type: token_bin\n"                                                       /* 20 */
-                          "  path: \"data/*.bin\"\n"                                                          /* 21 */
-                          "  seq_len: 128\n"                                                                  /* 22 */
-                          "  valid_fraction: 0.1\n"                                                           /* 23 */
-                          "optimizer:\n"                                                                      /* 24 */
-                          "  _target_: Muon\n"                                                                /* 25 */
-                          "  fp32_main_params: false\n"                                                       /* 26 */
-                          "  muon_config:\n"                                                                  /* 27 */
-                          "    muon_lr: 0.03\n"                                                               /* 28 */
-                          "    muon_weight_decay: 0.2\n"                                                      /* 29 */
-                          "    muon_momentum: 0.9\n"                                                          /* 30 */
-                          "    muon_nesterov: false\n"                                                        /* 31 */
-                          "    muon_ns_steps: 7\n"                                                            /* 32 */
-                          "    muon_ns_variant: custom\n"                                                     /* 33 */
-                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 34 */
-                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 35 */
-                          "    muon_matched_adamw_rms: 0\n"                                                   /* 36 */
-                          "    muon_momentum_style: ema\n"                                                    /* 37 */
-                          "    muon_comm_strategy: deredundancy\n"                                            /* 38 */
-                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 39 */
-                          "    qk_clip_enabled: true\n"                                                       /* 40 */
-                          "    qk_clip_threshold: 50.5\n"                                                     /* 41 */
-                          "    muon_ns_dtype: bfloat16\n"                                                     /* 42 */
-                          "  adamw_config:\n"                                                                 /* 43 */
-                          "    adamw_lr: 0.0003\n"                                                            /* 44 */
-                          "    adamw_weight_decay: 0.1\n"                                                     /* 45 */
-                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 46 */
-                          "    adamw_eps: 1.0e-6\n"                                                           /* 47 */
-                          "    no_weight_decay:\n"                                                            /* 48 */
-                          "      - \"*bias*\"\n"                                                              /* 49 */
-                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 50 */
-                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 51 */
-                          "  stochastic_rounding: true\n"                                                     /* 52 */
-                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 53 */
-                          "  use_fused_adamw: true\n"                                                         /* 54 */
-                          "lr_scheduler:\n"                                                                   /* 55 */
-                          "  type: WarmUpStableDecayLR\n"                                                     /* 56 */
-                          "  warmup_ratio: 0.1\n"                                                             /* 57 */
-                          "  warmup_steps: 7\n"                                                               /* 58 */
-                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 59 */
-                          "  lr_end: 1.0e-5\n"                                                                /* 60 */
-                          "  num_cycles: 2\n"                                                                 /* 61 */
-                          "  decay_steps: 90\n"                                                               /* 62 */
-                          "  power: 2.0\n"                                                                    /* 63 */
-                          "  decay_start_steps: 60\n"                                                         /* 64 */
-                          "  decay_start_ratio: 0.5\n"                                                        /* 65 */
-                          "  eta_min: 1.0e-6\n"                                                               /* 66 */
-                          "  t_max: 80\n"                                                                     /* 67 */
-                          "  decay_ratio: 0.6\n"                                                              /* 68 */
-                          "  keep_steps: 5\n"                                                                 /* 69 */
-                          "  lr_end1: 2.0e-6\n"                                                               /* 70 */
-                          "  final_steps: 3\n"                                                                /* 71 */
-                          "  lr_end2: 1.0e-6\n"                                                               /* 72 */
-                          "  t_0: 10\n"                                                                       /* 73 */
-                          "  t_mult: 2\n"                                                                     /* 74 */
-                          "training:\n"                                                                       /* 75 */
-                          "  steps: 100\n"                                                                    /* 76 */
-                          "  local_batch_size: 4\n"                                                           /* 77 */
-                          "  global_batch_size: 64\n"                                                         /* 78 */
-                          "  max_norm: 0.5\n"                                                                 /* 79 */
-                          "  gradient_scaling_factor: 0.5\n"                                                  /* 80 */
-                          "  seed: 12345678901\n"                                                             /* 81 */
-                          "  deterministic: true\n"                                                           /* 82 */
-                          "  log_interval: 5\n"                                                               /* 83 */
-                          "  eval_interval: 0\n"                                                              /* 84 */
-                          "  eval_batches: 3\n"                                                               /* 85 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 86 */
-                          "  loss_scale_initial: 4096\n"                                                      /* 87 */
-                          "  loss_scale_growth_interval: 200\n"                                               /* 88 */
-                          "  loss_scale_growth_factor: 4\n"                                                   /* 89 */
-                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 90 */
-                          "  loss_scale_hysteresis: 1\n"                                                      /* 91 */
-                          "  loss_scale_min: 2\n"                                                             /* 92 */
-                          "  init_model_with_meta_device: false\n"                                            /* 93 */
-                          "  distributed_timeout_minutes: 2.5\n"                                              /* 94 */
-                          "fsdp_config:\n"                                                                    /* 95 */
-                          "  shard_size: 2\n"                                                                 /* 96 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 97 */
-                          "  reshard_after_forward: false\n"                                                  /* 98 */
-                          "  prefetch: false\n"                                                               /* 99 */
-                          "  mix_precision:\n"                                                                /* 100 */
-                          "    param_dtype: float16\n"                                                        /* 101 */
-                          "    reduce_dtype: bfloat16\n"                                                      /* 102 */
-                          "    output_dtype: float32\n"                                                       /* 103 */
-                          "    cast_forward_inputs: false\n"                                                  /* 104 */
-                          "checkpoint:\n"                                                                     /* 105 */
-                          "  output_dir: runs/full\n"                                                         /* 106 */
-                          "  save_interval: 0\n"                                                              /* 107 */
-                          "  save_optimizer: false\n"                                                         /* 108 */
-                          "  keep_last: 0\n"                                                                  /* 109 */
-                          "  restore_from: latest\n"                                                          /* 110 */
-                          "  restore_optimizer: false\n"                                                      /* 111 */
-                          "  overwrite: true\n"                                                               /* 112 */
-                          "kernels:\n"                                                                        /* 113 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 114 */
-                          "  f16_gemm: widened\n";                                                            /* 115 */
+                          "  freeze: []\n"                                                                    /* 15 */
+                          "  trust_remote_code: true\n"                                                       /* 16 */
+                          "  loss_type: raw\n"                                                                /* 17 */
+                          "  recompute: false\n"                                                              /* 18 */
+                          "  recompute_plan:\n"                                                               /* 19 */
+                          "    apply_modules: [\"model.layers.{*}\"]\n"                                       /* 20 */
+                          "  attention_bias: false\n"                                                         /* 21 */
+                          "  tie_word_embeddings: true\n"                                                     /* 22 */
+                          "  initializer_range: 0.01\n"                                                       /* 23 */
+                          "model_init_dtype: bfloat16\n"                                                      /* 24 */
+                          "data:\n"                                                                           /* 25 */
+                          "  dataset_type: token_bin\n"                                                       /* 26 */
+                          "  path: \"data/*.bin\"\n"                                                          /* 27 */
+                          "  shuffle: false\n"                                                                /* 28 */
+                          "  drop_last: true\n"                                                               /* 29 */
+                          "  num_workers: 4\n"                                                                /* 30 */
+                          "  pin_memory: true\n"                                                              /* 31 */
+                          "  dataloader_mode: sampler\n"                                                      /* 32 */
+                          "  sampler_type: BaseRandomBatchSampler\n"                                          /* 33 */
+                          "  collate: llm_pretrain\n"                                                         /* 34 */
+                          "  tokenizer: /models/tiny\n"                                                       /* 35 */
+                          "  dataset_dir: /data\n"                                                            /* 36 */
+                          "  dataset: null\n"                                                                 /* 37 */
+                          "  seq_len: 128\n"                                                                  /* 38 */
+                          "  valid_fraction: 0.1\n"                                                           /* 39 */
+                          "optimizer:\n"                                                                      /* 40 */
+                          "  _target_: Muon\n"                                                                /* 41 */
+                          "  fp32_main_params: false\n"                                                       /* 42 */
+                          "  muon_config:\n"                                                                  /* 43 */
+                          "    muon_lr: 0.03\n"                                                               /* 44 */
+                          "    muon_weight_decay: 0.2\n"                                                      /* 45 */
+                          "    muon_momentum: 0.9\n"                                                          /* 46 */
+                          "    muon_nesterov: false\n"                                                        /* 47 */
+                          "    muon_ns_steps: 7\n"                                                            /* 48 */
+                          "    muon_ns_variant: custom\n"                                                     /* 49 */
+                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 50 */
+                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 51 */
+                          "    muon_matched_adamw_rms: 0\n"                                                   /* 52 */
+                          "    muon_momentum_style: ema\n"                                                    /* 53 */
+                          "    muon_comm_strategy: deredundancy\n"                                            /* 54 */
+                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 55 */
+                          "    qk_clip_enabled: true\n"                                                       /* 56 */
+                          "    qk_clip_threshold: 50.5\n"                                                     /* 57 */
+                          "    muon_ns_dtype: bfloat16\n"                                                     /* 58 */
+                          "  adamw_config:\n"                                                                 /* 59 */
+                          "    adamw_lr: 0.0003\n"                                                            /* 60 */
+                          "    adamw_weight_decay: 0.1\n"                                                     /* 61 */
+                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 62 */
+                          "    adamw_eps: 1.0e-6\n"                                                           /* 63 */
+                          "    no_weight_decay:\n"                                                            /* 64 */
+                          "      - \"*bias*\"\n"                                                              /* 65 */
+                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 66 */
+                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 67 */
+                          "  stochastic_rounding: true\n"                                                     /* 68 */
+                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 69 */
+                          "  use_fused_adamw: true\n"                                                         /* 70 */
+                          "lr_scheduler:\n"                                                                   /* 71 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 72 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 73 */
+                          "  warmup_steps: 7\n"                                                               /* 74 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 75 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 76 */
+                          "  num_cycles: 2\n"                                                                 /* 77 */
+                          "  decay_steps: 90\n"                                                               /* 78 */
+                          "  power: 2.0\n"                                                                    /* 79 */
+                          "  decay_start_steps: 60\n"                                                         /* 80 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 81 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 82 */
+                          "  t_max: 80\n"                                                                     /* 83 */
+                          "  decay_ratio: 0.6\n"                                                              /* 84 */
+                          "  keep_steps: 5\n"                                                                 /* 85 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 86 */
+                          "  final_steps: 3\n"                                                                /* 87 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 88 */
+                          "  t_0: 10\n"                                                                       /* 89 */
+                          "  t_mult: 2\n"                                                                     /* 90 */
+                          "training:\n"                                                                       /* 91 */
+                          "  steps: 100\n"                                                                    /* 92 */
+                          "  local_batch_size: 4\n"                                                           /* 93 */
+                          "  global_batch_size: 64\n"                                                         /* 94 */
+                          "  max_norm: 0.5\n"                                                                 /* 95 */
+                          "  gradient_accumulation_steps: 4\n"                                                /* 96 */
+                          "  no_save_rng: false\n"                                                            /* 97 */
+                          "  no_load_rng: false\n"                                                            /* 98 */
+                          "  load_strict: true\n"                                                             /* 99 */
+                          "  save: null\n"                                                                    /* 100 */
+                          "  gradient_scaling_factor: 0.5\n"                                                  /* 101 */
+                          "  seed: 12345678901\n"                                                             /* 102 */
+                          "  deterministic: true\n"                                                           /* 103 */
+                          "  log_interval: 5\n"                                                               /* 104 */
+                          "  eval_interval: 0\n"                                                              /* 105 */
+                          "  eval_batches: 3\n"                                                               /* 106 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 107 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 108 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 109 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 110 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 111 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 112 */
+                          "  loss_scale_min: 2\n"                                                             /* 113 */
+                          "  init_model_with_meta_device: false\n"                                            /* 114 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 115 */
+                          "fsdp_config:\n"                                                                    /* 116 */
+                          "  shard_size: 2\n"                                                                 /* 117 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 118 */
+                          "  hook_modules: [\"model.layers.{*}\"]\n"                                          /* 119 */
+                          "  reshard_after_forward: false\n"                                                  /* 120 */
+                          "  prefetch: false\n"                                                               /* 121 */
+                          "  mix_precision:\n"                                                                /* 122 */
+                          "    param_dtype: float16\n"                                                        /* 123 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 124 */
+                          "    output_dtype: float32\n"                                                       /* 125 */
+                          "    cast_forward_inputs: false\n"                                                  /* 126 */
+                          "checkpoint:\n"                                                                     /* 127 */
+                          "  output_dir: runs/full\n"                                                         /* 128 */
+                          "  save_interval: 0\n"                                                              /* 129 */
+                          "  save_optimizer: false\n"                                                         /* 130 */
+                          "  keep_last: 0\n"                                                                  /* 131 */
+                          "  restore_from: latest\n"                                                          /* 132 */
+                          "  restore_optimizer: false\n"                                                      /* 133 */
+                          "  overwrite: true\n"                                                               /* 134 */
+                          "kernels:\n"                                                                        /* 135 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 136 */
+                          "  f16_gemm: widened\n"                                                             /* 137 */
+                          "parallel:\n"                                                                       /* 138 */
+                          "  tensor_parallel_size: 1\n"                                                       /* 139 */
+                          "  ring_attention_size: 1\n"                                                        /* 140 */
+                          "  ulysses_parallel_size: 1\n"                                                      /* 141 */
+                          "  expert_parallel_size: 1\n"                                                       /* 142 */
+                          "  ep_plan:\n"                                                                      /* 143 */
+                          "    apply_modules: [\"model.layers.{*}.mlp\"]\n"                                   /* 144 */
+                          "tools:\n"                                                                          /* 145 */
+                          "  profile:\n"                                                                      /* 146 */
+                          "    enable: true\n"                                                                /* 147 */
+                          "  memory_profile:\n"                                                               /* 148 */
+                          "    enable: true\n";                                                               /* 149 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -408,6 +442,19 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->kernels.f16_gemm, HT_GEMM_KERNEL_WIDENED);
 }
 
+/* The line of FULL that starts with `start` (1-based). */
+static int full_line(const char *start) {
+    int line = 1;
+    for (const char *p = FULL; *p; line++) {
+        if (strncmp(p, start, strlen(start)) == 0) return line;
+        const char *nl = strchr(p, '\n');
+        if (!nl) break;
+        p = nl + 1;
+    }
+    fail_msg("no line of FULL starts with '%s'", start);
+    return 0;
+}
+
 static void test_full_file(void **state) {
     (void)state;
     static ht_config cfg;
@@ -421,14 +468,16 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 115);
+        assert_true(line >= 3 && line <= 149);
     }
-    assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, 3);
-    assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE, 34);
-    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE, 48);
-    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, 52);
-    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, 92);
-    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, 111);
+    assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: llama"));
+    assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE,
+                  full_line("    muon_ns_coefficients:"));
+    assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE,
+                  full_line("    no_weight_decay:"));
+    assert_source(&cfg, "optimizer.stochastic_rounding", HT_CONFIG_SOURCE_FILE, full_line("  stochastic_rounding:"));
+    assert_source(&cfg, "training.loss_scale_min", HT_CONFIG_SOURCE_FILE, full_line("  loss_scale_min:"));
+    assert_source(&cfg, "checkpoint.restore_optimizer", HT_CONFIG_SOURCE_FILE, full_line("  restore_optimizer:"));
     /* warmup_ratio was given, so it wins; decay_start_steps was given, so it wins. */
     assert_int_equal(ht_config_warmup_steps(&cfg), 10);
     assert_int_equal(ht_config_decay_start_steps(&cfg), 60);
@@ -533,7 +582,7 @@ static void test_unknown_key(void **state) {
                       "far.yaml:2:", "training.completely_unrelated", "unknown key",
                       "expected one of: steps, local_batch_size", NULL);
     expect_load_error("top.yaml", "wandb:\n  project: x\n", "top.yaml:1:", "wandb", "unknown key",
-                      "expected one of: model, model_init_dtype, data, optimizer", NULL);
+                      "expected one of: model, model_init_dtype, data, parallel, optimizer", NULL);
     /* A section where a key belongs, and a key where a section belongs. */
     expect_load_error("notsec.yaml", "training: 5\n", "notsec.yaml:1:", "training",
                       "expected a mapping (a section of keys), found 5 (an integer)", NULL);
@@ -943,12 +992,12 @@ static void test_mindformers_dialect_meanings(void **state) {
     assert_true(cfg.optimizer.adamw.weight_decay == 0.01);
 
     /* hypertrain's own dialect still refuses an unknown key there. */
-    expect_load_error("mfx.yaml", "optimizer:\n  _target_: AdamW\n  use_fused: true\n", "mfx.yaml:3:",
-                      "optimizer.use_fused", "unknown key", NULL);
+    expect_load_error("mfx.yaml", "optimizer:\n  _target_: AdamW\n  use_fused: true\n",
+                      "mfx.yaml:3:", "optimizer.use_fused", "unknown key", NULL);
     /* false asks for what the engine never does. */
-    assert_ht_ok(load_text("mff.yaml", "optimizer:\n  type: AdamW\n  accumulate_allreduce_grads_in_fp32: false\n",
-                           &cfg, &err),
-                 &err);
+    assert_ht_ok(
+        load_text("mff.yaml", "optimizer:\n  type: AdamW\n  accumulate_allreduce_grads_in_fp32: false\n", &cfg, &err),
+        &err);
     assert_int_equal(ht_config_validate(&cfg, 1, &err), HT_ERR_CONFIG);
     assert_contains(err.msg, "mff.yaml:3: optimizer.accumulate_allreduce_grads_in_fp32");
     assert_contains(err.msg, "always accumulates them in FP32");
@@ -957,6 +1006,98 @@ static void test_mindformers_dialect_meanings(void **state) {
     assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_LINEAR_WARMUP);
     assert_ht_ok(load_text("hps.yaml", "lr_scheduler:\n  type: constant\n", &cfg, &err), &err);
     assert_int_equal(cfg.lr_scheduler.type, HT_CONFIG_LR_CONSTANT_WARMUP);
+}
+
+/* MindSpeed-MM's keys: renames, the negated no_save_optim, short dtype
+ * names, the data path and output dir in parts, gradient accumulation given
+ * by count, and each value hypertrain cannot honour refused with the reason. */
+static void test_mindspeed_dialect(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *ms = "parallel:\n"
+                     "  fsdp_plan:\n"
+                     "    param_dtype: bf16\n"
+                     "    reduce_dtype: fp32\n"
+                     "data:\n"
+                     "  dataset_param:\n"
+                     "    dataset_type: token_bin\n"
+                     "    basic_parameters:\n"
+                     "      dataset_dir: /data\n"
+                     "      dataset: train_*.bin\n"
+                     "model:\n"
+                     "  model_id: llama\n"
+                     "training:\n"
+                     "  micro_batch_size: 2\n"
+                     "  gradient_accumulation_steps: 3\n"
+                     "  train_iters: 7\n"
+                     "  lr: 2.0e-4\n"
+                     "  no_save_optim: true\n"
+                     "  save: /ckpt/run\n";
+    assert_ht_ok(load_text("ms.yaml", ms, &cfg, &err), &err);
+    assert_int_equal(cfg.dialect, HT_CONFIG_DIALECT_MINDSPEED);
+    assert_int_equal(cfg.fsdp.param_dtype, HT_DTYPE_BF16);
+    assert_int_equal(cfg.fsdp.reduce_dtype, HT_DTYPE_F32);
+    assert_string_equal(cfg.data.path, "/data/train_*.bin");
+    assert_source(&cfg, "data.path", HT_CONFIG_SOURCE_FILE, 10);
+    assert_string_equal(cfg.model.arch.name, "llama");
+    assert_int_equal(cfg.training.local_batch_size, 2);
+    assert_int_equal(cfg.training.gradient_accumulation_steps, 3);
+    assert_int_equal(cfg.training.steps, 7);
+    assert_true(cfg.optimizer.adamw.lr == 2e-4 && cfg.optimizer.muon.lr == 2e-4);
+    assert_false(cfg.checkpoint.save_optimizer);
+    assert_string_equal(cfg.checkpoint.output_dir, "/ckpt/run");
+    assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_ADAMW); /* MindSpeed-MM's default optimizer */
+    assert_ht_ok(ht_config_validate(&cfg, 2, &err), &err);           /* global = 2 x 3 x 2, not given: fine */
+
+    /* save: null saves no checkpoint. */
+    assert_ht_ok(load_text("ms2.yaml",
+                           "parallel:\n  tensor_parallel_size: 1\ntraining:\n  save: null\n  save_interval: 5\n", &cfg,
+                           &err),
+                 &err);
+    assert_int_equal(cfg.checkpoint.save_interval, 0);
+
+    /* Each refusal names the key, as the file spells it, and why. */
+    static const struct {
+        const char *yaml, *want1, *want2;
+    } bad[] = {
+        {"parallel:\n  tensor_parallel_size: 2\n", "parallel.tensor_parallel_size: not supported: 2", "tensor"},
+        {"parallel:\n  expert_parallel_size: 4\n", "parallel.expert_parallel_size: not supported: 4", "experts"},
+        {"parallel:\n  fsdp_plan:\n    apply_modules: [\"model.layers.{*}\"]\n    hook_modules: [model.norm]\n",
+         "fsdp_config.hook_modules (as parallel.fsdp_plan.hook_modules): not supported", "unit by unit"},
+        {"parallel:\n  ring_attention_size: 1\nmodel:\n  freeze: [model.embed_tokens]\n",
+         "model.freeze: not supported yet", NULL},
+        {"parallel:\n  ring_attention_size: 1\nmodel:\n  recompute: true\n", "model.recompute: not supported yet",
+         NULL},
+        {"parallel:\n  ring_attention_size: 1\ndata:\n  dataloader_param:\n    drop_last: false\n",
+         "data.drop_last (as data.dataloader_param.drop_last): not supported", "every batch here is full"},
+        {"parallel:\n  ring_attention_size: 1\ndata:\n  dataloader_param:\n    sampler_type: SeqSampler\n",
+         "not supported: SeqSampler", "BaseRandomBatchSampler"},
+        {"parallel:\n  ring_attention_size: 1\ndata:\n  dataloader_param:\n    collate_param:\n      model_name: "
+         "qwen3vl\n",
+         "not supported: qwen3vl", "llm_pretrain"},
+        {"parallel:\n  ring_attention_size: 1\ndata:\n  dataset_param:\n    dataset_type: text_bytes\n"
+         "    preprocess_parameters:\n      model_name_or_path: /tok\n",
+         "text_bytes reads text as bytes", "prepare_data.py --tokenizer /tok"},
+        {"parallel:\n  ring_attention_size: 1\ntraining:\n  micro_batch_size: 2\n  gradient_accumulation_steps: 2\n"
+         "  global_batch_size: 6\n",
+         "training.global_batch_size: 6, but training.gradient_accumulation_steps", "= 4: give one of the two"},
+        {"parallel:\n  ring_attention_size: 1\ntraining:\n  no_load_rng: true\n",
+         "training.no_load_rng: not supported yet", NULL},
+        {"parallel:\n  ring_attention_size: 1\ntraining:\n  load_strict: false\n",
+         "training.load_strict: not supported yet", NULL},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_ht_ok(load_text("msbad.yaml", bad[i].yaml, &cfg, &err), &err);
+        if (ht_config_validate(&cfg, 1, &err) == HT_OK) fail_msg("case %zu accepted:\n%s", i, bad[i].yaml);
+        assert_contains(err.msg, bad[i].want1);
+        if (bad[i].want2) assert_contains(err.msg, bad[i].want2);
+    }
+    /* A path and its parts both given. */
+    expect_load_error("ms3.yaml",
+                      "parallel:\n  ring_attention_size: 1\ndata:\n  path: a.txt\n  dataset_param:\n"
+                      "    basic_parameters:\n      dataset: b.txt\n",
+                      "data.path and data.dataset", "give one", NULL);
 }
 
 /* The two dialect examples describe one run: every key loads to the same value,
@@ -1450,6 +1591,7 @@ int main(void) {
         cmocka_unit_test(test_mindformers_and_hyperparallel_dialects),
         cmocka_unit_test(test_dialect_examples),
         cmocka_unit_test(test_mindformers_dialect_meanings),
+        cmocka_unit_test(test_mindspeed_dialect),
         cmocka_unit_test(test_shared_aliases),
         cmocka_unit_test(test_mindformers_lr_keys),
         cmocka_unit_test(test_contract_rules),

@@ -59,6 +59,8 @@ typedef enum ht_config_ns_variant {
     HT_CONFIG_NS_CUSTOM,
 } ht_config_ns_variant;
 
+typedef enum ht_config_loss_type { HT_CONFIG_LOSS_RAW = 0 } ht_config_loss_type;
+
 typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MOMENTUM_EMA } ht_config_momentum_style;
 
 typedef enum ht_config_muon_comm {
@@ -97,6 +99,12 @@ typedef struct ht_config {
     struct {
         ht_model_config arch;                    /* model.name and the architecture keys */
         char from_pretrained[HT_CONFIG_STR_MAX]; /* "" (null): build from scratch */
+        /* MindSpeed-MM's model keys (docs/DIALECTS.md). */
+        ht_config_strings freeze;            /* only [] is supported yet */
+        bool trust_remote_code;              /* no remote code runs here: logged */
+        int loss_type;                       /* HT_CONFIG_LOSS_RAW: the model's own mean cross-entropy */
+        bool recompute;                      /* only false is supported yet */
+        ht_config_strings recompute_modules; /* recompute_plan.apply_modules: used with recompute only */
     } model;
     ht_dtype model_init_dtype; /* HT_CONFIG_DTYPE_NONE: keep */
 
@@ -105,7 +113,21 @@ typedef struct ht_config {
         char path[HT_CONFIG_STR_MAX];
         int seq_len;
         double valid_fraction; /* [0, 1) */
+        bool shuffle;          /* the training windows in a seeded order per epoch; false: in order */
+        bool drop_last;        /* the windows an epoch cannot fill a global batch with are skipped (always) */
+        int num_workers;       /* accepted, not applicable: batches are read in place from memory */
+        bool pin_memory;       /* accepted, not applicable: no device memory */
+        char dataloader_mode[64], sampler_type[64], collate[64]; /* the one mode, sampler and collator there is */
+        char tokenizer[HT_CONFIG_STR_MAX];   /* the tokenizer folder token_bin shards were made with, or "" */
+        char dataset_dir[HT_CONFIG_STR_MAX]; /* MindSpeed-MM's basic_parameters: path = dataset_dir/dataset */
+        char dataset[HT_CONFIG_STR_MAX];
     } data;
+
+    /* MindSpeed-MM's parallel sizes that hypertrain does not split by (each must be 1). */
+    struct {
+        int tensor_parallel_size, ring_attention_size, ulysses_parallel_size, expert_parallel_size;
+        ht_config_strings ep_modules; /* ep_plan.apply_modules: used with expert_parallel_size > 1 only */
+    } parallel;
 
     struct {
         ht_config_optimizer type; /* _target_ (HyperParallel) or type (MindFormers) */
@@ -171,6 +193,12 @@ typedef struct ht_config {
         int64_t seed;
         bool deterministic;
         bool init_model_with_meta_device;   /* each rank builds only its rows */
+        int gradient_accumulation_steps;    /* MindSpeed-MM's; 0 (null): derived from global_batch_size */
+        bool no_save_rng, no_load_rng;      /* only false is supported yet */
+        bool load_strict;                   /* only true is supported yet */
+        char save[HT_CONFIG_STR_MAX];       /* MindSpeed-MM's training.save: the output_dir, or "" */
+        bool profile;                       /* tools.profile: a per-phase timing table at the end */
+        bool memory_profile;                /* tools.memory_profile: peak memory by category at the end */
         double distributed_timeout_minutes; /* a collective waiting longer ends the world; 0: never */
         int log_interval;
         int eval_interval; /* 0: never */
@@ -188,6 +216,7 @@ typedef struct ht_config {
     struct {
         int shard_size;                  /* 0: auto */
         ht_config_strings apply_modules; /* the modules that are FSDP units (the rest: the root unit) */
+        ht_config_strings hook_modules;  /* MindSpeed-MM's: [] or apply_modules (hooks follow the units) */
         bool reshard_after_forward;
         bool prefetch;
         ht_dtype param_dtype;

@@ -82,6 +82,11 @@ static inline size_t ht_dataset_split_tokens(const ht_dataset *ds, ht_split spli
  * config.json); NULL says "the model's vocab_size". */
 ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const char *vocab_from, ht_error *err);
 
+/* The vocabulary size of a Hugging Face tokenizer: `path` is a tokenizer.json
+ * or a folder holding one; the size is one more than the largest id of its
+ * model's vocab and its added_tokens. `file` gets the file read. */
+ht_status ht_tokenizer_vocab_size(const char *path, int *vocab_size, char *file, size_t n, ht_error *err);
+
 /* Where a loader stands: the next global batch starts at window perm[index]
  * of epoch `epoch`. It does not depend on B or the world size, so a
  * checkpoint resumes on a different process count at the same place. */

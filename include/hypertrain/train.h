@@ -62,6 +62,7 @@ typedef struct ht_trainer {
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
     /* Seconds spent in each phase of the steps since the run began. */
     double forward_backward_seconds, sync_seconds, optimizer_seconds;
+    double forward_seconds, checkpoint_seconds, eval_seconds; /* tools.profile's phases (forward is in the first) */
 } ht_trainer;
 
 /* Validates the config, builds or loads the model, applies model_init_dtype,

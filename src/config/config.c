@@ -51,6 +51,8 @@ typedef struct key_desc {
 static const enum_name OPTIMIZERS[] = {
     {"Muon", HT_CONFIG_OPTIMIZER_MUON, false},
     {"AdamW", HT_CONFIG_OPTIMIZER_ADAMW, false},
+    {"adamw", HT_CONFIG_OPTIMIZER_ADAMW, true}, /* MindSpeed-MM's training.optimizer */
+    {"muon", HT_CONFIG_OPTIMIZER_MUON, true},
     {"hyper_parallel.auto_models.components.optim.optimizer.optimizer.Muon", HT_CONFIG_OPTIMIZER_MUON, true},
     {"hyper_parallel.auto_models.components.optim.optimizer.optimizer.AdamW", HT_CONFIG_OPTIMIZER_ADAMW, true},
     {NULL, 0, false},
@@ -96,6 +98,10 @@ static const enum_name MUON_COMMS[] = {
     {"allgather_deredundency", HT_CONFIG_MUON_COMM_DEREDUNDANCY, false}, /* MindFormers' spelling */
     {NULL, 0, false},
 };
+static const enum_name LOSS_TYPES[] = {
+    {"raw", HT_CONFIG_LOSS_RAW, false},
+    {NULL, 0, false},
+};
 static const enum_name NS_DTYPES[] = {
     {"float32", HT_DTYPE_F32, false},
     {"bfloat16", HT_DTYPE_BF16, false},
@@ -118,6 +124,8 @@ static const enum_name TOTAL_STEPS_MSG[] = {
 #define F(field) offsetof(ht_config, field), sizeof(((ht_config *)0)->field)
 #define INT(path, field, def)                                                                                          \
     { path, KT_INT, F(field), def, NULL, 0 }
+#define INT_OR_NULL(path, field, def)                                                                                  \
+    { path, KT_INT, F(field), def, NULL, NULLABLE }
 #define I64(path, field, def)                                                                                          \
     { path, KT_I64, F(field), def, NULL, 0 }
 #define FLT(path, field, def)                                                                                          \
@@ -162,12 +170,33 @@ static const key_desc KEYS[] = {
     BOOL("model.attention_bias", model.arch.attention_bias, "true"),
     BOOL("model.tie_word_embeddings", model.arch.tie_word_embeddings, "false"),
     FLT("model.initializer_range", model.arch.initializer_range, "0.02"),
+    STRS("model.freeze", model.freeze, "[]"),
+    BOOL("model.trust_remote_code", model.trust_remote_code, "false"),
+    ENUM("model.loss_type", model.loss_type, LOSS_TYPES, "raw"),
+    BOOL("model.recompute", model.recompute, "false"),
+    STRS("model.recompute_plan.apply_modules", model.recompute_modules, "[]"),
     DTYPE_OR_NULL("model_init_dtype", model_init_dtype, "float32"),
 
     STR("data.dataset_type", data.dataset_type, "text_bytes"),
     STR("data.path", data.path, "\"\""),
     INT("data.seq_len", data.seq_len, "256"),
     FLT("data.valid_fraction", data.valid_fraction, "0.01"),
+    BOOL("data.shuffle", data.shuffle, "true"),
+    BOOL("data.drop_last", data.drop_last, "true"),
+    INT("data.num_workers", data.num_workers, "0"),
+    BOOL("data.pin_memory", data.pin_memory, "false"),
+    STR("data.dataloader_mode", data.dataloader_mode, "sampler"),
+    STR("data.sampler_type", data.sampler_type, "BaseRandomBatchSampler"),
+    STR("data.collate", data.collate, "llm_pretrain"),
+    STR_OR_NULL("data.tokenizer", data.tokenizer, "null"),
+    STR_OR_NULL("data.dataset_dir", data.dataset_dir, "null"),
+    STR_OR_NULL("data.dataset", data.dataset, "null"),
+
+    INT("parallel.tensor_parallel_size", parallel.tensor_parallel_size, "1"),
+    INT("parallel.ring_attention_size", parallel.ring_attention_size, "1"),
+    INT("parallel.ulysses_parallel_size", parallel.ulysses_parallel_size, "1"),
+    INT("parallel.expert_parallel_size", parallel.expert_parallel_size, "1"),
+    STRS("parallel.ep_plan.apply_modules", parallel.ep_modules, "[]"),
 
     ENUM("optimizer._target_", optimizer.type, OPTIMIZERS, "Muon"),
     BOOL("optimizer.fp32_main_params", optimizer.fp32_main_params, "true"),
@@ -227,6 +256,13 @@ static const key_desc KEYS[] = {
     I64("training.seed", training.seed, "42"),
     BOOL("training.deterministic", training.deterministic, "false"),
     BOOL("training.init_model_with_meta_device", training.init_model_with_meta_device, "true"),
+    INT_OR_NULL("training.gradient_accumulation_steps", training.gradient_accumulation_steps, "null"),
+    BOOL("training.no_save_rng", training.no_save_rng, "false"),
+    BOOL("training.no_load_rng", training.no_load_rng, "false"),
+    BOOL("training.load_strict", training.load_strict, "true"),
+    STR_OR_NULL("training.save", training.save, "null"),
+    BOOL("tools.profile.enable", training.profile, "false"),
+    BOOL("tools.memory_profile.enable", training.memory_profile, "false"),
     FLT("training.distributed_timeout_minutes", training.distributed_timeout_minutes, "10"),
     INT("training.log_interval", training.log_interval, "10"),
     INT("training.eval_interval", training.eval_interval, "100"),
@@ -241,6 +277,7 @@ static const key_desc KEYS[] = {
 
     SHARD("fsdp_config.shard_size", fsdp.shard_size, "auto"),
     STRS("fsdp_config.apply_modules", fsdp.apply_modules, "[\"model.embed_tokens\", \"model.layers.{*}\"]"),
+    STRS("fsdp_config.hook_modules", fsdp.hook_modules, "[]"),
     BOOL("fsdp_config.reshard_after_forward", fsdp.reshard_after_forward, "true"),
     BOOL("fsdp_config.prefetch", fsdp.prefetch, "true"),
     DTYPE("fsdp_config.mix_precision.param_dtype", fsdp.param_dtype, "bfloat16"),
@@ -284,16 +321,19 @@ typedef struct key_alias {
     const char *shared[2]; /* keys that take this one value (weakly) */
     const char *implies;   /* "key=value" also set (weakly) when the value is not null */
     alias_when when;
+    bool negated; /* a bool key set to the opposite of the alias's value (no_save_optim: save_optimizer) */
 } key_alias;
 
 #define RENAME(alias, key)                                                                                             \
-    { alias, key, {NULL, NULL}, NULL, WHEN_ALWAYS }
+    { alias, key, {NULL, NULL}, NULL, WHEN_ALWAYS, false }
 #define RENAME_WHEN(alias, key, when)                                                                                  \
-    { alias, key, {NULL, NULL}, NULL, when }
+    { alias, key, {NULL, NULL}, NULL, when, false }
 #define SHARED(alias, key1, key2)                                                                                      \
-    { alias, NULL, {key1, key2}, NULL, WHEN_ALWAYS }
+    { alias, NULL, {key1, key2}, NULL, WHEN_ALWAYS, false }
 #define RENAME_IMPLYING(alias, key, implied)                                                                           \
-    { alias, key, {NULL, NULL}, implied, WHEN_ALWAYS }
+    { alias, key, {NULL, NULL}, implied, WHEN_ALWAYS, false }
+#define NEGATED(alias, key)                                                                                            \
+    { alias, key, {NULL, NULL}, NULL, WHEN_ALWAYS, true }
 
 static const key_alias ALIASES[] = {
     /* MindFormers: one learning rate and one weight decay drive Muon and AdamW
@@ -336,6 +376,38 @@ static const key_alias ALIASES[] = {
     /* MindSpeed-MM's parallel section: the FSDP shard group size (auto: the world). */
     RENAME("parallel.fully_shard_parallel_size", "fsdp_config.shard_size"),
     RENAME("parallel.fsdp_plan.apply_modules", "fsdp_config.apply_modules"),
+    /* The rest of MindSpeed-MM's plugin FSDP2 trainer YAML (docs/DIALECTS.md). */
+    RENAME("parallel.fsdp_plan.hook_modules", "fsdp_config.hook_modules"),
+    RENAME("parallel.fsdp_plan.param_dtype", "fsdp_config.mix_precision.param_dtype"),
+    RENAME("parallel.fsdp_plan.reduce_dtype", "fsdp_config.mix_precision.reduce_dtype"),
+    RENAME("data.dataset_param.dataset_type", "data.dataset_type"),
+    RENAME("data.dataset_param.preprocess_parameters.model_name_or_path", "data.tokenizer"),
+    RENAME("data.dataset_param.basic_parameters.dataset_dir", "data.dataset_dir"),
+    RENAME("data.dataset_param.basic_parameters.dataset", "data.dataset"),
+    RENAME("data.dataloader_param.shuffle", "data.shuffle"),
+    RENAME("data.dataloader_param.drop_last", "data.drop_last"),
+    RENAME("data.dataloader_param.num_workers", "data.num_workers"),
+    RENAME("data.dataloader_param.pin_memory", "data.pin_memory"),
+    RENAME("data.dataloader_param.dataloader_mode", "data.dataloader_mode"),
+    RENAME("data.dataloader_param.sampler_type", "data.sampler_type"),
+    RENAME("data.dataloader_param.collate_param.model_name", "data.collate"),
+    RENAME("model.model_id", "model.name"),
+    RENAME("model.model_name_or_path", "model.from_pretrained"),
+    RENAME("model.loss_cfg.loss_type", "model.loss_type"),
+    SHARED("training.lr", "optimizer.muon_config.muon_lr", "optimizer.adamw_config.adamw_lr"),
+    SHARED("training.weight_decay", "optimizer.muon_config.muon_weight_decay",
+           "optimizer.adamw_config.adamw_weight_decay"),
+    RENAME("training.lr_decay_style", "lr_scheduler.type"),
+    RENAME("training.lr_warmup_ratio", "lr_scheduler.warmup_ratio"),
+    RENAME("training.train_iters", "training.steps"),
+    RENAME("training.clip_grad", "training.max_norm"),
+    RENAME("training.optimizer", "optimizer._target_"),
+    RENAME("training.adam_fused", "optimizer.use_fused_adamw"),
+    RENAME("training.save_interval", "checkpoint.save_interval"),
+    RENAME("training.load", "checkpoint.restore_from"),
+    NEGATED("training.no_save_optim", "checkpoint.save_optimizer"),
+    NEGATED("training.no_load_optim", "checkpoint.restore_optimizer"),
+    RENAME("training.use_deter_comp", "training.deterministic"),
 };
 #define N_ALIASES ((int)(sizeof(ALIASES) / sizeof(ALIASES[0])))
 _Static_assert(sizeof(ALIASES) / sizeof(ALIASES[0]) < 255, "ht_config.alias is a uint8_t");
@@ -528,7 +600,7 @@ static void expected(const key_desc *k, char *buf, size_t n) {
     const char *or_null = (k->flags & NULLABLE) ? " or null" : "";
     switch (k->type) {
     case KT_INT:
-    case KT_I64: snprintf(buf, n, "an integer"); break;
+    case KT_I64: snprintf(buf, n, "an integer%s", or_null); break;
     case KT_FLOAT: snprintf(buf, n, "a finite number"); break;
     case KT_BOOL: snprintf(buf, n, "true or false"); break;
     case KT_STR: snprintf(buf, n, "a string of at most %zu bytes%s", k->size - 1, or_null); break;
@@ -671,6 +743,11 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
     bool bv;
     switch (k->type) {
     case KT_INT:
+        if ((k->flags & NULLABLE) &&
+            node_is_null(node)) { /* null: not given, which the key's reader says how to fill */
+            *(int *)dst = 0;
+            return true;
+        }
         if (!node_int(node, INT_MIN, INT_MAX, &iv)) return false;
         *(int *)dst = (int)iv;
         return true;
@@ -703,7 +780,18 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
         if ((k->flags & NULLABLE) && node_is_null(node)) {
             dt = HT_CONFIG_DTYPE_NONE;
         } else {
-            if (node->type != YAML_SCALAR_NODE || !ht_dtype_from_name(scalar_text(node), &dt)) return false;
+            /* MindSpeed-MM spells them short. */
+            static const struct {
+                const char *name;
+                ht_dtype dtype;
+            } short_names[] = {{"bf16", HT_DTYPE_BF16}, {"fp16", HT_DTYPE_F16}, {"fp32", HT_DTYPE_F32}};
+            bool known = false;
+            for (size_t s = 0; node->type == YAML_SCALAR_NODE && s < sizeof(short_names) / sizeof(short_names[0]); s++)
+                if (strcmp(scalar_text(node), short_names[s].name) == 0) {
+                    dt = short_names[s].dtype;
+                    known = true;
+                }
+            if (!known && (node->type != YAML_SCALAR_NODE || !ht_dtype_from_name(scalar_text(node), &dt))) return false;
             if (dt != HT_DTYPE_F32 && dt != HT_DTYPE_BF16 && dt != HT_DTYPE_F16) return false;
         }
         memcpy(dst, &dt, sizeof(dt));
@@ -749,6 +837,7 @@ static ht_status assign(ht_config *cfg, int i, yaml_document_t *doc, const yaml_
     if (k->size && !tmp) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", k->path);
     char why[256];
     bool ok = convert(k, doc, node, tmp, why, sizeof(why));
+    if (ok && via >= 0 && ALIASES[via].negated && k->type == KT_BOOL) *(bool *)tmp = !*(bool *)tmp;
     if (ok) {
         if (k->size) memcpy((char *)cfg + k->offset, tmp, k->size);
         /* HyperParallel's spelling of the optimizer says whose defaults apply
@@ -1312,6 +1401,8 @@ static const struct {
     {HT_CONFIG_DIALECT_MINDFORMERS, IF_ALWAYS, "training.global_batch_size", "1"},
     {HT_CONFIG_DIALECT_MINDFORMERS, IF_POLY_OR_WSD, "lr_scheduler.lr_end", "1.0e-7"},
     {HT_CONFIG_DIALECT_MINDFORMERS, IF_COS_RESTARTS, "lr_scheduler.num_cycles", "1.0"},
+    /* MindSpeed-MM's plugin trainer: training.optimizer adamw. */
+    {HT_CONFIG_DIALECT_MINDSPEED, IF_ALWAYS, "optimizer._target_", "AdamW"},
 };
 #define N_DIALECT_DEFAULTS ((int)(sizeof(DIALECT_DEFAULTS) / sizeof(DIALECT_DEFAULTS[0])))
 
@@ -1345,6 +1436,53 @@ static void apply_dialect_defaults(ht_config *cfg) {
     }
 }
 
+/* Sets key `to` from key `from`'s value, with its source: one key a dialect
+ * spells as parts of another (MindSpeed-MM's dataset_dir + dataset). */
+static void take_source(ht_config *cfg, const char *to, const char *from) {
+    int t = key_index_exact(to), f = key_index_exact(from);
+    cfg->source[t] = cfg->source[f];
+    cfg->line[t] = cfg->line[f];
+    cfg->alias[t] = cfg->alias[f];
+}
+
+/* MindSpeed-MM's keys that are parts or switches of hypertrain's: the data
+ * path as basic_parameters' dataset_dir and dataset; training.save, the
+ * checkpoint root (null: no checkpoints are saved). A hypertrain key given
+ * alongside is an error rather than a silent choice. */
+static ht_status resolve_parts(ht_config *cfg, ht_error *err) {
+    int line;
+    if (ht_config_key_source(cfg, "data.dataset", &line) != HT_CONFIG_SOURCE_DEFAULT && cfg->data.dataset[0]) {
+        if (ht_config_key_source(cfg, "data.path", &line) != HT_CONFIG_SOURCE_DEFAULT)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "%s: data.path and data.dataset (basic_parameters.dataset) both name the data: give one",
+                           cfg->file[0] ? cfg->file : "--set");
+        int w =
+            cfg->data.dataset_dir[0] && cfg->data.dataset[0] != '/'
+                ? snprintf(cfg->data.path, sizeof(cfg->data.path), "%s/%s", cfg->data.dataset_dir, cfg->data.dataset)
+                : snprintf(cfg->data.path, sizeof(cfg->data.path), "%s", cfg->data.dataset);
+        if (w < 0 || (size_t)w >= sizeof(cfg->data.path))
+            return ht_fail(err, HT_ERR_CONFIG, "data.dataset_dir/data.dataset: the path is longer than %d bytes",
+                           HT_CONFIG_STR_MAX - 1);
+        take_source(cfg, "data.path", "data.dataset");
+    }
+    if (ht_config_key_source(cfg, "training.save", &line) != HT_CONFIG_SOURCE_DEFAULT) {
+        if (cfg->training.save[0]) {
+            if (ht_config_key_source(cfg, "checkpoint.output_dir", &line) != HT_CONFIG_SOURCE_DEFAULT &&
+                strcmp(cfg->checkpoint.output_dir, cfg->training.save) != 0)
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "training.save (%s) and checkpoint.output_dir (%s) both name where checkpoints go: "
+                               "give one",
+                               cfg->training.save, cfg->checkpoint.output_dir);
+            snprintf(cfg->checkpoint.output_dir, sizeof(cfg->checkpoint.output_dir), "%s", cfg->training.save);
+            take_source(cfg, "checkpoint.output_dir", "training.save");
+        } else {
+            cfg->checkpoint.save_interval = 0; /* MindSpeed-MM: no save root, nothing saved */
+            take_source(cfg, "checkpoint.save_interval", "training.save");
+        }
+    }
+    return HT_OK;
+}
+
 ht_status ht_config_load(const char *path, int n_overrides, char *const *overrides, ht_config *cfg, ht_error *err) {
     ht_config_defaults(cfg);
     if (path) {
@@ -1356,7 +1494,7 @@ ht_status ht_config_load(const char *path, int n_overrides, char *const *overrid
         if (st != HT_OK) return st;
     }
     apply_dialect_defaults(cfg);
-    return HT_OK;
+    return resolve_parts(cfg, err);
 }
 
 /* ---------------------------------------------------------------- sources, formatting, the log */
@@ -1461,7 +1599,12 @@ static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
     size_t used = 0;
     buf[0] = '\0';
     switch (k->type) {
-    case KT_INT: put(buf, n, &used, "%d", *(const int *)src); break;
+    case KT_INT:
+        if ((k->flags & NULLABLE) && *(const int *)src == 0)
+            put(buf, n, &used, "null");
+        else
+            put(buf, n, &used, "%d", *(const int *)src);
+        break;
     case KT_I64: put(buf, n, &used, "%lld", (long long)*(const int64_t *)src); break;
     case KT_FLOAT: put_double(buf, n, &used, *(const double *)src); break;
     case KT_BOOL: put(buf, n, &used, "%s", *(const bool *)src ? "true" : "false"); break;

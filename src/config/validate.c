@@ -67,6 +67,81 @@ static void check_polynomial(report *r, const char *lr_key, double lr) {
         at(cfg, "lr_scheduler.lr_end", b, sizeof(b)));
 }
 
+static bool same_strings(const ht_config_strings *a, const ht_config_strings *b) {
+    if (a->count != b->count) return false;
+    for (int i = 0; i < a->count; i++)
+        if (strcmp(a->items[i], b->items[i]) != 0) return false;
+    return true;
+}
+
+/* MindSpeed-MM's keys whose other values ask for what hypertrain does not do
+ * (yet): each refusal says why. docs/DIALECTS.md lists them. */
+static void check_mindspeed(report *r) {
+    const ht_config *cfg = r->cfg;
+    char a[HT_CONFIG_STR_MAX + 160];
+    const struct {
+        const char *key;
+        int value;
+        const char *why;
+    } ones[] = {
+        {"parallel.tensor_parallel_size", cfg->parallel.tensor_parallel_size,
+         "hypertrain has no tensor parallelism (MindSpeed-MM's plugin FSDP2 trainer requires 1 as well)"},
+        {"parallel.ring_attention_size", cfg->parallel.ring_attention_size,
+         "hypertrain has no context parallelism (ring attention)"},
+        {"parallel.ulysses_parallel_size", cfg->parallel.ulysses_parallel_size,
+         "hypertrain has no context parallelism (Ulysses)"},
+        {"parallel.expert_parallel_size", cfg->parallel.expert_parallel_size,
+         "hypertrain's models have no experts yet"},
+    };
+    for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
+        if (ones[i].value != 1)
+            add(r, "%s: not supported: %d; expected 1: %s", at(cfg, ones[i].key, a, sizeof(a)), ones[i].value,
+                ones[i].why);
+    if (cfg->fsdp.hook_modules.count && !same_strings(&cfg->fsdp.hook_modules, &cfg->fsdp.apply_modules))
+        add(r,
+            "%s: not supported: other modules than the FSDP units; hypertrain hooks and prefetches unit by unit, so "
+            "expected [] or the same list as fsdp_config.apply_modules",
+            at(cfg, "fsdp_config.hook_modules", a, sizeof(a)));
+    if (cfg->model.freeze.count)
+        add(r, "%s: not supported yet: freezing parameters (expected [])", at(cfg, "model.freeze", a, sizeof(a)));
+    if (cfg->model.recompute)
+        add(r, "%s: not supported yet: activation recompute (expected false)",
+            at(cfg, "model.recompute", a, sizeof(a)));
+    if (!cfg->data.drop_last)
+        add(r,
+            "%s: not supported: false asks for a last, smaller batch; every batch here is full, and the windows an "
+            "epoch cannot fill a global batch with are skipped (true)",
+            at(cfg, "data.drop_last", a, sizeof(a)));
+    if (strcmp(cfg->data.dataloader_mode, "sampler") != 0)
+        add(r, "%s: not supported: %s; expected sampler (the only mode here)",
+            at(cfg, "data.dataloader_mode", a, sizeof(a)), cfg->data.dataloader_mode);
+    if (strcmp(cfg->data.sampler_type, "BaseRandomBatchSampler") != 0)
+        add(r,
+            "%s: not supported: %s; expected BaseRandomBatchSampler (batches of windows in a seeded order per epoch, "
+            "or in order with data.shuffle false)",
+            at(cfg, "data.sampler_type", a, sizeof(a)), cfg->data.sampler_type);
+    if (strcmp(cfg->data.collate, "llm_pretrain") != 0)
+        add(r, "%s: not supported: %s; expected llm_pretrain (input ids and their next tokens: a text model's batch)",
+            at(cfg, "data.collate", a, sizeof(a)), cfg->data.collate);
+    if (cfg->data.tokenizer[0] && strcmp(cfg->data.dataset_type, "text_bytes") == 0)
+        add(r,
+            "%s: text_bytes reads text as bytes (a vocabulary of 256) and takes no tokenizer; tokenize with "
+            "tools/prepare_data.py --tokenizer %s and read the shards with data.dataset_type token_bin",
+            at(cfg, "data.tokenizer", a, sizeof(a)), cfg->data.tokenizer);
+    if (cfg->data.num_workers < 0) check(r, false, "data.num_workers", "an integer >= 0");
+    if (cfg->training.gradient_accumulation_steps < 0)
+        check(r, false, "training.gradient_accumulation_steps", "an integer > 0 or null");
+    if (cfg->training.no_save_rng)
+        add(r, "%s: not supported yet: every checkpoint holds the data position and random streams",
+            at(cfg, "training.no_save_rng", a, sizeof(a)));
+    if (cfg->training.no_load_rng)
+        add(r, "%s: not supported yet: a resume always restores the data position and random streams",
+            at(cfg, "training.no_load_rng", a, sizeof(a)));
+    if (!cfg->training.load_strict)
+        add(r, "%s: not supported yet: a checkpoint's model tensors must match the model's exactly",
+            at(cfg, "training.load_strict", a, sizeof(a)));
+}
+
 static bool given(const ht_config *cfg, const char *key) {
     int line = 0;
     return ht_config_key_source(cfg, key, &line) != HT_CONFIG_SOURCE_DEFAULT;
@@ -177,6 +252,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
             at(cfg, "optimizer.accumulate_allreduce_grads_in_fp32", a, sizeof(a)));
 
     check(&r, cfg->training.gradient_scaling_factor > 0, "training.gradient_scaling_factor", "a number > 0");
+    check_mindspeed(&r);
 
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";
@@ -201,6 +277,17 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->training.global_batch_size > 0, "training.global_batch_size", pos);
     if (data_parallel_size < 1) {
         add(&r, "data_parallel_size: expected an integer > 0, found %d", data_parallel_size);
+    } else if (cfg->training.gradient_accumulation_steps > 0) {
+        /* MindSpeed-MM's way: the global batch is what micro batch x accumulation x data parallel make. */
+        long long global =
+            (long long)cfg->training.local_batch_size * cfg->training.gradient_accumulation_steps * data_parallel_size;
+        if (given(cfg, "training.global_batch_size") && global != cfg->training.global_batch_size)
+            add(&r,
+                "%s: %d, but training.gradient_accumulation_steps (%s) makes it local %d x accumulation %d x "
+                "data-parallel %d = %lld: give one of the two",
+                at(cfg, "training.global_batch_size", a, sizeof(a)), cfg->training.global_batch_size,
+                at(cfg, "training.gradient_accumulation_steps", b, sizeof(b)), cfg->training.local_batch_size,
+                cfg->training.gradient_accumulation_steps, data_parallel_size, global);
     } else if (cfg->training.local_batch_size > 0 && cfg->training.global_batch_size > 0) {
         long long per_step = (long long)cfg->training.local_batch_size * data_parallel_size;
         if (cfg->training.global_batch_size % per_step != 0)

@@ -4,6 +4,7 @@
 #include "hypertrain/data.h"
 
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,5 +117,43 @@ ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const cha
                        s ? s->path : ds->type, s ? i - s->start : i, ds->tokens[i], vocab_from, vocab_size, i,
                        ds->type);
     }
+    return HT_OK;
+}
+
+ht_status ht_tokenizer_vocab_size(const char *path, int *vocab_size, char *file, size_t n, ht_error *err) {
+    struct stat sb;
+    bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (snprintf(file, n, "%s%s", path, dir ? "/tokenizer.json" : "") >= (int)n)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: the path is too long", path);
+    char *text;
+    size_t len;
+    ht_status s =
+        ht_read_file_max(file, HT_JSON_FILE_MAX,
+                         "a tokenizer.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
+    if (s != HT_OK) return s;
+    ht_json *root;
+    s = ht_json_parse(text, len, file, &root, err);
+    free(text);
+    if (s != HT_OK) return s;
+    const ht_json *vocab = ht_json_get(ht_json_get(root, "model"), "vocab"), *added = ht_json_get(root, "added_tokens");
+    double top = -1;
+    /* WordLevel, WordPiece and BPE: {token: id}; Unigram: [[token, score], ...], ids by position. */
+    if (vocab && vocab->type == HT_JSON_OBJECT) {
+        for (size_t i = 0; i < vocab->count; i++)
+            if (vocab->items[i].type == HT_JSON_NUMBER && vocab->items[i].number > top) top = vocab->items[i].number;
+    } else if (vocab && vocab->type == HT_JSON_ARRAY) {
+        top = (double)vocab->count - 1;
+    } else {
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: no model.vocab (not a Hugging Face tokenizer.json?)", file);
+    }
+    for (size_t i = 0; s == HT_OK && added && added->type == HT_JSON_ARRAY && i < added->count; i++) {
+        const ht_json *id = ht_json_get(&added->items[i], "id");
+        if (id && id->type == HT_JSON_NUMBER && id->number > top) top = id->number;
+    }
+    ht_json_free(root);
+    if (s != HT_OK) return s;
+    if (!(top >= 0 && top < 2147483647.0))
+        return ht_fail(err, HT_ERR_FORMAT, "%s: token ids out of range (largest %.0f)", file, top);
+    *vocab_size = (int)top + 1;
     return HT_OK;
 }

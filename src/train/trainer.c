@@ -209,13 +209,32 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
         snprintf(vocab_from, sizeof(vocab_from), "the vocab_size of %s/config.json", c->model.from_pretrained);
     s = ht_dataset_check_vocab(t->data, t->model->config.vocab_size, vocab_from, err);
     if (s != HT_OK) return s;
+    if (c->data.tokenizer[0]) {
+        /* The tokenizer the shards were made with (MindSpeed-MM's preprocess_parameters.model_name_or_path):
+         * it must fit the model, and every shard must have been made with a vocabulary like it. */
+        char file[HT_CONFIG_STR_MAX + 32], from[HT_CONFIG_STR_MAX + 64];
+        int vocab;
+        s = ht_tokenizer_vocab_size(c->data.tokenizer, &vocab, file, sizeof(file), err);
+        if (s != HT_OK) return s;
+        if (vocab > t->model->config.vocab_size)
+            return ht_fail(err, HT_ERR_CONFIG, "%s has %d tokens, more than %s (%d): it is not this model's tokenizer",
+                           file, vocab, vocab_from, t->model->config.vocab_size);
+        snprintf(from, sizeof(from), "the vocabulary of %s", file);
+        s = ht_dataset_check_vocab(t->data, vocab, from, err);
+        if (s != HT_OK) return s;
+        ht_log_info("data: %s, %d tokens, fits the model and every shard", file, vocab);
+    }
     t->B = c->training.local_batch_size;
     t->T = c->data.seq_len;
     /* Every rank takes its own local batches of each global batch (the loader's rank split). */
     int world = t->comm->size, rank = t->comm->rank;
-    t->grad_accum = c->training.global_batch_size / (c->training.local_batch_size * world);
+    /* MindSpeed-MM's gradient_accumulation_steps, when given, is the count
+     * (its global batch is micro x accumulation x data parallel); else the global batch says it. */
+    t->grad_accum = c->training.gradient_accumulation_steps > 0
+                        ? c->training.gradient_accumulation_steps
+                        : c->training.global_batch_size / (c->training.local_batch_size * world);
     uint64_t seed = (uint64_t)c->training.seed;
-    s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, rank, world, seed, true, err);
+    s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, rank, world, seed, c->data.shuffle, err);
     if (s != HT_OK) return s;
     if (ht_dataset_split_tokens(t->data, HT_SPLIT_VALID) > 0 && c->training.eval_batches > 0) {
         /* Validation may hold fewer windows than a batch: evaluate with a smaller one. */
@@ -453,6 +472,28 @@ static ht_status make_groups(ht_trainer *t, ht_error *err) {
     return s;
 }
 
+/* Keys a seed system has that change nothing here, by the nature of a CPU
+ * engine or of their own rule: each one the run sets is named with why. */
+static void log_not_applicable(const ht_config *c) {
+    const struct {
+        const char *key;
+        bool applies; /* false: the key has nothing to act on in this run */
+        const char *why;
+    } keys[] = {
+        {"data.num_workers", false, "batches are read in place from the memory-mapped tokens"},
+        {"data.pin_memory", false, "there is no device memory to copy to"},
+        {"model.trust_remote_code", false, "no model code is loaded from a model folder"},
+        {"parallel.ep_plan.apply_modules", c->parallel.expert_parallel_size > 1,
+         "it applies with parallel.expert_parallel_size > 1 (1 here)"},
+        {"model.recompute_plan.apply_modules", c->model.recompute, "it applies with model.recompute true"},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        int line;
+        if (keys[i].applies || ht_config_key_source(c, keys[i].key, &line) == HT_CONFIG_SOURCE_DEFAULT) continue;
+        ht_log_info("%s: accepted, not applicable here: %s", ht_config_key_spelling(c, keys[i].key), keys[i].why);
+    }
+}
+
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
@@ -462,6 +503,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
+    if (s == HT_OK && comm->rank == 0) log_not_applicable(cfg);
     if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = make_groups(t, err);
@@ -510,8 +552,10 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_loader_next(&t->train_loader, t->batch);
         ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
         float loss;
+        double f0 = ht_time_seconds();
         ht_status s = ht_model_forward(m, t->inputs, t->targets, t->B, t->T, &loss, err);
         if (s != HT_OK) return s;
+        t->forward_seconds += ht_time_seconds() - f0;
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
@@ -787,6 +831,20 @@ static void log_memory(ht_trainer *t) {
                     "corpus %.1f)",
                     r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
                     x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
+        if (!t->config.training.memory_profile) continue;
+        static const char *const names[] = {"at start (libraries, MPI, config)",
+                                            "weights (model dtype)",
+                                            "FP32 main params",
+                                            "main_grad (FP32)",
+                                            "optimizer state",
+                                            "whole FSDP units at once",
+                                            "activations",
+                                            "corpus tokens"};
+        ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s", r, "category", "MiB", "share");
+        for (int k = START; k < PEAK; k++)
+            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%%", r, names[k - START], x[k] / mib,
+                        sum > 0 ? 100.0 * x[k] / sum : 0.0);
+        ht_log_info("Memory rank %d:   %-34s %10.1f (peak RSS %.1f)", r, "formula", sum / mib, x[PEAK] / mib);
     }
     free(all);
 }
@@ -823,6 +881,32 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     return HT_OK;
 }
 
+/* tools.profile: where the training loop's time went, phase by phase. */
+static void log_profile(const ht_trainer *t, int64_t steps, double total) {
+    const struct {
+        const char *phase;
+        double seconds;
+    } rows[] = {
+        {"forward", t->forward_seconds},
+        {"backward", t->forward_backward_seconds - t->forward_seconds},
+        {"reduce (gradient sync)", t->sync_seconds},
+        {"optimizer", t->optimizer_seconds},
+        {"checkpoint", t->checkpoint_seconds},
+        {"evaluation", t->eval_seconds},
+    };
+    double counted = 0;
+    ht_log_info("Profile over %lld steps (tools.profile; backward includes FSDP's overlapped collectives):",
+                (long long)steps);
+    ht_log_info("  %-24s %10s %12s %7s", "phase", "total s", "per step ms", "share");
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        counted += rows[i].seconds;
+        ht_log_info("  %-24s %10.3f %12.2f %6.1f%%", rows[i].phase, rows[i].seconds, 1e3 * rows[i].seconds / steps,
+                    total > 0 ? 100.0 * rows[i].seconds / total : 0.0);
+    }
+    ht_log_info("  %-24s %10.3f %12.2f %6.1f%%", "other (data, metrics, log)", total - counted,
+                1e3 * (total - counted) / steps, total > 0 ? 100.0 * (total - counted) / total : 0.0);
+}
+
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
@@ -834,6 +918,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     double first_eval = t->last_eval_loss;
     ht_fsdp_stats_reset(t->fsdp);
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
+    t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
     double start = ht_time_seconds(), tokens_per_s = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
@@ -854,15 +939,20 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s | %s elapsed, ETA %s",
                         (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, el, eta);
         }
+        double p0 = ht_time_seconds();
         if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
             s = ht_trainer_save_checkpoint(t, err);
             if (s != HT_OK) return s;
         }
+        double p1 = ht_time_seconds();
         if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+        t->checkpoint_seconds += p1 - p0;
+        t->eval_seconds += ht_time_seconds() - p1;
     }
+    if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
     if (t->step > first_step) {
         double n = (double)(t->step - first_step);
         ht_log_info("time a step (over %lld steps): forward + backward %.3f s, gradient sync %.3f s, optimizer %.3f s "
