@@ -308,15 +308,22 @@ static void test_adamw_no_wd_routing(void **state) {
     ht_params_free(&ps);
 }
 
-/* Every schedule vs lr_schedules.json (written from NUMERICS.md's table in Python). */
-static void test_lr_schedules_vs_table(void **state) {
-    (void)state;
+/* A committed JSON fixture, parsed (the caller frees the tree). */
+static ht_json *read_json_fixture(const char *name) {
     ht_error err;
     char *text;
     size_t len;
     ht_json *root;
-    assert_ht_ok(ht_read_file(fixture_path("optim/lr_schedules.json"), &text, &len, &err), &err);
-    assert_ht_ok(ht_json_parse(text, len, "lr_schedules.json", &root, &err), &err);
+    assert_ht_ok(ht_read_file(fixture_path(name), &text, &len, &err), &err);
+    assert_ht_ok(ht_json_parse(text, len, name, &root, &err), &err);
+    free(text);
+    return root;
+}
+
+/* Every schedule vs lr_schedules.json (written from NUMERICS.md's table in Python). */
+static void test_lr_schedules_vs_table(void **state) {
+    (void)state;
+    ht_json *root = read_json_fixture("optim/lr_schedules.json");
     const ht_json *cases = ht_json_get(root, "cases");
     assert_non_null(cases);
     int seen[HT_LR_TYPE_COUNT] = {0}, points = 0;
@@ -359,7 +366,6 @@ static void test_lr_schedules_vs_table(void **state) {
     assert_false(ht_lr_type_from_name("cosine", &unused));
     printf("# LR schedules: %d points in %zu cases, max rel err %.3g\n", points, cases->count, worst);
     ht_json_free(root);
-    free(text);
 }
 
 static double json_number(const ht_json *j, const char *key) {
@@ -372,12 +378,7 @@ static double json_number(const ht_json *j, const char *key) {
  * lr_schedule.py transcribed into Python (tools/reference/make_lr_fixtures.py), 1e-12 relative. */
 static void test_lr_schedules_vs_mindformers(void **state) {
     (void)state;
-    ht_error err;
-    char *text;
-    size_t len;
-    ht_json *root;
-    assert_ht_ok(ht_read_file(fixture_path("lr/mindformers_lr.json"), &text, &len, &err), &err);
-    assert_ht_ok(ht_json_parse(text, len, "mindformers_lr.json", &root, &err), &err);
+    ht_json *root = read_json_fixture("lr/mindformers_lr.json");
     const ht_json *cases = ht_json_get(root, "cases");
     assert_non_null(cases);
     int seen[HT_LR_TYPE_COUNT] = {0}, points = 0;
@@ -432,7 +433,6 @@ static void test_lr_schedules_vs_mindformers(void **state) {
     assert_true(isnan(ht_lr_at(&bad, 5)));
     printf("# MindFormers LR schedules: %d points in %zu cases, max rel err %.3g\n", points, cases->count, worst);
     ht_json_free(root);
-    free(text);
 }
 
 /* A store of F32 trainable params with the given shapes, main_grad filled from the fixture. */

@@ -192,6 +192,14 @@ static int run_cli(const char *dir, const char *cfg_text, const char *extra, cha
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* A scratch directory with the small corpus, and the data section that reads it (seq_len 16). */
+static const char *tiny_data(const char *name, char *data, size_t n) {
+    const char *dir = scratch_dir(name);
+    write_corpus(dir);
+    snprintf(data, n, "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    return dir;
+}
+
 static char *tiny_yaml(const char *dir, const char *data_lines, const char *model_extra) {
     static char buf[8192];
     snprintf(buf, sizeof(buf),
@@ -226,10 +234,8 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
  * cut by a kill is dropped with a warning. */
 static void test_fp16_metrics_and_their_resume(void **state) {
     (void)state;
-    const char *dir = scratch_dir("train_fp16_metrics");
-    write_corpus(dir);
     char data[2048], msg[1 << 16], path[1400];
-    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *dir = tiny_data("train_fp16_metrics", data, sizeof(data));
     const char *yaml = tiny_yaml(dir, data, NULL);
     const char *fp16 = "--set model_init_dtype=float16 --set fsdp_config.mix_precision.param_dtype=float16 "
                        "--set training.loss_scale_initial=1e30 --set checkpoint.save_interval=1";
@@ -364,10 +370,8 @@ static void test_cli_bad_input(void **state) {
  * refused, naming the tensors, unless checkpoint.restore_optimizer is false. */
 static void test_resume_refuses_lost_optimizer_state(void **state) {
     (void)state;
-    const char *dir = scratch_dir("train_strict_resume");
-    write_corpus(dir);
     char data[2048], msg[1 << 16];
-    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *dir = tiny_data("train_strict_resume", data, sizeof(data));
     const char *yaml = tiny_yaml(dir, data, NULL);
     const char *muon = "--set optimizer._target_=Muon --set checkpoint.save_interval=1";
     char run[1200];
@@ -433,10 +437,8 @@ static void test_resume_refuses_lost_optimizer_state(void **state) {
  * are refused, named, unless checkpoint.overwrite; an empty output_dir takes it. */
 static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
     (void)state;
-    const char *dir = scratch_dir("train_lineage");
-    write_corpus(dir);
     char data[2048], msg[1 << 16], run[2400];
-    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *dir = tiny_data("train_lineage", data, sizeof(data));
     const char *yaml = tiny_yaml(dir, data, NULL);
     for (int i = 0; i < 2; i++) { /* runs a and b, 2 steps each */
         snprintf(run, sizeof(run), "--set checkpoint.save_interval=1 --set checkpoint.output_dir=%s/%s", dir,
@@ -498,10 +500,8 @@ static const char *log_line(const char *log, const char *needle, char *line, siz
  * first step's gradient norm exactly halves). */
 static void test_decay_lists_routing_names_and_gradient_scaling(void **state) {
     (void)state;
-    const char *dir = scratch_dir("train_decay_lists");
-    write_corpus(dir);
     char data[2048], msg[1 << 16], line[512], run[2048];
-    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *dir = tiny_data("train_decay_lists", data, sizeof(data));
     const char *yaml = tiny_yaml(dir, data, NULL);
     int rc = run_cli(dir, yaml,
                      "--set 'optimizer.adamw_config.weight_decay_exclude=[\"output_layer\"]' "
@@ -593,7 +593,8 @@ static void test_seed_configs_train(void **state) {
             snprintf(sizes, sizeof(sizes),
                      "--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=1 "
                      "--set model.num_attention_heads=4 --set model.num_key_value_heads=2");
-        snprintf(data, sizeof(data), mindspeed ? "" : "--set data.path=%s/corpus.txt", dir);
+        data[0] = '\0';
+        if (!mindspeed) snprintf(data, sizeof(data), "--set data.path=%s/corpus.txt", dir);
         snprintf(run, sizeof(run),
                  "--set training.steps=2 %s --set data.seq_len=16 --set checkpoint.output_dir=%s/%s %s %s", data, dir,
                  base, sizes, strstr(text, "warmup_steps:") ? "--set lr_scheduler.warmup_steps=1" : "");
@@ -627,10 +628,8 @@ static void test_openmp_wait_on_a_busy_machine(void **state) {
     assert_true(ht_openmp_machine_busy("1.00 0.50 0.20 3/200 999\n"));
     assert_false(ht_openmp_machine_busy("garbage"));
     assert_false(ht_openmp_machine_busy(NULL));
-    const char *dir = scratch_dir("train_openmp_wait");
-    write_corpus(dir);
     char data[2048], msg[1 << 16], cmd[256];
-    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    const char *dir = tiny_data("train_openmp_wait", data, sizeof(data));
     pid_t busy = fork();
     if (busy == 0) {
         for (volatile unsigned long i = 0;; i++) {
