@@ -308,6 +308,24 @@ static void test_adamw_no_wd_routing(void **state) {
     ht_params_free(&ps);
 }
 
+/* Case c of a schedule fixture: every listed step's lr against ht_lr_at,
+ * 1e-12 relative (floored for lr = 0); the worst error is kept, the points counted. */
+static int check_schedule_case(const ht_json *j, size_t c, const char *type, const ht_lr_schedule *sc, double *worst) {
+    const ht_json *steps = ht_json_get(j, "steps"), *lrs = ht_json_get(j, "lr");
+    assert_int_equal(steps->count, lrs->count);
+    for (size_t i = 0; i < steps->count; i++) {
+        int64_t s = (int64_t)steps->items[i].number;
+        double want = lrs->items[i].number, got = ht_lr_at(sc, s);
+        double scale = fmax(fabs(want), 1e-6 * sc->base_lr);
+        double e = fabs(got - want) / scale;
+        if (!(e <= 1e-12))
+            fail_msg("case %zu %s (T %lld, W %lld): step %lld lr %.17g, want %.17g", c, type,
+                     (long long)sc->total_steps, (long long)sc->warmup_steps, (long long)s, got, want);
+        if (e > *worst) *worst = e;
+    }
+    return (int)steps->count;
+}
+
 /* A committed JSON fixture, parsed (the caller frees the tree). */
 static ht_json *read_json_fixture(const char *name) {
     ht_error err;
@@ -346,19 +364,7 @@ static void test_lr_schedules_vs_table(void **state) {
         sc.decay_start = (int64_t)ht_json_get(j, "decay_start")->number;
         sc.eta_min = ht_json_get(j, "eta_min")->number;
         sc.t_max = (int64_t)ht_json_get(j, "t_max")->number;
-        const ht_json *steps = ht_json_get(j, "steps"), *lrs = ht_json_get(j, "lr");
-        assert_int_equal(steps->count, lrs->count);
-        for (size_t i = 0; i < steps->count; i++) {
-            int64_t s = (int64_t)steps->items[i].number;
-            double want = lrs->items[i].number, got = ht_lr_at(&sc, s);
-            double scale = fmax(fabs(want), 1e-6 * sc.base_lr); /* relative, floored for lr = 0 */
-            double e = fabs(got - want) / scale;
-            if (!(e <= 1e-12))
-                fail_msg("case %zu %s (T %lld, W %lld): step %lld lr %.17g, want %.17g", c, type,
-                         (long long)sc.total_steps, (long long)sc.warmup_steps, (long long)s, got, want);
-            if (e > worst) worst = e;
-            points++;
-        }
+        points += check_schedule_case(j, c, type, &sc, &worst);
     }
     for (int t = 0; t <= HT_LR_COSINE_ANNEALING; t++) /* NUMERICS.md's seven; the rest: mindformers_lr.json */
         if (seen[t] < 2) fail_msg("%s: only %d cases in the table", ht_lr_type_name((ht_lr_type)t), seen[t]);
@@ -410,19 +416,7 @@ static void test_lr_schedules_vs_mindformers(void **state) {
         assert_string_equal(ht_lr_type_name(sc.type), type);
         assert_true(ht_lr_type_from_name(ht_json_get(j, "wrapped")->string, &sc.wrapped));
         seen[sc.type]++;
-        const ht_json *steps = ht_json_get(j, "steps"), *lrs = ht_json_get(j, "lr");
-        assert_int_equal(steps->count, lrs->count);
-        for (size_t i = 0; i < steps->count; i++) {
-            int64_t s = (int64_t)steps->items[i].number;
-            double want = lrs->items[i].number, got = ht_lr_at(&sc, s);
-            double scale = fmax(fabs(want), 1e-6 * sc.base_lr); /* relative, floored for lr = 0 */
-            double e = fabs(got - want) / scale;
-            if (!(e <= 1e-12))
-                fail_msg("case %zu %s (T %lld, W %lld): step %lld lr %.17g, want %.17g", c, type,
-                         (long long)sc.total_steps, (long long)sc.warmup_steps, (long long)s, got, want);
-            if (e > worst) worst = e;
-            points++;
-        }
+        points += check_schedule_case(j, c, type, &sc, &worst);
     }
     for (int t = 0; t < HT_LR_TYPE_COUNT; t++)
         if (seen[t] < 2) fail_msg("%s: only %d cases in mindformers_lr.json", ht_lr_type_name((ht_lr_type)t), seen[t]);

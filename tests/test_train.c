@@ -558,6 +558,47 @@ static void test_decay_lists_routing_names_and_gradient_scaling(void **state) {
     if (!(norm[0] > 0) || norm[1] != norm[0] / 2) fail_msg("grad norms %.17g and %.17g", norm[0], norm[1]);
 }
 
+/* The first step's loss of a 1-step run in dir/<out>, from its metrics. */
+static double first_loss(const char *dir, const char *out) {
+    char path[1200], *text;
+    size_t len;
+    ht_error err;
+    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    const char *l = strstr(text, "\"loss\": ");
+    assert_non_null(l);
+    double loss = strtod(l + 8, NULL);
+    free(text);
+    return loss;
+}
+
+/* data.shuffle false reads the training windows in order (another first
+ * batch, so another first loss; the same again when repeated), and
+ * training.deterministic fixes the 16-bit kernels instead of timing them. */
+static void test_shuffle_and_deterministic(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], run[2048];
+    const char *dir = tiny_data("train_shuffle", data, sizeof(data));
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    const char *outs[3] = {"shuffled", "in_order", "in_order_again"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(run, sizeof(run), "--set training.steps=1 --set checkpoint.output_dir=%s/%s %s", dir, outs[k],
+                 k ? "--set data.shuffle=false" : "");
+        if (run_cli(dir, k ? NULL : yaml, run, msg, sizeof(msg)) != 0) fail_msg("run %d failed: %s", k, msg);
+    }
+    double shuffled = first_loss(dir, outs[0]), in_order = first_loss(dir, outs[1]);
+    if (shuffled == in_order) fail_msg("data.shuffle false changed nothing (loss %.17g)", in_order);
+    assert_true(in_order == first_loss(dir, outs[2]));
+
+    snprintf(run, sizeof(run),
+             "--set training.steps=1 --set checkpoint.output_dir=%s/det --set model_init_dtype=bfloat16 "
+             "--set training.deterministic=true",
+             dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the deterministic run failed: %s", msg);
+    assert_non_null(strstr(msg, "training.deterministic: 16-bit kernels fixed to fp32_rounded, not chosen by timing"));
+    assert_non_null(strstr(msg, "bf16 fp32_rounded"));
+}
+
 /* Every example YAML of the seed documents, as configs/seeds/ holds it, loads
  * in its own dialect and trains 2 steps (sizes made small: steps, sequence,
  * model, and warmup where the example's is longer than 2 steps). */
@@ -696,6 +737,7 @@ int main(void) {
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
         cmocka_unit_test(test_seed_configs_train),
+        cmocka_unit_test(test_shuffle_and_deterministic),
         cmocka_unit_test(test_decay_lists_routing_names_and_gradient_scaling),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),

@@ -200,6 +200,9 @@ typedef struct ht_json {
 /* Parses text[0, len). On failure the error names `what` (a file name) and the byte offset. */
 ht_status ht_json_parse(const char *text, size_t len, const char *what, ht_json **out, ht_error *err);
 void ht_json_free(ht_json *root);
+/* Reads a JSON file of at most HT_JSON_FILE_MAX bytes and parses it; `kind`
+ * names the file in the cap's message ("a config.json"). */
+ht_status ht_json_read_file(const char *path, const char *kind, ht_json **out, ht_error *err);
 /* Object member by key, or NULL. */
 const ht_json *ht_json_get(const ht_json *obj, const char *key);
 

@@ -428,3 +428,15 @@ void ht_json_write_number(FILE *f, double x) {
     }
     fputs(buf, f);
 }
+
+ht_status ht_json_read_file(const char *path, const char *kind, ht_json **out, ht_error *err) {
+    char what[256], *text;
+    size_t len;
+    *out = NULL;
+    snprintf(what, sizeof(what), "%s may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", kind);
+    ht_status s = ht_read_file_max(path, HT_JSON_FILE_MAX, what, &text, &len, err);
+    if (s != HT_OK) return s;
+    s = ht_json_parse(text, len, path, out, err);
+    free(text);
+    return s;
+}

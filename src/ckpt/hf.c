@@ -143,15 +143,8 @@ ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err
     if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
-    char *text;
-    size_t len;
-    ht_status s =
-        ht_read_file_max(path, HT_JSON_FILE_MAX,
-                         "a config.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
-    if (s != HT_OK) return s;
     ht_json *root;
-    s = ht_json_parse(text, len, path, &root, err);
-    free(text);
+    ht_status s = ht_json_read_file(path, "a config.json", &root, err);
     if (s != HT_OK) return s;
     memset(cfg, 0, sizeof(*cfg));
     s = read_config_fields(path, root, cfg, err);
@@ -265,15 +258,8 @@ static const ht_st_tensor *files_find(const hf_files *fs, const char *name, cons
 
 /* Opens every shard the index names and checks each listed tensor is where the index says. */
 static ht_status open_index(const char *dir, const char *index_path, hf_files *fs, ht_error *err) {
-    char *text;
-    size_t len;
-    ht_status s = ht_read_file_max(
-        index_path, HT_JSON_FILE_MAX,
-        "a model.safetensors.index.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
-    if (s != HT_OK) return s;
     ht_json *root;
-    s = ht_json_parse(text, len, index_path, &root, err);
-    free(text);
+    ht_status s = ht_json_read_file(index_path, "a model.safetensors.index.json", &root, err);
     if (s != HT_OK) return s;
     const ht_json *map = ht_json_get(root, "weight_map");
     const char **names = NULL; /* the file of each weight_map entry's shard, as listed */

@@ -125,15 +125,8 @@ ht_status ht_tokenizer_vocab_size(const char *path, int *vocab_size, char *file,
     bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (snprintf(file, n, "%s%s", path, dir ? "/tokenizer.json" : "") >= (int)n)
         return ht_fail(err, HT_ERR_CONFIG, "%s: the path is too long", path);
-    char *text;
-    size_t len;
-    ht_status s =
-        ht_read_file_max(file, HT_JSON_FILE_MAX,
-                         "a tokenizer.json may have (HT_JSON_FILE_MAX in include/hypertrain/base.h)", &text, &len, err);
-    if (s != HT_OK) return s;
     ht_json *root;
-    s = ht_json_parse(text, len, file, &root, err);
-    free(text);
+    ht_status s = ht_json_read_file(file, "a tokenizer.json", &root, err);
     if (s != HT_OK) return s;
     const ht_json *vocab = ht_json_get(ht_json_get(root, "model"), "vocab"), *added = ht_json_get(root, "added_tokens");
     double top = -1;

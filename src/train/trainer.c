@@ -361,9 +361,9 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
 static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config_strings *patterns) {
     const ht_param_store *ps = &t->model->params;
     int line;
-    int i = ht_config_key_index(key);
     /* hypertrain's own defaults cover other models' names too ("*ln_*"): only what a run chose is checked. */
-    if (ht_config_key_source(&t->config, key, &line) == HT_CONFIG_SOURCE_DEFAULT && !t->config.dialect_default[i])
+    if (ht_config_key_source(&t->config, key, &line) == HT_CONFIG_SOURCE_DEFAULT &&
+        !t->config.dialect_default[ht_config_key_index(key)])
         return;
     for (int k = 0; k < patterns->count; k++) {
         bool hit = false;
@@ -400,10 +400,12 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
     oc.weight_decay_exclude = t->wd_exclude;
     oc.weight_decay_exclude_count = string_list(&c->optimizer.adamw.weight_decay_exclude, t->wd_exclude);
-    warn_unmatched(t, "optimizer.adamw_config.no_weight_decay", &c->optimizer.adamw.no_weight_decay);
-    warn_unmatched(t, "optimizer.adamw_config.weight_decay_include", &c->optimizer.adamw.weight_decay_include);
-    warn_unmatched(t, "optimizer.adamw_config.weight_decay_exclude", &c->optimizer.adamw.weight_decay_exclude);
-    if (oc.use_muon) warn_unmatched(t, "optimizer.muon_config.adamw_include", &c->optimizer.muon.adamw_include);
+    if (t->comm->rank == 0) { /* the same config and names on every rank: said once */
+        warn_unmatched(t, "optimizer.adamw_config.no_weight_decay", &c->optimizer.adamw.no_weight_decay);
+        warn_unmatched(t, "optimizer.adamw_config.weight_decay_include", &c->optimizer.adamw.weight_decay_include);
+        warn_unmatched(t, "optimizer.adamw_config.weight_decay_exclude", &c->optimizer.adamw.weight_decay_exclude);
+        if (oc.use_muon) warn_unmatched(t, "optimizer.muon_config.adamw_include", &c->optimizer.muon.adamw_include);
+    }
     if (ht_config_key_source(c, "optimizer.use_fused_adamw", NULL) != HT_CONFIG_SOURCE_DEFAULT)
         ht_log_info("optimizer.use_fused_adamw: %s: AdamW always runs as one fused pass here (equal bit for bit "
                     "to torch's fused AdamW)",
@@ -1147,7 +1149,7 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
-    if (s == HT_OK && restore_optimizer) log_changed_hyperparameters(t, ck);
+    if (s == HT_OK && restore_optimizer && t->comm->rank == 0) log_changed_hyperparameters(t, ck);
     ht_ckpt_close(ck);
     if (s != HT_OK) return s;
     if (t->fsdp) ht_fsdp_weights_changed(t->fsdp); /* gathered copies of the old weights are stale */
