@@ -118,7 +118,9 @@ static void assert_trainers_equal(const ht_trainer *a, const ht_trainer *b) {
         size_t n = (size_t)ht_param_local_numel(x);
         assert_int_equal(x->dtype, y->dtype);
         if (memcmp(x->data, y->data, n * ht_dtype_size(x->dtype)) != 0) fail_msg("model param %s differs", x->name);
-        if (memcmp(x->main_param, y->main_param, n * sizeof(float)) != 0) fail_msg("main param %s differs", x->name);
+        assert_true((x->main_param == NULL) == (y->main_param == NULL));
+        if (x->main_param && memcmp(x->main_param, y->main_param, n * sizeof(float)) != 0)
+            fail_msg("main param %s differs", x->name);
     }
     const ht_optimizer *oa = &a->optimizer, *ob = &b->optimizer;
     assert_int_equal(oa->step, ob->step);
@@ -233,6 +235,106 @@ static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
     trainer_delete(res);
     trainer_delete(cont);
     free(cfg);
+}
+
+/* model.freeze: the covered params keep their initial weights bit for bit
+ * and have no gradient, main param or optimizer state (nor any in the
+ * checkpoint); the others receive exactly the gradients and updates they get
+ * when nothing is frozen (clipping off: the norm is the one thing the frozen
+ * gradients would change); a frozen run resumes bitwise. */
+static void test_freeze(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_freeze");
+    write_corpus(dir);
+    const char *frozen_set[] = {"model.freeze=[model.embed_tokens, \"model.layers.{*}.self_attn\", "
+                                "model.layers.1.mlp.up_proj.weight]",
+                                "training.max_norm=1e30"};
+    ht_config *cfg = tiny_config(dir, frozen_set, 2), *all = tiny_config(dir, frozen_set + 1, 1);
+    ht_error err;
+    ht_trainer *t = trainer_new(cfg), *full = trainer_new(all);
+    const ht_param_store *ps = &t->model->params, *pf = &full->model->params;
+    int frozen = 0;
+    size_t frozen_bytes = 0;
+    void *initial[ps->count];
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        bool want = strstr(p->name, "embed_tokens") || strstr(p->name, "self_attn") ||
+                    strcmp(p->name, "model.layers.1.mlp.up_proj.weight") == 0;
+        if (p->trainable == want) fail_msg("%s: trainable %d", p->name, p->trainable);
+        size_t bytes = (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype);
+        initial[i] = malloc(bytes);
+        memcpy(initial[i], p->data, bytes);
+        if (p->trainable) continue;
+        assert_null(p->main_grad);
+        assert_null(p->grad);
+        assert_null(p->main_param);
+        frozen++;
+        frozen_bytes += (size_t)ht_param_local_numel(p) * sizeof(float);
+    }
+    assert_int_equal(frozen, 1 + 2 * 7 + 1); /* the embedding, 2 x (q, k, v with biases, o), one up_proj */
+    assert_true(pf->grad_bytes - ps->grad_bytes >= frozen_bytes);
+    assert_true(pf->main_bytes - ps->main_bytes >= frozen_bytes);
+    ht_opt_state states[256];
+    int n_states = ht_optimizer_list_state(&t->optimizer, states);
+    for (int i = 0; i < n_states; i++)
+        if (!states[i].param->trainable)
+            fail_msg("optimizer state %s of frozen %s", states[i].key, states[i].param->name);
+
+    /* Step 1: the trainable params' gradients and updates are those of the full run. */
+    float *g = malloc(ps->grad_bytes), *gf = malloc(pf->grad_bytes);
+    double loss = step_with_grads(t, g), loss_full = step_with_grads(full, gf);
+    assert_true(loss == loss_full);
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i], *q = &pf->items[i];
+        size_t n = (size_t)ht_param_local_numel(p);
+        if (!p->trainable) continue;
+        const float *gp = g + (p->main_grad - ps->grad_block), *gq = gf + (q->main_grad - pf->grad_block);
+        if (memcmp(gp, gq, n * sizeof(float)) != 0) fail_msg("%s: gradient differs from the unfrozen run's", p->name);
+        if (memcmp(p->data, q->data, n * ht_dtype_size(p->dtype)) != 0)
+            fail_msg("%s: step 1 differs from the unfrozen run's", p->name);
+        if (memcmp(p->main_param, q->main_param, n * sizeof(float)) != 0)
+            fail_msg("%s: step 1's main param differs from the unfrozen run's", p->name);
+        float *before = malloc(n * sizeof(float));
+        ht_convert(before, HT_DTYPE_F32, initial[i], p->dtype, n);
+        if (memcmp(p->main_param, before, n * sizeof(float)) == 0) fail_msg("%s did not train", p->name);
+        free(before);
+    }
+    ht_step_stats st;
+    assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (!p->trainable && memcmp(p->data, initial[i], (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype)))
+            fail_msg("frozen %s changed", p->name);
+    }
+    /* The checkpoint holds the frozen weights and no optimizer state for them. */
+    char ck_dir[1400];
+    snprintf(ck_dir, sizeof(ck_dir), "%s/run/step_00000002/metadata.json", dir);
+    char *meta = read_text(ck_dir);
+    assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\""));
+    assert_non_null(strstr(meta, "\"optimizer.state.model.layers.0.mlp.up_proj.weight."));
+    assert_non_null(
+        strstr(meta, "\"_mixed_precision_optimizer.fp32_from_fp16_params.model.layers.0.mlp.up_proj.weight\""));
+    for (const char *k = strstr(meta, "self_attn"); k; k = strstr(k + 1, "self_attn")) {
+        const char *q = k;
+        while (q > meta && q[-1] != '"') q--;
+        if (strncmp(q, "model.", 6) != 0) fail_msg("checkpoint key %.80s of a frozen param", q);
+    }
+    free(meta);
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *res = trainer_new(cfg);
+    assert_int_equal(res->step, 2);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(res, &st, &err), &err);
+    assert_trainers_equal(res, t);
+    for (int i = 0; i < ps->count; i++) free(initial[i]);
+    free(g);
+    free(gf);
+    trainer_delete(res);
+    trainer_delete(t);
+    trainer_delete(full);
+    free(cfg);
+    free(all);
 }
 
 /* The bf16 and f16 GEMM kernels go into the trainer state; a resume with
@@ -480,6 +582,127 @@ static void test_restore_optimizer_false_loads_model_only(void **state) {
     }
     trainer_delete(a);
     trainer_delete(b);
+    free(cfg);
+}
+
+/* training.no_save_rng: the checkpoint holds no seed or data positions, and
+ * a resume from it starts the data from its beginning, saying so;
+ * training.no_load_rng does the same with a checkpoint that has them; by
+ * default the data continues where it was. The model and optimizer resume
+ * in every case. */
+static void test_no_save_rng_and_no_load_rng(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_rng");
+    write_corpus(dir);
+    const char *no_save[] = {"training.no_save_rng=true"};
+    ht_config *cfg = tiny_config(dir, no_save, 1);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_loader_pos saved = ht_loader_position(&a->train_loader);
+    assert_true(saved.index > 0);
+    assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/step_00000002/metadata.json", dir);
+    char *meta = read_text(path);
+    assert_null(strstr(meta, "train_loader"));
+    assert_null(strstr(meta, "\"seed\""));
+    free(meta);
+
+    /* Resumed: the step and optimizer come back, the data starts over. */
+    for (int mode = 0; mode < 3; mode++) {
+        ht_config *c = tiny_config(dir, NULL, 0);
+        if (mode == 1) assert_ht_ok(ht_config_set(c, "training.no_load_rng=true", &err), &err);
+        ht_trainer *b = trainer_new(c);
+        if (mode > 0) { /* a checkpoint with the random state, saved by a default run */
+            for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(b, NULL, &err), &err);
+            assert_ht_ok(ht_trainer_save_checkpoint(b, &err), &err);
+            trainer_delete(b);
+            b = trainer_new(c);
+        }
+        restore_call rc = {.t = b};
+        ht_status s;
+        char *log = capture_stderr(dir, call_restore, &rc, &s);
+        if (s != HT_OK) fail_msg("restore failed: %s", rc.err.msg);
+        ht_loader_pos pos = ht_loader_position(&b->train_loader);
+        assert_int_equal(b->step, 2);
+        assert_int_equal(b->optimizer.step, 2);
+        static const char *const says[] = {"saved with training.no_save_rng", "training.no_load_rng: the checkpoint's",
+                                           NULL};
+        if (mode < 2) {
+            if (!strstr(log, says[mode])) fail_msg("mode %d: no \"%s\" in: %s", mode, says[mode], log);
+            assert_true(pos.epoch == 0 && pos.index == 0);
+        } else {
+            assert_null(strstr(log, "starts again from its beginning"));
+            assert_true(pos.epoch == saved.epoch && pos.index == saved.index);
+        }
+        free(log);
+        trainer_delete(b);
+        free(c);
+    }
+    trainer_delete(a);
+    free(cfg);
+}
+
+/* training.load_strict: a checkpoint of a 2-layer model resumed by a 3-layer
+ * one (weights missing) or a 1-layer one (weights it lacks) is refused,
+ * naming the tensors; load_strict false loads what matches, keeps the rest
+ * as initialised with its optimizer state from zero, and says which. */
+static void test_load_strict(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_strict");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
+    for (int layers = 1; layers <= 3; layers += 2) {
+        char set[64];
+        snprintf(set, sizeof(set), "model.num_hidden_layers=%d", layers);
+        const char *sets[] = {set, "checkpoint.restore_from=latest"};
+        ht_config *c = tiny_config(dir, sets, 2);
+        ht_trainer *b = malloc(sizeof(ht_trainer));
+        assert_int_equal(ht_trainer_init(b, c, &err), HT_ERR_FORMAT);
+        const char *needle = layers == 3 ? "model weights missing: model.model.layers.2.self_attn.q_proj.weight"
+                                         : "not parameters of this model (another architecture or size?): "
+                                           "model.model.layers.1.";
+        if (!strstr(err.msg, needle) || !strstr(err.msg, "training.load_strict false"))
+            fail_msg("%d layers: %s", layers, err.msg);
+        assert_ht_ok(ht_config_set(c, "training.load_strict=false", &err), &err);
+        assert_ht_ok(ht_config_set(c, "checkpoint.restore_from=", &err), &err);
+        ht_trainer *fresh = trainer_new(c);
+        assert_ht_ok(ht_config_set(c, "checkpoint.restore_from=latest", &err), &err);
+        free(b);
+        b = trainer_new(c);
+        restore_call rc = {.t = b};
+        ht_status s;
+        char *log = capture_stderr(dir, call_restore, &rc, &s);
+        if (s != HT_OK) fail_msg("%d layers, load_strict false: %s", layers, rc.err.msg);
+        if (!strstr(log, layers == 3 ? "model weights missing, kept as initialised"
+                                     : "tensors of params this "
+                                       "model lacks, left unloaded"))
+            fail_msg("%d layers: no warning in: %s", layers, log);
+        free(log);
+        for (int i = 0; i < b->model->params.count; i++) {
+            const ht_param *p = &b->model->params.items[i];
+            const ht_param *from = ht_params_find(&a->model->params, p->name);
+            const ht_param *init = &fresh->model->params.items[i];
+            size_t bytes = (size_t)ht_param_local_numel(p) * 2;
+            if (memcmp(p->data, from ? from->data : init->data, bytes) != 0)
+                fail_msg("%s: not the %s value", p->name, from ? "checkpoint's" : "initial");
+        }
+        for (int i = 0; i < b->optimizer.adamw->count; i++) {
+            const ht_adamw_slot *y = &b->optimizer.adamw->slots[i];
+            bool saved = ht_params_find(&a->model->params, y->param->name) != NULL;
+            assert_int_equal(y->step, saved ? 2 : 0);
+        }
+        assert_ht_ok(ht_trainer_step(b, NULL, &err), &err);
+        trainer_delete(b);
+        trainer_delete(fresh);
+        free(c);
+    }
+    trainer_delete(a);
     free(cfg);
 }
 
@@ -1077,6 +1300,9 @@ int main(void) {
         cmocka_unit_test(test_resume_keeps_gemm_kernels),
         cmocka_unit_test(test_bf16_resume_every_5_of_20_steps),
         cmocka_unit_test(test_float32_model_resume),
+        cmocka_unit_test(test_freeze),
+        cmocka_unit_test(test_no_save_rng_and_no_load_rng),
+        cmocka_unit_test(test_load_strict),
         cmocka_unit_test(test_plain_optimizer_checkpoint_loads_with_warning),
         cmocka_unit_test(test_partial_main_params_refused),
         cmocka_unit_test(test_restore_optimizer_false_loads_model_only),
@@ -1086,5 +1312,6 @@ int main(void) {
         cmocka_unit_test(test_export_and_inspect),
         cmocka_unit_test(test_run_saves_and_cli_resumes),
     };
+    if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -172,6 +172,66 @@ static void test_bf16_on_1_to_4_ranks(void **state) {
     check_ranks("dist_bf16", "bfloat16", true, 1e-2);
 }
 
+/* The tensors of DIR/<out>/final whose names contain `part`: bit for bit those of DIR/<ref>/final. */
+static int tensors_identical(const char *dir, const char *out, const char *ref, const char *part) {
+    char a[1300], b[1300];
+    snprintf(a, sizeof(a), "%s/%s/final/model.safetensors", dir, out);
+    snprintf(b, sizeof(b), "%s/%s/final/model.safetensors", dir, ref);
+    ht_safetensors *sa, *sb;
+    ht_error err;
+    assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
+    assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
+    int count = 0;
+    for (int i = 0; i < ht_safetensors_count(sb); i++) {
+        const ht_st_tensor *tb = ht_safetensors_tensor(sb, i), *ta = ht_safetensors_find(sa, tb->name);
+        if (!strstr(tb->name, part)) continue;
+        assert_non_null(ta);
+        assert_int_equal(ta->nbytes, tb->nbytes);
+        if (memcmp(ta->data, tb->data, ta->nbytes) != 0) fail_msg("%s: %s differs from %s's", out, tb->name, ref);
+        count++;
+    }
+    ht_safetensors_close(sa);
+    ht_safetensors_close(sb);
+    return count;
+}
+
+/* model.freeze on 1-4 ranks, sharded and replicated: the frozen params are
+ * the initial ones bit for bit (a short run with everything but the final
+ * norm frozen holds them too), and the rest trains as on one process. */
+static void test_freeze_on_1_to_4_ranks(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_freeze");
+    write_config(dir, "float32", 4, true);
+    const char *freeze = "--set 'model.freeze=[model.embed_tokens, \"model.layers.{*}.self_attn\"]'";
+    char *one, *log;
+    if (run_in(dir, "out0", 0, freeze, &one) != 0) fail_msg("one process failed:\n%s", one);
+    if (!strstr(one, "model.freeze: 15 parameters frozen")) fail_msg("no freeze line in the log:\n%s", one);
+    if (run_in(dir, "init", 0, "--set training.steps=2 --set 'model.freeze=[model.embed_tokens, model.layers]'", &log))
+        fail_msg("the frozen-model run failed:\n%s", log);
+    free(log);
+    assert_int_equal(tensors_identical(dir, "out0", "init", "self_attn"), 14);
+    assert_int_equal(tensors_identical(dir, "out0", "init", "embed_tokens"), 1);
+    double l1[8], ln[8];
+    assert_int_equal(losses(one, l1, 8), 4);
+    static const char *const sets[] = {"", "--set fsdp_config.shard_size=1"};
+    for (int mode = 0; mode < 2; mode++)
+        for (int ranks = 1; ranks <= 4; ranks++) {
+            char out[32], extra[512];
+            snprintf(out, sizeof(out), "freeze%s%d", mode ? "_replicated" : "", ranks);
+            snprintf(extra, sizeof(extra), "%s %s", freeze, sets[mode]);
+            if (run_in(dir, out, ranks, extra, &log) != 0) fail_msg("%s failed:\n%s", out, log);
+            assert_int_equal(losses(log, ln, 8), 4);
+            for (int s = 0; s < 4; s++)
+                if (fabs(ln[s] - l1[s]) > 2e-4 * fabs(l1[s]) + 1e-4)
+                    fail_msg("%s, step %d: loss %.4f, one process %.4f", out, s + 1, ln[s], l1[s]);
+            double e = compare_final(dir, out, "out0", 1e-5);
+            assert_int_equal(tensors_identical(dir, out, "init", "self_attn"), 14);
+            printf("%s: frozen params bitwise the initial ones, the rest within %.3g of one process\n", out, e);
+            free(log);
+        }
+    free(one);
+}
+
 /* A global batch that 3 ranks cannot split: the error, on every rank, before any collective. */
 static void test_config_error_on_every_rank(void **state) {
     (void)state;
@@ -437,6 +497,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32_on_1_to_4_ranks),
         cmocka_unit_test(test_bf16_on_1_to_4_ranks),
+        cmocka_unit_test(test_freeze_on_1_to_4_ranks),
         cmocka_unit_test(test_config_error_on_every_rank),
         cmocka_unit_test(test_ranks_with_different_configs),
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
@@ -446,5 +507,6 @@ int main(void) {
         cmocka_unit_test(test_killed_rank_ends_the_world),
         cmocka_unit_test(test_stopped_rank_times_out),
     };
+    if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

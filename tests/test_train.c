@@ -360,6 +360,11 @@ static void test_cli_bad_input(void **state) {
     expect_refused(dir, tiny_yaml(dir, data, "  head_dim: -2\n"), NULL, "model.head_dim must be >= 0", "-2");
     expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: 0\n"), NULL, "model.initializer_range", "found 0");
     expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: -0.5\n"), NULL, "model.initializer_range", "-0.5");
+    /* model.freeze: a pattern that covers nothing (a typo would train everything), and a freeze of everything. */
+    expect_refused(dir, tiny_yaml(dir, data, "  freeze: [model.norm, \"model.layer.{*}\"]\n"), NULL,
+                   "\"model.layer.{*}\" covers no parameter", "model.layers.{*}.self_attn");
+    expect_refused(dir, tiny_yaml(dir, data, "  freeze: [model, lm_head]\n"), NULL, "model.freeze freezes all",
+                   "nothing is left to train");
 
     /* A config error is reported with its line before anything runs. */
     expect_refused(dir, "training:\n  steps: ten\n", NULL, "training.steps", "run.yaml:2");
@@ -743,5 +748,6 @@ int main(void) {
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };
+    if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

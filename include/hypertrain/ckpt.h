@@ -138,7 +138,11 @@ ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param
 typedef struct ht_ckpt_trainer_state {
     int64_t step;          /* optimizer steps the trainer took: the global step */
     int64_t schedule_step; /* successful steps: every LR schedule's step index (ht_optimizer.step) */
-    int64_t seed;          /* training.seed: every random stream derives from it (loader order: (seed, epoch)) */
+    /* The random state: every stream derives from the seed (the loaders' order
+     * from (seed, epoch)) and the data positions. rng false: not saved
+     * (training.no_save_rng), and then neither is there. */
+    bool rng;
+    int64_t seed; /* training.seed */
     ht_loader_pos train_pos, valid_pos;
     bool loss_scaling; /* the fp16 loss scaler below is live */
     ht_loss_scaler scaler;
@@ -154,6 +158,11 @@ typedef struct ht_ckpt_view {
     ht_ckpt_trainer_state state;  /* saved from rank 0's view; filled by a load */
     const ht_config *config;      /* saved as the effective config; NULL: none */
     const ht_model_config *model; /* saved as config.json; NULL: none (export then cannot run) */
+    /* training.load_strict false (a load): model tensors the checkpoint lacks,
+     * and tensors it has for params this model lacks, are warnings, listed,
+     * not refusals. A param without its tensor keeps its value here, and its
+     * optimizer state starts from zero. */
+    bool lenient;
 } ht_ckpt_view;
 
 typedef struct ht_ckpt_save_options {

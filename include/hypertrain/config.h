@@ -100,7 +100,7 @@ typedef struct ht_config {
         ht_model_config arch;                    /* model.name and the architecture keys */
         char from_pretrained[HT_CONFIG_STR_MAX]; /* "" (null): build from scratch */
         /* MindSpeed-MM's model keys (docs/DIALECTS.md). */
-        ht_config_strings freeze;            /* only [] is supported yet */
+        ht_config_strings freeze;            /* module or param patterns taken out of training */
         bool trust_remote_code;              /* no remote code runs here: logged */
         int loss_type;                       /* HT_CONFIG_LOSS_RAW: the model's own mean cross-entropy */
         bool recompute;                      /* only false is supported yet */
@@ -194,8 +194,8 @@ typedef struct ht_config {
         bool deterministic;
         bool init_model_with_meta_device;   /* each rank builds only its rows */
         int gradient_accumulation_steps;    /* MindSpeed-MM's; 0 (null): derived from global_batch_size */
-        bool no_save_rng, no_load_rng;      /* only false is supported yet */
-        bool load_strict;                   /* only true is supported yet */
+        bool no_save_rng, no_load_rng;      /* the seed and data positions: not saved / not restored */
+        bool load_strict;                   /* false: missing or extra model tensors of a resume warn */
         char save[HT_CONFIG_STR_MAX];       /* MindSpeed-MM's training.save: the output_dir, or "" */
         bool profile;                       /* tools.profile: a per-phase timing table at the end */
         bool memory_profile;                /* tools.memory_profile: peak memory by category at the end */

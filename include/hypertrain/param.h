@@ -52,6 +52,15 @@ typedef struct ht_param_store {
     int shard_rank, shard_world; /* the rows this store holds: ht_param_rows_of(rank, world); world 0 or 1: all */
 } ht_param_store;
 
+/* Module path patterns (MindSpeed-MM's fsdp_plan and freeze): "{*}" or "*"
+ * stands for one dotted component, anything else for itself.
+ * ht_path_match: the whole path matches ("model.layers.{*}" matches
+ * "model.layers.3"). ht_path_covers: the name or one of its dotted prefixes
+ * does, so a module's pattern covers its params ("model.layers.{*}.mlp"
+ * covers "model.layers.3.mlp.up_proj.weight"). */
+bool ht_path_match(const char *pattern, const char *path);
+bool ht_path_covers(const char *pattern, const char *name);
+
 /* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
 ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype);
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
@@ -89,6 +98,13 @@ void ht_params_reload_main(ht_param_store *store);
 /* Writes every main_param back into data, rounding to the model dtype. */
 void ht_params_cast_main_to_model(ht_param_store *store);
 void ht_params_zero_grad(ht_param_store *store);
+/* Takes every param covered by one of `patterns` (ht_path_covers) out of
+ * training: not trainable, no main_grad (the gradient block shrinks to the
+ * trainable ones), so no main param or optimizer state follows. Call it
+ * before ht_params_create_main. A pattern that covers nothing, or a freeze
+ * that leaves nothing to train, is an error naming it. `frozen` (may be
+ * NULL) gets the number of params taken out. */
+ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err);
 void ht_params_free(ht_param_store *store);
 
 int64_t ht_param_numel(const ht_param *p);       /* global element count */

@@ -42,6 +42,30 @@ ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const
     return p;
 }
 
+/* One dotted component of a pattern against one of a path: its lengths. */
+static bool component_matches(const char *pattern, size_t pl, const char *name, size_t nl) {
+    bool wild = (pl == 3 && strncmp(pattern, "{*}", 3) == 0) || (pl == 1 && pattern[0] == '*');
+    return wild || (pl == nl && strncmp(pattern, name, pl) == 0);
+}
+
+/* Whether the pattern matches the whole of `name` (prefix false) or a
+ * dotted prefix of it (prefix true). */
+static bool path_matches(const char *pattern, const char *name, bool prefix) {
+    for (;;) {
+        const char *pe = strchr(pattern, '.'), *ne = strchr(name, '.');
+        size_t pl = pe ? (size_t)(pe - pattern) : strlen(pattern), nl = ne ? (size_t)(ne - name) : strlen(name);
+        if (!component_matches(pattern, pl, name, nl)) return false;
+        if (!pe) return !ne || prefix;
+        if (!ne) return false;
+        pattern = pe + 1;
+        name = ne + 1;
+    }
+}
+
+bool ht_path_match(const char *pattern, const char *path) { return path_matches(pattern, path, false); }
+
+bool ht_path_covers(const char *pattern, const char *name) { return path_matches(pattern, name, true); }
+
 ht_param *ht_params_find(const ht_param_store *store, const char *name) {
     for (int i = 0; i < store->count; i++)
         if (strcmp(store->items[i].name, name) == 0) return &store->items[i];
@@ -237,6 +261,59 @@ void ht_params_cast_main_to_model(ht_param_store *store) {
 
 void ht_params_zero_grad(ht_param_store *store) {
     if (store->grad_block) memset(store->grad_block, 0, store->grad_bytes);
+}
+
+ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err) {
+    if (frozen) *frozen = 0;
+    if (count == 0) return HT_OK;
+    if (store->main_block)
+        return ht_fail(err, HT_ERR_INVALID, "ht_params_freeze: freeze parameters before their FP32 main params exist");
+    for (int k = 0; k < count; k++) {
+        bool hit = false;
+        for (int i = 0; i < store->count && !hit; i++) hit = ht_path_covers(patterns[k], store->items[i].name);
+        if (!hit)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.freeze: \"%s\" covers no parameter of this model (a pattern names a module or a "
+                           "parameter, '{*}' or '*' standing for one dotted component: model.embed_tokens, "
+                           "model.layers.{*}.self_attn, %s)",
+                           patterns[k], store->count ? store->items[store->count - 1].name : "lm_head.weight");
+    }
+    int n = 0, left = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        for (int k = 0; k < count && p->trainable; k++)
+            if (ht_path_covers(patterns[k], p->name)) {
+                p->trainable = false;
+                n++;
+            }
+        if (p->trainable) {
+            bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+            left++;
+        }
+    }
+    if (left == 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.freeze freezes all %d parameters: nothing is left to train",
+                       store->count);
+    /* The gradient block again, for the trainable params alone. */
+    char *block = ht_alloc(bytes);
+    if (!block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of gradients", bytes);
+    size_t off = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        p->main_grad = NULL;
+        if (p->trainable) {
+            p->main_grad = (float *)(block + off);
+            off += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        }
+        p->grad = p->sharded ? NULL : p->main_grad;
+        if (!p->trainable && p->main_param != p->data) p->main_param = NULL;
+    }
+    ht_free(store->grad_block);
+    store->grad_block = (float *)block;
+    store->grad_bytes = bytes;
+    if (frozen) *frozen = n;
+    return HT_OK;
 }
 
 void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1) {

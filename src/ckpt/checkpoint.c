@@ -319,12 +319,15 @@ static ht_status write_keys(FILE *f, int world, const ht_ckpt_rank_file *ranks, 
 }
 
 static void write_state(FILE *f, const ht_ckpt_trainer_state *st) {
-    fprintf(f,
-            "  \"trainer_state\": {\"step\": %lld, \"schedule_step\": %lld, \"seed\": \"%lld\", "
-            "\"train_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, "
-            "\"valid_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, \"loss_scaler\": ",
-            (long long)st->step, (long long)st->schedule_step, (long long)st->seed, st->train_pos.epoch,
-            st->train_pos.index, st->valid_pos.epoch, st->valid_pos.index);
+    fprintf(f, "  \"trainer_state\": {\"step\": %lld, \"schedule_step\": %lld, ", (long long)st->step,
+            (long long)st->schedule_step);
+    if (st->rng)
+        fprintf(f,
+                "\"seed\": \"%lld\", \"train_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, "
+                "\"valid_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, ",
+                (long long)st->seed, st->train_pos.epoch, st->train_pos.index, st->valid_pos.epoch,
+                st->valid_pos.index);
+    fputs("\"loss_scaler\": ", f);
     if (st->loss_scaling) {
         fputs("{\"scale\": ", f);
         ht_json_write_number(f, st->scaler.scale);
@@ -635,11 +638,14 @@ static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err
     ht_ckpt_trainer_state *st = &ck->state;
     const ht_json *seed = ht_json_get(js, "seed"), *tl = ht_json_get(js, "train_loader"),
                   *vl = ht_json_get(js, "valid_loader"), *ls = ht_json_get(js, "loss_scaler");
-    int64_t e0, i0, e1, i1;
+    int64_t e0 = 0, i0 = 0, e1 = 0, i1 = 0;
+    /* The seed and the data positions come together, or not at all (saved with training.no_save_rng). */
+    st->rng = seed || tl || vl;
     if (js->type != HT_JSON_OBJECT || !json_int(ht_json_get(js, "step"), &st->step) ||
-        !json_int(ht_json_get(js, "schedule_step"), &st->schedule_step) || !seed || seed->type != HT_JSON_STRING ||
-        !tl || !vl || !json_int(ht_json_get(tl, "epoch"), &e0) || !json_int(ht_json_get(tl, "index"), &i0) ||
-        !json_int(ht_json_get(vl, "epoch"), &e1) || !json_int(ht_json_get(vl, "index"), &i1) || !ls)
+        !json_int(ht_json_get(js, "schedule_step"), &st->schedule_step) || !ls ||
+        (st->rng && (!seed || seed->type != HT_JSON_STRING || !tl || !vl || !json_int(ht_json_get(tl, "epoch"), &e0) ||
+                     !json_int(ht_json_get(tl, "index"), &i0) || !json_int(ht_json_get(vl, "epoch"), &e1) ||
+                     !json_int(ht_json_get(vl, "index"), &i1))))
         return bad_meta(ck, "\"trainer_state\" is malformed", err);
     if (st->step < 0 || st->schedule_step < 0 || st->schedule_step > st->step)
         return ht_fail(err, HT_ERR_FORMAT,
@@ -648,7 +654,7 @@ static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err
                        ck->dir, (long long)st->step, (long long)st->schedule_step);
     if (e0 < 0 || i0 < 0 || e1 < 0 || i1 < 0)
         return bad_meta(ck, "\"trainer_state\": a data loader position is negative", err);
-    st->seed = strtoll(seed->string, NULL, 10);
+    st->seed = seed ? strtoll(seed->string, NULL, 10) : 0;
     st->train_pos = (ht_loader_pos){(uint64_t)e0, (uint64_t)i0};
     st->valid_pos = (ht_loader_pos){(uint64_t)e1, (uint64_t)i1};
     st->loss_scaling = ls->type == HT_JSON_OBJECT;
@@ -1070,12 +1076,38 @@ static void append_name(char *buf, size_t cap, const char *name) {
         snprintf(buf + used, cap - used, ", ...");
 }
 
+/* The parameter name a key belongs to ("optimizer.state.<fqn>.exp_avg" -> fqn). */
+static void key_fqn(const ck_key *k, char *out, size_t cap) {
+    const char *at = k->name;
+    size_t len = strlen(at);
+    if (k->kind == KIND_MODEL) {
+        at += strlen("model.");
+    } else if (k->kind == KIND_MAIN) {
+        at += strlen(MAIN_PREFIX);
+    } else {
+        at += strlen(OPT_PREFIX);
+        len -= strlen(KIND_NAMES[k->kind]) + 1;
+    }
+    len -= (size_t)(at - k->name);
+    snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), at);
+}
+
+/* Whether the checkpoint lacks p's model tensor (a load_strict false load then keeps p as it is). */
+static bool model_key_missing(const ht_checkpoint *ck, const ht_param *p) {
+    char name[HT_CKPT_KEY_MAX];
+    key_name(name, KIND_MODEL, p->name);
+    return find_key(ck, name) == NULL;
+}
+
 /* Checks every optimizer key the view will read; loads them when apply is
  * set. Strict: once the saved optimizer has stepped, every state tensor this
  * run keeps must be there, and every one the checkpoint holds must have a
  * place here (a changed routing or optimizer would otherwise zero or drop
- * state without a word). restore_optimizer false loads the model alone. */
-static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool apply, int *loaded, ht_error *err) {
+ * state without a word). restore_optimizer false loads the model alone.
+ * Lenient (load_strict false): a param the checkpoint has no weights for
+ * starts its state from zero, and state of params this model lacks is left. */
+static ht_status optimizer_pass(const ht_checkpoint *ck, ht_ckpt_view *v, bool apply, int *loaded, ht_error *err) {
+    ht_optimizer *opt = v->optimizer;
     ht_opt_state *state;
     int n;
     ht_status s = optimizer_state(opt, &state, &n, err);
@@ -1093,7 +1125,8 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool
             s = ht_fail(err, HT_ERR_INVALID, "%s: key %s: this run's optimizer keeps no %s to receive it", ck->dir,
                         k->name, e->key);
         if (k) used[k - ck->keys] = true;
-        if (s == HT_OK && !k && e->data && ck->state.schedule_step > 0) {
+        bool fresh = v->lenient && model_key_missing(ck, p);
+        if (s == HT_OK && !k && e->data && ck->state.schedule_step > 0 && !fresh) {
             char name[HT_CKPT_KEY_MAX];
             key_name(name, kind, p->name);
             append_name(missing, sizeof(missing), name);
@@ -1113,11 +1146,16 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_optimizer *opt, bool
     }
     char extra[1200] = "";
     int n_extra = 0;
-    for (int k = 0; s == HT_OK && k < ck->nkeys; k++)
-        if (ck->keys[k].kind >= KIND_EXP_AVG && !used[k]) {
-            append_name(extra, sizeof(extra), ck->keys[k].name);
-            n_extra++;
-        }
+    for (int k = 0; s == HT_OK && k < ck->nkeys; k++) {
+        if (ck->keys[k].kind < KIND_EXP_AVG || used[k]) continue;
+        char fqn[HT_CKPT_KEY_MAX];
+        key_fqn(&ck->keys[k], fqn, sizeof(fqn));
+        const ht_param *p = ht_params_find(v->params, fqn);
+        if (p && !p->trainable) continue; /* a param this run freezes (model.freeze): its state is not needed */
+        if (!p && v->lenient) continue;   /* listed with the model tensors this model lacks */
+        append_name(extra, sizeof(extra), ck->keys[k].name);
+        n_extra++;
+    }
     if (s == HT_OK && n_missing)
         s = ht_fail(err, HT_ERR_FORMAT,
                     "%s: the optimizer had taken %lld steps, but %d of the state tensors this run needs are missing "
@@ -1140,8 +1178,8 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
     int main_keys = 0;
     for (int k = 0; k < ck->nkeys; k++) main_keys += ck->keys[k].kind == KIND_MAIN;
     /* Check everything before touching anything. */
-    char missing[1200] = "";
-    int n_missing = 0, n_main_missing = 0, n_main_wanted = 0;
+    char missing[1200] = "", unknown[1200] = "";
+    int n_missing = 0, n_main_missing = 0, n_main_wanted = 0, n_unknown = 0;
     char main_missing[1200] = "";
     for (int i = 0; i < ps->count; i++) {
         ht_param *p = &ps->items[i];
@@ -1167,7 +1205,31 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             return s;
         }
     }
-    if (n_missing) return ht_fail(err, HT_ERR_FORMAT, "%s: %d model weights missing: %s", ck->dir, n_missing, missing);
+    for (int k = 0; k < ck->nkeys; k++) {
+        char fqn[HT_CKPT_KEY_MAX];
+        key_fqn(&ck->keys[k], fqn, sizeof(fqn));
+        if (ck->keys[k].kind != KIND_MODEL || ht_params_find(ps, fqn)) continue;
+        append_name(unknown, sizeof(unknown), ck->keys[k].name);
+        n_unknown++;
+    }
+    if (!v->lenient && n_missing)
+        return ht_fail(err, HT_ERR_FORMAT,
+                       "%s: %d model weights missing: %s (training.load_strict false loads the rest and keeps these "
+                       "as initialised)",
+                       ck->dir, n_missing, missing);
+    if (!v->lenient && n_unknown)
+        return ht_fail(err, HT_ERR_FORMAT,
+                       "%s: %d model tensors are not parameters of this model (another architecture or size?): %s "
+                       "(training.load_strict false loads the rest and leaves these)",
+                       ck->dir, n_unknown, unknown);
+    if (n_missing)
+        ht_log_warn("%s: training.load_strict false: %d model weights missing, kept as initialised (their optimizer "
+                    "state starts from zero): %s",
+                    ck->dir, n_missing, missing);
+    if (n_unknown)
+        ht_log_warn("%s: training.load_strict false: %d tensors of params this model lacks, left unloaded (with their "
+                    "optimizer state): %s",
+                    ck->dir, n_unknown, unknown);
     if (restore_optimizer && main_keys > 0 && n_main_missing > 0)
         return ht_fail(err, HT_ERR_FORMAT,
                        "%s: refusing a partial set of FP32 main params: %d of %d missing (never filled in from the "
@@ -1175,7 +1237,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
                        ck->dir, n_main_missing, n_main_wanted, main_missing);
     int loaded = 0;
     if (restore_optimizer && v->optimizer) {
-        ht_status s = optimizer_pass(ck, v->optimizer, false, &loaded, err);
+        ht_status s = optimizer_pass(ck, v, false, &loaded, err);
         if (s != HT_OK) return s;
     }
 
@@ -1184,6 +1246,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         ht_param *p = &ps->items[i];
         char name[HT_CKPT_KEY_MAX];
         key_name(name, KIND_MODEL, p->name);
+        if (!find_key(ck, name)) continue; /* load_strict false: kept */
         ht_status s = ht_ckpt_read_rows(ck, name, p->row0, p->row1, p->data, p->dtype, err);
         if (s != HT_OK) return s;
     }
@@ -1195,6 +1258,10 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         char name[HT_CKPT_KEY_MAX];
         key_name(name, KIND_MODEL, p->name);
         const ck_key *mk = find_key(ck, name);
+        if (!mk) { /* load_strict false: kept as initialised, its main param with it */
+            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            continue;
+        }
         if (restore_optimizer && mk->dtype != HT_DTYPE_F32) {
             key_name(name, KIND_MAIN, p->name);
             mk = find_key(ck, name);
@@ -1216,7 +1283,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
                     ck->dir, rebuilt);
     ht_params_refresh_compute(ps);
     if (restore_optimizer && v->optimizer) {
-        ht_status s = optimizer_pass(ck, v->optimizer, true, &loaded, err);
+        ht_status s = optimizer_pass(ck, v, true, &loaded, err);
         if (s != HT_OK) return s;
         v->optimizer->step = ck->state.schedule_step;
         if (v->optimizer->loss_scaling && ck->state.loss_scaling) {
@@ -1284,11 +1351,15 @@ ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err) {
     fprintf(out, "checkpoint %s\n", ck->dir);
     fprintf(out, "  format version %d, step %lld, saved on %d rank(s), hash %s\n", ck->version, (long long)ck->step,
             ck->world, HT_CKPT_HASH);
-    fprintf(out,
-            "  trainer state: step %lld, schedule step %lld, seed %lld, train loader epoch %" PRIu64 " window %" PRIu64
-            ", validation loader epoch %" PRIu64 " window %" PRIu64,
-            (long long)st->step, (long long)st->schedule_step, (long long)st->seed, st->train_pos.epoch,
-            st->train_pos.index, st->valid_pos.epoch, st->valid_pos.index);
+    fprintf(out, "  trainer state: step %lld, schedule step %lld, ", (long long)st->step, (long long)st->schedule_step);
+    if (st->rng)
+        fprintf(out,
+                "seed %lld, train loader epoch %" PRIu64 " window %" PRIu64 ", validation loader epoch %" PRIu64
+                " window %" PRIu64,
+                (long long)st->seed, st->train_pos.epoch, st->train_pos.index, st->valid_pos.epoch,
+                st->valid_pos.index);
+    else
+        fputs("no seed or data positions (saved with training.no_save_rng)", out);
     if (st->loss_scaling) fprintf(out, ", loss scale %g", st->scaler.scale);
     fputc('\n', out);
     uint64_t numel[KIND_COUNT] = {0}, bytes[KIND_COUNT] = {0};

@@ -102,8 +102,6 @@ static void check_mindspeed(report *r) {
             "%s: not supported: other modules than the FSDP units; hypertrain hooks and prefetches unit by unit, so "
             "expected [] or the same list as fsdp_config.apply_modules",
             at(cfg, "fsdp_config.hook_modules", a, sizeof(a)));
-    if (cfg->model.freeze.count)
-        add(r, "%s: not supported yet: freezing parameters (expected [])", at(cfg, "model.freeze", a, sizeof(a)));
     if (cfg->model.recompute)
         add(r, "%s: not supported yet: activation recompute (expected false)",
             at(cfg, "model.recompute", a, sizeof(a)));
@@ -131,15 +129,6 @@ static void check_mindspeed(report *r) {
     if (cfg->data.num_workers < 0) check(r, false, "data.num_workers", "an integer >= 0");
     if (cfg->training.gradient_accumulation_steps < 0)
         check(r, false, "training.gradient_accumulation_steps", "an integer > 0 or null");
-    if (cfg->training.no_save_rng)
-        add(r, "%s: not supported yet: every checkpoint holds the data position and random streams",
-            at(cfg, "training.no_save_rng", a, sizeof(a)));
-    if (cfg->training.no_load_rng)
-        add(r, "%s: not supported yet: a resume always restores the data position and random streams",
-            at(cfg, "training.no_load_rng", a, sizeof(a)));
-    if (!cfg->training.load_strict)
-        add(r, "%s: not supported yet: a checkpoint's model tensors must match the model's exactly",
-            at(cfg, "training.load_strict", a, sizeof(a)));
 }
 
 static bool given(const ht_config *cfg, const char *key) {

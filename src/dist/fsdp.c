@@ -121,20 +121,6 @@ struct ht_fsdp {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* "{*}" and "*" match one dotted component; anything else matches itself. */
-static bool module_matches(const char *pattern, const char *name) {
-    while (*pattern && *name) {
-        const char *pe = strchr(pattern, '.'), *ne = strchr(name, '.');
-        size_t pl = pe ? (size_t)(pe - pattern) : strlen(pattern), nl = ne ? (size_t)(ne - name) : strlen(name);
-        bool wild = (pl == 3 && strncmp(pattern, "{*}", 3) == 0) || (pl == 1 && pattern[0] == '*');
-        if (!wild && (pl != nl || strncmp(pattern, name, pl) != 0)) return false;
-        if (!pe || !ne) return !pe && !ne;
-        pattern = pe + 1;
-        name = ne + 1;
-    }
-    return !*pattern && !*name;
-}
-
 /* "model.embed_tokens, model.layers.{0..3}, model.norm, lm_head" */
 static void module_list(const ht_model *m, char *out, size_t cap) {
     size_t len = 0;
@@ -179,7 +165,7 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
     for (int k = 0; s == HT_OK && k < m->module_count; k++) {
         unit_of_module[k] = 0;
         for (int i = 0; i < f->opt.apply_count; i++) {
-            if (!module_matches(f->opt.apply_modules[i], m->modules[k].name)) continue;
+            if (!ht_path_match(f->opt.apply_modules[i], m->modules[k].name)) continue;
             matched[i] = true;
             if (unit_of_module[k] == 0) {
                 unit_of_module[k] = f->unit_count;
@@ -228,11 +214,14 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
             ht_param *p = &ps->items[i];
             u->params[n] = p;
             u->woff[n] = u->weight_bytes;
-            u->goff[n] = u->grad_floats;
-            u->soff[n] = u->rows_floats;
             u->weight_bytes += align64((size_t)ht_param_numel(p) * ht_dtype_size(p->compute_dtype));
-            u->grad_floats += align64((size_t)ht_param_numel(p) * sizeof(float)) / sizeof(float);
-            u->rows_floats += (size_t)ht_param_local_numel(p);
+            /* A frozen param (model.freeze) has no gradient: no buffer, nothing to reduce. */
+            if (p->trainable) {
+                u->goff[n] = u->grad_floats;
+                u->soff[n] = u->rows_floats;
+                u->grad_floats += align64((size_t)ht_param_numel(p) * sizeof(float)) / sizeof(float);
+                u->rows_floats += (size_t)ht_param_local_numel(p);
+            }
             u->resident = u->resident && !p->sharded;
             n++;
         }
@@ -336,10 +325,11 @@ static void release_weights(ht_fsdp *f, unit *u) {
 }
 
 static void use_grads(ht_fsdp *f, unit *u) {
-    if (u->resident || u->grad) return;
+    if (u->resident || u->grad || u->grad_floats == 0) return;
     u->grad = pool_get(&f->pool, u->grad_floats * sizeof(float) + 64, true);
     if (!u->grad) fatal(f, "out of memory for the whole gradients", u);
-    for (int i = 0; i < u->count; i++) u->params[i]->grad = u->grad + u->goff[i];
+    for (int i = 0; i < u->count; i++)
+        if (u->params[i]->trainable) u->params[i]->grad = u->grad + u->goff[i];
 }
 
 /* main_grad rows += the sum over ranks (in rank order) of every rank's
@@ -388,6 +378,7 @@ static void start_reduce(ht_fsdp *f, int ui) {
             ht_param *p = u->params[i];
             int64_t r0, r1, row = ht_param_row_numel(p);
             ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+            if (!p->trainable) r1 = r0; /* frozen: nothing sent */
             send[r * n + i] = (ht_span){u->grad + u->goff[i] + r0 * row, (r1 - r0) * row * (int64_t)sizeof(float)};
         }
         recv[r] = (ht_span){u->stage + (size_t)r * u->rows_floats, (int64_t)(u->rows_floats * sizeof(float))};

@@ -69,15 +69,14 @@ void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const flo
             float *dxr = dx + n * C;
             float r = rstd[n];
             float dot = 0.0f;
-            for (int64_t c = 0; c < C; c++) {
-                dot += w[c] * dy[c] * xr[c];
-                dw_local[c] += dy[c] * xr[c] * r;
-            }
+            for (int64_t c = 0; c < C; c++) dot += w[c] * dy[c] * xr[c];
+            if (dweight)
+                for (int64_t c = 0; c < C; c++) dw_local[c] += dy[c] * xr[c] * r;
             float k = dot / (float)C * r * r * r;
             for (int64_t c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - xr[c] * k;
         }
         /* (the omp for ends with a barrier: every partial is complete) */
-        add_partials_in_thread_order(dweight, partials, nt, id, C);
+        if (dweight) add_partials_in_thread_order(dweight, partials, nt, id, C);
     }
     free(partial);
 }

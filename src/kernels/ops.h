@@ -10,7 +10,7 @@
  * x (N, C) f32, weight (C) in wdtype, out (N, C) in odtype (the matmul input dtype). */
 void ht_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight, ht_dtype wdtype,
                         int64_t N, int64_t C, float eps);
-/* dx += d/dx, dweight += d/dweight (FP32), given dout (N, C). */
+/* dx += d/dx, dweight += d/dweight (FP32; NULL: a frozen weight, not computed), given dout (N, C). */
 void ht_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
                          ht_dtype wdtype, const float *rstd, int64_t N, int64_t C);
 

@@ -294,7 +294,8 @@ static void linear_forward(float *y, const void *x, const ht_param *w, const ht_
 }
 
 /* Given dy (N, out) FP32: W.grad += dyᵀ · x, b.grad += Σ dy, and
- * dx (N, in) = dx_beta · dx + dy · W. The GEMMs take dy in the weight's dtype. */
+ * dx (N, in) = dx_beta · dx + dy · W. The GEMMs take dy in the weight's dtype.
+ * A frozen weight or bias (model.freeze) has no grad: its product is skipped. */
 static void linear_backward(decoder *d, float *dx, float dx_beta, const float *dy, const void *x, const ht_param *w,
                             const ht_param *b, int64_t N) {
     int64_t out = w->shape[0], in = w->shape[1];
@@ -307,8 +308,8 @@ static void linear_backward(decoder *d, float *dx, float dx_beta, const float *d
         ht_round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
         dy_cd = d->dy_cd;
     }
-    ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
-    if (b) ht_bias_backward(b->grad, dy, N, out);
+    if (w->grad) ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
+    if (b && b->grad) ht_bias_backward(b->grad, dy, N, out);
     if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
 }
 
@@ -537,8 +538,8 @@ static void decoder_backward(ht_model *m, float scale) {
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
     float *dembed = d->embed->grad;
-#pragma omp parallel
-    {
+#pragma omp parallel if (dembed)
+    if (dembed) {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
         for (int64_t n = 0; n < N; n++) {

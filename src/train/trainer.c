@@ -45,6 +45,35 @@ static int64_t local_numel(const ht_param_store *ps) {
     return n;
 }
 
+/* model.freeze: the covered params keep their weights and lose their
+ * gradient, FP32 main param and optimizer state (nothing of them is computed
+ * or reduced in backward). */
+static ht_status freeze_params(ht_trainer *t, ht_error *err) {
+    const ht_config_strings *fz = &t->config.model.freeze;
+    if (fz->count == 0) return HT_OK;
+    const char *patterns[HT_CONFIG_LIST_MAX];
+    for (int i = 0; i < fz->count; i++) patterns[i] = fz->items[i];
+    ht_param_store *ps = &t->model->params;
+    int frozen;
+    ht_status s = ht_params_freeze(ps, patterns, fz->count, &frozen, err);
+    if (s != HT_OK) return s;
+    int64_t values = 0;
+    char names[1024] = "";
+    size_t len = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (p->trainable) continue;
+        values += ht_param_numel(p);
+        if (len < sizeof(names) - 1)
+            len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", len ? ", " : "", p->name);
+    }
+    if (len >= sizeof(names) - 1) strcpy(names + sizeof(names) - 5, "...");
+    ht_log_info("%s: %d parameters frozen (%.2fM of %.2fM values: no gradient, main param or optimizer state): %s",
+                ht_config_key_spelling(&t->config, "model.freeze"), frozen, (double)values / 1e6,
+                (double)ht_params_total_numel(ps) / 1e6, names);
+    return HT_OK;
+}
+
 static ht_status build_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_model_config arch = c->model.arch;
@@ -77,6 +106,8 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
         if (s != HT_OK) return s;
     }
+    s = freeze_params(t, err);
+    if (s != HT_OK) return s;
     const ht_model_config *a = &t->model->config;
     ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
                 "max positions %d, rope theta %g, rms eps %g, attention bias %s, tied embeddings %s",
@@ -1018,6 +1049,7 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->model = &t->model->config;
     v->state.step = t->step;
     v->state.schedule_step = t->optimizer.step;
+    v->state.rng = !t->config.training.no_save_rng;
     v->state.seed = t->config.training.seed;
     v->state.train_pos = ht_loader_position(&t->train_loader);
     v->state.valid_pos = ht_loader_position(&t->valid_loader);
@@ -1148,6 +1180,7 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
         snprintf(t->resumed_from, sizeof(t->resumed_from), "%s", dir);
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
+    v.lenient = !t->config.training.load_strict;
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
     if (s == HT_OK && restore_optimizer && t->comm->rank == 0) log_changed_hyperparameters(t, ck);
     ht_ckpt_close(ck);
@@ -1156,6 +1189,23 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     if (!restore_optimizer) return HT_OK;
     /* The schedules' step and the loss scaler came with the optimizer; the rest is the trainer's. */
     t->step = v.state.step;
+    /* The random state (training.no_save_rng / no_load_rng, MindSpeed-MM's):
+     * without it the data starts from its beginning in this run's order. */
+    bool root = t->comm->rank == 0;
+    if (!v.state.rng || t->config.training.no_load_rng) {
+        if (root)
+            ht_log_warn("resume: %s; the data starts again from its beginning in the order of training.seed %lld, "
+                        "at step %lld",
+                        v.state.rng ? "training.no_load_rng: the checkpoint's seed and data positions are not loaded"
+                                    : "the checkpoint holds no seed or data positions (saved with "
+                                      "training.no_save_rng)",
+                        (long long)t->config.training.seed, (long long)t->step);
+        return HT_OK;
+    }
+    if (root && v.state.seed != t->config.training.seed)
+        ht_log_warn("resume: training.seed was %lld in the checkpoint; this run uses %lld, so the data after the saved "
+                    "position follows another order (and so do the other seeded streams)",
+                    (long long)v.state.seed, (long long)t->config.training.seed);
     s = ht_loader_resume(&t->train_loader, v.state.train_pos, err);
     if (s == HT_OK && t->eval_B > 0) s = ht_loader_resume(&t->valid_loader, v.state.valid_pos, err);
     return s;
