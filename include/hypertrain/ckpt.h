@@ -105,7 +105,8 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
 /* Fills every param's local rows from dir/model.safetensors, or from the
  * shards listed in dir/model.safetensors.index.json, converting to the
  * param's dtype. Shapes must match exactly; a param missing from the files is
- * an error; tensors the store lacks are listed in a warning (lm_head.weight of
+ * an error (LoRA adapters are not looked for: they are not Hugging Face
+ * weights); tensors the store lacks are listed in a warning (lm_head.weight of
  * a tied model is ignored silently). */
 ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *err);
 /* Creates dir and writes config.json and the weights in `dtype` (float
@@ -115,6 +116,36 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
  * Single process: every param's local rows must be the whole tensor. */
 ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param_store *params, ht_dtype dtype,
                      size_t max_shard_bytes, ht_error *err);
+
+/* ---------------------------------------------------------------- PEFT adapters */
+
+/* A LoRA adapter directory as Hugging Face PEFT's save_pretrained writes it:
+ * adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout,
+ * target_modules, use_rslora, ...) and adapter_model.safetensors, whose
+ * tensors are "base_model.model." + the adapter param's name
+ * (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight). */
+#define HT_PEFT_PREFIX "base_model.model."
+
+/* Reads dir/adapter_config.json into *out (rank, alpha, dropout, use_rslora,
+ * target_modules). Settings that change the adapted function in ways this
+ * engine does not implement (DoRA, bias other than "none", fan_in_fan_out,
+ * rank_pattern / alpha_pattern, layers_to_transform, modules_to_save, a
+ * regular-expression target_modules) are refused by name. */
+ht_status ht_peft_read_config(const char *dir, ht_lora_config *out, ht_error *err);
+/* model.lora.from_pretrained: checks that dir's adapter_config.json agrees
+ * with `want` (r, lora_alpha, use_rslora, and target_modules selecting the
+ * same modules as the adapters `params` declares), then fills every adapter
+ * param's local rows from dir/adapter_model.safetensors (converted to its
+ * dtype). A missing adapter tensor, one of another shape, or a tensor the
+ * model has no adapter for is an error naming it. */
+ht_status ht_peft_load_adapter(const char *dir, const ht_lora_config *want, ht_param_store *params, ht_error *err);
+/* Creates dir and writes the adapters of `params` (whole tensors) there in
+ * `dtype`, with a minimal adapter_config.json: peft_type LORA, task_type
+ * CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules
+ * (ht_lora_target_names), use_rslora, bias none, fan_in_fan_out false,
+ * base_model_name_or_path (NULL or "": null), inference_mode true. */
+ht_status ht_peft_save_adapter(const char *dir, const ht_param_store *params, const ht_lora_config *lora,
+                               const char *base_model, ht_dtype dtype, ht_error *err);
 
 /* ---------------------------------------------------------------- training checkpoints */
 

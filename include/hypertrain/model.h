@@ -11,6 +11,27 @@
 extern "C" {
 #endif
 
+/* LoRA (model.lora, PEFT's LoraConfig): a low-rank update of chosen linear
+ * layers, y = x Wᵀ (+ b) + scale · (dropout(x) Aᵀ) Bᵀ with lora_A (r, in) and
+ * lora_B (out, r) ordinary parameters named <module>.lora_A.weight /
+ * <module>.lora_B.weight; scale = alpha / r, or alpha / sqrt(r) with
+ * use_rslora. Not part of config.json: a model with adapters saves to Hugging
+ * Face with them merged into W, or as a PEFT adapter directory. */
+#define HT_LORA_MAX_TARGETS 16
+#define HT_LORA_TARGET_MAX 160
+typedef struct ht_lora_config {
+    int rank;       /* r; 0: no adapters */
+    double alpha;   /* lora_alpha */
+    double dropout; /* lora_dropout: on the adapter's input, in training forward passes only */
+    bool use_rslora;
+    /* target_modules as PEFT matches a list: a name matches a module whose
+     * path is it or ends with "." + it ("q_proj", "self_attn.q_proj",
+     * "model.layers.0.mlp.down_proj"), "{*}" / "*" standing for one dotted
+     * component; "all-linear" is every projection (not lm_head). */
+    int target_count;
+    char targets[HT_LORA_MAX_TARGETS][HT_LORA_TARGET_MAX];
+} ht_lora_config;
+
 /* The architecture, with the field names and meaning of Hugging Face's config.json. */
 typedef struct ht_model_config {
     char name[32]; /* registry name: "qwen2", "llama" */
@@ -27,6 +48,7 @@ typedef struct ht_model_config {
     bool attention_bias; /* q/k/v biases: Qwen2 yes, Llama no */
     bool tie_word_embeddings;
     double initializer_range; /* std of the normal init of fresh weights (HF default 0.02) */
+    ht_lora_config lora;      /* rank 0: none; never read from or written to config.json */
 } ht_model_config;
 
 /* Checks the numbers hang together (heads divide, sizes positive); names the field. */
@@ -43,7 +65,7 @@ typedef struct ht_model ht_model;
 /* A module in the sense of Hugging Face's named_modules(), at the grain the
  * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
  * "lm_head". FSDP units are made of modules (dist.h). */
-#define HT_MODULE_MAX_PARAMS 16
+#define HT_MODULE_MAX_PARAMS 32 /* a layer: 12 weights, biases and norms, and 14 adapters */
 typedef struct ht_module {
     char name[HT_PARAM_NAME_MAX];
     int param_count;
@@ -93,7 +115,14 @@ struct ht_model {
     ht_module *modules;      /* (module_count) in forward order */
     int module_count;
     ht_module_hook hook; /* fn NULL: none */
-    void *impl;          /* the builder's own state */
+    /* model.lora.dropout: the stream the next forward's dropout masks are
+     * drawn from (0: no dropout, as in evaluation) and the index of its first
+     * sequence in the step's global batch, so that every split of a global
+     * batch over ranks and micro-batches draws the same masks. Backward
+     * regenerates the last forward's. */
+    uint64_t dropout_seed;
+    int64_t dropout_first_sequence;
+    void *impl; /* the builder's own state */
 };
 
 static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {
@@ -132,6 +161,32 @@ void ht_model_free(ht_model *m);
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err);
 /* Starts a new window for attn_max_logit (every entry -Inf). */
 void ht_model_reset_attn_max(ht_model *m);
+
+/* ------------------------------------------------------------------ LoRA */
+
+/* scale = alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's `scaling`). */
+double ht_lora_scale(const ht_lora_config *c);
+/* Whether a parameter name is an adapter's ("...q_proj.lora_A.weight"); 'A',
+ * 'B' or 0. The module it adapts is the name without ".lora_A.weight". */
+char ht_lora_kind(const char *param_name);
+/* Whether target_modules entry `target` selects the module at `path`
+ * (ht_lora_config.targets says how). */
+bool ht_lora_target_matches(const char *target, const char *path);
+/* Takes every param that is not an adapter out of training
+ * (ht_params_freeze): LoRA trains the adapters alone. `frozen` (may be NULL)
+ * gets the number of params it froze. An error when there is no adapter. */
+ht_status ht_lora_freeze_base(ht_param_store *params, int *frozen, ht_error *err);
+/* A store's params with every adapter folded into the weight it adapts:
+ * W' = W + scale · B A, computed in FP32 (the merged weights are FP32 copies
+ * in `out`'s own storage, the other params borrow `in`'s data), and no
+ * lora_A / lora_B. `in` must hold whole tensors. Free `out` with
+ * ht_params_free (it frees only what it owns). */
+ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *out, ht_error *err);
+/* target_modules as PEFT's adapter_config.json should list them for the
+ * adapters `params` holds: a bare name ("q_proj") where every module of
+ * that name has an adapter, otherwise each adapted module's path; sorted.
+ * *out is malloc'ed (free it); returns the count, -1 when out of memory. */
+int ht_lora_target_names(const ht_param_store *params, char (**out)[HT_PARAM_NAME_MAX]);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
  * weights (model.safetensors, or shards listed in model.safetensors.index.json)
  * <-> a named parameter store, matched by name with exact shapes. */
 #include "hypertrain/ckpt.h"
+#include "ckpt/hf_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -153,7 +154,7 @@ ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err
 }
 
 /* Writes text to path through path.tmp.<pid>, fsync and rename. */
-static ht_status write_text_atomic(const char *path, const char *text, size_t len, ht_error *err) {
+ht_status ht_hf_write_text(const char *path, const char *text, size_t len, ht_error *err) {
     char tmp[HF_PATH_MAX + 32];
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
@@ -216,7 +217,7 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
         free(text);
         return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
     }
-    ht_status s = write_text_atomic(path, text, len, err);
+    ht_status s = ht_hf_write_text(path, text, len, err);
     free(text);
     return s;
 }
@@ -334,7 +335,7 @@ static void list_append(char *buf, size_t cap, const char *name, int *left_out) 
     snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
 }
 
-static void format_dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
+void ht_hf_format_dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && n < cap; d++)
         n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)shape[d]);
@@ -342,7 +343,7 @@ static void format_dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
 }
 
 /* Copies the param's local rows out of the tensor, converting to the param's dtype. */
-static ht_status copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err) {
+ht_status ht_hf_copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err) {
     int64_t row_numel = ht_param_row_numel(p);
     int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0]; /* rows past the end are shard padding */
     size_t n = r1 > p->row0 ? (size_t)((r1 - p->row0) * row_numel) : 0;
@@ -406,6 +407,9 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
                         p->name);
             break;
         }
+        /* LoRA adapters are not Hugging Face weights: fresh ones are
+         * initialised, trained ones come from a PEFT adapter directory. */
+        if (ht_lora_kind(p->name)) continue;
         const ht_safetensors *in = NULL;
         const ht_st_tensor *t = files_find(&fs, p->name, &in);
         if (!t) {
@@ -417,15 +421,15 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
         for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
         if (!same) {
             char have[256], want[256];
-            format_dims(have, sizeof(have), t->ndim, t->shape);
-            format_dims(want, sizeof(want), p->ndim, p->shape);
+            ht_hf_format_dims(have, sizeof(have), t->ndim, t->shape);
+            ht_hf_format_dims(want, sizeof(want), p->ndim, p->shape);
             s = ht_fail(err, HT_ERR_FORMAT,
                         "%s: tensor '%s' has shape %s but the model (from its config) expects %s; the weights "
                         "do not match config.json",
                         ht_safetensors_path(in), p->name, have, want);
             break;
         }
-        s = copy_rows(p, t, ht_safetensors_path(in), err);
+        s = ht_hf_copy_rows(p, t, ht_safetensors_path(in), err);
     }
     if (s == HT_OK && n_missing) {
         char more[64] = "";
@@ -497,7 +501,7 @@ static ht_status write_index(const char *dir, const ht_param_store *params, cons
         free(text);
         return ht_fail(err, HT_ERR_OOM, "%s: cannot build the index", path);
     }
-    ht_status s = write_text_atomic(path, text, len, err);
+    ht_status s = ht_hf_write_text(path, text, len, err);
     free(text);
     return s;
 }

@@ -17,28 +17,37 @@
 #include "hypertrain/kernels.h"
 #include "kernels/ops.h"
 
+/* A layer's linear layers, in forward order, by their Hugging Face module names. */
+enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
+static const char *const LIN_MODULES[LIN_COUNT] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
+};
+
 typedef struct layer_params {
     ht_param *ln1, *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w; /* attention block */
     ht_param *ln2, *gate_w, *up_w, *down_w;                  /* MLP block */
+    ht_param *lora_a[LIN_COUNT], *lora_b[LIN_COUNT];         /* model.lora: (r, in), (out, r); NULL: no adapter */
 } layer_params;
 
 /* What the forward pass keeps for the backward pass, per layer. "cd" buffers
  * hold matmul inputs in the compute dtype (the weights' dtype). */
 typedef struct layer_acts {
-    float *resid;     /* (N, C) the layer's input */
-    float *rstd1;     /* (N) */
-    void *ln1;        /* (N, C) cd */
-    float *q;         /* (B, T, H, D) after bias and rotary */
-    float *k;         /* (B, T, KV, D) after bias and rotary */
-    float *v;         /* (B, T, KV, D) */
-    float *probs;     /* (B, H, T, T) causal softmax */
-    void *att;        /* (N, H*D) cd: the o_proj input */
-    float *resid_mid; /* (N, C) after the attention residual */
-    float *rstd2;     /* (N) */
-    void *ln2;        /* (N, C) cd */
-    float *gate;      /* (N, F) */
-    float *up;        /* (N, F) */
-    void *h;          /* (N, F) cd: silu(gate) * up, the down_proj input */
+    float *resid;            /* (N, C) the layer's input */
+    float *rstd1;            /* (N) */
+    void *ln1;               /* (N, C) cd */
+    float *q;                /* (B, T, H, D) after bias and rotary */
+    float *k;                /* (B, T, KV, D) after bias and rotary */
+    float *v;                /* (B, T, KV, D) */
+    float *probs;            /* (B, H, T, T) causal softmax */
+    void *att;               /* (N, H*D) cd: the o_proj input */
+    float *resid_mid;        /* (N, C) after the attention residual */
+    float *rstd2;            /* (N) */
+    void *ln2;               /* (N, C) cd */
+    float *gate;             /* (N, F) */
+    float *up;               /* (N, F) */
+    void *h;                 /* (N, F) cd: silu(gate) * up, the down_proj input */
+    void *lora_h[LIN_COUNT]; /* (N, r) cd: each adapted linear's (dropped-out) input times lora_Aᵀ */
 } layer_acts;
 
 typedef struct decoder {
@@ -71,6 +80,16 @@ typedef struct decoder {
     float *dprobs;   /* (threads, T, T) */
     float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
+    /* model.lora */
+    int lora_rank;
+    float lora_scale;      /* alpha / r or alpha / sqrt(r) */
+    float lora_dropout;    /* p */
+    float *lora_h32;       /* (N, r) a product before its cast to cd */
+    void *lora_dh;         /* (N, r) cd: the gradient of an adapter's h, a GEMM operand */
+    void *lora_x;          /* (N, widest input) cd: a dropped-out adapter input (dropout only) */
+    float *lora_dx;        /* (N, widest input) FP32 scratch of the dropout (dropout only) */
+    uint64_t dropout_seed; /* the last forward's masks (0: none) */
+    int64_t dropout_first; /* and the index of its first sequence in the global batch */
 } decoder;
 
 /* ------------------------------------------------------------------ params */
@@ -80,30 +99,93 @@ static ht_param *add_param(ht_model *m, const char *name, int64_t d0, int64_t d1
     return ht_params_add(&m->params, name, d1 > 0 ? 2 : 1, shape, dtype);
 }
 
+/* Each linear's (out, in). */
+static void linear_shape(const decoder *d, int lin, int64_t *out, int64_t *in) {
+    int64_t qd = (int64_t)d->H * d->D, kvd = (int64_t)d->KV * d->D;
+    const int64_t shapes[LIN_COUNT][2] = {{qd, d->C},   {kvd, d->C},  {kvd, d->C}, {d->C, qd},
+                                          {d->F, d->C}, {d->F, d->C}, {d->C, d->F}};
+    *out = shapes[lin][0];
+    *in = shapes[lin][1];
+}
+
+static bool lora_adapts(const ht_lora_config *lc, const char *path) {
+    for (int k = 0; k < lc->target_count; k++)
+        if (ht_lora_target_matches(lc->targets[k], path)) return true;
+    return false;
+}
+
+/* model.lora.target_modules: every entry must select a linear layer, and
+ * none the embedding or the LM head (PEFT's LoRA on those is an embedding
+ * adapter and a tied-weight question: not supported here). */
+static ht_status check_lora_targets(const decoder *d, const ht_lora_config *lc, ht_error *err) {
+    char path[HT_PARAM_NAME_MAX];
+    for (int k = 0; k < lc->target_count; k++) {
+        const char *t = lc->targets[k];
+        const char *other[] = {"lm_head", "model.embed_tokens", "model.norm"};
+        for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
+            if (ht_lora_target_matches(t, other[i]))
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "model.lora.target_modules: \"%s\" selects %s: not supported (adapters go on the "
+                               "linear layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj only)",
+                               t, other[i]);
+        bool hit = false;
+        for (int l = 0; l < d->L && !hit; l++) {
+            const char *norms[] = {"input_layernorm", "post_attention_layernorm", "self_attn", "mlp"};
+            for (size_t i = 0; i < sizeof(norms) / sizeof(norms[0]); i++) {
+                snprintf(path, sizeof(path), "model.layers.%d.%s", l, norms[i]);
+                if (ht_lora_target_matches(t, path))
+                    return ht_fail(err, HT_ERR_CONFIG,
+                                   "model.lora.target_modules: \"%s\" selects %s, which is not a linear layer "
+                                   "(adapters go on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                                   t, path);
+            }
+            for (int lin = 0; lin < LIN_COUNT && !hit; lin++) {
+                snprintf(path, sizeof(path), "model.layers.%d.%s", l, LIN_MODULES[lin]);
+                hit = ht_lora_target_matches(t, path);
+            }
+        }
+        if (!hit)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.lora.target_modules: \"%s\" matches no linear layer of this model; its linear "
+                           "layers are model.layers.{0..%d}.self_attn.{q_proj, k_proj, v_proj, o_proj} and "
+                           "model.layers.{0..%d}.mlp.{gate_proj, up_proj, down_proj} (a bare name such as q_proj "
+                           "matches it in every layer, a path such as model.layers.0.self_attn.q_proj one module, "
+                           "'{*}' standing for one dotted component)",
+                           t, d->L - 1, d->L - 1);
+    }
+    return HT_OK;
+}
+
 static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_error *err) {
     const ht_model_config *c = &m->config;
-    char name[HT_PARAM_NAME_MAX];
-    int64_t qd = (int64_t)d->H * d->D, kvd = (int64_t)d->KV * d->D;
-    /* Declare in Hugging Face's named_parameters() order. Pointers are taken
+    const ht_lora_config *lc = &c->lora;
+    char name[HT_PARAM_NAME_MAX + 32], module[HT_PARAM_NAME_MAX];
+    if (lc->rank > 0) {
+        ht_status s = check_lora_targets(d, lc, err);
+        if (s != HT_OK) return s;
+    }
+    /* Declare in Hugging Face's named_parameters() order (PEFT's for the
+     * adapters: after the weight and bias they adapt). Pointers are taken
      * afterwards: the store's array may move while it grows. */
     add_param(m, "model.embed_tokens.weight", d->V, d->C, dtype);
     for (int l = 0; l < d->L; l++) {
-        const char *pre = "model.layers";
 #define P(suffix, d0, d1)                                                                                              \
     do {                                                                                                               \
-        snprintf(name, sizeof(name), "%s.%d.%s", pre, l, suffix);                                                      \
+        snprintf(name, sizeof(name), "%s.%s", module, suffix);                                                         \
         if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);            \
     } while (0)
-        P("self_attn.q_proj.weight", qd, d->C);
-        if (c->attention_bias) P("self_attn.q_proj.bias", qd, 0);
-        P("self_attn.k_proj.weight", kvd, d->C);
-        if (c->attention_bias) P("self_attn.k_proj.bias", kvd, 0);
-        P("self_attn.v_proj.weight", kvd, d->C);
-        if (c->attention_bias) P("self_attn.v_proj.bias", kvd, 0);
-        P("self_attn.o_proj.weight", d->C, qd);
-        P("mlp.gate_proj.weight", d->F, d->C);
-        P("mlp.up_proj.weight", d->F, d->C);
-        P("mlp.down_proj.weight", d->C, d->F);
+        for (int lin = 0; lin < LIN_COUNT; lin++) {
+            int64_t out, in;
+            linear_shape(d, lin, &out, &in);
+            snprintf(module, sizeof(module), "model.layers.%d.%s", l, LIN_MODULES[lin]);
+            P("weight", out, in);
+            if (c->attention_bias && lin <= LIN_V) P("bias", out, 0);
+            if (lc->rank > 0 && lora_adapts(lc, module)) {
+                P("lora_A.weight", lc->rank, in);
+                P("lora_B.weight", out, lc->rank);
+            }
+        }
+        snprintf(module, sizeof(module), "model.layers.%d", l);
         P("input_layernorm.weight", d->C, 0);
         P("post_attention_layernorm.weight", d->C, 0);
 #undef P
@@ -138,6 +220,13 @@ static void bind_params(ht_model *m, decoder *d) {
         p->gate_w = find(m, "model.layers.%d.mlp.gate_proj.weight", l);
         p->up_w = find(m, "model.layers.%d.mlp.up_proj.weight", l);
         p->down_w = find(m, "model.layers.%d.mlp.down_proj.weight", l);
+        for (int lin = 0; lin < LIN_COUNT; lin++) {
+            char fmt[HT_PARAM_NAME_MAX];
+            snprintf(fmt, sizeof(fmt), "model.layers.%%d.%s.lora_A.weight", LIN_MODULES[lin]);
+            p->lora_a[lin] = find(m, fmt, l);
+            snprintf(fmt, sizeof(fmt), "model.layers.%%d.%s.lora_B.weight", LIN_MODULES[lin]);
+            p->lora_b[lin] = find(m, fmt, l);
+        }
     }
 }
 
@@ -166,6 +255,10 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
                            p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
+        for (int lin = 0; lin < LIN_COUNT; lin++) { /* the adapters travel with their layer (FSDP units) */
+            module_add(mod, p->lora_a[lin]);
+            module_add(mod, p->lora_b[lin]);
+        }
     }
     snprintf(m->modules[MOD_NORM(d)].name, HT_PARAM_NAME_MAX, "model.norm");
     module_add(&m->modules[MOD_NORM(d)], d->norm);
@@ -230,10 +323,21 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         (size_t)B * d->H * 4, /* dprobs, head_max */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
+    /* model.lora: each adapted linear keeps its h; one product, its
+     * gradient and (with dropout) a dropped-out input are scratch. */
+    int64_t R = d->lora_rank, widest_in = F > QD ? F : QD;
+    widest_in = widest_in > C ? widest_in : C;
+    size_t lora_h = (size_t)(N * R) * cd, lora_x = d->lora_dropout > 0 ? (size_t)(N * widest_in) * 4 : 0;
+    size_t lora_tail[] = {(size_t)(N * R) * 4, (size_t)(N * R) * cd, lora_x, lora_x}; /* h32, dh, x, dx */
+    enum { NLORA = sizeof(lora_tail) / sizeof(lora_tail[0]) };
     size_t total = 0;
-    for (int l = 0; l < d->L; l++)
+    for (int l = 0; l < d->L; l++) {
         for (int i = 0; i < NPL; i++) total += (per_layer[i] + 63) & ~(size_t)63;
+        for (int lin = 0; lin < LIN_COUNT; lin++)
+            if (d->layers[l].lora_a[lin]) total += (lora_h + 63) & ~(size_t)63;
+    }
     for (int i = 0; i < NTAIL; i++) total += (tail[i] + 63) & ~(size_t)63;
+    for (int i = 0; i < NLORA; i++) total += (lora_tail[i] + 63) & ~(size_t)63;
     char *block = ht_alloc(total);
     if (!block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
@@ -256,6 +360,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         a->gate = (float *)CARVE(per_layer[11]);
         a->up = (float *)CARVE(per_layer[12]);
         a->h = CARVE(per_layer[13]);
+        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = d->layers[l].lora_a[lin] ? CARVE(lora_h) : NULL;
     }
     d->resid_final = (float *)CARVE(tail[0]);
     d->rstdf = (float *)CARVE(tail[1]);
@@ -276,6 +381,10 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dy_cd = CARVE(tail[16]);
     d->dprobs = (float *)CARVE(tail[17]);
     d->head_max = (float *)CARVE(tail[18]);
+    d->lora_h32 = (float *)CARVE(lora_tail[0]);
+    d->lora_dh = CARVE(lora_tail[1]);
+    d->lora_x = CARVE(lora_tail[2]);
+    d->lora_dx = (float *)CARVE(lora_tail[3]);
 #undef CARVE
     d->act_block = block;
     d->B = B;
@@ -295,9 +404,10 @@ static void linear_forward(float *y, const void *x, const ht_param *w, const ht_
 
 /* Given dy (N, out) FP32: W.grad += dyᵀ · x, b.grad += Σ dy, and
  * dx (N, in) = dx_beta · dx + dy · W. The GEMMs take dy in the weight's dtype.
- * A frozen weight or bias (model.freeze) has no grad: its product is skipped. */
-static void linear_backward(decoder *d, float *dx, float dx_beta, const float *dy, const void *x, const ht_param *w,
-                            const ht_param *b, int64_t N) {
+ * A frozen weight or bias (model.freeze) has no grad: its product is skipped.
+ * Returns dy as the GEMMs read it (valid until the next linear_backward). */
+static const void *linear_backward(decoder *d, float *dx, float dx_beta, const float *dy, const void *x,
+                                   const ht_param *w, const ht_param *b, int64_t N) {
     int64_t out = w->shape[0], in = w->shape[1];
     const void *dy_cd = dy;
     if (w->compute_dtype != HT_DTYPE_F32) {
@@ -311,6 +421,99 @@ static void linear_backward(decoder *d, float *dx, float dx_beta, const float *d
     if (w->grad) ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
     if (b && b->grad) ht_bias_backward(b->grad, dy, N, out);
     if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
+    return dy_cd;
+}
+
+/* ------------------------------------------------------------------ LoRA */
+
+/* An FP32 product as the operand of a later GEMM of compute dtype cd: cast,
+ * or (FP32 storage of a coarser precision) rounded, as the activations are. */
+static void to_operand(void *dst, const float *src, size_t n, ht_dtype cd, ht_dtype precision) {
+    if (cd != HT_DTYPE_F32) {
+        ht_convert(dst, cd, src, HT_DTYPE_F32, n);
+        return;
+    }
+    if (dst != src) memcpy(dst, src, n * sizeof(float));
+    ht_round_to(dst, n, precision);
+}
+
+/* splitmix64's finaliser: a counter-based stream, so that backward and a
+ * resumed run redraw any mask from its coordinates alone. */
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* x (N, in) FP32 times the dropout mask of adapter (layer l, linear lin) and
+ * 1 / (1 - p) (inverted dropout, as torch.nn.Dropout): an element is dropped
+ * when a 24-bit uniform drawn from (seed, global token index, layer, linear,
+ * column) falls below p. The token index counts from the step's first
+ * sequence, so one process and N ranks drop the same elements. */
+static void apply_dropout(const decoder *d, float *x, int64_t N, int64_t in, int l, int lin) {
+    const uint32_t threshold = (uint32_t)(d->lora_dropout * 16777216.0 + 0.5);
+    const float keep = 1.0f / (1.0f - d->lora_dropout);
+    const int64_t token0 = d->dropout_first * d->T;
+    const uint64_t site = (uint64_t)(l * LIN_COUNT + lin) << 48;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        uint64_t row = mix64(d->dropout_seed ^ mix64(site | (uint64_t)(token0 + n)));
+        float *xr = x + n * in;
+        for (int64_t c = 0; c < in; c++)
+            xr[c] = (uint32_t)(mix64(row + (uint64_t)c) >> 40) < threshold ? 0.0f : xr[c] * keep;
+    }
+}
+
+static bool dropout_on(const decoder *d) { return d->lora_dropout > 0 && d->dropout_seed != 0; }
+
+/* The adapter's input: x itself, or dropout(x) rebuilt in lora_x. */
+static const void *adapter_input(const decoder *d, const void *x, int64_t N, int64_t in, int l, int lin, ht_dtype cd,
+                                 ht_dtype precision) {
+    if (!dropout_on(d)) return x;
+    ht_convert(d->lora_dx, HT_DTYPE_F32, x, cd, (size_t)(N * in));
+    apply_dropout(d, d->lora_dx, N, in, l, lin);
+    to_operand(d->lora_x, d->lora_dx, (size_t)(N * in), cd, precision);
+    return d->lora_x;
+}
+
+/* y (N, out) += scale · (dropout(x) Aᵀ) Bᵀ, keeping h = dropout(x) Aᵀ (N, r) for backward. */
+static void lora_forward(decoder *d, int l, int lin, float *y, const void *x, int64_t N) {
+    const ht_param *A = d->layers[l].lora_a[lin], *Bp = d->layers[l].lora_b[lin];
+    if (!A) return;
+    int64_t out, in, R = d->lora_rank;
+    linear_shape(d, lin, &out, &in);
+    ht_dtype cd = A->compute_dtype, precision = A->compute_precision;
+    const void *xin = adapter_input(d, x, N, in, l, lin, cd, precision);
+    void *h = d->acts[l].lora_h[lin];
+    ht_gemm(false, true, N, R, in, 1.0f, xin, in, A->compute, in, cd, 0.0f, d->lora_h32, R);
+    to_operand(h, d->lora_h32, (size_t)(N * R), cd, precision);
+    ht_gemm(false, true, N, out, R, d->lora_scale, h, R, Bp->compute, R, cd, 1.0f, y, out);
+}
+
+/* Given dy (N, out) and dy_op (dy as the GEMMs read it): B.grad += s dyᵀ h,
+ * dh = s dy B, A.grad += dhᵀ dropout(x), dx += dropout'(dh A). */
+static void lora_backward(decoder *d, int l, int lin, float *dx, const void *dy_op, const void *x, int64_t N) {
+    const ht_param *A = d->layers[l].lora_a[lin], *Bp = d->layers[l].lora_b[lin];
+    if (!A) return;
+    int64_t out, in, R = d->lora_rank;
+    linear_shape(d, lin, &out, &in);
+    ht_dtype cd = A->compute_dtype, precision = A->compute_precision;
+    const void *h = d->acts[l].lora_h[lin];
+    if (Bp->grad) ht_gemm(true, false, out, R, N, d->lora_scale, dy_op, out, h, R, cd, 1.0f, Bp->grad, R);
+    ht_gemm(false, false, N, R, out, d->lora_scale, dy_op, out, Bp->compute, R, cd, 0.0f, d->lora_h32, R);
+    to_operand(d->lora_dh, d->lora_h32, (size_t)(N * R), cd, precision);
+    if (A->grad) {
+        const void *xin = adapter_input(d, x, N, in, l, lin, cd, precision);
+        ht_gemm(true, false, R, in, N, 1.0f, d->lora_dh, R, xin, in, cd, 1.0f, A->grad, in);
+    }
+    if (!dropout_on(d)) {
+        ht_gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 1.0f, dx, in);
+        return;
+    }
+    ht_gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 0.0f, d->lora_dx, in);
+    apply_dropout(d, d->lora_dx, N, in, l, lin);
+    ht_add(dx, dx, d->lora_dx, N * in);
 }
 
 /* Causal softmax in place on one head's scores (T, T); entries above the diagonal become 0. */
@@ -417,6 +620,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     }
     ht_status s = size_activations(m, d, B, T, err);
     if (s != HT_OK) return s;
+    d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */
+    d->dropout_first = m->dropout_first_sequence;
     ht_dtype cd = d->embed->compute_dtype;
     /* Matmul inputs of a coarser precision than their FP32 storage are rounded where they are made. */
     ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
@@ -440,8 +645,11 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
         ht_round_to(a->ln1, (size_t)(N * C), round);
         linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
+        lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
         linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
+        lora_forward(d, l, LIN_K, a->k, a->ln1, N);
         linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
+        lora_forward(d, l, LIN_V, a->v, a->ln1, N);
         ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
         float *att = cd == HT_DTYPE_F32 ? (float *)a->att : d->att_f32; /* (N, H*D) */
@@ -449,14 +657,18 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         if (cd != HT_DTYPE_F32) ht_convert(a->att, cd, att, HT_DTYPE_F32, (size_t)(N * QD));
         ht_round_to(a->att, (size_t)(N * QD), round);
         linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
+        lora_forward(d, l, LIN_O, d->dln, a->att, N);
         ht_add(a->resid_mid, a->resid, d->dln, N * C);
         ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
         ht_round_to(a->ln2, (size_t)(N * C), round);
         linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
+        lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
         linear_forward(a->up, a->ln2, p->up_w, NULL, N);
+        lora_forward(d, l, LIN_UP, a->up, a->ln2, N);
         ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
         ht_round_to(a->h, (size_t)(N * F), round);
         linear_forward(d->dln, a->h, p->down_w, NULL, N);
+        lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
         ht_add(next, a->resid_mid, d->dln, N * C);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
@@ -503,7 +715,7 @@ static void decoder_backward(ht_model *m, float scale) {
     /* Loss -> logits -> final norm. */
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
     ht_cross_entropy_backward(d->logits, d->targets, N, V, loss_scale); /* dlogits (N, V) */
-    linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
+    (void)linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
@@ -516,20 +728,27 @@ static void decoder_backward(ht_model *m, float scale) {
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
-        linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
+        const void *dy = linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
+        lora_backward(d, l, LIN_DOWN, d->dh, dy, a->h, N);
         ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
-        linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
-        linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
+        dy = linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
+        lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
+        dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
+        lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
         ht_rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
                             a->rstd2, N, C);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
-        linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
+        dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
+        lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
         attention_backward(d, a, d->datt, B, T);
         ht_rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
-        linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
-        linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
-        linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
+        dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
+        lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
+        dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
+        lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
+        dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
+        lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
         ht_rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype, a->rstd1,
                             N, C);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_BACKWARD);
@@ -593,6 +812,9 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->KV = cfg->num_key_value_heads;
     d->D = ht_model_config_head_dim(cfg);
     d->V = cfg->vocab_size;
+    d->lora_rank = cfg->lora.rank > 0 ? cfg->lora.rank : 0;
+    d->lora_scale = (float)ht_lora_scale(&cfg->lora);
+    d->lora_dropout = d->lora_rank ? (float)cfg->lora.dropout : 0.0f;
     d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
     d->acts = ht_alloc((size_t)d->L * sizeof(layer_acts));
     size_t table = (size_t)cfg->max_position_embeddings * (d->D / 2) * sizeof(float);

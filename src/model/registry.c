@@ -105,12 +105,31 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
     if (d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
     if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
     if (!(cfg->rms_norm_eps > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rms_norm_eps must be positive");
+    const ht_lora_config *lc = &cfg->lora;
+    if (lc->rank < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.lora.rank must be >= 0 (0: no adapters), found %d", lc->rank);
+    if (lc->rank > 0) {
+        if (lc->target_count <= 0)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.lora.rank %d needs model.lora.target_modules: the linear layers to adapt "
+                           "(e.g. [q_proj, v_proj]), found none",
+                           lc->rank);
+        if (!(lc->alpha > 0) || !isfinite(lc->alpha))
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.lora.alpha must be a positive number (the update is scaled by alpha / r), found %g",
+                           lc->alpha);
+        if (!(lc->dropout >= 0 && lc->dropout < 1))
+            return ht_fail(err, HT_ERR_CONFIG, "model.lora.dropout must be in [0, 1), found %g", lc->dropout);
+    }
     return check_model_size(cfg, d, err);
 }
 
 /* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
- * biases 0. Each tensor draws from its own stream seeded by (seed, name), so
- * values do not depend on parameter order or on how rows are sharded. */
+ * biases 0; PEFT's for LoRA: lora_A as torch's kaiming_uniform_(a = sqrt(5)),
+ * i.e. uniform(-1/sqrt(in), 1/sqrt(in)), and lora_B zero, so that a fresh
+ * adapter leaves the model unchanged. Each tensor draws from its own stream
+ * seeded by (seed, name), so values do not depend on parameter order or on
+ * how rows are sharded. */
 static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
@@ -119,7 +138,16 @@ static ht_status init_weights(ht_param_store *params, double std, uint64_t seed,
         if (!vals)
             return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
                            (double)n * sizeof(float) / (1 << 20), p->name);
-        if (p->ndim >= 2) {
+        char lora = ht_lora_kind(p->name);
+        if (lora == 'A' && p->ndim == 2) {
+            ht_rng rng;
+            ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
+            float bound = (float)(1.0 / sqrt((double)p->shape[1]));
+            for (int64_t k = 0; k < p->row0 * row; k++) ht_rng_uniform(&rng); /* skip earlier ranks' rows */
+            for (int64_t k = 0; k < n; k++) vals[k] = bound * (2.0f * ht_rng_uniform(&rng) - 1.0f);
+        } else if (lora == 'B') {
+            memset(vals, 0, (size_t)n * sizeof(float));
+        } else if (p->ndim >= 2) {
             ht_rng rng;
             ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
             for (int64_t k = 0; k < p->row0 * row; k++) ht_rng_normal(&rng); /* skip earlier ranks' rows */
