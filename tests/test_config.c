@@ -207,132 +207,140 @@ static const char *FULL = "# every section and key, none at its default\n"      
                           "  attention_bias: false\n"                                                         /* 21 */
                           "  tie_word_embeddings: true\n"                                                     /* 22 */
                           "  initializer_range: 0.01\n"                                                       /* 23 */
-                          "model_init_dtype: bfloat16\n"                                                      /* 24 */
-                          "data:\n"                                                                           /* 25 */
-                          "  dataset_type: token_bin\n"                                                       /* 26 */
-                          "  path: \"data/*.bin\"\n"                                                          /* 27 */
-                          "  shuffle: false\n"                                                                /* 28 */
-                          "  drop_last: true\n"                                                               /* 29 */
-                          "  num_workers: 4\n"                                                                /* 30 */
-                          "  pin_memory: true\n"                                                              /* 31 */
-                          "  dataloader_mode: sampler\n"                                                      /* 32 */
-                          "  sampler_type: BaseRandomBatchSampler\n"                                          /* 33 */
-                          "  collate: llm_pretrain\n"                                                         /* 34 */
-                          "  tokenizer: /models/tiny\n"                                                       /* 35 */
-                          "  dataset_dir: /data\n"                                                            /* 36 */
-                          "  dataset: null\n"                                                                 /* 37 */
-                          "  seq_len: 128\n"                                                                  /* 38 */
-                          "  valid_fraction: 0.1\n"                                                           /* 39 */
-                          "optimizer:\n"                                                                      /* 40 */
-                          "  _target_: Muon\n"                                                                /* 41 */
-                          "  fp32_main_params: false\n"                                                       /* 42 */
-                          "  muon_config:\n"                                                                  /* 43 */
-                          "    muon_lr: 0.03\n"                                                               /* 44 */
-                          "    muon_weight_decay: 0.2\n"                                                      /* 45 */
-                          "    muon_momentum: 0.9\n"                                                          /* 46 */
-                          "    muon_nesterov: false\n"                                                        /* 47 */
-                          "    muon_ns_steps: 7\n"                                                            /* 48 */
-                          "    muon_ns_variant: custom\n"                                                     /* 49 */
-                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 50 */
-                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 51 */
-                          "    muon_matched_adamw_rms: 0\n"                                                   /* 52 */
-                          "    muon_momentum_style: ema\n"                                                    /* 53 */
-                          "    muon_comm_strategy: deredundancy\n"                                            /* 54 */
-                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 55 */
-                          "    qk_clip_enabled: true\n"                                                       /* 56 */
-                          "    qk_clip_threshold: 50.5\n"                                                     /* 57 */
-                          "    muon_ns_dtype: bfloat16\n"                                                     /* 58 */
-                          "  adamw_config:\n"                                                                 /* 59 */
-                          "    adamw_lr: 0.0003\n"                                                            /* 60 */
-                          "    adamw_weight_decay: 0.1\n"                                                     /* 61 */
-                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 62 */
-                          "    adamw_eps: 1.0e-6\n"                                                           /* 63 */
-                          "    no_weight_decay:\n"                                                            /* 64 */
-                          "      - \"*bias*\"\n"                                                              /* 65 */
-                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 66 */
-                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 67 */
-                          "  stochastic_rounding: true\n"                                                     /* 68 */
-                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 69 */
-                          "  use_fused_adamw: true\n"                                                         /* 70 */
-                          "lr_scheduler:\n"                                                                   /* 71 */
-                          "  type: WarmUpStableDecayLR\n"                                                     /* 72 */
-                          "  warmup_ratio: 0.1\n"                                                             /* 73 */
-                          "  warmup_steps: 7\n"                                                               /* 74 */
-                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 75 */
-                          "  lr_end: 1.0e-5\n"                                                                /* 76 */
-                          "  num_cycles: 2\n"                                                                 /* 77 */
-                          "  decay_steps: 90\n"                                                               /* 78 */
-                          "  power: 2.0\n"                                                                    /* 79 */
-                          "  decay_start_steps: 60\n"                                                         /* 80 */
-                          "  decay_start_ratio: 0.5\n"                                                        /* 81 */
-                          "  eta_min: 1.0e-6\n"                                                               /* 82 */
-                          "  t_max: 80\n"                                                                     /* 83 */
-                          "  decay_ratio: 0.6\n"                                                              /* 84 */
-                          "  keep_steps: 5\n"                                                                 /* 85 */
-                          "  lr_end1: 2.0e-6\n"                                                               /* 86 */
-                          "  final_steps: 3\n"                                                                /* 87 */
-                          "  lr_end2: 1.0e-6\n"                                                               /* 88 */
-                          "  t_0: 10\n"                                                                       /* 89 */
-                          "  t_mult: 2\n"                                                                     /* 90 */
-                          "training:\n"                                                                       /* 91 */
-                          "  steps: 100\n"                                                                    /* 92 */
-                          "  local_batch_size: 4\n"                                                           /* 93 */
-                          "  global_batch_size: 64\n"                                                         /* 94 */
-                          "  max_norm: 0.5\n"                                                                 /* 95 */
-                          "  gradient_accumulation_steps: 4\n"                                                /* 96 */
-                          "  no_save_rng: false\n"                                                            /* 97 */
-                          "  no_load_rng: false\n"                                                            /* 98 */
-                          "  load_strict: true\n"                                                             /* 99 */
-                          "  save: null\n"                                                                    /* 100 */
-                          "  gradient_scaling_factor: 0.5\n"                                                  /* 101 */
-                          "  seed: 12345678901\n"                                                             /* 102 */
-                          "  deterministic: true\n"                                                           /* 103 */
-                          "  log_interval: 5\n"                                                               /* 104 */
-                          "  eval_interval: 0\n"                                                              /* 105 */
-                          "  eval_batches: 3\n"                                                               /* 106 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 107 */
-                          "  loss_scale_initial: 4096\n"                                                      /* 108 */
-                          "  loss_scale_growth_interval: 200\n"                                               /* 109 */
-                          "  loss_scale_growth_factor: 4\n"                                                   /* 110 */
-                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 111 */
-                          "  loss_scale_hysteresis: 1\n"                                                      /* 112 */
-                          "  loss_scale_min: 2\n"                                                             /* 113 */
-                          "  init_model_with_meta_device: false\n"                                            /* 114 */
-                          "  distributed_timeout_minutes: 2.5\n"                                              /* 115 */
-                          "fsdp_config:\n"                                                                    /* 116 */
-                          "  shard_size: 2\n"                                                                 /* 117 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 118 */
-                          "  hook_modules: [\"model.layers.{*}\"]\n"                                          /* 119 */
-                          "  reshard_after_forward: false\n"                                                  /* 120 */
-                          "  prefetch: false\n"                                                               /* 121 */
-                          "  mix_precision:\n"                                                                /* 122 */
-                          "    param_dtype: float16\n"                                                        /* 123 */
-                          "    reduce_dtype: bfloat16\n"                                                      /* 124 */
-                          "    output_dtype: float32\n"                                                       /* 125 */
-                          "    cast_forward_inputs: false\n"                                                  /* 126 */
-                          "checkpoint:\n"                                                                     /* 127 */
-                          "  output_dir: runs/full\n"                                                         /* 128 */
-                          "  save_interval: 0\n"                                                              /* 129 */
-                          "  save_optimizer: false\n"                                                         /* 130 */
-                          "  keep_last: 0\n"                                                                  /* 131 */
-                          "  restore_from: latest\n"                                                          /* 132 */
-                          "  restore_optimizer: false\n"                                                      /* 133 */
-                          "  overwrite: true\n"                                                               /* 134 */
-                          "kernels:\n"                                                                        /* 135 */
-                          "  bf16_gemm: fp32_rounded\n"                                                       /* 136 */
-                          "  f16_gemm: widened\n"                                                             /* 137 */
-                          "parallel:\n"                                                                       /* 138 */
-                          "  tensor_parallel_size: 1\n"                                                       /* 139 */
-                          "  ring_attention_size: 1\n"                                                        /* 140 */
-                          "  ulysses_parallel_size: 1\n"                                                      /* 141 */
-                          "  expert_parallel_size: 1\n"                                                       /* 142 */
-                          "  ep_plan:\n"                                                                      /* 143 */
-                          "    apply_modules: [\"model.layers.{*}.mlp\"]\n"                                   /* 144 */
-                          "tools:\n"                                                                          /* 145 */
-                          "  profile:\n"                                                                      /* 146 */
-                          "    enable: true\n"                                                                /* 147 */
-                          "  memory_profile:\n"                                                               /* 148 */
-                          "    enable: true\n";                                                               /* 149 */
+                          "  lora:\n"                                                                         /* 24 */
+                          "    rank: 8\n"                                                                     /* 25 */
+                          "    alpha: 16\n"                                                                   /* 26 */
+                          "    dropout: 0.05\n"                                                               /* 27 */
+                          "    target_modules: [q_proj, \"model.layers.{*}.mlp.down_proj\"]\n"                /* 28 */
+                          "    use_rslora: true\n"                                                            /* 29 */
+                          "    use_muon: true\n"                                                              /* 30 */
+                          "    from_pretrained: /adapters/tiny\n"                                             /* 31 */
+                          "model_init_dtype: bfloat16\n"                                                      /* 32 */
+                          "data:\n"                                                                           /* 33 */
+                          "  dataset_type: token_bin\n"                                                       /* 34 */
+                          "  path: \"data/*.bin\"\n"                                                          /* 35 */
+                          "  shuffle: false\n"                                                                /* 36 */
+                          "  drop_last: true\n"                                                               /* 37 */
+                          "  num_workers: 4\n"                                                                /* 38 */
+                          "  pin_memory: true\n"                                                              /* 39 */
+                          "  dataloader_mode: sampler\n"                                                      /* 40 */
+                          "  sampler_type: BaseRandomBatchSampler\n"                                          /* 41 */
+                          "  collate: llm_pretrain\n"                                                         /* 42 */
+                          "  tokenizer: /models/tiny\n"                                                       /* 43 */
+                          "  dataset_dir: /data\n"                                                            /* 44 */
+                          "  dataset: null\n"                                                                 /* 45 */
+                          "  seq_len: 128\n"                                                                  /* 46 */
+                          "  valid_fraction: 0.1\n"                                                           /* 47 */
+                          "optimizer:\n"                                                                      /* 48 */
+                          "  _target_: Muon\n"                                                                /* 49 */
+                          "  fp32_main_params: false\n"                                                       /* 50 */
+                          "  muon_config:\n"                                                                  /* 51 */
+                          "    muon_lr: 0.03\n"                                                               /* 52 */
+                          "    muon_weight_decay: 0.2\n"                                                      /* 53 */
+                          "    muon_momentum: 0.9\n"                                                          /* 54 */
+                          "    muon_nesterov: false\n"                                                        /* 55 */
+                          "    muon_ns_steps: 7\n"                                                            /* 56 */
+                          "    muon_ns_variant: custom\n"                                                     /* 57 */
+                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 58 */
+                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 59 */
+                          "    muon_matched_adamw_rms: 0\n"                                                   /* 60 */
+                          "    muon_momentum_style: ema\n"                                                    /* 61 */
+                          "    muon_comm_strategy: deredundancy\n"                                            /* 62 */
+                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 63 */
+                          "    qk_clip_enabled: true\n"                                                       /* 64 */
+                          "    qk_clip_threshold: 50.5\n"                                                     /* 65 */
+                          "    muon_ns_dtype: bfloat16\n"                                                     /* 66 */
+                          "  adamw_config:\n"                                                                 /* 67 */
+                          "    adamw_lr: 0.0003\n"                                                            /* 68 */
+                          "    adamw_weight_decay: 0.1\n"                                                     /* 69 */
+                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 70 */
+                          "    adamw_eps: 1.0e-6\n"                                                           /* 71 */
+                          "    no_weight_decay:\n"                                                            /* 72 */
+                          "      - \"*bias*\"\n"                                                              /* 73 */
+                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 74 */
+                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 75 */
+                          "  stochastic_rounding: true\n"                                                     /* 76 */
+                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 77 */
+                          "  use_fused_adamw: true\n"                                                         /* 78 */
+                          "lr_scheduler:\n"                                                                   /* 79 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 80 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 81 */
+                          "  warmup_steps: 7\n"                                                               /* 82 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 83 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 84 */
+                          "  num_cycles: 2\n"                                                                 /* 85 */
+                          "  decay_steps: 90\n"                                                               /* 86 */
+                          "  power: 2.0\n"                                                                    /* 87 */
+                          "  decay_start_steps: 60\n"                                                         /* 88 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 89 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 90 */
+                          "  t_max: 80\n"                                                                     /* 91 */
+                          "  decay_ratio: 0.6\n"                                                              /* 92 */
+                          "  keep_steps: 5\n"                                                                 /* 93 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 94 */
+                          "  final_steps: 3\n"                                                                /* 95 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 96 */
+                          "  t_0: 10\n"                                                                       /* 97 */
+                          "  t_mult: 2\n"                                                                     /* 98 */
+                          "training:\n"                                                                       /* 99 */
+                          "  steps: 100\n"                                                                    /* 100 */
+                          "  local_batch_size: 4\n"                                                           /* 101 */
+                          "  global_batch_size: 64\n"                                                         /* 102 */
+                          "  max_norm: 0.5\n"                                                                 /* 103 */
+                          "  gradient_accumulation_steps: 4\n"                                                /* 104 */
+                          "  no_save_rng: false\n"                                                            /* 105 */
+                          "  no_load_rng: false\n"                                                            /* 106 */
+                          "  load_strict: true\n"                                                             /* 107 */
+                          "  save: null\n"                                                                    /* 108 */
+                          "  gradient_scaling_factor: 0.5\n"                                                  /* 109 */
+                          "  seed: 12345678901\n"                                                             /* 110 */
+                          "  deterministic: true\n"                                                           /* 111 */
+                          "  log_interval: 5\n"                                                               /* 112 */
+                          "  eval_interval: 0\n"                                                              /* 113 */
+                          "  eval_batches: 3\n"                                                               /* 114 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n"                                      /* 115 */
+                          "  loss_scale_initial: 4096\n"                                                      /* 116 */
+                          "  loss_scale_growth_interval: 200\n"                                               /* 117 */
+                          "  loss_scale_growth_factor: 4\n"                                                   /* 118 */
+                          "  loss_scale_backoff_factor: 0.25\n"                                               /* 119 */
+                          "  loss_scale_hysteresis: 1\n"                                                      /* 120 */
+                          "  loss_scale_min: 2\n"                                                             /* 121 */
+                          "  init_model_with_meta_device: false\n"                                            /* 122 */
+                          "  distributed_timeout_minutes: 2.5\n"                                              /* 123 */
+                          "fsdp_config:\n"                                                                    /* 124 */
+                          "  shard_size: 2\n"                                                                 /* 125 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"                                         /* 126 */
+                          "  hook_modules: [\"model.layers.{*}\"]\n"                                          /* 127 */
+                          "  reshard_after_forward: false\n"                                                  /* 128 */
+                          "  prefetch: false\n"                                                               /* 129 */
+                          "  mix_precision:\n"                                                                /* 130 */
+                          "    param_dtype: float16\n"                                                        /* 131 */
+                          "    reduce_dtype: bfloat16\n"                                                      /* 132 */
+                          "    output_dtype: float32\n"                                                       /* 133 */
+                          "    cast_forward_inputs: false\n"                                                  /* 134 */
+                          "checkpoint:\n"                                                                     /* 135 */
+                          "  output_dir: runs/full\n"                                                         /* 136 */
+                          "  save_interval: 0\n"                                                              /* 137 */
+                          "  save_optimizer: false\n"                                                         /* 138 */
+                          "  keep_last: 0\n"                                                                  /* 139 */
+                          "  restore_from: latest\n"                                                          /* 140 */
+                          "  restore_optimizer: false\n"                                                      /* 141 */
+                          "  overwrite: true\n"                                                               /* 142 */
+                          "kernels:\n"                                                                        /* 143 */
+                          "  bf16_gemm: fp32_rounded\n"                                                       /* 144 */
+                          "  f16_gemm: widened\n"                                                             /* 145 */
+                          "parallel:\n"                                                                       /* 146 */
+                          "  tensor_parallel_size: 1\n"                                                       /* 147 */
+                          "  ring_attention_size: 1\n"                                                        /* 148 */
+                          "  ulysses_parallel_size: 1\n"                                                      /* 149 */
+                          "  expert_parallel_size: 1\n"                                                       /* 150 */
+                          "  ep_plan:\n"                                                                      /* 151 */
+                          "    apply_modules: [\"model.layers.{*}.mlp\"]\n"                                   /* 152 */
+                          "tools:\n"                                                                          /* 153 */
+                          "  profile:\n"                                                                      /* 154 */
+                          "    enable: true\n"                                                                /* 155 */
+                          "  memory_profile:\n"                                                               /* 156 */
+                          "    enable: true\n";                                                               /* 157 */
 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "llama");
@@ -350,6 +358,12 @@ static void check_full(const ht_config *cfg) {
     assert_false(cfg->model.arch.attention_bias);
     assert_true(cfg->model.arch.tie_word_embeddings);
     assert_true(cfg->model.arch.initializer_range == 0.01);
+    assert_int_equal(cfg->model.lora.rank, 8);
+    assert_true(cfg->model.lora.alpha == 16 && cfg->model.lora.dropout == 0.05);
+    assert_int_equal(cfg->model.lora.target_modules.count, 2);
+    assert_string_equal(cfg->model.lora.target_modules.items[1], "model.layers.{*}.mlp.down_proj");
+    assert_true(cfg->model.lora.use_rslora && cfg->model.lora.use_muon);
+    assert_string_equal(cfg->model.lora.from_pretrained, "/adapters/tiny");
     assert_int_equal(cfg->model_init_dtype, HT_DTYPE_BF16);
     assert_string_equal(cfg->data.dataset_type, "token_bin");
     assert_string_equal(cfg->data.path, "data/*.bin");
@@ -468,7 +482,7 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 149);
+        assert_true(line >= 3 && line <= 157);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: llama"));
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE,
@@ -1564,6 +1578,53 @@ static void test_mindspeed_shard_size(void **state) {
     assert_non_null(strstr(err.msg, "fully_shard_parallel_size"));
 }
 
+/* model.lora: its defaults (PEFT's: off, alpha 8, q_proj and v_proj), PEFT's
+ * field names as aliases in every dialect, and the rules on its values. */
+static void test_lora_keys(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    ht_config_defaults(&cfg);
+    assert_int_equal(cfg.model.lora.rank, 0);
+    assert_true(cfg.model.lora.alpha == 8.0 && cfg.model.lora.dropout == 0.0);
+    assert_int_equal(cfg.model.lora.target_modules.count, 2);
+    assert_string_equal(cfg.model.lora.target_modules.items[0], "q_proj");
+    assert_string_equal(cfg.model.lora.target_modules.items[1], "v_proj");
+    assert_false(cfg.model.lora.use_rslora || cfg.model.lora.use_muon);
+    assert_string_equal(cfg.model.lora.from_pretrained, "");
+    static const char *const texts[] = {
+        "model:\n  lora:\n    r: 4\n    lora_alpha: 32\n    lora_dropout: 0.1\n    target_modules: [o_proj]\n",
+        /* MindSpeed-MM's dialect (a parallel section): the same keys. */
+        "parallel:\n  fully_shard_parallel_size: auto\nmodel:\n  lora:\n    r: 4\n    lora_alpha: 32\n"
+        "    lora_dropout: 0.1\n    target_modules: [o_proj]\n",
+    };
+    for (int i = 0; i < 2; i++) {
+        assert_ht_ok(load_text("lora.yaml", texts[i], &cfg, &err), &err);
+        assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+        assert_int_equal(cfg.model.lora.rank, 4);
+        assert_true(cfg.model.lora.alpha == 32 && cfg.model.lora.dropout == 0.1);
+        assert_string_equal(ht_config_key_spelling(&cfg, "model.lora.rank"), "model.lora.r");
+        assert_string_equal(ht_config_key_spelling(&cfg, "model.lora.alpha"), "model.lora.lora_alpha");
+        assert_string_equal(cfg.model.lora.target_modules.items[0], "o_proj");
+    }
+    expect_load_error("lora_dup.yaml", "model:\n  lora:\n    r: 4\n    rank: 8\n", "lora_dup.yaml:4:", "duplicate key",
+                      NULL);
+    expect_load_error("lora_typo.yaml", "model:\n  lora:\n    rnak: 4\n", "lora_typo.yaml:3:", "model.lora.rnak", NULL);
+    expect_invalid("lora_targets.yaml", "model:\n  lora:\n    rank: 4\n    target_modules: []\n", 1,
+                   "lora_targets.yaml:4: model.lora.target_modules", "because model.lora.rank > 0", NULL);
+    expect_invalid("lora_alpha.yaml", "model:\n  lora:\n    rank: 4\n    alpha: 0\n", 1,
+                   "lora_alpha.yaml:4: model.lora.alpha", "a number > 0", NULL);
+    expect_invalid("lora_dropout.yaml", "model:\n  lora:\n    r: 4\n    lora_dropout: 1.0\n", 1,
+                   "model.lora.dropout (as model.lora.lora_dropout)", "[0, 1)", NULL);
+    expect_invalid("lora_rank.yaml", "model:\n  lora:\n    rank: -2\n", 1, "model.lora.rank", "found -2", NULL);
+    expect_invalid("lora_from.yaml", "model:\n  lora:\n    from_pretrained: /a\n", 1,
+                   "lora_from.yaml:3: model.lora.from_pretrained", "needs model.lora.rank > 0", NULL);
+    /* Rank 0 is off whatever the rest says. */
+    assert_ht_ok(load_text("lora_off.yaml", "model:\n  lora:\n    target_modules: []\n    alpha: 0\n", &cfg, &err),
+                 &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -1593,6 +1654,7 @@ int main(void) {
         cmocka_unit_test(test_log_section),
         cmocka_unit_test(test_mindspeed_shard_size),
         cmocka_unit_test(test_size_and_nesting_caps),
+        cmocka_unit_test(test_lora_keys),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -278,9 +278,16 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *view, bool restore
 /* Writes out_dir/config.json + model.safetensors (sharded with an index
  * above max_shard_bytes; 0: no limit) from a checkpoint, in `dtype`
  * (HT_DTYPE_COUNT: the checkpoint's model dtype). float32 from a checkpoint
- * with FP32 main params exports the main params. */
+ * with FP32 main params exports the main params. LoRA adapters (a run with
+ * model.lora) are merged into the weights they adapt, W + scale · B A in FP32
+ * (the adapters from their FP32 main params), with the scale of the run's
+ * model.lora: the folder has the base model's tensors only. */
 ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, size_t max_shard_bytes,
                          ht_error *err);
+/* Writes a checkpoint's LoRA adapters alone as a PEFT adapter directory
+ * (ht_peft_save_adapter) in `dtype` (HT_DTYPE_COUNT: float32, from the FP32
+ * main params where the checkpoint has them). */
+ht_status ht_ckpt_export_adapter(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, ht_error *err);
 /* Prints step, world size, trainer state, every file with its hash check and
  * the keys by kind. Fails (after printing) when a file does not match. */
 ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err);

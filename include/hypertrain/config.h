@@ -94,6 +94,16 @@ typedef struct ht_config_ns_coefficients {
     int repeat[HT_CONFIG_NS_MAX];
 } ht_config_ns_coefficients;
 
+/* model.lora (PEFT's LoraConfig names are aliases): the model's ht_lora_config comes from it. */
+typedef struct ht_config_lora {
+    int rank; /* 0: off */
+    double alpha, dropout;
+    ht_config_strings target_modules;
+    bool use_rslora;
+    bool use_muon;                           /* the adapters go to Muon (with _target_ Muon); false: AdamW */
+    char from_pretrained[HT_CONFIG_STR_MAX]; /* a PEFT adapter directory to start from, or "" */
+} ht_config_lora;
+
 /* The whole run configuration. A plain value: no heap memory, copy it freely. */
 typedef struct ht_config {
     struct {
@@ -105,6 +115,7 @@ typedef struct ht_config {
         int loss_type;                       /* HT_CONFIG_LOSS_RAW: the model's own mean cross-entropy */
         bool recompute;                      /* only false is supported yet */
         ht_config_strings recompute_modules; /* recompute_plan.apply_modules: used with recompute only */
+        ht_config_lora lora;
     } model;
     ht_dtype model_init_dtype; /* HT_CONFIG_DTYPE_NONE: keep */
 

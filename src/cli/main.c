@@ -19,9 +19,11 @@ static void usage(FILE *f) {
                "      train as the YAML file says; --set overrides any key\n"
                "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
                "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n"
-               "  hypertrain export CKPT OUT_DIR [--dtype bfloat16|float16|float32] [--max-shard-mb N]\n"
+               "  hypertrain export CKPT OUT_DIR [--dtype bfloat16|float16|float32] [--max-shard-mb N] [--adapter]\n"
                "      write a checkpoint's model as Hugging Face config.json + model.safetensors\n"
-               "      (sharded with model.safetensors.index.json above N MiB, default 2048)\n"
+               "      (sharded with model.safetensors.index.json above N MiB, default 2048), LoRA\n"
+               "      adapters merged into the weights; --adapter: the LoRA adapters alone, as PEFT's\n"
+               "      adapter_config.json + adapter_model.safetensors (default dtype float32)\n"
                "  hypertrain inspect CKPT\n"
                "      print a checkpoint's step, world size, keys by kind, sizes and hash check\n");
 }
@@ -142,7 +144,7 @@ static int cmd_plot(int argc, char **argv) {
     return 0;
 }
 
-/* hypertrain export CKPT OUT_DIR [--dtype D] [--max-shard-mb N] */
+/* hypertrain export CKPT OUT_DIR [--dtype D] [--max-shard-mb N] [--adapter] */
 static int cmd_export(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -150,9 +152,12 @@ static int cmd_export(int argc, char **argv) {
     }
     ht_dtype dtype = HT_DTYPE_COUNT; /* the checkpoint's */
     long long shard_mb = 2048;
+    bool adapter = false, sharded = false;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--dtype") == 0 && i + 1 < argc) {
+        if (strcmp(a, "--adapter") == 0) {
+            adapter = true;
+        } else if (strcmp(a, "--dtype") == 0 && i + 1 < argc) {
             a = argv[++i];
             if (!ht_dtype_from_name(a, &dtype) || !ht_dtype_is_float(dtype)) {
                 fprintf(stderr, "hypertrain export: --dtype %s: expected bfloat16, float16 or float32\n", a);
@@ -161,6 +166,7 @@ static int cmd_export(int argc, char **argv) {
         } else if (strcmp(a, "--max-shard-mb") == 0 && i + 1 < argc) {
             char *end;
             shard_mb = strtoll(argv[++i], &end, 10);
+            sharded = true;
             if (*end || shard_mb < 0) {
                 fprintf(stderr, "hypertrain export: --max-shard-mb %s: expected a size in MiB\n", argv[i]);
                 return 2;
@@ -170,8 +176,15 @@ static int cmd_export(int argc, char **argv) {
             return 2;
         }
     }
+    if (adapter && sharded) {
+        fprintf(stderr, "hypertrain export: --adapter writes one adapter_model.safetensors; --max-shard-mb does not "
+                        "apply\n");
+        return 2;
+    }
     ht_error err = {0};
-    if (ht_ckpt_export(argv[0], argv[1], dtype, (size_t)shard_mb << 20, &err) != HT_OK) return fail(&err);
+    ht_status s = adapter ? ht_ckpt_export_adapter(argv[0], argv[1], dtype, &err)
+                          : ht_ckpt_export(argv[0], argv[1], dtype, (size_t)shard_mb << 20, &err);
+    if (s != HT_OK) return fail(&err);
     printf("%s\n", argv[1]);
     return 0;
 }

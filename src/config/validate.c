@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+_Static_assert(HT_CONFIG_LIST_MAX <= HT_LORA_MAX_TARGETS, "model.lora.target_modules fits ht_lora_config.targets");
+
 typedef struct report {
     const ht_config *cfg;
     char msg[HT_ERROR_MSG_MAX];
@@ -251,6 +253,24 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, is_float_dtype(cfg->fsdp.reduce_dtype) || cfg->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE,
           "fsdp_config.mix_precision.reduce_dtype", dtypes);
     check(&r, is_float_dtype(cfg->fsdp.output_dtype), "fsdp_config.mix_precision.output_dtype", dtypes);
+
+    /* model.lora (the model builder checks target_modules against its linear layers). */
+    const ht_config_lora *lora = &cfg->model.lora;
+    check(&r, lora->rank >= 0, "model.lora.rank", "an integer >= 0 (0: no adapters)");
+    if (lora->rank > 0) {
+        check(&r, lora->target_modules.count > 0, "model.lora.target_modules",
+              "the linear layers to adapt (e.g. [q_proj, v_proj]) because model.lora.rank > 0");
+        check(&r, lora->alpha > 0 && isfinite(lora->alpha), "model.lora.alpha",
+              "a number > 0 (the update is scaled by alpha / r)");
+        check(&r, lora->dropout >= 0 && lora->dropout < 1, "model.lora.dropout", "a number in [0, 1)");
+        for (int i = 0; i < lora->target_modules.count; i++)
+            if (strlen(lora->target_modules.items[i]) >= HT_LORA_TARGET_MAX)
+                add(&r, "%s: entry %d is longer than %d bytes: no module has such a name",
+                    at(cfg, "model.lora.target_modules", a, sizeof(a)), i, HT_LORA_TARGET_MAX - 1);
+    } else if (lora->from_pretrained[0]) {
+        add(&r, "%s: an adapter to start from needs model.lora.rank > 0 (%s) and the adapter's other settings",
+            at(cfg, "model.lora.from_pretrained", a, sizeof(a)), at(cfg, "model.lora.rank", b, sizeof(b)));
+    }
 
     /* Data. */
     check(&r, cfg->data.seq_len > 0, "data.seq_len", "an integer > 0");

@@ -45,12 +45,44 @@ static int64_t local_numel(const ht_param_store *ps) {
     return n;
 }
 
+/* model.lora: the adapters alone train; every other param is frozen as
+ * model.freeze freezes (on top of what it froze already). */
+static ht_status freeze_for_lora(ht_trainer *t, ht_error *err) {
+    ht_param_store *ps = &t->model->params;
+    const ht_lora_config *lc = &t->model->config.lora;
+    int frozen, adapters = 0, modules = 0;
+    int64_t values = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (!ht_lora_kind(p->name)) continue;
+        adapters++;
+        modules += ht_lora_kind(p->name) == 'A';
+        values += ht_param_numel(p);
+    }
+    if (adapters == 0) /* a plugin's builder that does not read ht_model_config.lora */
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.lora.rank %d: model '%s' declared no adapters (its builder does not implement "
+                       "model.lora)",
+                       lc->rank, t->model->config.name);
+    ht_status s = ht_lora_freeze_base(ps, &frozen, err);
+    if (s != HT_OK) return s;
+    char targets[HT_CONFIG_LIST_MAX * 64];
+    ht_config_format_value(&t->config, "model.lora.target_modules", targets, sizeof(targets));
+    ht_log_info("model.lora: rank %d, alpha %g (scale %g%s), dropout %g, target_modules %s: %d adapters on %d "
+                "linear layers (%.3fM values, %.2f%% of the model) train; the other %d parameters are frozen (no "
+                "gradient, main param or optimizer state)",
+                lc->rank, lc->alpha, ht_lora_scale(lc), lc->use_rslora ? ", rsLoRA: alpha / sqrt(r)" : "", lc->dropout,
+                targets, adapters, modules, (double)values / 1e6,
+                100.0 * (double)values / (double)ht_params_total_numel(ps), frozen);
+    return HT_OK;
+}
+
 /* model.freeze: the covered params keep their weights and lose their
  * gradient, FP32 main param and optimizer state (nothing of them is computed
  * or reduced in backward). */
 static ht_status freeze_params(ht_trainer *t, ht_error *err) {
     const ht_config_strings *fz = &t->config.model.freeze;
-    if (fz->count == 0) return HT_OK;
+    if (fz->count == 0) return t->model->config.lora.rank > 0 ? freeze_for_lora(t, err) : HT_OK;
     const char *patterns[HT_CONFIG_LIST_MAX];
     for (int i = 0; i < fz->count; i++) patterns[i] = fz->items[i];
     ht_param_store *ps = &t->model->params;
@@ -71,7 +103,19 @@ static ht_status freeze_params(ht_trainer *t, ht_error *err) {
     ht_log_info("%s: %d parameters frozen (%.2fM of %.2fM values: no gradient, main param or optimizer state): %s",
                 ht_config_key_spelling(&t->config, "model.freeze"), frozen, (double)values / 1e6,
                 (double)ht_params_total_numel(ps) / 1e6, names);
-    return HT_OK;
+    return t->model->config.lora.rank > 0 ? freeze_for_lora(t, err) : HT_OK;
+}
+
+/* model.lora -> the model's ht_lora_config (the architecture may come from a config.json). */
+static void lora_config(const ht_config_lora *c, ht_lora_config *lc) {
+    memset(lc, 0, sizeof(*lc));
+    lc->rank = c->rank;
+    lc->alpha = c->alpha;
+    lc->dropout = c->dropout;
+    lc->use_rslora = c->use_rslora;
+    lc->target_count = c->target_modules.count;
+    for (int i = 0; i < c->target_modules.count; i++)
+        snprintf(lc->targets[i], sizeof(lc->targets[i]), "%s", c->target_modules.items[i]);
 }
 
 static ht_status build_model(ht_trainer *t, ht_error *err) {
@@ -82,6 +126,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         s = ht_hf_read_config(c->model.from_pretrained, &arch, err);
         if (s != HT_OK) return s;
     }
+    lora_config(&c->model.lora, &arch.lora);
     /* fsdp_config.shard_size: every rank holds only its rows of every
      * parameter (and so of its FP32 main param, main_grad and optimizer
      * state). training.init_model_with_meta_device: it builds, initialises
@@ -96,6 +141,10 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         if (s != HT_OK) return s;
         ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
                     t->sharded && meta ? " (this rank's rows)" : "");
+    }
+    if (c->model.lora.from_pretrained[0]) {
+        s = ht_peft_load_adapter(c->model.lora.from_pretrained, &arch.lora, &t->model->params, err);
+        if (s != HT_OK) return s;
     }
     if (!meta) {
         s = ht_params_shard(&t->model->params, rank, world, err);
@@ -380,6 +429,12 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
                            "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
                            "weights to clip",
                            l);
+        /* QK-clip rescales the weights' FP32 main params: frozen ones have none and must not change. */
+        if (!t->qk_layers[l].q_weight->trainable || !t->qk_layers[l].k_weight->trainable)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.muon_config.qk_clip_enabled: layer %d's self_attn.q_proj/k_proj weights are "
+                           "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
+                           l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
         t->qk_layers[l].num_heads = a->num_attention_heads;
         t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
         t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
@@ -427,6 +482,19 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     oc.no_weight_decay_count = string_list(&c->optimizer.adamw.no_weight_decay, t->no_wd);
     oc.adamw_include = t->adamw_include;
     oc.adamw_include_count = string_list(&c->optimizer.muon.adamw_include, t->adamw_include);
+    /* model.lora: the adapters go to AdamW, as PEFT trains them (Muon would
+     * orthogonalize each rank-r matrix), unless model.lora.use_muon. */
+    if (oc.use_muon && c->model.lora.rank > 0) {
+        if (c->model.lora.use_muon) {
+            ht_log_info("model.lora.use_muon: the adapters' matrices go to Muon (optimizer.muon_config.adamw_include "
+                        "still applies)");
+        } else {
+            t->adamw_include[oc.adamw_include_count++] = "*.lora_A.weight";
+            t->adamw_include[oc.adamw_include_count++] = "*.lora_B.weight";
+            ht_log_info("model.lora: the adapters go to AdamW (as PEFT trains them; model.lora.use_muon true sends "
+                        "them to Muon)");
+        }
+    }
     oc.weight_decay_include = t->wd_include;
     oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
     oc.weight_decay_exclude = t->wd_exclude;
@@ -581,9 +649,15 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
                                ((double)t->grad_accum * t->comm->size));
     ht_model_reset_attn_max(m);
     double loss_sum = 0.0;
+    /* model.lora.dropout: this step's masks, drawn from (seed, step) and each
+     * sequence's place in the global batch: a resumed run, and any split of
+     * the batch over ranks and micro-batches, drop the same elements. */
+    uint64_t dropout = ht_fnv1a64(&t->step, sizeof(t->step), (uint64_t)t->config.training.seed ^ 0x6c6f7261ULL) | 1;
     for (int micro = 0; micro < t->grad_accum; micro++) {
         ht_loader_next(&t->train_loader, t->batch);
         ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+        m->dropout_seed = dropout;
+        m->dropout_first_sequence = ((int64_t)micro * t->comm->size + t->comm->rank) * t->B;
         float loss;
         double f0 = ht_time_seconds();
         ht_status s = ht_model_forward(m, t->inputs, t->targets, t->B, t->T, &loss, err);
@@ -592,6 +666,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
+    m->dropout_seed = 0;                /* forwards outside a training step (evaluation) drop nothing */
     ht_status gs = ht_gemm_status(err); /* before any rank sums this rank's gradients */
     if (gs != HT_OK) return gs;
     double t1 = ht_time_seconds();
@@ -940,6 +1015,33 @@ static void log_profile(const ht_trainer *t, int64_t steps, double total) {
                 1e3 * (total - counted) / steps, total > 0 ? 100.0 * (total - counted) / total : 0.0);
 }
 
+/* The final weights as a Hugging Face folder. With model.lora the adapters
+ * are merged into the weights they adapt (transformers loads the folder as
+ * it is), and written alone as a PEFT adapter directory in dir/adapter/. */
+static ht_status save_final(ht_trainer *t, const char *dir, const ht_param_store *model, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    ht_dtype dtype = t->model->params.items[0].dtype;
+    if (a->lora.rank <= 0) {
+        ht_status s = ht_hf_save(dir, a, model, dtype, (size_t)2 << 30, err);
+        if (s == HT_OK)
+            ht_log_info("saved the final weights (Hugging Face format, %s) to %s", ht_dtype_name(dtype), dir);
+        return s;
+    }
+    ht_param_store merged;
+    ht_status s = ht_lora_merge(model, ht_lora_scale(&a->lora), &merged, err);
+    if (s != HT_OK) return s;
+    s = ht_hf_save(dir, a, &merged, dtype, (size_t)2 << 30, err);
+    ht_params_free(&merged);
+    if (s != HT_OK) return s;
+    ht_log_info("saved the final weights (Hugging Face format, %s, the LoRA adapters merged: W + scale B A) to %s",
+                ht_dtype_name(dtype), dir);
+    char adapter[HT_CONFIG_STR_MAX + 48];
+    snprintf(adapter, sizeof(adapter), "%s/adapter", dir);
+    s = ht_peft_save_adapter(adapter, model, &a->lora, t->config.model.from_pretrained, HT_DTYPE_F32, err);
+    if (s == HT_OK) ht_log_info("saved the LoRA adapters alone (PEFT's layout, float32) to %s", adapter);
+    return s;
+}
+
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
@@ -1018,11 +1120,9 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     }
     char dir[HT_CONFIG_STR_MAX + 32], path[HT_CONFIG_STR_MAX + 64];
     snprintf(dir, sizeof(dir), "%s/final", c->checkpoint.output_dir);
-    ht_dtype dtype = t->model->params.items[0].dtype;
-    s = ht_hf_save(dir, &t->model->config, model, dtype, (size_t)2 << 30, err);
+    s = save_final(t, dir, model, err);
     ht_params_free(&gathered);
     if (s != HT_OK) return s;
-    ht_log_info("saved the final weights (Hugging Face format, %s) to %s", ht_dtype_name(dtype), dir);
     /* The metrics are complete: synced and closed, an error if the disk did not take them. */
     snprintf(path, sizeof(path), "%s/metrics.jsonl", c->checkpoint.output_dir);
     FILE *metrics = t->metrics;
