@@ -337,6 +337,72 @@ static void test_freeze(void **state) {
     free(all);
 }
 
+/* model.lora on a bf16 model with Muon + AdamW and FP32 main params: the
+ * adapters alone train (FP32 main params and AdamW state for them, nothing
+ * for the base, whose weights stay bit for bit), with dropout; a resume is
+ * bitwise; model.lora.use_muon sends the adapters to Muon instead. */
+static void test_lora_trains_adapters_and_resumes_bitwise(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_lora");
+    write_corpus(dir);
+    const char *lora_set[] = {"model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1",
+                              "model.lora.target_modules=[all-linear]", "checkpoint.save_interval=0"};
+    ht_config *cfg = tiny_config(dir, lora_set, 5);
+    ht_error err;
+    ht_trainer *t = trainer_new(cfg);
+    const ht_param_store *ps = &t->model->params;
+    void *initial[ps->count];
+    int adapters = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        size_t bytes = (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype);
+        initial[i] = malloc(bytes);
+        memcpy(initial[i], p->data, bytes);
+        assert_int_equal(p->dtype, HT_DTYPE_BF16);
+        if (ht_lora_kind(p->name)) {
+            assert_true(p->trainable);
+            assert_non_null(p->main_param);
+            assert_non_null(p->main_grad);
+            adapters++;
+        } else {
+            assert_false(p->trainable);
+            assert_null(p->main_param); /* frozen: no FP32 copy */
+            assert_null(p->main_grad);
+        }
+    }
+    assert_int_equal(adapters, 2 * 7 * 2);
+    assert_true(t->optimizer.muon == NULL || t->optimizer.muon->count == 0);
+    assert_int_equal(t->optimizer.adamw->count, adapters);
+    ht_step_stats st;
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        bool same = memcmp(p->data, initial[i], (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype)) == 0;
+        if (ht_lora_kind(p->name) ? same : !same) fail_msg("%s %s", p->name, same ? "did not train" : "changed");
+        free(initial[i]);
+    }
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *res = trainer_new(cfg);
+    assert_int_equal(res->step, 2);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(res, &st, &err), &err);
+    assert_trainers_equal(res, t);
+    trainer_delete(res);
+    trainer_delete(t);
+
+    assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=null", &err), &err);
+    assert_ht_ok(ht_config_set(cfg, "model.lora.use_muon=true", &err), &err);
+    char out[1300];
+    snprintf(out, sizeof(out), "checkpoint.output_dir=%s/run_muon", dir);
+    assert_ht_ok(ht_config_set(cfg, out, &err), &err);
+    t = trainer_new(cfg);
+    assert_int_equal(t->optimizer.muon->count, adapters);
+    assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+    trainer_delete(t);
+    free(cfg);
+}
+
 /* The bf16 and f16 GEMM kernels go into the trainer state; a resume with
  * kernels on auto keeps them (another kernel sums in another order, and the
  * resume would not be bitwise), a pinned key overrides them. */
@@ -1301,6 +1367,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_resume_every_5_of_20_steps),
         cmocka_unit_test(test_float32_model_resume),
         cmocka_unit_test(test_freeze),
+        cmocka_unit_test(test_lora_trains_adapters_and_resumes_bitwise),
         cmocka_unit_test(test_no_save_rng_and_no_load_rng),
         cmocka_unit_test(test_load_strict),
         cmocka_unit_test(test_plain_optimizer_checkpoint_loads_with_warning),

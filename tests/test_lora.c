@@ -466,12 +466,146 @@ static void test_fresh_adapters(void **state) {
     ht_safetensors_close(f.st);
 }
 
+/* ------------------------------------------------------------------ dropout */
+
+static ht_model *tiny_lora_model(double dropout) {
+    ht_model_config c = {0};
+    snprintf(c.name, sizeof(c.name), "qwen2");
+    c.vocab_size = 37;
+    c.hidden_size = 16;
+    c.intermediate_size = 24;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 16;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.attention_bias = true;
+    c.initializer_range = 0.3;
+    c.lora.rank = 3;
+    c.lora.alpha = 6;
+    c.lora.dropout = dropout;
+    const char *all[] = {"all-linear"};
+    set_targets(&c.lora, all, 1);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&c, HT_DTYPE_F32, 3, &m, &err), &err);
+    ht_rng rng; /* lora_B away from zero, so that every product is exercised */
+    ht_rng_seed(&rng, 17);
+    for (int i = 0; i < m->params.count; i++) {
+        ht_param *p = &m->params.items[i];
+        if (ht_lora_kind(p->name) != 'B') continue;
+        float *w = p->data;
+        for (int64_t k = 0; k < ht_param_numel(p); k++) w[k] = 0.3f * ht_rng_normal(&rng);
+    }
+    return m;
+}
+
+static void random_tokens(int32_t *t, int n, int vocab, uint64_t seed) {
+    ht_rng rng;
+    ht_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)ht_rng_below(&rng, (uint64_t)vocab);
+}
+
+static double loss_of(ht_model *m, const int32_t *in, const int32_t *tg, int B, int T) {
+    ht_error err;
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
+    return loss;
+}
+
+/* With a dropout stream set, forward is a fixed function of the weights
+ * (the masks come from the stream and the positions): backward, which
+ * redraws the masks, is its gradient, checked against central differences
+ * for the adapters and for the base params the adapters' dx reaches. */
+static void test_dropout_gradients(void **state) {
+    (void)state;
+    ht_model *m = tiny_lora_model(0.25);
+    enum { B = 2, T = 7 };
+    int32_t in[B * T], tg[B * T];
+    random_tokens(in, B * T, 37, 5);
+    random_tokens(tg, B * T, 37, 6);
+    m->dropout_seed = 0x5eed;
+    m->dropout_first_sequence = 3;
+    double with = loss_of(m, in, tg, B, T);
+    ht_params_zero_grad(&m->params);
+    loss_of(m, in, tg, B, T);
+    ht_model_backward(m, 1.0f);
+    ht_rng rng;
+    ht_rng_seed(&rng, 99);
+    const float eps = 1e-2f;
+    double worst = 0;
+    int probes = 0;
+    for (int i = 0; i < m->params.count; i++) {
+        ht_param *p = &m->params.items[i];
+        bool base = !ht_lora_kind(p->name);
+        if (base && !strstr(p->name, "embed_tokens") && !strstr(p->name, "layernorm") &&
+            !strstr(p->name, "layers.0.self_attn.q_proj.weight"))
+            continue;
+        float *w = p->data;
+        for (int probe = 0; probe < 4; probe++) {
+            int64_t k = (int64_t)ht_rng_below(&rng, (uint64_t)ht_param_numel(p));
+            float orig = w[k];
+            w[k] = orig + eps;
+            double lp = loss_of(m, in, tg, B, T);
+            w[k] = orig - eps;
+            double lm = loss_of(m, in, tg, B, T);
+            w[k] = orig;
+            double fd = (lp - lm) / (2.0 * eps), an = p->main_grad[k];
+            worst = fmax(worst, fabs(fd - an) / (1e-3 + fabs(fd)));
+            if (fabs(fd - an) > 2e-3 + 2e-2 * fabs(fd))
+                fail_msg("%s[%lld]: backward %.6g, finite difference %.6g", p->name, (long long)k, an, fd);
+            probes++;
+        }
+    }
+    /* Without the stream (evaluation) nothing is dropped: another loss. */
+    m->dropout_seed = 0;
+    double without = loss_of(m, in, tg, B, T);
+    assert_true(fabs(with - without) > 1e-4);
+    printf("dropout 0.25: %d probes, worst relative gradient error %.3g; loss %.6f with the masks, %.6f without\n",
+           probes, worst, with, without);
+    ht_model_free(m);
+}
+
+/* A sequence's masks depend on its place in the global batch, not on the
+ * micro-batch it travels in: sequence 1 of a batch of 2 from position 4 is
+ * sequence 0 of a batch of 1 from position 5. */
+static void test_dropout_masks_follow_the_sequence(void **state) {
+    (void)state;
+    ht_model *m = tiny_lora_model(0.5);
+    enum { T = 9 };
+    int32_t in[2 * T], tg[2 * T];
+    random_tokens(in, 2 * T, 37, 7);
+    random_tokens(tg, 2 * T, 37, 8);
+    size_t V = 37, row = (size_t)T * V;
+    float *both = malloc(2 * row * sizeof(float));
+    m->dropout_seed = 42;
+    m->dropout_first_sequence = 4;
+    loss_of(m, in, tg, 2, T);
+    memcpy(both, m->logits, 2 * row * sizeof(float));
+    m->dropout_first_sequence = 5;
+    loss_of(m, in + T, tg + T, 1, T);
+    double e = rel_max_err(m->logits, both + row, row);
+    assert_true(e <= 1e-6);
+    m->dropout_first_sequence = 4; /* another place: other masks */
+    loss_of(m, in + T, tg + T, 1, T);
+    assert_true(rel_max_err(m->logits, both + row, row) > 1e-3);
+    m->dropout_seed = 43; /* another step */
+    m->dropout_first_sequence = 5;
+    loss_of(m, in + T, tg + T, 1, T);
+    assert_true(rel_max_err(m->logits, both + row, row) > 1e-3);
+    printf("the same sequence in two micro-batches: logits within %.2g\n", e);
+    free(both);
+    ht_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_qwen2_tied_qv),       cmocka_unit_test(test_parity_llama_untied_all),
         cmocka_unit_test(test_parity_qwen2_untied_rslora), cmocka_unit_test(test_merge_matches_peft),
         cmocka_unit_test(test_adapter_round_trip),         cmocka_unit_test(test_bad_targets_refused),
         cmocka_unit_test(test_adapter_mismatch_refused),   cmocka_unit_test(test_fresh_adapters),
+        cmocka_unit_test(test_dropout_gradients),          cmocka_unit_test(test_dropout_masks_follow_the_sequence),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -366,8 +366,160 @@ static void test_cli_bad_input(void **state) {
     expect_refused(dir, tiny_yaml(dir, data, "  freeze: [model, lm_head]\n"), NULL, "model.freeze freezes all",
                    "nothing is left to train");
 
+    /* model.lora: a target matching no linear layer, the LM head, an adapter of another rank, QK-clip on frozen q/k. */
+    expect_refused(dir, tiny_yaml(dir, data, "  lora:\n    r: 4\n    target_modules: [q_proj, q_prj]\n"), NULL,
+                   "\"q_prj\" matches no linear layer", "model.layers.{0..0}.mlp.{gate_proj, up_proj, down_proj}");
+    expect_refused(dir, tiny_yaml(dir, data, "  lora:\n    r: 4\n    target_modules: [lm_head]\n"), NULL,
+                   "\"lm_head\" selects lm_head: not supported", NULL);
+    snprintf(model, sizeof(model), "  from_pretrained: %s\n  lora:\n    r: 8\n    from_pretrained: %s\n",
+             fixture_path("lora/qwen2_tied_qv/base"), fixture_path("lora/qwen2_tied_qv/adapter"));
+    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "model.lora.rank is 8 but",
+                   "qwen2_tied_qv/adapter/adapter_config.json has r 4");
+    expect_refused(dir, tiny_yaml(dir, data, "  lora:\n    r: 4\n"),
+                   "--set optimizer._target_=Muon --set optimizer.muon_config.qk_clip_enabled=true",
+                   "qk_clip_enabled: layer 0's self_attn.q_proj/k_proj weights are frozen",
+                   "model.lora trains the adapters alone");
+
     /* A config error is reported with its line before anything runs. */
     expect_refused(dir, "training:\n  steps: ten\n", NULL, "training.steps", "run.yaml:2");
+}
+
+/* ------------------------------------------------------------------ LoRA */
+
+/* Every tensor of a safetensors file, bit for bit, against another's of the
+ * same name; returns how many differ (listing them in `which`). */
+static int tensors_differing(const char *a_path, const char *b_path, char *which, size_t n) {
+    ht_safetensors *a, *b;
+    ht_error err;
+    assert_ht_ok(ht_safetensors_open(a_path, &a, &err), &err);
+    assert_ht_ok(ht_safetensors_open(b_path, &b, &err), &err);
+    assert_int_equal(ht_safetensors_count(a), ht_safetensors_count(b));
+    int differ = 0;
+    which[0] = '\0';
+    for (int i = 0; i < ht_safetensors_count(a); i++) {
+        const ht_st_tensor *x = ht_safetensors_tensor(a, i), *y = ht_safetensors_find(b, x->name);
+        if (!y) fail_msg("%s has no %s", b_path, x->name);
+        assert_int_equal(x->nbytes, y->nbytes);
+        if (memcmp(x->data, y->data, x->nbytes) == 0) continue;
+        differ++;
+        size_t len = strlen(which);
+        snprintf(which + len, n - len, "%s%s", len ? " " : "", x->name);
+    }
+    ht_safetensors_close(a);
+    ht_safetensors_close(b);
+    return differ;
+}
+
+/* LoRA fine-tuning through the command line: the Qwen2 fixture with
+ * adapters on q_proj, v_proj and down_proj (dropout 0.1) learns the text;
+ * final/ holds the merged weights, the untargeted ones bit for bit the
+ * base's, and final/adapter/ the adapters, which on the base compute what
+ * final/ computes; `hypertrain export` of the last checkpoint gives the same
+ * merged weights, and with --adapter the same adapters. */
+static void test_lora_fine_tune(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_lora");
+    char path[1400], yaml[4096], msg[1 << 16], cmd[4096];
+    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 60; i++)
+        fputs("IT WAS THE BEST OF TIMES, IT WAS THE WORST OF TIMES, IT WAS THE AGE OF WISDOM.\n", f);
+    fclose(f); /* bytes below the fixture's vocabulary of 100 */
+    const char *base = fixture_path("lora/qwen2_tied_qv/base");
+    snprintf(yaml, sizeof(yaml),
+             "model:\n  from_pretrained: %s\n  lora:\n    r: 8\n    lora_alpha: 16\n    lora_dropout: 0.1\n"
+             "    target_modules: [q_proj, v_proj, down_proj]\n"
+             "model_init_dtype: float32\n"
+             "data:\n  dataset_type: text_bytes\n  path: %s\n  seq_len: 16\n  valid_fraction: 0.1\n"
+             "optimizer:\n  adamw_config:\n    adamw_lr: 0.01\n"
+             "lr_scheduler:\n  type: ConstantWarmUpLR\n"
+             "training:\n  steps: 30\n  local_batch_size: 4\n  global_batch_size: 8\n  eval_interval: 0\n"
+             "  eval_batches: 4\n"
+             "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
+             "checkpoint:\n  output_dir: %s/out\n  save_interval: 15\n",
+             base, path, dir);
+    int rc = run_cli(dir, yaml, NULL, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the LoRA run failed: %s", msg);
+    assert_non_null(strstr(msg, "model.lora: rank 8, alpha 16 (scale 2), dropout 0.1"));
+    assert_non_null(strstr(msg, "12 adapters on 6 linear layers"));
+    assert_non_null(strstr(msg, "model.lora: the adapters go to AdamW"));
+    assert_non_null(strstr(msg, "Parameter routing: 0 parameters (0.00M values) to Muon"));
+    const char *v = strstr(msg, "validation loss: ");
+    assert_non_null(v);
+    double before = strtod(v + 17, NULL), after = strtod(strstr(v, "before training, ") + 17, NULL);
+    printf("LoRA fine-tuning: validation loss %.4f -> %.4f\n", before, after);
+    assert_true(after < before - 0.5);
+
+    /* final/: the base's tensors, the untargeted ones unchanged, the 6 targeted ones merged. */
+    char final_st[1400], base_st[1400], which[4096];
+    snprintf(final_st, sizeof(final_st), "%s/out/final/model.safetensors", dir);
+    snprintf(base_st, sizeof(base_st), "%s/model.safetensors", base);
+    assert_int_equal(tensors_differing(base_st, final_st, which, sizeof(which)), 6);
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 3; k++) {
+            static const char *const mods[] = {"self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"};
+            char name[128];
+            snprintf(name, sizeof(name), "model.layers.%d.%s.weight", l, mods[k]);
+            if (!strstr(which, name)) fail_msg("%s was not merged (differing: %s)", name, which);
+        }
+
+    /* base + final/adapter (the engine's PEFT reader) computes what final/ does. */
+    ht_model_config cfg;
+    ht_error err;
+    char adapter[1400], final_dir[1400];
+    snprintf(adapter, sizeof(adapter), "%s/out/final/adapter", dir);
+    snprintf(final_dir, sizeof(final_dir), "%s/out/final", dir);
+    ht_model *lora, *merged;
+    assert_ht_ok(ht_hf_read_config(base, &cfg, &err), &err);
+    assert_ht_ok(ht_peft_read_config(adapter, &cfg.lora, &err), &err);
+    assert_int_equal(cfg.lora.rank, 8);
+    assert_true(cfg.lora.alpha == 16 && cfg.lora.dropout == 0.1);
+    assert_int_equal(cfg.lora.target_count, 3);
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &lora, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(base, &lora->params, &err), &err);
+    assert_ht_ok(ht_peft_load_adapter(adapter, &cfg.lora, &lora->params, &err), &err);
+    assert_ht_ok(ht_hf_read_config(final_dir, &cfg, &err), &err);
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &merged, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(final_dir, &merged->params, &err), &err);
+    int32_t in[2 * 16], tg[2 * 16];
+    for (int i = 0; i < 32; i++) in[i] = tg[i] = (int32_t) "IT WAS THE BEST OF TIMES, IT WAS THE WORST"[i];
+    float l1, l2;
+    assert_ht_ok(ht_model_forward(lora, in, tg, 2, 16, &l1, &err), &err);
+    assert_ht_ok(ht_model_forward(merged, in, tg, 2, 16, &l2, &err), &err);
+    double e = rel_max_err(lora->logits, merged->logits, (size_t)32 * 100);
+    printf("base + final/adapter vs final/: logits within %.2g, loss %.7f vs %.7f\n", e, l1, l2);
+    assert_true(e <= 1e-5);
+    ht_model_free(lora);
+    ht_model_free(merged);
+
+    /* export of the last checkpoint: merged, and --adapter. */
+    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/exported' > /dev/null 2>&1", getenv("HT_BIN"),
+             dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/exported/model.safetensors", dir);
+    assert_int_equal(tensors_differing(final_st, path, which, sizeof(which)), 0);
+    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/exported_adapter' --adapter > /dev/null 2>&1",
+             getenv("HT_BIN"), dir, dir);
+    assert_int_equal(system(cmd), 0);
+    char a1[1500], a2[1500];
+    snprintf(a1, sizeof(a1), "%s/adapter_model.safetensors", adapter);
+    snprintf(a2, sizeof(a2), "%s/exported_adapter/adapter_model.safetensors", dir);
+    assert_int_equal(tensors_differing(a1, a2, which, sizeof(which)), 0);
+    char *c1, *c2;
+    size_t n1, n2;
+    snprintf(a1, sizeof(a1), "%s/adapter_config.json", adapter);
+    snprintf(a2, sizeof(a2), "%s/exported_adapter/adapter_config.json", dir);
+    assert_ht_ok(ht_read_file(a1, &c1, &n1, &err), &err);
+    assert_ht_ok(ht_read_file(a2, &c2, &n2, &err), &err);
+    assert_string_equal(c1, c2);
+    assert_non_null(strstr(c1, "\"base_model_name_or_path\": \""));
+    free(c1);
+    free(c2);
+    /* --adapter of a run without adapters is refused; so is --max-shard-mb with it. */
+    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/x' --adapter --max-shard-mb 1 2> /dev/null",
+             getenv("HT_BIN"), dir, dir);
+    assert_int_not_equal(system(cmd), 0);
 }
 
 /* Optimizer state is never zeroed or dropped silently on a resume: a
@@ -747,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
+        cmocka_unit_test(test_lora_fine_tune),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
