@@ -129,6 +129,49 @@ static void test_parity_qwen2_untied_rslora(void **s) {
     check_parity("qwen2_untied_rslora");
 }
 
+/* bf16 adapters and base against PEFT's FP32 numbers, on the bf16 storage
+ * path and on each kernel the trainer may pick (ht_model_set_compute): the
+ * bounds of test_reference's bf16 cases (16u for the logits, 32u for the
+ * gradients, u = 2^-9), since the adapters add GEMM stages of the same kind
+ * (their h and dh are rounded to bf16 like every other GEMM operand). */
+static void check_parity_bf16(const char *c, bool set_compute) {
+    const double u = 0x1p-9;
+    fixture f;
+    open_fixture(c, &f);
+    ht_model *m = load_lora_model(&f);
+    ht_error err;
+    assert_ht_ok(ht_params_convert(&m->params, HT_DTYPE_BF16, &err), &err);
+    if (set_compute) assert_ht_ok(ht_model_set_compute(m, HT_DTYPE_BF16, &err), &err);
+    float loss;
+    assert_ht_ok(ht_model_forward(m, f.inputs, f.targets, f.B, f.T, &loss, &err), &err);
+    double logits_err = 0, grad_err = 0;
+    expect_close(c, "bf16 logits", m->logits, f.logits, (size_t)f.B * f.T * (size_t)m->config.vocab_size, 16 * u,
+                 &logits_err);
+    ht_params_zero_grad(&m->params);
+    ht_model_backward(m, 1.0f);
+    for (int i = 0; i < m->params.count; i++) {
+        const ht_param *p = &m->params.items[i];
+        if (!ht_lora_kind(p->name)) continue;
+        char key[HT_PARAM_NAME_MAX + 32];
+        snprintf(key, sizeof(key), "grad." HT_PEFT_PREFIX "%s", p->name);
+        const ht_st_tensor *g = ht_safetensors_find(f.st, key);
+        expect_close(c, p->name, p->main_grad, g->data, g->nbytes / 4, 32 * u, &grad_err);
+    }
+    printf("%-20s bf16%s: logits error %.2e (%.1fu), worst adapter gradient error %.2e (%.1fu)\n", c,
+           set_compute ? " (set_compute)" : "", logits_err, logits_err / u, grad_err, grad_err / u);
+    ht_model_free(m);
+    ht_safetensors_close(f.st);
+}
+
+static void test_parity_bf16(void **state) {
+    (void)state;
+    static const ht_gemm_kernel kernels[] = {HT_GEMM_KERNEL_NATIVE, HT_GEMM_KERNEL_WIDENED,
+                                             HT_GEMM_KERNEL_FP32_ROUNDED};
+    for (size_t c = 0; c < sizeof(CASES) / sizeof(CASES[0]); c++) check_parity_bf16(CASES[c], false);
+    for (int k = 0; k < 3; k++)
+        if (use_gemm_kernel(HT_DTYPE_BF16, kernels[k])) check_parity_bf16("llama_untied_all", true);
+}
+
 /* ht_lora_merge against merge_and_unload(): every weight of merged/ (the
  * untargeted ones bit for bit), saved as Hugging Face weights without any
  * lora tensor, and the saved folder, loaded as a plain model, gives
@@ -601,11 +644,17 @@ static void test_dropout_masks_follow_the_sequence(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_qwen2_tied_qv),       cmocka_unit_test(test_parity_llama_untied_all),
-        cmocka_unit_test(test_parity_qwen2_untied_rslora), cmocka_unit_test(test_merge_matches_peft),
-        cmocka_unit_test(test_adapter_round_trip),         cmocka_unit_test(test_bad_targets_refused),
-        cmocka_unit_test(test_adapter_mismatch_refused),   cmocka_unit_test(test_fresh_adapters),
-        cmocka_unit_test(test_dropout_gradients),          cmocka_unit_test(test_dropout_masks_follow_the_sequence),
+        cmocka_unit_test(test_parity_qwen2_tied_qv),
+        cmocka_unit_test(test_parity_llama_untied_all),
+        cmocka_unit_test(test_parity_qwen2_untied_rslora),
+        cmocka_unit_test(test_parity_bf16),
+        cmocka_unit_test(test_merge_matches_peft),
+        cmocka_unit_test(test_adapter_round_trip),
+        cmocka_unit_test(test_bad_targets_refused),
+        cmocka_unit_test(test_adapter_mismatch_refused),
+        cmocka_unit_test(test_fresh_adapters),
+        cmocka_unit_test(test_dropout_gradients),
+        cmocka_unit_test(test_dropout_masks_follow_the_sequence),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
