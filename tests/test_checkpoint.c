@@ -376,6 +376,48 @@ static void test_lora_trains_adapters_and_resumes_bitwise(void **state) {
     ht_step_stats st;
     for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
     assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    /* Its export: merged in bf16 as the run's final save merges (the weights it computes with), and
+     * --adapter in float32, the adapters' FP32 main params bit for bit. */
+    char ck[1300], out[1300], path[1400];
+    snprintf(ck, sizeof(ck), "%s/run/step_00000002", dir);
+    snprintf(out, sizeof(out), "%s/merged", dir);
+    assert_ht_ok(ht_ckpt_export(ck, out, HT_DTYPE_COUNT, 0, &err), &err);
+    ht_param_store merged;
+    assert_ht_ok(ht_lora_merge(ps, ht_lora_scale(&t->model->config.lora), &merged, &err), &err);
+    snprintf(path, sizeof(path), "%s/model.safetensors", out);
+    ht_safetensors *st_merged;
+    assert_ht_ok(ht_safetensors_open(path, &st_merged, &err), &err);
+    assert_int_equal(ht_safetensors_count(st_merged), merged.count);
+    for (int i = 0; i < merged.count; i++) {
+        const ht_param *p = &merged.items[i];
+        const ht_st_tensor *x = ht_safetensors_find(st_merged, p->name);
+        assert_non_null(x);
+        assert_int_equal(x->dtype, HT_DTYPE_BF16);
+        size_t n = (size_t)ht_param_numel(p);
+        uint16_t *want = malloc(n * sizeof(uint16_t));
+        ht_convert(want, HT_DTYPE_BF16, p->data, p->dtype, n);
+        if (memcmp(want, x->data, n * sizeof(uint16_t)) != 0) fail_msg("exported %s differs from the merge", p->name);
+        free(want);
+    }
+    ht_safetensors_close(st_merged);
+    ht_params_free(&merged);
+    snprintf(out, sizeof(out), "%s/adapter", dir);
+    assert_ht_ok(ht_ckpt_export_adapter(ck, out, HT_DTYPE_COUNT, &err), &err);
+    snprintf(path, sizeof(path), "%s/adapter_model.safetensors", out);
+    ht_safetensors *st_adapter;
+    assert_ht_ok(ht_safetensors_open(path, &st_adapter, &err), &err);
+    assert_int_equal(ht_safetensors_count(st_adapter), adapters);
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (!ht_lora_kind(p->name)) continue;
+        char key[HT_PARAM_NAME_MAX + 32];
+        snprintf(key, sizeof(key), HT_PEFT_PREFIX "%s", p->name);
+        const ht_st_tensor *x = ht_safetensors_find(st_adapter, key);
+        assert_non_null(x);
+        assert_int_equal(x->dtype, HT_DTYPE_F32);
+        assert_memory_equal(x->data, p->main_param, (size_t)ht_param_numel(p) * sizeof(float));
+    }
+    ht_safetensors_close(st_adapter);
     for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
     for (int i = 0; i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
@@ -393,7 +435,6 @@ static void test_lora_trains_adapters_and_resumes_bitwise(void **state) {
 
     assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=null", &err), &err);
     assert_ht_ok(ht_config_set(cfg, "model.lora.use_muon=true", &err), &err);
-    char out[1300];
     snprintf(out, sizeof(out), "checkpoint.output_dir=%s/run_muon", dir);
     assert_ht_ok(ht_config_set(cfg, out, &err), &err);
     t = trainer_new(cfg);

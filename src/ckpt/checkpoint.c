@@ -1344,7 +1344,7 @@ static bool has_adapter(const ht_checkpoint *ck, const char *fqn) {
 
 /* The model.* keys of ck as a whole-tensor store: `dtype` (HT_DTYPE_COUNT: the
  * checkpoint's), the adapters and the weights they adapt in FP32 for the
- * merge (or, adapters_only, the adapters alone with storage). A float32
+ * merge (or, adapters_only, the adapters alone). For a float32 export every
  * tensor comes from the FP32 main params where the checkpoint has them. */
 static ht_status read_store(const ht_checkpoint *ck, ht_dtype *dtype, bool adapters_only, ht_param_store *store,
                             int *adapters, ht_error *err) {
@@ -1371,8 +1371,9 @@ static ht_status read_store(const ht_checkpoint *ck, ht_dtype *dtype, bool adapt
         ht_param *p = &store->items[i];
         char name[HT_CKPT_KEY_MAX];
         key_name(name, KIND_MAIN, p->name);
-        /* float32 from a bf16/fp16 checkpoint: the FP32 main params are the precise weights. */
-        if (p->dtype != HT_DTYPE_F32 || !find_key(ck, name)) key_name(name, KIND_MODEL, p->name);
+        /* float32 from a bf16/fp16 checkpoint: the FP32 main params are the precise weights (in another
+         * dtype the model's values, widened to FP32 for a merge, as the run's final save merges them). */
+        if (*dtype != HT_DTYPE_F32 || !find_key(ck, name)) key_name(name, KIND_MODEL, p->name);
         s = ht_ckpt_read_rows(ck, name, 0, p->shape[0], p->data, p->dtype, err);
     }
     if (s == HT_OK && store->count == 0) s = ht_fail(err, HT_ERR_FORMAT, "%s: no model.* keys to export", ck->dir);

@@ -1037,8 +1037,10 @@ static ht_status save_final(ht_trainer *t, const char *dir, const ht_param_store
                 ht_dtype_name(dtype), dir);
     char adapter[HT_CONFIG_STR_MAX + 48];
     snprintf(adapter, sizeof(adapter), "%s/adapter", dir);
-    s = ht_peft_save_adapter(adapter, model, &a->lora, t->config.model.from_pretrained, HT_DTYPE_F32, err);
-    if (s == HT_OK) ht_log_info("saved the LoRA adapters alone (PEFT's layout, float32) to %s", adapter);
+    /* In the model dtype, as PEFT's save_pretrained saves its params. */
+    s = ht_peft_save_adapter(adapter, model, &a->lora, t->config.model.from_pretrained, dtype, err);
+    if (s == HT_OK)
+        ht_log_info("saved the LoRA adapters alone (PEFT's layout, %s) to %s", ht_dtype_name(dtype), adapter);
     return s;
 }
 
