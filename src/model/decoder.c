@@ -130,9 +130,9 @@ static ht_status check_lora_targets(const decoder *d, const ht_lora_config *lc, 
                                t, other[i]);
         bool hit = false;
         for (int l = 0; l < d->L && !hit; l++) {
-            const char *norms[] = {"input_layernorm", "post_attention_layernorm", "self_attn", "mlp"};
-            for (size_t i = 0; i < sizeof(norms) / sizeof(norms[0]); i++) {
-                snprintf(path, sizeof(path), "model.layers.%d.%s", l, norms[i]);
+            const char *not_linear[] = {"input_layernorm", "post_attention_layernorm", "self_attn", "mlp"};
+            for (size_t i = 0; i < sizeof(not_linear) / sizeof(not_linear[0]); i++) {
+                snprintf(path, sizeof(path), "model.layers.%d.%s", l, not_linear[i]);
                 if (ht_lora_target_matches(t, path))
                     return ht_fail(err, HT_ERR_CONFIG,
                                    "model.lora.target_modules: \"%s\" selects %s, which is not a linear layer "

@@ -157,7 +157,7 @@ int ht_lora_target_names(const ht_param_store *params, char (**out)[HT_PARAM_NAM
         snprintf(suffix, sizeof(suffix), ".%s.weight", bare);
         for (int j = 0; j < params->count && every; j++) {
             const char *w = params->items[j].name;
-            if (!ends_with(w, suffix) && !(strcmp(w, suffix + 1) == 0)) continue;
+            if (!ends_with(w, suffix) && strcmp(w, suffix + 1) != 0) continue; /* another module's weight */
             snprintf(adapter, sizeof(adapter), "%.*s.lora_A.weight", (int)(strlen(w) - strlen(".weight")), w);
             every = ht_params_find(params, adapter) != NULL;
         }

@@ -651,7 +651,9 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double loss_sum = 0.0;
     /* model.lora.dropout: this step's masks, drawn from (seed, step) and each
      * sequence's place in the global batch: a resumed run, and any split of
-     * the batch over ranks and micro-batches, drop the same elements. */
+     * the batch over ranks and micro-batches, drop the same elements. The
+     * constant keeps the stream apart from the others derived from the seed;
+     * the low bit keeps it nonzero (0 means no dropout). */
     uint64_t dropout = ht_fnv1a64(&t->step, sizeof(t->step), (uint64_t)t->config.training.seed ^ 0x6c6f7261ULL) | 1;
     for (int micro = 0; micro < t->grad_accum; micro++) {
         ht_loader_next(&t->train_loader, t->batch);
