@@ -88,6 +88,10 @@ struct ht_model {
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */
     float *attn_max_logit;
+    /* Whether forward keeps attn_max_logit (true when built). It costs the
+     * scores above the diagonal, which causal attention otherwise skips: a
+     * trainer without QK-clip turns it off. */
+    bool track_attn_max;
     int B, T;                /* the shapes of the last forward */
     size_t activation_bytes; /* what forward keeps for backward, and backward's scratch, for (B, T) */
     ht_module *modules;      /* (module_count) in forward order */

@@ -460,6 +460,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
                 ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
                 oc.muon.lr, oc.adamw.lr);
+    t->model->track_attn_max = c->optimizer.muon.qk_clip_enabled;
     return c->optimizer.muon.qk_clip_enabled ? build_qk_table(t, err) : HT_OK;
 }
 
