@@ -85,11 +85,17 @@ int main(int argc, char **argv) {
         upd += d - c;
     }
     double dt = (ht_time_seconds() - t0) / steps;
+    /* MFU against the rate the chosen kernel of this dtype reached on the model's linear-layer product. */
+    double flops = ht_model_flops_per_token(&cfg, T), rate = dtype == HT_DTYPE_F32    ? choice.f32_rate
+                                                             : dtype == HT_DTYPE_BF16 ? choice.bf16_rate[choice.bf16]
+                                                                                      : choice.f16_rate[choice.f16];
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
-           "\"gemm\": \"%s\", \"choice\": \"%s\"}\n",
+           "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"gemm\": \"%s\", \"choice\": "
+           "\"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
-           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss,
+           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
+           rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0,
            ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
     ht_adamw_free(&opt);
     ht_model_free(m);

@@ -91,6 +91,19 @@ static void test_training_lowers_validation_loss(void **state) {
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
     assert_true(lines >= 40 + 3); /* every step and every evaluation */
     assert_non_null(strstr(text, "\"tokens_per_s\""));
+    const char *mfu = strstr(text, "\"mfu\": ");
+    assert_non_null(mfu);
+    assert_true(atof(mfu + 7) > 0.0);
+    /* The model FLOPs it counts: 6 per weight of every matmul (2-D params but the embedding; the head once) plus
+     * attention's causal half, 6 L T H D. */
+    const ht_param_store *ps = &t->model->params;
+    const ht_model_config *a = &t->model->config;
+    double matmul = a->tie_word_embeddings ? (double)a->vocab_size * a->hidden_size : 0.0;
+    for (int i = 0; i < ps->count; i++)
+        if (ps->items[i].ndim == 2 && !strstr(ps->items[i].name, "embed_tokens"))
+            matmul += (double)ht_param_numel(&ps->items[i]);
+    double want = 6 * matmul + 6.0 * a->num_hidden_layers * 32 * a->num_attention_heads * ht_model_config_head_dim(a);
+    assert_true(fabs(ht_model_flops_per_token(a, 32) - want) <= 1e-9 * want);
     assert_non_null(strstr(text, "\"val_loss\""));
     free(text);
     snprintf(path, sizeof(path), "%s/run/loss.svg", dir);

@@ -120,6 +120,11 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
  * are those rows of ht_model_build's (FSDP's meta-device init). */
 ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
                                ht_model **out, ht_error *err);
+/* Model FLOPs of one training token (forward and backward) at sequence
+ * length T, counted the standard way: 6 per weight of every matmul (the LM
+ * head included, the embedding lookup not) plus attention's two products,
+ * 6 x L x T x heads x head_dim, the causal half only (the half computed). */
+double ht_model_flops_per_token(const ht_model_config *cfg, int T);
 /* Comma-separated registered names, for error messages. */
 const char *ht_model_registered_names(void);
 

@@ -196,6 +196,21 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     char line[512];
     ht_gemm_describe(&choice, line, sizeof(line));
     ht_log_info("%s%s", line, kept);
+    /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
+     * this product; pinned kernels were not timed, so rank 0 times them now. */
+    ht_dtype pd = c->fsdp.param_dtype;
+    ht_gemm_kernel k = pd == HT_DTYPE_BF16 ? choice.bf16 : choice.f16;
+    double rate = 0.0;
+    if (t->comm->rank == 0) {
+        ht_gemm_choice timed = choice;
+        ht_error ignored;
+        bool have = pd == HT_DTYPE_F32 ? choice.f32_rate > 0
+                                       : (pd == HT_DTYPE_BF16 ? choice.bf16_rate : choice.f16_rate)[k] > 0;
+        if (have || ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, M, C, C, &timed, &ignored) == HT_OK)
+            rate = pd == HT_DTYPE_F32 ? timed.f32_rate : (pd == HT_DTYPE_BF16 ? timed.bf16_rate : timed.f16_rate)[k];
+    }
+    ht_broadcast(t->comm, &rate, (int64_t)sizeof(rate), 0);
+    t->gemm_gflops = rate;
     return HT_OK;
 }
 
@@ -635,6 +650,9 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->qk_clipped_heads = clipped;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->comm->size * t->B * t->T / dt;
+        if (t->gemm_gflops > 0)
+            stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
+                         (t->gemm_gflops * 1e9);
     }
     return HT_OK;
 }
@@ -789,6 +807,7 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
         write_number(f, "loss_scale", "%g", st->loss_scale);
         fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
         write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
+        if (st->mfu > 0) write_number(f, "mfu", "%.4f", st->mfu);
     }
     if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
     fprintf(f, "}\n");
@@ -953,13 +972,14 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     ht_fsdp_stats_reset(t->fsdp);
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
-    double start = ht_time_seconds(), tokens_per_s = 0.0;
+    double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
         ht_step_stats st;
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
+        mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
         s = write_metrics(t, &st, NAN, err);
         if (s != HT_OK) return s;
         if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
@@ -970,8 +990,10 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             char scale[48] = "";
             if (t->optimizer.loss_scaling)
                 snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
-            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s | %s elapsed, ETA %s",
-                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, el, eta);
+            char util[32] = "";
+            if (mfu > 0) snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
+            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s%s | %s elapsed, ETA %s",
+                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
         }
         double p0 = ht_time_seconds();
         if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
