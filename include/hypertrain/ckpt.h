@@ -229,10 +229,13 @@ ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *key, int64_t ro
 /* Fills a rank's view: model weights (converted to each param's dtype, so
  * the run's model_init_dtype decides), then the FP32 main params: all
  * present -> bit-for-bit; none -> rebuilt from the model with a warning that
- * the FP32 tail is lost; some -> refused before anything is touched, listing
- * every missing name. With restore_optimizer, the optimizer state (absent
- * state = never created: zero, step 0) and view->state; without, the model
- * only, main params rebuilt from it, view->state untouched. */
+ * the FP32 tail is lost (an info line instead when the saving run kept none:
+ * optimizer.fp32_main_params false); some -> refused before anything is
+ * touched, listing every missing name. A run without main params
+ * (main_param NULL) reads none of the checkpoint's and says so in one line.
+ * With restore_optimizer, the optimizer state (absent state = never created:
+ * zero, step 0) and view->state; without, the model only, main params
+ * rebuilt from it, view->state untouched. */
 ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *view, bool restore_optimizer, ht_error *err);
 
 /* Writes out_dir/config.json + model.safetensors (sharded with an index

@@ -1187,8 +1187,20 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         ht_status s = ht_ckpt_read_rows(ck, name, p->row0, p->row1, p->data, p->dtype, err);
         if (s != HT_OK) return s;
     }
-    /* The FP32 main params. */
-    int rebuilt = 0;
+    /* The FP32 main params. A run without them (optimizer.fp32_main_params
+     * false) steps from the model weights just loaded, so the checkpoint's
+     * stay unread. */
+    int rebuilt = 0, ignored = 0;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MAIN, p->name);
+        if (restore_optimizer && p->trainable && !p->main_param && find_key(ck, name)) ignored++;
+    }
+    if (ignored)
+        ht_log_info("%s: %d FP32 main params (_mixed_precision_optimizer) not loaded: this run keeps none "
+                    "(optimizer.fp32_main_params false) and steps from the model weights as saved",
+                    ck->dir, ignored);
     for (int i = 0; i < ps->count; i++) {
         ht_param *p = &ps->items[i];
         if (!has_separate_main(p)) continue;
@@ -1207,7 +1219,14 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             rebuilt++;
         }
     }
-    if (rebuilt && restore_optimizer)
+    /* A run that kept no FP32 main params stepped from its model weights
+     * alone: built from them, its main params lose nothing. */
+    const char *saved_main = ht_ckpt_config_value(ck, "optimizer.fp32_main_params");
+    if (rebuilt && restore_optimizer && saved_main && strcmp(saved_main, "false") == 0)
+        ht_log_info("%s: saved with optimizer.fp32_main_params false: %d FP32 main params built from its %s model, "
+                    "all the values that run kept",
+                    ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
+    else if (rebuilt && restore_optimizer)
         ht_log_warn("%s: no FP32 main params (_mixed_precision_optimizer) in the checkpoint: %d main params rebuilt "
                     "from the %s model; the FP32 tail the model dtype cannot hold is lost",
                     ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
