@@ -3,8 +3,10 @@
  * main_grad, Muon and AdamW both update the main params and every model
  * param equals its main param rounded; an FP32 model is its own main param;
  * a tiny learning rate that bf16 alone rounds away still moves the model
- * with FP32 main params and never without. Also QK-clip, the fp16 loss
- * scaler and model_init_dtype's conversion. */
+ * with FP32 main params and never without. Without them no FP32 copy
+ * exists and every leaf's path ends on the bits of main params reloaded
+ * from the model before each step. Also QK-clip (with and without main
+ * params), the fp16 loss scaler and model_init_dtype's conversion. */
 #include "harness.h"
 
 #include <math.h>
