@@ -240,6 +240,34 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
     if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
 }
 
+/* What the log says of the FP32 main params, with and without them: the
+ * optimizer's line, the memory line and tools.memory_profile's table count
+ * the copies a bf16 run keeps, and none (0.0 MiB) with fp32_main_params false. */
+static void test_memory_log_with_and_without_main_params(void **state) {
+    (void)state;
+    static char msg[1 << 17];
+    char data[2048];
+    const char *dir = tiny_data("train_main_log", data, sizeof(data));
+    const char *bf16 = "--set model_init_dtype=bfloat16 --set fsdp_config.mix_precision.param_dtype=bfloat16 "
+                       "--set optimizer._target_=Muon --set tools.memory_profile.enable=true";
+    char run[1024];
+    snprintf(run, sizeof(run), "%s --set optimizer.fp32_main_params=true", bf16);
+    int rc = run_cli(dir, tiny_yaml(dir, data, NULL), run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run with main params failed: %s", msg);
+    if (!strstr(msg, "FP32 main params: on; 15 low-precision params with their own FP32 copy (0.1 MiB)") ||
+        !strstr(msg, "FP32 main params 0.1, main_grad 0.1") || !strstr(msg, "Memory rank 0:   FP32 main params   "))
+        fail_msg("the main params' log lines: %s", msg);
+    snprintf(run, sizeof(run), "%s --set optimizer.fp32_main_params=false --set checkpoint.output_dir=%s/out_off", bf16,
+             dir);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run without main params failed: %s", msg);
+    if (!strstr(msg, "FP32 main params: off (optimizer.fp32_main_params false): no FP32 copies (0.0 MiB); 15 "
+                     "low-precision params updated in their own dtype") ||
+        !strstr(msg, "FP32 main params 0.0, main_grad 0.1") ||
+        !strstr(msg, "Memory rank 0:   FP32 main params (off: no copies)         0.0    0.0%"))
+        fail_msg("the log lines without main params: %s", msg);
+}
+
 /* An fp16 run whose first steps overflow (an absurd initial loss scale):
  * the skipped steps' grad_norm is null, not "-nan", so metrics.jsonl stays
  * JSON and the plot is drawn; a resume keeps those lines. A line in the middle
@@ -759,6 +787,7 @@ int main(void) {
         cmocka_unit_test(test_decay_lists_routing_names_and_gradient_scaling),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
+        cmocka_unit_test(test_memory_log_with_and_without_main_params),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));

@@ -117,11 +117,12 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->tie_word_embeddings ? "yes" : "no");
     if (t->sharded)
         ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
-                    "each rank holds its rows of every parameter, FP32 main param, main_grad and optimizer state "
+                    "each rank holds its rows of every parameter, %smain_grad and optimizer state "
                     "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
                     "modules and sums its FP32 gradients into each rank's rows%s",
                     t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
                     t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
+                    c->optimizer.fp32_main_params ? "FP32 main param, " : "",
                     (double)local_numel(&t->model->params) / 1e6,
                     (double)ht_params_total_numel(&t->model->params) / 1e6,
                     t->replica_comm->size > 1 ? ", then over the replicas" : "");
@@ -885,14 +886,15 @@ static void log_memory(ht_trainer *t) {
                     r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
                     x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
         if (!t->config.training.memory_profile) continue;
-        static const char *const names[] = {"at start (libraries, MPI, config)",
-                                            "weights (model dtype)",
-                                            "FP32 main params",
-                                            "main_grad (FP32)",
-                                            "optimizer state",
-                                            "whole FSDP units at once",
-                                            "activations",
-                                            "corpus tokens"};
+        const char *const names[] = {"at start (libraries, MPI, config)",
+                                     "weights (model dtype)",
+                                     t->config.optimizer.fp32_main_params ? "FP32 main params"
+                                                                          : "FP32 main params (off: no copies)",
+                                     "main_grad (FP32)",
+                                     "optimizer state",
+                                     "whole FSDP units at once",
+                                     "activations",
+                                     "corpus tokens"};
         ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s", r, "category", "MiB", "share");
         for (int k = START; k < PEAK; k++)
             ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%%", r, names[k - START], x[k] / mib,
@@ -1072,7 +1074,7 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->model = &t->model->config;
     v->state.step = t->step;
     v->state.schedule_step = t->optimizer.step;
-    v->state.rng = !t->config.training.no_save_rng;
+    v->state.no_rng = t->config.training.no_save_rng;
     v->state.seed = t->config.training.seed;
     v->state.train_pos = ht_loader_position(&t->train_loader);
     v->state.valid_pos = ht_loader_position(&t->valid_loader);
@@ -1215,13 +1217,14 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     /* The random state (training.no_save_rng / no_load_rng, MindSpeed-MM's):
      * without it the data starts from its beginning in this run's order. */
     bool root = t->comm->rank == 0;
-    if (!v.state.rng || t->config.training.no_load_rng) {
+    if (v.state.no_rng || t->config.training.no_load_rng) {
         if (root)
             ht_log_warn("resume: %s; the data starts again from its beginning in the order of training.seed %lld, "
                         "at step %lld",
-                        v.state.rng ? "training.no_load_rng: the checkpoint's seed and data positions are not loaded"
-                                    : "the checkpoint holds no seed or data positions (saved with "
-                                      "training.no_save_rng)",
+                        !v.state.no_rng
+                            ? "training.no_load_rng: the checkpoint's seed and data positions are not loaded"
+                            : "the checkpoint holds no seed or data positions (saved with "
+                              "training.no_save_rng)",
                         (long long)t->config.training.seed, (long long)t->step);
         return HT_OK;
     }
