@@ -24,4 +24,23 @@ static inline ht_model_config bench_model_31m(void) {
                              .initializer_range = 0.02};
 }
 
+/* Qwen2.5-0.5B's architecture (its config.json): vocab 151936, hidden 896,
+ * 24 layers, 14 heads, 2 KV heads (head dim 64), intermediate 4864, tied
+ * embeddings, q/k/v biases; random init. */
+static inline ht_model_config bench_model_qwen25_05b(void) {
+    return (ht_model_config){.name = "qwen2",
+                             .vocab_size = 151936,
+                             .hidden_size = 896,
+                             .intermediate_size = 4864,
+                             .num_hidden_layers = 24,
+                             .num_attention_heads = 14,
+                             .num_key_value_heads = 2,
+                             .max_position_embeddings = 8192,
+                             .rope_theta = 1000000.0,
+                             .rms_norm_eps = 1e-6,
+                             .attention_bias = true,
+                             .tie_word_embeddings = true,
+                             .initializer_range = 0.02};
+}
+
 #endif

@@ -1,10 +1,15 @@
-/* Train-step throughput on the 31M-parameter benchmark model (vocab 8192,
- * hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate 1408, seq 256,
- * batch 8): forward, backward and the AdamW step on FP32 main params.
- * Prints one JSON line, like bench/peers/torch_train_step.py.
- * usage: bench_train_step [--dtype float32|bfloat16] [--steps N] */
+/* Train-step throughput on a benchmark model (bench_models.h: the 31M
+ * model, default batch 8 x seq 256, or Qwen2.5-0.5B's architecture):
+ * forward, backward and the AdamW step on FP32 main params. Prints one JSON
+ * line, like bench/peers/torch_train_step.py, with the MFU against the
+ * chosen kernel's measured rate, the peak RSS, and the memory the trainer's
+ * formula predicts (weights, FP32 main params, main_grad, AdamW's two
+ * moments, the activations the model sized, compute copies).
+ * usage: bench_train_step [--dtype float32|bfloat16] [--steps N]
+ *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T] */
 #include <omp.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +22,7 @@ int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     ht_dtype dtype = HT_DTYPE_F32;
     int steps = 10, B = 8, T = 256;
+    ht_model_config cfg = bench_model_31m();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             if (!ht_dtype_from_name(argv[++i], &dtype)) {
@@ -25,12 +31,29 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
             steps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+            B = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--seq") == 0 && i + 1 < argc) {
+            T = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "31m") == 0) {
+            cfg = bench_model_31m();
+            i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "qwen2.5-0.5b") == 0) {
+            cfg = bench_model_qwen25_05b();
+            i++;
         } else {
-            fprintf(stderr, "usage: %s [--dtype float32|bfloat16] [--steps N]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b] [--batch B] "
+                    "[--seq T]\n",
+                    argv[0]);
             return 2;
         }
     }
-    ht_model_config cfg = bench_model_31m();
+    if (B < 1 || T < 1 || steps < 1) {
+        fprintf(stderr, "--batch, --seq and --steps must be positive\n");
+        return 2;
+    }
+    if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
     ht_error err;
     /* The kernels the trainer would choose: timed on the model's own linear layer. */
     ht_gemm_choice choice;
@@ -61,8 +84,8 @@ int main(int argc, char **argv) {
     ht_rng rng;
     ht_rng_seed(&rng, 1);
     for (int i = 0; i < B * T; i++) {
-        in[i] = (int32_t)ht_rng_below(&rng, 8192);
-        tg[i] = (int32_t)ht_rng_below(&rng, 8192);
+        in[i] = (int32_t)ht_rng_below(&rng, (uint64_t)cfg.vocab_size);
+        tg[i] = (int32_t)ht_rng_below(&rng, (uint64_t)cfg.vocab_size);
     }
     double t0 = 0, fwd = 0, bwd = 0, upd = 0;
     float loss = 0;
@@ -85,12 +108,26 @@ int main(int argc, char **argv) {
         upd += d - c;
     }
     double dt = (ht_time_seconds() - t0) / steps;
+    /* MFU against the rate the chosen kernel of this dtype reached on the model's linear-layer product. */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const ht_param_store *ps = &m->params;
+    size_t moments = 2 * sizeof(float) * (size_t)ht_params_total_numel(ps);
+    double formula =
+        (double)(ps->data_bytes + ps->main_bytes + ps->grad_bytes + ps->compute_bytes + moments + m->activation_bytes);
+    double flops = ht_model_flops_per_token(&cfg, T), rate = dtype == HT_DTYPE_F32    ? choice.f32_rate
+                                                             : dtype == HT_DTYPE_BF16 ? choice.bf16_rate[choice.bf16]
+                                                                                      : choice.f16_rate[choice.f16];
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
-           "\"gemm\": \"%s\", \"choice\": \"%s\"}\n",
+           "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"batch\": %d, \"seq\": %d, "
+           "\"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": \"%s\", "
+           "\"choice\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
-           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss,
-           ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
+           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
+           rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, ru.ru_maxrss / 1024.0, formula / (1 << 20),
+           m->activation_bytes / (double)(1 << 20), ht_gemm_kernel_name(m->params.items[0].compute_precision),
+           choice_line);
     ht_adamw_free(&opt);
     ht_model_free(m);
     free(in);

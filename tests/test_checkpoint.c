@@ -3,7 +3,9 @@
  * params) after 1 step and over 20 steps with a save/load every 5; a float32
  * model writes no main params and resumes exactly; a plain optimizer
  * checkpoint loads with the warning; a partial one is refused with every
- * missing name; restore_optimizer false loads the model only. Also N ranks
+ * missing name; restore_optimizer false loads the model only; a run without
+ * FP32 main params saves none and resumes exactly, and main params are built
+ * for it or left unread when the next run keeps them or not. Also N ranks
  * -> M ranks for N, M in {1, 2, 3, 4}, keep_last and `latest`, every
  * integrity error, export (library and CLI) and inspect. */
 #include "harness.h"
@@ -118,7 +120,8 @@ static void assert_trainers_equal(const ht_trainer *a, const ht_trainer *b) {
         size_t n = (size_t)ht_param_local_numel(x);
         assert_int_equal(x->dtype, y->dtype);
         if (memcmp(x->data, y->data, n * ht_dtype_size(x->dtype)) != 0) fail_msg("model param %s differs", x->name);
-        assert_true((x->main_param == NULL) == (y->main_param == NULL));
+        if ((x->main_param == NULL) != (y->main_param == NULL))
+            fail_msg("%s has a main param in one run only", x->name);
         if (x->main_param && memcmp(x->main_param, y->main_param, n * sizeof(float)) != 0)
             fail_msg("main param %s differs", x->name);
     }
@@ -654,6 +657,129 @@ static void test_partial_main_params_refused(void **state) {
     assert_int_equal(b->step, 0);
     free(before);
     free(main_before);
+    trainer_delete(a);
+    trainer_delete(b);
+    free(cfg);
+}
+
+/* optimizer.fp32_main_params false: the run keeps no FP32 main params and
+ * saves none; its resume is bitwise. The same checkpoint resumed by a run
+ * with main params builds them from the model, which is all the saving run
+ * kept: one line says so, and no warning of a lost FP32 tail. */
+static void test_checkpoint_without_main_params(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_no_main");
+    write_corpus(dir);
+    const char *off[] = {"optimizer.fp32_main_params=false"};
+    ht_config *cfg = tiny_config(dir, off, 1);
+    ht_error err;
+    ht_trainer *cont = trainer_new(cfg);
+    assert_int_equal(cont->model->params.main_bytes, 0);
+    assert_true(cont->optimizer.float16_count > 0);
+    float *g_cont = malloc(cont->model->params.grad_bytes), *g_res = malloc(cont->model->params.grad_bytes);
+    step_with_grads(cont, g_cont);
+    double l2_cont = step_with_grads(cont, g_cont);
+
+    ht_trainer *first = trainer_new(cfg);
+    step_with_grads(first, g_res);
+    assert_ht_ok(ht_trainer_save_checkpoint(first, &err), &err);
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
+    char *meta = read_text(path);
+    assert_null(strstr(meta, "_mixed_precision_optimizer"));
+    assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\": {\"dtype\": \"bfloat16\""));
+    assert_non_null(strstr(meta, "optimizer.state.model.embed_tokens.weight.exp_avg_sq"));
+    assert_non_null(strstr(meta, "optimizer.state.model.layers.0.mlp.up_proj.weight.momentum_buffer"));
+    free(meta);
+
+    ht_config *resume = malloc(sizeof(ht_config));
+    *resume = *cfg;
+    assert_ht_ok(ht_config_set(resume, "checkpoint.restore_from=latest", &err), &err);
+    ht_trainer *res = trainer_new(resume);
+    assert_int_equal(res->model->params.main_bytes, 0);
+    double l2 = step_with_grads(res, g_res);
+    assert_true(l2 == l2_cont);
+    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
+    assert_trainers_equal(res, cont);
+
+    /* The same checkpoint into a run with FP32 main params. */
+    assert_ht_ok(ht_config_set(cfg, "optimizer.fp32_main_params=true", &err), &err);
+    ht_trainer *on = trainer_new(cfg);
+    restore_call c = {.t = on};
+    ht_status s;
+    char *log = capture_stderr(dir, call_restore, &c, &s);
+    if (s != HT_OK) fail_msg("restore failed: %s", c.err.msg);
+    printf("%s", log);
+    assert_non_null(strstr(log, "saved with optimizer.fp32_main_params false"));
+    assert_null(strstr(log, "FP32 tail"));
+    free(log);
+    assert_int_equal(on->step, 1);
+    assert_true(on->model->params.main_bytes > 0);
+    for (int i = 0; i < on->model->params.count; i++) {
+        const ht_param *pa = &first->model->params.items[i], *pb = &on->model->params.items[i];
+        size_t n = (size_t)ht_param_local_numel(pa);
+        assert_memory_equal(pa->data, pb->data, n * 2);
+        assert_non_null(pb->main_param);
+        for (size_t k = 0; k < n; k++) assert_true(pb->main_param[k] == ht_bf16_to_f32(((uint16_t *)pb->data)[k]));
+    }
+    assert_ht_ok(ht_trainer_step(on, NULL, &err), &err);
+    free(g_cont);
+    free(g_res);
+    trainer_delete(on);
+    trainer_delete(res);
+    trainer_delete(first);
+    trainer_delete(cont);
+    free(resume);
+    free(cfg);
+}
+
+/* A checkpoint with FP32 main params resumed by a run without them: the
+ * model weights and the optimizer state load, the main params are not read
+ * (the run steps from the model weights as saved, as it would have had it
+ * never stopped) and one line says so. */
+static void test_main_params_not_loaded_without_fp32_main_params(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_main_unread");
+    write_corpus(dir);
+    ht_config *cfg = tiny_config(dir, NULL, 0);
+    ht_error err;
+    ht_trainer *a = trainer_new(cfg);
+    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
+
+    assert_ht_ok(ht_config_set(cfg, "optimizer.fp32_main_params=false", &err), &err);
+    ht_trainer *b = trainer_new(cfg);
+    assert_int_equal(b->model->params.main_bytes, 0);
+    restore_call c = {.t = b};
+    ht_status s;
+    char *log = capture_stderr(dir, call_restore, &c, &s);
+    if (s != HT_OK) fail_msg("restore failed: %s", c.err.msg);
+    printf("%s", log);
+    char want[128];
+    snprintf(want, sizeof(want), "%d FP32 main params (_mixed_precision_optimizer) not loaded",
+             b->optimizer.float16_count);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "optimizer.fp32_main_params false"));
+    free(log);
+    assert_int_equal(b->model->params.main_bytes, 0);
+    assert_int_equal(b->step, 2);
+    assert_int_equal(b->optimizer.step, 2);
+    for (int i = 0; i < b->model->params.count; i++) {
+        const ht_param *pa = &a->model->params.items[i], *pb = &b->model->params.items[i];
+        assert_memory_equal(pa->data, pb->data, (size_t)ht_param_local_numel(pa) * 2);
+        assert_null(pb->main_param);
+    }
+    for (int i = 0; i < a->optimizer.adamw->count; i++) {
+        const ht_adamw_slot *x = &a->optimizer.adamw->slots[i], *y = &b->optimizer.adamw->slots[i];
+        size_t n = (size_t)ht_param_local_numel(x->param) * sizeof(float);
+        assert_int_equal(x->step, y->step);
+        assert_memory_equal(x->exp_avg, y->exp_avg, n);
+        assert_memory_equal(x->exp_avg_sq, y->exp_avg_sq, n);
+    }
+    for (int i = 0; i < a->optimizer.muon->count; i++)
+        assert_memory_equal(a->optimizer.muon->slots[i].momentum_buffer, b->optimizer.muon->slots[i].momentum_buffer,
+                            (size_t)ht_param_local_numel(a->optimizer.muon->slots[i].param) * sizeof(float));
+    assert_ht_ok(ht_trainer_step(b, NULL, &err), &err);
     trainer_delete(a);
     trainer_delete(b);
     free(cfg);
@@ -1414,6 +1540,8 @@ int main(void) {
         cmocka_unit_test(test_plain_optimizer_checkpoint_loads_with_warning),
         cmocka_unit_test(test_partial_main_params_refused),
         cmocka_unit_test(test_restore_optimizer_false_loads_model_only),
+        cmocka_unit_test(test_checkpoint_without_main_params),
+        cmocka_unit_test(test_main_params_not_loaded_without_fp32_main_params),
         cmocka_unit_test(test_n_ranks_to_m_ranks),
         cmocka_unit_test(test_latest_and_keep_last),
         cmocka_unit_test(test_integrity_errors),

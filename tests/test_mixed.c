@@ -3,8 +3,10 @@
  * main_grad, Muon and AdamW both update the main params and every model
  * param equals its main param rounded; an FP32 model is its own main param;
  * a tiny learning rate that bf16 alone rounds away still moves the model
- * with FP32 main params and never without. Also QK-clip, the fp16 loss
- * scaler and model_init_dtype's conversion. */
+ * with FP32 main params and never without. Without them no FP32 copy
+ * exists and every leaf's path ends on the bits of main params reloaded
+ * from the model before each step. Also QK-clip (with and without main
+ * params), the fp16 loss scaler and model_init_dtype's conversion. */
 #include "harness.h"
 
 #include <math.h>
@@ -207,7 +209,9 @@ static int steps_until_model_moves(bool fp32_main, int max_steps, float *main_af
         assert_ht_ok(ht_optimizer_step(&opt, &r, &err), &err);
         if (((uint16_t *)ps.items[0].data)[0] != ht_f32_to_bf16(1.0f)) moved_at = step;
     }
-    *main_after = ps.items[0].main_param[0];
+    /* Without FP32 main params there is no copy: the value is the model's own. */
+    assert_true(fp32_main == (ps.items[0].main_param != NULL));
+    *main_after = fp32_main ? ps.items[0].main_param[0] : ht_bf16_to_f32(((uint16_t *)ps.items[0].data)[0]);
     ht_optimizer_free(&opt);
     ht_params_free(&ps);
     return moved_at;
@@ -223,7 +227,200 @@ static void test_tiny_updates_survive_only_with_fp32_main_params(void **state) {
     assert_true(with > 1 && with <= 10); /* the FP32 main param accumulates until the rounding flips */
     assert_int_equal(without, -1);       /* bf16 alone rounds every update away */
     assert_true(main_with < 1.0f);
-    assert_true(main_without == 1.0f || main_without > 0.99f);
+    assert_true(main_without == 1.0f);
+}
+
+/* ---------------------------------------------------------------- without FP32 main params */
+
+/* Every path the leaves take: AdamW on an embedding big enough (76800
+ * values) for the threads to split it and on a norm vector, Muon on a matrix
+ * and on a stack of three (E, A, B) matrices, and a float32 matrix that is
+ * its own main param; the low-precision ones in `dtype`. */
+static void mixed_store(ht_param_store *ps, ht_dtype dtype) {
+    ht_error err;
+    memset(ps, 0, sizeof(*ps));
+    ht_params_add(ps, "model.embed_tokens.weight", 2, (int64_t[]){300, 256}, dtype);
+    ht_params_add(ps, "model.layers.0.mlp.up_proj.weight", 2, (int64_t[]){48, 32}, dtype);
+    ht_params_add(ps, "model.layers.0.mlp.experts.weight", 3, (int64_t[]){3, 24, 40}, dtype);
+    ht_params_add(ps, "model.norm.weight", 1, (int64_t[]){32}, dtype);
+    ht_params_add(ps, "model.layers.0.self_attn.o_proj.weight", 2, (int64_t[]){32, 32}, HT_DTYPE_F32);
+    assert_ht_ok(ht_params_allocate(ps, &err), &err);
+    ht_rng rng;
+    ht_rng_seed(&rng, 11);
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        size_t n = (size_t)ht_param_local_numel(p);
+        float *x = malloc(n * sizeof(float));
+        for (size_t k = 0; k < n; k++) x[k] = 0.05f * ht_rng_normal(&rng);
+        ht_convert(p->data, p->dtype, x, HT_DTYPE_F32, n);
+        free(x);
+    }
+}
+
+static void random_grads(ht_param_store *ps, ht_rng *rng) {
+    for (int i = 0; i < ps->count; i++)
+        for (int64_t k = 0; k < ht_param_local_numel(&ps->items[i]); k++)
+            ps->items[i].main_grad[k] = ht_rng_normal(rng);
+}
+
+/* A run without FP32 main params against what the option meant before it
+ * dropped them: FP32 main params reloaded from the model before every step
+ * (Megatron's reload_model_params), stepped, cast back. Six steps of Muon
+ * and AdamW end on the same bits of every weight and every state tensor,
+ * with no byte of main params and the optimizer's own bytes unchanged. */
+static void check_without_main_params(ht_dtype dtype, bool stochastic, uint16_t *weights_out) {
+    ht_param_store with, without;
+    mixed_store(&with, dtype);
+    mixed_store(&without, dtype);
+    ht_error err;
+    ht_optimizer a, b;
+    ht_optimizer_config oc = optimizer_config(true, true, 1e-3);
+    oc.stochastic_rounding = stochastic;
+    oc.seed = 5;
+    assert_ht_ok(ht_optimizer_init(&a, &with, &oc, &err), &err);
+    oc.fp32_main_params = false;
+    assert_ht_ok(ht_optimizer_init(&b, &without, &oc, &err), &err);
+
+    assert_true(with.main_bytes > 0);
+    assert_int_equal(without.main_bytes, 0);
+    assert_null(without.main_block);
+    for (int i = 0; i < without.count; i++) {
+        ht_param *p = &without.items[i];
+        if (p->dtype == HT_DTYPE_F32)
+            assert_ptr_equal((void *)p->main_param, p->data); /* a float32 param is still its own */
+        else
+            assert_null(p->main_param);
+    }
+    assert_int_equal(b.float16_count, 4);
+    assert_int_equal(b.fp32_count, 1);
+    assert_non_null(b.muon);
+    assert_int_equal(b.muon->count, 3);
+    assert_int_equal(b.adamw->count, 2);
+    assert_int_equal(ht_optimizer_bytes(&b), ht_optimizer_bytes(&a));
+
+    void *initial = malloc(with.data_bytes);
+    memcpy(initial, with.data_block, with.data_bytes);
+    ht_rng ga, gb;
+    ht_rng_seed(&ga, 3);
+    ht_rng_seed(&gb, 3);
+    for (int step = 0; step < 6; step++) {
+        random_grads(&with, &ga);
+        random_grads(&without, &gb);
+        ht_params_reload_main(&with);
+        ht_step_result ra, rb;
+        assert_ht_ok(ht_optimizer_step(&a, &ra, &err), &err);
+        assert_ht_ok(ht_optimizer_step(&b, &rb, &err), &err);
+        assert_true(ra.grad_norm == rb.grad_norm);
+        for (int i = 0; i < with.count; i++) {
+            const ht_param *x = &with.items[i], *y = &without.items[i];
+            if (memcmp(x->data, y->data, (size_t)ht_param_local_numel(x) * ht_dtype_size(x->dtype)) != 0)
+                fail_msg("%s%s, step %d: %s differs from the reloaded main param's run", ht_dtype_name(dtype),
+                         stochastic ? " (stochastic rounding)" : "", step + 1, x->name);
+        }
+    }
+    for (int i = 0; i < a.adamw->count; i++) {
+        const ht_adamw_slot *x = &a.adamw->slots[i], *y = &b.adamw->slots[i];
+        size_t n = (size_t)ht_param_local_numel(x->param) * sizeof(float);
+        assert_memory_equal(x->exp_avg, y->exp_avg, n);
+        assert_memory_equal(x->exp_avg_sq, y->exp_avg_sq, n);
+    }
+    for (int i = 0; i < a.muon->count; i++)
+        assert_memory_equal(a.muon->slots[i].momentum_buffer, b.muon->slots[i].momentum_buffer,
+                            (size_t)ht_param_local_numel(a.muon->slots[i].param) * sizeof(float));
+    /* Every weight moved: the updates are larger than half an ulp of most values. */
+    for (int i = 0; i < without.count; i++) {
+        const ht_param *p = &without.items[i];
+        size_t off = (size_t)((char *)p->data - (char *)without.data_block);
+        if (memcmp((char *)initial + off, p->data, (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype)) == 0)
+            fail_msg("%s did not move", p->name);
+    }
+    const ht_param *embed = &without.items[0];
+    memcpy(weights_out, embed->data, (size_t)ht_param_local_numel(embed) * 2);
+    printf("%s%s: 6 steps without FP32 main params bitwise equal to main params reloaded every step; main params "
+           "%zu -> %zu bytes, optimizer %zu bytes either way\n",
+           ht_dtype_name(dtype), stochastic ? ", stochastic rounding" : "", with.main_bytes, without.main_bytes,
+           ht_optimizer_bytes(&b));
+    free(initial);
+    ht_optimizer_free(&a);
+    ht_optimizer_free(&b);
+    ht_params_free(&with);
+    ht_params_free(&without);
+}
+
+static void test_without_main_params_bitwise_as_reloaded(void **state) {
+    (void)state;
+    enum { EMBED = 300 * 256 };
+    uint16_t *nearest = malloc(EMBED * 2), *stochastic = malloc(EMBED * 2);
+    const ht_dtype dtypes[] = {HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        check_without_main_params(dtypes[d], false, nearest);
+        check_without_main_params(dtypes[d], true, stochastic);
+        /* Stochastic rounding really rounded otherwise (and the same way on both runs). */
+        int differ = 0;
+        for (int i = 0; i < EMBED; i++) differ += nearest[i] != stochastic[i];
+        assert_true(differ > EMBED / 10);
+    }
+    free(nearest);
+    free(stochastic);
+}
+
+/* QK-clip without main params scales the model's own rows: the bits it
+ * leaves are those of the same clip on main params loaded from the model,
+ * for both head layouts, and the rows of other heads are untouched. */
+static void check_qk_clip_without_main_params(int kv_heads) {
+    enum { H = 4, D = 8, C = 32 };
+    ht_param_store with = {0}, without = {0};
+    ht_param_store *stores[2] = {&with, &without};
+    ht_error err;
+    for (int s = 0; s < 2; s++) {
+        ht_param_store *ps = stores[s];
+        ht_params_add(ps, "q.weight", 2, (int64_t[]){H * D, C}, HT_DTYPE_BF16);
+        ht_params_add(ps, "q.bias", 1, (int64_t[]){H * D}, HT_DTYPE_BF16);
+        ht_params_add(ps, "k.weight", 2, (int64_t[]){kv_heads * D, C}, HT_DTYPE_BF16);
+        ht_params_add(ps, "k.bias", 1, (int64_t[]){kv_heads * D}, HT_DTYPE_BF16);
+        assert_ht_ok(ht_params_allocate(ps, &err), &err);
+        ht_rng rng;
+        ht_rng_seed(&rng, 9);
+        for (int i = 0; i < ps->count; i++) {
+            uint16_t *d = ps->items[i].data;
+            for (int64_t k = 0; k < ht_param_local_numel(&ps->items[i]); k++)
+                d[k] = ht_f32_to_bf16(ht_rng_normal(&rng));
+        }
+    }
+    assert_ht_ok(ht_params_create_main(&with, &err), &err);
+    assert_int_equal(without.main_bytes, 0);
+    uint16_t before[H * D * C];
+    memcpy(before, ht_params_find(&without, "q.weight")->data, sizeof(before));
+    float max_logit[H] = {1.0f, 400.0f, 1.0f, 1.0f};
+    for (int s = 0; s < 2; s++) {
+        ht_param_store *ps = stores[s];
+        ht_qk_layer layer = {ht_params_find(ps, "q.weight"),
+                             ht_params_find(ps, "q.bias"),
+                             ht_params_find(ps, "k.weight"),
+                             ht_params_find(ps, "k.bias"),
+                             H,
+                             kv_heads,
+                             D};
+        assert_int_equal(ht_qk_clip(&layer, max_logit, 100.0), 1);
+    }
+    for (int i = 0; i < with.count; i++)
+        assert_memory_equal(with.items[i].data, without.items[i].data,
+                            (size_t)ht_param_local_numel(&with.items[i]) * 2);
+    const uint16_t *q = ht_params_find(&without, "q.weight")->data;
+    float k = (float)(kv_heads == H ? sqrt(0.25) : 0.25);
+    for (int i = 0; i < H * D * C; i++) {
+        bool head1 = i / C / D == 1;
+        uint16_t want = head1 ? ht_f32_to_bf16(ht_bf16_to_f32(before[i]) * k) : before[i];
+        if (q[i] != want) fail_msg("q.weight[%d]: %04x, expected %04x", i, q[i], want);
+    }
+    ht_params_free(&with);
+    ht_params_free(&without);
+}
+
+static void test_qk_clip_without_main_params(void **state) {
+    (void)state;
+    check_qk_clip_without_main_params(4); /* MHA: q and k rows by sqrt(gamma) */
+    check_qk_clip_without_main_params(2); /* GQA: q rows by gamma */
 }
 
 static void test_non_float_trainable_param_is_an_error(void **state) {
@@ -401,6 +598,8 @@ int main(void) {
         cmocka_unit_test(test_bf16_model_with_fp32_main_params),
         cmocka_unit_test(test_f32_model_is_its_own_main_param),
         cmocka_unit_test(test_tiny_updates_survive_only_with_fp32_main_params),
+        cmocka_unit_test(test_without_main_params_bitwise_as_reloaded),
+        cmocka_unit_test(test_qk_clip_without_main_params),
         cmocka_unit_test(test_non_float_trainable_param_is_an_error),
         cmocka_unit_test(test_convert_keeps_identity_and_layout),
         cmocka_unit_test(test_loss_scaler),

@@ -1,9 +1,9 @@
 /* The optimizer layer against PyTorch and NUMERICS.md: AdamW (FP32, and
  * Megatron-style bf16 model + FP32 master) vs torch.optim.AdamW for 10
- * steps, the fused kernel's vector, scalar and threaded paths bit for bit,
- * no_weight_decay routing, the LR schedules vs an independent Python table,
- * and clipping vs torch.nn.utils.clip_grad_norm_. Fixtures: tests/fixtures/optim,
- * written by tools/reference/make_optim_fixtures.py. */
+ * steps, the fused kernel's vector, scalar and threaded paths bit for bit
+ * (and without an FP32 main param, as with one), no_weight_decay routing, the LR schedules vs an independent Python
+ * table, and clipping vs torch.nn.utils.clip_grad_norm_. Fixtures: tests/fixtures/optim, written by
+ * tools/reference/make_optim_fixtures.py. */
 #include "harness.h"
 
 #include <math.h>
@@ -263,6 +263,47 @@ static void test_adamw_kernel_bitwise(void **state) {
         free(buf);
         free(ref);
         free(model);
+    }
+    omp_set_num_threads(2);
+}
+
+/* p NULL: the bf16/f16 copy is the param, widened and rounded back block
+ * by block; the same bits as an FP32 p loaded from it, for sizes around the
+ * block and the thread split, 1 and 2 threads, unaligned buffers. */
+static void test_adamw_kernel_without_main_param(void **state) {
+    (void)state;
+    const int64_t sizes[] = {1, 1023, 1025, 70001, 600017};
+    const ht_dtype dtypes[] = {HT_DTYPE_BF16, HT_DTYPE_F16};
+    ht_rng rng;
+    ht_rng_seed(&rng, 13);
+    for (int si = 0; si < 5; si++) {
+        int64_t n = sizes[si];
+        float *p = malloc((size_t)n * sizeof(float)), *g = malloc((size_t)n * sizeof(float));
+        float *m = malloc((size_t)n * 4 * sizeof(float)), *v = m + 2 * n;
+        uint16_t *with = malloc((size_t)(n + 1) * 2), *without = malloc((size_t)(n + 1) * 2);
+        for (int di = 0; di < 2; di++)
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                uint16_t *a = with, *b = without + (threads == 2); /* one of them unaligned */
+                for (int64_t i = 0; i < n; i++) {
+                    float x = ht_rng_normal(&rng) * 0.05f;
+                    a[i] = b[i] = dtypes[di] == HT_DTYPE_BF16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
+                    g[i] = ht_rng_normal(&rng) * ldexpf(1.0f, -(int)(i % 20));
+                    m[i] = m[n + i] = ht_rng_normal(&rng) * 0.01f;
+                    v[i] = v[n + i] = ht_rng_uniform(&rng) * 1e-4f;
+                }
+                ht_convert(p, HT_DTYPE_F32, a, dtypes[di], (size_t)n);
+                ht_adamw_update(p, g, m, v, n, 4, 1e-3, 0.9, 0.999, 1e-8, 0.1, a, dtypes[di]);
+                ht_adamw_update(NULL, g, m + n, v + n, n, 4, 1e-3, 0.9, 0.999, 1e-8, 0.1, b, dtypes[di]);
+                if (memcmp(a, b, (size_t)n * 2) || memcmp(m, m + n, (size_t)n * 4) || memcmp(v, v + n, (size_t)n * 4))
+                    fail_msg("n %lld, %s, %d threads: without a main param the update differs", (long long)n,
+                             ht_dtype_name(dtypes[di]), threads);
+            }
+        free(p);
+        free(g);
+        free(m);
+        free(with);
+        free(without);
     }
     omp_set_num_threads(2);
 }
@@ -536,15 +577,11 @@ static void test_glob_match(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw_fp32_vs_torch),
-        cmocka_unit_test(test_adamw_bf16_master_vs_torch),
-        cmocka_unit_test(test_adamw_kernel_bitwise),
-        cmocka_unit_test(test_adamw_no_wd_routing),
-        cmocka_unit_test(test_lr_schedules_vs_table),
-        cmocka_unit_test(test_lr_schedules_vs_mindformers),
-        cmocka_unit_test(test_clip_vs_torch),
-        cmocka_unit_test(test_grad_norm_names_nonfinite),
-        cmocka_unit_test(test_glob_match),
+        cmocka_unit_test(test_adamw_fp32_vs_torch),         cmocka_unit_test(test_adamw_bf16_master_vs_torch),
+        cmocka_unit_test(test_adamw_kernel_bitwise),        cmocka_unit_test(test_adamw_kernel_without_main_param),
+        cmocka_unit_test(test_adamw_no_wd_routing),         cmocka_unit_test(test_lr_schedules_vs_table),
+        cmocka_unit_test(test_lr_schedules_vs_mindformers), cmocka_unit_test(test_clip_vs_torch),
+        cmocka_unit_test(test_grad_norm_names_nonfinite),   cmocka_unit_test(test_glob_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

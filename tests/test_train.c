@@ -91,6 +91,19 @@ static void test_training_lowers_validation_loss(void **state) {
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
     assert_true(lines >= 40 + 3); /* every step and every evaluation */
     assert_non_null(strstr(text, "\"tokens_per_s\""));
+    const char *mfu = strstr(text, "\"mfu\": ");
+    assert_non_null(mfu);
+    assert_true(atof(mfu + 7) > 0.0);
+    /* The model FLOPs it counts: 6 per weight of every matmul (2-D params but the embedding; the head once) plus
+     * attention's causal half, 6 L T H D. */
+    const ht_param_store *ps = &t->model->params;
+    const ht_model_config *a = &t->model->config;
+    double matmul = a->tie_word_embeddings ? (double)a->vocab_size * a->hidden_size : 0.0;
+    for (int i = 0; i < ps->count; i++)
+        if (ps->items[i].ndim == 2 && !strstr(ps->items[i].name, "embed_tokens"))
+            matmul += (double)ht_param_numel(&ps->items[i]);
+    double want = 6 * matmul + 6.0 * a->num_hidden_layers * 32 * a->num_attention_heads * ht_model_config_head_dim(a);
+    assert_true(fabs(ht_model_flops_per_token(a, 32) - want) <= 1e-9 * want);
     assert_non_null(strstr(text, "\"val_loss\""));
     free(text);
     snprintf(path, sizeof(path), "%s/run/loss.svg", dir);
@@ -225,6 +238,34 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
         fail_msg("the error does not name '%s'%s%s: %s", needle1, needle2 ? " and " : "", needle2 ? needle2 : "", msg);
     snprintf(out, sizeof(out), "%s/out", dir);
     if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
+}
+
+/* What the log says of the FP32 main params, with and without them: the
+ * optimizer's line, the memory line and tools.memory_profile's table count
+ * the copies a bf16 run keeps, and none (0.0 MiB) with fp32_main_params false. */
+static void test_memory_log_with_and_without_main_params(void **state) {
+    (void)state;
+    static char msg[1 << 17];
+    char data[2048];
+    const char *dir = tiny_data("train_main_log", data, sizeof(data));
+    const char *bf16 = "--set model_init_dtype=bfloat16 --set fsdp_config.mix_precision.param_dtype=bfloat16 "
+                       "--set optimizer._target_=Muon --set tools.memory_profile.enable=true";
+    char run[1024];
+    snprintf(run, sizeof(run), "%s --set optimizer.fp32_main_params=true", bf16);
+    int rc = run_cli(dir, tiny_yaml(dir, data, NULL), run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run with main params failed: %s", msg);
+    if (!strstr(msg, "FP32 main params: on; 15 low-precision params with their own FP32 copy (0.1 MiB)") ||
+        !strstr(msg, "FP32 main params 0.1, main_grad 0.1") || !strstr(msg, "Memory rank 0:   FP32 main params   "))
+        fail_msg("the main params' log lines: %s", msg);
+    snprintf(run, sizeof(run), "%s --set optimizer.fp32_main_params=false --set checkpoint.output_dir=%s/out_off", bf16,
+             dir);
+    rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run without main params failed: %s", msg);
+    if (!strstr(msg, "FP32 main params: off (optimizer.fp32_main_params false): no FP32 copies (0.0 MiB); 15 "
+                     "low-precision params updated in their own dtype") ||
+        !strstr(msg, "FP32 main params 0.0, main_grad 0.1") ||
+        !strstr(msg, "Memory rank 0:   FP32 main params (off: no copies)         0.0    0.0%"))
+        fail_msg("the log lines without main params: %s", msg);
 }
 
 /* An fp16 run whose first steps overflow (an absurd initial loss scale):
@@ -898,6 +939,7 @@ int main(void) {
         cmocka_unit_test(test_decay_lists_routing_names_and_gradient_scaling),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),
         cmocka_unit_test(test_fp16_metrics_and_their_resume),
+        cmocka_unit_test(test_memory_log_with_and_without_main_params),
         cmocka_unit_test(test_plugin_registers_a_dataset_and_a_model),
         cmocka_unit_test(test_lora_fine_tune),
     };

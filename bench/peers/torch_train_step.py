@@ -10,38 +10,41 @@ One step = forward + cross-entropy loss + backward + AdamW step + zero_grad.
 Prints one JSON line with tokens/s and ms/step over --steps timed steps,
 after --warmup untimed ones.
 
+--model qwen2.5-0.5b: Qwen2.5-0.5B's architecture (vocab 151936, hidden 896,
+24 layers, 14 heads, 2 KV heads, intermediate 4864, tied), random init, as
+hypertrain's bench_train_step --model qwen2.5-0.5b. --batch/--seq change the
+batch. The JSON line also has the process's peak RSS.
+
 Usage: python3 bench/peers/torch_train_step.py [--dtype float32|bfloat16]
            [--threads 2] [--steps 10] [--warmup 2] [--attn sdpa|eager]
+           [--model 31m|qwen2.5-0.5b] [--batch 8] [--seq 256]
 """
 
 import argparse
 import contextlib
 import json
 import os
+import resource
 import time
 
 import torch
 import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-BATCH, SEQ = 8, 256
+MODELS = {
+    "31m": dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=2, intermediate_size=1408, max_position_embeddings=256, rope_theta=10000.0,
+                tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=8192,
+                         rope_theta=1000000.0, tie_word_embeddings=True),
+}
 
 
-def build_model(attn):
-    cfg = Qwen2Config(
-        vocab_size=8192,
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=1408,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        use_cache=False,
-    )
+def build_model(attn, name, seq):
+    sizes = dict(MODELS[name])
+    sizes["max_position_embeddings"] = max(sizes["max_position_embeddings"], seq)
+    cfg = Qwen2Config(**sizes, rms_norm_eps=1e-6, use_sliding_window=False, use_cache=False)
     cfg._attn_implementation = attn
     model = Qwen2ForCausalLM(cfg).to(torch.float32)
     assert model.config._attn_implementation == attn
@@ -56,11 +59,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     # sdpa measured faster than eager on the 2-core dev box (see README).
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--model", choices=sorted(MODELS), default="31m")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
     args = ap.parse_args()
+    BATCH, SEQ = args.batch, args.seq
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, cfg = build_model(args.attn)
+    model, cfg = build_model(args.attn, args.model, SEQ)
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
@@ -106,6 +113,8 @@ def main():
         "steps": args.steps,
         "final_loss": round(loss, 4),
         "loadavg_1m_before": round(load_before, 2),
+        "model": args.model,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))
 
 

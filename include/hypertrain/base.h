@@ -72,6 +72,11 @@ float ht_f16_to_f32(uint16_t x);
  * two neighbours with probability proportional to closeness, from a
  * counter-based stream (seed, element index), so a result is reproducible. */
 void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed);
+/* The same for elements [first, first + n) of a longer array (dst and src
+ * point at element `first`): each draws the number it draws in one call over
+ * the whole array, so a tensor may be rounded piece by piece. */
+void ht_convert_stochastic_at(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed,
+                              size_t first);
 
 /* Rounds n FP32 values in place to the precision of `precision` (bf16 or f16,
  * round to nearest even, as the conversions); F32 leaves them as they are. */

@@ -170,9 +170,9 @@ typedef struct ht_ckpt_trainer_state {
     int64_t step;          /* optimizer steps the trainer took: the global step */
     int64_t schedule_step; /* successful steps: every LR schedule's step index (ht_optimizer.step) */
     /* The random state: every stream derives from the seed (the loaders' order
-     * from (seed, epoch)) and the data positions. rng false: not saved
+     * from (seed, epoch)) and the data positions. no_rng: not saved
      * (training.no_save_rng), and then neither is there. */
-    bool rng;
+    bool no_rng;
     int64_t seed; /* training.seed */
     ht_loader_pos train_pos, valid_pos;
     bool loss_scaling; /* the fp16 loss scaler below is live */
@@ -269,10 +269,13 @@ ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *key, int64_t ro
 /* Fills a rank's view: model weights (converted to each param's dtype, so
  * the run's model_init_dtype decides), then the FP32 main params: all
  * present -> bit-for-bit; none -> rebuilt from the model with a warning that
- * the FP32 tail is lost; some -> refused before anything is touched, listing
- * every missing name. With restore_optimizer, the optimizer state (absent
- * state = never created: zero, step 0) and view->state; without, the model
- * only, main params rebuilt from it, view->state untouched. */
+ * the FP32 tail is lost (an info line instead when the saving run kept none:
+ * optimizer.fp32_main_params false); some -> refused before anything is
+ * touched, listing every missing name. A run without main params
+ * (main_param NULL) reads none of the checkpoint's and says so in one line.
+ * With restore_optimizer, the optimizer state (absent state = never created:
+ * zero, step 0) and view->state; without, the model only, main params
+ * rebuilt from it, view->state untouched. */
 ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *view, bool restore_optimizer, ht_error *err);
 
 /* Writes out_dir/config.json + model.safetensors (sharded with an index

@@ -110,6 +110,10 @@ struct ht_model {
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */
     float *attn_max_logit;
+    /* Whether forward keeps attn_max_logit (true when built). It costs the
+     * scores above the diagonal, which causal attention otherwise skips: a
+     * trainer without QK-clip turns it off. */
+    bool track_attn_max;
     int B, T;                /* the shapes of the last forward */
     size_t activation_bytes; /* what forward keeps for backward, and backward's scratch, for (B, T) */
     ht_module *modules;      /* (module_count) in forward order */
@@ -145,6 +149,11 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
  * are those rows of ht_model_build's (FSDP's meta-device init). */
 ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
                                ht_model **out, ht_error *err);
+/* Model FLOPs of one training token (forward and backward) at sequence
+ * length T, counted the standard way: 6 per weight of every matmul (the LM
+ * head included, the embedding lookup not) plus attention's two products,
+ * 6 x L x T x heads x head_dim, the causal half only (the half computed). */
+double ht_model_flops_per_token(const ht_model_config *cfg, int T);
 /* Comma-separated registered names, for error messages. */
 const char *ht_model_registered_names(void);
 

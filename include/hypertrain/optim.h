@@ -1,8 +1,12 @@
 /* The optimizer layer's leaves: AdamW and Muon (with its Newton-Schulz
  * schedules), which update FP32 buffers, plus learning-rate schedules and
  * global gradient-norm clipping. optimizer.h wraps them for the trainer.
- * Leaf optimizers never see the model's dtype: they read main_grad and write
- * main_param, and the cast back to the model dtype is fused into their pass. */
+ * Leaf optimizers compute in FP32 only: they read main_grad and write
+ * main_param, and the cast back to the model dtype is fused into their pass.
+ * A bf16/f16 param without a main param (optimizer.fp32_main_params false)
+ * is widened block by block into FP32 scratch, updated there by the same
+ * formulas and rounded back: the bits of a main param reloaded from the
+ * model before the step, without keeping one. */
 #ifndef HYPERTRAIN_OPTIM_H
 #define HYPERTRAIN_OPTIM_H
 
@@ -10,9 +14,28 @@
 #include "hypertrain/dist.h"
 #include "hypertrain/param.h"
 
+#include <string.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---------------------------------------------------------------- the cast back */
+
+/* How a leaf rounds its FP32 results into a bf16/f16 model param (NUMERICS.md,
+ * floating-point formats): to nearest even, or stochastically from a stream
+ * of (seed, the param's name, step), so that each step draws afresh. */
+typedef struct ht_rounding {
+    bool stochastic; /* false (the zeroed struct): to nearest even */
+    uint64_t seed;   /* the run's seed */
+    int64_t step;    /* the optimizer's step index (ht_optimizer.step) */
+} ht_rounding;
+
+/* The stochastic stream of one param in one step (ht_convert_stochastic_at's
+ * seed; element i of the param's local rows draws number i of it). */
+static inline uint64_t ht_rounding_stream(const ht_rounding *r, const char *name) {
+    return r->seed ^ ht_fnv1a64(name, strlen(name), (uint64_t)r->step * 0x9e3779b97f4a7c15ULL);
+}
 
 /* ---------------------------------------------------------------- AdamW */
 
@@ -36,12 +59,15 @@ typedef struct ht_adamw {
     ht_adamw_config config;
     ht_adamw_slot *slots;
     int count;
-    float *state_block; /* one allocation for every exp_avg and exp_avg_sq */
+    float *state_block;   /* one allocation for every exp_avg and exp_avg_sq */
+    ht_rounding rounding; /* into bf16/f16 params; the wrapper sets it before each step */
 } ht_adamw;
 
-/* One slot per entry of `params`, in order; each must have main_param and
- * main_grad (HT_ERR_INVALID naming the first that lacks them). Names
- * matching any of the `no_wd` patterns (ht_name_match) get zero weight decay. */
+/* One slot per entry of `params`, in order; each must have main_grad, and a
+ * float32 param must be its own main_param (HT_ERR_INVALID naming the first
+ * that is not); a bf16/f16 param without one is updated in its model dtype.
+ * Names matching any of the `no_wd` patterns (ht_name_match) get zero weight
+ * decay. */
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
                         const char *const *no_wd, int no_wd_count, ht_error *err);
 /* One update of every slot with learning rate `lr` (NUMERICS.md, AdamW). */
@@ -50,7 +76,9 @@ void ht_adamw_free(ht_adamw *opt);
 
 /* The fused kernel: updates p (FP32) in place from g and, when model != NULL,
  * writes the rounded result to model (HT_DTYPE_BF16 or HT_DTYPE_F16; other
- * dtypes write nothing) in the same pass. Every element takes PyTorch's
+ * dtypes write nothing) in the same pass. p NULL: model (bf16/f16) holds the
+ * values, widened and rounded back to nearest block by block, the same bits
+ * as a p loaded from model before the call. Every element takes PyTorch's
  * rounding sequence (mul, lerp as one FMA, mul + FMA, sqrt, div, add, mul,
  * div, add in FP32; scalars from double), identical on every path and for
  * any thread count. Threads: OpenMP, static split; n < 65536 runs serially. */
@@ -166,15 +194,18 @@ typedef struct ht_muon {
      * other replicas receive its rows over `replicas`. */
     ht_comm *replicas;
     int *owner_replica;
+    ht_rounding rounding; /* into bf16/f16 params; the wrapper sets it before each step */
 } ht_muon;
 
 /* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
  * decay 0.1, asym5 with 5 steps, ns_eps 1e-7, matched_adamw_rms 0.2, FP32. */
 void ht_muon_config_defaults(ht_muon_config *cfg);
 
-/* Takes every param in `params`: each must be 2-D or 3-D, hold the whole
- * matrix (rows [0, shape[0]): distributed Muon gathers it first) and have an
- * FP32 main_param and main_grad; errors name the param or the config key. */
+/* Takes every param in `params`: each must be 2-D or 3-D and have a
+ * main_grad; a float32 one must be its own main_param, a bf16/f16 one without
+ * a main param is updated in its model dtype. A sharded matrix is gathered
+ * whole over the comm (ht_muon_set_comm). Errors name the param or the
+ * config key. */
 ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err);
 /* One update of every slot with learning rate `lr` (NUMERICS.md, Muon):
  * momentum, Newton-Schulz per matrix, decoupled weight decay, the scaled

@@ -2,7 +2,8 @@
  * around the chained Muon + AdamW. It routes parameters to the two leaf
  * optimizers, owns their LR schedules, prepares gradients (fp16 loss
  * scaling, non-finite checks), clips, steps both leaves on the FP32 main
- * params and has them cast the result back to the model dtype. */
+ * params and has them cast the result back to the model dtype (or, without
+ * FP32 main params, update the model's own values through FP32 blocks). */
 #ifndef HYPERTRAIN_OPTIMIZER_H
 #define HYPERTRAIN_OPTIMIZER_H
 
@@ -30,8 +31,10 @@ void ht_loss_scaler_update(ht_loss_scaler *s, bool found_inf);
 /* ---------------------------------------------------------------- the chained optimizer */
 
 typedef struct ht_optimizer_config {
-    bool use_muon;         /* Muon for matrices; false: every parameter goes to AdamW */
-    bool fp32_main_params; /* false: the leaves update the model's own (low-precision) values */
+    bool use_muon; /* Muon for matrices; false: every parameter goes to AdamW */
+    /* false: bf16/f16 params get no FP32 copy (main_param NULL, main_bytes 0);
+     * the leaves update the model's own values, each step from them. */
+    bool fp32_main_params;
     ht_adamw_config adamw;
     const char *const *no_weight_decay; /* patterns (ht_name_match): AdamW weight decay 0 */
     int no_weight_decay_count;
@@ -49,7 +52,7 @@ typedef struct ht_optimizer_config {
     double max_norm;
     bool loss_scaling; /* dynamic loss scaling (float16 models) */
     ht_loss_scaler scaler;
-    bool stochastic_rounding; /* cast main params back with stochastic rounding */
+    bool stochastic_rounding; /* round updates into bf16/f16 params stochastically (NUMERICS.md) */
     uint64_t seed;            /* its random stream */
     ht_comm *comm;            /* the ranks a sharded store is spread over; NULL: one process */
     ht_comm *replicas;        /* HSDP: the ranks holding the same rows as this one (Muon splits its work over them) */
@@ -61,7 +64,7 @@ typedef struct ht_optimizer {
     double max_norm;
     /* Megatron's three groups, named for what they hold. */
     ht_param **float16_groups;        /* bf16/fp16 model params */
-    float **fp32_from_float16_groups; /* their FP32 main params, in the same order */
+    float **fp32_from_float16_groups; /* their FP32 main params, in the same order (NULL without fp32_main_params) */
     int float16_count;
     ht_param **fp32_from_fp32_groups; /* float32 params: their own main params */
     int fp32_count;
@@ -84,7 +87,8 @@ typedef struct ht_step_result {
 } ht_step_result;
 
 /* Routes every trainable param (Muon iff >= 2 dims and no adamw_include
- * match), creates the FP32 main params and both leaves, and logs the routing.
+ * match), creates the FP32 main params (or, without fp32_main_params, frees
+ * any the store holds) and both leaves, and logs the routing.
  * A trainable param whose dtype is not a float dtype is an error naming it. */
 ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_optimizer_config *cfg, ht_error *err);
 /* The factor the loss is multiplied by before backward (the loss scale, or 1). */
@@ -122,7 +126,9 @@ typedef struct ht_qk_layer {
 
 /* MuonClip (NUMERICS.md): for each head whose max logit exceeds tau, scales
  * its q rows (and k rows for MHA) in the FP32 main params and writes them
- * back to the model dtype. max_logit: (num_heads). Returns heads clipped. */
+ * back to the model dtype (without main params: the model's rows, widened,
+ * scaled and rounded back to nearest). max_logit: (num_heads). Returns heads
+ * clipped. */
 int ht_qk_clip(const ht_qk_layer *layer, const float *max_logit, double tau);
 
 #ifdef __cplusplus

@@ -28,7 +28,10 @@ typedef struct ht_param {
      * FSDP unit holding the param runs backward, which then sums it over the
      * ranks into each rank's main_grad rows. */
     float *grad;
-    float *main_param; /* FP32 master of `data`; equals `data` itself when dtype is F32 */
+    /* FP32 master of `data`; equals `data` itself when dtype is F32. NULL for
+     * a bf16/f16 param of a run without FP32 copies (optimizer.fp32_main_params
+     * false): the optimizer then updates `data` itself. */
+    float *main_param;
     /* What forward and backward read: the whole weights in the compute dtype
      * (fsdp_config.mix_precision.param_dtype). Unsharded: `data` when the
      * dtypes agree, otherwise a cast copy refreshed after every update.
@@ -92,6 +95,9 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
 /* Re-casts data into the compute copies (after the weights changed); for a
  * sharded param its compute_rows, which dist/ gathers when they are used. */
 void ht_params_refresh_compute(ht_param_store *store);
+/* Frees every FP32 copy: a bf16/f16 param's main_param becomes NULL (the
+ * optimizer then updates its data in place), an F32 param stays its own. */
+void ht_params_drop_main(ht_param_store *store);
 /* Copies every model param into its FP32 main_param (Megatron's reload_model_params:
  * used when a checkpoint holds no main params). */
 void ht_params_reload_main(ht_param_store *store);

@@ -28,6 +28,10 @@ typedef struct ht_step_stats {
     int qk_clipped_heads; /* heads QK-clip rescaled after this step */
     double grad_norm;     /* before clipping */
     double tokens_per_s;
+    /* Model FLOP utilization: model FLOPs (ht_model_flops_per_token) a second
+     * per rank, over the GEMM rate measured at start for the compute dtype's
+     * kernel; 0 where no rate is known. */
+    double mfu;
     double seconds;
 } ht_step_stats;
 
@@ -60,6 +64,7 @@ typedef struct ht_trainer {
     FILE *metrics;             /* output_dir/metrics.jsonl */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
+    double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */
     /* Seconds spent in each phase of the steps since the run began. */
     double forward_backward_seconds, sync_seconds, optimizer_seconds;
     double forward_seconds, checkpoint_seconds, eval_seconds; /* tools.profile's phases (forward is in the first) */

@@ -155,6 +155,11 @@ static inline double counter_uniform(uint64_t seed, uint64_t i) {
 }
 
 void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed) {
+    ht_convert_stochastic_at(dst, dst_dtype, src, n, seed, 0);
+}
+
+void ht_convert_stochastic_at(uint16_t *dst, ht_dtype dst_dtype, const float *src, size_t n, uint64_t seed,
+                              size_t first) {
     bool bf16 = dst_dtype == HT_DTYPE_BF16;
 #pragma omp parallel for if (n > 65536) schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -169,7 +174,7 @@ void ht_convert_stochastic(uint16_t *dst, ht_dtype dst_dtype, const float *src, 
         uint16_t lo = fabsf(v) > fabsf(x) ? (uint16_t)(h - 1) : h, hi = fabsf(v) > fabsf(x) ? h : (uint16_t)(h + 1);
         float flo = bf16 ? ht_bf16_to_f32(lo) : ht_f16_to_f32(lo), fhi = bf16 ? ht_bf16_to_f32(hi) : ht_f16_to_f32(hi);
         double p_hi = ((double)fabsf(x) - fabs((double)flo)) / (fabs((double)fhi) - fabs((double)flo));
-        dst[i] = counter_uniform(seed, i) < p_hi ? hi : lo;
+        dst[i] = counter_uniform(seed, first + i) < p_hi ? hi : lo;
     }
 }
 

@@ -251,6 +251,16 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
     return HT_OK;
 }
 
+void ht_params_drop_main(ht_param_store *store) {
+    ht_free(store->main_block);
+    store->main_block = NULL;
+    store->main_bytes = 0;
+    for (int i = 0; i < store->count; i++) {
+        ht_param *p = &store->items[i];
+        p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+    }
+}
+
 void ht_params_cast_main_to_model(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];

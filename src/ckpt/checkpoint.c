@@ -321,7 +321,7 @@ static ht_status write_keys(FILE *f, int world, const ht_ckpt_rank_file *ranks, 
 static void write_state(FILE *f, const ht_ckpt_trainer_state *st) {
     fprintf(f, "  \"trainer_state\": {\"step\": %lld, \"schedule_step\": %lld, ", (long long)st->step,
             (long long)st->schedule_step);
-    if (st->rng)
+    if (!st->no_rng)
         fprintf(f,
                 "\"seed\": \"%lld\", \"train_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, "
                 "\"valid_loader\": {\"epoch\": %" PRIu64 ", \"index\": %" PRIu64 "}, ",
@@ -640,12 +640,12 @@ static ht_status parse_state(ht_checkpoint *ck, const ht_json *js, ht_error *err
                   *vl = ht_json_get(js, "valid_loader"), *ls = ht_json_get(js, "loss_scaler");
     int64_t e0 = 0, i0 = 0, e1 = 0, i1 = 0;
     /* The seed and the data positions come together, or not at all (saved with training.no_save_rng). */
-    st->rng = seed || tl || vl;
+    st->no_rng = !seed && !tl && !vl;
     if (js->type != HT_JSON_OBJECT || !json_int(ht_json_get(js, "step"), &st->step) ||
         !json_int(ht_json_get(js, "schedule_step"), &st->schedule_step) || !ls ||
-        (st->rng && (!seed || seed->type != HT_JSON_STRING || !tl || !vl || !json_int(ht_json_get(tl, "epoch"), &e0) ||
-                     !json_int(ht_json_get(tl, "index"), &i0) || !json_int(ht_json_get(vl, "epoch"), &e1) ||
-                     !json_int(ht_json_get(vl, "index"), &i1))))
+        (!st->no_rng && (!seed || seed->type != HT_JSON_STRING || !tl || !vl ||
+                         !json_int(ht_json_get(tl, "epoch"), &e0) || !json_int(ht_json_get(tl, "index"), &i0) ||
+                         !json_int(ht_json_get(vl, "epoch"), &e1) || !json_int(ht_json_get(vl, "index"), &i1))))
         return bad_meta(ck, "\"trainer_state\" is malformed", err);
     if (st->step < 0 || st->schedule_step < 0 || st->schedule_step > st->step)
         return ht_fail(err, HT_ERR_FORMAT,
@@ -1250,8 +1250,20 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         ht_status s = ht_ckpt_read_rows(ck, name, p->row0, p->row1, p->data, p->dtype, err);
         if (s != HT_OK) return s;
     }
-    /* The FP32 main params. */
-    int rebuilt = 0;
+    /* The FP32 main params. A run without them (optimizer.fp32_main_params
+     * false) steps from the model weights just loaded, so the checkpoint's
+     * stay unread. */
+    int rebuilt = 0, ignored = 0;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        char name[HT_CKPT_KEY_MAX];
+        key_name(name, KIND_MAIN, p->name);
+        if (restore_optimizer && p->trainable && !p->main_param && find_key(ck, name)) ignored++;
+    }
+    if (ignored)
+        ht_log_info("%s: %d FP32 main params (_mixed_precision_optimizer) not loaded: this run keeps none "
+                    "(optimizer.fp32_main_params false) and steps from the model weights as saved",
+                    ck->dir, ignored);
     for (int i = 0; i < ps->count; i++) {
         ht_param *p = &ps->items[i];
         if (!has_separate_main(p)) continue;
@@ -1274,7 +1286,14 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             rebuilt++;
         }
     }
-    if (rebuilt && restore_optimizer)
+    /* A run that kept no FP32 main params stepped from its model weights
+     * alone: built from them, its main params lose nothing. */
+    const char *saved_main = ht_ckpt_config_value(ck, "optimizer.fp32_main_params");
+    if (rebuilt && restore_optimizer && saved_main && strcmp(saved_main, "false") == 0)
+        ht_log_info("%s: saved with optimizer.fp32_main_params false: %d FP32 main params built from its %s model, "
+                    "all the values that run kept",
+                    ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
+    else if (rebuilt && restore_optimizer)
         ht_log_warn("%s: no FP32 main params (_mixed_precision_optimizer) in the checkpoint: %d main params rebuilt "
                     "from the %s model; the FP32 tail the model dtype cannot hold is lost",
                     ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
@@ -1460,7 +1479,7 @@ ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err) {
     fprintf(out, "  format version %d, step %lld, saved on %d rank(s), hash %s\n", ck->version, (long long)ck->step,
             ck->world, HT_CKPT_HASH);
     fprintf(out, "  trainer state: step %lld, schedule step %lld, ", (long long)st->step, (long long)st->schedule_step);
-    if (st->rng)
+    if (!st->no_rng)
         fprintf(out,
                 "seed %lld, train loader epoch %" PRIu64 " window %" PRIu64 ", validation loader epoch %" PRIu64
                 " window %" PRIu64,

@@ -33,20 +33,21 @@ typedef struct layer_params {
 /* What the forward pass keeps for the backward pass, per layer. "cd" buffers
  * hold matmul inputs in the compute dtype (the weights' dtype). */
 typedef struct layer_acts {
-    float *resid;            /* (N, C) the layer's input */
-    float *rstd1;            /* (N) */
-    void *ln1;               /* (N, C) cd */
-    float *q;                /* (B, T, H, D) after bias and rotary */
-    float *k;                /* (B, T, KV, D) after bias and rotary */
-    float *v;                /* (B, T, KV, D) */
-    float *probs;            /* (B, H, T, T) causal softmax */
-    void *att;               /* (N, H*D) cd: the o_proj input */
-    float *resid_mid;        /* (N, C) after the attention residual */
-    float *rstd2;            /* (N) */
-    void *ln2;               /* (N, C) cd */
-    float *gate;             /* (N, F) */
-    float *up;               /* (N, F) */
-    void *h;                 /* (N, F) cd: silu(gate) * up, the down_proj input */
+    float *resid;     /* (N, C) the layer's input */
+    float *rstd1;     /* (N) */
+    void *ln1;        /* (N, C) cd */
+    float *q;         /* (B, T, H, D) after bias and rotary */
+    float *k;         /* (B, T, KV, D) after bias and rotary */
+    float *v;         /* (B, T, KV, D) */
+    float *o;         /* (B, T, H, D) attention output, FP32 */
+    float *lse;       /* (B, H, T) log-sum-exp of each row of scores: the probabilities, recomputed in backward */
+    void *att;        /* (N, H*D) cd: the o_proj input (o in cd) */
+    float *resid_mid; /* (N, C) after the attention residual */
+    float *rstd2;     /* (N) */
+    void *ln2;        /* (N, C) cd */
+    float *gate;      /* (N, F) */
+    float *up;        /* (N, F) */
+    void *h;          /* (N, F) cd: silu(gate) * up, the down_proj input */
     void *lora_h[LIN_COUNT]; /* (N, r) cd: each adapted linear's (dropped-out) input times lora_Aᵀ */
 } layer_acts;
 
@@ -75,9 +76,8 @@ typedef struct decoder {
     float *dgate;    /* (N, F) */
     float *dup;      /* (N, F) */
     float *dh;       /* (N, F) */
-    float *att_f32;  /* (N, H*D) attention output before the cast to cd */
     void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *dprobs;   /* (threads, T, T) */
+    float *att_work; /* (threads, ht_attention_workspace_floats(D)) the attention tiles */
     float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
     /* model.lora */
@@ -297,7 +297,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->threads = omp_get_max_threads();
     const size_t cd = 4; /* cd buffers are sized for FP32 so a dtype change needs no reallocation */
     size_t per_layer[] = {
-        N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, (size_t)B * d->H * T * T * 4,
+        N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, N * QD * 4, (size_t)B * d->H * T * 4,
         N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
     };
     enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]) };
@@ -317,10 +317,9 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         N * F * 4,
         N * F * 4,
-        N * QD * 4,
         N * widest * cd, /* dgate .. dy_cd */
-        (size_t)d->threads * T * T * 4,
-        (size_t)B * d->H * 4, /* dprobs, head_max */
+        (size_t)d->threads * ht_attention_workspace_floats(d->D) * 4,
+        (size_t)B * d->H * 4, /* att_work, head_max */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
     /* model.lora: each adapted linear keeps its h; one product, its
@@ -352,14 +351,15 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         a->q = (float *)CARVE(per_layer[3]);
         a->k = (float *)CARVE(per_layer[4]);
         a->v = (float *)CARVE(per_layer[5]);
-        a->probs = (float *)CARVE(per_layer[6]);
-        a->att = CARVE(per_layer[7]);
-        a->resid_mid = (float *)CARVE(per_layer[8]);
-        a->rstd2 = (float *)CARVE(per_layer[9]);
-        a->ln2 = CARVE(per_layer[10]);
-        a->gate = (float *)CARVE(per_layer[11]);
-        a->up = (float *)CARVE(per_layer[12]);
-        a->h = CARVE(per_layer[13]);
+        a->o = (float *)CARVE(per_layer[6]);
+        a->lse = (float *)CARVE(per_layer[7]);
+        a->att = CARVE(per_layer[8]);
+        a->resid_mid = (float *)CARVE(per_layer[9]);
+        a->rstd2 = (float *)CARVE(per_layer[10]);
+        a->ln2 = CARVE(per_layer[11]);
+        a->gate = (float *)CARVE(per_layer[12]);
+        a->up = (float *)CARVE(per_layer[13]);
+        a->h = CARVE(per_layer[14]);
         for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = d->layers[l].lora_a[lin] ? CARVE(lora_h) : NULL;
     }
     d->resid_final = (float *)CARVE(tail[0]);
@@ -377,10 +377,9 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dgate = (float *)CARVE(tail[12]);
     d->dup = (float *)CARVE(tail[13]);
     d->dh = (float *)CARVE(tail[14]);
-    d->att_f32 = (float *)CARVE(tail[15]);
-    d->dy_cd = CARVE(tail[16]);
-    d->dprobs = (float *)CARVE(tail[17]);
-    d->head_max = (float *)CARVE(tail[18]);
+    d->dy_cd = CARVE(tail[15]);
+    d->att_work = (float *)CARVE(tail[16]);
+    d->head_max = (float *)CARVE(tail[17]);
     d->lora_h32 = (float *)CARVE(lora_tail[0]);
     d->lora_dh = CARVE(lora_tail[1]);
     d->lora_x = CARVE(lora_tail[2]);
@@ -516,87 +515,15 @@ static void lora_backward(decoder *d, int l, int lin, float *dx, const void *dy_
     ht_add(dx, dx, d->lora_dx, N * in);
 }
 
-/* Causal softmax in place on one head's scores (T, T); entries above the diagonal become 0. */
-static void causal_softmax(float *s, int T) {
-    for (int t = 0; t < T; t++) {
-        float *row = s + (size_t)t * T;
-        float mx = -INFINITY;
-        for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) row[j] *= inv;
-        for (int j = t + 1; j < T; j++) row[j] = 0.0f;
-    }
-}
-
-/* out (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, keeping the probabilities.
+/* a->o (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, tiled (kernels/attention.c).
  * max_logit (H) is raised to each head's largest logit (before masking). */
-static void attention_forward(decoder *d, layer_acts *a, float *out, float *max_logit, int B, int T) {
-    int H = d->H, KV = d->KV, D = d->D, group = H / KV;
-    int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D; /* row strides */
-    float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            const float *q = a->q + (int64_t)b * T * qs + (int64_t)h * D;
-            const float *k = a->k + (int64_t)b * T * ks + (int64_t)(h / group) * D;
-            const float *v = a->v + (int64_t)b * T * ks + (int64_t)(h / group) * D;
-            float *p = a->probs + ((int64_t)b * H + h) * T * T;
-            ht_gemm(false, true, T, T, D, scale, q, qs, k, ks, HT_DTYPE_F32, 0.0f, p, T);
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < (int64_t)T * T; i++) mx = p[i] > mx ? p[i] : mx;
-            d->head_max[b * H + h] = mx;
-            causal_softmax(p, T);
-            ht_gemm(false, false, T, D, T, 1.0f, p, T, v, ks, HT_DTYPE_F32, 0.0f, out + (int64_t)b * T * qs + h * D,
-                    qs);
-        }
-    }
-    for (int h = 0; h < H; h++)
+static void attention_forward(decoder *d, layer_acts *a, float *max_logit, int B, int T) {
+    int H = d->H;
+    ht_attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, B, T, H, d->KV, d->D,
+                         d->att_work);
+    for (int h = 0; max_logit && h < H; h++)
         for (int b = 0; b < B; b++)
             max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
-}
-
-/* From datt (B, T, H, D): dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ datt, with
- * dS = P ∘ (dP − rowsum(P ∘ dP)) and dP = datt vᵀ. A task owns one KV head so
- * the query heads sharing it accumulate into dk/dv without races. */
-static void attention_backward(decoder *d, layer_acts *a, const float *datt, int B, int T) {
-    int H = d->H, KV = d->KV, D = d->D, group = H / KV;
-    int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D;
-    float scale = 1.0f / sqrtf((float)D);
-    memset(d->dk, 0, (size_t)B * T * ks * sizeof(float));
-    memset(d->dv, 0, (size_t)B * T * ks * sizeof(float));
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int g = 0; g < KV; g++) {
-            float *ds = d->dprobs + (size_t)omp_get_thread_num() * T * T; /* (T, T) */
-            const float *k = a->k + (int64_t)b * T * ks + (int64_t)g * D;
-            const float *v = a->v + (int64_t)b * T * ks + (int64_t)g * D;
-            float *dk = d->dk + (int64_t)b * T * ks + (int64_t)g * D;
-            float *dv = d->dv + (int64_t)b * T * ks + (int64_t)g * D;
-            for (int h = g * group; h < (g + 1) * group; h++) {
-                const float *q = a->q + (int64_t)b * T * qs + (int64_t)h * D;
-                const float *p = a->probs + ((int64_t)b * H + h) * T * T;
-                const float *dout = datt + (int64_t)b * T * qs + (int64_t)h * D;
-                float *dq = d->dq + (int64_t)b * T * qs + (int64_t)h * D;
-                ht_gemm(false, true, T, T, D, 1.0f, dout, qs, v, ks, HT_DTYPE_F32, 0.0f, ds, T);
-                ht_gemm(true, false, T, D, T, 1.0f, p, T, dout, qs, HT_DTYPE_F32, 1.0f, dv, ks);
-                for (int t = 0; t < T; t++) {
-                    const float *prow = p + (size_t)t * T;
-                    float *row = ds + (size_t)t * T;
-                    float dot = 0.0f;
-                    for (int j = 0; j <= t; j++) dot += prow[j] * row[j];
-                    for (int j = 0; j <= t; j++) row[j] = prow[j] * (row[j] - dot);
-                    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
-                }
-                ht_gemm(false, false, T, D, T, scale, ds, T, k, ks, HT_DTYPE_F32, 0.0f, dq, qs);
-                ht_gemm(true, false, T, D, T, scale, ds, T, q, qs, HT_DTYPE_F32, 1.0f, dk, ks);
-            }
-        }
-    }
 }
 
 /* ------------------------------------------------------------------ forward / backward */
@@ -652,9 +579,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         lora_forward(d, l, LIN_V, a->v, a->ln1, N);
         ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
-        float *att = cd == HT_DTYPE_F32 ? (float *)a->att : d->att_f32; /* (N, H*D) */
-        attention_forward(d, a, att, m->attn_max_logit + (size_t)l * d->H, B, T);
-        if (cd != HT_DTYPE_F32) ht_convert(a->att, cd, att, HT_DTYPE_F32, (size_t)(N * QD));
+        attention_forward(d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
+        ht_convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
         ht_round_to(a->att, (size_t)(N * QD), round);
         linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
         lora_forward(d, l, LIN_O, d->dln, a->att, N);
@@ -740,7 +666,8 @@ static void decoder_backward(ht_model *m, float scale) {
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
         dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
-        attention_backward(d, a, d->datt, B, T);
+        ht_attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, B, T, d->H, d->KV, d->D,
+                              d->att_work);
         ht_rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
         dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
@@ -803,6 +730,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     m->ops = &decoder_ops;
     m->output_dtype = HT_DTYPE_F32;
     m->compute_precision = HT_DTYPE_F32;
+    m->track_attn_max = true;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;

@@ -200,6 +200,14 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
     return ht_model_build_shard(cfg, dtype, seed, 0, 1, out, err);
 }
 
+double ht_model_flops_per_token(const ht_model_config *cfg, int T) {
+    double C = cfg->hidden_size, F = cfg->intermediate_size, V = cfg->vocab_size, L = cfg->num_hidden_layers;
+    double qd = (double)cfg->num_attention_heads * ht_model_config_head_dim(cfg);
+    double kvd = (double)cfg->num_key_value_heads * ht_model_config_head_dim(cfg);
+    double matmul = L * (C * qd + 2 * C * kvd + qd * C + 3 * C * F) + V * C;
+    return 6.0 * matmul + 6.0 * L * T * qd;
+}
+
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
     ht_dtype storage = ht_gemm_storage(dtype);
     ht_status s = ht_params_set_compute(&m->params, storage, dtype, err);

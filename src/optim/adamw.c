@@ -1,6 +1,7 @@
 /* AdamW with PyTorch semantics (NUMERICS.md): decoupled weight decay, bias
  * correction, eps added after the bias-corrected square root. One fused pass
- * per parameter reads g, m, v, p and writes m, v, p and the model copy. */
+ * per parameter reads g, m, v, p and writes m, v, p and the model copy (or,
+ * without an FP32 main param, reads and writes the model copy alone). */
 #include "hypertrain/optim.h"
 
 #include <fnmatch.h>
@@ -158,8 +159,40 @@ static void adamw_range(float *p, const float *g, float *m, float *v, int64_t lo
     }
 }
 
-void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype) {
+/* A param without an FP32 main param goes through FP32 scratch in blocks
+ * of this many elements (4 KiB a thread, on its stack). */
+#define MODEL_BLOCK 1024
+
+/* Elements [lo, hi) of one parameter, rounded into the model copy as `r`
+ * says (NULL: to nearest, fused into the update). p NULL: the model copy
+ * holds the values: each block is widened (exactly), updated as p would be
+ * and rounded back. */
+static void adamw_pass(float *p, const float *g, float *m, float *v, int64_t lo, int64_t hi, const adamw_scalars *k,
+                       void *model, ht_dtype dtype, const ht_rounding *r, uint64_t stream) {
+    uint16_t *out = model;
+    if (p && (!model || !r || !r->stochastic)) {
+        adamw_range(p, g, m, v, lo, hi, k, model, dtype);
+    } else if (p) {
+        adamw_range(p, g, m, v, lo, hi, k, NULL, dtype);
+        ht_convert_stochastic_at(out + lo, dtype, p + lo, (size_t)(hi - lo), stream, (size_t)lo);
+    } else {
+        _Alignas(64) float x[MODEL_BLOCK];
+        for (int64_t b = lo; b < hi; b += MODEL_BLOCK) {
+            int64_t n = hi - b < MODEL_BLOCK ? hi - b : MODEL_BLOCK;
+            ht_convert(x, HT_DTYPE_F32, out + b, dtype, (size_t)n);
+            if (r && r->stochastic) {
+                adamw_range(x, g + b, m + b, v + b, 0, n, k, NULL, dtype);
+                ht_convert_stochastic_at(out + b, dtype, x, (size_t)n, stream, (size_t)b);
+            } else {
+                adamw_range(x, g + b, m + b, v + b, 0, n, k, out + b, dtype);
+            }
+        }
+    }
+}
+
+static void adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
+                         double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype,
+                         const ht_rounding *r, uint64_t stream) {
     const adamw_scalars k = {
         .decay = (float)(1.0 - lr * weight_decay),
         .w1 = (float)(1.0 - beta1),
@@ -170,6 +203,8 @@ void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, in
         .neg_step = (float)(-(lr / (1.0 - pow(beta1, (double)step)))),
     };
     if (model_dtype != HT_DTYPE_BF16 && model_dtype != HT_DTYPE_F16) model = NULL;
+    /* p NULL with no bf16/f16 copy: nothing holds the values (ht_adamw_init refuses such a param). */
+    if (!p && !model) return;
         /* Static split in 64-element blocks: every thread's range starts on a
          * cache line of p, g, m, v (and of a bf16/f16 copy) when the base does. */
 #pragma omp parallel if (n >= 65536)
@@ -178,18 +213,29 @@ void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, in
         int64_t chunk = ((n + nt - 1) / nt + 63) & ~(int64_t)63;
         int64_t lo = chunk * t < n ? chunk * t : n;
         int64_t hi = lo + chunk < n ? lo + chunk : n;
-        adamw_range(p, g, m, v, lo, hi, &k, model, model_dtype);
+        adamw_pass(p, g, m, v, lo, hi, &k, model, model_dtype, r, stream);
     }
+}
+
+void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
+                     double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype) {
+    adamw_update(p, g, m, v, n, step, lr, beta1, beta2, eps, weight_decay, model, model_dtype, NULL, 0);
 }
 
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
                         const char *const *no_wd, int no_wd_count, ht_error *err) {
     memset(opt, 0, sizeof(*opt));
     opt->config = *cfg;
-    for (int i = 0; i < count; i++)
-        if (!params[i]->main_param || !params[i]->main_grad)
-            return ht_fail(err, HT_ERR_INVALID, "AdamW: parameter %s has no FP32 main param or main grad",
-                           params[i]->name);
+    for (int i = 0; i < count; i++) {
+        const ht_param *p = params[i];
+        if (!p->main_grad) return ht_fail(err, HT_ERR_INVALID, "AdamW: parameter %s has no FP32 main grad", p->name);
+        /* A bf16/f16 param may have none (updated in its own dtype); a float32 one is its own. */
+        if (!p->main_param && p->dtype != HT_DTYPE_BF16 && p->dtype != HT_DTYPE_F16)
+            return ht_fail(err, HT_ERR_INVALID,
+                           "AdamW: parameter %s (%s) has no main param; only a bfloat16 or float16 param may go "
+                           "without one",
+                           p->name, ht_dtype_name(p->dtype));
+    }
     opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_adamw_slot));
     if (!opt->slots) return ht_fail(err, HT_ERR_OOM, "cannot allocate AdamW slots");
     size_t floats = 0;
@@ -223,8 +269,9 @@ void ht_adamw_step(ht_adamw *opt, double lr) {
         ht_param *p = s->param;
         s->step++;
         bool separate = (void *)p->main_param != p->data;
-        ht_adamw_update(p->main_param, p->main_grad, s->exp_avg, s->exp_avg_sq, ht_param_local_numel(p), s->step, lr,
-                        c->beta1, c->beta2, c->eps, s->weight_decay, separate ? p->data : NULL, p->dtype);
+        adamw_update(p->main_param, p->main_grad, s->exp_avg, s->exp_avg_sq, ht_param_local_numel(p), s->step, lr,
+                     c->beta1, c->beta2, c->eps, s->weight_decay, separate ? p->data : NULL, p->dtype, &opt->rounding,
+                     opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0);
     }
 }
 

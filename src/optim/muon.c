@@ -1,6 +1,7 @@
 /* The Muon leaf optimizer (NUMERICS.md, Muon): momentum, Newton-Schulz per
  * matrix (3-D params are stacks of matrices), decoupled weight decay and the
- * scaled update, with the cast back to the model dtype fused into that pass.
+ * scaled update, with the cast back to the model dtype fused into that pass
+ * (without an FP32 main param, the pass reads the model copy and writes it).
  * It owns the momentum buffers and one workspace sized for the largest matrix. */
 #include "hypertrain/optim.h"
 
@@ -65,11 +66,16 @@ static ht_status check_param(const ht_param *p, ht_error *err) {
                        "Muon: parameter %s has %d dims; Muon takes matrices (A, B) and stacks of them (E, A, B), "
                        "route it to AdamW",
                        p->name, p->ndim);
-    if (!p->main_param || !p->main_grad)
-        return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has no FP32 main param or main grad", p->name);
+    if (!p->main_grad) return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has no FP32 main grad", p->name);
     if (p->dtype != HT_DTYPE_F32 && p->dtype != HT_DTYPE_BF16 && p->dtype != HT_DTYPE_F16)
         return ht_fail(err, HT_ERR_INVALID, "Muon: parameter %s has dtype %s; expected a float dtype", p->name,
                        ht_dtype_name(p->dtype));
+    /* A bf16/f16 param may have none (updated in its own dtype); a float32 one is its own. */
+    if (!p->main_param && p->dtype == HT_DTYPE_F32)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "Muon: parameter %s (float32) has no main param; only a bfloat16 or float16 param may go "
+                       "without one",
+                       p->name);
     return HT_OK;
 }
 
@@ -129,24 +135,39 @@ static void momentum_update(float *B, const float *g, float *u, int64_t n, const
     }
 }
 
-/* p <- p (1 - lr wd) - lr scale O, and the model copy from the new p in the
- * same pass when model != NULL. */
-static void apply_update(float *p, const float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype) {
+/* p (1 - lr wd) - lr scale O: one expression for every path below, so that
+ * the values from a main param and from the model round alike. */
+static inline float decayed_step(float p, float o, float decay, float step) { return p * decay - step * o; }
+
+/* p <- p (1 - lr wd) - lr scale O for n elements, elements [first, first + n)
+ * of the param's local rows, and the model copy from the new p in the same
+ * pass when model != NULL, rounded as `r` says. p NULL: the model copy holds
+ * the values, widened (exactly) into O, which takes the new values before
+ * they are rounded back; O is scratch either way. */
+static void apply_update(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
+                         const ht_rounding *r, uint64_t stream, int64_t first) {
     uint16_t *out = model;
+    const bool bf16 = dtype == HT_DTYPE_BF16;
     if (!model) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) p[i] = p[i] * decay - step * O[i];
-    } else if (dtype == HT_DTYPE_BF16) {
+        for (int64_t i = 0; i < n; i++) p[i] = decayed_step(p[i], O[i], decay, step);
+    } else if (r->stochastic) {
+        float *x = p ? p : O;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = decayed_step(p ? p[i] : bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+        ht_convert_stochastic_at(out, dtype, x, (size_t)n, stream, (size_t)first);
+    } else if (p) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            p[i] = p[i] * decay - step * O[i];
-            out[i] = ht_f32_to_bf16(p[i]);
+            p[i] = decayed_step(p[i], O[i], decay, step);
+            out[i] = bf16 ? ht_f32_to_bf16(p[i]) : ht_f32_to_f16(p[i]);
         }
     } else {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            p[i] = p[i] * decay - step * O[i];
-            out[i] = ht_f32_to_f16(p[i]);
+            float x = decayed_step(bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+            out[i] = bf16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
         }
     }
 }
@@ -258,6 +279,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
         const float step = (float)(lr * s->scale);
         const size_t elem = ht_dtype_size(p->dtype);
         const bool separate = (void *)p->main_param != p->data;
+        const uint64_t stream = opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0;
         float *u = opt->work, *ns_work = opt->work + n; /* u: one whole (A, B) matrix */
         if (opt->owner && opt->owner[i] >= 0) {
             /* Phase 2: the owner orthogonalizes; its peers go on to theirs. */
@@ -274,7 +296,8 @@ void ht_muon_step(ht_muon *opt, double lr) {
             update_rows(s, c, mine);
             ht_fsdp_gather_rows(p, comm, mine, u, sizeof(float));
             ht_newton_schulz(u, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            apply_update(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype);
+            apply_update(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype, &opt->rounding,
+                         stream, 0);
             continue;
         }
         /* (E, A, B): this rank's whole matrices [row0, row1) of E, each on its own. */
@@ -282,8 +305,9 @@ void ht_muon_step(ht_muon *opt, double lr) {
             float *B = s->momentum_buffer + e * n;
             momentum_update(B, p->main_grad + e * n, u, n, c);
             ht_newton_schulz(c->nesterov ? u : B, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            apply_update(p->main_param + e * n, u, n, decay, step,
-                         separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype);
+            apply_update(p->main_param ? p->main_param + e * n : NULL, u, n, decay, step,
+                         separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype, &opt->rounding, stream,
+                         e * n);
         }
     }
     /* deredundancy, phase 3: each owner's result rows back to their ranks, applied there. */
@@ -301,7 +325,8 @@ void ht_muon_step(ht_muon *opt, double lr) {
             if (opt->replicas) /* the computing replica's rows to the others */
                 ht_broadcast(opt->replicas, mine, local * (int64_t)sizeof(float), opt->owner_replica[i]);
             apply_update(p->main_param, mine, local, decay, (float)(lr * s->scale),
-                         (void *)p->main_param != p->data ? p->data : NULL, p->dtype);
+                         (void *)p->main_param != p->data ? p->data : NULL, p->dtype, &opt->rounding,
+                         opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
         }
 }
 

@@ -132,6 +132,25 @@ static const void *operand(const float *x, float *b, int64_t n, ht_dtype ns_dtyp
     return b;
 }
 
+/* In place on the operand `b` that operand() made of x: b becomes x − b (the
+ * part of x that rounding to ns_dtype dropped), itself rounded to ns_dtype. */
+static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
+    if (storage == HT_DTYPE_F32) {
+        float *f = b;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) f[i] = x[i] - f[i];
+        ht_round_to(f, (size_t)n, ns_dtype);
+        return;
+    }
+    uint16_t *h = b;
+    const bool bf16 = storage == HT_DTYPE_BF16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float kept = bf16 ? ht_bf16_to_f32(h[i]) : ht_f16_to_f32(h[i]);
+        h[i] = bf16 ? ht_f32_to_bf16(x[i] - kept) : ht_f32_to_f16(x[i] - kept);
+    }
+}
+
 void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
                       ht_dtype ns_dtype, float *work) {
     const bool tall = rows > cols; /* NUMERICS.md transposes it so that r <= c */
@@ -155,8 +174,14 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
             ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
         else
             ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
-        /* T = b S + c S S: S copied into T, scaled by beta. */
+        /* T = b S + c S S: S copied into T, scaled by beta. In a 16-bit
+         * ns_dtype both terms take S rounded to it: the iteration is then one
+         * polynomial of one matrix, whose contraction near singular value 1
+         * damps the rounding; an FP32 S beside a rounded S·S leaves their
+         * difference to be amplified by b (measured: 20% further from float64
+         * on 48x160 to 96x96 matrices; bench/RESULTS.md). */
         memcpy(T, S, (size_t)(r * r) * sizeof(float));
+        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(r * r), ns_dtype);
         const void *s = operand(S, Sb, r * r, ns_dtype, st);
         ht_gemm(false, false, r, r, r, c, s, r, s, r, st, b, T, r);
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
@@ -166,6 +191,20 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
             ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, st, a, Y, cols);
         else
             ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, st, a, Y, cols);
+        /* In a 16-bit ns_dtype, a X takes the FP32 X but T X its rounding x:
+         * the difference X − x is not contracted like the rest and, carried
+         * by a, dominates the error. One more product, T (X − x), gives back
+         * its first-order part (the residual itself rounded: a 2^-9 error of
+         * a 2^-9 quantity). Measured on gradient-sized matrices: 2.5-4x
+         * closer to float64, and closer than torch's bf16 iteration on each
+         * (tests/test_muon.c, bench/RESULTS.md), for one product in four more. */
+        if (ns_dtype != HT_DTYPE_F32) {
+            residual_operand(X, Xb, n, ns_dtype, st);
+            if (tall)
+                ht_gemm(false, true, rows, cols, cols, 1.0f, Xb, cols, t, cols, st, 1.0f, Y, cols);
+            else
+                ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, Xb, cols, st, 1.0f, Y, cols);
+        }
         float *swap = X;
         X = Y;
         Y = swap;

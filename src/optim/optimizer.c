@@ -1,8 +1,8 @@
 /* The FP32 main-param wrapper around the chained Muon + AdamW: routing,
  * Megatron's three parameter groups, gradient preparation (fp16 unscaling,
  * non-finite checks), clipping, the two leaf steps (which cast the main
- * params back to the model dtype in the same pass), and zeroing main_grad.
- * The leaves only ever see FP32 buffers. */
+ * params back to the model dtype in the same pass, or without main params
+ * update the model's values through FP32 blocks), and zeroing main_grad. */
 #include "hypertrain/optimizer.h"
 
 #include <math.h>
@@ -109,8 +109,14 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
                            "float32 parameters only",
                            p->name, ht_dtype_name(p->dtype));
     }
-    /* Every low-precision param gets its own FP32 main param; an FP32 param is its own. */
-    ht_status s = ht_params_create_main(params, err);
+    /* With fp32_main_params every low-precision param gets its own FP32 main
+     * param; without, it has none and the leaves update its model values
+     * (each step starts from them). An FP32 param is its own either way. */
+    ht_status s = HT_OK;
+    if (opt->fp32_main_params)
+        s = ht_params_create_main(params, err);
+    else
+        ht_params_drop_main(params);
     if (s != HT_OK) return s;
 
     size_t n = (size_t)params->count;
@@ -160,10 +166,15 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         log_routing("Muon", to_muon, NULL, n_muon);
         log_routing("AdamW", to_adamw, wd, n_adamw);
         free(wd);
-        ht_log_info("FP32 main params: %s; %d low-precision params with their own FP32 copy (%.1f MiB), %d float32 "
-                    "params that are their own",
-                    opt->fp32_main_params ? "on" : "off (the leaves update the model's own values)", opt->float16_count,
-                    (double)params->main_bytes / (1 << 20), opt->fp32_count);
+        if (opt->fp32_main_params)
+            ht_log_info("FP32 main params: on; %d low-precision params with their own FP32 copy (%.1f MiB), %d "
+                        "float32 params that are their own",
+                        opt->float16_count, (double)params->main_bytes / (1 << 20), opt->fp32_count);
+        else
+            ht_log_info("FP32 main params: off (optimizer.fp32_main_params false): no FP32 copies (%.1f MiB); %d "
+                        "low-precision params updated in their own dtype, each step from their rounded values through "
+                        "FP32 blocks; %d float32 params that are their own",
+                        (double)params->main_bytes / (1 << 20), opt->float16_count, opt->fp32_count);
     }
     free(to_muon);
     free(to_adamw);
@@ -227,20 +238,19 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
     ht_clip_grads(ps, norm, opt->max_norm);
 
     /* Without FP32 main params the leaves start each step from the model's
-     * own rounded values, so an update below half an ulp is lost. */
-    if (!opt->fp32_main_params) ht_params_reload_main(ps);
+     * own rounded values, so an update below half an ulp is lost (unless
+     * stochastic rounding keeps it in expectation). */
     r->muon_lr = ht_lr_at(&opt->muon_schedule, opt->step);
     r->adamw_lr = ht_lr_at(&opt->adamw_schedule, opt->step);
-    if (opt->muon) ht_muon_step(opt->muon, r->muon_lr);
-    if (opt->adamw) ht_adamw_step(opt->adamw, r->adamw_lr);
-    /* The leaves rounded to nearest in their pass; stochastic rounding redoes the cast. */
-    if (opt->stochastic_rounding)
-        for (int i = 0; i < opt->float16_count; i++) {
-            ht_param *p = opt->float16_groups[i];
-            uint64_t stream =
-                opt->seed ^ ht_fnv1a64(p->name, strlen(p->name), (uint64_t)opt->step * 0x9e3779b97f4a7c15ULL);
-            ht_convert_stochastic(p->data, p->dtype, p->main_param, (size_t)ht_param_local_numel(p), stream);
-        }
+    const ht_rounding rounding = {.stochastic = opt->stochastic_rounding, .seed = opt->seed, .step = opt->step};
+    if (opt->muon) {
+        opt->muon->rounding = rounding;
+        ht_muon_step(opt->muon, r->muon_lr);
+    }
+    if (opt->adamw) {
+        opt->adamw->rounding = rounding;
+        ht_adamw_step(opt->adamw, r->adamw_lr);
+    }
     if (opt->loss_scaling) ht_loss_scaler_update(&opt->scaler, false);
     opt->step++;
     ht_params_zero_grad(ps);
@@ -250,18 +260,29 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
 /* ------------------------------------------------------------------ QK-clip */
 
 /* Multiplies rows [r0, r1) of a param's main copy by k (those of them this
- * rank holds) and writes them back to the model dtype. */
+ * rank holds) and writes them back to the model dtype. Without a main param
+ * the model's own values are scaled, through FP32 blocks, and rounded back. */
 static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
     if (!p) return;
     r0 = r0 > p->row0 ? r0 : p->row0;
     r1 = r1 < p->row1 ? r1 : p->row1;
     if (r0 >= r1) return;
-    int64_t row = ht_param_row_numel(p);
+    int64_t row = ht_param_row_numel(p), n = (r1 - r0) * row;
+    char *model = (char *)p->data + (size_t)((r0 - p->row0) * row) * ht_dtype_size(p->dtype);
+    if (!p->main_param) {
+        float x[1024];
+        for (int64_t b = 0; b < n; b += 1024) {
+            size_t len = (size_t)(n - b < 1024 ? n - b : 1024);
+            char *at = model + (size_t)b * ht_dtype_size(p->dtype);
+            ht_convert(x, HT_DTYPE_F32, at, p->dtype, len);
+            for (size_t i = 0; i < len; i++) x[i] *= k;
+            ht_convert(at, p->dtype, x, HT_DTYPE_F32, len);
+        }
+        return;
+    }
     float *m = p->main_param + (r0 - p->row0) * row;
-    for (int64_t i = 0; i < (r1 - r0) * row; i++) m[i] *= k;
-    if ((void *)p->main_param != p->data)
-        ht_convert((char *)p->data + (size_t)((r0 - p->row0) * row) * ht_dtype_size(p->dtype), p->dtype, m,
-                   HT_DTYPE_F32, (size_t)((r1 - r0) * row));
+    for (int64_t i = 0; i < n; i++) m[i] *= k;
+    if ((void *)p->main_param != p->data) ht_convert(model, p->dtype, m, HT_DTYPE_F32, (size_t)n);
 }
 
 int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {

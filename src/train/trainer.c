@@ -166,11 +166,12 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->tie_word_embeddings ? "yes" : "no");
     if (t->sharded)
         ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
-                    "each rank holds its rows of every parameter, FP32 main param, main_grad and optimizer state "
+                    "each rank holds its rows of every parameter, %smain_grad and optimizer state "
                     "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
                     "modules and sums its FP32 gradients into each rank's rows%s",
                     t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
                     t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
+                    c->optimizer.fp32_main_params ? "FP32 main param, " : "",
                     (double)local_numel(&t->model->params) / 1e6,
                     (double)ht_params_total_numel(&t->model->params) / 1e6,
                     t->replica_comm->size > 1 ? ", then over the replicas" : "");
@@ -245,6 +246,21 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     char line[512];
     ht_gemm_describe(&choice, line, sizeof(line));
     ht_log_info("%s%s", line, kept);
+    /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
+     * this product; pinned kernels were not timed, so rank 0 times them now. */
+    ht_dtype pd = c->fsdp.param_dtype;
+    ht_gemm_kernel k = pd == HT_DTYPE_BF16 ? choice.bf16 : choice.f16;
+    double rate = 0.0;
+    if (t->comm->rank == 0) {
+        ht_gemm_choice timed = choice;
+        ht_error ignored;
+        bool have = pd == HT_DTYPE_F32 ? choice.f32_rate > 0
+                                       : (pd == HT_DTYPE_BF16 ? choice.bf16_rate : choice.f16_rate)[k] > 0;
+        if (have || ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, M, C, C, &timed, &ignored) == HT_OK)
+            rate = pd == HT_DTYPE_F32 ? timed.f32_rate : (pd == HT_DTYPE_BF16 ? timed.bf16_rate : timed.f16_rate)[k];
+    }
+    ht_broadcast(t->comm, &rate, (int64_t)sizeof(rate), 0);
+    t->gemm_gflops = rate;
     return HT_OK;
 }
 
@@ -528,6 +544,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
                 ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
                 oc.muon.lr, oc.adamw.lr);
+    t->model->track_attn_max = c->optimizer.muon.qk_clip_enabled;
     return c->optimizer.muon.qk_clip_enabled ? build_qk_table(t, err) : HT_OK;
 }
 
@@ -711,6 +728,9 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->qk_clipped_heads = clipped;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->comm->size * t->B * t->T / dt;
+        if (t->gemm_gflops > 0)
+            stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
+                         (t->gemm_gflops * 1e9);
     }
     return HT_OK;
 }
@@ -865,6 +885,7 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
         write_number(f, "loss_scale", "%g", st->loss_scale);
         fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
         write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
+        if (st->mfu > 0) write_number(f, "mfu", "%.4f", st->mfu);
     }
     if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
     fprintf(f, "}\n");
@@ -942,14 +963,15 @@ static void log_memory(ht_trainer *t) {
                     r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
                     x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
         if (!t->config.training.memory_profile) continue;
-        static const char *const names[] = {"at start (libraries, MPI, config)",
-                                            "weights (model dtype)",
-                                            "FP32 main params",
-                                            "main_grad (FP32)",
-                                            "optimizer state",
-                                            "whole FSDP units at once",
-                                            "activations",
-                                            "corpus tokens"};
+        const char *const names[] = {"at start (libraries, MPI, config)",
+                                     "weights (model dtype)",
+                                     t->config.optimizer.fp32_main_params ? "FP32 main params"
+                                                                          : "FP32 main params (off: no copies)",
+                                     "main_grad (FP32)",
+                                     "optimizer state",
+                                     "whole FSDP units at once",
+                                     "activations",
+                                     "corpus tokens"};
         ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s", r, "category", "MiB", "share");
         for (int k = START; k < PEAK; k++)
             ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%%", r, names[k - START], x[k] / mib,
@@ -1058,13 +1080,14 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     ht_fsdp_stats_reset(t->fsdp);
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
-    double start = ht_time_seconds(), tokens_per_s = 0.0;
+    double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     while (t->step < steps) {
         ht_step_stats st;
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
+        mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
         s = write_metrics(t, &st, NAN, err);
         if (s != HT_OK) return s;
         if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
@@ -1075,8 +1098,10 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             char scale[48] = "";
             if (t->optimizer.loss_scaling)
                 snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
-            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s | %s elapsed, ETA %s",
-                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, el, eta);
+            char util[32] = "";
+            if (mfu > 0) snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
+            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s%s | %s elapsed, ETA %s",
+                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
         }
         double p0 = ht_time_seconds();
         if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
@@ -1153,7 +1178,7 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->model = &t->model->config;
     v->state.step = t->step;
     v->state.schedule_step = t->optimizer.step;
-    v->state.rng = !t->config.training.no_save_rng;
+    v->state.no_rng = t->config.training.no_save_rng;
     v->state.seed = t->config.training.seed;
     v->state.train_pos = ht_loader_position(&t->train_loader);
     v->state.valid_pos = ht_loader_position(&t->valid_loader);
@@ -1296,13 +1321,14 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     /* The random state (training.no_save_rng / no_load_rng, MindSpeed-MM's):
      * without it the data starts from its beginning in this run's order. */
     bool root = t->comm->rank == 0;
-    if (!v.state.rng || t->config.training.no_load_rng) {
+    if (v.state.no_rng || t->config.training.no_load_rng) {
         if (root)
             ht_log_warn("resume: %s; the data starts again from its beginning in the order of training.seed %lld, "
                         "at step %lld",
-                        v.state.rng ? "training.no_load_rng: the checkpoint's seed and data positions are not loaded"
-                                    : "the checkpoint holds no seed or data positions (saved with "
-                                      "training.no_save_rng)",
+                        !v.state.no_rng
+                            ? "training.no_load_rng: the checkpoint's seed and data positions are not loaded"
+                            : "the checkpoint holds no seed or data positions (saved with "
+                              "training.no_save_rng)",
                         (long long)t->config.training.seed, (long long)t->step);
         return HT_OK;
     }

@@ -1,0 +1,184 @@
+/* Causal self-attention, tiled in the manner of FlashAttention-2: the
+ * scores of one query block against one key block at a time, an online
+ * softmax across the key blocks, and only the output and each row's
+ * log-sum-exp kept for backward, which recomputes the probabilities tile by
+ * tile. Memory grows with T, not T²; key blocks wholly above the diagonal are
+ * never computed (except, when asked, for the largest logit QK-clip needs,
+ * which counts masked positions too: NUMERICS.md). */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+#include "kernels/ops.h"
+
+/* Query and key block sizes: 128 x 128 FP32 scores (64 KiB) and a 128 x D
+ * block of each operand stay in L2; against 64 x 64 tiles the products run
+ * 1.2-1.7x faster (fewer, larger GEMMs; bench_attention, bench/RESULTS.md). */
+enum { BQ = 128, BK = 128 };
+
+size_t ht_attention_workspace_floats(int64_t D) { return (size_t)(2 * BQ * BK + BQ * D + 2 * BQ); }
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* e^x for x <= 0 (a score minus its row's maximum), within 2 ulp of expf,
+ * branch-free so that the row loops vectorize: libm's expf, one call per
+ * score, was two thirds of the forward pass. x = n ln2 + r with |r| <= ln2/2
+ * (ln2 in two parts, Cody-Waite), e^r by its Taylor polynomial to r^7 / 7!
+ * (truncation 2e-9 relative), 2^n built in the exponent bits. Below -87.3
+ * the result would be subnormal: it is flushed to 0, as the weights it
+ * makes would be anyway. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    float n = x * 1.44269504f + 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
+    n -= 12582912.0f;
+    float r = x - n * 0.693145752f;
+    r -= n * 1.42860677e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* The largest entry of a (rows, cols) tile with row stride ld. */
+static float tile_max(const float *s, int64_t rows, int64_t cols, int64_t ld) {
+    float mx = -INFINITY;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) mx = s[r * ld + c] > mx ? s[r * ld + c] : mx;
+    return mx;
+}
+
+/* One (batch, head): q, out rows have stride qs, k and v rows stride ks. */
+static void forward_head(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+                         int64_t T, int64_t D, int64_t qs, int64_t ks, float *work) {
+    float *s = work, *acc = work + 2 * BQ * BK, *m = acc + BQ * D, *l = m + BQ;
+    const float scale = 1.0f / sqrtf((float)D);
+    float hmax = -INFINITY;
+    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
+        int64_t bq = min64(BQ, T - i0), keys = i0 + bq; /* the keys any query of the block sees */
+        for (int64_t r = 0; r < bq; r++) m[r] = -INFINITY, l[r] = 0.0f;
+        for (int64_t j0 = 0; j0 < keys; j0 += BK) {
+            int64_t bk = min64(BK, keys - j0);
+            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, s, BK);
+            if (head_max) {
+                float t = tile_max(s, bq, bk, BK);
+                hmax = t > hmax ? t : hmax;
+            }
+            for (int64_t r = 0; r < bq; r++) {
+                float *row = s + r * BK, *arow = acc + r * D;
+                int64_t valid = min64(bk, i0 + r - j0 + 1); /* keys j <= i */
+                float mx = m[r];
+                for (int64_t c = 0; c < valid; c++) mx = row[c] > mx ? row[c] : mx;
+                float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t c = 0; c < valid; c++) {
+                    row[c] = exp_nonpositive(row[c] - mx);
+                    sum += row[c];
+                }
+                for (int64_t c = valid < 0 ? 0 : valid; c < bk; c++) row[c] = 0.0f;
+                /* The running sums were taken against the old maximum. */
+                float corr = j0 == 0 ? 0.0f : exp_nonpositive(m[r] - mx);
+                if (j0 > 0 && corr != 1.0f)
+                    for (int64_t c = 0; c < D; c++) arow[c] *= corr;
+                l[r] = l[r] * corr + sum;
+                m[r] = mx;
+            }
+            ht_gemm(false, false, bq, D, bk, 1.0f, s, BK, v + j0 * ks, ks, HT_DTYPE_F32, j0 == 0 ? 0.0f : 1.0f, acc, D);
+        }
+        for (int64_t r = 0; r < bq; r++) {
+            float inv = 1.0f / l[r], *orow = out + (i0 + r) * qs;
+            for (int64_t c = 0; c < D; c++) orow[c] = acc[r * D + c] * inv;
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
+        /* QK-clip's maximum also counts the keys above the diagonal. */
+        for (int64_t j0 = keys; head_max && j0 < T; j0 += BK) {
+            int64_t bk = min64(BK, T - j0);
+            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, s, BK);
+            float t = tile_max(s, bq, bk, BK);
+            hmax = t > hmax ? t : hmax;
+        }
+    }
+    if (head_max) *head_max = hmax;
+}
+
+void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float *work) {
+    int64_t group = H / KV, qs = H * D, ks = KV * D;
+    size_t per_thread = ht_attention_workspace_floats(D);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t g = h / group;
+            forward_head(out + b * T * qs + h * D, lse + (b * H + h) * T, head_max ? head_max + b * H + h : NULL,
+                         q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks,
+                         work + (size_t)omp_get_thread_num() * per_thread);
+        }
+}
+
+/* One query head's share of the gradients: dq for its rows, += into the dk
+ * and dv of its key head. */
+static void backward_head(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                          const float *q, const float *k, const float *v, int64_t T, int64_t D, int64_t qs, int64_t ks,
+                          float *work) {
+    float *p = work, *dp = work + BQ * BK, *delta = work + 2 * BQ * BK;
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int64_t i0 = 0; i0 < T; i0 += BQ) {
+        int64_t bq = min64(BQ, T - i0), keys = i0 + bq;
+        /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term. */
+        for (int64_t r = 0; r < bq; r++) {
+            const float *o = out + (i0 + r) * qs, *g = dout + (i0 + r) * qs;
+            float dot = 0.0f;
+            for (int64_t c = 0; c < D; c++) dot += o[c] * g[c];
+            delta[r] = dot;
+        }
+        for (int64_t j0 = 0; j0 < keys; j0 += BK) {
+            int64_t bk = min64(BK, keys - j0);
+            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, p, BK);
+            for (int64_t r = 0; r < bq; r++) {
+                float *row = p + r * BK, li = lse[i0 + r];
+                int64_t valid = min64(bk, i0 + r - j0 + 1);
+#pragma omp simd
+                for (int64_t c = 0; c < valid; c++) row[c] = exp_nonpositive(row[c] - li);
+                for (int64_t c = valid < 0 ? 0 : valid; c < bk; c++) row[c] = 0.0f;
+            }
+            /* dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P ∘ (dP − delta). */
+            ht_gemm(true, false, bk, D, bq, 1.0f, p, BK, dout + i0 * qs, qs, HT_DTYPE_F32, 1.0f, dv + j0 * ks, ks);
+            ht_gemm(false, true, bq, bk, D, 1.0f, dout + i0 * qs, qs, v + j0 * ks, ks, HT_DTYPE_F32, 0.0f, dp, BK);
+            for (int64_t r = 0; r < bq; r++)
+                for (int64_t c = 0; c < bk; c++) dp[r * BK + c] = p[r * BK + c] * (dp[r * BK + c] - delta[r]);
+            /* dQ_i += scale dS K_j;  dK_j += scale dSᵀ Q_i. */
+            ht_gemm(false, false, bq, D, bk, scale, dp, BK, k + j0 * ks, ks, HT_DTYPE_F32, j0 == 0 ? 0.0f : 1.0f,
+                    dq + i0 * qs, qs);
+            ht_gemm(true, false, bk, D, bq, scale, dp, BK, q + i0 * qs, qs, HT_DTYPE_F32, 1.0f, dk + j0 * ks, ks);
+        }
+    }
+}
+
+void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                           const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, float *work) {
+    int64_t group = H / KV, qs = H * D, ks = KV * D;
+    size_t per_thread = ht_attention_workspace_floats(D);
+    memset(dk, 0, (size_t)(B * T * ks) * sizeof(float));
+    memset(dv, 0, (size_t)(B * T * ks) * sizeof(float));
+    /* A task owns one key head, so the query heads sharing it add into its dk and dv without races. */
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < KV; g++) {
+            float *work_t = work + (size_t)omp_get_thread_num() * per_thread;
+            for (int64_t h = g * group; h < (g + 1) * group; h++)
+                backward_head(dq + b * T * qs + h * D, dk + b * T * ks + g * D, dv + b * T * ks + g * D,
+                              dout + b * T * qs + h * D, out + b * T * qs + h * D, lse + (b * H + h) * T,
+                              q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks,
+                              work_t);
+        }
+}
