@@ -818,6 +818,57 @@ static void test_restore_optimizer_false_loads_model_only(void **state) {
     free(cfg);
 }
 
+/* model.recompute: the same gradients, losses and updates bit for bit as
+ * storing the activations, for every layer or the plan's ones, with LoRA
+ * dropout too (its masks are redrawn, not stored); the activations shrink. */
+static void test_recompute_is_bitwise(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_recompute");
+    write_corpus(dir);
+    static const char *const plans[][3] = {
+        {"model.recompute=false", "model.recompute_plan.apply_modules=[]", NULL},
+        {"model.recompute=true", "model.recompute_plan.apply_modules=[]", NULL},
+        {"model.recompute=true", "model.recompute_plan.apply_modules=[model.layers.1]", NULL},
+        {"model.recompute=false", "model.lora.rank=4", "model.lora.dropout=0.2"},
+        {"model.recompute=true", "model.lora.rank=4", "model.lora.dropout=0.2"},
+    };
+    ht_trainer *t[5];
+    float *g[5];
+    double loss[5];
+    for (int i = 0; i < 5; i++) {
+        ht_config *c = tiny_config(dir, plans[i], plans[i][2] ? 3 : 2);
+        t[i] = trainer_new(c);
+        free(c);
+        g[i] = malloc(t[i]->model->params.grad_bytes);
+        loss[i] = step_with_grads(t[i], g[i]);
+    }
+    for (int i = 1; i < 5; i++) {
+        int ref = i < 3 ? 0 : 3;
+        if (loss[i] != loss[ref]) fail_msg("plan %d: loss %.9g, stored activations %.9g", i, loss[i], loss[ref]);
+        assert_int_equal(t[i]->model->params.grad_bytes, t[ref]->model->params.grad_bytes);
+        if (memcmp(g[i], g[ref], t[i]->model->params.grad_bytes) != 0)
+            fail_msg("plan %d: the gradients differ from those with stored activations", i);
+        /* One layer of two recomputed saves nothing: the shared buffers are one layer's. */
+        size_t have = t[i]->model->activation_bytes, stored = t[ref]->model->activation_bytes;
+        if (i != 3 && !(i == 2 ? have <= stored : have < stored))
+            fail_msg("plan %d: activations %zu bytes, stored %zu", i, t[i]->model->activation_bytes,
+                     t[ref]->model->activation_bytes);
+    }
+    printf("recompute: activations %.1f KiB stored, %.1f KiB every layer recomputed, %.1f KiB one of two\n",
+           t[0]->model->activation_bytes / 1024.0, t[1]->model->activation_bytes / 1024.0,
+           t[2]->model->activation_bytes / 1024.0);
+    ht_error err;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 5; i++) assert_ht_ok(ht_trainer_step(t[i], NULL, &err), &err);
+    assert_trainers_equal(t[1], t[0]);
+    assert_trainers_equal(t[2], t[0]);
+    assert_trainers_equal(t[4], t[3]);
+    for (int i = 0; i < 5; i++) {
+        free(g[i]);
+        trainer_delete(t[i]);
+    }
+}
+
 /* training.no_save_rng: the checkpoint holds no seed or data positions, and
  * a resume from it starts the data from its beginning, saying so;
  * training.no_load_rng does the same with a checkpoint that has them; by
@@ -1534,6 +1585,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_resume_every_5_of_20_steps),
         cmocka_unit_test(test_float32_model_resume),
         cmocka_unit_test(test_freeze),
+        cmocka_unit_test(test_recompute_is_bitwise),
         cmocka_unit_test(test_lora_trains_adapters_and_resumes_bitwise),
         cmocka_unit_test(test_no_save_rng_and_no_load_rng),
         cmocka_unit_test(test_load_strict),

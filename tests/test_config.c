@@ -1079,8 +1079,6 @@ static void test_mindspeed_dialect(void **state) {
         {"parallel:\n  expert_parallel_size: 4\n", "parallel.expert_parallel_size: not supported: 4", "experts"},
         {"parallel:\n  fsdp_plan:\n    apply_modules: [\"model.layers.{*}\"]\n    hook_modules: [model.norm]\n",
          "fsdp_config.hook_modules (as parallel.fsdp_plan.hook_modules): not supported", "unit by unit"},
-        {"parallel:\n  ring_attention_size: 1\nmodel:\n  recompute: true\n", "model.recompute: not supported yet",
-         NULL},
         {"parallel:\n  ring_attention_size: 1\ndata:\n  dataloader_param:\n    drop_last: false\n",
          "data.drop_last (as data.dataloader_param.drop_last): not supported", "every batch here is full"},
         {"parallel:\n  ring_attention_size: 1\ndata:\n  dataloader_param:\n    sampler_type: SeqSampler\n",

@@ -401,6 +401,14 @@ static void test_cli_bad_input(void **state) {
     expect_refused(dir, tiny_yaml(dir, data, "  head_dim: -2\n"), NULL, "model.head_dim must be >= 0", "-2");
     expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: 0\n"), NULL, "model.initializer_range", "found 0");
     expect_refused(dir, tiny_yaml(dir, data, "  initializer_range: -0.5\n"), NULL, "model.initializer_range", "-0.5");
+    /* model.recompute: a plan naming no module (MindSpeed-MM's VLM spelling), and a module that cannot recompute. */
+    expect_refused(dir,
+                   tiny_yaml(dir, data,
+                             "  recompute: true\n  recompute_plan:\n    apply_modules: "
+                             "[\"model.language_model.layers.{*}\"]\n"),
+                   NULL, "matches no module of this model", "model.layers.{0..0}");
+    expect_refused(dir, tiny_yaml(dir, data, "  recompute: true\n  recompute_plan:\n    apply_modules: [model.norm]\n"),
+                   NULL, "selects model.norm", "not supported");
     /* model.freeze: a pattern that covers nothing (a typo would train everything), and a freeze of everything. */
     expect_refused(dir, tiny_yaml(dir, data, "  freeze: [model.norm, \"model.layer.{*}\"]\n"), NULL,
                    "\"model.layer.{*}\" covers no parameter", "model.layers.{*}.self_attn");

@@ -113,7 +113,7 @@ typedef struct ht_config {
         ht_config_strings freeze;            /* module or param patterns taken out of training */
         bool trust_remote_code;              /* no remote code runs here: logged */
         int loss_type;                       /* HT_CONFIG_LOSS_RAW: the model's own mean cross-entropy */
-        bool recompute;                      /* only false is supported yet */
+        bool recompute;                      /* recompute_plan.apply_modules recompute in backward */
         ht_config_strings recompute_modules; /* recompute_plan.apply_modules: used with recompute only */
         ht_config_lora lora;
     } model;

@@ -70,6 +70,7 @@ typedef struct ht_module {
     char name[HT_PARAM_NAME_MAX];
     int param_count;
     ht_param *params[HT_MODULE_MAX_PARAMS]; /* every param it reads (the tied lm_head reads the embedding) */
+    bool recomputable;                      /* backward can recompute what its forward keeps (ht_model_set_recompute) */
 } ht_module;
 
 typedef enum ht_module_event {
@@ -119,6 +120,10 @@ struct ht_model {
     ht_module *modules;      /* (module_count) in forward order */
     int module_count;
     ht_module_hook hook; /* fn NULL: none */
+    /* (module_count) or NULL: modules whose forward keeps only their input,
+     * backward recomputing the rest (ht_model_set_recompute). */
+    bool *recompute;
+    int recompute_generation; /* bumped by every ht_model_set_recompute: the activations are sized again */
     /* model.lora.dropout: the stream the next forward's dropout masks are
      * drawn from (0: no dropout, as in evaluation) and the index of its first
      * sequence in the step's global batch, so that every split of a global
@@ -168,6 +173,18 @@ void ht_model_free(ht_model *m);
  * for it, operands are FP32 values rounded to it: the same numbers, on the
  * FP32 kernels, without widening on every GEMM. */
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err);
+/* The modules for a message, numbered runs folded:
+ * "model.embed_tokens, model.layers.{0..3}, model.norm, lm_head". */
+void ht_model_module_list(const ht_model *m, char *out, size_t cap);
+/* model.recompute: the modules whose names match one of `patterns`
+ * (ht_path_match: "model.layers.{*}") keep only their input in forward and
+ * recompute the rest at the start of their backward, from the same weights
+ * with the same kernels: the same gradients bit for bit, one more forward of
+ * those modules, and their activations gone. count 0 turns it off. A pattern
+ * that matches no module, or one matching a module that cannot recompute, is
+ * an error naming the model's modules. Call it between steps, not between a
+ * forward and its backward. */
+ht_status ht_model_set_recompute(ht_model *m, const char *const *patterns, int count, ht_error *err);
 /* Starts a new window for attn_max_logit (every entry -Inf). */
 void ht_model_reset_attn_max(ht_model *m);
 

@@ -104,9 +104,6 @@ static void check_mindspeed(report *r) {
             "%s: not supported: other modules than the FSDP units; hypertrain hooks and prefetches unit by unit, so "
             "expected [] or the same list as fsdp_config.apply_modules",
             at(cfg, "fsdp_config.hook_modules", a, sizeof(a)));
-    if (cfg->model.recompute)
-        add(r, "%s: not supported yet: activation recompute (expected false)",
-            at(cfg, "model.recompute", a, sizeof(a)));
     if (!cfg->data.drop_last)
         add(r,
             "%s: not supported: false asks for a last, smaller batch; every batch here is full, and the windows an "

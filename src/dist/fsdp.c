@@ -121,26 +121,6 @@ struct ht_fsdp {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* "model.embed_tokens, model.layers.{0..3}, model.norm, lm_head" */
-static void module_list(const ht_model *m, char *out, size_t cap) {
-    size_t len = 0;
-    out[0] = 0;
-    for (int k = 0; k < m->module_count && len < cap; k++) {
-        const char *name = m->modules[k].name;
-        const char *dot = strrchr(name, '.');
-        int run = k;
-        if (dot && dot[1] >= '0' && dot[1] <= '9') { /* a numbered run: prefix.{a..b} */
-            size_t plen = (size_t)(dot - name) + 1;
-            while (run + 1 < m->module_count && strncmp(m->modules[run + 1].name, name, plen) == 0) run++;
-            len += (size_t)snprintf(out + len, cap - len, "%s%.*s{%s..%s}", k ? ", " : "", (int)plen, name, dot + 1,
-                                    strrchr(m->modules[run].name, '.') + 1);
-        } else {
-            len += (size_t)snprintf(out + len, cap - len, "%s%s", k ? ", " : "", name);
-        }
-        k = run;
-    }
-}
-
 static ht_status add_unit(ht_fsdp *f, const char *name, bool root, ht_error *err) {
     unit *u = realloc(f->units, (size_t)(f->unit_count + 1) * sizeof(unit));
     if (!u) return ht_fail(err, HT_ERR_OOM, "cannot allocate FSDP units");
@@ -177,7 +157,7 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
     for (int i = 0; i < f->opt.apply_count; i++) {
         if (matched[i]) continue;
         char list[1024];
-        module_list(m, list, sizeof(list));
+        ht_model_module_list(m, list, sizeof(list));
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.fsdp_plan.apply_modules: '%s' matches no module of this model (its modules: %s)",
                        f->opt.apply_modules[i], list);

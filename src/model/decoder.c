@@ -57,15 +57,16 @@ typedef struct decoder {
     layer_params *layers;          /* (L) */
     float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
 
-    int B, T;           /* the shapes the buffers below were sized for */
-    void *act_block;    /* one allocation carved into everything below */
-    layer_acts *acts;   /* (L) */
-    float *resid_final; /* (N, C) the last layer's output */
-    float *rstdf;       /* (N) */
-    void *lnf;          /* (N, C) cd */
-    float *logits;      /* (N, V); becomes dlogits in backward */
-    int32_t *inputs;    /* (N) copy of the last forward's inputs */
-    int32_t *targets;   /* (N) copy of the last forward's targets */
+    int B, T;             /* the shapes the buffers below were sized for */
+    void *act_block;      /* one allocation carved into everything below */
+    layer_acts *acts;     /* (L); a recomputed layer's share one set of buffers (all but resid) */
+    int sized_generation; /* the model's recompute_generation the buffers were carved for */
+    float *resid_final;   /* (N, C) the last layer's output */
+    float *rstdf;         /* (N) */
+    void *lnf;            /* (N, C) cd */
+    float *logits;        /* (N, V); becomes dlogits in backward */
+    int32_t *inputs;      /* (N) copy of the last forward's inputs */
+    int32_t *targets;     /* (N) copy of the last forward's targets */
     int64_t target_count;
     /* backward scratch */
     float *dresid;   /* (N, C) gradient of the residual stream */
@@ -252,6 +253,7 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         ht_module *mod = &m->modules[MOD_LAYER(l)];
         layer_params *p = &d->layers[l];
         snprintf(mod->name, HT_PARAM_NAME_MAX, "model.layers.%d", l);
+        mod->recomputable = true;
         ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
                            p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
@@ -283,10 +285,23 @@ static void fill_rope_tables(decoder *d, int max_pos, double theta) {
 
 /* ------------------------------------------------------------------ activations */
 
+static bool recomputed(const ht_model *m, int l) { return m->recompute && m->recompute[MOD_LAYER(l)]; }
+
+/* Whether layer l's linear `lin` has an adapter; l -1 (the buffers the
+ * recomputed layers share): whether any layer's has. */
+static bool lora_in_any(const decoder *d, int l, int lin) {
+    if (l >= 0) return d->layers[l].lora_a[lin] != NULL;
+    for (int k = 0; k < d->L; k++)
+        if (d->layers[k].lora_a[lin]) return true;
+    return false;
+}
+
 /* Sizes every activation for (B, T) and carves them from one block. */
 static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
     /* The attention scratch is per thread: more threads than it was sized for size it again. */
-    if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads()) return HT_OK;
+    if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
+        d->sized_generation == m->recompute_generation)
+        return HT_OK;
     ht_free(d->act_block);
     d->act_block = NULL;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
@@ -329,11 +344,18 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     size_t lora_h = (size_t)(N * R) * cd, lora_x = d->lora_dropout > 0 ? (size_t)(N * widest_in) * 4 : 0;
     size_t lora_tail[] = {(size_t)(N * R) * 4, (size_t)(N * R) * cd, lora_x, lora_x}; /* h32, dh, x, dx */
     enum { NLORA = sizeof(lora_tail) / sizeof(lora_tail[0]) };
+    /* model.recompute: a recomputed layer keeps its input (resid) alone; the
+     * rest of its buffers are one set all of them share, carved once (as if
+     * for layer -1), which backward fills again before the layer's turn. */
+    bool shared = false;
+    for (int l = 0; l < d->L; l++) shared = shared || recomputed(m, l);
     size_t total = 0;
-    for (int l = 0; l < d->L; l++) {
-        for (int i = 0; i < NPL; i++) total += (per_layer[i] + 63) & ~(size_t)63;
+    for (int l = shared ? -1 : 0; l < d->L; l++) {
+        bool own = l >= 0 && !recomputed(m, l);
+        for (int i = 0; i < NPL; i++)
+            if (i == 0 ? l >= 0 : l < 0 || own) total += (per_layer[i] + 63) & ~(size_t)63;
         for (int lin = 0; lin < LIN_COUNT; lin++)
-            if (d->layers[l].lora_a[lin]) total += (lora_h + 63) & ~(size_t)63;
+            if ((l < 0 || own) && lora_in_any(d, l, lin)) total += (lora_h + 63) & ~(size_t)63;
     }
     for (int i = 0; i < NTAIL; i++) total += (tail[i] + 63) & ~(size_t)63;
     for (int i = 0; i < NLORA; i++) total += (lora_tail[i] + 63) & ~(size_t)63;
@@ -343,9 +365,18 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
                        (double)total / (1 << 20), B, T);
     char *p = block;
 #define CARVE(size) (p += ((size) + 63) & ~(size_t)63, p - (((size) + 63) & ~(size_t)63))
-    for (int l = 0; l < d->L; l++) {
-        layer_acts *a = &d->acts[l];
-        a->resid = (float *)CARVE(per_layer[0]);
+    layer_acts common = {0};
+    for (int l = shared ? -1 : 0; l < d->L; l++) {
+        layer_acts *a = l < 0 ? &common : &d->acts[l];
+        if (l >= 0) a->resid = (float *)CARVE(per_layer[0]);
+        if (l >= 0 && recomputed(m, l)) {
+            float *resid = a->resid;
+            *a = common;
+            a->resid = resid;
+            for (int lin = 0; lin < LIN_COUNT; lin++)
+                if (!d->layers[l].lora_a[lin]) a->lora_h[lin] = NULL;
+            continue;
+        }
         a->rstd1 = (float *)CARVE(per_layer[1]);
         a->ln1 = CARVE(per_layer[2]);
         a->q = (float *)CARVE(per_layer[3]);
@@ -360,7 +391,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         a->gate = (float *)CARVE(per_layer[12]);
         a->up = (float *)CARVE(per_layer[13]);
         a->h = CARVE(per_layer[14]);
-        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = d->layers[l].lora_a[lin] ? CARVE(lora_h) : NULL;
+        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = lora_in_any(d, l, lin) ? CARVE(lora_h) : NULL;
     }
     d->resid_final = (float *)CARVE(tail[0]);
     d->rstdf = (float *)CARVE(tail[1]);
@@ -388,6 +419,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->act_block = block;
     d->B = B;
     d->T = T;
+    d->sized_generation = m->recompute_generation;
     m->activation_bytes = total;
     return HT_OK;
 }
@@ -528,6 +560,46 @@ static void attention_forward(decoder *d, layer_acts *a, float *max_logit, int B
 
 /* ------------------------------------------------------------------ forward / backward */
 
+/* Layer l's forward from its input acts[l].resid, keeping what its backward
+ * reads, and next = its output (NULL: not written, as when backward
+ * recomputes the layer). dln is its scratch. */
+static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
+    int B = d->B, T = d->T;
+    int64_t N = (int64_t)B * T, C = d->C, F = d->F, QD = (int64_t)d->H * d->D;
+    ht_dtype cd = d->embed->compute_dtype;
+    ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
+    const float eps = (float)m->config.rms_norm_eps;
+    layer_params *p = &d->layers[l];
+    layer_acts *a = &d->acts[l];
+    ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
+    ht_round_to(a->ln1, (size_t)(N * C), round);
+    linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
+    lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
+    linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
+    lora_forward(d, l, LIN_K, a->k, a->ln1, N);
+    linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
+    lora_forward(d, l, LIN_V, a->v, a->ln1, N);
+    ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
+    ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+    attention_forward(d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
+    ht_convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
+    ht_round_to(a->att, (size_t)(N * QD), round);
+    linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
+    lora_forward(d, l, LIN_O, d->dln, a->att, N);
+    ht_add(a->resid_mid, a->resid, d->dln, N * C);
+    ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
+    ht_round_to(a->ln2, (size_t)(N * C), round);
+    linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
+    lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
+    linear_forward(a->up, a->ln2, p->up_w, NULL, N);
+    lora_forward(d, l, LIN_UP, a->up, a->ln2, N);
+    ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
+    ht_round_to(a->h, (size_t)(N * F), round);
+    linear_forward(d->dln, a->h, p->down_w, NULL, N);
+    lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
+    if (next) ht_add(next, a->resid_mid, d->dln, N * C);
+}
+
 static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
                                  ht_error *err) {
     decoder *d = m->impl;
@@ -535,8 +607,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     if (T > m->config.max_position_embeddings)
         return ht_fail(err, HT_ERR_INVALID, "sequence length %d is longer than model.max_position_embeddings (%d)", T,
                        m->config.max_position_embeddings);
-    int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
-    int64_t QD = (int64_t)d->H * d->D;
+    int64_t N = (int64_t)B * T, C = d->C, V = d->V;
     for (int64_t n = 0; n < N; n++) {
         if (inputs[n] < 0 || inputs[n] >= V)
             return ht_fail(err, HT_ERR_INVALID, "input token %d at position %lld is outside the vocabulary [0, %lld)",
@@ -566,36 +637,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
 
     for (int l = 0; l < d->L; l++) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_FORWARD);
-        layer_params *p = &d->layers[l];
-        layer_acts *a = &d->acts[l];
-        float *next = l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final; /* (N, C) */
-        ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
-        ht_round_to(a->ln1, (size_t)(N * C), round);
-        linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
-        lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
-        linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
-        lora_forward(d, l, LIN_K, a->k, a->ln1, N);
-        linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
-        lora_forward(d, l, LIN_V, a->v, a->ln1, N);
-        ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
-        ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
-        attention_forward(d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
-        ht_convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
-        ht_round_to(a->att, (size_t)(N * QD), round);
-        linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
-        lora_forward(d, l, LIN_O, d->dln, a->att, N);
-        ht_add(a->resid_mid, a->resid, d->dln, N * C);
-        ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
-        ht_round_to(a->ln2, (size_t)(N * C), round);
-        linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
-        lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
-        linear_forward(a->up, a->ln2, p->up_w, NULL, N);
-        lora_forward(d, l, LIN_UP, a->up, a->ln2, N);
-        ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
-        ht_round_to(a->h, (size_t)(N * F), round);
-        linear_forward(d->dln, a->h, p->down_w, NULL, N);
-        lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
-        ht_add(next, a->resid_mid, d->dln, N * C);
+        layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
@@ -651,6 +693,10 @@ static void decoder_backward(ht_model *m, float scale) {
 
     for (int l = d->L - 1; l >= 0; l--) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_BACKWARD);
+        /* model.recompute: the layer's activations again, from its kept input,
+         * into the buffers the recomputed layers share (the same products in
+         * the same order: the same bits). */
+        if (recomputed(m, l)) layer_forward(m, d, l, NULL);
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
@@ -699,6 +745,7 @@ static void decoder_backward(ht_model *m, float scale) {
 
 static void decoder_free(ht_model *m) {
     decoder *d = m->impl;
+    ht_free(m->recompute);
     if (d) {
         ht_free(d->act_block);
         ht_free(d->acts);

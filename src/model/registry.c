@@ -215,6 +215,59 @@ ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
     return s;
 }
 
+void ht_model_module_list(const ht_model *m, char *out, size_t cap) {
+    size_t len = 0;
+    out[0] = 0;
+    for (int k = 0; k < m->module_count && len < cap; k++) {
+        const char *name = m->modules[k].name;
+        const char *dot = strrchr(name, '.');
+        int run = k;
+        if (dot && dot[1] >= '0' && dot[1] <= '9') { /* a numbered run: prefix.{a..b} */
+            size_t plen = (size_t)(dot - name) + 1;
+            while (run + 1 < m->module_count && strncmp(m->modules[run + 1].name, name, plen) == 0) run++;
+            len += (size_t)snprintf(out + len, cap - len, "%s%.*s{%s..%s}", k ? ", " : "", (int)plen, name, dot + 1,
+                                    strrchr(m->modules[run].name, '.') + 1);
+        } else {
+            len += (size_t)snprintf(out + len, cap - len, "%s%s", k ? ", " : "", name);
+        }
+        k = run;
+    }
+}
+
+ht_status ht_model_set_recompute(ht_model *m, const char *const *patterns, int count, ht_error *err) {
+    bool *chosen = ht_alloc((size_t)(m->module_count > 0 ? m->module_count : 1) * sizeof(bool));
+    if (!chosen) return ht_fail(err, HT_ERR_OOM, "cannot allocate the recompute plan");
+    char names[1024];
+    ht_model_module_list(m, names, sizeof(names));
+    for (int i = 0; i < count; i++) {
+        bool hit = false;
+        for (int k = 0; k < m->module_count; k++) {
+            if (!ht_path_match(patterns[i], m->modules[k].name)) continue;
+            if (!m->modules[k].recomputable) {
+                ht_free(chosen);
+                return ht_fail(err, HT_ERR_CONFIG,
+                               "model.recompute_plan.apply_modules: \"%s\" selects %s, which keeps too little for "
+                               "backward to be worth recomputing: not supported (the decoder layers can: "
+                               "\"model.layers.{*}\")",
+                               patterns[i], m->modules[k].name);
+            }
+            chosen[k] = hit = true;
+        }
+        if (!hit) {
+            ht_free(chosen);
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.recompute_plan.apply_modules: \"%s\" matches no module of this model (its modules: "
+                           "%s)",
+                           patterns[i], names);
+        }
+    }
+    ht_free(m->recompute);
+    m->recompute = count > 0 ? chosen : NULL;
+    if (count == 0) ht_free(chosen);
+    m->recompute_generation++;
+    return HT_OK;
+}
+
 void ht_model_reset_attn_max(ht_model *m) {
     int n = m->config.num_hidden_layers * m->config.num_attention_heads;
     for (int i = 0; i < n; i++) m->attn_max_logit[i] = -INFINITY;

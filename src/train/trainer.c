@@ -118,6 +118,26 @@ static void lora_config(const ht_config_lora *c, ht_lora_config *lc) {
         snprintf(lc->targets[i], sizeof(lc->targets[i]), "%s", c->target_modules.items[i]);
 }
 
+/* model.recompute (MindSpeed-MM): the modules of recompute_plan.apply_modules
+ * (every decoder layer when it is empty) keep only their input in forward
+ * and recompute the rest in backward: activations traded for one more
+ * forward of them, the gradients unchanged bit for bit. */
+static ht_status plan_recompute(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    if (!c->model.recompute) return HT_OK;
+    const char *patterns[HT_CONFIG_LIST_MAX] = {"model.layers.{*}"};
+    int n = c->model.recompute_modules.count ? c->model.recompute_modules.count : 1;
+    for (int i = 0; i < c->model.recompute_modules.count; i++) patterns[i] = c->model.recompute_modules.items[i];
+    ht_status s = ht_model_set_recompute(t->model, patterns, n, err);
+    if (s != HT_OK) return s;
+    int chosen = 0;
+    for (int k = 0; k < t->model->module_count; k++) chosen += t->model->recompute[k];
+    ht_log_info("%s: %d of %d decoder layers keep only their input in forward and recompute their activations in "
+                "backward (one more forward of each)",
+                ht_config_key_spelling(c, "model.recompute"), chosen, t->model->config.num_hidden_layers);
+    return HT_OK;
+}
+
 static ht_status build_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_model_config arch = c->model.arch;
@@ -156,6 +176,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         if (s != HT_OK) return s;
     }
     s = freeze_params(t, err);
+    if (s == HT_OK) s = plan_recompute(t, err);
     if (s != HT_OK) return s;
     const ht_model_config *a = &t->model->config;
     ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
