@@ -6,7 +6,8 @@
  * formula predicts (weights, FP32 main params, main_grad, AdamW's two
  * moments, the activations the model sized, compute copies).
  * usage: bench_train_step [--dtype float32|bfloat16] [--steps N]
- *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T] */
+ *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T]
+ *                         [--recompute]: every layer recomputes its activations in backward */
 #include <omp.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -22,6 +23,7 @@ int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     ht_dtype dtype = HT_DTYPE_F32;
     int steps = 10, B = 8, T = 256;
+    bool recompute = false;
     ht_model_config cfg = bench_model_31m();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
@@ -31,6 +33,8 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
             steps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--recompute") == 0) {
+            recompute = true;
         } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
             B = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--seq") == 0 && i + 1 < argc) {
@@ -44,7 +48,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b] [--batch B] "
-                    "[--seq T]\n",
+                    "[--seq T] [--recompute]\n",
                     argv[0]);
             return 2;
         }
@@ -69,6 +73,11 @@ int main(int argc, char **argv) {
     if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||
         ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
         ht_params_create_main(&m->params, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const char *every_layer[] = {"model.layers.{*}"};
+    if (recompute && ht_model_set_recompute(m, every_layer, 1, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -121,13 +130,14 @@ int main(int argc, char **argv) {
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
            "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"batch\": %d, \"seq\": %d, "
-           "\"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": \"%s\", "
+           "\"recompute\": %s, \"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": "
+           "\"%s\", "
            "\"choice\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
            upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
-           rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, ru.ru_maxrss / 1024.0, formula / (1 << 20),
-           m->activation_bytes / (double)(1 << 20), ht_gemm_kernel_name(m->params.items[0].compute_precision),
-           choice_line);
+           rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
+           ru.ru_maxrss / 1024.0, formula / (1 << 20), m->activation_bytes / (double)(1 << 20),
+           ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
     ht_adamw_free(&opt);
     ht_model_free(m);
     free(in);
