@@ -1,7 +1,9 @@
 /* The kernels against plain references written for clarity, in double, on
  * odd sizes: the tiled causal attention (forward, backward, QK-clip's
  * maximum) at sequence lengths inside one tile, across tiles and ending
- * mid-tile, with grouped-query heads. */
+ * mid-tile, with grouped-query heads; RMSNorm, bias, rotary embedding,
+ * SwiGLU, cross-entropy and the sum of squares, forward and backward, with
+ * bf16 weights and outputs where the decoder uses them. */
 #include "harness.h"
 
 #include <math.h>
@@ -166,9 +168,177 @@ static void test_attention_against_reference(void **state) {
     check_attention(3, 70, 6, 1, 8);   /* one key head for six query heads */
 }
 
+/* max |a - ref| / max |ref|, float against double. */
+static double err_vs(const float *a, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs(a[i] - ref[i]));
+        den = fmax(den, fabs(ref[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+#define EXPECT_CLOSE(what, got, ref, n, tol)                                                                           \
+    do {                                                                                                               \
+        double e_ = err_vs(got, ref, n);                                                                               \
+        if (!(e_ <= (tol))) fail_msg("%s: %.3g off the double reference (bound %g)", what, e_, (double)(tol));         \
+    } while (0)
+
+/* RMSNorm (Qwen2/Llama: w * x / sqrt(mean(x^2) + eps)) forward and backward,
+ * FP32 and bf16 weights and output, dweight NULL (a frozen weight) too. */
+static void test_rmsnorm_against_reference(void **state) {
+    (void)state;
+    const int64_t N = 37, C = 129;
+    const float eps = 1e-6f;
+    float *x = malloc(N * C * 4), *w = malloc(C * 4), *dy = malloc(N * C * 4), *y = malloc(N * C * 4);
+    float *rstd = malloc(N * 4), *dx = calloc(N * C, 4), *dw = calloc(C, 4), *dx2 = calloc(N * C, 4);
+    double *ry = malloc(N * C * 8), *rdx = calloc(N * C, 8), *rdw = calloc(C, 8);
+    fill_normal(x, N * C, 11, 2.0f);
+    fill_normal(w, C, 12, 0.5f);
+    fill_normal(dy, N * C, 13, 1.0f);
+    for (int64_t c = 0; c < C; c++) w[c] += 1.0f;
+    for (int64_t n = 0; n < N; n++) {
+        double ss = 0, dot = 0;
+        for (int64_t c = 0; c < C; c++) ss += (double)x[n * C + c] * x[n * C + c];
+        double r = 1.0 / sqrt(ss / C + eps);
+        for (int64_t c = 0; c < C; c++) {
+            ry[n * C + c] = w[c] * x[n * C + c] * r;
+            rdw[c] += dy[n * C + c] * x[n * C + c] * r;
+            dot += (double)w[c] * dy[n * C + c] * x[n * C + c];
+        }
+        for (int64_t c = 0; c < C; c++) rdx[n * C + c] = r * w[c] * dy[n * C + c] - x[n * C + c] * r * r * r * dot / C;
+    }
+    ht_rmsnorm_forward(y, HT_DTYPE_F32, rstd, x, w, HT_DTYPE_F32, N, C, eps);
+    EXPECT_CLOSE("rmsnorm forward", y, ry, (size_t)(N * C), 1e-6);
+    ht_rmsnorm_backward(dx, dw, dy, x, w, HT_DTYPE_F32, rstd, N, C);
+    EXPECT_CLOSE("rmsnorm dx", dx, rdx, (size_t)(N * C), 1e-5);
+    EXPECT_CLOSE("rmsnorm dweight", dw, rdw, (size_t)C, 1e-5);
+    ht_rmsnorm_backward(dx2, NULL, dy, x, w, HT_DTYPE_F32, rstd, N, C);
+    assert_memory_equal(dx2, dx, (size_t)(N * C) * 4);
+    /* bf16 weights in, bf16 out: the reference on the weights' bf16 values, the output's rounding allowed. */
+    uint16_t *wb = malloc(C * 2), *yb = malloc(N * C * 2);
+    ht_convert(wb, HT_DTYPE_BF16, w, HT_DTYPE_F32, (size_t)C);
+    ht_rmsnorm_forward(yb, HT_DTYPE_BF16, rstd, x, wb, HT_DTYPE_BF16, N, C, eps);
+    float *yf = malloc(N * C * 4);
+    ht_convert(yf, HT_DTYPE_F32, yb, HT_DTYPE_BF16, (size_t)(N * C));
+    EXPECT_CLOSE("rmsnorm bf16", yf, ry, (size_t)(N * C), 1.0 / 64); /* weight and output each within 2^-9 */
+    free(x), free(w), free(dy), free(y), free(rstd), free(dx), free(dw), free(dx2), free(ry), free(rdx), free(rdw);
+    free(wb), free(yb), free(yf);
+}
+
+/* Bias add and its column sums; SwiGLU silu(g) * u and its two gradients. */
+static void test_bias_and_swiglu_against_reference(void **state) {
+    (void)state;
+    const int64_t N = 53, C = 71, n = N * C;
+    float *y = malloc(n * 4), *b = malloc(C * 4), *db = calloc(C, 4), *g = malloc(n * 4), *u = malloc(n * 4);
+    float *dh = malloc(n * 4), *h = malloc(n * 4), *dg = malloc(n * 4), *du = malloc(n * 4);
+    double *ry = malloc(n * 8), *rdb = calloc(C, 8), *rh = malloc(n * 8), *rdg = malloc(n * 8), *rdu = malloc(n * 8);
+    fill_normal(y, n, 21, 1.0f);
+    fill_normal(b, C, 22, 1.0f);
+    fill_normal(g, n, 23, 3.0f);
+    fill_normal(u, n, 24, 1.0f);
+    fill_normal(dh, n, 25, 1.0f);
+    for (int64_t i = 0; i < n; i++) {
+        ry[i] = (double)y[i] + b[i % C];
+        rdb[i % C] += y[i]; /* the column sums of y, used as dy below */
+        double s = 1.0 / (1.0 + exp(-(double)g[i]));
+        rh[i] = g[i] * s * u[i];
+        rdu[i] = dh[i] * g[i] * s;
+        rdg[i] = dh[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+    }
+    ht_bias_backward(db, y, N, C);
+    EXPECT_CLOSE("bias backward", db, rdb, (size_t)C, 1e-5);
+    ht_add_bias(y, b, HT_DTYPE_F32, N, C);
+    EXPECT_CLOSE("bias add", y, ry, (size_t)n, 1e-7);
+    ht_swiglu_forward(h, HT_DTYPE_F32, g, u, n);
+    EXPECT_CLOSE("swiglu forward", h, rh, (size_t)n, 1e-6);
+    ht_swiglu_backward(dg, du, dh, g, u, n);
+    EXPECT_CLOSE("swiglu dgate", dg, rdg, (size_t)n, 1e-6);
+    EXPECT_CLOSE("swiglu dup", du, rdu, (size_t)n, 1e-6);
+    free(y), free(b), free(db), free(g), free(u), free(dh), free(h), free(dg), free(du);
+    free(ry), free(rdb), free(rh), free(rdg), free(rdu);
+}
+
+/* Rotary embedding, rotate-half form, against the rotation in double; its
+ * backward is the inverse rotation. */
+static void test_rope_against_reference(void **state) {
+    (void)state;
+    const int64_t B = 2, T = 19, H = 3, D = 10, half = D / 2, n = B * T * H * D;
+    float *x = malloc(n * 4), *x0 = malloc(n * 4), *cs = malloc(T * half * 4), *sn = malloc(T * half * 4);
+    double *rx = malloc(n * 8);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = t * pow(10000.0, -2.0 * i / D);
+            cs[t * half + i] = (float)cos(angle);
+            sn[t * half + i] = (float)sin(angle);
+        }
+    fill_normal(x, n, 31, 1.0f);
+    memcpy(x0, x, n * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                const float *v = x0 + ((b * T + t) * H + h) * D;
+                double *r = rx + ((b * T + t) * H + h) * D;
+                for (int64_t i = 0; i < half; i++) {
+                    double c = cs[t * half + i], s = sn[t * half + i];
+                    r[i] = v[i] * c - v[i + half] * s;
+                    r[i + half] = v[i + half] * c + v[i] * s;
+                }
+            }
+    ht_rope_forward(x, cs, sn, B, T, H, D);
+    EXPECT_CLOSE("rope forward", x, rx, (size_t)n, 1e-6);
+    ht_rope_backward(x, cs, sn, B, T, H, D);
+    double *r0 = malloc(n * 8);
+    for (int64_t i = 0; i < n; i++) r0[i] = x0[i];
+    EXPECT_CLOSE("rope backward of forward", x, r0, (size_t)n, 1e-6);
+    free(x), free(x0), free(cs), free(sn), free(rx), free(r0);
+}
+
+/* Mean cross-entropy over the rows with a target (-1: ignored) and its
+ * gradient scale (softmax - onehot), ignored rows zero; the sum of squares. */
+static void test_cross_entropy_against_reference(void **state) {
+    (void)state;
+    const int64_t N = 29, V = 1001;
+    float *logits = malloc(N * V * 4);
+    int32_t targets[29];
+    double *rgrad = calloc(N * V, 8), loss = 0;
+    fill_normal(logits, N * V, 41, 4.0f);
+    int64_t counted = 0;
+    for (int64_t n = 0; n < N; n++) targets[n] = n % 7 == 3 ? -1 : (int32_t)((n * 131) % V);
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] < 0) continue;
+        counted++;
+    }
+    const float scale = 0.5f;
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] < 0) continue;
+        const float *row = logits + n * V;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int64_t v = 0; v < V; v++) sum += exp(row[v] - mx);
+        loss += log(sum) + mx - row[targets[n]];
+        for (int64_t v = 0; v < V; v++) rgrad[n * V + v] = scale * (exp(row[v] - mx) / sum - (v == targets[n]));
+    }
+    loss /= (double)counted;
+    int64_t count;
+    double got = ht_cross_entropy_forward(logits, targets, N, V, &count);
+    assert_int_equal(count, counted);
+    if (!(fabs(got - loss) <= 1e-6 * fabs(loss))) fail_msg("cross-entropy %.9g, reference %.9g", got, loss);
+    double squares = 0;
+    for (int64_t i = 0; i < N * V; i++) squares += (double)logits[i] * logits[i];
+    double ss = ht_sum_squares(logits, N * V);
+    if (!(fabs(ss - squares) <= 1e-12 * squares)) fail_msg("sum of squares %.17g, reference %.17g", ss, squares);
+    ht_cross_entropy_backward(logits, targets, N, V, scale);
+    EXPECT_CLOSE("cross-entropy backward", logits, rgrad, (size_t)(N * V), 1e-5);
+    free(logits);
+    free(rgrad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attention_against_reference),
+        cmocka_unit_test(test_attention_against_reference),       cmocka_unit_test(test_rmsnorm_against_reference),
+        cmocka_unit_test(test_bias_and_swiglu_against_reference), cmocka_unit_test(test_rope_against_reference),
+        cmocka_unit_test(test_cross_entropy_against_reference),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
