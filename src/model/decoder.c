@@ -61,6 +61,7 @@ typedef struct decoder {
     void *act_block;      /* one allocation carved into everything below */
     layer_acts *acts;     /* (L); a recomputed layer's share one set of buffers (all but resid) */
     int sized_generation; /* the model's recompute_generation the buffers were carved for */
+    size_t sized_cd;      /* the compute dtype's size they were carved for */
     float *resid_final;   /* (N, C) the last layer's output */
     float *rstdf;         /* (N) */
     void *lnf;            /* (N, C) cd */
@@ -299,8 +300,11 @@ static bool lora_in_any(const decoder *d, int l, int lin) {
 /* Sizes every activation for (B, T) and carves them from one block. */
 static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
     /* The attention scratch is per thread: more threads than it was sized for size it again. */
+    /* cd buffers hold matmul operands in the compute dtype: sized for it,
+     * and sized again when it changes (ht_model_set_compute). */
+    const size_t cd = ht_dtype_size(d->embed->compute_dtype);
     if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
-        d->sized_generation == m->recompute_generation)
+        d->sized_generation == m->recompute_generation && d->sized_cd == cd)
         return HT_OK;
     ht_free(d->act_block);
     d->act_block = NULL;
@@ -310,7 +314,6 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     widest = widest > QD ? widest : QD;
     widest = widest > C ? widest : C;
     d->threads = omp_get_max_threads();
-    const size_t cd = 4; /* cd buffers are sized for FP32 so a dtype change needs no reallocation */
     size_t per_layer[] = {
         N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, N * QD * 4, (size_t)B * d->H * T * 4,
         N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
@@ -420,6 +423,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->B = B;
     d->T = T;
     d->sized_generation = m->recompute_generation;
+    d->sized_cd = cd;
     m->activation_bytes = total;
     return HT_OK;
 }
