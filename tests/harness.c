@@ -2,6 +2,7 @@
 #include "harness.h"
 
 #include "hypertrain/config.h"
+#include "hypertrain/model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -72,4 +73,17 @@ bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel) {
     }
     ht_gemm_use(&choice);
     return true;
+}
+
+void random_tokens(int32_t *t, int n, int vocab, uint64_t seed) {
+    ht_rng rng;
+    ht_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)ht_rng_below(&rng, (uint64_t)vocab);
+}
+
+double model_loss(ht_model *m, const int32_t *in, const int32_t *tg, int B, int T) {
+    ht_error err;
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
+    return loss;
 }

@@ -29,6 +29,11 @@ void config_scratch_run(struct ht_config *cfg, const char *dir, const char *cons
  * dtype's to widened; false, with a note, where this machine does not offer
  * the kernel (native without the ISA). */
 bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel);
+struct ht_model;
+/* n tokens uniform in [0, vocab) from `seed`. */
+void random_tokens(int32_t *t, int n, int vocab, uint64_t seed);
+/* The mean loss of one forward of (B, T) inputs and targets; fails the test on an error. */
+double model_loss(struct ht_model *m, const int32_t *in, const int32_t *tg, int B, int T);
 /* Asserts an ht_status is HT_OK, printing the error message otherwise. */
 #define assert_ht_ok(expr, errp)                                                                                       \
     do {                                                                                                               \

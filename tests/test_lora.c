@@ -544,19 +544,6 @@ static ht_model *tiny_lora_model(double dropout) {
     return m;
 }
 
-static void random_tokens(int32_t *t, int n, int vocab, uint64_t seed) {
-    ht_rng rng;
-    ht_rng_seed(&rng, seed);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)ht_rng_below(&rng, (uint64_t)vocab);
-}
-
-static double loss_of(ht_model *m, const int32_t *in, const int32_t *tg, int B, int T) {
-    ht_error err;
-    float loss;
-    assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
-    return loss;
-}
-
 /* With a dropout stream set, forward is a fixed function of the weights
  * (the masks come from the stream and the positions): backward, which
  * redraws the masks, is its gradient, checked against central differences
@@ -570,9 +557,9 @@ static void test_dropout_gradients(void **state) {
     random_tokens(tg, B * T, 37, 6);
     m->dropout_seed = 0x5eed;
     m->dropout_first_sequence = 3;
-    double with = loss_of(m, in, tg, B, T);
+    double with = model_loss(m, in, tg, B, T);
     ht_params_zero_grad(&m->params);
-    loss_of(m, in, tg, B, T);
+    model_loss(m, in, tg, B, T);
     ht_model_backward(m, 1.0f);
     ht_rng rng;
     ht_rng_seed(&rng, 99);
@@ -590,9 +577,9 @@ static void test_dropout_gradients(void **state) {
             int64_t k = (int64_t)ht_rng_below(&rng, (uint64_t)ht_param_numel(p));
             float orig = w[k];
             w[k] = orig + eps;
-            double lp = loss_of(m, in, tg, B, T);
+            double lp = model_loss(m, in, tg, B, T);
             w[k] = orig - eps;
-            double lm = loss_of(m, in, tg, B, T);
+            double lm = model_loss(m, in, tg, B, T);
             w[k] = orig;
             double fd = (lp - lm) / (2.0 * eps), an = p->main_grad[k];
             worst = fmax(worst, fabs(fd - an) / (1e-3 + fabs(fd)));
@@ -603,7 +590,7 @@ static void test_dropout_gradients(void **state) {
     }
     /* Without the stream (evaluation) nothing is dropped: another loss. */
     m->dropout_seed = 0;
-    double without = loss_of(m, in, tg, B, T);
+    double without = model_loss(m, in, tg, B, T);
     assert_true(fabs(with - without) > 1e-4);
     printf("dropout 0.25: %d probes, worst relative gradient error %.3g; loss %.6f with the masks, %.6f without\n",
            probes, worst, with, without);
@@ -624,18 +611,18 @@ static void test_dropout_masks_follow_the_sequence(void **state) {
     float *both = malloc(2 * row * sizeof(float));
     m->dropout_seed = 42;
     m->dropout_first_sequence = 4;
-    loss_of(m, in, tg, 2, T);
+    model_loss(m, in, tg, 2, T);
     memcpy(both, m->logits, 2 * row * sizeof(float));
     m->dropout_first_sequence = 5;
-    loss_of(m, in + T, tg + T, 1, T);
+    model_loss(m, in + T, tg + T, 1, T);
     double e = rel_max_err(m->logits, both + row, row);
     assert_true(e <= 1e-6);
     m->dropout_first_sequence = 4; /* another place: other masks */
-    loss_of(m, in + T, tg + T, 1, T);
+    model_loss(m, in + T, tg + T, 1, T);
     assert_true(rel_max_err(m->logits, both + row, row) > 1e-3);
     m->dropout_seed = 43; /* another step */
     m->dropout_first_sequence = 5;
-    loss_of(m, in + T, tg + T, 1, T);
+    model_loss(m, in + T, tg + T, 1, T);
     assert_true(rel_max_err(m->logits, both + row, row) > 1e-3);
     printf("the same sequence in two micro-batches: logits within %.2g\n", e);
     free(both);

@@ -31,19 +31,6 @@ static ht_model_config tiny_config(const char *name, bool bias, bool tied) {
     return c;
 }
 
-static void random_tokens(int32_t *t, int n, int vocab, uint64_t seed) {
-    ht_rng rng;
-    ht_rng_seed(&rng, seed);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)ht_rng_below(&rng, (uint64_t)vocab);
-}
-
-static double loss_at(ht_model *m, const int32_t *in, const int32_t *tg, int B, int T) {
-    ht_error err;
-    float loss;
-    assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
-    return loss;
-}
-
 static void check_gradients(const char *name, bool bias, bool tied) {
     ht_model_config cfg = tiny_config(name, bias, tied);
     ht_model *m;
@@ -66,7 +53,7 @@ static void check_gradients(const char *name, bool bias, bool tied) {
     tg[3] = -1; /* an ignored position */
 
     ht_params_zero_grad(&m->params);
-    loss_at(m, in, tg, B, T);
+    model_loss(m, in, tg, B, T);
     ht_model_backward(m, 1.0f);
 
     const float eps = 1e-2f;
@@ -79,9 +66,9 @@ static void check_gradients(const char *name, bool bias, bool tied) {
             int64_t k = (int64_t)ht_rng_below(&rng, (uint64_t)n);
             float orig = w[k];
             w[k] = orig + eps;
-            double lp = loss_at(m, in, tg, B, T);
+            double lp = model_loss(m, in, tg, B, T);
             w[k] = orig - eps;
-            double lm = loss_at(m, in, tg, B, T);
+            double lm = model_loss(m, in, tg, B, T);
             w[k] = orig;
             double fd = (lp - lm) / (2.0 * eps);
             double an = p->main_grad[k];
