@@ -51,18 +51,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-B, T = 2, 13
-SIZES = dict(
-    vocab_size=100,
-    hidden_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=112,
-    max_position_embeddings=64,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-)
+# The batch and model sizes of the dense fixtures: the same models, adapted.
+from make_model_fixtures import B, SIZES, T  # noqa: E402  (a sibling script)
+
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOL = 1e-5
 
