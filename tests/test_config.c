@@ -184,29 +184,38 @@ static void test_default_yaml(void **state) {
 
 /* ---------------------------------------------------------------- a full file */
 
-static const char *FULL = "# every section and key, none at its default\n"                                    /* 1 */
-                          "model:\n"                                                                          /* 2 */
-                          "  name: llama\n"                                                                   /* 3 */
-                          "  from_pretrained: /models/tiny\n"                                                 /* 4 */
-                          "  vocab_size: 1000\n"                                                              /* 5 */
-                          "  hidden_size: 64\n"                                                               /* 6 */
-                          "  intermediate_size: 128\n"                                                        /* 7 */
-                          "  num_hidden_layers: 2\n"                                                          /* 8 */
-                          "  num_attention_heads: 4\n"                                                        /* 9 */
-                          "  num_key_value_heads: 4\n"                                                        /* 10 */
-                          "  head_dim: 16\n"                                                                  /* 11 */
-                          "  max_position_embeddings: 1024\n"                                                 /* 12 */
-                          "  rope_theta: 500000\n"                                                            /* 13 */
-                          "  rms_norm_eps: 1.0e-5\n"                                                          /* 14 */
-                          "  freeze: []\n"                                                                    /* 15 */
-                          "  trust_remote_code: true\n"                                                       /* 16 */
-                          "  loss_type: raw\n"                                                                /* 17 */
-                          "  recompute: false\n"                                                              /* 18 */
-                          "  recompute_plan:\n"                                                               /* 19 */
-                          "    apply_modules: [\"model.layers.{*}\"]\n"                                       /* 20 */
-                          "  attention_bias: false\n"                                                         /* 21 */
-                          "  tie_word_embeddings: true\n"                                                     /* 22 */
-                          "  initializer_range: 0.01\n"                                                       /* 23 */
+static const char *FULL = "# every section and key, none at its default\n" /* 1 */
+                          "model:\n"                                       /* 2 */
+                          "  name: qwen2_moe\n"                            /* 3 */
+                          "  from_pretrained: /models/tiny\n"              /* 4 */
+                          "  vocab_size: 1000\n"                           /* 5 */
+                          "  hidden_size: 64\n"                            /* 6 */
+                          "  intermediate_size: 128\n"                     /* 7 */
+                          "  num_hidden_layers: 2\n"                       /* 8 */
+                          "  num_attention_heads: 4\n"                     /* 9 */
+                          "  num_key_value_heads: 4\n"                     /* 10 */
+                          "  head_dim: 16\n"                               /* 11 */
+                          "  max_position_embeddings: 1024\n"              /* 12 */
+                          "  rope_theta: 500000\n"                         /* 13 */
+                          "  rms_norm_eps: 1.0e-5\n"                       /* 14 */
+                          "  freeze: []\n"                                 /* 15 */
+                          "  trust_remote_code: true\n"                    /* 16 */
+                          "  loss_type: raw\n"                             /* 17 */
+                          "  recompute: false\n"                           /* 18 */
+                          "  recompute_plan:\n"                            /* 19 */
+                          "    apply_modules: [\"model.layers.{*}\"]\n"    /* 20 */
+                          "  attention_bias: false\n"                      /* 21 */
+                          "  tie_word_embeddings: true\n"                  /* 22 */
+                          "  initializer_range: 0.01\n"                    /* 23 */
+                          "  num_experts: 4\n"
+                          "  num_experts_per_tok: 1\n"
+                          "  moe_intermediate_size: 24\n"
+                          "  shared_expert_intermediate_size: 40\n"
+                          "  norm_topk_prob: true\n"
+                          "  decoder_sparse_step: 2\n"
+                          "  mlp_only_layers: [0]\n"
+                          "  output_router_logits: true\n"
+                          "  router_aux_loss_coef: 0.02\n"
                           "  lora:\n"                                                                         /* 24 */
                           "    rank: 8\n"                                                                     /* 25 */
                           "    alpha: 16\n"                                                                   /* 26 */
@@ -343,8 +352,18 @@ static const char *FULL = "# every section and key, none at its default\n"      
                           "    enable: true\n";                                                               /* 157 */
 
 static void check_full(const ht_config *cfg) {
-    assert_string_equal(cfg->model.arch.name, "llama");
+    assert_string_equal(cfg->model.arch.name, "qwen2_moe");
     assert_string_equal(cfg->model.from_pretrained, "/models/tiny");
+    const ht_moe_config *mc = &cfg->model.arch.moe;
+    assert_int_equal(mc->num_experts, 4);
+    assert_int_equal(mc->num_experts_per_tok, 1);
+    assert_int_equal(mc->moe_intermediate_size, 24);
+    assert_int_equal(mc->shared_expert_intermediate_size, 40);
+    assert_true(mc->norm_topk_prob && mc->output_router_logits);
+    assert_int_equal(mc->decoder_sparse_step, 2);
+    assert_int_equal(mc->mlp_only_layers.count, 1);
+    assert_int_equal(mc->mlp_only_layers.items[0], 0);
+    assert_true(mc->router_aux_loss_coef == 0.02);
     assert_int_equal(cfg->model.arch.vocab_size, 1000);
     assert_int_equal(cfg->model.arch.hidden_size, 64);
     assert_int_equal(cfg->model.arch.intermediate_size, 128);
@@ -482,9 +501,9 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 157);
+        assert_true(line >= 3 && line <= 166);
     }
-    assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: llama"));
+    assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: qwen2_moe"));
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE,
                   full_line("    muon_ns_coefficients:"));
     assert_source(&cfg, "optimizer.adamw_config.no_weight_decay", HT_CONFIG_SOURCE_FILE,

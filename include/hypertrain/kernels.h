@@ -20,6 +20,13 @@ extern "C" {
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
              const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
 
+/* ht_gemm for a row count that changes from call to call (the rows one
+ * expert receives): the rows are M, or K when trans_a (a sum over rows, as
+ * in a weight gradient); one oneDNN primitive, made with that size left to
+ * run time, serves every count, where ht_gemm would make one per count. */
+void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                    int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+
 /* HT_OK, or the first product that could not run since the process started:
  * every later result is suspect, so a caller stops at the first failure. */
 ht_status ht_gemm_status(ht_error *err);

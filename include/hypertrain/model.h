@@ -32,6 +32,35 @@ typedef struct ht_lora_config {
     char targets[HT_LORA_MAX_TARGETS][HT_LORA_TARGET_MAX];
 } ht_lora_config;
 
+/* Qwen2-MoE's sparse MLP (transformers' Qwen2MoeSparseMoeBlock): a router
+ * (mlp.gate.weight (E, C)) picks num_experts_per_tok of num_experts experts
+ * per token by softmax probability; the routed experts are the 3-D
+ * parameters mlp.experts.gate_up_proj (E, 2I, C) (gate rows first, then up)
+ * and mlp.experts.down_proj (E, C, I); a shared expert (an MLP of
+ * shared_expert_intermediate_size) is added, scaled by
+ * sigmoid(mlp.shared_expert_gate.weight · x). Layer l is sparse when
+ * num_experts > 0, (l + 1) % decoder_sparse_step == 0 and l is not in
+ * mlp_only_layers; the other layers keep the dense MLP of intermediate_size. */
+#define HT_LAYER_LIST_MAX 64
+typedef struct ht_layer_list {
+    int count;
+    int items[HT_LAYER_LIST_MAX];
+} ht_layer_list;
+typedef struct ht_moe_config {
+    int num_experts;         /* E; 0: no sparse layer */
+    int num_experts_per_tok; /* k */
+    int moe_intermediate_size;
+    int shared_expert_intermediate_size;
+    bool norm_topk_prob; /* the k chosen probabilities rescaled to sum to 1 */
+    int decoder_sparse_step;
+    ht_layer_list mlp_only_layers;
+    /* The load-balancing loss (transformers' load_balancing_loss_func over
+     * every sparse layer of one forward) is added to the loss times
+     * router_aux_loss_coef when output_router_logits is true. */
+    bool output_router_logits;
+    double router_aux_loss_coef;
+} ht_moe_config;
+
 /* The architecture, with the field names and meaning of Hugging Face's config.json. */
 typedef struct ht_model_config {
     char name[32]; /* registry name: "qwen2", "llama" */
@@ -48,8 +77,12 @@ typedef struct ht_model_config {
     bool attention_bias; /* q/k/v biases: Qwen2 yes, Llama no */
     bool tie_word_embeddings;
     double initializer_range; /* std of the normal init of fresh weights (HF default 0.02) */
+    ht_moe_config moe;        /* qwen2_moe only */
     ht_lora_config lora;      /* rank 0: none; never read from or written to config.json */
 } ht_model_config;
+
+/* Whether layer l of cfg has the sparse MLP. */
+bool ht_model_config_layer_is_sparse(const ht_model_config *cfg, int l);
 
 /* Checks the numbers hang together (heads divide, sizes positive); names the field. */
 ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err);
@@ -115,6 +148,10 @@ struct ht_model {
      * scores above the diagonal, which causal attention otherwise skips: a
      * trainer without QK-clip turns it off. */
     bool track_attn_max;
+    /* qwen2_moe with output_router_logits: the last forward's load-balancing
+     * loss, before router_aux_loss_coef (the loss forward returns includes
+     * coef x aux_loss); NAN otherwise. */
+    float aux_loss;
     int B, T;                /* the shapes of the last forward */
     size_t activation_bytes; /* what forward keeps for backward, and backward's scratch, for (B, T) */
     ht_module *modules;      /* (module_count) in forward order */

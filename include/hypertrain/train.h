@@ -50,9 +50,10 @@ typedef struct ht_trainer {
     ht_loader train_loader;
     ht_loader valid_loader;
     ht_optimizer optimizer;
-    ht_qk_layer *qk_layers;                            /* (L) when QK-clip is on, else NULL */
-    const char *no_wd[HT_CONFIG_LIST_MAX];             /* config strings, as the optimizer takes them */
-    const char *adamw_include[HT_CONFIG_LIST_MAX + 2]; /* and the adapters' names when LoRA goes to AdamW */
+    ht_qk_layer *qk_layers;                /* (L) when QK-clip is on, else NULL */
+    const char *no_wd[HT_CONFIG_LIST_MAX]; /* config strings, as the optimizer takes them */
+    const char
+        *adamw_include[HT_CONFIG_LIST_MAX + 4]; /* and the adapters' names when LoRA goes to AdamW, the routers' */
     const char *wd_include[HT_CONFIG_LIST_MAX], *wd_exclude[HT_CONFIG_LIST_MAX];
     int64_t step;              /* optimizer steps taken */
     char resumed_from[4096];   /* the checkpoint restored from another directory than output_dir, or "" */

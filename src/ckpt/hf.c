@@ -94,6 +94,35 @@ static ht_status check_rope(const char *path, const ht_json *root, const char *n
     return HT_OK;
 }
 
+/* Qwen2-MoE's sparse MLP, with transformers' defaults. */
+static ht_status read_moe_fields(const char *path, const ht_json *root, ht_moe_config *mc, ht_error *err) {
+    ht_status s;
+    if ((s = get_int(path, root, "num_experts", false, 60, &mc->num_experts, err)) != HT_OK ||
+        (s = get_int(path, root, "num_experts_per_tok", false, 4, &mc->num_experts_per_tok, err)) != HT_OK ||
+        (s = get_int(path, root, "moe_intermediate_size", false, 1408, &mc->moe_intermediate_size, err)) != HT_OK ||
+        (s = get_int(path, root, "shared_expert_intermediate_size", false, 5632, &mc->shared_expert_intermediate_size,
+                     err)) != HT_OK ||
+        (s = get_bool(path, root, "norm_topk_prob", false, &mc->norm_topk_prob, err)) != HT_OK ||
+        (s = get_int(path, root, "decoder_sparse_step", false, 1, &mc->decoder_sparse_step, err)) != HT_OK ||
+        (s = get_bool(path, root, "output_router_logits", false, &mc->output_router_logits, err)) != HT_OK ||
+        (s = get_double(path, root, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef, err)) != HT_OK)
+        return s;
+    const ht_json *list = field(root, "mlp_only_layers");
+    mc->mlp_only_layers.count = 0;
+    if (!list || list->type == HT_JSON_NULL) return HT_OK;
+    if (list->type != HT_JSON_ARRAY || list->count > (size_t)HT_LAYER_LIST_MAX)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"mlp_only_layers\" must be a list of at most %d layer indices",
+                       path, HT_LAYER_LIST_MAX);
+    for (size_t i = 0; i < list->count; i++) {
+        const ht_json *v = &list->items[i];
+        if (v->type != HT_JSON_NUMBER || v->number != floor(v->number) || v->number < 0 || v->number > INT_MAX)
+            return ht_fail(err, HT_ERR_CONFIG, "%s: mlp_only_layers[%zu] must be a layer index (an integer >= 0)", path,
+                           i);
+        mc->mlp_only_layers.items[mc->mlp_only_layers.count++] = (int)v->number;
+    }
+    return HT_OK;
+}
+
 static ht_status read_config_fields(const char *path, const ht_json *root, ht_model_config *cfg, ht_error *err) {
     if (root->type != HT_JSON_OBJECT) return ht_fail(err, HT_ERR_CONFIG, "%s: not a JSON object", path);
     const ht_json *type = field(root, "model_type");
@@ -101,10 +130,12 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     if (type->type != HT_JSON_STRING)
         return ht_fail(err, HT_ERR_CONFIG, "%s: field \"model_type\" must be a string, not %s", path,
                        json_type_name(type));
-    if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0)
-        return ht_fail(err, HT_ERR_CONFIG, "%s: model_type \"%s\" is not supported (supported: qwen2, llama)", path,
+    if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0 &&
+        strcmp(type->string, "qwen2_moe") != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe)", path,
                        type->string);
-    bool qwen2 = strcmp(type->string, "qwen2") == 0;
+    bool qwen2 = strcmp(type->string, "qwen2") == 0, moe = strcmp(type->string, "qwen2_moe") == 0;
     snprintf(cfg->name, sizeof(cfg->name), "%s", type->string);
 
     const ht_json *act = field(root, "hidden_act");
@@ -133,11 +164,13 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     const ht_json *theta_home = field(root, "rope_theta") || !rope_params ? root : rope_params;
     if ((s = get_double(path, theta_home, "rope_theta", 10000.0, &cfg->rope_theta, err)) != HT_OK ||
         (s = get_double(path, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, err)) != HT_OK ||
-        (s = get_bool(path, root, "attention_bias", qwen2, &cfg->attention_bias, err)) != HT_OK ||
+        /* Qwen2-MoE's q/k/v biases are "qkv_bias" (transformers 5; always on before it). */
+        (s = get_bool(path, root, moe ? "qkv_bias" : "attention_bias", qwen2 || moe, &cfg->attention_bias, err)) !=
+            HT_OK ||
         (s = get_bool(path, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err)) != HT_OK ||
         (s = get_double(path, root, "initializer_range", 0.02, &cfg->initializer_range, err)) != HT_OK)
         return s;
-    return HT_OK;
+    return moe ? read_moe_fields(path, root, &cfg->moe, err) : HT_OK;
 }
 
 ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err) {
@@ -177,10 +210,11 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
-    bool qwen2 = strcmp(cfg->name, "qwen2") == 0;
-    if (!qwen2 && strcmp(cfg->name, "llama") != 0)
-        return ht_fail(err, HT_ERR_CONFIG, "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama)",
-                       path, cfg->name);
+    bool qwen2 = strcmp(cfg->name, "qwen2") == 0, moe = strcmp(cfg->name, "qwen2_moe") == 0;
+    if (!qwen2 && !moe && strcmp(cfg->name, "llama") != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama, qwen2_moe)", path,
+                       cfg->name);
     if (qwen2 && !cfg->attention_bias)
         return ht_fail(err, HT_ERR_CONFIG,
                        "%s: transformers' Qwen2 always has q/k/v biases; a qwen2 model without attention_bias "
@@ -193,7 +227,10 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
-    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n", qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n",
+            qwen2 ? "Qwen2ForCausalLM"
+            : moe ? "Qwen2MoeForCausalLM"
+                  : "LlamaForCausalLM");
     fprintf(f, "  \"model_type\": \"%s\",\n  \"hidden_act\": \"silu\",\n", cfg->name);
     fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", cfg->vocab_size,
             cfg->hidden_size, cfg->intermediate_size);
@@ -207,10 +244,26 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     ht_json_write_number(f, cfg->rope_theta);
     fputs("},\n  \"rms_norm_eps\": ", f);
     ht_json_write_number(f, cfg->rms_norm_eps);
-    fprintf(f, ",\n  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n  \"initializer_range\": ",
-            cfg->attention_bias ? "true" : "false", cfg->tie_word_embeddings ? "true" : "false");
+    fprintf(f, ",\n  \"%s\": %s,\n  \"tie_word_embeddings\": %s,\n  \"initializer_range\": ",
+            moe ? "qkv_bias" : "attention_bias", cfg->attention_bias ? "true" : "false",
+            cfg->tie_word_embeddings ? "true" : "false");
     ht_json_write_number(f, cfg->initializer_range);
     fprintf(f, ",\n  \"attention_dropout\": 0.0,\n  \"use_cache\": true,\n");
+    if (moe) {
+        const ht_moe_config *mc = &cfg->moe;
+        fprintf(f, "  \"use_sliding_window\": false,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n",
+                mc->num_experts, mc->num_experts_per_tok);
+        fprintf(f, "  \"moe_intermediate_size\": %d,\n  \"shared_expert_intermediate_size\": %d,\n",
+                mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
+        fprintf(f, "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": %d,\n  \"mlp_only_layers\": [",
+                mc->norm_topk_prob ? "true" : "false", mc->decoder_sparse_step);
+        for (int i = 0; i < mc->mlp_only_layers.count; i++)
+            fprintf(f, "%s%d", i ? ", " : "", mc->mlp_only_layers.items[i]);
+        fprintf(f, "],\n  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": ",
+                mc->output_router_logits ? "true" : "false");
+        ht_json_write_number(f, mc->router_aux_loss_coef);
+        fputs(",\n", f);
+    }
     fprintf(f, "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", ht_dtype_name(torch_dtype),
             ht_dtype_name(torch_dtype));
     if (fclose(f) != 0 || !text) {
@@ -369,6 +422,83 @@ ht_status ht_hf_copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, 
     return HT_OK;
 }
 
+/* ---------------------------------------------------------------- experts, one tensor each */
+
+/* transformers keeps Qwen2-MoE's routed experts as 3-D params (E, 2I, C)
+ * "<layer>.mlp.experts.gate_up_proj" and (E, C, I) ".down_proj", but its
+ * files, and every checkpoint on the Hub, hold one tensor per expert:
+ * "<layer>.mlp.experts.<e>.gate_proj.weight" and ".up_proj.weight" (I, C),
+ * ".down_proj.weight" (C, I). Loading takes either; saving writes the
+ * per-expert form that transformers writes. */
+typedef enum expert_kind { NOT_EXPERTS = 0, GATE_UP, DOWN } expert_kind;
+
+/* Whether p is a 3-D expert param; prefix gets its name up to ".experts." included. */
+static expert_kind expert_param(const char *name, int ndim, char *prefix, size_t cap) {
+    static const char *const tails[] = {".experts.gate_up_proj", ".experts.down_proj"};
+    size_t n = strlen(name);
+    for (int k = 0; k < 2 && ndim == 3; k++) {
+        size_t t = strlen(tails[k]);
+        if (n > t && strcmp(name + n - t, tails[k]) == 0) {
+            snprintf(prefix, cap, "%.*s.experts.", (int)(n - t), name);
+            return k == 0 ? GATE_UP : DOWN;
+        }
+    }
+    return NOT_EXPERTS;
+}
+
+/* Whether a file tensor's name is one expert's matrix of a 3-D param of the store. */
+static bool is_expert_tensor(const char *name, const ht_param_store *params) {
+    const char *at = strstr(name, ".experts.");
+    if (!at) return false;
+    const char *e = at + strlen(".experts.");
+    char *end;
+    (void)strtol(e, &end, 10);
+    if (end == e || *end != '.') return false;
+    char whole[HT_PARAM_NAME_MAX + 32];
+    bool down = strcmp(end, ".down_proj.weight") == 0;
+    if (!down && strcmp(end, ".gate_proj.weight") != 0 && strcmp(end, ".up_proj.weight") != 0) return false;
+    snprintf(whole, sizeof(whole), "%.*s.experts.%s", (int)(at - name), name, down ? "down_proj" : "gate_up_proj");
+    return ht_params_find(params, whole) != NULL;
+}
+
+/* p's local experts [row0, row1) from the per-expert tensors; the ones
+ * missing are added to the list. */
+static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix, const hf_files *fs, char *missing,
+                              size_t cap, int *n_missing, int *left_out, ht_error *err) {
+    const int64_t rows = kind == GATE_UP ? p->shape[1] / 2 : p->shape[1], cols = p->shape[2];
+    const int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0];
+    static const char *const parts[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
+    const size_t esize = ht_dtype_size(p->dtype);
+    for (int64_t e = p->row0; e < r1; e++)
+        for (int part = 0; part < 2 && parts[kind - 1][part]; part++) {
+            char name[HT_PARAM_NAME_MAX + 64];
+            snprintf(name, sizeof(name), "%s%lld.%s.weight", prefix, (long long)e, parts[kind - 1][part]);
+            const ht_safetensors *in = NULL;
+            const ht_st_tensor *t = files_find(fs, name, &in);
+            if (!t) {
+                (*n_missing)++;
+                list_append(missing, cap, name, left_out);
+                continue;
+            }
+            if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+                return ht_fail(err, HT_ERR_FORMAT,
+                               "%s: tensor '%s' has the wrong shape for %s's expert %lld: expected [%lld, %lld]; "
+                               "the weights do not match config.json",
+                               ht_safetensors_path(in), name, p->name, (long long)e, (long long)rows, (long long)cols);
+            /* One expert's matrix through the row copier: a view of p holding that block alone. */
+            ht_param view = *p;
+            view.ndim = 2;
+            view.shape[0] = rows;
+            view.shape[1] = cols;
+            view.row0 = 0;
+            view.row1 = rows;
+            view.data = (char *)p->data + (size_t)(((e - p->row0) * p->shape[1] + part * rows) * cols) * esize;
+            ht_status s = ht_hf_copy_rows(&view, t, ht_safetensors_path(in), err);
+            if (s != HT_OK) return s;
+        }
+    return HT_OK;
+}
+
 /* Tensors of the files that no param asked for; lm_head.weight of a tied model is expected. */
 static void warn_unused(const hf_files *fs, const ht_param_store *params, const char *dir) {
     char list[1024] = "";
@@ -376,7 +506,8 @@ static void warn_unused(const hf_files *fs, const ht_param_store *params, const 
     for (int f = 0; f < fs->count; f++) {
         for (int i = 0; i < ht_safetensors_count(fs->files[f]); i++) {
             const char *name = ht_safetensors_tensor(fs->files[f], i)->name;
-            if (ht_params_find(params, name) || strcmp(name, "lm_head.weight") == 0) continue;
+            if (ht_params_find(params, name) || strcmp(name, "lm_head.weight") == 0 || is_expert_tensor(name, params))
+                continue;
             unused++;
             list_append(list, sizeof(list), name, &left_out);
         }
@@ -412,6 +543,12 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
         if (ht_lora_kind(p->name)) continue;
         const ht_safetensors *in = NULL;
         const ht_st_tensor *t = files_find(&fs, p->name, &in);
+        char prefix[HT_PARAM_NAME_MAX];
+        expert_kind kind = expert_param(p->name, p->ndim, prefix, sizeof(prefix));
+        if (!t && kind != NOT_EXPERTS) {
+            s = load_experts(p, kind, prefix, &fs, missing, sizeof(missing), &n_missing, &left_out, err);
+            continue;
+        }
         if (!t) {
             n_missing++;
             list_append(missing, sizeof(missing), p->name, &left_out);
@@ -462,27 +599,80 @@ static ht_status make_dirs(const char *dir, ht_error *err) {
 
 static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) { return ht_dtype_is_float(p->dtype) ? dtype : p->dtype; }
 
-static size_t param_save_bytes(const ht_param *p, ht_dtype dtype) {
-    return (size_t)ht_param_numel(p) * ht_dtype_size(save_dtype(p, dtype));
+/* One tensor of the files: a whole param, or one expert's matrix of a 3-D expert param. */
+typedef struct hf_tensor {
+    char name[HT_PARAM_NAME_MAX + 64];
+    int ndim;
+    int64_t shape[HT_PARAM_MAX_DIMS];
+    const void *data;
+    ht_dtype src, dst;
+    size_t bytes; /* as saved */
+} hf_tensor;
+
+/* The tensors a save writes, in param order, experts one by one. */
+static hf_tensor *save_list(const ht_param_store *params, ht_dtype dtype, int *count) {
+    int n = 0;
+    char prefix[HT_PARAM_NAME_MAX];
+    for (int i = 0; i < params->count; i++) {
+        const ht_param *p = &params->items[i];
+        expert_kind kind = expert_param(p->name, p->ndim, prefix, sizeof(prefix));
+        n += kind == GATE_UP ? 2 * (int)p->shape[0] : kind == DOWN ? (int)p->shape[0] : 1;
+    }
+    hf_tensor *list = calloc((size_t)n + 1, sizeof(hf_tensor));
+    if (!list) return NULL;
+    n = 0;
+    for (int i = 0; i < params->count; i++) {
+        const ht_param *p = &params->items[i];
+        const ht_dtype dst = save_dtype(p, dtype);
+        expert_kind kind = expert_param(p->name, p->ndim, prefix, sizeof(prefix));
+        if (kind == NOT_EXPERTS) {
+            hf_tensor *t = &list[n++];
+            snprintf(t->name, sizeof(t->name), "%s", p->name);
+            t->ndim = p->ndim;
+            memcpy(t->shape, p->shape, sizeof(t->shape));
+            t->data = p->data;
+            t->src = p->dtype;
+            t->dst = dst;
+            t->bytes = (size_t)ht_param_numel(p) * ht_dtype_size(dst);
+            continue;
+        }
+        const int64_t rows = kind == GATE_UP ? p->shape[1] / 2 : p->shape[1], cols = p->shape[2];
+        static const char *const parts[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
+        for (int64_t e = 0; e < p->shape[0]; e++)
+            for (int part = 0; part < 2 && parts[kind - 1][part]; part++) {
+                hf_tensor *t = &list[n++];
+                snprintf(t->name, sizeof(t->name), "%s%lld.%s.weight", prefix, (long long)e, parts[kind - 1][part]);
+                t->ndim = 2;
+                t->shape[0] = rows;
+                t->shape[1] = cols;
+                t->data =
+                    (const char *)p->data + (size_t)((e * p->shape[1] + part * rows) * cols) * ht_dtype_size(p->dtype);
+                t->src = p->dtype;
+                t->dst = dst;
+                t->bytes = (size_t)(rows * cols) * ht_dtype_size(dst);
+            }
+    }
+    *count = n;
+    return list;
 }
 
-/* Writes the params whose shard[i] == k into path. */
-static ht_status write_shard(const char *path, const ht_param_store *params, const int *shard, int k, ht_dtype dtype,
+/* Writes the tensors whose shard[i] == k into path. */
+static ht_status write_shard(const char *path, const hf_tensor *list, int count, const int *shard, int k,
                              ht_error *err) {
     ht_st_writer w = {0};
     ht_status s = ht_st_writer_add_metadata(&w, "format", "pt", err);
-    for (int i = 0; i < params->count && s == HT_OK; i++) {
-        const ht_param *p = &params->items[i];
+    for (int i = 0; i < count && s == HT_OK; i++) {
+        const hf_tensor *t = &list[i];
         if (shard[i] != k) continue;
-        s = ht_st_writer_add(&w, p->name, save_dtype(p, dtype), p->ndim, p->shape, p->data, p->dtype, err);
+        s = ht_st_writer_add(&w, t->name, t->dst, t->ndim, t->shape, t->data, t->src, err);
     }
     if (s == HT_OK) s = ht_st_writer_write(&w, path, err);
     ht_st_writer_free(&w);
     return s;
 }
 
-static ht_status write_index(const char *dir, const ht_param_store *params, const int *shard, int nshards, size_t total,
-                             ht_error *err) {
+static ht_status write_index(const char *dir, const hf_tensor *list, int count, const int *shard, int nshards,
+                             size_t total, ht_error *err) {
     char path[HF_PATH_MAX], file[64];
     join(path, dir, HF_INDEX);
     char *text = NULL;
@@ -490,10 +680,10 @@ static ht_status write_index(const char *dir, const ht_param_store *params, cons
     FILE *f = open_memstream(&text, &len);
     if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build the index", path);
     fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %zu\n  },\n  \"weight_map\": {", total);
-    for (int i = 0; i < params->count; i++) {
+    for (int i = 0; i < count; i++) {
         snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", shard[i] + 1, nshards);
         fputs(i ? ",\n    " : "\n    ", f);
-        ht_json_write_string(f, params->items[i].name);
+        ht_json_write_string(f, list[i].name);
         fprintf(f, ": \"%s\"", file);
     }
     fputs("\n  }\n}\n", f);
@@ -512,7 +702,6 @@ ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param
     if (!ht_dtype_is_float(dtype))
         return ht_fail(err, HT_ERR_INVALID, "%s: cannot save weights as %s (not a float dtype)", dir,
                        ht_dtype_name(dtype));
-    size_t total = 0;
     for (int i = 0; i < params->count; i++) {
         const ht_param *p = &params->items[i];
         if (!p->data || p->row0 != 0 || p->row1 != p->shape[0])
@@ -520,20 +709,27 @@ ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param
                            "%s: parameter '%s' holds rows [%lld, %lld) of %lld; a Hugging Face save needs whole "
                            "tensors (gather the shards first)",
                            dir, p->name, (long long)p->row0, (long long)p->row1, (long long)p->shape[0]);
-        total += param_save_bytes(p, dtype);
     }
     ht_status s = make_dirs(dir, err);
     if (s == HT_OK) s = ht_hf_write_config(dir, cfg, dtype, err);
     if (s != HT_OK) return s;
+    int count = 0;
+    hf_tensor *list = save_list(params, dtype, &count);
+    if (!list) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", dir);
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += list[i].bytes;
 
-    /* Greedy shards in param order, a new one when the next tensor would overflow (as transformers does). */
-    int *shard = calloc((size_t)params->count + 1, sizeof(int));
-    if (!shard) return ht_fail(err, HT_ERR_OOM, "%s: out of memory", dir);
+    /* Greedy shards in tensor order, a new one when the next tensor would overflow (as transformers does). */
+    int *shard = calloc((size_t)count + 1, sizeof(int));
+    if (!shard) {
+        free(list);
+        return ht_fail(err, HT_ERR_OOM, "%s: out of memory", dir);
+    }
     int nshards = 1;
     if (max_shard_bytes && total > max_shard_bytes) {
         size_t in_shard = 0;
-        for (int i = 0; i < params->count; i++) {
-            size_t b = param_save_bytes(&params->items[i], dtype);
+        for (int i = 0; i < count; i++) {
+            size_t b = list[i].bytes;
             if (in_shard > 0 && in_shard + b > max_shard_bytes) {
                 nshards++;
                 in_shard = 0;
@@ -545,21 +741,22 @@ ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param
     char path[HF_PATH_MAX], stale[HF_PATH_MAX];
     if (nshards == 1) {
         join(path, dir, HF_SINGLE);
-        s = write_shard(path, params, shard, 0, dtype, err);
+        s = write_shard(path, list, count, shard, 0, err);
         join(stale, dir, HF_INDEX);
     } else {
         for (int k = 0; k < nshards && s == HT_OK; k++) {
             char file[64];
             snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", k + 1, nshards);
             join(path, dir, file);
-            s = write_shard(path, params, shard, k, dtype, err);
+            s = write_shard(path, list, count, shard, k, err);
         }
-        if (s == HT_OK) s = write_index(dir, params, shard, nshards, total, err);
+        if (s == HT_OK) s = write_index(dir, list, count, shard, nshards, total, err);
         join(stale, dir, HF_SINGLE);
     }
     /* A leftover of the other layout would shadow (or confuse) the new weights. */
     if (s == HT_OK && remove(stale) != 0 && errno != ENOENT)
         s = ht_fail(err, HT_ERR_IO, "%s: cannot remove the stale file: %s", stale, strerror(errno));
     free(shard);
+    free(list);
     return s;
 }

@@ -25,6 +25,7 @@ typedef enum key_type {
     KT_DTYPE,  /* ht_dtype: float16 | bfloat16 | float32 */
     KT_STRS,   /* ht_config_strings */
     KT_FLOATS, /* double[size / sizeof(double)] */
+    KT_LAYERS, /* ht_layer_list: a list of layer indices */
     KT_NS,     /* ht_config_ns_coefficients */
     KT_SHARD,  /* int: auto (0) or a positive integer */
     KT_REJECT, /* a key some dialects know that is an error here */
@@ -146,6 +147,8 @@ static const enum_name TOTAL_STEPS_MSG[] = {
     { path, KT_STRS, F(field), def, NULL, 0 }
 #define FLOATS(path, field, def)                                                                                       \
     { path, KT_FLOATS, F(field), def, NULL, 0 }
+#define LAYERS(path, field, def)                                                                                       \
+    { path, KT_LAYERS, F(field), def, NULL, 0 }
 #define NS(path, field, def)                                                                                           \
     { path, KT_NS, F(field), def, NULL, 0 }
 #define SHARD(path, field, def)                                                                                        \
@@ -170,6 +173,15 @@ static const key_desc KEYS[] = {
     BOOL("model.attention_bias", model.arch.attention_bias, "true"),
     BOOL("model.tie_word_embeddings", model.arch.tie_word_embeddings, "false"),
     FLT("model.initializer_range", model.arch.initializer_range, "0.02"),
+    INT("model.num_experts", model.arch.moe.num_experts, "0"),
+    INT("model.num_experts_per_tok", model.arch.moe.num_experts_per_tok, "4"),
+    INT("model.moe_intermediate_size", model.arch.moe.moe_intermediate_size, "1408"),
+    INT("model.shared_expert_intermediate_size", model.arch.moe.shared_expert_intermediate_size, "5632"),
+    BOOL("model.norm_topk_prob", model.arch.moe.norm_topk_prob, "false"),
+    INT("model.decoder_sparse_step", model.arch.moe.decoder_sparse_step, "1"),
+    LAYERS("model.mlp_only_layers", model.arch.moe.mlp_only_layers, "[]"),
+    BOOL("model.output_router_logits", model.arch.moe.output_router_logits, "false"),
+    FLT("model.router_aux_loss_coef", model.arch.moe.router_aux_loss_coef, "0.001"),
     STRS("model.freeze", model.freeze, "[]"),
     BOOL("model.trust_remote_code", model.trust_remote_code, "false"),
     ENUM("model.loss_type", model.loss_type, LOSS_TYPES, "raw"),
@@ -623,6 +635,7 @@ static void expected(const key_desc *k, char *buf, size_t n) {
         snprintf(buf, n, "a list of at most %d strings of at most %d bytes", HT_CONFIG_LIST_MAX, HT_CONFIG_STR_MAX - 1);
         break;
     case KT_FLOATS: snprintf(buf, n, "a list of %zu numbers", k->size / sizeof(double)); break;
+    case KT_LAYERS: snprintf(buf, n, "a list of at most %d layer indices (integers >= 0)", HT_LAYER_LIST_MAX); break;
     case KT_NS:
         snprintf(buf, n, "null, [a, b, c], [[a, b, c], ...] or [[[a, b, c], count], ...] (at most %d entries)",
                  HT_CONFIG_NS_MAX);
@@ -823,6 +836,18 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
         if (node->type != YAML_SEQUENCE_NODE || seq_len(node) != n) return false;
         for (int i = 0; i < n; i++)
             if (!node_number(seq_item(doc, node, i), (double *)dst + i)) return false;
+        return true;
+    }
+    case KT_LAYERS: {
+        ht_layer_list *list = dst;
+        list->count = 0;
+        if (node_is_null(node)) return true;
+        if (node->type != YAML_SEQUENCE_NODE || seq_len(node) > HT_LAYER_LIST_MAX) return false;
+        for (int i = 0; i < seq_len(node); i++) {
+            if (!node_int(seq_item(doc, node, i), 0, INT_MAX, &iv)) return false;
+            list->items[i] = (int)iv;
+        }
+        list->count = seq_len(node);
         return true;
     }
     case KT_NS: return node_ns(doc, node, dst, why, why_size);
@@ -1661,6 +1686,13 @@ static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
         }
         put(buf, n, &used, "]");
         break;
+    case KT_LAYERS: {
+        const ht_layer_list *list = src;
+        put(buf, n, &used, "[");
+        for (int j = 0; j < list->count; j++) put(buf, n, &used, "%s%d", j ? ", " : "", list->items[j]);
+        put(buf, n, &used, "]");
+        break;
+    }
     case KT_NS: {
         const ht_config_ns_coefficients *ns = src;
         if (ns->count == 0) {

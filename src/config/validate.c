@@ -135,6 +135,24 @@ static bool given(const ht_config *cfg, const char *key) {
     return ht_config_key_source(cfg, key, &line) != HT_CONFIG_SOURCE_DEFAULT;
 }
 
+/* The sparse MLP's keys belong to qwen2_moe: on a dense model they would
+ * be read by nothing. */
+static void check_moe_keys(report *r) {
+    static const char *const keys[] = {
+        "model.num_experts",           "model.num_experts_per_tok",
+        "model.moe_intermediate_size", "model.shared_expert_intermediate_size",
+        "model.norm_topk_prob",        "model.decoder_sparse_step",
+        "model.mlp_only_layers",       "model.output_router_logits",
+        "model.router_aux_loss_coef",
+    };
+    if (strcmp(r->cfg->model.arch.name, "qwen2_moe") == 0) return;
+    char a[HT_CONFIG_STR_MAX + 160];
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (given(r->cfg, keys[i]))
+            add(r, "%s: applies to model.name qwen2_moe (the sparse MLP), not to %s", at(r->cfg, keys[i], a, sizeof(a)),
+                r->cfg->model.arch.name);
+}
+
 /* decay_ratio, ConstantWithCoolDownLR, CosineAnnealingWarmRestarts and LearningRateWiseLayer
  * (mindformers/core/lr/lr_schedule.py: what MindFormers refuses, and what hypertrain cannot do). */
 static void check_new_schedules(report *r) {
@@ -241,6 +259,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
 
     check(&r, cfg->training.gradient_scaling_factor > 0, "training.gradient_scaling_factor", "a number > 0");
     check_mindspeed(&r);
+    check_moe_keys(&r);
 
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";

@@ -146,16 +146,23 @@ static thread_ctx *thread_ctx_get(size_t scratch_bytes) {
 }
 
 /* Transposes are strides: op(A)[m][k] is A[m*lda + k], or A[k*lda + m] when
- * trans_a; likewise for B. C is (M, N) with row stride ldc. */
+ * trans_a; likewise for B. C is (M, N) with row stride ldc. M and K are the
+ * key's, or (a ragged key's DNNL_RUNTIME_DIM_VAL) the call's. */
+static dnnl_status_t operand_mds(const gemm_key *k, int64_t M, int64_t K, dnnl_memory_desc_t *a_md,
+                                 dnnl_memory_desc_t *b_md, dnnl_memory_desc_t *c_md) {
+    dnnl_dims_t a_dims = {M, K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
+    dnnl_dims_t b_dims = {K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
+    dnnl_dims_t c_dims = {M, k->N}, c_strides = {k->ldc, 1};
+    dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : k->dtype == HT_DTYPE_F16 ? dnnl_f16 : dnnl_f32;
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(a_md, 2, a_dims, in, a_strides);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(b_md, 2, b_dims, in, b_strides);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(c_md, 2, c_dims, dnnl_f32, c_strides);
+    return s;
+}
+
 static dnnl_status_t matmul_pd_create(const gemm_key *k, dnnl_primitive_desc_t *pd) {
     dnnl_memory_desc_t a_md, b_md, c_md;
-    dnnl_dims_t a_dims = {k->M, k->K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
-    dnnl_dims_t b_dims = {k->K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
-    dnnl_dims_t c_dims = {k->M, k->N}, c_strides = {k->ldc, 1};
-    dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : k->dtype == HT_DTYPE_F16 ? dnnl_f16 : dnnl_f32;
-    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, in, a_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, in, b_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides);
+    dnnl_status_t s = operand_mds(k, k->M, k->K, &a_md, &b_md, &c_md);
     dnnl_matmul_desc_t desc;
     if (s == dnnl_success) s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md);
 
@@ -234,8 +241,9 @@ static dnnl_primitive_t cache_get(const gemm_key *key, bool *owned) {
 }
 
 /* Runs one GEMM of F32 or BF16 operands through a cached matmul primitive; false on a failure (recorded). */
-static bool gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                        int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+static bool gemm_matmul(bool ragged, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
+                        int64_t ldc) {
     /* Inside an active parallel region oneDNN's OpenMP runtime runs every
      * parallel section on the calling thread alone, while a primitive plans
      * its work split for the thread count it is created under. 2.6 gives
@@ -260,6 +268,11 @@ static bool gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
                     .ldc = ldc,
                     .alpha = alpha,
                     .beta = beta};
+    /* Ragged: the row count (M, or K when trans_a) is a runtime size, one primitive for every count. */
+    if (ragged && trans_a)
+        key.K = DNNL_RUNTIME_DIM_VAL;
+    else if (ragged)
+        key.M = DNNL_RUNTIME_DIM_VAL;
     bool owned = false, ok = false;
     dnnl_primitive_t prim = g_gemm.engine ? cache_get(&key, &owned) : NULL;
     const_dnnl_primitive_desc_t pd;
@@ -277,10 +290,14 @@ static bool gemm_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
         const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
                                          dnnl_query_scratchpad_md};
         const int arg_names[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
-        for (; made < nargs; made++) {
+        dnnl_memory_desc_t concrete[3];
+        bool have_concrete = ragged && dnnl_ok(operand_mds(&key, M, K, &concrete[0], &concrete[1], &concrete[2]),
+                                               "ragged memory descriptors");
+        for (; made < nargs && (!ragged || have_concrete); made++) {
             args[made].arg = arg_names[made];
-            if (!dnnl_ok(dnnl_memory_create(&args[made].memory, dnnl_primitive_desc_query_md(pd, queries[made], 0),
-                                            g_gemm.engine, handles[made]),
+            const dnnl_memory_desc_t *md =
+                ragged && made < 3 ? &concrete[made] : dnnl_primitive_desc_query_md(pd, queries[made], 0);
+            if (!dnnl_ok(dnnl_memory_create(&args[made].memory, md, g_gemm.engine, handles[made]),
                          "dnnl_memory_create"))
                 break;
         }
@@ -316,9 +333,9 @@ static void widen_block(float *dst, const uint16_t *src, ht_dtype dtype, int64_t
  * (f16 on most CPUs) or where the native one is slower. Each tile runs the
  * F32 path; over K the first tile applies beta and the next ones accumulate
  * with beta = 1. */
-static bool gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
-                         int64_t lda, const uint16_t *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
-                         int64_t ldc) {
+static bool gemm_widened(bool ragged, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, ht_dtype dtype, float beta,
+                         float *C, int64_t ldc) {
     int64_t mt = M < WIDEN_TILE_MN ? M : WIDEN_TILE_MN, nt = N < WIDEN_TILE_MN ? N : WIDEN_TILE_MN;
     int64_t kt = K < WIDEN_TILE_K ? K : WIDEN_TILE_K;
     float *a32 = malloc((size_t)(mt * kt) * sizeof(float)), *b32 = malloc((size_t)(kt * nt) * sizeof(float));
@@ -339,8 +356,8 @@ static bool gemm_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                     widen_block(b32, B + n0 * ldb + k0, dtype, ldb, nb, kb);
                 else
                     widen_block(b32, B + k0 * ldb + n0, dtype, ldb, kb, nb);
-                ok = gemm_matmul(trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32, trans_b ? kb : nb,
-                                 HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
+                ok = gemm_matmul(ragged, trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32,
+                                 trans_b ? kb : nb, HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
             }
         }
     }
@@ -355,9 +372,9 @@ static void fill_nan(float *C, int64_t M, int64_t N, int64_t ldc) {
         for (int64_t n = 0; n < N; n++) C[m * ldc + n] = NAN;
 }
 
-void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
-                     int64_t ldc) {
+static void gemm_run(ht_gemm_path path, bool ragged, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta,
+                     float *C, int64_t ldc) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) {
         gemm_fail("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
         return; /* C's layout is unknown to trust: left as it is */
@@ -383,9 +400,20 @@ void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, i
         path = dtype == HT_DTYPE_F32 || ht_gemm_kernel_of(dtype) == HT_GEMM_KERNEL_NATIVE ? HT_GEMM_PATH_MATMUL
                                                                                           : HT_GEMM_PATH_WIDEN;
     bool ok = path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32
-                  ? gemm_widened(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc)
-                  : gemm_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+                  ? gemm_widened(ragged, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc)
+                  : gemm_matmul(ragged, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
     if (!ok) fill_nan(C, M, N, ldc);
+}
+
+void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
+                     int64_t ldc) {
+    gemm_run(path, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+}
+
+void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                    int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+    gemm_run(HT_GEMM_PATH_AUTO, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
 }
 
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,

@@ -16,6 +16,7 @@
 
 #include "hypertrain/kernels.h"
 #include "kernels/ops.h"
+#include "model/moe.h"
 
 /* A layer's linear layers, in forward order, by their Hugging Face module names. */
 enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
@@ -26,8 +27,9 @@ static const char *const LIN_MODULES[LIN_COUNT] = {
 
 typedef struct layer_params {
     ht_param *ln1, *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w; /* attention block */
-    ht_param *ln2, *gate_w, *up_w, *down_w;                  /* MLP block */
-    ht_param *lora_a[LIN_COUNT], *lora_b[LIN_COUNT];         /* model.lora: (r, in), (out, r); NULL: no adapter */
+    ht_param *ln2, *gate_w, *up_w, *down_w;                  /* MLP block (dense layers) */
+    int sparse; /* the layer's index among the sparse layers (qwen2_moe), -1: the dense MLP */
+    ht_param *lora_a[LIN_COUNT], *lora_b[LIN_COUNT]; /* model.lora: (r, in), (out, r); NULL: no adapter */
 } layer_params;
 
 /* What the forward pass keeps for the backward pass, per layer. "cd" buffers
@@ -55,19 +57,21 @@ typedef struct decoder {
     int L, C, F, H, KV, D, V;
     ht_param *embed, *norm, *head; /* head == embed when the embeddings are tied */
     layer_params *layers;          /* (L) */
+    ht_moe *moe;                   /* the sparse layers (NULL: none) */
     float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
 
-    int B, T;             /* the shapes the buffers below were sized for */
-    void *act_block;      /* one allocation carved into everything below */
-    layer_acts *acts;     /* (L); a recomputed layer's share one set of buffers (all but resid) */
-    int sized_generation; /* the model's recompute_generation the buffers were carved for */
-    size_t sized_cd;      /* the compute dtype's size they were carved for */
-    float *resid_final;   /* (N, C) the last layer's output */
-    float *rstdf;         /* (N) */
-    void *lnf;            /* (N, C) cd */
-    float *logits;        /* (N, V); becomes dlogits in backward */
-    int32_t *inputs;      /* (N) copy of the last forward's inputs */
-    int32_t *targets;     /* (N) copy of the last forward's targets */
+    int B, T;                /* the shapes the buffers below were sized for */
+    size_t activation_bytes; /* the block's */
+    void *act_block;         /* one allocation carved into everything below */
+    layer_acts *acts;        /* (L); a recomputed layer's share one set of buffers (all but resid) */
+    int sized_generation;    /* the model's recompute_generation the buffers were carved for */
+    size_t sized_cd;         /* the compute dtype's size they were carved for */
+    float *resid_final;      /* (N, C) the last layer's output */
+    float *rstdf;            /* (N) */
+    void *lnf;               /* (N, C) cd */
+    float *logits;           /* (N, V); becomes dlogits in backward */
+    int32_t *inputs;         /* (N) copy of the last forward's inputs */
+    int32_t *targets;        /* (N) copy of the last forward's targets */
     int64_t target_count;
     /* backward scratch */
     float *dresid;   /* (N, C) gradient of the residual stream */
@@ -119,7 +123,8 @@ static bool lora_adapts(const ht_lora_config *lc, const char *path) {
 /* model.lora.target_modules: every entry must select a linear layer, and
  * none the embedding or the LM head (PEFT's LoRA on those is an embedding
  * adapter and a tied-weight question: not supported here). */
-static ht_status check_lora_targets(const decoder *d, const ht_lora_config *lc, ht_error *err) {
+static ht_status check_lora_targets(const decoder *d, const ht_model_config *c, ht_error *err) {
+    const ht_lora_config *lc = &c->lora;
     char path[HT_PARAM_NAME_MAX];
     for (int k = 0; k < lc->target_count; k++) {
         const char *t = lc->targets[k];
@@ -144,6 +149,12 @@ static ht_status check_lora_targets(const decoder *d, const ht_lora_config *lc, 
             for (int lin = 0; lin < LIN_COUNT && !hit; lin++) {
                 snprintf(path, sizeof(path), "model.layers.%d.%s", l, LIN_MODULES[lin]);
                 hit = ht_lora_target_matches(t, path);
+                if (hit && lin > LIN_O && ht_model_config_layer_is_sparse(c, l))
+                    return ht_fail(err, HT_ERR_CONFIG,
+                                   "model.lora.target_modules: \"%s\" selects %s, but layer %d is sparse (its MLP "
+                                   "is experts): adapters on experts are not supported; target the attention "
+                                   "projections, or the MLPs of the dense layers by path",
+                                   t, path, l);
             }
         }
         if (!hit)
@@ -163,7 +174,7 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
     const ht_lora_config *lc = &c->lora;
     char name[HT_PARAM_NAME_MAX + 32], module[HT_PARAM_NAME_MAX];
     if (lc->rank > 0) {
-        ht_status s = check_lora_targets(d, lc, err);
+        ht_status s = check_lora_targets(d, c, err);
         if (s != HT_OK) return s;
     }
     /* Declare in Hugging Face's named_parameters() order (PEFT's for the
@@ -176,8 +187,10 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
         snprintf(name, sizeof(name), "%s.%s", module, suffix);                                                         \
         if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);            \
     } while (0)
+        bool sparse = ht_model_config_layer_is_sparse(c, l);
         for (int lin = 0; lin < LIN_COUNT; lin++) {
             int64_t out, in;
+            if (sparse && lin > LIN_O) break; /* the sparse MLP's params follow */
             linear_shape(d, lin, &out, &in);
             snprintf(module, sizeof(module), "model.layers.%d.%s", l, LIN_MODULES[lin]);
             P("weight", out, in);
@@ -188,6 +201,8 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
             }
         }
         snprintf(module, sizeof(module), "model.layers.%d", l);
+        if (sparse && !ht_moe_declare(&m->params, module, c, dtype))
+            return ht_fail(err, HT_ERR_OOM, "cannot declare %s's experts", module);
         P("input_layernorm.weight", d->C, 0);
         P("post_attention_layernorm.weight", d->C, 0);
 #undef P
@@ -205,6 +220,7 @@ static ht_param *find(ht_model *m, const char *fmt, int l) {
 }
 
 static void bind_params(ht_model *m, decoder *d) {
+    int sparse = 0;
     d->embed = ht_params_find(&m->params, "model.embed_tokens.weight");
     d->norm = ht_params_find(&m->params, "model.norm.weight");
     d->head = m->config.tie_word_embeddings ? d->embed : ht_params_find(&m->params, "lm_head.weight");
@@ -222,6 +238,12 @@ static void bind_params(ht_model *m, decoder *d) {
         p->gate_w = find(m, "model.layers.%d.mlp.gate_proj.weight", l);
         p->up_w = find(m, "model.layers.%d.mlp.up_proj.weight", l);
         p->down_w = find(m, "model.layers.%d.mlp.down_proj.weight", l);
+        p->sparse = ht_model_config_layer_is_sparse(&m->config, l) ? sparse++ : -1;
+        if (p->sparse >= 0) {
+            char module[HT_PARAM_NAME_MAX];
+            snprintf(module, sizeof(module), "model.layers.%d", l);
+            ht_moe_bind(d->moe, p->sparse, &m->params, module);
+        }
         for (int lin = 0; lin < LIN_COUNT; lin++) {
             char fmt[HT_PARAM_NAME_MAX];
             snprintf(fmt, sizeof(fmt), "model.layers.%%d.%s.lora_A.weight", LIN_MODULES[lin]);
@@ -254,10 +276,16 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         ht_module *mod = &m->modules[MOD_LAYER(l)];
         layer_params *p = &d->layers[l];
         snprintf(mod->name, HT_PARAM_NAME_MAX, "model.layers.%d", l);
-        mod->recomputable = true;
+        /* A sparse layer's experts keep their activations: not recomputable (yet). */
+        mod->recomputable = p->sparse < 0;
         ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
                            p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
+        if (p->sparse >= 0) {
+            const ht_moe_params *e = ht_moe_params_of(d->moe, p->sparse);
+            ht_param *experts[] = {e->router, e->gate_up, e->down, e->sh_gate, e->sh_up, e->sh_down, e->sh_expert_gate};
+            for (size_t i = 0; i < sizeof(experts) / sizeof(experts[0]); i++) module_add(mod, experts[i]);
+        }
         for (int lin = 0; lin < LIN_COUNT; lin++) { /* the adapters travel with their layer (FSDP units) */
             module_add(mod, p->lora_a[lin]);
             module_add(mod, p->lora_b[lin]);
@@ -424,7 +452,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->T = T;
     d->sized_generation = m->recompute_generation;
     d->sized_cd = cd;
-    m->activation_bytes = total;
+    d->activation_bytes = total;
     return HT_OK;
 }
 
@@ -593,6 +621,11 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     ht_add(a->resid_mid, a->resid, d->dln, N * C);
     ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
     ht_round_to(a->ln2, (size_t)(N * C), round);
+    if (p->sparse >= 0) {
+        ht_moe_forward(d->moe, p->sparse, d->dln, a->ln2, N, round);
+        if (next) ht_add(next, a->resid_mid, d->dln, N * C);
+        return;
+    }
     linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
     lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
     linear_forward(a->up, a->ln2, p->up_w, NULL, N);
@@ -621,7 +654,9 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                            targets[n], (long long)n, (long long)V);
     }
     ht_status s = size_activations(m, d, B, T, err);
+    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, N, err);
     if (s != HT_OK) return s;
+    m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe);
     d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */
     d->dropout_first = m->dropout_first_sequence;
     ht_dtype cd = d->embed->compute_dtype;
@@ -673,6 +708,11 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     } else if (loss) {
         *loss = NAN;
     }
+    m->aux_loss = NAN;
+    if (d->moe && m->config.moe.output_router_logits) {
+        m->aux_loss = (float)ht_moe_aux_loss(d->moe);
+        if (loss && targets) *loss = (float)(*loss + m->config.moe.router_aux_loss_coef * m->aux_loss);
+    }
     return HT_OK;
 }
 
@@ -683,6 +723,10 @@ static void decoder_backward(ht_model *m, float scale) {
     /* No target at all still runs backward (adding zeros): every rank runs
      * every module, so that dist/'s collectives meet. */
     float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
+    const ht_moe_config *mc = &m->config.moe;
+    /* The load-balancing loss counts every token, targets or not. */
+    const float aux_scale = d->moe && mc->output_router_logits ? (float)(mc->router_aux_loss_coef * scale) : 0.0f;
+    const ht_dtype round = d->embed->compute_dtype == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
 
     /* Loss -> logits -> final norm. */
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
@@ -704,13 +748,18 @@ static void decoder_backward(ht_model *m, float scale) {
         layer_params *p = &d->layers[l];
         layer_acts *a = &d->acts[l];
         /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
-        const void *dy = linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
-        lora_backward(d, l, LIN_DOWN, d->dh, dy, a->h, N);
-        ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
-        dy = linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
-        lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
-        dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
-        lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
+        const void *dy;
+        if (p->sparse >= 0) {
+            ht_moe_backward(d->moe, p->sparse, d->dln, d->dresid, a->ln2, N, aux_scale, round);
+        } else {
+            dy = linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
+            lora_backward(d, l, LIN_DOWN, d->dh, dy, a->h, N);
+            ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
+            dy = linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
+            lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
+            lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
+        }
         ht_rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
                             a->rstd2, N, C);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
@@ -752,6 +801,7 @@ static void decoder_free(ht_model *m) {
     ht_free(m->recompute);
     if (d) {
         ht_free(d->act_block);
+        ht_moe_free(d->moe);
         ht_free(d->acts);
         ht_free(d->layers);
         ht_free(d->cos_t);
@@ -800,8 +850,11 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->cos_t = ht_alloc(table);
     d->sin_t = ht_alloc(table);
     m->attn_max_logit = ht_alloc((size_t)d->L * d->H * sizeof(float));
+    int sparse = 0;
+    for (int l = 0; l < d->L; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
+    if (sparse) d->moe = ht_moe_new(cfg, sparse);
     ht_status s = HT_OK;
-    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit)
+    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
     if (s == HT_OK) s = declare_modules(m, d, err);

@@ -16,6 +16,56 @@ static ht_registry models = {.what = "model", .register_builtins = register_buil
 static void register_builtins(void) {
     ht_registry_add(&models, "qwen2", (ht_registry_fn)ht_decoder_build, NULL);
     ht_registry_add(&models, "llama", (ht_registry_fn)ht_decoder_build, NULL);
+    ht_registry_add(&models, "qwen2_moe", (ht_registry_fn)ht_decoder_build, NULL);
+}
+
+bool ht_model_config_layer_is_sparse(const ht_model_config *cfg, int l) {
+    const ht_moe_config *mc = &cfg->moe;
+    if (mc->num_experts <= 0 || mc->decoder_sparse_step <= 0 || (l + 1) % mc->decoder_sparse_step != 0) return false;
+    for (int i = 0; i < mc->mlp_only_layers.count; i++)
+        if (mc->mlp_only_layers.items[i] == l) return false;
+    return true;
+}
+
+static bool is_moe(const ht_model_config *cfg) { return strcmp(cfg->name, "qwen2_moe") == 0; }
+
+/* The sparse MLP's fields: only qwen2_moe has them, and they must fit together. */
+static ht_status check_moe(const ht_model_config *cfg, ht_error *err) {
+    const ht_moe_config *mc = &cfg->moe;
+    if (!is_moe(cfg)) {
+        if (mc->num_experts != 0)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "model.num_experts is %d, but model.name %s has no experts (model.name qwen2_moe has)",
+                           mc->num_experts, cfg->name);
+        return HT_OK;
+    }
+    if (mc->num_experts < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.num_experts must be >= 0 (0: every layer dense), found %d",
+                       mc->num_experts);
+    if (mc->num_experts == 0) return HT_OK;
+    if (mc->num_experts_per_tok < 1 || mc->num_experts_per_tok > mc->num_experts)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts_per_tok must be between 1 and model.num_experts (%d): each token picks "
+                       "that many different experts; found %d",
+                       mc->num_experts, mc->num_experts_per_tok);
+    if (mc->moe_intermediate_size <= 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.moe_intermediate_size must be positive, found %d",
+                       mc->moe_intermediate_size);
+    if (mc->shared_expert_intermediate_size <= 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.shared_expert_intermediate_size must be positive (Qwen2-MoE always has a shared "
+                       "expert), found %d",
+                       mc->shared_expert_intermediate_size);
+    if (mc->decoder_sparse_step < 1)
+        return ht_fail(err, HT_ERR_CONFIG, "model.decoder_sparse_step must be >= 1, found %d", mc->decoder_sparse_step);
+    for (int i = 0; i < mc->mlp_only_layers.count; i++)
+        if (mc->mlp_only_layers.items[i] < 0 || mc->mlp_only_layers.items[i] >= cfg->num_hidden_layers)
+            return ht_fail(err, HT_ERR_CONFIG, "model.mlp_only_layers[%d] is %d: not a layer of this model (0 .. %d)",
+                           i, mc->mlp_only_layers.items[i], cfg->num_hidden_layers - 1);
+    if (!(mc->router_aux_loss_coef >= 0) || !isfinite(mc->router_aux_loss_coef))
+        return ht_fail(err, HT_ERR_CONFIG, "model.router_aux_loss_coef must be a number >= 0, found %g",
+                       mc->router_aux_loss_coef);
+    return HT_OK;
 }
 
 ht_status ht_model_register(const char *name, ht_model_builder builder, ht_error *err) {
@@ -56,9 +106,20 @@ static ht_status check_model_size(const ht_model_config *cfg, int head_dim, ht_e
     }
     /* One layer: q, k, v, o, three MLP matrices (biases and norms are smaller than any of them). */
     layer = 2 * q * C + 2 * kv * C + 3 * F * C + 2 * C + q + 2 * kv;
-    bool over = __builtin_mul_overflow(layer, (int64_t)cfg->num_hidden_layers, &total) ||
-                __builtin_add_overflow(total, V * C * (cfg->tie_word_embeddings ? 1 : 2) + C, &total) ||
-                total > HT_MODEL_MAX_PARAMS;
+    /* A sparse layer adds its experts (E x 3I x C) and the rest of its MLP (counted with every layer: an upper bound).
+     */
+    const ht_moe_config *mc = &cfg->moe;
+    int64_t experts = 0;
+    bool over =
+        mc->num_experts > 0 &&
+        (__builtin_mul_overflow((int64_t)mc->num_experts * 3, (int64_t)mc->moe_intermediate_size, &experts) ||
+         __builtin_mul_overflow(experts, C, &experts) ||
+         __builtin_add_overflow(
+             layer, experts + 3 * (int64_t)mc->shared_expert_intermediate_size * C + (int64_t)mc->num_experts * C + C,
+             &layer));
+    over = over || __builtin_mul_overflow(layer, (int64_t)cfg->num_hidden_layers, &total) ||
+           __builtin_add_overflow(total, V * C * (cfg->tie_word_embeddings ? 1 : 2) + C, &total) ||
+           total > HT_MODEL_MAX_PARAMS;
     if (over)
         return ht_fail(err, HT_ERR_CONFIG,
                        "the model would have more than the %lld parameters a model may have (%d layers of %lld; "
@@ -121,7 +182,8 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
         if (!(lc->dropout >= 0 && lc->dropout < 1))
             return ht_fail(err, HT_ERR_CONFIG, "model.lora.dropout must be in [0, 1), found %g", lc->dropout);
     }
-    return check_model_size(cfg, d, err);
+    ht_status s = check_moe(cfg, err);
+    return s != HT_OK ? s : check_model_size(cfg, d, err);
 }
 
 /* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
@@ -204,7 +266,15 @@ double ht_model_flops_per_token(const ht_model_config *cfg, int T) {
     double C = cfg->hidden_size, F = cfg->intermediate_size, V = cfg->vocab_size, L = cfg->num_hidden_layers;
     double qd = (double)cfg->num_attention_heads * ht_model_config_head_dim(cfg);
     double kvd = (double)cfg->num_key_value_heads * ht_model_config_head_dim(cfg);
-    double matmul = L * (C * qd + 2 * C * kvd + qd * C + 3 * C * F) + V * C;
+    double matmul = L * (C * qd + 2 * C * kvd + qd * C) + V * C;
+    /* The MLPs: a sparse layer's active weights are its router, k experts,
+     * the shared expert and its gate. */
+    const ht_moe_config *mc = &cfg->moe;
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        matmul += ht_model_config_layer_is_sparse(cfg, l)
+                      ? C * mc->num_experts + 3.0 * C * mc->moe_intermediate_size * mc->num_experts_per_tok +
+                            3.0 * C * mc->shared_expert_intermediate_size + C
+                      : 3 * C * F;
     return 6.0 * matmul + 6.0 * L * T * qd;
 }
 

@@ -532,6 +532,18 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
                         "them to Muon)");
         }
     }
+    /* qwen2_moe: the routers (E x C) and the shared experts' gates (1 x C)
+     * are classifiers, not hidden transforms: AdamW, as the other systems
+     * train them. The 3-D experts go to Muon (each expert's matrix on its
+     * own) unless optimizer.muon_config.adamw_include matches them. */
+    if (oc.use_muon && t->model->config.moe.num_experts > 0) {
+        t->adamw_include[oc.adamw_include_count++] = "*.mlp.gate.weight";
+        t->adamw_include[oc.adamw_include_count++] = "*.mlp.shared_expert_gate.weight";
+        if (t->comm->rank == 0)
+            ht_log_info("qwen2_moe: the routers (*.mlp.gate.weight) and shared expert gates go to AdamW; the experts' "
+                        "3-D weights to Muon, one matrix per expert, unless optimizer.muon_config.adamw_include "
+                        "matches them");
+    }
     oc.weight_decay_include = t->wd_include;
     oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
     oc.weight_decay_exclude = t->wd_exclude;

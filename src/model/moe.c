@@ -1,0 +1,515 @@
+/* Qwen2-MoE's sparse MLP block, as transformers' Qwen2MoeSparseMoeBlock
+ * computes it, with a hand-written backward.
+ *
+ *   p    = softmax(x Wrᵀ)                     (N, E) FP32, the router
+ *   sel  = the k largest p of each token, w their probabilities
+ *          (divided by their sum with norm_topk_prob)
+ *   y    = Σ_j w_j · down_e(silu(gate_e x) · up_e x)    e = sel_j, summed in expert order
+ *        + sigmoid(x wsᵀ) · shared(x)
+ *
+ * The routed part runs as grouped GEMMs: every (token, choice) pair is a
+ * row, the rows are sorted by expert (a stable counting sort, tokens in
+ * order within an expert), and each expert multiplies its rows at once.
+ * An expert that no token chose does nothing. Shapes: N tokens, C hidden,
+ * E experts, k choices, A = N·k rows, I the expert width, S the shared
+ * expert's. Matmul operands are in the compute dtype (cd), as in the dense
+ * decoder; everything else is FP32. */
+#include "model/moe.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+#include "kernels/ops.h"
+
+typedef struct moe_acts {
+    float *probs;   /* (N, E) router probabilities */
+    int32_t *sel;   /* (N, k) the chosen experts, by decreasing probability */
+    float *weight;  /* (N, k) their weights */
+    float *psum;    /* (N) the chosen probabilities' sum (norm_topk_prob) */
+    int32_t *pos;   /* (A) each (token, choice)'s row in expert order */
+    int32_t *token; /* (A) each row's token */
+    int64_t *offs;  /* (E + 1) each expert's first row */
+    void *xs;       /* (A, C) cd each row's input */
+    float *g, *u;   /* (A, I) the gate and up products */
+    void *h;        /* (A, I) cd silu(g) · u */
+    float *ye;      /* (A, C) each row's expert output, before its weight */
+    float *z;       /* (N) the shared expert gate's logit */
+    float *sg, *su; /* (N, S) the shared expert's gate and up products */
+    void *sh;       /* (N, S) cd */
+    float *so;      /* (N, C) the shared expert's output, before its gate */
+} moe_acts;
+
+struct ht_moe {
+    int E, k, I, S, C, layers;
+    bool norm_topk;
+    ht_moe_params *params; /* (layers) */
+    moe_acts *acts;        /* (layers) */
+    int64_t N;             /* the token count the buffers hold */
+    size_t cd;             /* and the compute dtype's size */
+    void *block;
+    size_t bytes;
+    /* this forward's load-balancing sums over every sparse layer */
+    double *count;    /* (E) rows routed to each expert */
+    double *prob_sum; /* (E) router probabilities */
+    int64_t rows;     /* tokens seen, summed over layers */
+    /* backward scratch */
+    float *dw;         /* (N, k) */
+    float *dp;         /* (N, E) */
+    float *dye;        /* (A, C) */
+    float *dh, *dg;    /* (A, I) */
+    float *du;         /* (A, I) */
+    float *dxs;        /* (A, C) */
+    float *dso;        /* (N, C) */
+    float *dsh, *dsg;  /* (N, S) */
+    float *dsu;        /* (N, S) */
+    float *dz;         /* (N) */
+    void *op_a, *op_b; /* (max(A, N) · max(C, I, S, E)) cd: gradients as GEMM operands */
+};
+
+/* ------------------------------------------------------------------ params */
+
+bool ht_moe_declare(ht_param_store *ps, const char *module, const ht_model_config *cfg, ht_dtype dtype) {
+    const ht_moe_config *mc = &cfg->moe;
+    const int64_t E = mc->num_experts, C = cfg->hidden_size, I = mc->moe_intermediate_size,
+                  S = mc->shared_expert_intermediate_size;
+    const struct {
+        const char *suffix;
+        int ndim;
+        int64_t shape[3];
+    } list[] = {
+        {"mlp.gate.weight", 2, {E, C}},
+        {"mlp.experts.gate_up_proj", 3, {E, 2 * I, C}},
+        {"mlp.experts.down_proj", 3, {E, C, I}},
+        {"mlp.shared_expert.gate_proj.weight", 2, {S, C}},
+        {"mlp.shared_expert.up_proj.weight", 2, {S, C}},
+        {"mlp.shared_expert.down_proj.weight", 2, {C, S}},
+        {"mlp.shared_expert_gate.weight", 2, {1, C}},
+    };
+    char name[HT_PARAM_NAME_MAX + 64];
+    for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++) {
+        snprintf(name, sizeof(name), "%s.%s", module, list[i].suffix);
+        if (!ht_params_add(ps, name, list[i].ndim, list[i].shape, dtype)) return false;
+    }
+    return true;
+}
+
+static ht_param *find(ht_param_store *ps, const char *module, const char *suffix) {
+    char name[HT_PARAM_NAME_MAX + 64];
+    snprintf(name, sizeof(name), "%s.%s", module, suffix);
+    return ht_params_find(ps, name);
+}
+
+void ht_moe_bind(ht_moe *moe, int index, ht_param_store *ps, const char *module) {
+    ht_moe_params *p = &moe->params[index];
+    p->router = find(ps, module, "mlp.gate.weight");
+    p->gate_up = find(ps, module, "mlp.experts.gate_up_proj");
+    p->down = find(ps, module, "mlp.experts.down_proj");
+    p->sh_gate = find(ps, module, "mlp.shared_expert.gate_proj.weight");
+    p->sh_up = find(ps, module, "mlp.shared_expert.up_proj.weight");
+    p->sh_down = find(ps, module, "mlp.shared_expert.down_proj.weight");
+    p->sh_expert_gate = find(ps, module, "mlp.shared_expert_gate.weight");
+}
+
+const ht_moe_params *ht_moe_params_of(const ht_moe *moe, int index) { return &moe->params[index]; }
+
+ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
+    ht_moe *moe = ht_alloc(sizeof(ht_moe));
+    if (!moe) return NULL;
+    const ht_moe_config *mc = &cfg->moe;
+    moe->E = mc->num_experts;
+    moe->k = mc->num_experts_per_tok;
+    moe->I = mc->moe_intermediate_size;
+    moe->S = mc->shared_expert_intermediate_size;
+    moe->C = cfg->hidden_size;
+    moe->norm_topk = mc->norm_topk_prob;
+    moe->layers = layers;
+    moe->params = ht_alloc((size_t)(layers ? layers : 1) * sizeof(ht_moe_params));
+    moe->acts = ht_alloc((size_t)(layers ? layers : 1) * sizeof(moe_acts));
+    moe->count = ht_alloc((size_t)moe->E * 2 * sizeof(double) + 64);
+    if (!moe->params || !moe->acts || !moe->count) {
+        ht_moe_free(moe);
+        return NULL;
+    }
+    moe->prob_sum = moe->count + moe->E;
+    return moe;
+}
+
+void ht_moe_free(ht_moe *moe) {
+    if (!moe) return;
+    ht_free(moe->block);
+    ht_free(moe->params);
+    ht_free(moe->acts);
+    ht_free(moe->count);
+    ht_free(moe);
+}
+
+size_t ht_moe_activation_bytes(const ht_moe *moe) { return moe ? moe->bytes : 0; }
+
+/* ------------------------------------------------------------------ buffers */
+
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err) {
+    memset(moe->count, 0, (size_t)moe->E * 2 * sizeof(double));
+    moe->rows = 0;
+    if (moe->layers == 0) return HT_OK;
+    const size_t cd = ht_dtype_size(moe->params[0].router->compute_dtype);
+    if (moe->block && moe->N == N && moe->cd == cd) return HT_OK;
+    ht_free(moe->block);
+    moe->block = NULL;
+    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    int64_t wide = C > I ? C : I;
+    wide = wide > S ? wide : S;
+    wide = wide > E ? wide : E;
+    const size_t op = (size_t)((A > N ? A : N) * wide) * cd;
+    const size_t per_layer[] = {
+        (size_t)(N * E) * 4,  (size_t)(N * k) * 4, (size_t)(N * k) * 4,  (size_t)N * 4,       (size_t)A * 4,
+        (size_t)A * 4,        (size_t)(E + 1) * 8, (size_t)(A * C) * cd, (size_t)(A * I) * 4, (size_t)(A * I) * 4,
+        (size_t)(A * I) * cd, (size_t)(A * C) * 4, (size_t)N * 4,        (size_t)(N * S) * 4, (size_t)(N * S) * 4,
+        (size_t)(N * S) * cd, (size_t)(N * C) * 4,
+    };
+    const size_t scratch[] = {
+        (size_t)(N * k) * 4,
+        (size_t)(N * E) * 4,
+        (size_t)(A * C) * 4,
+        (size_t)(A * I) * 4,
+        (size_t)(A * I) * 4,
+        (size_t)(A * I) * 4,
+        (size_t)(A * C) * 4,
+        (size_t)(N * C) * 4,
+        (size_t)(N * S) * 4,
+        (size_t)(N * S) * 4,
+        (size_t)(N * S) * 4,
+        (size_t)N * 4,
+        op,
+        op,
+    };
+    enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]), NS = sizeof(scratch) / sizeof(scratch[0]) };
+    size_t total = 0;
+    for (int i = 0; i < NPL; i++) total += (size_t)moe->layers * ((per_layer[i] + 63) & ~(size_t)63);
+    for (int i = 0; i < NS; i++) total += (scratch[i] + 63) & ~(size_t)63;
+    char *p = ht_alloc(total);
+    if (!p)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of expert activations for %lld tokens",
+                       (double)total / (1 << 20), (long long)N);
+    moe->block = p;
+#define CARVE(size) (p += ((size) + 63) & ~(size_t)63, p - (((size) + 63) & ~(size_t)63))
+    for (int l = 0; l < moe->layers; l++) {
+        moe_acts *a = &moe->acts[l];
+        a->probs = (float *)CARVE(per_layer[0]);
+        a->sel = (int32_t *)CARVE(per_layer[1]);
+        a->weight = (float *)CARVE(per_layer[2]);
+        a->psum = (float *)CARVE(per_layer[3]);
+        a->pos = (int32_t *)CARVE(per_layer[4]);
+        a->token = (int32_t *)CARVE(per_layer[5]);
+        a->offs = (int64_t *)CARVE(per_layer[6]);
+        a->xs = CARVE(per_layer[7]);
+        a->g = (float *)CARVE(per_layer[8]);
+        a->u = (float *)CARVE(per_layer[9]);
+        a->h = CARVE(per_layer[10]);
+        a->ye = (float *)CARVE(per_layer[11]);
+        a->z = (float *)CARVE(per_layer[12]);
+        a->sg = (float *)CARVE(per_layer[13]);
+        a->su = (float *)CARVE(per_layer[14]);
+        a->sh = CARVE(per_layer[15]);
+        a->so = (float *)CARVE(per_layer[16]);
+    }
+    moe->dw = (float *)CARVE(scratch[0]);
+    moe->dp = (float *)CARVE(scratch[1]);
+    moe->dye = (float *)CARVE(scratch[2]);
+    moe->dh = (float *)CARVE(scratch[3]);
+    moe->dg = (float *)CARVE(scratch[4]);
+    moe->du = (float *)CARVE(scratch[5]);
+    moe->dxs = (float *)CARVE(scratch[6]);
+    moe->dso = (float *)CARVE(scratch[7]);
+    moe->dsh = (float *)CARVE(scratch[8]);
+    moe->dsg = (float *)CARVE(scratch[9]);
+    moe->dsu = (float *)CARVE(scratch[10]);
+    moe->dz = (float *)CARVE(scratch[11]);
+    moe->op_a = CARVE(scratch[12]);
+    moe->op_b = CARVE(scratch[13]);
+#undef CARVE
+    moe->N = N;
+    moe->cd = cd;
+    moe->bytes = total;
+    return HT_OK;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+/* Expert e's (rows, cols) matrix of a 3-D param, as the GEMMs read it. */
+static const void *expert_matrix(const ht_param *p, int64_t e, int64_t row0) {
+    const size_t elem = ht_dtype_size(p->compute_dtype);
+    return (const char *)p->compute + ((size_t)(e * p->shape[1] + row0) * (size_t)p->shape[2]) * elem;
+}
+
+static float *expert_grad(const ht_param *p, int64_t e, int64_t row0) {
+    return p->grad ? p->grad + (size_t)(e * p->shape[1] + row0) * (size_t)p->shape[2] : NULL;
+}
+
+/* An FP32 gradient as a GEMM operand of the weights' dtype (cd), rounded to
+ * `round` where cd is FP32 storage of a coarser precision. */
+static const void *operand(void *dst, const float *src, int64_t n, ht_dtype cd, ht_dtype round) {
+    if (cd != HT_DTYPE_F32) {
+        ht_convert(dst, cd, src, HT_DTYPE_F32, (size_t)n);
+        return dst;
+    }
+    if (round == HT_DTYPE_F32) return src;
+    memcpy(dst, src, (size_t)n * sizeof(float));
+    ht_round_to(dst, (size_t)n, round);
+    return dst;
+}
+
+static const void *rows_at(const void *base, int64_t row, int64_t width, ht_dtype dtype) {
+    return (const char *)base + (size_t)(row * width) * ht_dtype_size(dtype);
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ------------------------------------------------------------------ forward */
+
+/* probs (N, E) in place from the logits: softmax as torch computes it
+ * (exp(x - max) / sum), then the k largest of each row (ties to the lower
+ * expert, in decreasing order) and their weights. */
+static void route(const ht_moe *moe, moe_acts *a, int64_t N) {
+    const int E = moe->E, k = moe->k;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *p = a->probs + n * E;
+        float mx = p[0], sum = 0.0f;
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        int32_t *sel = a->sel + n * k;
+        float *w = a->weight + n * k, s = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++) taken = taken || sel[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[j] = best;
+            w[j] = p[best];
+            s += p[best];
+        }
+        a->psum[n] = s;
+        if (moe->norm_topk)
+            for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+/* The rows in expert order: offs, each row's token and each choice's row. */
+static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
+    const int E = moe->E, k = moe->k;
+    int64_t *offs = a->offs;
+    memset(offs, 0, (size_t)(E + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < N * k; i++) offs[a->sel[i] + 1]++;
+    for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
+    int64_t next[E];
+    memcpy(next, offs, (size_t)E * sizeof(int64_t));
+    for (int64_t i = 0; i < N * k; i++) {
+        int64_t r = next[a->sel[i]]++;
+        a->pos[i] = (int32_t)r;
+        a->token[r] = (int32_t)(i / k);
+    }
+}
+
+/* y (rows, out) = x (rows, in) · Wᵀ for a 2-D weight. */
+static void linear(float *y, const void *x, const ht_param *w, int64_t rows) {
+    int64_t out = w->shape[0], in = w->shape[1];
+    ht_gemm(false, true, rows, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
+}
+
+void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, ht_dtype round) {
+    const ht_moe_params *p = &moe->params[index];
+    moe_acts *a = &moe->acts[index];
+    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    const ht_dtype cd = p->router->compute_dtype;
+    const size_t cds = ht_dtype_size(cd);
+
+    /* The router and its load-balancing sums. */
+    linear(a->probs, x, p->router, N);
+    route(moe, a, N);
+    for (int64_t i = 0; i < N * k; i++) moe->count[a->sel[i]] += 1.0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
+    moe->rows += N;
+
+    /* Routed experts: gather the rows, one GEMM per expert and product. */
+    sort_rows(moe, a, N);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < A; r++)
+        memcpy((char *)a->xs + (size_t)(r * C) * cds, (const char *)x + (size_t)(a->token[r] * C) * cds,
+               (size_t)C * cds);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+        if (n == 0) continue;
+        const void *xe = rows_at(a->xs, r0, C, cd);
+        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, a->g + r0 * I,
+                       I);
+        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, I), C, cd, 0.0f, a->u + r0 * I,
+                       I);
+    }
+    ht_swiglu_forward(a->h, cd, a->g, a->u, A * I);
+    ht_round_to(a->h, (size_t)(A * I), round);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+        if (n == 0) continue;
+        ht_gemm_ragged(false, true, n, C, I, 1.0f, rows_at(a->h, r0, I, cd), I, expert_matrix(p->down, e, 0), I, cd,
+                       0.0f, a->ye + r0 * C, C);
+    }
+
+    /* The shared expert and its gate. */
+    linear(a->z, x, p->sh_expert_gate, N);
+    linear(a->sg, x, p->sh_gate, N);
+    linear(a->su, x, p->sh_up, N);
+    ht_swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
+    ht_round_to(a->sh, (size_t)(N * S), round);
+    linear(a->so, a->sh, p->sh_down, N);
+
+    /* y = the weighted expert outputs, added in expert order as transformers
+     * does (index_add_ per expert), plus the gated shared output. */
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const int32_t *sel = a->sel + n * k;
+        int order[k];
+        for (int j = 0; j < k; j++) {
+            int i = j;
+            while (i > 0 && sel[order[i - 1]] > sel[j]) order[i] = order[i - 1], i--;
+            order[i] = j;
+        }
+        float *yn = y + n * C;
+        memset(yn, 0, (size_t)C * sizeof(float));
+        for (int i = 0; i < k; i++) {
+            const int j = order[i];
+            const float w = a->weight[n * k + j];
+            const float *ye = a->ye + (int64_t)a->pos[n * k + j] * C;
+            for (int64_t c = 0; c < C; c++) yn[c] += ye[c] * w;
+        }
+        const float s = sigmoidf(a->z[n]);
+        const float *so = a->so + n * C;
+        for (int64_t c = 0; c < C; c++) yn[c] += s * so[c];
+    }
+}
+
+double ht_moe_aux_loss(const ht_moe *moe) {
+    if (moe->rows == 0) return 0.0;
+    double sum = 0.0, R = (double)moe->rows;
+    for (int e = 0; e < moe->E; e++) sum += (moe->count[e] / R) * (moe->prob_sum[e] / R);
+    return sum * moe->E;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* Given dy (rows, out): W.grad += dyᵀ x and dx = dx_beta · dx + dy W, dy
+ * read as the GEMM operand dy_op. A frozen weight has no grad. */
+static void linear_backward(float *dx, float dx_beta, const void *dy_op, const void *x, const ht_param *w,
+                            int64_t rows) {
+    int64_t out = w->shape[0], in = w->shape[1];
+    if (w->grad) ht_gemm(true, false, out, in, rows, 1.0f, dy_op, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
+    ht_gemm(false, false, rows, in, out, 1.0f, dy_op, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
+}
+
+void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const void *x, int64_t N, float aux_scale,
+                     ht_dtype round) {
+    const ht_moe_params *p = &moe->params[index];
+    moe_acts *a = &moe->acts[index];
+    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    const ht_dtype cd = p->router->compute_dtype;
+
+    /* Shared expert: y += s · so, s = sigmoid(z). */
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float s = sigmoidf(a->z[n]);
+        const float *dyn = dy + n * C, *so = a->so + n * C;
+        float *dso = moe->dso + n * C, dot = 0.0f;
+        for (int64_t c = 0; c < C; c++) {
+            dot += dyn[c] * so[c];
+            dso[c] = s * dyn[c];
+        }
+        moe->dz[n] = dot * s * (1.0f - s);
+    }
+    const void *op = operand(moe->op_a, moe->dso, N * C, cd, round);
+    if (p->sh_down->grad) ht_gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
+    ht_gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
+    ht_swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
+    linear_backward(dx, 0.0f, operand(moe->op_a, moe->dsg, N * S, cd, round), x, p->sh_gate, N);
+    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dsu, N * S, cd, round), x, p->sh_up, N);
+    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dz, N, cd, round), x, p->sh_expert_gate, N);
+
+    /* The weights: d w_j = dy · ye, and each row's output gradient w_j dy. */
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *dyn = dy + n * C;
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t r = a->pos[n * k + j];
+            const float w = a->weight[n * k + j], *ye = a->ye + r * C;
+            float *dye = moe->dye + r * C, dot = 0.0f;
+            for (int64_t c = 0; c < C; c++) {
+                dot += dyn[c] * ye[c];
+                dye[c] = w * dyn[c];
+            }
+            moe->dw[n * k + j] = dot;
+        }
+    }
+
+    /* The router: the chosen probabilities' gradient (through the
+     * normalisation), the load-balancing loss's on every probability
+     * (E · count_e / R² per unit of aux), then the softmax. */
+    const double R = (double)moe->rows;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *pn = a->probs + n * E;
+        float *dp = moe->dp + n * E;
+        for (int64_t e = 0; e < E; e++)
+            dp[e] = aux_scale != 0.0f ? (float)(aux_scale * (double)E * moe->count[e] / (R * R)) : 0.0f;
+        const float *w = a->weight + n * k, *dw = moe->dw + n * k;
+        float inner = 0.0f;
+        if (moe->norm_topk)
+            for (int64_t j = 0; j < k; j++) inner += dw[j] * w[j];
+        for (int64_t j = 0; j < k; j++) dp[a->sel[n * k + j]] += moe->norm_topk ? (dw[j] - inner) / a->psum[n] : dw[j];
+        float dot = 0.0f;
+        for (int64_t e = 0; e < E; e++) dot += pn[e] * dp[e];
+        for (int64_t e = 0; e < E; e++) dp[e] = pn[e] * (dp[e] - dot);
+    }
+    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dp, N * E, cd, round), x, p->router, N);
+
+    /* Routed experts, one GEMM per expert and product. */
+    const void *dye = operand(moe->op_a, moe->dye, A * C, cd, round);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+        if (n == 0) continue;
+        const void *dye_e = rows_at(dye, r0, C, cd);
+        if (p->down->grad)
+            ht_gemm_ragged(true, false, C, I, n, 1.0f, dye_e, C, rows_at(a->h, r0, I, cd), I, cd, 1.0f,
+                           expert_grad(p->down, e, 0), I);
+        ht_gemm_ragged(false, false, n, I, C, 1.0f, dye_e, C, expert_matrix(p->down, e, 0), I, cd, 0.0f,
+                       moe->dh + r0 * I, I);
+    }
+    ht_swiglu_backward(moe->dg, moe->du, moe->dh, a->g, a->u, A * I);
+    const void *dg = operand(moe->op_a, moe->dg, A * I, cd, round);
+    const void *du = operand(moe->op_b, moe->du, A * I, cd, round);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+        if (n == 0) continue;
+        const void *xe = rows_at(a->xs, r0, C, cd), *dg_e = rows_at(dg, r0, I, cd), *du_e = rows_at(du, r0, I, cd);
+        if (p->gate_up->grad) {
+            ht_gemm_ragged(true, false, I, C, n, 1.0f, dg_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, 0), C);
+            ht_gemm_ragged(true, false, I, C, n, 1.0f, du_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, I), C);
+        }
+        float *dxs = moe->dxs + r0 * C;
+        ht_gemm_ragged(false, false, n, C, I, 1.0f, dg_e, I, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, dxs, C);
+        ht_gemm_ragged(false, false, n, C, I, 1.0f, du_e, I, expert_matrix(p->gate_up, e, I), C, cd, 1.0f, dxs, C);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *dxn = dx + n * C;
+        for (int64_t j = 0; j < k; j++) {
+            const float *src = moe->dxs + (int64_t)a->pos[n * k + j] * C;
+            for (int64_t c = 0; c < C; c++) dxn[c] += src[c];
+        }
+    }
+}

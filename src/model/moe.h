@@ -1,0 +1,47 @@
+/* Qwen2-MoE's sparse MLP block (internal to the model layer): the router,
+ * the routed experts as grouped GEMMs (the tokens sorted by expert, one GEMM
+ * per expert over its rows), the gated shared expert and the
+ * load-balancing loss, forward and hand-written backward. The decoder calls
+ * it in place of the dense MLP of its sparse layers. */
+#ifndef HT_MODEL_MOE_H
+#define HT_MODEL_MOE_H
+
+#include "hypertrain/model.h"
+
+/* One sparse layer's params (Hugging Face names under model.layers.N.mlp). */
+typedef struct ht_moe_params {
+    ht_param *router;                    /* gate.weight (E, C) */
+    ht_param *gate_up, *down;            /* experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I) */
+    ht_param *sh_gate, *sh_up, *sh_down; /* shared_expert.{gate,up}_proj (S, C), down_proj (C, S) */
+    ht_param *sh_expert_gate;            /* shared_expert_gate.weight (1, C) */
+} ht_moe_params;
+
+typedef struct ht_moe ht_moe;
+
+/* The sparse layers' state for a model of config cfg; `layers` of them. */
+ht_moe *ht_moe_new(const ht_model_config *cfg, int layers);
+void ht_moe_free(ht_moe *moe);
+/* Names and shapes of sparse layer l's params, declared in Hugging Face's
+ * order into the store (module: "model.layers.N"). */
+bool ht_moe_declare(ht_param_store *ps, const char *module, const ht_model_config *cfg, ht_dtype dtype);
+/* Binds sparse layer `index` (0-based among the sparse layers) to its params. */
+void ht_moe_bind(ht_moe *moe, int index, ht_param_store *ps, const char *module);
+const ht_moe_params *ht_moe_params_of(const ht_moe *moe, int index);
+/* Starts a forward of N tokens: buffers sized, the load-balancing sums zeroed. */
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err);
+/* y (N, C) FP32 = the block of sparse layer `index` applied to x (N, C) in
+ * the compute dtype (x as the GEMMs read it); keeps what backward reads.
+ * `round` is the precision FP32 operands are rounded to (F32: none). */
+void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, ht_dtype round);
+/* After every sparse layer's forward: the load-balancing loss of this
+ * forward (transformers' load_balancing_loss_func). */
+double ht_moe_aux_loss(const ht_moe *moe);
+/* Given dy (N, C) FP32: every param's grad += its gradient, and dx (N, C)
+ * FP32 = the gradient of x (overwritten). aux_scale: d loss / d aux (the
+ * coefficient times the loss's scale; 0 without the aux loss). */
+void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const void *x, int64_t N, float aux_scale,
+                     ht_dtype round);
+/* The bytes the block keeps for backward and its scratch. */
+size_t ht_moe_activation_bytes(const ht_moe *moe);
+
+#endif
