@@ -203,6 +203,10 @@ typedef struct ht_config {
                                            set_gradient_scaling_factor) */
         int64_t seed;
         bool deterministic;
+        /* Every step's whole main_grads (before clipping) and params (after
+         * the update, in the model's dtype) written by rank 0 to
+         * <output_dir>/state/step_<n>.safetensors: for comparing runs. */
+        bool dump_state;
         bool init_model_with_meta_device;   /* each rank builds only its rows */
         int gradient_accumulation_steps;    /* MindSpeed-MM's; 0 (null): derived from global_batch_size */
         bool no_save_rng, no_load_rng;      /* the seed and data positions: not saved / not restored */

@@ -141,6 +141,17 @@ typedef struct ht_fsdp_options {
     bool reshard_after_forward;
     /* The next module's units are gathered while the current one computes. */
     bool prefetch;
+    /* Expert parallelism: the 3-D params under the modules expert_modules
+     * match (parallel.ep_plan.apply_modules; none given: every
+     * "model.layers.{*}.mlp.experts") form units of their own, one per
+     * module, gathered and reduced over expert_group (the consecutive ranks
+     * that hold the same experts, the first of them expert_first in the
+     * group's numbering) instead of the whole group: a rank's gathered
+     * tensors hold its group's experts only. NULL: no expert parallelism. */
+    ht_comm *expert_group;
+    int expert_first;
+    const char *const *expert_modules;
+    int expert_count;
 } ht_fsdp_options;
 
 /* What the collectives cost, summed since the last ht_fsdp_stats_reset. */
@@ -173,6 +184,11 @@ void ht_fsdp_weights_changed(ht_fsdp *f);
 const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f);
 void ht_fsdp_stats_reset(ht_fsdp *f);
 void ht_fsdp_free(ht_fsdp *f);
+
+/* Expert parallelism: the model's sparse layers exchange their rows over
+ * `group` (the ranks that split the experts: group rank q computes experts
+ * [q·E/size, (q + 1)·E/size)). The group must outlive the model's use of it. */
+void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
 
 /* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
 void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);

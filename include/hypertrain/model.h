@@ -90,6 +90,21 @@ int ht_model_config_head_dim(const ht_model_config *cfg);
 
 typedef struct ht_model ht_model;
 
+/* Expert parallelism (parallel.expert_parallel_size): this rank computes
+ * experts [rank·E/size, (rank + 1)·E/size) of every sparse layer, for the
+ * tokens of every rank of its expert-parallel group, and the expert params'
+ * `compute` and `grad` hold those experts only. `exchange` is the group's
+ * all-to-all (dist/ provides it): send_bytes[r] bytes of `send` (laid out
+ * by destination rank) go to rank r, and recv_bytes[r] bytes from rank r
+ * land in `recv`, in rank order. size <= 1: every expert here, nothing
+ * exchanged. */
+typedef struct ht_expert_parallel {
+    int size, rank;
+    void (*exchange)(void *ctx, const void *send, const int64_t *send_bytes, void *recv, const int64_t *recv_bytes);
+    void *ctx;
+    double seconds; /* in exchange since it was last zeroed */
+} ht_expert_parallel;
+
 /* Parameters a model may have, and elements any one tensor may have: 2^40
  * (1.1 trillion), past every dense model this engine could hold in memory.
  * ht_model_config_validate refuses a config beyond it, naming the sizes. */
@@ -152,9 +167,10 @@ struct ht_model {
      * loss, before router_aux_loss_coef (the loss forward returns includes
      * coef x aux_loss); NAN otherwise. */
     float aux_loss;
-    int B, T;                /* the shapes of the last forward */
-    size_t activation_bytes; /* what forward keeps for backward, and backward's scratch, for (B, T) */
-    ht_module *modules;      /* (module_count) in forward order */
+    ht_expert_parallel experts; /* zero: none */
+    int B, T;                   /* the shapes of the last forward */
+    size_t activation_bytes;    /* what forward keeps for backward, and backward's scratch, for (B, T) */
+    ht_module *modules;         /* (module_count) in forward order */
     int module_count;
     ht_module_hook hook; /* fn NULL: none */
     /* (module_count) or NULL: modules whose forward keeps only their input,

@@ -43,6 +43,12 @@ typedef struct ht_trainer {
      * place in each group hold the same rows (replica_comm): HSDP. S = world:
      * one shard group; S = 1: every rank holds everything. */
     ht_comm *shard_comm, *replica_comm;
+    /* parallel.expert_parallel_size P > 1: the world is P groups of W / P
+     * consecutive ranks holding the same experts (expert_comm,
+     * FSDP's expert units gather and reduce over it), and ep_comm joins the
+     * ranks of the same place in each, which split the experts between them
+     * and exchange the tokens' rows. NULL: no expert parallelism. */
+    ht_comm *expert_comm, *ep_comm;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;
     ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */

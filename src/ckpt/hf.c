@@ -475,9 +475,11 @@ static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix,
             snprintf(name, sizeof(name), "%s%lld.%s.weight", prefix, (long long)e, parts[kind - 1][part]);
             const ht_safetensors *in = NULL;
             const ht_st_tensor *t = files_find(fs, name, &in);
-            if (!t) {
+            if (!t) { /* named with the 3-D param it belongs to */
+                char both[2 * HT_PARAM_NAME_MAX + 96];
+                snprintf(both, sizeof(both), "%s (expert %lld of %s)", name, (long long)e, p->name);
                 (*n_missing)++;
-                list_append(missing, cap, name, left_out);
+                list_append(missing, cap, both, left_out);
                 continue;
             }
             if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)

@@ -274,6 +274,7 @@ static const key_desc KEYS[] = {
     FLT("training.gradient_scaling_factor", training.gradient_scaling_factor, "1.0"),
     I64("training.seed", training.seed, "42"),
     BOOL("training.deterministic", training.deterministic, "false"),
+    BOOL("training.dump_state", training.dump_state, "false"),
     BOOL("training.init_model_with_meta_device", training.init_model_with_meta_device, "true"),
     INT_OR_NULL("training.gradient_accumulation_steps", training.gradient_accumulation_steps, "null"),
     BOOL("training.no_save_rng", training.no_save_rng, "false"),

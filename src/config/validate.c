@@ -14,6 +14,7 @@ typedef struct report {
     char msg[HT_ERROR_MSG_MAX];
     size_t used;
     int count;
+    int world; /* the data-parallel size (ranks) */
 } report;
 
 /* "f.yaml:12: training.max_norm", "training.max_norm (--set)" or "training.max_norm (default)";
@@ -92,13 +93,29 @@ static void check_mindspeed(report *r) {
          "hypertrain has no context parallelism (ring attention)"},
         {"parallel.ulysses_parallel_size", cfg->parallel.ulysses_parallel_size,
          "hypertrain has no context parallelism (Ulysses)"},
-        {"parallel.expert_parallel_size", cfg->parallel.expert_parallel_size,
-         "hypertrain's models have no experts yet"},
     };
     for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
         if (ones[i].value != 1)
             add(r, "%s: not supported: %d; expected 1: %s", at(cfg, ones[i].key, a, sizeof(a)), ones[i].value,
                 ones[i].why);
+    /* Expert parallelism: P ranks split each sparse layer's experts; the
+     * world is W / P groups of consecutive ranks holding the same experts. */
+    const int ep = cfg->parallel.expert_parallel_size, world = r->world;
+    if (ep < 1) {
+        add(r, "%s: expected an integer >= 1, found %d", at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep);
+    } else if (ep > 1) {
+        if (!cfg->model.from_pretrained[0] && strcmp(cfg->model.arch.name, "qwen2_moe") != 0)
+            add(r, "%s: %d, but model.name %s has no experts (model.name qwen2_moe has)",
+                at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, cfg->model.arch.name);
+        if (world % ep != 0)
+            add(r, "%s: %d does not divide the %d ranks: each group of %d ranks splits the experts",
+                at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, world, ep);
+        if (cfg->fsdp.shard_size != 0 && cfg->fsdp.shard_size != world)
+            add(r,
+                "%s: not supported with parallel.expert_parallel_size %d: expert parallelism here shards over "
+                "the whole world (auto or %d), not HSDP groups",
+                at(cfg, "fsdp_config.shard_size", a, sizeof(a)), ep, world);
+    }
     if (cfg->fsdp.hook_modules.count && !same_strings(&cfg->fsdp.hook_modules, &cfg->fsdp.apply_modules))
         add(r,
             "%s: not supported: other modules than the FSDP units; hypertrain hooks and prefetches unit by unit, so "
@@ -232,6 +249,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     static report zero;
     report r = zero;
     r.cfg = cfg;
+    r.world = data_parallel_size;
     char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
 
     /* FP32 main params take their gradients from the reduce-scatter: anything

@@ -87,6 +87,14 @@ static void pool_free(pool *pl) {
 typedef struct unit {
     char name[HT_PARAM_NAME_MAX]; /* the module's name, or "root" */
     bool root;
+    /* The ranks it gathers and reduces over: comm, whose rank 0 is rank
+     * `first` of the FSDP group (the whole group; an expert unit's: the ranks
+     * holding the same experts). Its whole tensors hold those ranks' rows,
+     * from row0[i] of each param on. */
+    ht_comm *comm;
+    int first;
+    bool experts;
+    int64_t *row0;
     bool resident; /* unsharded: the params are whole already, nothing moves */
     int count;
     ht_param **params; /* (count) */
@@ -130,6 +138,44 @@ static ht_status add_unit(ht_fsdp *f, const char *name, bool root, ht_error *err
     snprintf(u->name, sizeof(u->name), "%s", name);
     u->root = root;
     u->first_use = -1;
+    u->comm = f->comm;
+    return HT_OK;
+}
+
+/* The rows [r0, r1) of p's dim 0 that ranks [first, first + size) of the FSDP group hold. */
+static void group_rows(const ht_fsdp *f, const ht_param *p, int first, int size, int64_t *r0, int64_t *r1) {
+    int64_t a, b;
+    ht_param_rows_of(p->shape[0], first, f->comm->size, r0, &a);
+    ht_param_rows_of(p->shape[0], first + size - 1, f->comm->size, &b, r1);
+}
+
+/* Expert parallelism: whether p is an expert param (a 3-D param under a
+ * module of the plan), and the unit of its module, made on first use. */
+static ht_status expert_unit(ht_fsdp *f, const ht_param *p, int *unit_index, ht_error *err) {
+    *unit_index = -1;
+    if (!f->opt.expert_group || p->ndim != 3) return HT_OK;
+    static const char *const by_default[] = {"model.layers.{*}.mlp.experts"};
+    const char *const *patterns = f->opt.expert_count ? f->opt.expert_modules : by_default;
+    int count = f->opt.expert_count ? f->opt.expert_count : 1;
+    bool covered = false;
+    for (int i = 0; i < count && !covered; i++) covered = ht_path_covers(patterns[i], p->name);
+    if (!covered) return HT_OK;
+    char module[HT_PARAM_NAME_MAX];
+    snprintf(module, sizeof(module), "%s", p->name);
+    char *dot = strrchr(module, '.');
+    if (dot) *dot = 0;
+    for (int ui = 0; ui < f->unit_count; ui++)
+        if (f->units[ui].experts && strcmp(f->units[ui].name, module) == 0) {
+            *unit_index = ui;
+            return HT_OK;
+        }
+    ht_status s = add_unit(f, module, false, err);
+    if (s != HT_OK) return s;
+    unit *u = &f->units[f->unit_count - 1];
+    u->experts = true;
+    u->comm = f->opt.expert_group;
+    u->first = f->opt.expert_first;
+    *unit_index = f->unit_count - 1;
     return HT_OK;
 }
 
@@ -176,6 +222,15 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
         free(owner);
         return ht_fail(err, HT_ERR_INVALID, "FSDP: parameter %s is read by no module of the model", ps->items[i].name);
     }
+    for (int i = 0; i < ps->count; i++) {
+        int ui;
+        ht_status es = expert_unit(f, &ps->items[i], &ui, err);
+        if (es != HT_OK) {
+            free(owner);
+            return es;
+        }
+        if (ui >= 0) owner[i] = ui;
+    }
     for (int ui = 0; ui < f->unit_count; ui++) {
         unit *u = &f->units[ui];
         for (int i = 0; i < ps->count; i++) u->count += owner[i] == ui;
@@ -183,7 +238,8 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
         u->woff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
         u->goff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
         u->soff = calloc((size_t)(u->count ? u->count : 1), sizeof(size_t));
-        if (!u->params || !u->woff || !u->goff || !u->soff) {
+        u->row0 = calloc((size_t)(u->count ? u->count : 1), sizeof(int64_t));
+        if (!u->params || !u->woff || !u->goff || !u->soff || !u->row0) {
             free(owner);
             return ht_fail(err, HT_ERR_OOM, "cannot plan the FSDP units");
         }
@@ -192,14 +248,18 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
         for (int i = 0; i < ps->count; i++) {
             if (owner[i] != ui) continue;
             ht_param *p = &ps->items[i];
+            int64_t r0 = 0, r1 = p->shape[0];
+            if (u->experts) group_rows(f, p, u->first, u->comm->size, &r0, &r1);
+            const int64_t whole = (r1 - r0) * ht_param_row_numel(p);
             u->params[n] = p;
+            u->row0[n] = r0;
             u->woff[n] = u->weight_bytes;
-            u->weight_bytes += align64((size_t)ht_param_numel(p) * ht_dtype_size(p->compute_dtype));
+            u->weight_bytes += align64((size_t)whole * ht_dtype_size(p->compute_dtype));
             /* A frozen param (model.freeze) has no gradient: no buffer, nothing to reduce. */
             if (p->trainable) {
                 u->goff[n] = u->grad_floats;
                 u->soff[n] = u->rows_floats;
-                u->grad_floats += align64((size_t)ht_param_numel(p) * sizeof(float)) / sizeof(float);
+                u->grad_floats += align64((size_t)whole * sizeof(float)) / sizeof(float);
                 u->rows_floats += (size_t)ht_param_local_numel(p);
             }
             u->resident = u->resident && !p->sharded;
@@ -250,7 +310,7 @@ static void fatal(ht_fsdp *f, const char *what, const unit *u) {
  * every param to every rank, rank r's rows into their place. */
 static void start_gather(ht_fsdp *f, unit *u) {
     if (u->resident || u->weights || u->gathering) return;
-    int P = f->comm->size, n = u->count;
+    int P = u->comm->size, W = f->comm->size, n = u->count;
     u->weights = pool_get(&f->pool, u->weight_bytes ? u->weight_bytes : 64, false);
     if (!u->weights || !reserve_spans(f, 2 * P * n + 2)) fatal(f, "out of memory for the gathered weights", u);
     ht_span *send = f->spans, *recv = f->spans + P * n;
@@ -262,22 +322,22 @@ static void start_gather(ht_fsdp *f, unit *u) {
             ht_param *p = u->params[i];
             size_t es = ht_dtype_size(p->compute_dtype), row = (size_t)ht_param_row_numel(p) * es;
             int64_t r0, r1;
-            ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+            ht_param_rows_of(p->shape[0], u->first + r, W, &r0, &r1);
             send[r * n + i] = (ht_span){p->compute_rows, (int64_t)((size_t)ht_param_local_numel(p) * es)};
-            recv[r * n + i] =
-                (ht_span){(char *)u->weights + u->woff[i] + (size_t)r0 * row, (int64_t)((size_t)(r1 - r0) * row)};
+            recv[r * n + i] = (ht_span){(char *)u->weights + u->woff[i] + (size_t)(r0 - u->row0[i]) * row,
+                                        (int64_t)((size_t)(r1 - r0) * row)};
         }
     }
     sfirst[P] = rfirst[P] = P * n;
     ht_spans s = {send, sfirst}, rv = {recv, rfirst};
-    u->gathering = ht_start_exchange(f->comm, &s, &rv);
+    u->gathering = ht_start_exchange(u->comm, &s, &rv);
     f->stats.gathers++;
     f->stats.gathered_bytes += (double)u->weight_bytes;
 }
 
-static void wait_timed(ht_fsdp *f, ht_request *r) {
+static void wait_timed(ht_fsdp *f, ht_comm *comm, ht_request *r) {
     double t0 = ht_time_seconds(), flight = 0.0;
-    ht_wait(f->comm, r, &flight);
+    ht_wait(comm, r, &flight);
     f->stats.waited_seconds += ht_time_seconds() - t0;
     f->stats.in_flight_seconds += flight;
 }
@@ -287,7 +347,7 @@ static void use_weights(ht_fsdp *f, unit *u) {
     if (u->resident) return;
     start_gather(f, u);
     if (u->gathering) {
-        wait_timed(f, u->gathering);
+        wait_timed(f, u->comm, u->gathering);
         u->gathering = NULL;
     }
     for (int i = 0; i < u->count; i++) u->params[i]->compute = (char *)u->weights + u->woff[i];
@@ -296,7 +356,7 @@ static void use_weights(ht_fsdp *f, unit *u) {
 static void release_weights(ht_fsdp *f, unit *u) {
     if (u->resident || !u->weights) return;
     if (u->gathering) { /* a prefetch never used: it still has to complete */
-        wait_timed(f, u->gathering);
+        wait_timed(f, u->comm, u->gathering);
         u->gathering = NULL;
     }
     for (int i = 0; i < u->count; i++) u->params[i]->compute = NULL;
@@ -315,12 +375,12 @@ static void use_grads(ht_fsdp *f, unit *u) {
 /* main_grad rows += the sum over ranks (in rank order) of every rank's
  * gradient for them, once the reduce-scatter of u is complete. */
 static void complete_reduce(ht_fsdp *f, unit *u) {
-    if (!u->reducing) return;
-    wait_timed(f, u->reducing);
+    if (!u->stage) return; /* none started (a group of one rank completes at once: no request) */
+    if (u->reducing) wait_timed(f, u->comm, u->reducing);
     u->reducing = NULL;
     pool_put(&f->pool, u->sent);
     u->sent = NULL;
-    int P = f->comm->size;
+    int P = u->comm->size;
     for (int i = 0; i < u->count; i++) {
         ht_param *p = u->params[i];
         if (!p->trainable) continue;
@@ -345,7 +405,7 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
 static void start_reduce(ht_fsdp *f, int ui) {
     unit *u = &f->units[ui];
     if (u->resident || !u->grad) return;
-    int P = f->comm->size, n = u->count;
+    int P = u->comm->size, W = f->comm->size, n = u->count;
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
     u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * sizeof(float) + 64, false);
     if (!u->stage || !reserve_spans(f, P * n + P + 2)) fatal(f, "out of memory for the gradient reduction", u);
@@ -357,16 +417,17 @@ static void start_reduce(ht_fsdp *f, int ui) {
         for (int i = 0; i < n; i++) {
             ht_param *p = u->params[i];
             int64_t r0, r1, row = ht_param_row_numel(p);
-            ht_param_rows_of(p->shape[0], r, P, &r0, &r1);
+            ht_param_rows_of(p->shape[0], u->first + r, W, &r0, &r1);
             if (!p->trainable) r1 = r0; /* frozen: nothing sent */
-            send[r * n + i] = (ht_span){u->grad + u->goff[i] + r0 * row, (r1 - r0) * row * (int64_t)sizeof(float)};
+            send[r * n + i] =
+                (ht_span){u->grad + u->goff[i] + (r0 - u->row0[i]) * row, (r1 - r0) * row * (int64_t)sizeof(float)};
         }
         recv[r] = (ht_span){u->stage + (size_t)r * u->rows_floats, (int64_t)(u->rows_floats * sizeof(float))};
     }
     sfirst[P] = P * n;
     rfirst[P] = P;
     ht_spans s = {send, sfirst}, rv = {recv, rfirst};
-    u->reducing = ht_start_exchange(f->comm, &s, &rv);
+    u->reducing = ht_start_exchange(u->comm, &s, &rv);
     f->reducing = ui;
     /* The whole gradient goes back to the pool once sent. */
     u->sent = u->grad;
@@ -502,6 +563,7 @@ void ht_fsdp_free(ht_fsdp *f) {
         free(u->woff);
         free(u->goff);
         free(u->soff);
+        free(u->row0);
     }
     if (f->model && f->model->hook.ctx == f) f->model->hook = (ht_module_hook){NULL, NULL};
     for (int k = 0; f->uses && f->model && k < f->model->module_count; k++) free(f->uses[k]);

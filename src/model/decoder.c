@@ -654,7 +654,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                            targets[n], (long long)n, (long long)V);
     }
     ht_status s = size_activations(m, d, B, T, err);
-    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, N, err);
+    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, N, &m->experts, err);
     if (s != HT_OK) return s;
     m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe);
     d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */

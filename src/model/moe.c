@@ -23,6 +23,7 @@
 #include "kernels/ops.h"
 
 typedef struct moe_acts {
+    /* the tokens' side: this rank's N tokens and their A = N·k rows, sent in expert order */
     float *probs;   /* (N, E) router probabilities */
     int32_t *sel;   /* (N, k) the chosen experts, by decreasing probability */
     float *weight;  /* (N, k) their weights */
@@ -31,41 +32,56 @@ typedef struct moe_acts {
     int32_t *token; /* (A) each row's token */
     int64_t *offs;  /* (E + 1) each expert's first row */
     void *xs;       /* (A, C) cd each row's input */
-    float *g, *u;   /* (A, I) the gate and up products */
-    void *h;        /* (A, I) cd silu(g) · u */
     float *ye;      /* (A, C) each row's expert output, before its weight */
     float *z;       /* (N) the shared expert gate's logit */
     float *sg, *su; /* (N, S) the shared expert's gate and up products */
     void *sh;       /* (N, S) cd */
     float *so;      /* (N, C) the shared expert's output, before its gate */
+    /* the experts' side: the R rows this rank's experts receive, by local
+     * expert, then by source rank (without expert parallelism: the rows
+     * above, R = A, and exs / eye are xs / ye) */
+    int64_t R;
+    int64_t *eoffs;  /* (El + 1) each local expert's first row */
+    int64_t *counts; /* (P, El) the rows each source rank sends each local expert */
+    int32_t *perm;   /* (cap) each row's place in the received order (source rank, then expert) */
+    void *exs;       /* (cap, C) cd */
+    float *eg, *eu;  /* (cap, I) the gate and up products */
+    void *eh;        /* (cap, I) cd silu(g) · u */
+    float *eye;      /* (cap, C) */
 } moe_acts;
 
 struct ht_moe {
     int E, k, I, S, C, layers;
     bool norm_topk;
-    ht_moe_params *params; /* (layers) */
-    moe_acts *acts;        /* (layers) */
-    int64_t N;             /* the token count the buffers hold */
-    size_t cd;             /* and the compute dtype's size */
+    ht_moe_params *params;  /* (layers) */
+    moe_acts *acts;         /* (layers) */
+    ht_expert_parallel *ep; /* NULL: every expert here */
+    int P, El, e0;          /* the group's size, the experts per rank, this rank's first */
+    int64_t N, cap;         /* the tokens the buffers hold, and the most rows the experts can receive */
+    size_t cd;              /* the compute dtype's size they were carved for */
     void *block;
     size_t bytes;
     /* this forward's load-balancing sums over every sparse layer */
     double *count;    /* (E) rows routed to each expert */
     double *prob_sum; /* (E) router probabilities */
     int64_t rows;     /* tokens seen, summed over layers */
-    /* backward scratch */
+    /* scratch */
     float *dw;         /* (N, k) */
     float *dp;         /* (N, E) */
     float *dye;        /* (A, C) */
-    float *dh, *dg;    /* (A, I) */
-    float *du;         /* (A, I) */
-    float *dxs;        /* (A, C) */
+    float *dh, *dg;    /* (cap, I) */
+    float *du;         /* (cap, I) */
+    float *dexs;       /* (cap, C) the experts' input gradients */
+    float *dxs;        /* (A, C) the same, back on the tokens' side */
     float *dso;        /* (N, C) */
     float *dsh, *dsg;  /* (N, S) */
     float *dsu;        /* (N, S) */
     float *dz;         /* (N) */
-    void *op_a, *op_b; /* (max(A, N) · max(C, I, S, E)) cd: gradients as GEMM operands */
+    float *stage;      /* (cap, C) rows in received order (exchange) */
+    void *op_a, *op_b; /* (max(cap, N) · max(C, I, S, E)) cd: gradients as GEMM operands */
 };
+
+static bool parallel(const ht_moe *moe) { return moe->P > 1; }
 
 /* ------------------------------------------------------------------ params */
 
@@ -148,38 +164,71 @@ size_t ht_moe_activation_bytes(const ht_moe *moe) { return moe ? moe->bytes : 0;
 
 /* ------------------------------------------------------------------ buffers */
 
-ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err) {
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error *err) {
     memset(moe->count, 0, (size_t)moe->E * 2 * sizeof(double));
     moe->rows = 0;
     if (moe->layers == 0) return HT_OK;
+    const int P = ep && ep->size > 1 ? ep->size : 1;
+    if (moe->E % P != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts (%d) must be a multiple of parallel.expert_parallel_size (%d): each rank "
+                       "of an expert-parallel group holds the same number of experts",
+                       moe->E, P);
+    moe->ep = P > 1 ? ep : NULL;
+    moe->El = moe->E / P;
+    moe->e0 = P > 1 ? ep->rank * moe->El : 0;
     const size_t cd = ht_dtype_size(moe->params[0].router->compute_dtype);
-    if (moe->block && moe->N == N && moe->cd == cd) return HT_OK;
+    if (moe->block && moe->N == N && moe->cd == cd && moe->P == P) return HT_OK;
+    moe->P = P;
     ht_free(moe->block);
     moe->block = NULL;
-    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    /* Every rank of the group may send all its rows to one rank's experts. */
+    const int64_t cap = A * P;
     int64_t wide = C > I ? C : I;
     wide = wide > S ? wide : S;
     wide = wide > E ? wide : E;
-    const size_t op = (size_t)((A > N ? A : N) * wide) * cd;
+    const size_t op = (size_t)((cap > N ? cap : N) * wide) * cd;
+    const bool own = P > 1; /* the experts' side has its own rows */
     const size_t per_layer[] = {
-        (size_t)(N * E) * 4,  (size_t)(N * k) * 4, (size_t)(N * k) * 4,  (size_t)N * 4,       (size_t)A * 4,
-        (size_t)A * 4,        (size_t)(E + 1) * 8, (size_t)(A * C) * cd, (size_t)(A * I) * 4, (size_t)(A * I) * 4,
-        (size_t)(A * I) * cd, (size_t)(A * C) * 4, (size_t)N * 4,        (size_t)(N * S) * 4, (size_t)(N * S) * 4,
-        (size_t)(N * S) * cd, (size_t)(N * C) * 4,
+        (size_t)(N * E) * 4,
+        (size_t)(N * k) * 4,
+        (size_t)(N * k) * 4,
+        (size_t)N * 4,
+        (size_t)A * 4,
+        (size_t)A * 4,
+        (size_t)(E + 1) * 8,
+        (size_t)(A * C) * cd,
+        (size_t)(A * C) * 4,
+        (size_t)N * 4,
+        (size_t)(N * S) * 4,
+        (size_t)(N * S) * 4,
+        (size_t)(N * S) * cd,
+        (size_t)(N * C) * 4, /* probs .. so */
+        (size_t)(El + 1) * 8,
+        (size_t)(P * El) * 8,
+        own ? (size_t)cap * 4 : 0,
+        own ? (size_t)(cap * C) * cd : 0,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * cd,
+        own ? (size_t)(cap * C) * 4 : 0, /* eoffs .. eye */
     };
     const size_t scratch[] = {
         (size_t)(N * k) * 4,
         (size_t)(N * E) * 4,
         (size_t)(A * C) * 4,
-        (size_t)(A * I) * 4,
-        (size_t)(A * I) * 4,
-        (size_t)(A * I) * 4,
-        (size_t)(A * C) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * C) * 4,
+        own ? (size_t)(A * C) * 4 : 0,
         (size_t)(N * C) * 4,
         (size_t)(N * S) * 4,
         (size_t)(N * S) * 4,
         (size_t)(N * S) * 4,
         (size_t)N * 4,
+        own ? (size_t)(cap * C) * 4 : 0,
         op,
         op,
     };
@@ -203,15 +252,20 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err) {
         a->token = (int32_t *)CARVE(per_layer[5]);
         a->offs = (int64_t *)CARVE(per_layer[6]);
         a->xs = CARVE(per_layer[7]);
-        a->g = (float *)CARVE(per_layer[8]);
-        a->u = (float *)CARVE(per_layer[9]);
-        a->h = CARVE(per_layer[10]);
-        a->ye = (float *)CARVE(per_layer[11]);
-        a->z = (float *)CARVE(per_layer[12]);
-        a->sg = (float *)CARVE(per_layer[13]);
-        a->su = (float *)CARVE(per_layer[14]);
-        a->sh = CARVE(per_layer[15]);
-        a->so = (float *)CARVE(per_layer[16]);
+        a->ye = (float *)CARVE(per_layer[8]);
+        a->z = (float *)CARVE(per_layer[9]);
+        a->sg = (float *)CARVE(per_layer[10]);
+        a->su = (float *)CARVE(per_layer[11]);
+        a->sh = CARVE(per_layer[12]);
+        a->so = (float *)CARVE(per_layer[13]);
+        a->eoffs = (int64_t *)CARVE(per_layer[14]);
+        a->counts = (int64_t *)CARVE(per_layer[15]);
+        a->perm = own ? (int32_t *)CARVE(per_layer[16]) : NULL;
+        a->exs = own ? CARVE(per_layer[17]) : a->xs;
+        a->eg = (float *)CARVE(per_layer[18]);
+        a->eu = (float *)CARVE(per_layer[19]);
+        a->eh = CARVE(per_layer[20]);
+        a->eye = own ? (float *)CARVE(per_layer[21]) : a->ye;
     }
     moe->dw = (float *)CARVE(scratch[0]);
     moe->dp = (float *)CARVE(scratch[1]);
@@ -219,16 +273,19 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err) {
     moe->dh = (float *)CARVE(scratch[3]);
     moe->dg = (float *)CARVE(scratch[4]);
     moe->du = (float *)CARVE(scratch[5]);
-    moe->dxs = (float *)CARVE(scratch[6]);
-    moe->dso = (float *)CARVE(scratch[7]);
-    moe->dsh = (float *)CARVE(scratch[8]);
-    moe->dsg = (float *)CARVE(scratch[9]);
-    moe->dsu = (float *)CARVE(scratch[10]);
-    moe->dz = (float *)CARVE(scratch[11]);
-    moe->op_a = CARVE(scratch[12]);
-    moe->op_b = CARVE(scratch[13]);
+    moe->dexs = (float *)CARVE(scratch[6]);
+    moe->dxs = own ? (float *)CARVE(scratch[7]) : moe->dexs;
+    moe->dso = (float *)CARVE(scratch[8]);
+    moe->dsh = (float *)CARVE(scratch[9]);
+    moe->dsg = (float *)CARVE(scratch[10]);
+    moe->dsu = (float *)CARVE(scratch[11]);
+    moe->dz = (float *)CARVE(scratch[12]);
+    moe->stage = own ? (float *)CARVE(scratch[13]) : NULL;
+    moe->op_a = CARVE(scratch[14]);
+    moe->op_b = CARVE(scratch[15]);
 #undef CARVE
     moe->N = N;
+    moe->cap = cap;
     moe->cd = cd;
     moe->bytes = total;
     return HT_OK;
@@ -323,10 +380,85 @@ static void linear(float *y, const void *x, const ht_param *w, int64_t rows) {
     ht_gemm(false, true, rows, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
 }
 
+/* ------------------------------------------------------------------ expert parallelism */
+
+/* The group's all-to-all of rows of row_bytes: send_rows[q] to rank q, recv_rows[q] from it. */
+static void exchange_rows(ht_moe *moe, const void *send, const int64_t *send_rows, void *recv, const int64_t *recv_rows,
+                          size_t row_bytes) {
+    const int P = moe->P;
+    int64_t sb[P], rb[P];
+    for (int q = 0; q < P; q++) {
+        sb[q] = send_rows[q] * (int64_t)row_bytes;
+        rb[q] = recv_rows[q] * (int64_t)row_bytes;
+    }
+    double t0 = ht_time_seconds();
+    moe->ep->exchange(moe->ep->ctx, send, sb, recv, rb);
+    moe->ep->seconds += ht_time_seconds() - t0;
+}
+
+/* The rows this rank sends each rank (its rows are in expert order, and
+ * rank q holds experts [q·El, (q + 1)·El)), and those it receives. */
+static void rows_per_rank(const ht_moe *moe, const moe_acts *a, int64_t *to, int64_t *from) {
+    for (int q = 0; q < moe->P; q++) {
+        to[q] = a->offs[(q + 1) * moe->El] - a->offs[q * moe->El];
+        from[q] = 0;
+        for (int el = 0; el < moe->El; el++) from[q] += a->counts[q * moe->El + el];
+    }
+}
+
+/* The rows of this rank's tokens to their experts' ranks: exs gets the rows
+ * this rank's experts compute, by local expert and then by source rank. */
+static void dispatch(ht_moe *moe, moe_acts *a, size_t row_bytes) {
+    const int P = moe->P, El = moe->El;
+    int64_t sendc[moe->E], eight[P], to[P], from[P];
+    for (int e = 0; e < moe->E; e++) sendc[e] = a->offs[e + 1] - a->offs[e];
+    for (int q = 0; q < P; q++) eight[q] = El;
+    exchange_rows(moe, sendc, eight, a->counts, eight, sizeof(int64_t));
+    rows_per_rank(moe, a, to, from);
+    a->eoffs[0] = 0;
+    for (int el = 0; el < El; el++) {
+        int64_t n = 0;
+        for (int q = 0; q < P; q++) n += a->counts[q * El + el];
+        a->eoffs[el + 1] = a->eoffs[el] + n;
+    }
+    a->R = a->eoffs[El];
+    /* perm: expert-side row -> received row (source rank q's rows for its experts, in expert order). */
+    int64_t qoff = 0;
+    for (int q = 0; q < P; q++) {
+        int64_t r = qoff;
+        for (int el = 0; el < El; el++) {
+            int64_t at = a->eoffs[el];
+            for (int qq = 0; qq < q; qq++) at += a->counts[qq * El + el];
+            for (int64_t i = 0; i < a->counts[q * El + el]; i++) a->perm[at + i] = (int32_t)(r + i);
+            r += a->counts[q * El + el];
+        }
+        qoff += from[q];
+    }
+    exchange_rows(moe, a->xs, to, moe->stage, from, row_bytes);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < a->R; r++)
+        memcpy((char *)a->exs + (size_t)r * row_bytes, (const char *)moe->stage + (size_t)a->perm[r] * row_bytes,
+               row_bytes);
+}
+
+/* The experts' rows of width bytes (src, expert-side order) back to the
+ * ranks of their tokens, into dst in this rank's send order. */
+static void combine(ht_moe *moe, const moe_acts *a, const void *src, void *dst, size_t row_bytes) {
+    int64_t to[moe->P], from[moe->P];
+    rows_per_rank(moe, a, to, from);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < a->R; r++)
+        memcpy((char *)moe->stage + (size_t)a->perm[r] * row_bytes, (const char *)src + (size_t)r * row_bytes,
+               row_bytes);
+    exchange_rows(moe, moe->stage, from, dst, to, row_bytes);
+}
+
+/* ------------------------------------------------------------------ forward */
+
 void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, ht_dtype round) {
     const ht_moe_params *p = &moe->params[index];
     moe_acts *a = &moe->acts[index];
-    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
     const ht_dtype cd = p->router->compute_dtype;
     const size_t cds = ht_dtype_size(cd);
 
@@ -338,29 +470,37 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
         for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
     moe->rows += N;
 
-    /* Routed experts: gather the rows, one GEMM per expert and product. */
+    /* Routed experts: the rows in expert order, to the experts' ranks, one
+     * GEMM per local expert and product, the outputs back. */
     sort_rows(moe, a, N);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < A; r++)
         memcpy((char *)a->xs + (size_t)(r * C) * cds, (const char *)x + (size_t)(a->token[r] * C) * cds,
                (size_t)C * cds);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+    if (parallel(moe)) {
+        dispatch(moe, a, (size_t)C * cds);
+    } else {
+        memcpy(a->eoffs, a->offs, (size_t)(E + 1) * sizeof(int64_t));
+        a->R = A;
+    }
+    for (int64_t e = 0; e < El; e++) {
+        int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
-        const void *xe = rows_at(a->xs, r0, C, cd);
-        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, a->g + r0 * I,
+        const void *xe = rows_at(a->exs, r0, C, cd);
+        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, a->eg + r0 * I,
                        I);
-        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, I), C, cd, 0.0f, a->u + r0 * I,
+        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, I), C, cd, 0.0f, a->eu + r0 * I,
                        I);
     }
-    ht_swiglu_forward(a->h, cd, a->g, a->u, A * I);
-    ht_round_to(a->h, (size_t)(A * I), round);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+    ht_swiglu_forward(a->eh, cd, a->eg, a->eu, a->R * I);
+    ht_round_to(a->eh, (size_t)(a->R * I), round);
+    for (int64_t e = 0; e < El; e++) {
+        int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
-        ht_gemm_ragged(false, true, n, C, I, 1.0f, rows_at(a->h, r0, I, cd), I, expert_matrix(p->down, e, 0), I, cd,
-                       0.0f, a->ye + r0 * C, C);
+        ht_gemm_ragged(false, true, n, C, I, 1.0f, rows_at(a->eh, r0, I, cd), I, expert_matrix(p->down, e, 0), I, cd,
+                       0.0f, a->eye + r0 * C, C);
     }
+    if (parallel(moe)) combine(moe, a, a->eye, a->ye, (size_t)C * sizeof(float));
 
     /* The shared expert and its gate. */
     linear(a->z, x, p->sh_expert_gate, N);
@@ -417,7 +557,7 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
                      ht_dtype round) {
     const ht_moe_params *p = &moe->params[index];
     moe_acts *a = &moe->acts[index];
-    const int64_t E = moe->E, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
+    const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
     const ht_dtype cd = p->router->compute_dtype;
 
     /* Shared expert: y += s · so, s = sigmoid(z). */
@@ -477,33 +617,45 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
     }
     linear_backward(dx, 1.0f, operand(moe->op_a, moe->dp, N * E, cd, round), x, p->router, N);
 
-    /* Routed experts, one GEMM per expert and product. */
+    /* Routed experts: the output gradients to the experts' ranks, one GEMM
+     * per local expert and product, the input gradients back. */
     const void *dye = operand(moe->op_a, moe->dye, A * C, cd, round);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+    if (parallel(moe)) {
+        int64_t to[moe->P], from[moe->P];
+        const size_t row = (size_t)C * ht_dtype_size(cd);
+        rows_per_rank(moe, a, to, from);
+        exchange_rows(moe, dye, to, moe->stage, from, row);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < a->R; r++)
+            memcpy((char *)moe->op_b + (size_t)r * row, (const char *)moe->stage + (size_t)a->perm[r] * row, row);
+        dye = moe->op_b;
+    }
+    for (int64_t e = 0; e < El; e++) {
+        int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
         const void *dye_e = rows_at(dye, r0, C, cd);
         if (p->down->grad)
-            ht_gemm_ragged(true, false, C, I, n, 1.0f, dye_e, C, rows_at(a->h, r0, I, cd), I, cd, 1.0f,
+            ht_gemm_ragged(true, false, C, I, n, 1.0f, dye_e, C, rows_at(a->eh, r0, I, cd), I, cd, 1.0f,
                            expert_grad(p->down, e, 0), I);
         ht_gemm_ragged(false, false, n, I, C, 1.0f, dye_e, C, expert_matrix(p->down, e, 0), I, cd, 0.0f,
                        moe->dh + r0 * I, I);
     }
-    ht_swiglu_backward(moe->dg, moe->du, moe->dh, a->g, a->u, A * I);
-    const void *dg = operand(moe->op_a, moe->dg, A * I, cd, round);
-    const void *du = operand(moe->op_b, moe->du, A * I, cd, round);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = a->offs[e], n = a->offs[e + 1] - r0;
+    ht_swiglu_backward(moe->dg, moe->du, moe->dh, a->eg, a->eu, a->R * I);
+    const void *dg = operand(moe->op_a, moe->dg, a->R * I, cd, round);
+    const void *du = operand(moe->op_b, moe->du, a->R * I, cd, round);
+    for (int64_t e = 0; e < El; e++) {
+        int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
-        const void *xe = rows_at(a->xs, r0, C, cd), *dg_e = rows_at(dg, r0, I, cd), *du_e = rows_at(du, r0, I, cd);
+        const void *xe = rows_at(a->exs, r0, C, cd), *dg_e = rows_at(dg, r0, I, cd), *du_e = rows_at(du, r0, I, cd);
         if (p->gate_up->grad) {
             ht_gemm_ragged(true, false, I, C, n, 1.0f, dg_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, 0), C);
             ht_gemm_ragged(true, false, I, C, n, 1.0f, du_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, I), C);
         }
-        float *dxs = moe->dxs + r0 * C;
-        ht_gemm_ragged(false, false, n, C, I, 1.0f, dg_e, I, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, dxs, C);
-        ht_gemm_ragged(false, false, n, C, I, 1.0f, du_e, I, expert_matrix(p->gate_up, e, I), C, cd, 1.0f, dxs, C);
+        float *dexs = moe->dexs + r0 * C;
+        ht_gemm_ragged(false, false, n, C, I, 1.0f, dg_e, I, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, dexs, C);
+        ht_gemm_ragged(false, false, n, C, I, 1.0f, du_e, I, expert_matrix(p->gate_up, e, I), C, cd, 1.0f, dexs, C);
     }
+    if (parallel(moe)) combine(moe, a, moe->dexs, moe->dxs, (size_t)C * sizeof(float));
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *dxn = dx + n * C;

@@ -27,8 +27,10 @@ bool ht_moe_declare(ht_param_store *ps, const char *module, const ht_model_confi
 /* Binds sparse layer `index` (0-based among the sparse layers) to its params. */
 void ht_moe_bind(ht_moe *moe, int index, ht_param_store *ps, const char *module);
 const ht_moe_params *ht_moe_params_of(const ht_moe *moe, int index);
-/* Starts a forward of N tokens: buffers sized, the load-balancing sums zeroed. */
-ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_error *err);
+/* Starts a forward of N tokens: buffers sized, the load-balancing sums
+ * zeroed. ep: the model's expert parallelism (every expert here when its
+ * size is <= 1). */
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error *err);
 /* y (N, C) FP32 = the block of sparse layer `index` applied to x (N, C) in
  * the compute dtype (x as the GEMMs read it); keeps what backward reads.
  * `round` is the precision FP32 operands are rounded to (F32: none). */

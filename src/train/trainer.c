@@ -285,6 +285,30 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* parallel.expert_parallel_size P > 1 on W ranks: the model must have
+ * experts, P ranks must split them evenly, and each rank's FSDP rows of an
+ * expert param must be whole experts of its group's share (E a multiple of W). */
+static ht_status check_experts(const ht_trainer *t, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    const int P = t->ep_comm->size, W = t->comm->size, E = a->moe.num_experts;
+    if (E <= 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.expert_parallel_size is %d, but the model (%s) has no experts (model.num_experts %d)",
+                       P, a->name, E);
+    if (E % P != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts (%d) is not a multiple of parallel.expert_parallel_size (%d): the %d ranks "
+                       "of an expert-parallel group must hold the same number of experts",
+                       E, P, P);
+    if (E % W != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts (%d) is not a multiple of the %d ranks: with expert parallelism each rank "
+                       "shards whole experts of its group's %d (FSDP over the %d ranks holding them); use a world "
+                       "size that divides %d",
+                       E, W, E / P, W / P, E);
+    return HT_OK;
+}
+
 /* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
 static ht_status set_compute(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
@@ -295,10 +319,32 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
     const char *apply[HT_CONFIG_LIST_MAX];
     for (int i = 0; i < c->fsdp.apply_modules.count; i++) apply[i] = c->fsdp.apply_modules.items[i];
-    ht_fsdp_options fo = {apply, c->fsdp.apply_modules.count, c->fsdp.reshard_after_forward, c->fsdp.prefetch};
+    ht_fsdp_options fo = {.apply_modules = apply,
+                          .apply_count = c->fsdp.apply_modules.count,
+                          .reshard_after_forward = c->fsdp.reshard_after_forward,
+                          .prefetch = c->fsdp.prefetch};
+    const char *ep_modules[HT_CONFIG_LIST_MAX];
+    if (t->ep_comm) {
+        s = check_experts(t, err);
+        if (s != HT_OK) return s;
+        for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
+        fo.expert_group = t->expert_comm;
+        fo.expert_first = t->comm->rank / t->expert_comm->size * t->expert_comm->size;
+        fo.expert_modules = ep_modules;
+        fo.expert_count = c->parallel.ep_modules.count;
+    }
     s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
     if (s != HT_OK) return s;
     ht_fsdp_log_plan(t->fsdp);
+    if (t->ep_comm) {
+        ht_expert_parallel_attach(t->model, t->ep_comm);
+        const ht_moe_config *mc = &t->model->config.moe;
+        if (t->comm->rank == 0)
+            ht_log_info("Expert parallelism: groups of %d ranks split the %d experts of each sparse layer (%d per "
+                        "rank), the tokens' rows exchanged all-to-all; the ranks holding the same experts (%d "
+                        "consecutive ones) shard them and reduce their gradients",
+                        t->ep_comm->size, mc->num_experts, mc->num_experts / t->ep_comm->size, t->expert_comm->size);
+    }
     t->model->output_dtype = c->fsdp.output_dtype;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
@@ -620,6 +666,10 @@ static ht_status make_groups(ht_trainer *t, ht_error *err) {
     ht_status s = ht_comm_split(t->comm, t->comm->rank / S, t->comm->rank % S, &t->shard_comm, err);
     if (s == HT_OK) s = ht_comm_split(t->comm, t->comm->rank % S, t->comm->rank / S, &t->replica_comm, err);
     t->sharded = S > 1;
+    /* Expert parallelism (validated: P divides W, no HSDP). */
+    const int P = t->config.parallel.expert_parallel_size, D = W / (P > 0 ? P : 1), r = t->comm->rank;
+    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r / D, r % D, &t->expert_comm, err);
+    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r % D, r / D, &t->ep_comm, err);
     return s;
 }
 
@@ -681,6 +731,8 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);
+    if (t->ep_comm) ht_comm_free(t->ep_comm);
+    if (t->expert_comm) ht_comm_free(t->expert_comm);
     if (t->replica_comm) ht_comm_free(t->replica_comm);
     if (t->shard_comm) ht_comm_free(t->shard_comm);
     ht_comm *comm = t->comm;
@@ -689,6 +741,56 @@ void ht_trainer_free(ht_trainer *t) {
 }
 
 /* ------------------------------------------------------------------ steps */
+
+#define HT_MAX_DUMPED 4096 /* params */
+/* training.dump_state: one step's tensors, kept until written (the writer borrows them). */
+typedef struct state_dump {
+    ht_st_writer w;
+    void *bufs[2 * HT_MAX_DUMPED];
+    int count;
+} state_dump;
+
+static void dump_free(state_dump *d) {
+    if (!d) return;
+    ht_st_writer_free(&d->w);
+    for (int i = 0; i < d->count; i++) ht_free(d->bufs[i]);
+    free(d);
+}
+
+/* Every param's whole main_grad ("main_grad.") or model values ("param."),
+ * gathered from the shard group's rows, added to the dump on rank 0. Every
+ * rank takes part. */
+static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, ht_error *err) {
+    const bool grads = prefix[0] == 'm';
+    ht_param_store *ps = &t->model->params;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        if (grads && !p->main_grad) continue; /* frozen */
+        const size_t elem = grads ? sizeof(float) : ht_dtype_size(p->dtype);
+        void *whole = ht_alloc((size_t)ht_param_numel(p) * elem + 64);
+        if (!whole || d->count == 2 * HT_MAX_DUMPED) {
+            ht_free(whole);
+            return ht_fail(err, HT_ERR_OOM, "training.dump_state: cannot hold %s", p->name);
+        }
+        d->bufs[d->count++] = whole;
+        ht_fsdp_gather_rows(p, t->shard_comm, grads ? (void *)p->main_grad : p->data, whole, elem);
+        char name[HT_PARAM_NAME_MAX + 16];
+        snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+        ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
+        ht_status s = t->comm->rank == 0 ? ht_st_writer_add(&d->w, name, dt, p->ndim, p->shape, whole, dt, err) : HT_OK;
+        if (s != HT_OK) return s;
+    }
+    return HT_OK;
+}
+
+static ht_status write_dump(ht_trainer *t, state_dump *d, ht_error *err) {
+    if (t->comm->rank != 0) return HT_OK;
+    char dir[HT_CONFIG_STR_MAX + 16], path[HT_CONFIG_STR_MAX + 64];
+    snprintf(dir, sizeof(dir), "%s/state", t->config.checkpoint.output_dir);
+    ht_status s = ht_make_dirs(dir, err);
+    snprintf(path, sizeof(path), "%s/step_%08lld.safetensors", dir, (long long)t->step);
+    return s == HT_OK ? ht_st_writer_write(&d->w, path, err) : s;
+}
 
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
@@ -734,9 +836,17 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
                           (int64_t)m->config.num_hidden_layers * m->config.num_attention_heads, HT_REDUCE_MAX);
     double t2 = ht_time_seconds();
     ht_step_result r;
-    ht_status s = ht_optimizer_step(&t->optimizer, &r, err);
+    state_dump *dump = t->config.training.dump_state ? calloc(1, sizeof(state_dump)) : NULL;
+    ht_status s = HT_OK;
+    if (t->config.training.dump_state)
+        s = dump ? dump_tensors(t, dump, "main_grad.", err)
+                 : ht_fail(err, HT_ERR_OOM, "training.dump_state: out of memory");
+    if (s == HT_OK) s = ht_optimizer_step(&t->optimizer, &r, err);
     if (s == HT_OK) s = ht_gemm_status(err); /* Newton-Schulz */
-    if (s != HT_OK) return s;
+    if (s != HT_OK) {
+        dump_free(dump);
+        return s;
+    }
     int clipped = 0;
     if (t->qk_layers && !r.skipped) {
         const ht_model_config *a = &m->config;
@@ -746,6 +856,12 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     }
     ht_fsdp_weights_changed(t->fsdp);
     t->step++;
+    if (t->config.training.dump_state) {
+        s = dump_tensors(t, dump, "param.", err);
+        if (s == HT_OK) s = write_dump(t, dump, err);
+        dump_free(dump);
+        if (s != HT_OK) return s;
+    }
     double t3 = ht_time_seconds(), dt = t3 - t0;
     t->forward_backward_seconds += t1 - t0;
     t->sync_seconds += t2 - t1;
