@@ -225,11 +225,30 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
     for (int i = 0; i < ps->count; i++) {
         int ui;
         ht_status es = expert_unit(f, &ps->items[i], &ui, err);
+        if (es == HT_OK && ui < 0 && f->opt.expert_group && strstr(ps->items[i].name, ".mlp.experts."))
+            /* The model computes only its group's experts: every expert param must be gathered for them. */
+            es = ht_fail(err, HT_ERR_CONFIG,
+                         "parallel.ep_plan.apply_modules does not cover %s: with expert parallelism every sparse "
+                         "layer's experts are split over the ranks (leave it empty, or list "
+                         "\"model.layers.{*}.mlp.experts\")",
+                         ps->items[i].name);
         if (es != HT_OK) {
             free(owner);
             return es;
         }
         if (ui >= 0) owner[i] = ui;
+    }
+    for (int k = 0; f->opt.expert_group && k < f->opt.expert_count; k++) {
+        bool any = false;
+        for (int i = 0; i < ps->count && !any; i++)
+            any = ps->items[i].ndim == 3 && ht_path_covers(f->opt.expert_modules[k], ps->items[i].name);
+        if (!any) {
+            free(owner);
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "parallel.ep_plan.apply_modules: '%s' covers no experts of this model (its experts are "
+                           "model.layers.N.mlp.experts for the sparse layers N)",
+                           f->opt.expert_modules[k]);
+        }
     }
     for (int ui = 0; ui < f->unit_count; ui++) {
         unit *u = &f->units[ui];
