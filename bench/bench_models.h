@@ -3,6 +3,8 @@
 #ifndef HT_BENCH_MODELS_H
 #define HT_BENCH_MODELS_H
 
+#include <stdio.h>
+
 #include "hypertrain/model.h"
 
 /* The 31M-parameter Qwen2 of the train-step and checkpoint benchmarks (and of
@@ -41,6 +43,23 @@ static inline ht_model_config bench_model_qwen25_05b(void) {
                              .attention_bias = true,
                              .tie_word_embeddings = true,
                              .initializer_range = 0.02};
+}
+
+/* A Qwen2-MoE the size of the 31M model's attention (hidden 512, 8 layers,
+ * 8 heads, 2 KV heads, vocab 8192, untied): every layer sparse, 8 experts of
+ * width 704 of which each token takes 2 (the dense model's 1408 active), a
+ * shared expert of 704, no load-balancing loss. 95M parameters, 48M active
+ * per token. As bench/peers/torch_train_step.py --model moe. */
+static inline ht_model_config bench_model_moe(void) {
+    ht_model_config c = bench_model_31m();
+    snprintf(c.name, sizeof(c.name), "qwen2_moe");
+    c.moe = (ht_moe_config){.num_experts = 8,
+                            .num_experts_per_tok = 2,
+                            .moe_intermediate_size = 704,
+                            .shared_expert_intermediate_size = 704,
+                            .decoder_sparse_step = 1,
+                            .router_aux_loss_coef = 0.001};
+    return c;
 }
 
 #endif

@@ -74,6 +74,7 @@ typedef struct ht_trainer {
     double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */
     /* Seconds spent in each phase of the steps since the run began. */
     double forward_backward_seconds, sync_seconds, optimizer_seconds;
+    double all_to_all_seconds; /* expert parallelism: the part of forward + backward in the experts' all-to-all */
     double forward_seconds, checkpoint_seconds, eval_seconds; /* tools.profile's phases (forward is in the first) */
 } ht_trainer;
 

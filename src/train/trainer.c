@@ -807,6 +807,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
      * constant keeps the stream apart from the others derived from the seed;
      * the low bit keeps it nonzero (0 means no dropout). */
     uint64_t dropout = ht_fnv1a64(&t->step, sizeof(t->step), (uint64_t)t->config.training.seed ^ 0x6c6f7261ULL) | 1;
+    const double exchanged = m->experts.seconds;
     for (int micro = 0; micro < t->grad_accum; micro++) {
         ht_loader_next(&t->train_loader, t->batch);
         ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
@@ -864,6 +865,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     }
     double t3 = ht_time_seconds(), dt = t3 - t0;
     t->forward_backward_seconds += t1 - t0;
+    t->all_to_all_seconds += m->experts.seconds - exchanged;
     t->sync_seconds += t2 - t1;
     t->optimizer_seconds += t3 - t2;
     if (stats) {
@@ -1268,9 +1270,13 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
     if (t->step > first_step) {
         double n = (double)(t->step - first_step);
-        ht_log_info("time a step (over %lld steps): forward + backward %.3f s, gradient sync %.3f s, optimizer %.3f s "
-                    "(Muon and AdamW with their collectives, the clip, the cast back)",
-                    (long long)(t->step - first_step), t->forward_backward_seconds / n, t->sync_seconds / n,
+        char a2a[96] = "";
+        if (t->ep_comm)
+            snprintf(a2a, sizeof(a2a), " (the experts' all-to-all %.3f s of it, %.0f%%)", t->all_to_all_seconds / n,
+                     100.0 * t->all_to_all_seconds / fmax(t->forward_backward_seconds, 1e-12));
+        ht_log_info("time a step (over %lld steps): forward + backward %.3f s%s, gradient sync %.3f s, optimizer %.3f "
+                    "s (Muon and AdamW with their collectives, the clip, the cast back)",
+                    (long long)(t->step - first_step), t->forward_backward_seconds / n, a2a, t->sync_seconds / n,
                     t->optimizer_seconds / n);
     }
     if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
