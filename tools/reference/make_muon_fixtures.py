@@ -21,9 +21,11 @@ muon_steps.safetensors: 10 optimizer steps on four parameters
       FP32 params. torch's _zeropower_via_newtonschulz runs in bf16 and divides
       by norm.clamp(min=eps); it is monkeypatched with ns_fp32 below, which
       follows NUMERICS.md exactly in FP32 (X / (||X||_F + eps), the norm in
-      double). torch.optim.Muon takes 2-D params only: `experts` is stepped
-      slice by slice with torch's own formulas (lerp momentum, mul_/add_
-      update), its scale taken from the (24, 40) slice shape.
+      double). torch.optim.Muon takes 2-D params only, so `experts` is a
+      per-matrix loop of torch.optim.Muon: its E = 3 slices are E separate
+      (24, 40) params of the same optimizer (init and each step's grad sliced
+      from init.experts and grad.experts), so their scale is torch's own for
+      the (24, 40) shape; the fixture's experts tensors stack the slices.
   (b) master_sum: a Megatron-style mixed-precision step written here: bf16
       model params, FP32 master copies updated by the `sum`-momentum Muon
       (B <- mu B + g; u = g + mu B), asym5, matched_adamw_rms 0.2, weight
@@ -138,33 +140,35 @@ def sample(t, x):
 
 
 def run_torch(init, grads, adjust_lr_fn, nesterov):
-    """(a): torch.optim.Muon on the 2-D params, torch's formulas per slice on the 3-D one."""
-    params = {k: v.float().clone() for k, v in init.items()}
-    two_d = [params[k] for k in params if params[k].ndim == 2]
-    opt = torch.optim.Muon(two_d, lr=LR[0], weight_decay=WD, momentum=MU, nesterov=nesterov, eps=EPS, ns_steps=5,
+    """(a): torch.optim.Muon on every matrix: the 2-D params as they are, the
+    3-D one as E separate 2-D params, one per slice, stacked back for the fixture."""
+    params = {k: v.float().clone() for k, v in init.items() if v.ndim == 2}
+    slices = {k: [v[e].float().clone() for e in range(v.shape[0])] for k, v in init.items() if v.ndim == 3}
+    opt = torch.optim.Muon(list(params.values()) + [s for ss in slices.values() for s in ss], lr=LR[0],
+                           weight_decay=WD, momentum=MU, nesterov=nesterov, eps=EPS, ns_steps=5,
                            adjust_lr_fn=adjust_lr_fn)
-    exp_buf = torch.zeros_like(params["experts"])
-    samples = {k: [] for k in params}
-    momentum = {k: [] for k in params}
+    samples = {k: [] for k in init}
+    momentum = {k: [] for k in init}
     for t in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = LR[t]
         for k, p in params.items():
             p.grad = grads[k][t].float().clone()
+        for k, ss in slices.items():
+            for e, s in enumerate(ss):
+                s.grad = grads[k][t][e].float().clone()
         opt.step()
-        p = params["experts"]
-        for e in range(p.shape[0]):  # torch's _single_tensor_muon, per slice
-            g, buf = p.grad[e], exp_buf[e]
-            buf.lerp_(g, 1 - MU)
-            update = g.lerp(buf, MU) if nesterov else buf
-            update = torch_zeropower_fp32(update, LEGACY[0], 5, EPS)
-            p.data[e].mul_(1 - LR[t] * WD)
-            p.data[e].add_(update, alpha=-LR[t] * adjust(p.shape, adjust_lr_fn))
-        for k, p in params.items():
-            buf = exp_buf if k == "experts" else opt.state[p]["momentum_buffer"]
-            samples[k].append(sample(t + 1, p.data))
+        for k in init:
+            if k in params:
+                p, buf = params[k], opt.state[params[k]]["momentum_buffer"]
+            else:
+                p = torch.stack(slices[k])
+                buf = torch.stack([opt.state[s]["momentum_buffer"] for s in slices[k]])
+            samples[k].append(sample(t + 1, p))
             momentum[k].append(sample(t + 1, buf))
-    return params, samples, momentum
+    final = dict(params)
+    final.update({k: torch.stack(ss) for k, ss in slices.items()})
+    return final, samples, momentum
 
 
 def run_master_bf16(init, grads):
