@@ -162,28 +162,57 @@ static void test_qk_clip_in_the_trainer(void **state) {
 
 /* The README's training command on its own config and corpus, cut to two
  * steps: the default config, the fortunes text and every output still work. */
-static void test_default_config_runs(void **state) {
-    (void)state;
-    const char *dir = scratch_dir("default_run");
+/* Trains configs/<name> for 2 steps into dir/run; returns the log. */
+static char *run_shipped_config(const char *name, const char *dir) {
     char cmd[4096], path[1300];
     snprintf(cmd, sizeof(cmd),
-             "'%s' train '%s/configs/default.yaml' --set training.steps=2 --set training.eval_batches=1 "
+             "'%s' train '%s/configs/%s' --set training.steps=2 --set training.eval_batches=1 "
              "--set checkpoint.output_dir='%s/run' > '%s/log.txt' 2>&1",
-             getenv("HT_BIN"), HT_SOURCE_DIR, dir, dir);
+             getenv("HT_BIN"), HT_SOURCE_DIR, name, dir, dir);
     int rc = system(cmd);
-    if (rc != 0) {
-        snprintf(path, sizeof(path), "%s/log.txt", dir);
-        char *log;
-        size_t len;
-        ht_error err;
-        if (ht_read_file(path, &log, &len, &err) == HT_OK) fail_msg("the default run failed:\n%s", log);
-        fail_msg("the default run failed");
-    }
+    snprintf(path, sizeof(path), "%s/log.txt", dir);
+    char *log = NULL;
+    size_t len;
+    ht_error err;
+    if (ht_read_file(path, &log, &len, &err) != HT_OK) fail_msg("%s: no log", name);
+    if (rc != 0) fail_msg("configs/%s failed:\n%s", name, log);
     const char *outputs[] = {"final/config.json", "final/model.safetensors", "metrics.jsonl", "loss.svg", "latest"};
     for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
         snprintf(path, sizeof(path), "%s/run/%s", dir, outputs[i]);
-        if (!exists(path)) fail_msg("the default run wrote no %s", path);
+        if (!exists(path)) fail_msg("configs/%s wrote no %s", name, path);
     }
+    return log;
+}
+
+static void test_default_config_runs(void **state) {
+    (void)state;
+    free(run_shipped_config("default.yaml", scratch_dir("default_run")));
+}
+
+/* configs/qwen2_moe_tiny.yaml (the README's MoE run): the routers to AdamW,
+ * the experts to Muon, and a Hugging Face export transformers reads: one
+ * tensor per expert, config.json of a Qwen2MoeForCausalLM. */
+static void test_moe_config_runs(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("moe_run");
+    char *log = run_shipped_config("qwen2_moe_tiny.yaml", dir);
+    assert_non_null(strstr(log, "AdamW  model.layers.1.mlp.gate.weight"));
+    assert_non_null(strstr(log, "Muon   model.layers.1.mlp.experts.gate_up_proj                  8x256x192"));
+    free(log);
+    char path[1300], *text;
+    size_t len;
+    ht_error err;
+    snprintf(path, sizeof(path), "%s/run/final/config.json", dir);
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    assert_non_null(strstr(text, "\"Qwen2MoeForCausalLM\""));
+    assert_non_null(strstr(text, "\"mlp_only_layers\": [0]"));
+    free(text);
+    ht_safetensors *st;
+    snprintf(path, sizeof(path), "%s/run/final/model.safetensors", dir);
+    assert_ht_ok(ht_safetensors_open(path, &st, &err), &err);
+    assert_non_null(ht_safetensors_find(st, "model.layers.3.mlp.experts.7.down_proj.weight"));
+    assert_null(ht_safetensors_find(st, "model.layers.0.mlp.experts.0.down_proj.weight")); /* dense */
+    ht_safetensors_close(st);
 }
 
 /* ------------------------------------------------------------------ the command on bad input */
@@ -347,6 +376,19 @@ static void test_cli_bad_input(void **state) {
     assert_ht_ok(ht_read_file(path, &said, &said_len, &err), &err);
     assert_non_null(strstr(said, "dir.yaml: expected a file, found a directory"));
     free(said);
+
+    /* Qwen2-MoE's keys on a dense model, experts per token beyond the experts, expert parallelism on one rank. */
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    expect_refused(dir, tiny_yaml(dir, data, "  num_experts_per_tok: 2\n"), NULL,
+                   "run.yaml:3: model.num_experts_per_tok", "applies to model.name qwen2_moe");
+    expect_refused(dir, tiny_yaml(dir, data, "  mlp_only_layers: [a]\n"), NULL, "model.mlp_only_layers",
+                   "layer indices");
+    expect_refused(dir, tiny_yaml(dir, data, NULL), "--set model.name=qwen2_moe --set model.num_experts=3",
+                   "model.num_experts_per_tok must be between 1 and model.num_experts (3)", NULL);
+    expect_refused(dir, tiny_yaml(dir, data, NULL),
+                   "--set model.name=qwen2_moe --set model.num_experts=4 --set model.num_experts_per_tok=2 "
+                   "--set parallel.expert_parallel_size=2",
+                   "parallel.expert_parallel_size (--set): 2 does not divide the 1 ranks", NULL);
 
     /* A data path that does not exist. */
     snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/missing.txt\n  seq_len: 16\n", dir);
@@ -939,6 +981,7 @@ int main(void) {
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_default_config_runs),
+        cmocka_unit_test(test_moe_config_runs),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
