@@ -119,6 +119,7 @@ typedef struct ht_module {
     int param_count;
     ht_param *params[HT_MODULE_MAX_PARAMS]; /* every param it reads (the tied lm_head reads the embedding) */
     bool recomputable;                      /* backward can recompute what its forward keeps (ht_model_set_recompute) */
+    const char *why_not; /* when not: why, for the error (NULL: it keeps too little to be worth it) */
 } ht_module;
 
 typedef enum ht_module_event {

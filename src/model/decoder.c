@@ -278,6 +278,9 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         snprintf(mod->name, HT_PARAM_NAME_MAX, "model.layers.%d", l);
         /* A sparse layer's experts keep their activations: not recomputable (yet). */
         mod->recomputable = p->sparse < 0;
+        if (p->sparse >= 0)
+            mod->why_not = "a sparse layer: its experts keep their activations and the load-balancing sums, which a "
+                           "second forward would count twice";
         ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
                            p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);

@@ -315,11 +315,18 @@ ht_status ht_model_set_recompute(ht_model *m, const char *const *patterns, int c
             if (!ht_path_match(patterns[i], m->modules[k].name)) continue;
             if (!m->modules[k].recomputable) {
                 ht_free(chosen);
+                char can[1024] = "";
+                for (int j = 0; j < m->module_count; j++)
+                    if (m->modules[j].recomputable && strlen(can) + strlen(m->modules[j].name) + 4 < sizeof(can))
+                        snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
+                                 m->modules[j].name);
                 return ht_fail(err, HT_ERR_CONFIG,
-                               "model.recompute_plan.apply_modules: \"%s\" selects %s, which keeps too little for "
-                               "backward to be worth recomputing: not supported (the decoder layers can: "
-                               "\"model.layers.{*}\")",
-                               patterns[i], m->modules[k].name);
+                               "model.recompute_plan.apply_modules: \"%s\" selects %s, which cannot be recomputed "
+                               "(%s): not supported; the modules that can: %s",
+                               patterns[i], m->modules[k].name,
+                               m->modules[k].why_not ? m->modules[k].why_not
+                                                     : "it keeps too little for backward to be worth recomputing",
+                               can[0] ? can : "none");
             }
             chosen[k] = hit = true;
         }
