@@ -786,6 +786,42 @@ static void test_moe_expert_parallel_bf16(void **state) {
     free(one);
 }
 
+/* A Qwen2-MoE checkpoint saved on 4 ranks as 2 x EP 2 (each rank's rows
+ * whole experts of its group's): resumed on the same layout bit for bit,
+ * and on 4 x EP 4, 2 x EP 2 and one process, which hold other experts, to
+ * the FP32 sharded bound (float32 model). */
+static void test_moe_checkpoint_across_layouts(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("moe_ckpt");
+    write_moe_config(dir, "float32", false, 6);
+    char *log;
+    int rc =
+        run_in(dir, "cont", 4,
+               "--set parallel.expert_parallel_size=2 --set checkpoint.save_interval=3 --set checkpoint.keep_last=0 "
+               "--set training.dump_state=false",
+               &log);
+    if (rc != 0) fail_msg("4 ranks failed:\n%s", log);
+    free(log);
+    static const struct { int ranks, ep; } layouts[] = {{4, 2}, {4, 4}, {2, 2}, {0, 1}};
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++) {
+        char out[32], extra[1600];
+        snprintf(out, sizeof(out), "resumed%d_ep%d", layouts[i].ranks, layouts[i].ep);
+        snprintf(extra, sizeof(extra),
+                 "--set checkpoint.restore_from='%s/cont/step_00000003' --set parallel.expert_parallel_size=%d "
+                 "--set training.dump_state=false",
+                 dir, layouts[i].ep);
+        rc = run_in(dir, out, layouts[i].ranks, extra, &log);
+        if (rc != 0) fail_msg("%s failed:\n%s", out, log);
+        assert_non_null(strstr(log, "saved on 4 rank(s)"));
+        assert_null(strstr(log, "step     3/6"));
+        assert_non_null(strstr(log, "step     6/6"));
+        double e = compare_final(dir, out, "cont", i == 0 ? 0.0 : 1e-5);
+        printf("MoE checkpoint of 4 ranks x EP 2 resumed on %d rank(s), EP %d: final weights within %.3g\n",
+               layouts[i].ranks ? layouts[i].ranks : 1, layouts[i].ep, e);
+        free(log);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32_on_1_to_4_ranks),
@@ -796,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),
+        cmocka_unit_test(test_moe_checkpoint_across_layouts),
         cmocka_unit_test(test_config_error_on_every_rank),
         cmocka_unit_test(test_ranks_with_different_configs),
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
