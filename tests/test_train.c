@@ -389,6 +389,11 @@ static void test_cli_bad_input(void **state) {
                    "--set model.name=qwen2_moe --set model.num_experts=4 --set model.num_experts_per_tok=2 "
                    "--set parallel.expert_parallel_size=2",
                    "parallel.expert_parallel_size (--set): 2 does not divide the 1 ranks", NULL);
+    expect_refused(dir, tiny_yaml(dir, data, NULL),
+                   "--set parallel.expert_parallel_size=1 --set model.lora.rank=2 "
+                   "--set model.name=qwen2_moe --set model.num_experts=4 --set model.num_experts_per_tok=2 "
+                   "--set model.lora.target_modules=[up_proj]",
+                   "\"up_proj\" selects model.layers.0.mlp.up_proj, but layer 0 is sparse", "adapters on experts");
 
     /* A data path that does not exist. */
     snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/missing.txt\n  seq_len: 16\n", dir);
