@@ -79,6 +79,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
+    m->keep_logits = false; /* as the trainer: the LM head and the loss in chunks where the logits are large */
     const char *every_layer[] = {"model.layers.{*}"};
     if (recompute && ht_model_set_recompute(m, every_layer, 1, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);

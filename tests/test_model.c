@@ -210,8 +210,68 @@ static void test_backward_repeats_bitwise_with_3_threads(void **state) {
     omp_set_num_threads(saved);
 }
 
+/* keep_logits false (the trainer's): with logits of more than 64 MiB the LM
+ * head and the loss run over chunks of tokens and backward computes each
+ * chunk's logits again. The loss and every gradient are those of the whole
+ * logits (up to the GEMMs' sums over other row counts), the memory holds
+ * one chunk, and a second backward repeats the first bit for bit. Tied
+ * embeddings: the head's gradient lands in the embedding's. */
+static void test_chunked_lm_head(void **s) {
+    (void)s;
+    ht_model_config cfg = tiny_config("qwen2", true, true);
+    cfg.vocab_size = 40000; /* 8 x 160 tokens x 40000 x 4 bytes = 195 MiB: 4 chunks of up to 419 rows */
+    cfg.max_position_embeddings = 160;
+    const int B = 8, T = 160, N = B * T;
+    ht_model *whole, *chunked;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 7, &whole, &err), &err);
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 7, &chunked, &err), &err);
+    chunked->keep_logits = false;
+    int32_t *in = malloc(N * sizeof(int32_t)), *tg = malloc(N * sizeof(int32_t));
+    random_tokens(in, N, cfg.vocab_size, 11);
+    random_tokens(tg, N, cfg.vocab_size, 12);
+    for (int i = 0; i < N; i += 7) tg[i] = -100; /* ignored targets in every chunk */
+    float lw, lc;
+    assert_ht_ok(ht_model_forward(whole, in, tg, B, T, &lw, &err), &err);
+    assert_ht_ok(ht_model_forward(chunked, in, tg, B, T, &lc, &err), &err);
+    assert_non_null(whole->logits);
+    assert_null(chunked->logits);
+    const double full_logits = (double)N * cfg.vocab_size * 4;
+    printf("activations: %.1f MiB with the whole logits, %.1f MiB in chunks; loss %.7f vs %.7f\n",
+           whole->activation_bytes / 1048576.0, chunked->activation_bytes / 1048576.0, lw, lc);
+    /* The logits and their gradient as a GEMM operand, N x V each, against one chunk of each. */
+    assert_true((double)whole->activation_bytes - (double)chunked->activation_bytes > 1.0 * full_logits);
+    assert_true(fabs(lw - lc) <= 1e-6 * fabs(lw));
+    ht_params_zero_grad(&whole->params);
+    ht_params_zero_grad(&chunked->params);
+    ht_model_backward(whole, 0.5f);
+    ht_model_backward(chunked, 0.5f);
+    double worst = 0;
+    for (int i = 0; i < whole->params.count; i++) {
+        const ht_param *a = &whole->params.items[i], *b = &chunked->params.items[i];
+        double e = rel_max_err(b->main_grad, a->main_grad, (size_t)ht_param_numel(a));
+        if (!(e <= 1e-5)) fail_msg("%s: chunked gradient differs by %.3g", a->name, e);
+        worst = fmax(worst, e);
+    }
+    printf("chunked LM head: every gradient within %.2g of the whole logits'\n", worst);
+    /* Backward again from the same forward: the chunks' logits are computed again, the same bits. */
+    const ht_param *embed = &chunked->params.items[0];
+    size_t n = (size_t)ht_param_numel(embed);
+    float *first = malloc(n * sizeof(float));
+    memcpy(first, embed->main_grad, n * sizeof(float));
+    ht_params_zero_grad(&chunked->params);
+    ht_model_backward(chunked, 0.5f);
+    assert_memory_equal(first, embed->main_grad, n * sizeof(float));
+    free(first);
+    free(in);
+    free(tg);
+    ht_model_free(whole);
+    ht_model_free(chunked);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunked_lm_head),
         cmocka_unit_test(test_grad_qwen2_untied),
         cmocka_unit_test(test_grad_llama_tied),
         cmocka_unit_test(test_unknown_model),

@@ -69,7 +69,8 @@ typedef struct decoder {
     float *resid_final;      /* (N, C) the last layer's output */
     float *rstdf;            /* (N) */
     void *lnf;               /* (N, C) cd */
-    float *logits;           /* (N, V); becomes dlogits in backward */
+    float *logits;           /* (head_rows, V); becomes dlogits in backward */
+    int64_t head_rows;       /* the tokens the LM head and the loss take at once: N, or a chunk (chunk_rows) */
     int32_t *inputs;         /* (N) copy of the last forward's inputs */
     int32_t *targets;        /* (N) copy of the last forward's targets */
     int64_t target_count;
@@ -328,22 +329,34 @@ static bool lora_in_any(const decoder *d, int l, int lin) {
     return false;
 }
 
+/* The LM head and the loss over chunks of tokens (m->keep_logits false):
+ * no (N, V) logits, nor their gradient, exist at once. Only where they
+ * would be large: below HEAD_CHUNK_BYTES of FP32 logits the whole batch is
+ * one chunk, and backward reuses forward's logits instead of computing them
+ * again. */
+#define HEAD_CHUNK_BYTES ((int64_t)64 << 20)
+static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
+    const int64_t rows = HEAD_CHUNK_BYTES / ((int64_t)d->V * 4);
+    return m->keep_logits || N <= rows ? N : rows > 0 ? rows : 1;
+}
+
 /* Sizes every activation for (B, T) and carves them from one block. */
 static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
     /* The attention scratch is per thread: more threads than it was sized for size it again. */
     /* cd buffers hold matmul operands in the compute dtype: sized for it,
      * and sized again when it changes (ht_model_set_compute). */
     const size_t cd = ht_dtype_size(d->embed->compute_dtype);
+    const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
-        d->sized_generation == m->recompute_generation && d->sized_cd == cd)
+        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows)
         return HT_OK;
     ht_free(d->act_block);
     d->act_block = NULL;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
     int64_t QD = (int64_t)d->H * d->D, KVD = (int64_t)d->KV * d->D;
-    int64_t widest = V > F ? V : F;
-    widest = widest > QD ? widest : QD;
+    int64_t widest = F > QD ? F : QD; /* dy_cd: any linear's output gradient, the head's chunk included */
     widest = widest > C ? widest : C;
+    const int64_t dy_cd_elems = N * widest > head_rows * V ? N * widest : head_rows * V;
     d->threads = omp_get_max_threads();
     size_t per_layer[] = {
         N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, N * QD * 4, (size_t)B * d->H * T * 4,
@@ -354,7 +367,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * C * 4,
         N * 4,
         N * C * cd,
-        N * V * 4,
+        (size_t)(head_rows * V) * 4,
         N * 4,
         N * 4, /* resid_final .. logits, inputs, targets */
         N * C * 4,
@@ -366,7 +379,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         N * F * 4,
         N * F * 4,
-        N * widest * cd, /* dgate .. dy_cd */
+        (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
         (size_t)d->threads * ht_attention_workspace_floats(d->D) * 4,
         (size_t)B * d->H * 4, /* att_work, head_max */
     };
@@ -455,6 +468,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->T = T;
     d->sized_generation = m->recompute_generation;
     d->sized_cd = cd;
+    d->head_rows = head_rows;
     d->activation_bytes = total;
     return HT_OK;
 }
@@ -640,6 +654,22 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     if (next) ht_add(next, a->resid_mid, d->dln, N * C);
 }
 
+/* The logits of tokens [r0, r0 + n) into d->logits. fsdp_config.mix_precision.output_dtype:
+ * they leave the model in that precision; the loss reads them in FP32 (the
+ * backward pass treats the rounding as the identity). */
+static void head_forward(const ht_model *m, decoder *d, int64_t r0, int64_t n) {
+    const int64_t C = d->C, V = d->V;
+    const size_t row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
+    linear_forward(d->logits, (const char *)d->lnf + (size_t)r0 * row, d->head, NULL, n);
+    if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16) {
+        const int64_t count = n * V;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < count; i++)
+            d->logits[i] = m->output_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(ht_f32_to_bf16(d->logits[i]))
+                                                            : ht_f16_to_f32(ht_f32_to_f16(d->logits[i]));
+    }
+}
+
 static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
                                  ht_error *err) {
     decoder *d = m->impl;
@@ -686,31 +716,27 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
     ht_round_to(d->lnf, (size_t)(N * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
+    memcpy(d->inputs, inputs, (size_t)N * sizeof(int32_t));
+    if (targets) memcpy(d->targets, targets, (size_t)N * sizeof(int32_t));
+    d->target_count = 0;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
-    linear_forward(d->logits, d->lnf, d->head, NULL, N);
-    ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
-    /* fsdp_config.mix_precision.output_dtype: the logits leave the model in that precision; the loss reads
-     * them in FP32 (the backward pass treats the rounding as the identity). */
-    if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16) {
-        int64_t n = N * V;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            d->logits[i] = m->output_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(ht_f32_to_bf16(d->logits[i]))
-                                                            : ht_f16_to_f32(ht_f32_to_f16(d->logits[i]));
+    double sum = 0.0, mean = NAN;
+    for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
+        const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
+        head_forward(m, d, r0, n);
+        if (!targets) continue;
+        int64_t count = 0;
+        mean = ht_cross_entropy_forward(d->logits, targets + r0, n, V, &count);
+        if (count) sum += mean * (double)count;
+        d->target_count += count;
     }
-    m->logits = d->logits;
+    ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
+    /* One chunk: its mean as it is; several: their sum over every target. */
+    if (d->head_rows < N) mean = d->target_count ? sum / (double)d->target_count : NAN;
+    m->logits = d->head_rows == N ? d->logits : NULL;
     m->B = B;
     m->T = T;
-
-    memcpy(d->inputs, inputs, (size_t)N * sizeof(int32_t));
-    d->target_count = 0;
-    if (targets) {
-        memcpy(d->targets, targets, (size_t)N * sizeof(int32_t));
-        double mean = ht_cross_entropy_forward(d->logits, targets, N, V, &d->target_count);
-        if (loss) *loss = (float)mean;
-    } else if (loss) {
-        *loss = NAN;
-    }
+    if (loss) *loss = targets ? (float)mean : NAN;
     m->aux_loss = NAN;
     if (d->moe && m->config.moe.output_router_logits) {
         m->aux_loss = (float)ht_moe_aux_loss(d->moe);
@@ -733,8 +759,14 @@ static void decoder_backward(ht_model *m, float scale) {
 
     /* Loss -> logits -> final norm. */
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
-    ht_cross_entropy_backward(d->logits, d->targets, N, V, loss_scale); /* dlogits (N, V) */
-    (void)linear_backward(d, d->dln, 0.0f, d->logits, d->lnf, d->head, NULL, N);
+    const size_t lnf_row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
+    for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
+        const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
+        if (d->head_rows < N) head_forward(m, d, r0, n); /* chunks: the logits again, the same bits */
+        ht_cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale); /* dlogits (n, V) */
+        (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)d->lnf + (size_t)r0 * lnf_row, d->head,
+                              NULL, n);
+    }
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
@@ -835,6 +867,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     m->output_dtype = HT_DTYPE_F32;
     m->compute_precision = HT_DTYPE_F32;
     m->track_attn_max = true;
+    m->keep_logits = true;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;
