@@ -24,6 +24,7 @@ int main(int argc, char **argv) {
     ht_dtype dtype = HT_DTYPE_F32;
     int steps = 10, B = 8, T = 256;
     bool recompute = false;
+    int head_chunk_mib = 64; /* the trainer's default (kernels.lm_head_chunk_mib) */
     ht_model_config cfg = bench_model_31m();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
@@ -33,6 +34,8 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
             steps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--head-chunk-mib") == 0 && i + 1 < argc) {
+            head_chunk_mib = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--recompute") == 0) {
             recompute = true;
         } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
@@ -51,7 +54,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b|moe] [--batch B] "
-                    "[--seq T] [--recompute]\n",
+                    "[--seq T] [--recompute] [--head-chunk-mib M]\n",
                     argv[0]);
             return 2;
         }
@@ -80,6 +83,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     m->keep_logits = false; /* as the trainer: the LM head and the loss in chunks where the logits are large */
+    m->head_chunk_bytes = (int64_t)head_chunk_mib << 20;
     const char *every_layer[] = {"model.layers.{*}"};
     if (recompute && ht_model_set_recompute(m, every_layer, 1, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);

@@ -305,40 +305,41 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "  seed: 12345678901\n"                                                             /* 110 */
                           "  deterministic: true\n"                                                           /* 111 */
                           "  dump_state: true\n"
-                          "  log_interval: 5\n"                             /* 112 */
-                          "  eval_interval: 0\n"                            /* 113 */
-                          "  eval_batches: 3\n"                             /* 114 */
-                          "  plugin: [libmine.so, /opt/x/libother.so]\n"    /* 115 */
-                          "  loss_scale_initial: 4096\n"                    /* 116 */
-                          "  loss_scale_growth_interval: 200\n"             /* 117 */
-                          "  loss_scale_growth_factor: 4\n"                 /* 118 */
-                          "  loss_scale_backoff_factor: 0.25\n"             /* 119 */
-                          "  loss_scale_hysteresis: 1\n"                    /* 120 */
-                          "  loss_scale_min: 2\n"                           /* 121 */
-                          "  init_model_with_meta_device: false\n"          /* 122 */
-                          "  distributed_timeout_minutes: 2.5\n"            /* 123 */
-                          "fsdp_config:\n"                                  /* 124 */
-                          "  shard_size: 2\n"                               /* 125 */
-                          "  apply_modules: [\"model.layers.{*}\"]\n"       /* 126 */
-                          "  hook_modules: [\"model.layers.{*}\"]\n"        /* 127 */
-                          "  reshard_after_forward: false\n"                /* 128 */
-                          "  prefetch: false\n"                             /* 129 */
-                          "  mix_precision:\n"                              /* 130 */
-                          "    param_dtype: float16\n"                      /* 131 */
-                          "    reduce_dtype: bfloat16\n"                    /* 132 */
-                          "    output_dtype: float32\n"                     /* 133 */
-                          "    cast_forward_inputs: false\n"                /* 134 */
-                          "checkpoint:\n"                                   /* 135 */
-                          "  output_dir: runs/full\n"                       /* 136 */
-                          "  save_interval: 0\n"                            /* 137 */
-                          "  save_optimizer: false\n"                       /* 138 */
-                          "  keep_last: 0\n"                                /* 139 */
-                          "  restore_from: latest\n"                        /* 140 */
-                          "  restore_optimizer: false\n"                    /* 141 */
-                          "  overwrite: true\n"                             /* 142 */
-                          "kernels:\n"                                      /* 143 */
-                          "  bf16_gemm: fp32_rounded\n"                     /* 144 */
-                          "  f16_gemm: widened\n"                           /* 145 */
+                          "  log_interval: 5\n"                          /* 112 */
+                          "  eval_interval: 0\n"                         /* 113 */
+                          "  eval_batches: 3\n"                          /* 114 */
+                          "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 115 */
+                          "  loss_scale_initial: 4096\n"                 /* 116 */
+                          "  loss_scale_growth_interval: 200\n"          /* 117 */
+                          "  loss_scale_growth_factor: 4\n"              /* 118 */
+                          "  loss_scale_backoff_factor: 0.25\n"          /* 119 */
+                          "  loss_scale_hysteresis: 1\n"                 /* 120 */
+                          "  loss_scale_min: 2\n"                        /* 121 */
+                          "  init_model_with_meta_device: false\n"       /* 122 */
+                          "  distributed_timeout_minutes: 2.5\n"         /* 123 */
+                          "fsdp_config:\n"                               /* 124 */
+                          "  shard_size: 2\n"                            /* 125 */
+                          "  apply_modules: [\"model.layers.{*}\"]\n"    /* 126 */
+                          "  hook_modules: [\"model.layers.{*}\"]\n"     /* 127 */
+                          "  reshard_after_forward: false\n"             /* 128 */
+                          "  prefetch: false\n"                          /* 129 */
+                          "  mix_precision:\n"                           /* 130 */
+                          "    param_dtype: float16\n"                   /* 131 */
+                          "    reduce_dtype: bfloat16\n"                 /* 132 */
+                          "    output_dtype: float32\n"                  /* 133 */
+                          "    cast_forward_inputs: false\n"             /* 134 */
+                          "checkpoint:\n"                                /* 135 */
+                          "  output_dir: runs/full\n"                    /* 136 */
+                          "  save_interval: 0\n"                         /* 137 */
+                          "  save_optimizer: false\n"                    /* 138 */
+                          "  keep_last: 0\n"                             /* 139 */
+                          "  restore_from: latest\n"                     /* 140 */
+                          "  restore_optimizer: false\n"                 /* 141 */
+                          "  overwrite: true\n"                          /* 142 */
+                          "kernels:\n"                                   /* 143 */
+                          "  bf16_gemm: fp32_rounded\n"                  /* 144 */
+                          "  f16_gemm: widened\n"                        /* 145 */
+                          "  lm_head_chunk_mib: 0\n"
                           "parallel:\n"                                     /* 146 */
                           "  tensor_parallel_size: 1\n"                     /* 147 */
                           "  ring_attention_size: 1\n"                      /* 148 */
@@ -475,6 +476,7 @@ static void check_full(const ht_config *cfg) {
     assert_true(cfg->checkpoint.overwrite);
     assert_int_equal(cfg->kernels.bf16_gemm, HT_GEMM_KERNEL_FP32_ROUNDED);
     assert_int_equal(cfg->kernels.f16_gemm, HT_GEMM_KERNEL_WIDENED);
+    assert_int_equal(cfg->kernels.lm_head_chunk_mib, 0);
 }
 
 /* The line of FULL that starts with `start` (1-based). */
@@ -503,7 +505,7 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 167);
+        assert_true(line >= 3 && line <= 168);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: qwen2_moe"));
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE,

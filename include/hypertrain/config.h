@@ -243,6 +243,10 @@ typedef struct ht_config {
     /* How bf16 and f16 products run (kernels.h): auto (measured at start), or pinned. */
     struct {
         ht_gemm_kernel bf16_gemm, f16_gemm;
+        /* The LM head and the loss run over chunks of tokens whose FP32
+         * logits hold at most this many MiB, backward computing them again
+         * (one more head GEMM); 0: the whole logits at once (no recompute). */
+        int lm_head_chunk_mib;
     } kernels;
 
     struct {

@@ -156,10 +156,12 @@ struct ht_model {
     ht_param_store params;
     float *logits; /* (B, T, V) FP32, valid after forward; backward turns them into their gradient */
     /* Whether forward keeps the whole logits in `logits` (true when built).
-     * false (the trainer): where they would be large (64 MiB of FP32), the
-     * LM head and the loss run over chunks of tokens, `logits` is NULL, and
-     * backward computes each chunk's logits again: no (B, T, V) buffer. */
+     * false (the trainer): where they would pass head_chunk_bytes of FP32,
+     * the LM head and the loss run over chunks of tokens of at most that
+     * size, `logits` is NULL, and backward computes each chunk's logits
+     * again: no (B, T, V) buffer. */
     bool keep_logits;
+    int64_t head_chunk_bytes;   /* 64 MiB when built; 0: never chunked */
     ht_dtype output_dtype;      /* the precision the logits are rounded to (F32: none); F32 when built */
     ht_dtype compute_precision; /* the precision of every matmul operand (param_dtype); F32 when built */
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over

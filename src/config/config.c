@@ -307,6 +307,7 @@ static const key_desc KEYS[] = {
 
     ENUM("kernels.bf16_gemm", kernels.bf16_gemm, GEMM_KERNELS, "auto"),
     ENUM("kernels.f16_gemm", kernels.f16_gemm, GEMM_KERNELS, "auto"),
+    INT("kernels.lm_head_chunk_mib", kernels.lm_head_chunk_mib, "64"),
 
     STR("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
     INT("checkpoint.save_interval", checkpoint.save_interval, "500"),

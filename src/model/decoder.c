@@ -331,13 +331,12 @@ static bool lora_in_any(const decoder *d, int l, int lin) {
 
 /* The LM head and the loss over chunks of tokens (m->keep_logits false):
  * no (N, V) logits, nor their gradient, exist at once. Only where they
- * would be large: below HEAD_CHUNK_BYTES of FP32 logits the whole batch is
- * one chunk, and backward reuses forward's logits instead of computing them
- * again. */
-#define HEAD_CHUNK_BYTES ((int64_t)64 << 20)
+ * would be large: below m->head_chunk_bytes of FP32 logits the whole batch
+ * is one chunk, and backward reuses forward's logits instead of computing
+ * them again. */
 static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
-    const int64_t rows = HEAD_CHUNK_BYTES / ((int64_t)d->V * 4);
-    return m->keep_logits || N <= rows ? N : rows > 0 ? rows : 1;
+    const int64_t rows = m->head_chunk_bytes / ((int64_t)d->V * 4);
+    return m->keep_logits || m->head_chunk_bytes <= 0 || N <= rows ? N : rows > 0 ? rows : 1;
 }
 
 /* Sizes every activation for (B, T) and carves them from one block. */
@@ -868,6 +867,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     m->compute_precision = HT_DTYPE_F32;
     m->track_attn_max = true;
     m->keep_logits = true;
+    m->head_chunk_bytes = (int64_t)64 << 20;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;

@@ -347,6 +347,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     }
     t->model->output_dtype = c->fsdp.output_dtype;
     t->model->keep_logits = false; /* the loss is all a run reads of them */
+    t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
                 (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
