@@ -3,7 +3,9 @@
  * maximum) at sequence lengths inside one tile, across tiles and ending
  * mid-tile, with grouped-query heads; RMSNorm, bias, rotary embedding,
  * SwiGLU, cross-entropy and the sum of squares, forward and backward, with
- * bf16 weights and outputs where the decoder uses them. */
+ * bf16 weights and outputs where the decoder uses them; the MoE block's,
+ * the embedding's, dropout and scaling through the kernel table
+ * (ht_kernels()), as a backend's would be tested. */
 #include "harness.h"
 
 #include <math.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
 #include "kernels/ops.h"
 
 static void fill_normal(float *x, size_t n, uint64_t seed, float std) {
@@ -334,8 +337,173 @@ static void test_cross_entropy_against_reference(void **state) {
     free(rgrad);
 }
 
+/* The table's entries for the Qwen2-MoE block, through ht_kernels(), on odd
+ * sizes (N 23 tokens, E 7 experts, k 3, C 13): the router's softmax and
+ * top-k against a double softmax and a sort, with and without
+ * norm_topk_prob; gathering and scattering rows; the combination and its
+ * backward, and the router's backward, against finite differences of
+ * plain double formulas. */
+static void test_moe_kernels_against_reference(void **state) {
+    (void)state;
+    const ht_kernel_ops *K = ht_kernels();
+    enum { N = 23, E = 7, k = 3, C = 13 };
+    float logits[N * E], probs[N * E], weight[N * k], psum[N];
+    int32_t sel[N * k];
+    fill_normal(logits, N * E, 51, 1.5f);
+    for (int norm = 0; norm < 2; norm++) {
+        memcpy(probs, logits, sizeof(logits));
+        K->moe_route(probs, sel, weight, psum, N, E, k, norm);
+        for (int n = 0; n < N; n++) {
+            double mx = -INFINITY, sum = 0, p[E];
+            for (int e = 0; e < E; e++) mx = fmax(mx, logits[n * E + e]);
+            for (int e = 0; e < E; e++) sum += exp(logits[n * E + e] - mx);
+            for (int e = 0; e < E; e++) {
+                p[e] = exp(logits[n * E + e] - mx) / sum;
+                if (!(fabs(probs[n * E + e] - p[e]) <= 1e-6))
+                    fail_msg("softmax (%d, %d) %g vs %g", n, e, probs[n * E + e], p[e]);
+            }
+            double chosen = 0;
+            for (int j = 0; j < k; j++) {
+                int rank = 0; /* how many experts have a larger probability */
+                for (int e = 0; e < E; e++) rank += p[e] > p[sel[n * k + j]];
+                assert_int_equal(rank, j);
+                chosen += p[sel[n * k + j]];
+            }
+            for (int j = 0; j < k; j++) {
+                double want = p[sel[n * k + j]] / (norm ? chosen : 1.0);
+                if (!(fabs(weight[n * k + j] - want) <= 1e-6)) fail_msg("weight %g vs %g", weight[n * k + j], want);
+            }
+        }
+    }
+    /* Rows by an index: a permutation and back. */
+    int32_t perm[N];
+    for (int r = 0; r < N; r++) perm[r] = (r * 5 + 3) % N;
+    float rows[N * C], moved[N * C], back[N * C];
+    fill_normal(rows, N * C, 52, 1.0f);
+    K->gather_rows(moved, rows, perm, N, C * sizeof(float));
+    for (int r = 0; r < N; r++) assert_memory_equal(moved + r * C, rows + perm[r] * C, C * sizeof(float));
+    K->scatter_rows(back, moved, perm, N, C * sizeof(float));
+    assert_memory_equal(back, rows, sizeof(rows));
+
+    /* y = sum_j w_j ye[pos] + sigmoid(z) so, and its backward against finite differences of a double loss L = sum(y *
+     * r). */
+    enum { A = N * k };
+    static float ye[A * C], so[N * C], z[N], y[N * C], dy[N * C], dso[N * C], dz[N], dw[N * k], dye[A * C], dxs[A * C];
+    int32_t pos[N * k];
+    for (int i = 0; i < A; i++) pos[i] = (int32_t)((i * 7 + 2) % A);
+    fill_normal(ye, A * C, 53, 1.0f);
+    fill_normal(so, N * C, 54, 1.0f);
+    fill_normal(z, N, 55, 1.0f);
+    fill_normal(dy, N * C, 56, 1.0f);
+    K->moe_combine(y, ye, pos, sel, weight, z, so, N, k, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double want = so[n * C + c] / (1.0 + exp(-(double)z[n]));
+            for (int j = 0; j < k; j++) want += (double)weight[n * k + j] * ye[pos[n * k + j] * C + c];
+            if (!(fabs(y[n * C + c] - want) <= 1e-5 * (1 + fabs(want))))
+                fail_msg("combine %g vs %g", y[n * C + c], want);
+        }
+    K->moe_combine_backward(dso, dz, dw, dye, dy, ye, so, z, pos, weight, N, k, C);
+    for (int n = 0; n < N; n++) {
+        double s = 1.0 / (1.0 + exp(-(double)z[n])), dot = 0;
+        for (int c = 0; c < C; c++) {
+            dot += (double)dy[n * C + c] * so[n * C + c];
+            if (!(fabs(dso[n * C + c] - s * dy[n * C + c]) <= 1e-6)) fail_msg("dso");
+        }
+        if (!(fabs(dz[n] - dot * s * (1 - s)) <= 1e-5 * (1 + fabs(dot))))
+            fail_msg("dz %g vs %g", dz[n], dot * s * (1 - s));
+        for (int j = 0; j < k; j++) {
+            double d = 0;
+            for (int c = 0; c < C; c++) {
+                d += (double)dy[n * C + c] * ye[pos[n * k + j] * C + c];
+                if (!(fabs(dye[pos[n * k + j] * C + c] - weight[n * k + j] * dy[n * C + c]) <= 1e-6)) fail_msg("dye");
+            }
+            if (!(fabs(dw[n * k + j] - d) <= 1e-5 * (1 + fabs(d)))) fail_msg("dw %g vs %g", dw[n * k + j], d);
+        }
+    }
+    /* The router's backward: dp against central differences of L(logits) = sum_j dw_j w_j(logits) + aux . p. */
+    float dp[N * E], aux[E];
+    fill_normal(aux, E, 57, 0.3f);
+    memcpy(probs, logits, sizeof(logits));
+    K->moe_route(probs, sel, weight, psum, N, E, k, true);
+    K->moe_route_backward(dp, probs, sel, weight, dw, psum, aux, N, E, k, true);
+    double worst = 0;
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) {
+            double Lpm[2];
+            for (int side = 0; side < 2; side++) {
+                double l[E], mx = -INFINITY, sum = 0, p[E], chosen = 0, L = 0;
+                for (int f = 0; f < E; f++) l[f] = logits[n * E + f] + (f == e ? (side ? 1e-4 : -1e-4) : 0);
+                for (int f = 0; f < E; f++) mx = fmax(mx, l[f]);
+                for (int f = 0; f < E; f++) sum += exp(l[f] - mx);
+                for (int f = 0; f < E; f++) p[f] = exp(l[f] - mx) / sum;
+                for (int j = 0; j < k; j++) chosen += p[sel[n * k + j]]; /* the same choice: no tie within 1e-4 here */
+                for (int j = 0; j < k; j++) L += (double)dw[n * k + j] * p[sel[n * k + j]] / chosen;
+                for (int f = 0; f < E; f++) L += (double)aux[f] * p[f];
+                Lpm[side] = L;
+            }
+            double fd = (Lpm[1] - Lpm[0]) / 2e-4;
+            worst = fmax(worst, fabs(dp[n * E + e] - fd) / (1 + fabs(fd)));
+        }
+    if (!(worst <= 1e-3)) fail_msg("router backward %.3g off finite differences", worst);
+    /* dx[n] += the rows of its choices. */
+    float dx[N * C] = {0};
+    fill_normal(dxs, A * C, 58, 1.0f);
+    K->moe_scatter_add(dx, dxs, pos, N, k, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double want = 0;
+            for (int j = 0; j < k; j++) want += dxs[pos[n * k + j] * C + c];
+            if (!(fabs(dx[n * C + c] - want) <= 1e-5)) fail_msg("scatter-add");
+        }
+    printf("MoE kernels: router backward within %.2g of finite differences\n", worst);
+}
+
+/* The embedding's gather and scatter-add, dropout's mask and scale, and the
+ * scaling pass, through the table, against plain loops. */
+static void test_embedding_dropout_scale(void **state) {
+    (void)state;
+    const ht_kernel_ops *K = ht_kernels();
+    enum { V = 11, C = 9, N = 31 };
+    float table[V * C], x[N * C], dx[N * C], dtable[V * C] = {0}, want[V * C] = {0};
+    uint16_t table16[V * C];
+    int32_t ids[N];
+    fill_normal(table, V * C, 61, 1.0f);
+    fill_normal(dx, N * C, 62, 1.0f);
+    for (int n = 0; n < N; n++) ids[n] = (n * 4) % V; /* repeated ids */
+    ht_convert(table16, HT_DTYPE_BF16, table, HT_DTYPE_F32, V * C);
+    K->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) assert_true(x[n * C + c] == ht_bf16_to_f32(table16[ids[n] * C + c]));
+    K->embedding_backward(dtable, dx, ids, N, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) want[ids[n] * C + c] += dx[n * C + c];
+    assert_memory_equal(dtable, want, sizeof(want)); /* token order: the same sums */
+    /* Dropout: p 0.3 drops about 30%, scales the rest by 1 / 0.7, and redraws the same mask. */
+    float a[N * C], b[N * C];
+    for (int i = 0; i < N * C; i++) a[i] = b[i] = 1.0f;
+    K->dropout(a, N, C, 0.3f, 99, 5ull << 48, 7);
+    K->dropout(b, N, C, 0.3f, 99, 5ull << 48, 7);
+    assert_memory_equal(a, b, sizeof(a));
+    int dropped = 0;
+    for (int i = 0; i < N * C; i++) {
+        assert_true(a[i] == 0.0f || a[i] == 1.0f / 0.7f);
+        dropped += a[i] == 0.0f;
+    }
+    if (!(dropped > 0.2 * N * C && dropped < 0.4 * N * C)) fail_msg("dropout p 0.3 dropped %d of %d", dropped, N * C);
+    K->dropout(b, N, C, 0.3f, 100, 5ull << 48, 7); /* another seed, another mask */
+    assert_memory_not_equal(a, b, sizeof(a));
+    float s[37];
+    fill_normal(s, 37, 63, 1.0f);
+    float t[37];
+    memcpy(t, s, sizeof(s));
+    K->scale(s, 37, 0.25f);
+    for (int i = 0; i < 37; i++) assert_true(s[i] == t[i] * 0.25f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_moe_kernels_against_reference),     cmocka_unit_test(test_embedding_dropout_scale),
         cmocka_unit_test(test_attention_against_reference),       cmocka_unit_test(test_rmsnorm_against_reference),
         cmocka_unit_test(test_bias_and_swiglu_against_reference), cmocka_unit_test(test_rope_against_reference),
         cmocka_unit_test(test_cross_entropy_against_reference),

@@ -81,6 +81,90 @@ const char *ht_gemm_cpu_isa(void);
 /* A sentence naming the kernel that runs GEMMs of this dtype now (for logs). */
 const char *ht_gemm_kernel_name(ht_dtype dtype);
 
+/* ---------------------------------------------------------------- the table */
+
+/* AdamW's hyper-parameters for one param's step t (NUMERICS.md, AdamW). */
+typedef struct ht_adamw_hparams {
+    int64_t step; /* t, from 1 */
+    double lr, beta1, beta2, eps, weight_decay;
+} ht_adamw_hparams;
+
+/* Every compute kernel the layers above call (DESIGN.md, "Seams for later
+ * backends"): the model's forward and backward and the optimizers' passes
+ * run through this table and nothing else, so a backend (a GPU's) provides
+ * the same entries and is tested op by op against the CPU's
+ * (tests/test_kernels.c). Shapes, dtypes and semantics are those of the
+ * CPU functions each entry names (kernels/ops.h, ht_gemm above,
+ * ht_convert / ht_round_to in base.h). */
+typedef struct ht_kernel_ops {
+    const char *name; /* "cpu" */
+    /* products: ht_gemm, ht_gemm_ragged */
+    void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
+                 const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+    void (*gemm_ragged)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                        int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+    /* dtypes: ht_convert, ht_round_to */
+    void (*convert)(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
+    void (*round_to)(float *x, size_t n, ht_dtype precision);
+    /* the decoder's: ht_rmsnorm_*, ht_add_bias, ht_bias_backward, ht_rope_*, ht_swiglu_*, ht_cross_entropy_* */
+    void (*rmsnorm_forward)(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight,
+                            ht_dtype wdtype, int64_t N, int64_t C, float eps);
+    void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
+                             ht_dtype wdtype, const float *rstd, int64_t N, int64_t C);
+    void (*add_bias)(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C);
+    void (*bias_backward)(float *dbias, const float *dy, int64_t N, int64_t C);
+    void (*rope_forward)(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                         int64_t D);
+    void (*rope_backward)(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
+                          int64_t D);
+    void (*swiglu_forward)(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
+    double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count);
+    void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
+    /* attention: ht_attention_* */
+    size_t (*attention_workspace_floats)(int64_t D);
+    void (*attention_forward)(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float *work);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t D, float *work);
+    /* the embedding: ht_embedding_forward, ht_embedding_backward */
+    void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
+    void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);
+    /* moving rows by an index: ht_gather_rows, ht_scatter_rows */
+    void (*gather_rows)(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
+    void (*scatter_rows)(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
+    /* Qwen2-MoE's: ht_moe_route, ht_moe_combine, ht_moe_combine_backward, ht_moe_route_backward, ht_moe_scatter_add */
+    void (*moe_route)(float *probs, int32_t *sel, float *weight, float *psum, int64_t N, int E, int k, bool norm);
+    void (*moe_combine)(float *y, const float *ye, const int32_t *pos, const int32_t *sel, const float *weight,
+                        const float *z, const float *so, int64_t N, int k, int64_t C);
+    void (*moe_combine_backward)(float *dso, float *dz, float *dw, float *dye, const float *dy, const float *ye,
+                                 const float *so, const float *z, const int32_t *pos, const float *weight, int64_t N,
+                                 int k, int64_t C);
+    void (*moe_route_backward)(float *dp, const float *probs, const int32_t *sel, const float *weight, const float *dw,
+                               const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
+    void (*moe_scatter_add)(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
+    /* LoRA's dropout: ht_dropout */
+    void (*dropout)(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
+    /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_scale */
+    double (*sum_squares)(const float *x, int64_t n);
+    void (*add)(float *y, const float *x, const float *a, int64_t n);
+    void (*accumulate)(float *y, const float *x, int64_t n);
+    void (*scale)(float *x, int64_t n, float k);
+    /* the optimizers': ht_adamw_pass, ht_muon_momentum, ht_muon_apply, ht_ns_* */
+    void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
+                  ht_dtype model_dtype, bool stochastic, uint64_t stream);
+    void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
+    void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
+                       bool stochastic, uint64_t stream, int64_t first);
+    size_t (*ns_workspace_floats)(int64_t rows, int64_t cols, ht_dtype ns_dtype);
+    void (*newton_schulz)(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
+                          double eps, ht_dtype ns_dtype, float *work);
+} ht_kernel_ops;
+
+/* The kernels in use: the CPU's (kernels/table.c). */
+const ht_kernel_ops *ht_kernels(void);
+
 #ifdef __cplusplus
 }
 #endif

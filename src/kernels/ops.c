@@ -248,3 +248,49 @@ void ht_accumulate(float *y, const float *x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
+
+/* ------------------------------------------------------------------ embedding */
+
+void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C) {
+    const size_t row = (size_t)C * ht_dtype_size(dtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)table + (size_t)ids[n] * row, dtype, (size_t)C);
+}
+
+/* Threads split the columns, so that no two write the same float (ids repeat). */
+void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C) {
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
+        for (int64_t n = 0; n < N; n++) {
+            float *dst = dtable + (int64_t)ids[n] * C;
+            const float *src = dx + n * C;
+            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ dropout */
+
+/* splitmix64's finaliser: a counter-based stream, so that backward and a
+ * resumed run redraw any mask from its coordinates alone. */
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void ht_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0) {
+    const uint32_t threshold = (uint32_t)(p * 16777216.0 + 0.5);
+    const float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        uint64_t row = mix64(seed ^ mix64(site | (uint64_t)(token0 + n)));
+        float *xr = x + n * cols;
+        for (int64_t c = 0; c < cols; c++)
+            xr[c] = (uint32_t)(mix64(row + (uint64_t)c) >> 40) < threshold ? 0.0f : xr[c] * keep;
+    }
+}

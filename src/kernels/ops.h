@@ -62,4 +62,72 @@ void ht_add(float *y, const float *x, const float *a, int64_t n);
 /* y += x elementwise (n). */
 void ht_accumulate(float *y, const float *x, int64_t n);
 
+/* x (N, C) FP32 = rows ids[n] of table (V, C) in dtype. */
+void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
+/* dtable rows ids[n] += dx (N, C), every row in token order (the same sums whatever the thread count). */
+void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);
+
+/* Inverted dropout (torch.nn.Dropout's scaling 1 / (1 - p)) on x (N, cols)
+ * FP32 in place: element (n, c) is dropped when a 24-bit uniform drawn from
+ * (seed, site, token0 + n, c) by a counter-based hash falls below p. */
+void ht_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
+
+/* x *= k elementwise (n). */
+void ht_scale(float *x, int64_t n, float k);
+
+/* ---------------------------------------------------------------- the optimizers' passes (kernels/optim.c) */
+
+typedef struct ht_adamw_hparams ht_adamw_hparams;
+/* One AdamW step over n elements (NUMERICS.md, AdamW, in torch's op order):
+ * p, m, v updated in place from g; model (bf16/f16, or NULL) gets the new p
+ * rounded to nearest or, `stochastic`, from stream (element i draws number
+ * i). p NULL: the model copy holds the values (widened exactly, updated,
+ * rounded back). */
+void ht_adamw_pass(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
+                   ht_dtype model_dtype, bool stochastic, uint64_t stream);
+/* B <- mu B + gw g; with nesterov u = gw g + mu B (else u is not written). */
+void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
+/* p <- p decay - step O for n elements, elements [first, first + n) of the
+ * param's local rows, and the model copy from the new p in the same pass
+ * when model != NULL, rounded to nearest or stochastically (stream). p
+ * NULL: the model copy holds the values, widened (exactly) into O, which
+ * takes the new values before they are rounded back; O is scratch either way. */
+void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
+                   uint64_t stream, int64_t first);
+/* Newton-Schulz (NUMERICS.md, Muon): O = NS(G) for one (rows, cols) FP32
+ * matrix, normalized by its Frobenius norm (in double) + eps, then `steps`
+ * iterations of coeffs[k] = (a, b, c), the products in ns_dtype with FP32
+ * accumulation. O may be G; work holds ht_ns_workspace_floats() floats. */
+size_t ht_ns_workspace_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype);
+void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
+                   double eps, ht_dtype ns_dtype, float *work);
+
+/* ---------------------------------------------------------------- Qwen2-MoE (kernels/moe.c) */
+
+/* probs (N, E) in place from the router's logits (softmax as torch computes
+ * it, exp(x - max) / sum), then each row's k largest (ties to the lower
+ * expert, in decreasing order): sel (N, k) and weight (N, k) their
+ * probabilities, divided by their sum psum (N) when norm. */
+void ht_moe_route(float *probs, int32_t *sel, float *weight, float *psum, int64_t N, int E, int k, bool norm);
+/* dst row r = src row idx[r], rows of row_bytes (rows r in [0, rows)). */
+void ht_gather_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
+/* dst row idx[r] = src row r. */
+void ht_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
+/* y (N, C) = the sum of weight[n, j] ye[pos[n, j]], added in increasing
+ * expert order (sel), plus sigmoid(z[n]) so[n]. */
+void ht_moe_combine(float *y, const float *ye, const int32_t *pos, const int32_t *sel, const float *weight,
+                    const float *z, const float *so, int64_t N, int k, int64_t C);
+/* Its backward given dy (N, C): dso = sigmoid(z) dy, dz = the gate logit's
+ * gradient, dw[n, j] = dy · ye[pos], dye[pos] = weight dy. */
+void ht_moe_combine_backward(float *dso, float *dz, float *dw, float *dye, const float *dy, const float *ye,
+                             const float *so, const float *z, const int32_t *pos, const float *weight, int64_t N, int k,
+                             int64_t C);
+/* dp (N, E): the router logits' gradient from the chosen probabilities'
+ * (dw, through the normalisation when norm) and aux_grad (E, or NULL) on
+ * every probability, through the softmax. */
+void ht_moe_route_backward(float *dp, const float *probs, const int32_t *sel, const float *weight, const float *dw,
+                           const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
+/* dx[n] += dxs[pos[n, j]] for every choice j. */
+void ht_moe_scatter_add(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
+
 #endif

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
-#include "kernels/ops.h"
 #include "model/moe.h"
 
 /* A layer's linear layers, in forward order, by their Hugging Face module names. */
@@ -84,7 +83,7 @@ typedef struct decoder {
     float *dup;      /* (N, F) */
     float *dh;       /* (N, F) */
     void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *att_work; /* (threads, ht_attention_workspace_floats(D)) the attention tiles */
+    float *att_work; /* (threads, ht_kernels()->attention_workspace_floats(D)) the attention tiles */
     float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
     /* model.lora */
@@ -379,7 +378,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
-        (size_t)d->threads * ht_attention_workspace_floats(d->D) * 4,
+        (size_t)d->threads * ht_kernels()->attention_workspace_floats(d->D) * 4,
         (size_t)B * d->H * 4, /* att_work, head_max */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
@@ -477,8 +476,8 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
 /* y (N, out) = x (N, in) · Wᵀ + b, with x in the weight's dtype. */
 static void linear_forward(float *y, const void *x, const ht_param *w, const ht_param *b, int64_t N) {
     int64_t out = w->shape[0], in = w->shape[1];
-    ht_gemm(false, true, N, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
-    if (b) ht_add_bias(y, b->compute, b->compute_dtype, N, out);
+    ht_kernels()->gemm(false, true, N, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
+    if (b) ht_kernels()->add_bias(y, b->compute, b->compute_dtype, N, out);
 }
 
 /* Given dy (N, out) FP32: W.grad += dyᵀ · x, b.grad += Σ dy, and
@@ -490,16 +489,19 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
     int64_t out = w->shape[0], in = w->shape[1];
     const void *dy_cd = dy;
     if (w->compute_dtype != HT_DTYPE_F32) {
-        ht_convert(d->dy_cd, w->compute_dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
+        ht_kernels()->convert(d->dy_cd, w->compute_dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
         dy_cd = d->dy_cd;
     } else if (w->compute_precision != HT_DTYPE_F32) { /* FP32 operands of bf16/f16 precision */
         memcpy(d->dy_cd, dy, (size_t)(N * out) * sizeof(float));
-        ht_round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
+        ht_kernels()->round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
         dy_cd = d->dy_cd;
     }
-    if (w->grad) ht_gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
-    if (b && b->grad) ht_bias_backward(b->grad, dy, N, out);
-    if (dx) ht_gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
+    if (w->grad)
+        ht_kernels()->gemm(true, false, out, in, N, 1.0f, dy_cd, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
+    if (b && b->grad) ht_kernels()->bias_backward(b->grad, dy, N, out);
+    if (dx)
+        ht_kernels()->gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx,
+                           in);
     return dy_cd;
 }
 
@@ -509,39 +511,20 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
  * or (FP32 storage of a coarser precision) rounded, as the activations are. */
 static void to_operand(void *dst, const float *src, size_t n, ht_dtype cd, ht_dtype precision) {
     if (cd != HT_DTYPE_F32) {
-        ht_convert(dst, cd, src, HT_DTYPE_F32, n);
+        ht_kernels()->convert(dst, cd, src, HT_DTYPE_F32, n);
         return;
     }
     if (dst != src) memcpy(dst, src, n * sizeof(float));
-    ht_round_to(dst, n, precision);
+    ht_kernels()->round_to(dst, n, precision);
 }
 
-/* splitmix64's finaliser: a counter-based stream, so that backward and a
- * resumed run redraw any mask from its coordinates alone. */
-static inline uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* x (N, in) FP32 times the dropout mask of adapter (layer l, linear lin) and
- * 1 / (1 - p) (inverted dropout, as torch.nn.Dropout): an element is dropped
- * when a 24-bit uniform drawn from (seed, global token index, layer, linear,
- * column) falls below p. The token index counts from the step's first
- * sequence, so one process and N ranks drop the same elements. */
+/* x (N, in) FP32 times the dropout mask of adapter (layer l, linear lin)
+ * (ht_kernels()->dropout): an element is dropped from (seed, global token
+ * index, layer, linear, column). The token index counts from the step's
+ * first sequence, so one process and N ranks drop the same elements. */
 static void apply_dropout(const decoder *d, float *x, int64_t N, int64_t in, int l, int lin) {
-    const uint32_t threshold = (uint32_t)(d->lora_dropout * 16777216.0 + 0.5);
-    const float keep = 1.0f / (1.0f - d->lora_dropout);
-    const int64_t token0 = d->dropout_first * d->T;
-    const uint64_t site = (uint64_t)(l * LIN_COUNT + lin) << 48;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        uint64_t row = mix64(d->dropout_seed ^ mix64(site | (uint64_t)(token0 + n)));
-        float *xr = x + n * in;
-        for (int64_t c = 0; c < in; c++)
-            xr[c] = (uint32_t)(mix64(row + (uint64_t)c) >> 40) < threshold ? 0.0f : xr[c] * keep;
-    }
+    ht_kernels()->dropout(x, N, in, d->lora_dropout, d->dropout_seed, (uint64_t)(l * LIN_COUNT + lin) << 48,
+                          d->dropout_first * d->T);
 }
 
 static bool dropout_on(const decoder *d) { return d->lora_dropout > 0 && d->dropout_seed != 0; }
@@ -550,7 +533,7 @@ static bool dropout_on(const decoder *d) { return d->lora_dropout > 0 && d->drop
 static const void *adapter_input(const decoder *d, const void *x, int64_t N, int64_t in, int l, int lin, ht_dtype cd,
                                  ht_dtype precision) {
     if (!dropout_on(d)) return x;
-    ht_convert(d->lora_dx, HT_DTYPE_F32, x, cd, (size_t)(N * in));
+    ht_kernels()->convert(d->lora_dx, HT_DTYPE_F32, x, cd, (size_t)(N * in));
     apply_dropout(d, d->lora_dx, N, in, l, lin);
     to_operand(d->lora_x, d->lora_dx, (size_t)(N * in), cd, precision);
     return d->lora_x;
@@ -565,9 +548,9 @@ static void lora_forward(decoder *d, int l, int lin, float *y, const void *x, in
     ht_dtype cd = A->compute_dtype, precision = A->compute_precision;
     const void *xin = adapter_input(d, x, N, in, l, lin, cd, precision);
     void *h = d->acts[l].lora_h[lin];
-    ht_gemm(false, true, N, R, in, 1.0f, xin, in, A->compute, in, cd, 0.0f, d->lora_h32, R);
+    ht_kernels()->gemm(false, true, N, R, in, 1.0f, xin, in, A->compute, in, cd, 0.0f, d->lora_h32, R);
     to_operand(h, d->lora_h32, (size_t)(N * R), cd, precision);
-    ht_gemm(false, true, N, out, R, d->lora_scale, h, R, Bp->compute, R, cd, 1.0f, y, out);
+    ht_kernels()->gemm(false, true, N, out, R, d->lora_scale, h, R, Bp->compute, R, cd, 1.0f, y, out);
 }
 
 /* Given dy (N, out) and dy_op (dy as the GEMMs read it): B.grad += s dyᵀ h,
@@ -579,28 +562,28 @@ static void lora_backward(decoder *d, int l, int lin, float *dx, const void *dy_
     linear_shape(d, lin, &out, &in);
     ht_dtype cd = A->compute_dtype, precision = A->compute_precision;
     const void *h = d->acts[l].lora_h[lin];
-    if (Bp->grad) ht_gemm(true, false, out, R, N, d->lora_scale, dy_op, out, h, R, cd, 1.0f, Bp->grad, R);
-    ht_gemm(false, false, N, R, out, d->lora_scale, dy_op, out, Bp->compute, R, cd, 0.0f, d->lora_h32, R);
+    if (Bp->grad) ht_kernels()->gemm(true, false, out, R, N, d->lora_scale, dy_op, out, h, R, cd, 1.0f, Bp->grad, R);
+    ht_kernels()->gemm(false, false, N, R, out, d->lora_scale, dy_op, out, Bp->compute, R, cd, 0.0f, d->lora_h32, R);
     to_operand(d->lora_dh, d->lora_h32, (size_t)(N * R), cd, precision);
     if (A->grad) {
         const void *xin = adapter_input(d, x, N, in, l, lin, cd, precision);
-        ht_gemm(true, false, R, in, N, 1.0f, d->lora_dh, R, xin, in, cd, 1.0f, A->grad, in);
+        ht_kernels()->gemm(true, false, R, in, N, 1.0f, d->lora_dh, R, xin, in, cd, 1.0f, A->grad, in);
     }
     if (!dropout_on(d)) {
-        ht_gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 1.0f, dx, in);
+        ht_kernels()->gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 1.0f, dx, in);
         return;
     }
-    ht_gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 0.0f, d->lora_dx, in);
+    ht_kernels()->gemm(false, false, N, in, R, 1.0f, d->lora_dh, R, A->compute, in, cd, 0.0f, d->lora_dx, in);
     apply_dropout(d, d->lora_dx, N, in, l, lin);
-    ht_add(dx, dx, d->lora_dx, N * in);
+    ht_kernels()->add(dx, dx, d->lora_dx, N * in);
 }
 
 /* a->o (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, tiled (kernels/attention.c).
  * max_logit (H) is raised to each head's largest logit (before masking). */
 static void attention_forward(decoder *d, layer_acts *a, float *max_logit, int B, int T) {
     int H = d->H;
-    ht_attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, B, T, H, d->KV, d->D,
-                         d->att_work);
+    ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, B, T, H, d->KV,
+                                    d->D, d->att_work);
     for (int h = 0; max_logit && h < H; h++)
         for (int b = 0; b < B; b++)
             max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
@@ -619,38 +602,39 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     const float eps = (float)m->config.rms_norm_eps;
     layer_params *p = &d->layers[l];
     layer_acts *a = &d->acts[l];
-    ht_rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
-    ht_round_to(a->ln1, (size_t)(N * C), round);
+    ht_kernels()->rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
+    ht_kernels()->round_to(a->ln1, (size_t)(N * C), round);
     linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
     lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
     linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
     lora_forward(d, l, LIN_K, a->k, a->ln1, N);
     linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
     lora_forward(d, l, LIN_V, a->v, a->ln1, N);
-    ht_rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
-    ht_rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+    ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
+    ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
     attention_forward(d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
-    ht_convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
-    ht_round_to(a->att, (size_t)(N * QD), round);
+    ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
+    ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
     lora_forward(d, l, LIN_O, d->dln, a->att, N);
-    ht_add(a->resid_mid, a->resid, d->dln, N * C);
-    ht_rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C, eps);
-    ht_round_to(a->ln2, (size_t)(N * C), round);
+    ht_kernels()->add(a->resid_mid, a->resid, d->dln, N * C);
+    ht_kernels()->rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C,
+                                  eps);
+    ht_kernels()->round_to(a->ln2, (size_t)(N * C), round);
     if (p->sparse >= 0) {
         ht_moe_forward(d->moe, p->sparse, d->dln, a->ln2, N, round);
-        if (next) ht_add(next, a->resid_mid, d->dln, N * C);
+        if (next) ht_kernels()->add(next, a->resid_mid, d->dln, N * C);
         return;
     }
     linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
     lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
     linear_forward(a->up, a->ln2, p->up_w, NULL, N);
     lora_forward(d, l, LIN_UP, a->up, a->ln2, N);
-    ht_swiglu_forward(a->h, cd, a->gate, a->up, N * F);
-    ht_round_to(a->h, (size_t)(N * F), round);
+    ht_kernels()->swiglu_forward(a->h, cd, a->gate, a->up, N * F);
+    ht_kernels()->round_to(a->h, (size_t)(N * F), round);
     linear_forward(d->dln, a->h, p->down_w, NULL, N);
     lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
-    if (next) ht_add(next, a->resid_mid, d->dln, N * C);
+    if (next) ht_kernels()->add(next, a->resid_mid, d->dln, N * C);
 }
 
 /* The logits of tokens [r0, r0 + n) into d->logits. fsdp_config.mix_precision.output_dtype:
@@ -660,13 +644,8 @@ static void head_forward(const ht_model *m, decoder *d, int64_t r0, int64_t n) {
     const int64_t C = d->C, V = d->V;
     const size_t row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
     linear_forward(d->logits, (const char *)d->lnf + (size_t)r0 * row, d->head, NULL, n);
-    if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16) {
-        const int64_t count = n * V;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < count; i++)
-            d->logits[i] = m->output_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(ht_f32_to_bf16(d->logits[i]))
-                                                            : ht_f16_to_f32(ht_f32_to_f16(d->logits[i]));
-    }
+    if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16)
+        ht_kernels()->round_to(d->logits, (size_t)(n * V), m->output_dtype);
 }
 
 static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
@@ -698,12 +677,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
 
     /* Token embedding into the FP32 residual stream. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
-    float *x = d->acts[0].resid; /* (N, C) */
-    size_t row_bytes = (size_t)C * ht_dtype_size(cd);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)d->embed->compute + (size_t)inputs[n] * row_bytes, cd,
-                   (size_t)C);
+    ht_kernels()->embedding_forward(d->acts[0].resid, d->embed->compute, cd, inputs, N, C);
     ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
 
     for (int l = 0; l < d->L; l++) {
@@ -712,8 +686,9 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
-    ht_rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C, eps);
-    ht_round_to(d->lnf, (size_t)(N * C), round);
+    ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C,
+                                  eps);
+    ht_kernels()->round_to(d->lnf, (size_t)(N * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
     memcpy(d->inputs, inputs, (size_t)N * sizeof(int32_t));
     if (targets) memcpy(d->targets, targets, (size_t)N * sizeof(int32_t));
@@ -725,7 +700,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         head_forward(m, d, r0, n);
         if (!targets) continue;
         int64_t count = 0;
-        mean = ht_cross_entropy_forward(d->logits, targets + r0, n, V, &count);
+        mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count);
         if (count) sum += mean * (double)count;
         d->target_count += count;
     }
@@ -762,15 +737,15 @@ static void decoder_backward(ht_model *m, float scale) {
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
         if (d->head_rows < N) head_forward(m, d, r0, n); /* chunks: the logits again, the same bits */
-        ht_cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale); /* dlogits (n, V) */
+        ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale); /* dlogits (n, V) */
         (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)d->lnf + (size_t)r0 * lnf_row, d->head,
                               NULL, n);
     }
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
     memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
-    ht_rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute, d->norm->compute_dtype,
-                        d->rstdf, N, C);
+    ht_kernels()->rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute,
+                                   d->norm->compute_dtype, d->rstdf, N, C);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_BACKWARD);
 
     for (int l = d->L - 1; l >= 0; l--) {
@@ -788,45 +763,35 @@ static void decoder_backward(ht_model *m, float scale) {
         } else {
             dy = linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
             lora_backward(d, l, LIN_DOWN, d->dh, dy, a->h, N);
-            ht_swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
+            ht_kernels()->swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
             dy = linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
             lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
             dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
             lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
         }
-        ht_rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype,
-                            a->rstd2, N, C);
+        ht_kernels()->rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute,
+                                       p->ln2->compute_dtype, a->rstd2, N, C);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
         dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
-        ht_attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, B, T, d->H, d->KV, d->D,
-                              d->att_work);
-        ht_rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
-        ht_rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+        ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, B, T, d->H,
+                                         d->KV, d->D, d->att_work);
+        ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
+        ht_kernels()->rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
         dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
         lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
         dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
         lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
         dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
         lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
-        ht_rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute, p->ln1->compute_dtype, a->rstd1,
-                            N, C);
+        ht_kernels()->rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute,
+                                       p->ln1->compute_dtype, a->rstd1, N, C);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_BACKWARD);
     }
 
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
-    float *dembed = d->embed->grad;
-#pragma omp parallel if (dembed)
-    if (dembed) {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
-        for (int64_t n = 0; n < N; n++) {
-            float *dst = dembed + (int64_t)d->inputs[n] * C;
-            const float *src = d->dresid + n * C;
-            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
-        }
-    }
+    if (d->embed->grad) ht_kernels()->embedding_backward(d->embed->grad, d->dresid, d->inputs, N, C);
     ht_model_event(m, MOD_EMBED, HT_AFTER_BACKWARD);
 }
 

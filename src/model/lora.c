@@ -123,10 +123,11 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
             s = ht_fail(err, HT_ERR_OOM, "LoRA merge: out of memory merging %s", p->name);
             break;
         }
-        ht_convert(merged, HT_DTYPE_F32, p->data, p->dtype, (size_t)(rows * cols));
-        ht_convert(fa, HT_DTYPE_F32, a->data, a->dtype, (size_t)(r * cols));
-        ht_convert(fb, HT_DTYPE_F32, b->data, b->dtype, (size_t)(rows * r));
-        ht_gemm(false, false, rows, cols, r, (float)scale, fb, r, fa, cols, HT_DTYPE_F32, 1.0f, merged, cols);
+        ht_kernels()->convert(merged, HT_DTYPE_F32, p->data, p->dtype, (size_t)(rows * cols));
+        ht_kernels()->convert(fa, HT_DTYPE_F32, a->data, a->dtype, (size_t)(r * cols));
+        ht_kernels()->convert(fb, HT_DTYPE_F32, b->data, b->dtype, (size_t)(rows * r));
+        ht_kernels()->gemm(false, false, rows, cols, r, (float)scale, fb, r, fa, cols, HT_DTYPE_F32, 1.0f, merged,
+                           cols);
         free(fa);
         free(fb);
         s = ht_gemm_status(err);

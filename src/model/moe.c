@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
-#include "kernels/ops.h"
 
 typedef struct moe_acts {
     /* the tokens' side: this rank's N tokens and their A = N·k rows, sent in expert order */
@@ -307,12 +306,12 @@ static float *expert_grad(const ht_param *p, int64_t e, int64_t row0) {
  * `round` where cd is FP32 storage of a coarser precision. */
 static const void *operand(void *dst, const float *src, int64_t n, ht_dtype cd, ht_dtype round) {
     if (cd != HT_DTYPE_F32) {
-        ht_convert(dst, cd, src, HT_DTYPE_F32, (size_t)n);
+        ht_kernels()->convert(dst, cd, src, HT_DTYPE_F32, (size_t)n);
         return dst;
     }
     if (round == HT_DTYPE_F32) return src;
     memcpy(dst, src, (size_t)n * sizeof(float));
-    ht_round_to(dst, (size_t)n, round);
+    ht_kernels()->round_to(dst, (size_t)n, round);
     return dst;
 }
 
@@ -320,43 +319,7 @@ static const void *rows_at(const void *base, int64_t row, int64_t width, ht_dtyp
     return (const char *)base + (size_t)(row * width) * ht_dtype_size(dtype);
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 /* ------------------------------------------------------------------ forward */
-
-/* probs (N, E) in place from the logits: softmax as torch computes it
- * (exp(x - max) / sum), then the k largest of each row (ties to the lower
- * expert, in decreasing order) and their weights. */
-static void route(const ht_moe *moe, moe_acts *a, int64_t N) {
-    const int E = moe->E, k = moe->k;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float *p = a->probs + n * E;
-        float mx = p[0], sum = 0.0f;
-        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        for (int e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        int32_t *sel = a->sel + n * k;
-        float *w = a->weight + n * k, s = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = false;
-                for (int i = 0; i < j; i++) taken = taken || sel[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            sel[j] = best;
-            w[j] = p[best];
-            s += p[best];
-        }
-        a->psum[n] = s;
-        if (moe->norm_topk)
-            for (int j = 0; j < k; j++) w[j] /= s;
-    }
-}
 
 /* The rows in expert order: offs, each row's token and each choice's row. */
 static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
@@ -377,7 +340,7 @@ static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
 /* y (rows, out) = x (rows, in) · Wᵀ for a 2-D weight. */
 static void linear(float *y, const void *x, const ht_param *w, int64_t rows) {
     int64_t out = w->shape[0], in = w->shape[1];
-    ht_gemm(false, true, rows, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
+    ht_kernels()->gemm(false, true, rows, out, in, 1.0f, x, in, w->compute, in, w->compute_dtype, 0.0f, y, out);
 }
 
 /* ------------------------------------------------------------------ expert parallelism */
@@ -435,10 +398,7 @@ static void dispatch(ht_moe *moe, moe_acts *a, size_t row_bytes) {
         qoff += from[q];
     }
     exchange_rows(moe, a->xs, to, moe->stage, from, row_bytes);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < a->R; r++)
-        memcpy((char *)a->exs + (size_t)r * row_bytes, (const char *)moe->stage + (size_t)a->perm[r] * row_bytes,
-               row_bytes);
+    ht_kernels()->gather_rows(a->exs, moe->stage, a->perm, a->R, row_bytes);
 }
 
 /* The experts' rows of width bytes (src, expert-side order) back to the
@@ -446,10 +406,7 @@ static void dispatch(ht_moe *moe, moe_acts *a, size_t row_bytes) {
 static void combine(ht_moe *moe, const moe_acts *a, const void *src, void *dst, size_t row_bytes) {
     int64_t to[moe->P], from[moe->P];
     rows_per_rank(moe, a, to, from);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < a->R; r++)
-        memcpy((char *)moe->stage + (size_t)a->perm[r] * row_bytes, (const char *)src + (size_t)r * row_bytes,
-               row_bytes);
+    ht_kernels()->scatter_rows(moe->stage, src, a->perm, a->R, row_bytes);
     exchange_rows(moe, moe->stage, from, dst, to, row_bytes);
 }
 
@@ -464,7 +421,7 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
 
     /* The router and its load-balancing sums. */
     linear(a->probs, x, p->router, N);
-    route(moe, a, N);
+    ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
     for (int64_t i = 0; i < N * k; i++) moe->count[a->sel[i]] += 1.0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
@@ -473,10 +430,7 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     /* Routed experts: the rows in expert order, to the experts' ranks, one
      * GEMM per local expert and product, the outputs back. */
     sort_rows(moe, a, N);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < A; r++)
-        memcpy((char *)a->xs + (size_t)(r * C) * cds, (const char *)x + (size_t)(a->token[r] * C) * cds,
-               (size_t)C * cds);
+    ht_kernels()->gather_rows(a->xs, x, a->token, A, (size_t)C * cds);
     if (parallel(moe)) {
         dispatch(moe, a, (size_t)C * cds);
     } else {
@@ -487,18 +441,18 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
         int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
         const void *xe = rows_at(a->exs, r0, C, cd);
-        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, a->eg + r0 * I,
-                       I);
-        ht_gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, I), C, cd, 0.0f, a->eu + r0 * I,
-                       I);
+        ht_kernels()->gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f,
+                                  a->eg + r0 * I, I);
+        ht_kernels()->gemm_ragged(false, true, n, I, C, 1.0f, xe, C, expert_matrix(p->gate_up, e, I), C, cd, 0.0f,
+                                  a->eu + r0 * I, I);
     }
-    ht_swiglu_forward(a->eh, cd, a->eg, a->eu, a->R * I);
-    ht_round_to(a->eh, (size_t)(a->R * I), round);
+    ht_kernels()->swiglu_forward(a->eh, cd, a->eg, a->eu, a->R * I);
+    ht_kernels()->round_to(a->eh, (size_t)(a->R * I), round);
     for (int64_t e = 0; e < El; e++) {
         int64_t r0 = a->eoffs[e], n = a->eoffs[e + 1] - r0;
         if (n == 0) continue;
-        ht_gemm_ragged(false, true, n, C, I, 1.0f, rows_at(a->eh, r0, I, cd), I, expert_matrix(p->down, e, 0), I, cd,
-                       0.0f, a->eye + r0 * C, C);
+        ht_kernels()->gemm_ragged(false, true, n, C, I, 1.0f, rows_at(a->eh, r0, I, cd), I,
+                                  expert_matrix(p->down, e, 0), I, cd, 0.0f, a->eye + r0 * C, C);
     }
     if (parallel(moe)) combine(moe, a, a->eye, a->ye, (size_t)C * sizeof(float));
 
@@ -506,33 +460,13 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     linear(a->z, x, p->sh_expert_gate, N);
     linear(a->sg, x, p->sh_gate, N);
     linear(a->su, x, p->sh_up, N);
-    ht_swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
-    ht_round_to(a->sh, (size_t)(N * S), round);
+    ht_kernels()->swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
+    ht_kernels()->round_to(a->sh, (size_t)(N * S), round);
     linear(a->so, a->sh, p->sh_down, N);
 
     /* y = the weighted expert outputs, added in expert order as transformers
      * does (index_add_ per expert), plus the gated shared output. */
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int32_t *sel = a->sel + n * k;
-        int order[k];
-        for (int j = 0; j < k; j++) {
-            int i = j;
-            while (i > 0 && sel[order[i - 1]] > sel[j]) order[i] = order[i - 1], i--;
-            order[i] = j;
-        }
-        float *yn = y + n * C;
-        memset(yn, 0, (size_t)C * sizeof(float));
-        for (int i = 0; i < k; i++) {
-            const int j = order[i];
-            const float w = a->weight[n * k + j];
-            const float *ye = a->ye + (int64_t)a->pos[n * k + j] * C;
-            for (int64_t c = 0; c < C; c++) yn[c] += ye[c] * w;
-        }
-        const float s = sigmoidf(a->z[n]);
-        const float *so = a->so + n * C;
-        for (int64_t c = 0; c < C; c++) yn[c] += s * so[c];
-    }
+    ht_kernels()->moe_combine(y, a->ye, a->pos, a->sel, a->weight, a->z, a->so, N, k, C);
 }
 
 double ht_moe_aux_loss(const ht_moe *moe) {
@@ -549,8 +483,10 @@ double ht_moe_aux_loss(const ht_moe *moe) {
 static void linear_backward(float *dx, float dx_beta, const void *dy_op, const void *x, const ht_param *w,
                             int64_t rows) {
     int64_t out = w->shape[0], in = w->shape[1];
-    if (w->grad) ht_gemm(true, false, out, in, rows, 1.0f, dy_op, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
-    ht_gemm(false, false, rows, in, out, 1.0f, dy_op, out, w->compute, in, w->compute_dtype, dx_beta, dx, in);
+    if (w->grad)
+        ht_kernels()->gemm(true, false, out, in, rows, 1.0f, dy_op, out, x, in, w->compute_dtype, 1.0f, w->grad, in);
+    ht_kernels()->gemm(false, false, rows, in, out, 1.0f, dy_op, out, w->compute, in, w->compute_dtype, dx_beta, dx,
+                       in);
 }
 
 void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const void *x, int64_t N, float aux_scale,
@@ -560,61 +496,27 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
     const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
     const ht_dtype cd = p->router->compute_dtype;
 
-    /* Shared expert: y += s · so, s = sigmoid(z). */
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float s = sigmoidf(a->z[n]);
-        const float *dyn = dy + n * C, *so = a->so + n * C;
-        float *dso = moe->dso + n * C, dot = 0.0f;
-        for (int64_t c = 0; c < C; c++) {
-            dot += dyn[c] * so[c];
-            dso[c] = s * dyn[c];
-        }
-        moe->dz[n] = dot * s * (1.0f - s);
-    }
+    /* The combination y = sum of w_j ye_j + s so, s = sigmoid(z): dso, dz,
+     * d w_j = dy · ye_j and each row's output gradient w_j dy. */
+    ht_kernels()->moe_combine_backward(moe->dso, moe->dz, moe->dw, moe->dye, dy, a->ye, a->so, a->z, a->pos, a->weight,
+                                       N, k, C);
     const void *op = operand(moe->op_a, moe->dso, N * C, cd, round);
-    if (p->sh_down->grad) ht_gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
-    ht_gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
-    ht_swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
+    if (p->sh_down->grad)
+        ht_kernels()->gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
+    ht_kernels()->gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
+    ht_kernels()->swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
     linear_backward(dx, 0.0f, operand(moe->op_a, moe->dsg, N * S, cd, round), x, p->sh_gate, N);
     linear_backward(dx, 1.0f, operand(moe->op_a, moe->dsu, N * S, cd, round), x, p->sh_up, N);
     linear_backward(dx, 1.0f, operand(moe->op_a, moe->dz, N, cd, round), x, p->sh_expert_gate, N);
-
-    /* The weights: d w_j = dy · ye, and each row's output gradient w_j dy. */
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *dyn = dy + n * C;
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t r = a->pos[n * k + j];
-            const float w = a->weight[n * k + j], *ye = a->ye + r * C;
-            float *dye = moe->dye + r * C, dot = 0.0f;
-            for (int64_t c = 0; c < C; c++) {
-                dot += dyn[c] * ye[c];
-                dye[c] = w * dyn[c];
-            }
-            moe->dw[n * k + j] = dot;
-        }
-    }
 
     /* The router: the chosen probabilities' gradient (through the
      * normalisation), the load-balancing loss's on every probability
      * (E · count_e / R² per unit of aux), then the softmax. */
     const double R = (double)moe->rows;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *pn = a->probs + n * E;
-        float *dp = moe->dp + n * E;
-        for (int64_t e = 0; e < E; e++)
-            dp[e] = aux_scale != 0.0f ? (float)(aux_scale * (double)E * moe->count[e] / (R * R)) : 0.0f;
-        const float *w = a->weight + n * k, *dw = moe->dw + n * k;
-        float inner = 0.0f;
-        if (moe->norm_topk)
-            for (int64_t j = 0; j < k; j++) inner += dw[j] * w[j];
-        for (int64_t j = 0; j < k; j++) dp[a->sel[n * k + j]] += moe->norm_topk ? (dw[j] - inner) / a->psum[n] : dw[j];
-        float dot = 0.0f;
-        for (int64_t e = 0; e < E; e++) dot += pn[e] * dp[e];
-        for (int64_t e = 0; e < E; e++) dp[e] = pn[e] * (dp[e] - dot);
-    }
+    float aux_grad[E];
+    for (int64_t e = 0; e < E; e++) aux_grad[e] = (float)(aux_scale * (double)E * moe->count[e] / (R * R));
+    ht_kernels()->moe_route_backward(moe->dp, a->probs, a->sel, a->weight, moe->dw, a->psum,
+                                     aux_scale != 0.0f ? aux_grad : NULL, N, (int)E, (int)k, moe->norm_topk);
     linear_backward(dx, 1.0f, operand(moe->op_a, moe->dp, N * E, cd, round), x, p->router, N);
 
     /* Routed experts: the output gradients to the experts' ranks, one GEMM
@@ -625,9 +527,7 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
         const size_t row = (size_t)C * ht_dtype_size(cd);
         rows_per_rank(moe, a, to, from);
         exchange_rows(moe, dye, to, moe->stage, from, row);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < a->R; r++)
-            memcpy((char *)moe->op_b + (size_t)r * row, (const char *)moe->stage + (size_t)a->perm[r] * row, row);
+        ht_kernels()->gather_rows(moe->op_b, moe->stage, a->perm, a->R, row);
         dye = moe->op_b;
     }
     for (int64_t e = 0; e < El; e++) {
@@ -635,12 +535,12 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
         if (n == 0) continue;
         const void *dye_e = rows_at(dye, r0, C, cd);
         if (p->down->grad)
-            ht_gemm_ragged(true, false, C, I, n, 1.0f, dye_e, C, rows_at(a->eh, r0, I, cd), I, cd, 1.0f,
-                           expert_grad(p->down, e, 0), I);
-        ht_gemm_ragged(false, false, n, I, C, 1.0f, dye_e, C, expert_matrix(p->down, e, 0), I, cd, 0.0f,
-                       moe->dh + r0 * I, I);
+            ht_kernels()->gemm_ragged(true, false, C, I, n, 1.0f, dye_e, C, rows_at(a->eh, r0, I, cd), I, cd, 1.0f,
+                                      expert_grad(p->down, e, 0), I);
+        ht_kernels()->gemm_ragged(false, false, n, I, C, 1.0f, dye_e, C, expert_matrix(p->down, e, 0), I, cd, 0.0f,
+                                  moe->dh + r0 * I, I);
     }
-    ht_swiglu_backward(moe->dg, moe->du, moe->dh, a->eg, a->eu, a->R * I);
+    ht_kernels()->swiglu_backward(moe->dg, moe->du, moe->dh, a->eg, a->eu, a->R * I);
     const void *dg = operand(moe->op_a, moe->dg, a->R * I, cd, round);
     const void *du = operand(moe->op_b, moe->du, a->R * I, cd, round);
     for (int64_t e = 0; e < El; e++) {
@@ -648,20 +548,17 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
         if (n == 0) continue;
         const void *xe = rows_at(a->exs, r0, C, cd), *dg_e = rows_at(dg, r0, I, cd), *du_e = rows_at(du, r0, I, cd);
         if (p->gate_up->grad) {
-            ht_gemm_ragged(true, false, I, C, n, 1.0f, dg_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, 0), C);
-            ht_gemm_ragged(true, false, I, C, n, 1.0f, du_e, I, xe, C, cd, 1.0f, expert_grad(p->gate_up, e, I), C);
+            ht_kernels()->gemm_ragged(true, false, I, C, n, 1.0f, dg_e, I, xe, C, cd, 1.0f,
+                                      expert_grad(p->gate_up, e, 0), C);
+            ht_kernels()->gemm_ragged(true, false, I, C, n, 1.0f, du_e, I, xe, C, cd, 1.0f,
+                                      expert_grad(p->gate_up, e, I), C);
         }
         float *dexs = moe->dexs + r0 * C;
-        ht_gemm_ragged(false, false, n, C, I, 1.0f, dg_e, I, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f, dexs, C);
-        ht_gemm_ragged(false, false, n, C, I, 1.0f, du_e, I, expert_matrix(p->gate_up, e, I), C, cd, 1.0f, dexs, C);
+        ht_kernels()->gemm_ragged(false, false, n, C, I, 1.0f, dg_e, I, expert_matrix(p->gate_up, e, 0), C, cd, 0.0f,
+                                  dexs, C);
+        ht_kernels()->gemm_ragged(false, false, n, C, I, 1.0f, du_e, I, expert_matrix(p->gate_up, e, I), C, cd, 1.0f,
+                                  dexs, C);
     }
     if (parallel(moe)) combine(moe, a, moe->dexs, moe->dxs, (size_t)C * sizeof(float));
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float *dxn = dx + n * C;
-        for (int64_t j = 0; j < k; j++) {
-            const float *src = moe->dxs + (int64_t)a->pos[n * k + j] * C;
-            for (int64_t c = 0; c < C; c++) dxn[c] += src[c];
-        }
-    }
+    ht_kernels()->moe_scatter_add(dx, moe->dxs, a->pos, N, k, C);
 }

@@ -2,9 +2,9 @@
  * (NUMERICS.md, gradient clipping): the sum of squares accumulates in double. */
 #include "hypertrain/optim.h"
 
-#include "kernels/ops.h"
-
 #include <math.h>
+
+#include "hypertrain/kernels.h"
 
 double ht_grad_norm(const ht_param_store *params, const char **bad) { return sqrt(ht_grad_sum_squares(params, bad)); }
 
@@ -14,7 +14,7 @@ double ht_grad_sum_squares(const ht_param_store *params, const char **bad) {
     for (int i = 0; i < params->count; i++) {
         const ht_param *p = &params->items[i];
         if (!p->trainable || !p->main_grad) continue;
-        double s = ht_sum_squares(p->main_grad, ht_param_local_numel(p));
+        double s = ht_kernels()->sum_squares(p->main_grad, ht_param_local_numel(p));
         if (!isfinite(s) && bad && !*bad) *bad = p->name;
         total += s;
     }
@@ -27,9 +27,6 @@ void ht_clip_grads(ht_param_store *params, double norm, double max_norm) {
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (!p->trainable || !p->main_grad) continue;
-        float *g = p->main_grad;
-        int64_t n = ht_param_local_numel(p);
-#pragma omp parallel for simd schedule(static)
-        for (int64_t j = 0; j < n; j++) g[j] *= k;
+        ht_kernels()->scale(p->main_grad, ht_param_local_numel(p), k);
     }
 }

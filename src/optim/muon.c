@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
+
 double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms) {
     if (matched_adamw_rms > 0) return matched_adamw_rms * sqrt((double)(rows > cols ? rows : cols));
     double ratio = (double)rows / (double)cols;
@@ -118,58 +120,10 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
 }
 
 /* B <- momentum(B, g) and u, the matrix Newton-Schulz takes (NUMERICS.md,
- * Muon). Without nesterov u is B itself and nothing is written to u. */
+ * Muon), through the kernel table. */
 static void momentum_update(float *B, const float *g, float *u, int64_t n, const ht_muon_config *c) {
-    const float mu = (float)c->momentum;
     const float gw = c->momentum_style == HT_MUON_MOMENTUM_EMA ? (float)(1.0 - c->momentum) : 1.0f;
-    if (c->nesterov) {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float b = mu * B[i] + gw * g[i];
-            B[i] = b;
-            u[i] = gw * g[i] + mu * b;
-        }
-    } else {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) B[i] = mu * B[i] + gw * g[i];
-    }
-}
-
-/* p (1 - lr wd) - lr scale O: one expression for every path below, so that
- * the values from a main param and from the model round alike. */
-static inline float decayed_step(float p, float o, float decay, float step) { return p * decay - step * o; }
-
-/* p <- p (1 - lr wd) - lr scale O for n elements, elements [first, first + n)
- * of the param's local rows, and the model copy from the new p in the same
- * pass when model != NULL, rounded as `r` says. p NULL: the model copy holds
- * the values, widened (exactly) into O, which takes the new values before
- * they are rounded back; O is scratch either way. */
-static void apply_update(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
-                         const ht_rounding *r, uint64_t stream, int64_t first) {
-    uint16_t *out = model;
-    const bool bf16 = dtype == HT_DTYPE_BF16;
-    if (!model) {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) p[i] = decayed_step(p[i], O[i], decay, step);
-    } else if (r->stochastic) {
-        float *x = p ? p : O;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            x[i] = decayed_step(p ? p[i] : bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
-        ht_convert_stochastic_at(out, dtype, x, (size_t)n, stream, (size_t)first);
-    } else if (p) {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            p[i] = decayed_step(p[i], O[i], decay, step);
-            out[i] = bf16 ? ht_f32_to_bf16(p[i]) : ht_f32_to_f16(p[i]);
-        }
-    } else {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float x = decayed_step(bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
-            out[i] = bf16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
-        }
-    }
+    ht_kernels()->muon_momentum(B, g, u, n, (float)c->momentum, gw, c->nesterov);
 }
 
 /* Newton-Schulz FLOPs of an (A, B) matrix, up to the schedule's length:
@@ -296,8 +250,8 @@ void ht_muon_step(ht_muon *opt, double lr) {
             update_rows(s, c, mine);
             ht_fsdp_gather_rows(p, comm, mine, u, sizeof(float));
             ht_newton_schulz(u, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            apply_update(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype, &opt->rounding,
-                         stream, 0);
+            ht_kernels()->muon_apply(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype,
+                                     opt->rounding.stochastic, stream, 0);
             continue;
         }
         /* (E, A, B): this rank's whole matrices [row0, row1) of E, each on its own. */
@@ -305,9 +259,9 @@ void ht_muon_step(ht_muon *opt, double lr) {
             float *B = s->momentum_buffer + e * n;
             momentum_update(B, p->main_grad + e * n, u, n, c);
             ht_newton_schulz(c->nesterov ? u : B, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            apply_update(p->main_param ? p->main_param + e * n : NULL, u, n, decay, step,
-                         separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype, &opt->rounding, stream,
-                         e * n);
+            ht_kernels()->muon_apply(p->main_param ? p->main_param + e * n : NULL, u, n, decay, step,
+                                     separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype,
+                                     opt->rounding.stochastic, stream, e * n);
         }
     }
     /* deredundancy, phase 3: each owner's result rows back to their ranks, applied there. */
@@ -324,9 +278,10 @@ void ht_muon_step(ht_muon *opt, double lr) {
             }
             if (opt->replicas) /* the computing replica's rows to the others */
                 ht_broadcast(opt->replicas, mine, local * (int64_t)sizeof(float), opt->owner_replica[i]);
-            apply_update(p->main_param, mine, local, decay, (float)(lr * s->scale),
-                         (void *)p->main_param != p->data ? p->data : NULL, p->dtype, &opt->rounding,
-                         opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
+            ht_kernels()->muon_apply(p->main_param, mine, local, decay, (float)(lr * s->scale),
+                                     (void *)p->main_param != p->data ? p->data : NULL, p->dtype,
+                                     opt->rounding.stochastic,
+                                     opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
         }
 }
 

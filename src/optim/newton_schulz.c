@@ -1,9 +1,8 @@
 /* Newton-Schulz orthogonalization for Muon: the coefficient schedules and
- * their expansion into one (a, b, c) per iteration, and the iteration itself,
- * every product on ht_gemm with the scalings fused into its alpha and beta. */
+ * their expansion into one (a, b, c) per iteration; the iteration itself is
+ * a kernel (ht_kernels()->newton_schulz, kernels/optim.c). */
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
-#include "kernels/ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -105,109 +104,11 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
     }
 }
 
-/* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
- * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
- * transposed iteration of NUMERICS.md without copying Gᵀ. */
 size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
-    size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
-    size_t floats = rc + 2 * r * r;                         /* X (the other ping-pong buffer is O), S, T */
-    if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
-    return floats;
-}
-
-/* sum of squares in double (NUMERICS.md: the norm is accumulated in double). */
-static double frobenius(const float *x, int64_t n) { return sqrt(ht_sum_squares(x, n)); }
-
-/* The operand of a product in ns_dtype, stored as the chosen kernel takes it
- * (`storage`): x itself for F32, else its rounding to ns_dtype in `b`, as
- * 16-bit values or as FP32 values of that precision. */
-static const void *operand(const float *x, float *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
-    if (ns_dtype == HT_DTYPE_F32) return x;
-    if (storage == HT_DTYPE_F32) {
-        memcpy(b, x, (size_t)n * sizeof(float));
-        ht_round_to(b, (size_t)n, ns_dtype);
-    } else {
-        ht_convert(b, storage, x, HT_DTYPE_F32, (size_t)n);
-    }
-    return b;
-}
-
-/* In place on the operand `b` that operand() made of x: b becomes x − b (the
- * part of x that rounding to ns_dtype dropped), itself rounded to ns_dtype. */
-static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
-    if (storage == HT_DTYPE_F32) {
-        float *f = b;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) f[i] = x[i] - f[i];
-        ht_round_to(f, (size_t)n, ns_dtype);
-        return;
-    }
-    uint16_t *h = b;
-    const bool bf16 = storage == HT_DTYPE_BF16;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float kept = bf16 ? ht_bf16_to_f32(h[i]) : ht_f16_to_f32(h[i]);
-        h[i] = bf16 ? ht_f32_to_bf16(x[i] - kept) : ht_f32_to_f16(x[i] - kept);
-    }
+    return ht_kernels()->ns_workspace_floats(rows, cols, ns_dtype);
 }
 
 void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
                       ht_dtype ns_dtype, float *work) {
-    const bool tall = rows > cols; /* NUMERICS.md transposes it so that r <= c */
-    const int64_t r = tall ? cols : rows, n = rows * cols;
-    const int K = sched->steps;
-    float *S = work + n, *T = S + r * r; /* (r, r) each */
-    float *Xb = T + r * r, *Sb = Xb + n, *Tb = Sb + r * r;
-    const ht_dtype st = ht_gemm_storage(ns_dtype);
-
-    /* X lives in O and `work` by turns, so that the last iteration lands in O. */
-    float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
-    const float inv = (float)(1.0 / (frobenius(G, n) + eps));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) X[i] = G[i] * inv;
-
-    for (int k = 0; k < K; k++) {
-        const float a = (float)sched->coeffs[k][0], b = (float)sched->coeffs[k][1], c = (float)sched->coeffs[k][2];
-        const void *x = operand(X, Xb, n, ns_dtype, st);
-        /* S = X Xᵀ (wide) or XᵀX (tall): (r, r) */
-        if (tall)
-            ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
-        else
-            ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
-        /* T = b S + c S S: S copied into T, scaled by beta. In a 16-bit
-         * ns_dtype both terms take S rounded to it: the iteration is then one
-         * polynomial of one matrix, whose contraction near singular value 1
-         * damps the rounding; an FP32 S beside a rounded S·S leaves their
-         * difference to be amplified by b (in a PyTorch emulation of this
-         * iteration, 20% further from float64 on 48x160 to 96x96 matrices). */
-        memcpy(T, S, (size_t)(r * r) * sizeof(float));
-        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(r * r), ns_dtype);
-        const void *s = operand(S, Sb, r * r, ns_dtype, st);
-        ht_gemm(false, false, r, r, r, c, s, r, s, r, st, b, T, r);
-        /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
-        memcpy(Y, X, (size_t)n * sizeof(float));
-        const void *t = operand(T, Tb, r * r, ns_dtype, st);
-        if (tall)
-            ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, st, a, Y, cols);
-        else
-            ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, st, a, Y, cols);
-        /* In a 16-bit ns_dtype, a X takes the FP32 X but T X its rounding x:
-         * the difference X − x is not contracted like the rest and, carried
-         * by a, dominates the error. One more product, T (X − x), gives back
-         * its first-order part (the residual itself rounded: a 2^-9 error of
-         * a 2^-9 quantity). With both changes, measured on gradient-sized
-         * matrices: 1.1-6x closer to float64 than before, and closer than
-         * torch's bf16 iteration on each (tests/test_muon.c,
-         * bench/RESULTS.md), for one product in four more. */
-        if (ns_dtype != HT_DTYPE_F32) {
-            residual_operand(X, Xb, n, ns_dtype, st);
-            if (tall)
-                ht_gemm(false, true, rows, cols, cols, 1.0f, Xb, cols, t, cols, st, 1.0f, Y, cols);
-            else
-                ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, Xb, cols, st, 1.0f, Y, cols);
-        }
-        float *swap = X;
-        X = Y;
-        Y = swap;
-    }
+    ht_kernels()->newton_schulz(G, O, rows, cols, sched->coeffs, sched->steps, eps, ns_dtype, work);
 }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
+
 /* ------------------------------------------------------------------ loss scaling */
 
 void ht_loss_scaler_init(ht_loss_scaler *s, double initial, double growth_factor, double backoff_factor,
@@ -201,10 +203,7 @@ static void scale_grads(ht_param_store *params, float k) {
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (!p->trainable || !p->main_grad) continue;
-        float *g = p->main_grad;
-        int64_t n = ht_param_local_numel(p);
-#pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < n; j++) g[j] *= k;
+        ht_kernels()->scale(p->main_grad, ht_param_local_numel(p), k);
     }
 }
 
@@ -274,15 +273,15 @@ static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
         for (int64_t b = 0; b < n; b += 1024) {
             size_t len = (size_t)(n - b < 1024 ? n - b : 1024);
             char *at = model + (size_t)b * ht_dtype_size(p->dtype);
-            ht_convert(x, HT_DTYPE_F32, at, p->dtype, len);
-            for (size_t i = 0; i < len; i++) x[i] *= k;
-            ht_convert(at, p->dtype, x, HT_DTYPE_F32, len);
+            ht_kernels()->convert(x, HT_DTYPE_F32, at, p->dtype, len);
+            ht_kernels()->scale(x, (int64_t)len, k);
+            ht_kernels()->convert(at, p->dtype, x, HT_DTYPE_F32, len);
         }
         return;
     }
     float *m = p->main_param + (r0 - p->row0) * row;
-    for (int64_t i = 0; i < n; i++) m[i] *= k;
-    if ((void *)p->main_param != p->data) ht_convert(model, p->dtype, m, HT_DTYPE_F32, (size_t)n);
+    ht_kernels()->scale(m, n, k);
+    if ((void *)p->main_param != p->data) ht_kernels()->convert(model, p->dtype, m, HT_DTYPE_F32, (size_t)n);
 }
 
 int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {

@@ -1,0 +1,349 @@
+/* The optimizer passes, kernels behind the table as the rest: AdamW's
+ * fused update with its cast back to a bf16/f16 model copy (AVX-512 where
+ * the build has it), Muon's momentum and update, the Newton-Schulz
+ * iteration, and a scaling pass (gradient clipping). The optimizers in
+ * optim/ decide what runs on which rows; the arithmetic is here. */
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "hypertrain/kernels.h"
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* ------------------------------------------------------------------ Muon */
+
+/* B <- mu B + gw g (the momentum buffer) and, with nesterov, u = gw g + mu B
+ * (the matrix Newton-Schulz takes); without nesterov u is B itself and
+ * nothing is written to u. */
+void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov) {
+    if (nesterov) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float b = mu * B[i] + gw * g[i];
+            B[i] = b;
+            u[i] = gw * g[i] + mu * b;
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) B[i] = mu * B[i] + gw * g[i];
+    }
+}
+
+/* p (1 - lr wd) - lr scale O: one expression for every path below, so that
+ * the values from a main param and from the model round alike. */
+static inline float decayed_step(float p, float o, float decay, float step) { return p * decay - step * o; }
+
+void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
+                   uint64_t stream, int64_t first) {
+    uint16_t *out = model;
+    const bool bf16 = dtype == HT_DTYPE_BF16;
+    if (!model) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) p[i] = decayed_step(p[i], O[i], decay, step);
+    } else if (stochastic) {
+        float *x = p ? p : O;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = decayed_step(p ? p[i] : bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+        ht_convert_stochastic_at(out, dtype, x, (size_t)n, stream, (size_t)first);
+    } else if (p) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            p[i] = decayed_step(p[i], O[i], decay, step);
+            out[i] = bf16 ? ht_f32_to_bf16(p[i]) : ht_f32_to_f16(p[i]);
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float x = decayed_step(bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+            out[i] = bf16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ Newton-Schulz */
+
+size_t ht_ns_workspace_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
+    size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
+    size_t floats = rc + 2 * r * r;                         /* X (the other ping-pong buffer is O), S, T */
+    if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
+    return floats;
+}
+
+/* sum of squares in double (NUMERICS.md: the norm is accumulated in double). */
+static double frobenius(const float *x, int64_t n) { return sqrt(ht_sum_squares(x, n)); }
+
+/* The operand of a product in ns_dtype, stored as the chosen kernel takes it
+ * (`storage`): x itself for F32, else its rounding to ns_dtype in `b`, as
+ * 16-bit values or as FP32 values of that precision. */
+static const void *operand(const float *x, float *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
+    if (ns_dtype == HT_DTYPE_F32) return x;
+    if (storage == HT_DTYPE_F32) {
+        memcpy(b, x, (size_t)n * sizeof(float));
+        ht_round_to(b, (size_t)n, ns_dtype);
+    } else {
+        ht_convert(b, storage, x, HT_DTYPE_F32, (size_t)n);
+    }
+    return b;
+}
+
+/* In place on the operand `b` that operand() made of x: b becomes x − b (the
+ * part of x that rounding to ns_dtype dropped), itself rounded to ns_dtype. */
+static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dtype, ht_dtype storage) {
+    if (storage == HT_DTYPE_F32) {
+        float *f = b;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) f[i] = x[i] - f[i];
+        ht_round_to(f, (size_t)n, ns_dtype);
+        return;
+    }
+    uint16_t *h = b;
+    const bool bf16 = storage == HT_DTYPE_BF16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float kept = bf16 ? ht_bf16_to_f32(h[i]) : ht_f16_to_f32(h[i]);
+        h[i] = bf16 ? ht_f32_to_bf16(x[i] - kept) : ht_f32_to_f16(x[i] - kept);
+    }
+}
+
+/* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
+ * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
+ * transposed iteration of NUMERICS.md without copying Gᵀ. */
+void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
+                   double eps, ht_dtype ns_dtype, float *work) {
+    const bool tall = rows > cols; /* NUMERICS.md transposes it so that r <= c */
+    const int64_t r = tall ? cols : rows, n = rows * cols;
+    const int K = steps;
+    float *S = work + n, *T = S + r * r; /* (r, r) each */
+    float *Xb = T + r * r, *Sb = Xb + n, *Tb = Sb + r * r;
+    const ht_dtype st = ht_gemm_storage(ns_dtype);
+
+    /* X lives in O and `work` by turns, so that the last iteration lands in O. */
+    float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
+    const float inv = (float)(1.0 / (frobenius(G, n) + eps));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) X[i] = G[i] * inv;
+
+    for (int k = 0; k < K; k++) {
+        const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
+        const void *x = operand(X, Xb, n, ns_dtype, st);
+        /* S = X Xᵀ (wide) or XᵀX (tall): (r, r) */
+        if (tall)
+            ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
+        else
+            ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
+        /* T = b S + c S S: S copied into T, scaled by beta. In a 16-bit
+         * ns_dtype both terms take S rounded to it: the iteration is then one
+         * polynomial of one matrix, whose contraction near singular value 1
+         * damps the rounding; an FP32 S beside a rounded S·S leaves their
+         * difference to be amplified by b (in a PyTorch emulation of this
+         * iteration, 20% further from float64 on 48x160 to 96x96 matrices). */
+        memcpy(T, S, (size_t)(r * r) * sizeof(float));
+        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(r * r), ns_dtype);
+        const void *s = operand(S, Sb, r * r, ns_dtype, st);
+        ht_gemm(false, false, r, r, r, c, s, r, s, r, st, b, T, r);
+        /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
+        memcpy(Y, X, (size_t)n * sizeof(float));
+        const void *t = operand(T, Tb, r * r, ns_dtype, st);
+        if (tall)
+            ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, st, a, Y, cols);
+        else
+            ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, st, a, Y, cols);
+        /* In a 16-bit ns_dtype, a X takes the FP32 X but T X its rounding x:
+         * the difference X − x is not contracted like the rest and, carried
+         * by a, dominates the error. One more product, T (X − x), gives back
+         * its first-order part (the residual itself rounded: a 2^-9 error of
+         * a 2^-9 quantity). With both changes, measured on gradient-sized
+         * matrices: 1.1-6x closer to float64 than before, and closer than
+         * torch's bf16 iteration on each (tests/test_muon.c,
+         * bench/RESULTS.md), for one product in four more. */
+        if (ns_dtype != HT_DTYPE_F32) {
+            residual_operand(X, Xb, n, ns_dtype, st);
+            if (tall)
+                ht_gemm(false, true, rows, cols, cols, 1.0f, Xb, cols, t, cols, st, 1.0f, Y, cols);
+            else
+                ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, Xb, cols, st, 1.0f, Y, cols);
+        }
+        float *swap = X;
+        X = Y;
+        Y = swap;
+    }
+}
+
+/* ------------------------------------------------------------------ scaling */
+
+void ht_scale(float *x, int64_t n, float k) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] *= k;
+}
+
+/* ------------------------------------------------------------------ AdamW */
+
+/* Each rounding step of AdamW's is one step of PyTorch's fused CPU AdamW kernel
+ * (torch.optim.AdamW(fused=True)), whose results these match bit for bit as
+ * measured; torch's single-tensor path differs from both by one ulp of sqrt
+ * on about a fifth of the elements. So the compiler must not
+ * fuse a multiply into the following add (from here to the end of the file:
+ * AdamW comes last): the only FMAs are the ones torch's
+ * kernel uses (lerp, addcmul). */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off", "no-math-errno")
+#endif
+
+/* The per-call scalars, computed once in double as PyTorch does on the host,
+ * then rounded to FP32 as its kernels do. */
+typedef struct adamw_scalars {
+    float decay;    /* 1 − lr·wd */
+    float w1;       /* 1 − β1: exp_avg.lerp_(g, 1 − β1) */
+    float b2, c2;   /* β2 and 1 − β2: exp_avg_sq.mul_(β2).addcmul_(g, g, 1 − β2) */
+    float bc2_sqrt; /* sqrt(1 − β2^t) */
+    float eps;      /* added after the division by bc2_sqrt */
+    float neg_step; /* −lr / (1 − β1^t): p.addcdiv_(m, denom, −step_size) */
+} adamw_scalars;
+
+/* One element (NUMERICS.md, AdamW), written as torch's op sequence:
+ *   p ← p·decay;  m ← m + (1−β1)(g − m) (one FMA);  v ← fma((1−β2)g, g, β2·v);
+ *   d = sqrt(v)/bc2_sqrt + eps;  p ← p + (−step_size·m)/d.
+ * The vector path below performs the same roundings in the same order. */
+static inline float adamw_element(float *p, float g, float *m, float *v, const adamw_scalars *k) {
+    float pd = *p * k->decay;
+    float mi = fmaf(k->w1, g - *m, *m);
+    float vi = fmaf(k->c2 * g, g, *v * k->b2);
+    float d = sqrtf(vi) / k->bc2_sqrt + k->eps;
+    float pi = pd + (k->neg_step * mi) / d;
+    *m = mi;
+    *v = vi;
+    *p = pi;
+    return pi;
+}
+
+static inline void store_model(void *model, ht_dtype dtype, int64_t i, float x) {
+    ((uint16_t *)model)[i] = dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
+}
+
+#ifdef __AVX512F__
+/* ht_f32_to_bf16 on 16 lanes: round to nearest even by integer add; NaN stays quiet NaN. */
+static inline __m256i bf16_round16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+}
+
+static inline __m512 adamw_vec16(float *p, const float *g, float *m, float *v, const adamw_scalars *k) {
+    __m512 gi = _mm512_loadu_ps(g), mi = _mm512_loadu_ps(m), vi = _mm512_loadu_ps(v);
+    __m512 pd = _mm512_mul_ps(_mm512_loadu_ps(p), _mm512_set1_ps(k->decay));
+    mi = _mm512_fmadd_ps(_mm512_set1_ps(k->w1), _mm512_sub_ps(gi, mi), mi);
+    vi = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(k->c2), gi), gi, _mm512_mul_ps(vi, _mm512_set1_ps(k->b2)));
+    __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), _mm512_set1_ps(k->bc2_sqrt)), _mm512_set1_ps(k->eps));
+    __m512 pi = _mm512_add_ps(pd, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(k->neg_step), mi), d));
+    _mm512_storeu_ps(m, mi);
+    _mm512_storeu_ps(v, vi);
+    _mm512_storeu_ps(p, pi);
+    return pi;
+}
+#endif
+
+/* Model copies at least this large bypass the cache on the way out (they are
+ * not read again until the next forward pass). */
+#define STREAM_MIN_BYTES (1 << 20)
+
+/* Elements [lo, hi) of one parameter. */
+static void adamw_range(float *p, const float *g, float *m, float *v, int64_t lo, int64_t hi, const adamw_scalars *k,
+                        void *model, ht_dtype dtype) {
+    int64_t i = lo;
+#ifdef __AVX512F__
+    if (!model) {
+        for (; i + 16 <= hi; i += 16) adamw_vec16(p + i, g + i, m + i, v + i, k);
+    } else if (dtype == HT_DTYPE_BF16 || dtype == HT_DTYPE_F16) {
+        uint16_t *out = model;
+        bool stream = (hi - lo) * 2 >= STREAM_MIN_BYTES;
+        /* Scalar head up to a 32-byte boundary of the model copy, for the streaming stores. */
+        if (stream)
+            for (; i < hi && ((uintptr_t)(out + i) & 31) != 0; i++)
+                store_model(model, dtype, i, adamw_element(&p[i], g[i], &m[i], &v[i], k));
+        for (; i + 16 <= hi; i += 16) {
+            __m512 x = adamw_vec16(p + i, g + i, m + i, v + i, k);
+            __m256i h = dtype == HT_DTYPE_BF16 ? bf16_round16(x)
+                                               : _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (stream)
+                _mm256_stream_si256((__m256i *)(out + i), h);
+            else
+                _mm256_storeu_si256((__m256i *)(out + i), h);
+        }
+        if (stream) _mm_sfence();
+    }
+#endif
+    for (; i < hi; i++) {
+        float x = adamw_element(&p[i], g[i], &m[i], &v[i], k);
+        if (model) store_model(model, dtype, i, x);
+    }
+}
+
+/* A param without an FP32 main param goes through FP32 scratch in blocks
+ * of this many elements (4 KiB a thread, on its stack). */
+#define MODEL_BLOCK 1024
+
+/* Elements [lo, hi) of one parameter, rounded into the model copy
+ * stochastically or (fused into the update) to nearest. p NULL: the model copy
+ * holds the values: each block is widened (exactly), updated as p would be
+ * and rounded back. */
+static void adamw_block(float *p, const float *g, float *m, float *v, int64_t lo, int64_t hi, const adamw_scalars *k,
+                        void *model, ht_dtype dtype, bool stochastic, uint64_t stream) {
+    uint16_t *out = model;
+    if (p && (!model || !stochastic)) {
+        adamw_range(p, g, m, v, lo, hi, k, model, dtype);
+    } else if (p) {
+        adamw_range(p, g, m, v, lo, hi, k, NULL, dtype);
+        ht_convert_stochastic_at(out + lo, dtype, p + lo, (size_t)(hi - lo), stream, (size_t)lo);
+    } else {
+        _Alignas(64) float x[MODEL_BLOCK];
+        for (int64_t b = lo; b < hi; b += MODEL_BLOCK) {
+            int64_t n = hi - b < MODEL_BLOCK ? hi - b : MODEL_BLOCK;
+            ht_convert(x, HT_DTYPE_F32, out + b, dtype, (size_t)n);
+            if (stochastic) {
+                adamw_range(x, g + b, m + b, v + b, 0, n, k, NULL, dtype);
+                ht_convert_stochastic_at(out + b, dtype, x, (size_t)n, stream, (size_t)b);
+            } else {
+                adamw_range(x, g + b, m + b, v + b, 0, n, k, out + b, dtype);
+            }
+        }
+    }
+}
+
+void ht_adamw_pass(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
+                   ht_dtype model_dtype, bool stochastic, uint64_t stream) {
+    const adamw_scalars k = {
+        .decay = (float)(1.0 - h->lr * h->weight_decay),
+        .w1 = (float)(1.0 - h->beta1),
+        .b2 = (float)h->beta2,
+        .c2 = (float)(1.0 - h->beta2),
+        .bc2_sqrt = (float)sqrt(1.0 - pow(h->beta2, (double)h->step)),
+        .eps = (float)h->eps,
+        .neg_step = (float)(-(h->lr / (1.0 - pow(h->beta1, (double)h->step)))),
+    };
+    if (model_dtype != HT_DTYPE_BF16 && model_dtype != HT_DTYPE_F16) model = NULL;
+    /* p NULL with no bf16/f16 copy: nothing holds the values (ht_adamw_init refuses such a param). */
+    if (!p && !model) return;
+        /* Static split in 64-element blocks: every thread's range starts on a
+         * cache line of p, g, m, v (and of a bf16/f16 copy) when the base does. */
+#pragma omp parallel if (n >= 65536)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t chunk = ((n + nt - 1) / nt + 63) & ~(int64_t)63;
+        int64_t lo = chunk * t < n ? chunk * t : n;
+        int64_t hi = lo + chunk < n ? lo + chunk : n;
+        adamw_block(p, g, m, v, lo, hi, &k, model, model_dtype, stochastic, stream);
+    }
+}

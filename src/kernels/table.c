@@ -1,0 +1,46 @@
+/* The CPU's entries of the kernel table (include/hypertrain/kernels.h): the
+ * functions of kernels/ (and base's dtype conversions) as they are. */
+#include "hypertrain/kernels.h"
+#include "kernels/ops.h"
+
+static const ht_kernel_ops cpu = {
+    .name = "cpu",
+    .gemm = ht_gemm,
+    .gemm_ragged = ht_gemm_ragged,
+    .convert = ht_convert,
+    .round_to = ht_round_to,
+    .rmsnorm_forward = ht_rmsnorm_forward,
+    .rmsnorm_backward = ht_rmsnorm_backward,
+    .add_bias = ht_add_bias,
+    .bias_backward = ht_bias_backward,
+    .rope_forward = ht_rope_forward,
+    .rope_backward = ht_rope_backward,
+    .swiglu_forward = ht_swiglu_forward,
+    .swiglu_backward = ht_swiglu_backward,
+    .cross_entropy_forward = ht_cross_entropy_forward,
+    .cross_entropy_backward = ht_cross_entropy_backward,
+    .attention_workspace_floats = ht_attention_workspace_floats,
+    .attention_forward = ht_attention_forward,
+    .attention_backward = ht_attention_backward,
+    .embedding_forward = ht_embedding_forward,
+    .embedding_backward = ht_embedding_backward,
+    .gather_rows = ht_gather_rows,
+    .scatter_rows = ht_scatter_rows,
+    .moe_route = ht_moe_route,
+    .moe_combine = ht_moe_combine,
+    .moe_combine_backward = ht_moe_combine_backward,
+    .moe_route_backward = ht_moe_route_backward,
+    .moe_scatter_add = ht_moe_scatter_add,
+    .dropout = ht_dropout,
+    .sum_squares = ht_sum_squares,
+    .add = ht_add,
+    .accumulate = ht_accumulate,
+    .scale = ht_scale,
+    .adamw = ht_adamw_pass,
+    .muon_momentum = ht_muon_momentum,
+    .muon_apply = ht_muon_apply,
+    .ns_workspace_floats = ht_ns_workspace_floats,
+    .newton_schulz = ht_ns_iterate,
+};
+
+const ht_kernel_ops *ht_kernels(void) { return &cpu; }
