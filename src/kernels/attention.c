@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
+#include "kernels/exp.h"
 #include "kernels/ops.h"
 
 /* Query and key block sizes: 128 x 128 FP32 scores (64 KiB) and a 128 x D
@@ -20,34 +21,6 @@ enum { BQ = 128, BK = 128 };
 size_t ht_attention_workspace_floats(int64_t D) { return (size_t)(2 * BQ * BK + BQ * D + 2 * BQ); }
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* e^x for x <= 0 (a score minus its row's maximum), within 2 ulp of expf,
- * branch-free so that the row loops vectorize: libm's expf, one call per
- * score, was two thirds of the forward pass. x = n ln2 + r with |r| <= ln2/2
- * (ln2 in two parts, Cody-Waite), e^r by its Taylor polynomial to r^7 / 7!
- * (truncation 2e-9 relative), 2^n built in the exponent bits. Below -87.3
- * the result would be subnormal: it is flushed to 0, as the weights it
- * makes would be anyway. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    float n = x * 1.44269504f + 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
-    n -= 12582912.0f;
-    float r = x - n * 0.693145752f;
-    r -= n * 1.42860677e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
 
 /* The largest entry of a (rows, cols) tile with row stride ld. */
 static float tile_max(const float *s, int64_t rows, int64_t cols, int64_t ld) {

@@ -3,6 +3,8 @@
  * across OpenMP threads; reductions accumulate in FP32 per row, as PyTorch does. */
 #include "kernels/ops.h"
 
+#include "kernels/exp.h"
+
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -140,7 +142,7 @@ void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
     rope_rotate(dx, cos_t, sin_t, -1.0f, B, T, nheads, D);
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float sigmoidf(float x) { return sigmoid_fast(x); }
 
 void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n) {
     const int64_t chunk = 4096;
@@ -230,7 +232,7 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
         for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
         float sum = 0.0f;
         for (int64_t v = 0; v < V; v++) {
-            row[v] = expf(row[v] - mx);
+            row[v] = exp_nonpositive(row[v] - mx);
             sum += row[v];
         }
         float k = scale / sum;
