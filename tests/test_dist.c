@@ -32,13 +32,19 @@ static const char *corpus = "It was the best of times, it was the worst of times
 
 /* A tiny byte-level Qwen2: 12 sequences of 16 tokens a step, so that 1, 2, 3
  * and 4 ranks split each global batch evenly (4 x 3, 6 x 2, 4 x 3 / ranks...). */
-static void write_config(const char *dir, const char *dtype, int steps, bool attention_bias) {
-    char path[1200], text[4096];
+/* DIR/corpus.txt: the corpus 40 times. */
+static void write_corpus(const char *dir) {
+    char path[1200];
     snprintf(path, sizeof(path), "%s/corpus.txt", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     for (int i = 0; i < 40; i++) fputs(corpus, f);
     fclose(f);
+}
+
+static void write_config(const char *dir, const char *dtype, int steps, bool attention_bias) {
+    char path[1200], text[4096];
+    write_corpus(dir);
     snprintf(
         text, sizeof(text),
         "model:\n  name: %s\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 48\n  num_hidden_layers: 2\n"
@@ -81,44 +87,18 @@ static int run_ranks(const char *dir, int ranks, const char *extra, char **outpu
     return run_in(dir, name, ranks, extra, output);
 }
 
-/* Every tensor of file b against file a's of the same name: max |a - b| / max |b| ≤ tol; at least min_count. */
-static double compare_files(const char *a, const char *b, double tol, int min_count) {
-    ht_safetensors *sa, *sb;
-    ht_error err;
-    assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
-    assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
-    double worst = 0;
-    int count = 0;
-    for (int i = 0; i < ht_safetensors_count(sb); i++) {
-        const ht_st_tensor *tb = ht_safetensors_tensor(sb, i), *ta = ht_safetensors_find(sa, tb->name);
-        assert_non_null(ta);
-        assert_int_equal(ta->nbytes, tb->nbytes);
-        size_t n = ta->nbytes / ht_dtype_size(ta->dtype);
-        float *fa = malloc(n * sizeof(float)), *fb = malloc(n * sizeof(float));
-        ht_convert(fa, HT_DTYPE_F32, ta->data, ta->dtype, n);
-        ht_convert(fb, HT_DTYPE_F32, tb->data, tb->dtype, n);
-        double e = rel_max_err(fa, fb, n);
-        if (!(e <= tol)) fail_msg("%s: %s differs from %s by %.3g (bound %.g)", a, tb->name, b, e, tol);
-        worst = fmax(worst, e);
-        count++;
-        free(fa);
-        free(fb);
-    }
-    assert_true(count >= min_count);
-    ht_safetensors_close(sa);
-    ht_safetensors_close(sb);
-    return worst;
-}
-
 /* The tensors of b whose names start with `prefix` against a's: the
  * largest error relative to each tensor's largest magnitude, which must be
- * <= tol; *differing (if not NULL): the fraction of elements not equal. */
-static double compare_prefix(const char *a, const char *b, const char *prefix, double tol, double *differing) {
+ * <= tol; *differing (if not NULL): the fraction of elements not equal;
+ * *tensors (if not NULL): how many were compared. */
+static double compare_tensors(const char *a, const char *b, const char *prefix, double tol, double *differing,
+                              int *tensors) {
     ht_safetensors *sa, *sb;
     ht_error err;
     assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
     assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
     double worst = 0, total = 0, unequal = 0;
+    int count = 0;
     for (int i = 0; i < ht_safetensors_count(sb); i++) {
         const ht_st_tensor *tb = ht_safetensors_tensor(sb, i), *ta = ht_safetensors_find(sa, tb->name);
         if (strncmp(tb->name, prefix, strlen(prefix)) != 0) continue;
@@ -133,13 +113,23 @@ static double compare_prefix(const char *a, const char *b, const char *prefix, d
         worst = fmax(worst, e);
         for (size_t j = 0; j < n; j++) unequal += fa[j] != fb[j];
         total += (double)n;
+        count++;
         free(fa);
         free(fb);
     }
     assert_true(total > 0);
     if (differing) *differing = unequal / total;
+    if (tensors) *tensors = count;
     ht_safetensors_close(sa);
     ht_safetensors_close(sb);
+    return worst;
+}
+
+/* Every tensor of file b against file a's of the same name: max |a - b| / max |b| <= tol; at least min_count. */
+static double compare_files(const char *a, const char *b, double tol, int min_count) {
+    int count;
+    double worst = compare_tensors(a, b, "", tol, NULL, &count);
+    assert_true(count >= min_count);
     return worst;
 }
 
@@ -646,11 +636,7 @@ static int grad_norms(const char *log, double *out, int max) {
  * params, FP32 reduce; params and compute in `dtype`. */
 static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, int steps) {
     char path[1200], text[4096];
-    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 40; i++) fputs(corpus, f);
-    fclose(f);
+    write_corpus(dir);
     snprintf(text, sizeof(text),
              "model:\n  name: qwen2_moe\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 48\n"
              "  num_hidden_layers: 3\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
@@ -691,6 +677,16 @@ static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss,
     free(log);
 }
 
+/* The config in dir and its one-process run (out0): its losses and grad norms. */
+static void moe_reference(const char *dir, const char *dtype, bool qkv_bias, double *loss, double *norm) {
+    char *one;
+    write_moe_config(dir, dtype, qkv_bias, MOE_STEPS);
+    if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
+    assert_int_equal(losses(one, loss, MOE_STEPS + 1), MOE_STEPS);
+    assert_int_equal(grad_norms(one, norm, MOE_STEPS + 1), MOE_STEPS);
+    free(one);
+}
+
 static void state_files(const char *dir, const char *out, int step, char *a, char *b, size_t cap) {
     snprintf(a, cap, "%s/%s/state/step_%08d.safetensors", dir, out, step);
     snprintf(b, cap, "%s/out0/state/step_%08d.safetensors", dir, step);
@@ -706,12 +702,9 @@ static void state_files(const char *dir, const char *out, int step, char *a, cha
 static void test_moe_expert_parallel_float32(void **state) {
     (void)state;
     const char *dir = scratch_dir("moe_ep_f32");
-    write_moe_config(dir, "float32", false, MOE_STEPS);
-    char *one, out[32], a[1300], b[1300];
-    if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
+    char out[32], a[1300], b[1300];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
-    assert_int_equal(losses(one, l1, MOE_STEPS + 1), MOE_STEPS);
-    assert_int_equal(grad_norms(one, g1, MOE_STEPS + 1), MOE_STEPS);
+    moe_reference(dir, "float32", false, l1, g1);
     for (int k = 0; k < MOE_RUNS; k++) {
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst10 = 0, worst = 0;
@@ -733,7 +726,6 @@ static void test_moe_expert_parallel_float32(void **state) {
                "%.2g over %d (bound %.0e); losses and grad norms match\n",
                out, worst10, worst, MOE_STEPS, 1e-5 * MOE_STEPS / 10.0);
     }
-    free(one);
 }
 
 /* The same in bf16 with q/k/v biases, the seed's dtype. The first step
@@ -749,12 +741,9 @@ static void test_moe_expert_parallel_float32(void **state) {
 static void test_moe_expert_parallel_bf16(void **state) {
     (void)state;
     const char *dir = scratch_dir("moe_ep_bf16");
-    write_moe_config(dir, "bfloat16", true, MOE_STEPS);
-    char *one, out[32], a[1300], b[1300];
-    if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
+    char out[32], a[1300], b[1300];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
-    assert_int_equal(losses(one, l1, MOE_STEPS + 1), MOE_STEPS);
-    assert_int_equal(grad_norms(one, g1, MOE_STEPS + 1), MOE_STEPS);
+    moe_reference(dir, "bfloat16", true, l1, g1);
     for (int k = 0; k < MOE_RUNS; k++) {
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst_loss = 0, worst_norm = 0;
@@ -775,13 +764,13 @@ static void test_moe_expert_parallel_bf16(void **state) {
          * expert's GEMM takes its rows in another batch (rows of several ranks at once), oneDNN's sums depend
          * on the row count, and a bf16 activation on a rounding boundary may round the other way: one bf16
          * unit (2^-8) of one row's share of a gradient. Measured: 8.5e-6 on 4 x EP 4, 2.1e-7 elsewhere. */
-        double grad1 = compare_prefix(a, b, "main_grad.", 5e-5, 0);
+        double grad1 = compare_tensors(a, b, "main_grad.", 5e-5, 0, NULL);
         double flips = 0;
-        compare_prefix(a, b, "param.", 0x1p-7, &flips); /* one bf16 unit of the largest magnitude, at most */
+        compare_tensors(a, b, "param.", 0x1p-7, &flips, NULL); /* one bf16 unit of the largest magnitude, at most */
         if (!(flips <= 1e-3)) fail_msg("%s, step 1: %.3g of the bf16 params differ from one process", out, flips);
         state_files(dir, out, MOE_STEPS, a, b, sizeof(a));
-        double grad20 = compare_prefix(a, b, "main_grad.", INFINITY, 0);
-        double param20 = compare_prefix(a, b, "param.", INFINITY, 0);
+        double grad20 = compare_tensors(a, b, "main_grad.", INFINITY, 0, NULL);
+        double param20 = compare_tensors(a, b, "param.", INFINITY, 0, NULL);
         printf("MoE bf16 %s: step 1 main_grads within %.2g, %.2g of bf16 params flipped; over %d steps losses "
                "within %.2g, grad norms %.2g; at step %d main_grads %.2g, bf16 params %.2g of one process\n",
                out, grad1, flips, MOE_STEPS, worst_loss, worst_norm, MOE_STEPS, grad20, param20);
@@ -792,7 +781,6 @@ static void test_moe_expert_parallel_bf16(void **state) {
     if (!strstr(log, "model.num_experts (8) is not a multiple of parallel.expert_parallel_size (3)"))
         fail_msg("no clear error for 8 experts over 3 ranks:\n%s", log);
     free(log);
-    free(one);
 }
 
 /* A Qwen2-MoE checkpoint saved on 4 ranks as 2 x EP 2 (each rank's rows
