@@ -99,14 +99,14 @@ static void check_attention(int B, int T, int H, int KV, int D) {
     float *dout = malloc(nq * sizeof(float)), *out = malloc(nq * sizeof(float)), *dq = malloc(nq * sizeof(float));
     float *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
     float *lse = malloc((size_t)B * H * T * sizeof(float)), *head_max = malloc((size_t)B * H * sizeof(float));
-    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(D) * sizeof(float));
+    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D) * sizeof(float));
     /* Scores of a few units: the softmax is neither flat nor one-hot. */
     fill_normal(q, nq, 1 + T, 1.5f);
     fill_normal(k, nk, 2 + T, 1.5f);
     fill_normal(v, nk, 3 + T, 1.0f);
     fill_normal(dout, nq, 4 + T, 1.0f);
-    ht_attention_forward(out, lse, head_max, q, k, v, B, T, H, KV, D, work);
-    ht_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, work);
+    ht_attention_forward(out, lse, head_max, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
+    ht_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
 
     double *ro = malloc((size_t)T * D * sizeof(double)), *rq = malloc((size_t)T * D * sizeof(double));
     double *rk = calloc((size_t)T * D, sizeof(double)), *rv = calloc((size_t)T * D, sizeof(double));
@@ -139,7 +139,7 @@ static void check_attention(int B, int T, int H, int KV, int D) {
 
     /* Without QK-clip's maximum the same numbers come out (the masked tiles only feed it). */
     float *out2 = malloc(nq * sizeof(float)), *lse2 = malloc((size_t)B * H * T * sizeof(float));
-    ht_attention_forward(out2, lse2, NULL, q, k, v, B, T, H, KV, D, work);
+    ht_attention_forward(out2, lse2, NULL, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
     assert_memory_equal(out2, out, nq * sizeof(float));
     assert_memory_equal(lse2, lse, (size_t)B * H * T * sizeof(float));
     free(out2);
@@ -169,6 +169,80 @@ static void test_attention_against_reference(void **state) {
         for (size_t d = 0; d < sizeof(D) / sizeof(D[0]); d++) check_attention(2, T[t], 4, 2, D[d]);
     check_attention(1, 100, 3, 3, 16); /* multi-head, a head dim below every tile's */
     check_attention(3, 70, 6, 1, 8);   /* one key head for six query heads */
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+/* max |a - ref| / max |ref| over n floats. */
+static double rel_err_float(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - ref[i]));
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* A 16-bit model's attention: its products take q, k, v, dout and the
+ * probability tiles (P, then dS) rounded to `dtype`. Against the FP32
+ * attention (checked above against double) on the same rounded q, k, v and
+ * dout, what differs is the rounding of P and dS alone: each entry by at
+ * most u/2 of itself (u = 2^-8 for bf16, 2^-11 for f16), so each output by
+ * at most u/2 of the sum of its terms' magnitudes, which for these inputs
+ * stays within 4u of the largest output. A tile read with the wrong stride
+ * or left unconverted is off by O(1). */
+static void check_attention_16bit(int B, int T, int H, int KV, int D, ht_dtype dtype) {
+    int64_t nq = (int64_t)B * T * H * D, nk = (int64_t)B * T * KV * D;
+    float *in[4], *ref[5], *got[5]; /* q k v dout; out dq dk dv lse */
+    size_t n[5] = {(size_t)nq, (size_t)nq, (size_t)nk, (size_t)nk, (size_t)B * H * T};
+    for (int i = 0; i < 4; i++) {
+        in[i] = malloc((i == 1 || i == 2 ? nk : nq) * sizeof(float));
+        fill_normal(in[i], i == 1 || i == 2 ? nk : nq, 11 + i + T, i < 2 ? 1.5f : 1.0f);
+        ht_round_to(in[i], i == 1 || i == 2 ? nk : nq, dtype);
+    }
+    for (int i = 0; i < 5; i++) ref[i] = malloc(n[i] * sizeof(float)), got[i] = malloc(n[i] * sizeof(float));
+    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D) * sizeof(float));
+    float **o[2] = {ref, got};
+    for (int r = 0; r < 2; r++) {
+        ht_dtype dt = r == 0 ? HT_DTYPE_F32 : dtype;
+        ht_attention_forward(o[r][0], o[r][4], NULL, in[0], in[1], in[2], B, T, H, KV, D, dt, work);
+        ht_attention_backward(o[r][1], o[r][2], o[r][3], in[3], o[r][0], o[r][4], in[0], in[1], in[2], B, T, H, KV, D,
+                              dt, work);
+    }
+    const double u = dtype == HT_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    static const char *const names[] = {"out", "dq", "dk", "dv"};
+    double e[4];
+    for (int i = 0; i < 4; i++) {
+        /* With one key a query's scores have no gradient: dq and dk are rounding noise, compared absolutely. */
+        e[i] = T == 1 && (i == 1 || i == 2) ? rel_err_float(got[i], ref[i], n[i]) * max_abs(ref[i], n[i])
+                                : rel_err_float(got[i], ref[i], n[i]);
+        if (!(e[i] <= 4 * u))
+            fail_msg("%s B%d T%d H%d KV%d D%d: %s off the FP32 attention by %.3g (bound 4u = %.3g)",
+                     ht_dtype_name(dtype), B, T, H, KV, D, names[i], e[i], 4 * u);
+    }
+    /* The rounding happened: a 16-bit path that ran in FP32 would match exactly. */
+    assert_true(T == 1 || e[0] > 0);
+    printf("attention %-8s B%d T%-4d H%d KV%d D%-3d: out %.2g, dq %.2g, dk %.2g, dv %.2g of FP32 (%.2g, %.2g u)\n",
+           ht_dtype_name(dtype), B, T, H, KV, D, e[0], e[1], e[2], e[3], e[0] / u, fmax(fmax(e[1], e[2]), e[3]) / u);
+    for (int i = 0; i < 5; i++) free(ref[i]), free(got[i]);
+    for (int i = 0; i < 4; i++) free(in[i]);
+    free(work);
+}
+
+static void test_attention_16bit_operands(void **state) {
+    (void)state;
+    static const int T[] = {1, 37, 257};
+    static const int D[] = {32, 64, 128};
+    for (size_t t = 0; t < sizeof(T) / sizeof(T[0]); t++)
+        for (size_t d = 0; d < sizeof(D) / sizeof(D[0]); d++) {
+            check_attention_16bit(2, T[t], 4, 2, D[d], HT_DTYPE_BF16);
+            check_attention_16bit(2, T[t], 4, 2, D[d], HT_DTYPE_F16);
+        }
+    check_attention_16bit(3, 70, 6, 1, 8, HT_DTYPE_BF16);
 }
 
 /* max |a - ref| / max |ref|, float against double. */
@@ -503,10 +577,10 @@ static void test_embedding_dropout_scale(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_moe_kernels_against_reference),     cmocka_unit_test(test_embedding_dropout_scale),
-        cmocka_unit_test(test_attention_against_reference),       cmocka_unit_test(test_rmsnorm_against_reference),
-        cmocka_unit_test(test_bias_and_swiglu_against_reference), cmocka_unit_test(test_rope_against_reference),
-        cmocka_unit_test(test_cross_entropy_against_reference),
+        cmocka_unit_test(test_moe_kernels_against_reference), cmocka_unit_test(test_embedding_dropout_scale),
+        cmocka_unit_test(test_attention_against_reference),   cmocka_unit_test(test_attention_16bit_operands),
+        cmocka_unit_test(test_rmsnorm_against_reference),     cmocka_unit_test(test_bias_and_swiglu_against_reference),
+        cmocka_unit_test(test_rope_against_reference),        cmocka_unit_test(test_cross_entropy_against_reference),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

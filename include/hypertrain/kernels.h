@@ -122,12 +122,12 @@ typedef struct ht_kernel_ops {
     double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count);
     void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
     /* attention: ht_attention_* */
-    size_t (*attention_workspace_floats)(int64_t D);
+    size_t (*attention_workspace_floats)(int64_t T, int64_t D);
     void (*attention_forward)(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float *work);
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work);
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                               int64_t KV, int64_t D, float *work);
+                               int64_t KV, int64_t D, ht_dtype dtype, float *work);
     /* the embedding: ht_embedding_forward, ht_embedding_backward */
     void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
     void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);

@@ -99,49 +99,50 @@ float ht_f16_to_f32(uint16_t h) {
     return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-static void convert_to_f32(float *dst, const void *src, ht_dtype src_dtype, size_t n) {
+/* One thread's conversion of n elements between different dtypes. */
+static void convert_serial(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n) {
     const uint16_t *s16 = src;
-    switch (src_dtype) {
-    case HT_DTYPE_F32: memmove(dst, src, n * 4); break;
-    case HT_DTYPE_BF16:
-#pragma omp parallel for simd if (n > 65536) schedule(static)
-        for (size_t i = 0; i < n; i++) dst[i] = ht_bf16_to_f32(s16[i]);
-        break;
-    case HT_DTYPE_F16:
-#pragma omp parallel for if (n > 65536) schedule(static)
-        for (size_t i = 0; i < n; i++) dst[i] = ht_f16_to_f32(s16[i]);
-        break;
-    default: break;
+    uint16_t *d16 = dst;
+    float *d32 = dst;
+    const float *s32 = src;
+    if (dst_dtype == HT_DTYPE_F32 && src_dtype == HT_DTYPE_BF16) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) d32[i] = ht_bf16_to_f32(s16[i]);
+    } else if (dst_dtype == HT_DTYPE_F32 && src_dtype == HT_DTYPE_F16) {
+        for (size_t i = 0; i < n; i++) d32[i] = ht_f16_to_f32(s16[i]);
+    } else if (dst_dtype == HT_DTYPE_BF16 && src_dtype == HT_DTYPE_F32) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_bf16(s32[i]);
+    } else if (dst_dtype == HT_DTYPE_F16 && src_dtype == HT_DTYPE_F32) {
+        for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_f16(s32[i]);
+    } else { /* bf16 <-> f16 goes through f32, which holds both exactly. */
+        for (size_t i = 0; i < n; i++) {
+            float v = src_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(s16[i]) : ht_f16_to_f32(s16[i]);
+            d16[i] = dst_dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(v) : ht_f32_to_f16(v);
+        }
     }
 }
+
+/* Large conversions split across the threads, in chunks; small ones, and
+ * any inside a parallel region (a kernel's rows), run on the calling thread
+ * without entering the OpenMP runtime. */
+enum { CONVERT_CHUNK = 65536 };
 
 void ht_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n) {
     if (dst_dtype == src_dtype) {
         memmove(dst, src, n * ht_dtype_size(dst_dtype));
         return;
     }
-    if (dst_dtype == HT_DTYPE_F32) {
-        convert_to_f32(dst, src, src_dtype, n);
+    if (n <= CONVERT_CHUNK) {
+        convert_serial(dst, dst_dtype, src, src_dtype, n);
         return;
     }
-    uint16_t *d16 = dst;
-    if (src_dtype == HT_DTYPE_F32) {
-        const float *s = src;
-        if (dst_dtype == HT_DTYPE_BF16) {
-#pragma omp parallel for simd if (n > 65536) schedule(static)
-            for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_bf16(s[i]);
-        } else {
-#pragma omp parallel for if (n > 65536) schedule(static)
-            for (size_t i = 0; i < n; i++) d16[i] = ht_f32_to_f16(s[i]);
-        }
-        return;
-    }
-    /* bf16 <-> f16 goes through f32, which holds both exactly. */
-    const uint16_t *s16 = src;
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float v = src_dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(s16[i]) : ht_f16_to_f32(s16[i]);
-        d16[i] = dst_dtype == HT_DTYPE_BF16 ? ht_f32_to_bf16(v) : ht_f32_to_f16(v);
+    const size_t ds = ht_dtype_size(dst_dtype), ss = ht_dtype_size(src_dtype);
+    const size_t chunks = (n + CONVERT_CHUNK - 1) / CONVERT_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t first = c * CONVERT_CHUNK, len = n - first < CONVERT_CHUNK ? n - first : CONVERT_CHUNK;
+        convert_serial((char *)dst + first * ds, dst_dtype, (const char *)src + first * ss, src_dtype, len);
     }
 }
 

@@ -18,22 +18,75 @@
  * 1.2-1.7x faster (fewer, larger GEMMs; bench_attention, bench/RESULTS.md). */
 enum { BQ = 128, BK = 128 };
 
-size_t ht_attention_workspace_floats(int64_t D) { return (size_t)(2 * BQ * BK + BQ * D + 2 * BQ); }
+/* A thread's scratch: the FP32 tiles (scores and probabilities, or their
+ * gradient; the output accumulator; the row statistics), then, for 16-bit
+ * operands, one head's Q, K, V and dO in that dtype and the tile handed to
+ * the second product of each pair (P, or dS) in it. */
+size_t ht_attention_workspace_floats(int64_t T, int64_t D) {
+    size_t f32 = (size_t)(2 * BQ * BK + BQ * D + 2 * BQ), halves = (size_t)(4 * T * D + 2 * BQ * BK);
+    return f32 + (halves + 1) / 2;
+}
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* A GEMM operand: its first element, dtype and row stride. */
+typedef struct operand {
+    const void *p;
+    ht_dtype dtype;
+    int64_t ld;
+} operand;
+
+/* Row r of an operand. */
+static inline const void *row_at(operand o, int64_t r) {
+    return (const char *)o.p + (size_t)(r * o.ld) * ht_dtype_size(o.dtype);
+}
+
+/* One head's (T, D) rows of stride ld as a GEMM operand of `dtype`: the
+ * FP32 rows themselves, or their copy rounded into buf (T x D, dense). */
+static operand head_operand(const float *x, int64_t T, int64_t D, int64_t ld, ht_dtype dtype, uint16_t *buf) {
+    if (dtype == HT_DTYPE_F32) return (operand){x, dtype, ld};
+    for (int64_t t = 0; t < T; t++) ht_convert(buf + t * D, dtype, x + t * ld, HT_DTYPE_F32, (size_t)D);
+    return (operand){buf, dtype, D};
+}
+
+/* The first cols columns of a (rows, BK) FP32 tile as the second product's
+ * operand: the tile itself, or its rows rounded into buf (rows x BK). */
+static operand tile_operand(const float *s, int64_t rows, int64_t cols, ht_dtype dtype, uint16_t *buf) {
+    if (dtype == HT_DTYPE_F32) return (operand){s, dtype, BK};
+    for (int64_t r = 0; r < rows; r++) ht_convert(buf + r * BK, dtype, s + r * BK, HT_DTYPE_F32, (size_t)cols);
+    return (operand){buf, dtype, BK};
+}
 
 /* The largest entry of a (rows, cols) tile with row stride ld. */
 static float tile_max(const float *s, int64_t rows, int64_t cols, int64_t ld) {
     float mx = -INFINITY;
     for (int64_t r = 0; r < rows; r++)
+#pragma omp simd reduction(max : mx)
         for (int64_t c = 0; c < cols; c++) mx = s[r * ld + c] > mx ? s[r * ld + c] : mx;
     return mx;
 }
 
-/* One (batch, head): q, out rows have stride qs, k and v rows stride ks. */
-static void forward_head(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                         int64_t T, int64_t D, int64_t qs, int64_t ks, float *work) {
-    float *s = work, *acc = work + 2 * BQ * BK, *m = acc + BQ * D, *l = m + BQ;
+/* The scratch of one thread, carved. */
+typedef struct scratch {
+    float *s, *s2, *acc, *m, *l; /* s2 follows s: backward's dP */
+    uint16_t *q, *k, *v, *dout, *tile;
+} scratch;
+
+static scratch scratch_carve(float *work, int64_t T, int64_t D) {
+    scratch w;
+    w.s = work, w.s2 = work + BQ * BK, w.acc = work + 2 * BQ * BK, w.m = w.acc + BQ * D, w.l = w.m + BQ;
+    w.q = (uint16_t *)(w.l + BQ), w.k = w.q + T * D, w.v = w.k + T * D, w.dout = w.v + T * D;
+    w.tile = w.dout + T * D;
+    return w;
+}
+
+/* One (batch, head): q, out rows have stride qs, k and v rows stride ks.
+ * The products take their operands in `dtype`, accumulate in FP32. */
+static void forward_head(float *out, float *lse, float *head_max, const float *q32, const float *k32, const float *v32,
+                         int64_t T, int64_t D, int64_t qs, int64_t ks, ht_dtype dtype, scratch w) {
+    float *s = w.s, *acc = w.acc, *m = w.m, *l = w.l;
+    const operand q = head_operand(q32, T, D, qs, dtype, w.q), k = head_operand(k32, T, D, ks, dtype, w.k),
+                  v = head_operand(v32, T, D, ks, dtype, w.v);
     const float scale = 1.0f / sqrtf((float)D);
     float hmax = -INFINITY;
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
@@ -41,7 +94,7 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
         for (int64_t r = 0; r < bq; r++) m[r] = -INFINITY, l[r] = 0.0f;
         for (int64_t j0 = 0; j0 < keys; j0 += BK) {
             int64_t bk = min64(BK, keys - j0);
-            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, s, BK);
+            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
             if (head_max) {
                 float t = tile_max(s, bq, bk, BK);
                 hmax = t > hmax ? t : hmax;
@@ -50,6 +103,7 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
                 float *row = s + r * BK, *arow = acc + r * D;
                 int64_t valid = min64(bk, i0 + r - j0 + 1); /* keys j <= i */
                 float mx = m[r];
+#pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < valid; c++) mx = row[c] > mx ? row[c] : mx;
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -65,7 +119,9 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
                 l[r] = l[r] * corr + sum;
                 m[r] = mx;
             }
-            ht_gemm(false, false, bq, D, bk, 1.0f, s, BK, v + j0 * ks, ks, HT_DTYPE_F32, j0 == 0 ? 0.0f : 1.0f, acc, D);
+            operand p = tile_operand(s, bq, bk, dtype, w.tile);
+            ht_gemm(false, false, bq, D, bk, 1.0f, p.p, p.ld, row_at(v, j0), v.ld, dtype, j0 == 0 ? 0.0f : 1.0f, acc,
+                    D);
         }
         for (int64_t r = 0; r < bq; r++) {
             float inv = 1.0f / l[r], *orow = out + (i0 + r) * qs;
@@ -75,7 +131,7 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
         /* QK-clip's maximum also counts the keys above the diagonal. */
         for (int64_t j0 = keys; head_max && j0 < T; j0 += BK) {
             int64_t bk = min64(BK, T - j0);
-            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, s, BK);
+            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
             float t = tile_max(s, bq, bk, BK);
             hmax = t > hmax ? t : hmax;
         }
@@ -84,38 +140,41 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
 }
 
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float *work) {
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work) {
     int64_t group = H / KV, qs = H * D, ks = KV * D;
-    size_t per_thread = ht_attention_workspace_floats(D);
+    size_t per_thread = ht_attention_workspace_floats(T, D);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             int64_t g = h / group;
             forward_head(out + b * T * qs + h * D, lse + (b * H + h) * T, head_max ? head_max + b * H + h : NULL,
-                         q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks,
-                         work + (size_t)omp_get_thread_num() * per_thread);
+                         q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks, dtype,
+                         scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, D));
         }
 }
 
 /* One query head's share of the gradients: dq for its rows, += into the dk
- * and dv of its key head. */
-static void backward_head(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                          const float *q, const float *k, const float *v, int64_t T, int64_t D, int64_t qs, int64_t ks,
-                          float *work) {
-    float *p = work, *dp = work + BQ * BK, *delta = work + 2 * BQ * BK;
+ * and dv of its key head, whose operands k and v the caller rounded. */
+static void backward_head(float *dq, float *dk, float *dv, const float *dout32, const float *out, const float *lse,
+                          const float *q32, operand k, operand v, int64_t T, int64_t D, int64_t qs, int64_t ks,
+                          scratch w) {
+    const ht_dtype dtype = k.dtype;
+    float *p = w.s, *dp = w.s2, *delta = w.acc;
+    const operand q = head_operand(q32, T, D, qs, dtype, w.q), dout = head_operand(dout32, T, D, qs, dtype, w.dout);
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
         int64_t bq = min64(BQ, T - i0), keys = i0 + bq;
         /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term. */
         for (int64_t r = 0; r < bq; r++) {
-            const float *o = out + (i0 + r) * qs, *g = dout + (i0 + r) * qs;
+            const float *o = out + (i0 + r) * qs, *g = dout32 + (i0 + r) * qs;
             float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
             for (int64_t c = 0; c < D; c++) dot += o[c] * g[c];
             delta[r] = dot;
         }
         for (int64_t j0 = 0; j0 < keys; j0 += BK) {
             int64_t bk = min64(BK, keys - j0);
-            ht_gemm(false, true, bq, bk, D, scale, q + i0 * qs, qs, k + j0 * ks, ks, HT_DTYPE_F32, 0.0f, p, BK);
+            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, p, BK);
             for (int64_t r = 0; r < bq; r++) {
                 float *row = p + r * BK, li = lse[i0 + r];
                 int64_t valid = min64(bk, i0 + r - j0 + 1);
@@ -124,34 +183,39 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
                 for (int64_t c = valid < 0 ? 0 : valid; c < bk; c++) row[c] = 0.0f;
             }
             /* dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P ∘ (dP − delta). */
-            ht_gemm(true, false, bk, D, bq, 1.0f, p, BK, dout + i0 * qs, qs, HT_DTYPE_F32, 1.0f, dv + j0 * ks, ks);
-            ht_gemm(false, true, bq, bk, D, 1.0f, dout + i0 * qs, qs, v + j0 * ks, ks, HT_DTYPE_F32, 0.0f, dp, BK);
+            operand pt = tile_operand(p, bq, bk, dtype, w.tile);
+            ht_gemm(true, false, bk, D, bq, 1.0f, pt.p, pt.ld, row_at(dout, i0), dout.ld, dtype, 1.0f, dv + j0 * ks,
+                    ks);
+            ht_gemm(false, true, bq, bk, D, 1.0f, row_at(dout, i0), dout.ld, row_at(v, j0), v.ld, dtype, 0.0f, dp, BK);
             for (int64_t r = 0; r < bq; r++)
+#pragma omp simd
                 for (int64_t c = 0; c < bk; c++) dp[r * BK + c] = p[r * BK + c] * (dp[r * BK + c] - delta[r]);
             /* dQ_i += scale dS K_j;  dK_j += scale dSᵀ Q_i. */
-            ht_gemm(false, false, bq, D, bk, scale, dp, BK, k + j0 * ks, ks, HT_DTYPE_F32, j0 == 0 ? 0.0f : 1.0f,
+            operand ds = tile_operand(dp, bq, bk, dtype, w.tile);
+            ht_gemm(false, false, bq, D, bk, scale, ds.p, ds.ld, row_at(k, j0), k.ld, dtype, j0 == 0 ? 0.0f : 1.0f,
                     dq + i0 * qs, qs);
-            ht_gemm(true, false, bk, D, bq, scale, dp, BK, q + i0 * qs, qs, HT_DTYPE_F32, 1.0f, dk + j0 * ks, ks);
+            ht_gemm(true, false, bk, D, bq, scale, ds.p, ds.ld, row_at(q, i0), q.ld, dtype, 1.0f, dk + j0 * ks, ks);
         }
     }
 }
 
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, float *work) {
+                           int64_t D, ht_dtype dtype, float *work) {
     int64_t group = H / KV, qs = H * D, ks = KV * D;
-    size_t per_thread = ht_attention_workspace_floats(D);
+    size_t per_thread = ht_attention_workspace_floats(T, D);
     memset(dk, 0, (size_t)(B * T * ks) * sizeof(float));
     memset(dv, 0, (size_t)(B * T * ks) * sizeof(float));
     /* A task owns one key head, so the query heads sharing it add into its dk and dv without races. */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < KV; g++) {
-            float *work_t = work + (size_t)omp_get_thread_num() * per_thread;
+            scratch w = scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, D);
+            const float *kb = k + b * T * ks + g * D, *vb = v + b * T * ks + g * D;
+            operand ko = head_operand(kb, T, D, ks, dtype, w.k), vo = head_operand(vb, T, D, ks, dtype, w.v);
             for (int64_t h = g * group; h < (g + 1) * group; h++)
                 backward_head(dq + b * T * qs + h * D, dk + b * T * ks + g * D, dv + b * T * ks + g * D,
                               dout + b * T * qs + h * D, out + b * T * qs + h * D, lse + (b * H + h) * T,
-                              q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks,
-                              work_t);
+                              q + b * T * qs + h * D, ko, vo, T, D, qs, ks, w);
         }
 }

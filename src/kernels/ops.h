@@ -41,16 +41,19 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
  * (H a multiple of KV: grouped-query heads share a key head), keeping only
  * lse (B, H, T), each row's log-sum-exp, for backward: no (T, T) tensor is
  * stored. head_max (B, H), when not NULL, gets each head's largest logit over
- * every position, masked ones included (QK-clip's S_h). work: the threads'
- * scratch, omp_get_max_threads() x ht_attention_workspace_floats(D). */
-size_t ht_attention_workspace_floats(int64_t D);
+ * every position, masked ones included (QK-clip's S_h). The products take
+ * their operands in `dtype` (q, k, v, dout and the probability tiles rounded
+ * to it; float32: as they are) and accumulate in FP32; the softmax, out, lse
+ * and every gradient are FP32. work: the threads' scratch,
+ * omp_get_max_threads() x ht_attention_workspace_floats(T, D). */
+size_t ht_attention_workspace_floats(int64_t T, int64_t D);
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float *work);
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work);
 /* dq (B, T, H, D), dk, dv (B, T, KV, D) = the gradients (overwritten) given
  * dout and the forward's out and lse, recomputing the probabilities tile by tile. */
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, float *work);
+                           int64_t D, ht_dtype dtype, float *work);
 
 /* Σ x² in double, with each thread's share summed in thread order: the same
  * bits on every run with the same thread count (an OpenMP reduction combines

@@ -83,7 +83,7 @@ typedef struct decoder {
     float *dup;      /* (N, F) */
     float *dh;       /* (N, F) */
     void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *att_work; /* (threads, ht_kernels()->attention_workspace_floats(D)) the attention tiles */
+    float *att_work; /* (threads, ht_kernels()->attention_workspace_floats(T, D)) the attention tiles */
     float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
     /* model.lora */
@@ -378,7 +378,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
-        (size_t)d->threads * ht_kernels()->attention_workspace_floats(d->D) * 4,
+        (size_t)d->threads * ht_kernels()->attention_workspace_floats(T, d->D) * 4,
         (size_t)B * d->H * 4, /* att_work, head_max */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
@@ -578,12 +578,21 @@ static void lora_backward(decoder *d, int l, int lin, float *dx, const void *dy_
     ht_kernels()->add(dx, dx, d->lora_dx, N * in);
 }
 
+/* The precision of the layers' matmul operands: the compute dtype, or the
+ * 16-bit precision FP32 operands are rounded to (ht_model_set_compute on a
+ * kernel that runs 16-bit products in FP32). The attention's products take
+ * theirs in it too. */
+static ht_dtype operand_precision(const ht_model *m, const decoder *d) {
+    ht_dtype cd = d->embed->compute_dtype;
+    return cd != HT_DTYPE_F32 ? cd : m->compute_precision;
+}
+
 /* a->o (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, tiled (kernels/attention.c).
  * max_logit (H) is raised to each head's largest logit (before masking). */
-static void attention_forward(decoder *d, layer_acts *a, float *max_logit, int B, int T) {
+static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit, int B, int T) {
     int H = d->H;
     ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, B, T, H, d->KV,
-                                    d->D, d->att_work);
+                                    d->D, operand_precision(m, d), d->att_work);
     for (int h = 0; max_logit && h < H; h++)
         for (int b = 0; b < B; b++)
             max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
@@ -612,7 +621,7 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     lora_forward(d, l, LIN_V, a->v, a->ln1, N);
     ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
     ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
-    attention_forward(d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
+    attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
     ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
@@ -775,7 +784,7 @@ static void decoder_backward(ht_model *m, float scale) {
         dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
         ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, B, T, d->H,
-                                         d->KV, d->D, d->att_work);
+                                         d->KV, d->D, operand_precision(m, d), d->att_work);
         ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
         ht_kernels()->rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
         dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
