@@ -219,11 +219,23 @@ static void check_attention_16bit(int B, int T, int H, int KV, int D, ht_dtype d
     for (int i = 0; i < 4; i++) {
         /* With one key a query's scores have no gradient: dq and dk are rounding noise, compared absolutely. */
         e[i] = T == 1 && (i == 1 || i == 2) ? rel_err_float(got[i], ref[i], n[i]) * max_abs(ref[i], n[i])
-                                : rel_err_float(got[i], ref[i], n[i]);
+                                            : rel_err_float(got[i], ref[i], n[i]);
         if (!(e[i] <= 4 * u))
             fail_msg("%s B%d T%d H%d KV%d D%d: %s off the FP32 attention by %.3g (bound 4u = %.3g)",
                      ht_dtype_name(dtype), B, T, H, KV, D, names[i], e[i], 4 * u);
     }
+    /* dO reaches the gradients only rounded: the same bits from an unrounded
+     * dout. delta (dO · O) must come from the dO the dP product reads, or
+     * each dS row shifts by dO's rounding error · O, a shift the softmax's
+     * gradient should cancel exactly (a k bias's gradient carries it). */
+    float *raw = malloc(nq * sizeof(float)), *dq2 = malloc(n[1] * sizeof(float)), *dk2 = malloc(n[2] * sizeof(float)),
+          *dv2 = malloc(n[3] * sizeof(float));
+    fill_normal(raw, nq, 14 + T, 1.0f); /* in[3] before its rounding */
+    ht_attention_backward(dq2, dk2, dv2, raw, got[0], got[4], in[0], in[1], in[2], B, T, H, KV, D, dtype, work);
+    assert_memory_equal(dq2, got[1], n[1] * sizeof(float));
+    assert_memory_equal(dk2, got[2], n[2] * sizeof(float));
+    assert_memory_equal(dv2, got[3], n[3] * sizeof(float));
+    free(raw), free(dq2), free(dk2), free(dv2);
     /* The rounding happened: a 16-bit path that ran in FP32 would match exactly. */
     assert_true(T == 1 || e[0] > 0);
     printf("attention %-8s B%d T%-4d H%d KV%d D%-3d: out %.2g, dq %.2g, dk %.2g, dv %.2g of FP32 (%.2g, %.2g u)\n",

@@ -164,9 +164,17 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
         int64_t bq = min64(BQ, T - i0), keys = i0 + bq;
-        /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term. */
+        /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term,
+         * from the dO the dP product reads: with dO rounded for it and delta
+         * not, every dS row would be shifted by dO's rounding error · O_i, and
+         * a shift common to a row is exactly what the softmax's gradient
+         * cancels (a k bias's gradient, say, then carries it). */
         for (int64_t r = 0; r < bq; r++) {
             const float *o = out + (i0 + r) * qs, *g = dout32 + (i0 + r) * qs;
+            if (dtype != HT_DTYPE_F32) {
+                ht_convert(p, HT_DTYPE_F32, row_at(dout, i0 + r), dtype, (size_t)D); /* p: free until the tiles */
+                g = p;
+            }
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
             for (int64_t c = 0; c < D; c++) dot += o[c] * g[c];
