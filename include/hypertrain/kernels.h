@@ -96,6 +96,14 @@ typedef struct ht_adamw_hparams {
  * (tests/test_kernels.c). Shapes, dtypes and semantics are those of the
  * CPU functions each entry names (kernels/ops.h, ht_gemm above,
  * ht_convert / ht_round_to in base.h). */
+/* One row of logits' softmax as the cross-entropy's forward leaves it for
+ * its backward: the largest logit and Σ e^(x - max), so that backward reads
+ * the row once. */
+typedef struct ht_softmax_row {
+    double sum;
+    float max;
+} ht_softmax_row;
+
 typedef struct ht_kernel_ops {
     const char *name; /* "cpu" */
     /* products: ht_gemm, ht_gemm_ragged */
@@ -119,8 +127,10 @@ typedef struct ht_kernel_ops {
                           int64_t D);
     void (*swiglu_forward)(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
-    double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count);
-    void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
+    double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
+                                    ht_softmax_row *rows);
+    void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+                                   const ht_softmax_row *rows);
     /* attention: ht_attention_* */
     size_t (*attention_workspace_floats)(int64_t T, int64_t D);
     void (*attention_forward)(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,

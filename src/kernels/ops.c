@@ -172,7 +172,35 @@ void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *
  * at most this many threads take part. */
 #define HT_MAX_THREADS 256
 
-double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count) {
+/* A row's largest logit and Σ e^(x - max) in one pass over it: block by
+ * block (4 KiB, in L1 for the second look), the running sum rescaled when a
+ * block raises the maximum. Each term within 2 ulp of expf, summed in
+ * double: the sum within 2.4e-7 of itself. */
+enum { SOFTMAX_BLOCK = 1024 };
+
+static ht_softmax_row softmax_row(const float *row, int64_t V) {
+    float mx = -INFINITY;
+    double sum = 0.0;
+    for (int64_t v0 = 0; v0 < V; v0 += SOFTMAX_BLOCK) {
+        const int64_t len = V - v0 < SOFTMAX_BLOCK ? V - v0 : SOFTMAX_BLOCK;
+        const float *x = row + v0;
+        float bm = mx;
+#pragma omp simd reduction(max : bm)
+        for (int64_t v = 0; v < len; v++) bm = x[v] > bm ? x[v] : bm;
+        if (bm > mx) {
+            sum = mx == -INFINITY ? 0.0 : sum * exp((double)mx - (double)bm);
+            mx = bm;
+        }
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t v = 0; v < len; v++) s += (double)exp_nonpositive(x[v] - mx);
+        sum += s;
+    }
+    return (ht_softmax_row){.sum = sum, .max = mx};
+}
+
+double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
+                                ht_softmax_row *rows) {
     double partial[HT_MAX_THREADS] = {0};
     int64_t counted = 0, nthreads = 1;
     int threads = omp_get_max_threads() < HT_MAX_THREADS ? omp_get_max_threads() : HT_MAX_THREADS;
@@ -186,14 +214,9 @@ double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int
         for (int64_t n = 0; n < N; n++) {
             if (targets[n] < 0) continue;
             const float *row = logits + n * V;
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-            /* Each term within 2 ulp of expf, summed in double: the sum within 2.4e-7 of itself. */
-            double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t v = 0; v < V; v++) sum += (double)exp_nonpositive(row[v] - mx);
-            total += log(sum) + (double)mx - (double)row[targets[n]];
+            ht_softmax_row r = softmax_row(row, V);
+            if (rows) rows[n] = r;
+            total += log(r.sum) + (double)r.max - (double)row[targets[n]];
             counted++;
         }
         partial[id] = total;
@@ -223,7 +246,8 @@ double ht_sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale) {
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+                               const ht_softmax_row *rows) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *row = logits + n * V;
@@ -231,18 +255,10 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
             memset(row, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-        double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) {
-            row[v] = exp_nonpositive(row[v] - mx);
-            sum += (double)row[v];
-        }
-        float k = (float)(scale / sum);
+        const ht_softmax_row r = rows ? rows[n] : softmax_row(row, V);
+        const float mx = r.max, k = (float)(scale / r.sum);
 #pragma omp simd
-        for (int64_t v = 0; v < V; v++) row[v] *= k;
+        for (int64_t v = 0; v < V; v++) row[v] = exp_nonpositive(row[v] - mx) * k;
         row[targets[n]] -= scale;
     }
 }

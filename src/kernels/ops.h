@@ -5,6 +5,7 @@
 #define HT_KERNELS_OPS_H
 
 #include "hypertrain/base.h"
+#include "hypertrain/kernels.h"
 
 /* out = x * rsqrt(mean(x^2) + eps) * weight, per row; rstd (N) kept for backward.
  * x (N, C) f32, weight (C) in wdtype, out (N, C) in odtype (the matmul input dtype). */
@@ -31,10 +32,15 @@ void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float 
 void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
 
 /* Mean cross-entropy over rows whose target is >= 0; returns the loss (double
- * accumulation). logits (N, V). `count` gets the number of counted rows. */
-double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count);
-/* In place: logits (N, V) becomes dlogits = scale * (softmax - onehot), rows with target < 0 become 0. */
-void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale);
+ * accumulation). logits (N, V), read once. `count` gets the number of counted
+ * rows; rows (N, or NULL) each counted row's softmax statistics. */
+double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
+                                ht_softmax_row *rows);
+/* In place: logits (N, V) becomes dlogits = scale * (softmax - onehot), rows
+ * with target < 0 become 0. rows: the forward's statistics of these logits
+ * (each row then read and written once), or NULL to find them again. */
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+                               const ht_softmax_row *rows);
 
 /* Causal self-attention, tiled (kernels/attention.c): out (B, T, H, D) =
  * softmax(q kᵀ / sqrt(D), causal) v over q (B, T, H, D) and k, v (B, T, KV, D)

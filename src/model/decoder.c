@@ -59,19 +59,20 @@ typedef struct decoder {
     ht_moe *moe;                   /* the sparse layers (NULL: none) */
     float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
 
-    int B, T;                /* the shapes the buffers below were sized for */
-    size_t activation_bytes; /* the block's */
-    void *act_block;         /* one allocation carved into everything below */
-    layer_acts *acts;        /* (L); a recomputed layer's share one set of buffers (all but resid) */
-    int sized_generation;    /* the model's recompute_generation the buffers were carved for */
-    size_t sized_cd;         /* the compute dtype's size they were carved for */
-    float *resid_final;      /* (N, C) the last layer's output */
-    float *rstdf;            /* (N) */
-    void *lnf;               /* (N, C) cd */
-    float *logits;           /* (head_rows, V); becomes dlogits in backward */
-    int64_t head_rows;       /* the tokens the LM head and the loss take at once: N, or a chunk (chunk_rows) */
-    int32_t *inputs;         /* (N) copy of the last forward's inputs */
-    int32_t *targets;        /* (N) copy of the last forward's targets */
+    int B, T;                     /* the shapes the buffers below were sized for */
+    size_t activation_bytes;      /* the block's */
+    void *act_block;              /* one allocation carved into everything below */
+    layer_acts *acts;             /* (L); a recomputed layer's share one set of buffers (all but resid) */
+    int sized_generation;         /* the model's recompute_generation the buffers were carved for */
+    size_t sized_cd;              /* the compute dtype's size they were carved for */
+    float *resid_final;           /* (N, C) the last layer's output */
+    float *rstdf;                 /* (N) */
+    void *lnf;                    /* (N, C) cd */
+    float *logits;                /* (head_rows, V); becomes dlogits in backward */
+    int64_t head_rows;            /* the tokens the LM head and the loss take at once: N, or a chunk (chunk_rows) */
+    int32_t *inputs;              /* (N) copy of the last forward's inputs */
+    int32_t *targets;             /* (N) copy of the last forward's targets */
+    ht_softmax_row *softmax_rows; /* (N) the forward's softmax of each counted row, for backward */
     int64_t target_count;
     /* backward scratch */
     float *dresid;   /* (N, C) gradient of the residual stream */
@@ -379,7 +380,8 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
         (size_t)d->threads * ht_kernels()->attention_workspace_floats(T, d->D) * 4,
-        (size_t)B * d->H * 4, /* att_work, head_max */
+        (size_t)B * d->H * 4,               /* att_work, head_max */
+        (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
     };
     enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
     /* model.lora: each adapted linear keeps its h; one product, its
@@ -456,6 +458,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dy_cd = CARVE(tail[15]);
     d->att_work = (float *)CARVE(tail[16]);
     d->head_max = (float *)CARVE(tail[17]);
+    d->softmax_rows = (ht_softmax_row *)CARVE(tail[18]);
     d->lora_h32 = (float *)CARVE(lora_tail[0]);
     d->lora_dh = CARVE(lora_tail[1]);
     d->lora_x = CARVE(lora_tail[2]);
@@ -709,7 +712,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         head_forward(m, d, r0, n);
         if (!targets) continue;
         int64_t count = 0;
-        mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count);
+        mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count, d->softmax_rows + r0);
         if (count) sum += mean * (double)count;
         d->target_count += count;
     }
@@ -746,7 +749,9 @@ static void decoder_backward(ht_model *m, float scale) {
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
         if (d->head_rows < N) head_forward(m, d, r0, n); /* chunks: the logits again, the same bits */
-        ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale); /* dlogits (n, V) */
+        /* dlogits (n, V), from the forward's row statistics (the same logits, bit for bit). */
+        ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale,
+                                             d->target_count ? d->softmax_rows + r0 : NULL);
         (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)d->lnf + (size_t)r0 * lnf_row, d->head,
                               NULL, n);
     }
