@@ -45,6 +45,26 @@ static inline ht_model_config bench_model_qwen25_05b(void) {
                              .initializer_range = 0.02};
 }
 
+/* A Llama-style 1B, Llama 3.2 1B's shapes: vocab 128256, hidden 2048, 16
+ * layers, 32 heads, 8 KV heads (head dim 64), intermediate 8192, tied
+ * embeddings, no biases, rope_theta 500000; random init. 1.24B parameters.
+ * (Llama 3's rope scaling is left out: it changes no cost.) */
+static inline ht_model_config bench_model_llama_1b(void) {
+    return (ht_model_config){.name = "llama",
+                             .vocab_size = 128256,
+                             .hidden_size = 2048,
+                             .intermediate_size = 8192,
+                             .num_hidden_layers = 16,
+                             .num_attention_heads = 32,
+                             .num_key_value_heads = 8,
+                             .max_position_embeddings = 8192,
+                             .rope_theta = 500000.0,
+                             .rms_norm_eps = 1e-5,
+                             .attention_bias = false,
+                             .tie_word_embeddings = true,
+                             .initializer_range = 0.02};
+}
+
 /* A Qwen2-MoE the size of the 31M model's attention (hidden 512, 8 layers,
  * 8 heads, 2 KV heads, vocab 8192, untied): every layer sparse, 8 experts of
  * width 704 of which each token takes 2 (the dense model's 1408 active), a

@@ -48,14 +48,18 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "qwen2.5-0.5b") == 0) {
             cfg = bench_model_qwen25_05b();
             i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "llama-1b") == 0) {
+            cfg = bench_model_llama_1b();
+            i++;
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "moe") == 0) {
             cfg = bench_model_moe();
             i++;
         } else {
-            fprintf(stderr,
-                    "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b|moe] [--batch B] "
-                    "[--seq T] [--recompute] [--head-chunk-mib M]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b|llama-1b|moe] [--batch B] "
+                "[--seq T] [--recompute] [--head-chunk-mib M]\n",
+                argv[0]);
             return 2;
         }
     }

@@ -17,7 +17,12 @@ batch. The JSON line also has the process's peak RSS.
 
 Usage: python3 bench/peers/torch_train_step.py [--dtype float32|bfloat16]
            [--threads 2] [--steps 10] [--warmup 2] [--attn sdpa|eager]
-           [--model 31m|qwen2.5-0.5b] [--batch 8] [--seq 256]
+           [--model 31m|qwen2.5-0.5b|llama-1b|moe] [--batch 8] [--seq 256] [--recompute]
+
+--model llama-1b: Llama 3.2 1B's shapes (vocab 128256, hidden 2048, 16 layers,
+32 heads, 8 KV heads, intermediate 8192, tied, no biases), random init.
+--recompute: activation checkpointing of every decoder layer, as
+bench_train_step --recompute.
 """
 
 import argparse
@@ -29,7 +34,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM)
 
 MODELS = {
     "31m": dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
@@ -38,6 +44,10 @@ MODELS = {
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=8192,
                          rope_theta=1000000.0, tie_word_embeddings=True),
+    # hypertrain's bench_model_llama_1b: Llama 3.2 1B's shapes, random init
+    "llama-1b": dict(vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, intermediate_size=8192, max_position_embeddings=8192,
+                     rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
     # hypertrain's bench_model_moe: the 31M model's attention, every layer 8 experts (top-2) of 704 and a
     # shared expert of 704; transformers' default (grouped_mm) experts, its fastest on CPU
     "moe": dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
@@ -50,9 +60,15 @@ MODELS = {
 def build_model(attn, name, seq):
     sizes = dict(MODELS[name])
     sizes["max_position_embeddings"] = max(sizes["max_position_embeddings"], seq)
+    sizes.setdefault("rms_norm_eps", 1e-6)
     moe = "num_experts" in sizes
-    cfg = (Qwen2MoeConfig if moe else Qwen2Config)(**sizes, rms_norm_eps=1e-6, use_sliding_window=False,
-                                                   use_cache=False)
+    if name.startswith("llama"):
+        cfg = LlamaConfig(**sizes, attention_bias=False, mlp_bias=False, use_cache=False)
+        cfg._attn_implementation = attn
+        model = LlamaForCausalLM(cfg).to(torch.float32)
+        assert model.config._attn_implementation == attn
+        return model, cfg
+    cfg = (Qwen2MoeConfig if moe else Qwen2Config)(**sizes, use_sliding_window=False, use_cache=False)
     cfg._attn_implementation = attn
     model = (Qwen2MoeForCausalLM if moe else Qwen2ForCausalLM)(cfg).to(torch.float32)
     assert model.config._attn_implementation == attn
@@ -70,12 +86,16 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="31m")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--recompute", action="store_true",
+                    help="activation checkpointing of every decoder layer (gradient_checkpointing_enable)")
     args = ap.parse_args()
     BATCH, SEQ = args.batch, args.seq
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model, cfg = build_model(args.attn, args.model, SEQ)
+    if args.recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
@@ -122,6 +142,7 @@ def main():
         "final_loss": round(loss, 4),
         "loadavg_1m_before": round(load_before, 2),
         "model": args.model,
+        "recompute": args.recompute,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))
 

@@ -11,6 +11,7 @@
 
 #include "hypertrain/kernels.h"
 #include "kernels/exp.h"
+#include "kernels/reduce.h"
 #include "kernels/ops.h"
 
 /* Query and key block sizes: 128 x 128 FP32 scores (64 KiB) and a 128 x D
@@ -60,9 +61,7 @@ static operand tile_operand(const float *s, int64_t rows, int64_t cols, ht_dtype
 /* The largest entry of a (rows, cols) tile with row stride ld. */
 static float tile_max(const float *s, int64_t rows, int64_t cols, int64_t ld) {
     float mx = -INFINITY;
-    for (int64_t r = 0; r < rows; r++)
-#pragma omp simd reduction(max : mx)
-        for (int64_t c = 0; c < cols; c++) mx = s[r * ld + c] > mx ? s[r * ld + c] : mx;
+    for (int64_t r = 0; r < rows; r++) mx = max_of(s + r * ld, cols, mx);
     return mx;
 }
 
@@ -102,9 +101,7 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
             for (int64_t r = 0; r < bq; r++) {
                 float *row = s + r * BK, *arow = acc + r * D;
                 int64_t valid = min64(bk, i0 + r - j0 + 1); /* keys j <= i */
-                float mx = m[r];
-#pragma omp simd reduction(max : mx)
-                for (int64_t c = 0; c < valid; c++) mx = row[c] > mx ? row[c] : mx;
+                float mx = max_of(row, valid, m[r]);
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t c = 0; c < valid; c++) {

@@ -4,6 +4,7 @@
 #include "kernels/ops.h"
 
 #include "kernels/exp.h"
+#include "kernels/reduce.h"
 
 #include <math.h>
 #include <omp.h>
@@ -184,9 +185,7 @@ static ht_softmax_row softmax_row(const float *row, int64_t V) {
     for (int64_t v0 = 0; v0 < V; v0 += SOFTMAX_BLOCK) {
         const int64_t len = V - v0 < SOFTMAX_BLOCK ? V - v0 : SOFTMAX_BLOCK;
         const float *x = row + v0;
-        float bm = mx;
-#pragma omp simd reduction(max : bm)
-        for (int64_t v = 0; v < len; v++) bm = x[v] > bm ? x[v] : bm;
+        float bm = max_of(x, len, mx);
         if (bm > mx) {
             sum = mx == -INFINITY ? 0.0 : sum * exp((double)mx - (double)bm);
             mx = bm;
