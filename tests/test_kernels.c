@@ -555,6 +555,22 @@ static void test_moe_kernels_against_reference(void **state) {
 
 /* The embedding's gather and scatter-add, dropout's mask and scale, and the
  * scaling pass, through the table, against plain loops. */
+/* The table's memory: zeroed and 64-byte aligned, as the kernels' vector loads and the layers' zero starts assume. */
+static void test_table_memory(void **state) {
+    (void)state;
+    static const size_t sizes[] = {1, 63, 64, 4097, 1 << 20};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        unsigned char *p = ht_kernels()->alloc(sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        for (size_t j = 0; j < sizes[i]; j++)
+            if (p[j] != 0) fail_msg("byte %zu of %zu not zero", j, sizes[i]);
+        memset(p, 0xab, sizes[i]);
+        ht_kernels()->free(p);
+    }
+    ht_kernels()->free(NULL);
+}
+
 static void test_embedding_dropout_scale(void **state) {
     (void)state;
     const ht_kernel_ops *K = ht_kernels();
@@ -597,10 +613,15 @@ static void test_embedding_dropout_scale(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_moe_kernels_against_reference), cmocka_unit_test(test_embedding_dropout_scale),
-        cmocka_unit_test(test_attention_against_reference),   cmocka_unit_test(test_attention_16bit_operands),
-        cmocka_unit_test(test_rmsnorm_against_reference),     cmocka_unit_test(test_bias_and_swiglu_against_reference),
-        cmocka_unit_test(test_rope_against_reference),        cmocka_unit_test(test_cross_entropy_against_reference),
+        cmocka_unit_test(test_moe_kernels_against_reference),
+        cmocka_unit_test(test_embedding_dropout_scale),
+        cmocka_unit_test(test_table_memory),
+        cmocka_unit_test(test_attention_against_reference),
+        cmocka_unit_test(test_attention_16bit_operands),
+        cmocka_unit_test(test_rmsnorm_against_reference),
+        cmocka_unit_test(test_bias_and_swiglu_against_reference),
+        cmocka_unit_test(test_rope_against_reference),
+        cmocka_unit_test(test_cross_entropy_against_reference),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -106,6 +106,12 @@ typedef struct ht_softmax_row {
 
 typedef struct ht_kernel_ops {
     const char *name; /* "cpu" */
+    /* memory: what the kernels read and write apart from the parameters
+     * (activations, the rotary tables, optimizer state, workspaces),
+     * zeroed and 64-byte aligned. The CPU's is ht_alloc / ht_free; a GPU's
+     * would be the device's. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
     /* products: ht_gemm, ht_gemm_ragged */
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                  const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);

@@ -5,6 +5,8 @@
 
 static const ht_kernel_ops cpu = {
     .name = "cpu",
+    .alloc = ht_alloc,
+    .free = ht_free,
     .gemm = ht_gemm,
     .gemm_ragged = ht_gemm_ragged,
     .convert = ht_convert,

@@ -349,7 +349,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
         d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows)
         return HT_OK;
-    ht_free(d->act_block);
+    ht_kernels()->free(d->act_block);
     d->act_block = NULL;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
     int64_t QD = (int64_t)d->H * d->D, KVD = (int64_t)d->KV * d->D;
@@ -406,7 +406,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     }
     for (int i = 0; i < NTAIL; i++) total += (tail[i] + 63) & ~(size_t)63;
     for (int i = 0; i < NLORA; i++) total += (lora_tail[i] + 63) & ~(size_t)63;
-    char *block = ht_alloc(total);
+    char *block = ht_kernels()->alloc(total);
     if (!block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
                        (double)total / (1 << 20), B, T);
@@ -813,12 +813,12 @@ static void decoder_free(ht_model *m) {
     decoder *d = m->impl;
     ht_free(m->recompute);
     if (d) {
-        ht_free(d->act_block);
+        ht_kernels()->free(d->act_block);
         ht_moe_free(d->moe);
         ht_free(d->acts);
         ht_free(d->layers);
-        ht_free(d->cos_t);
-        ht_free(d->sin_t);
+        ht_kernels()->free(d->cos_t);
+        ht_kernels()->free(d->sin_t);
         ht_free(d);
     }
     ht_free(m->modules);
@@ -862,8 +862,8 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
     d->acts = ht_alloc((size_t)d->L * sizeof(layer_acts));
     size_t table = (size_t)cfg->max_position_embeddings * (d->D / 2) * sizeof(float);
-    d->cos_t = ht_alloc(table);
-    d->sin_t = ht_alloc(table);
+    d->cos_t = ht_kernels()->alloc(table);
+    d->sin_t = ht_kernels()->alloc(table);
     m->attn_max_logit = ht_alloc((size_t)d->L * d->H * sizeof(float));
     int sparse = 0;
     for (int l = 0; l < d->L; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);

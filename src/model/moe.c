@@ -152,7 +152,7 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
 
 void ht_moe_free(ht_moe *moe) {
     if (!moe) return;
-    ht_free(moe->block);
+    ht_kernels()->free(moe->block);
     ht_free(moe->params);
     ht_free(moe->acts);
     ht_free(moe->count);
@@ -179,7 +179,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     const size_t cd = ht_dtype_size(moe->params[0].router->compute_dtype);
     if (moe->block && moe->N == N && moe->cd == cd && moe->P == P) return HT_OK;
     moe->P = P;
-    ht_free(moe->block);
+    ht_kernels()->free(moe->block);
     moe->block = NULL;
     const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
     /* Every rank of the group may send all its rows to one rank's experts. */
@@ -235,7 +235,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     size_t total = 0;
     for (int i = 0; i < NPL; i++) total += (size_t)moe->layers * ((per_layer[i] + 63) & ~(size_t)63);
     for (int i = 0; i < NS; i++) total += (scratch[i] + 63) & ~(size_t)63;
-    char *p = ht_alloc(total);
+    char *p = ht_kernels()->alloc(total);
     if (!p)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of expert activations for %lld tokens",
                        (double)total / (1 << 20), (long long)N);

@@ -76,7 +76,7 @@ ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **pa
     if (!opt->slots) return ht_fail(err, HT_ERR_OOM, "cannot allocate AdamW slots");
     size_t floats = 0;
     for (int i = 0; i < count; i++) floats += 2 * (size_t)ht_param_local_numel(params[i]);
-    opt->state_block = ht_alloc((floats > 0 ? floats : 1) * sizeof(float));
+    opt->state_block = ht_kernels()->alloc((floats > 0 ? floats : 1) * sizeof(float));
     if (!opt->state_block) {
         ht_free(opt->slots);
         opt->slots = NULL;
@@ -113,7 +113,7 @@ void ht_adamw_step(ht_adamw *opt, double lr) {
 }
 
 void ht_adamw_free(ht_adamw *opt) {
-    ht_free(opt->state_block);
+    ht_kernels()->free(opt->state_block);
     ht_free(opt->slots);
     memset(opt, 0, sizeof(*opt));
 }

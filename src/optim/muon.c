@@ -96,8 +96,8 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
     }
     opt->config = *cfg;
     opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_muon_slot));
-    opt->state_block = ht_alloc((floats > 0 ? floats : 1) * sizeof(float));
-    opt->work = ht_alloc((work > 0 ? work : 1) * sizeof(float));
+    opt->state_block = ht_kernels()->alloc((floats > 0 ? floats : 1) * sizeof(float));
+    opt->work = ht_kernels()->alloc((work > 0 ? work : 1) * sizeof(float));
     opt->work_floats = work;
     if (!opt->slots || !opt->state_block || !opt->work) {
         ht_muon_free(opt);
@@ -181,7 +181,7 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
         if (best == me * S + comm->rank) floats += (size_t)(s->rows * s->cols);
     }
     free(order);
-    opt->owned_block = ht_alloc((floats ? floats : 1) * sizeof(float));
+    opt->owned_block = ht_kernels()->alloc((floats ? floats : 1) * sizeof(float));
     if (!opt->owned_block) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owned matrices");
     float *next = opt->owned_block;
     for (int i = 0; i < opt->count; i++)
@@ -289,9 +289,9 @@ void ht_muon_free(ht_muon *opt) {
     free(opt->owner);
     free(opt->owner_replica);
     free(opt->owned);
-    ht_free(opt->owned_block);
-    ht_free(opt->work);
-    ht_free(opt->state_block);
+    ht_kernels()->free(opt->owned_block);
+    ht_kernels()->free(opt->work);
+    ht_kernels()->free(opt->state_block);
     ht_free(opt->slots);
     memset(opt, 0, sizeof(*opt));
 }
