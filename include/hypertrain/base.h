@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,9 +63,24 @@ bool ht_dtype_from_name(const char *name, ht_dtype *out);
 const char *ht_dtype_safetensors_name(ht_dtype dtype);
 bool ht_dtype_from_safetensors_name(const char *name, ht_dtype *out);
 
-/* Round-to-nearest-even conversions (NUMERICS.md, floating-point formats). */
-uint16_t ht_f32_to_bf16(float x);
-float ht_bf16_to_f32(uint16_t x);
+/* Round-to-nearest-even conversions (NUMERICS.md, floating-point formats).
+ * The bf16 pair is inline so that the loops calling it, in any file,
+ * vectorize. */
+static inline uint16_t ht_f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN stays quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflow carries into Inf */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float ht_bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 uint16_t ht_f32_to_f16(float x);
 float ht_f16_to_f32(uint16_t x);
 

@@ -56,15 +56,6 @@ static inline float f32_from_bits(uint32_t u) {
     return x;
 }
 
-uint16_t ht_f32_to_bf16(float x) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN stays quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflow carries into Inf */
-    return (uint16_t)(u >> 16);
-}
-
-float ht_bf16_to_f32(uint16_t x) { return f32_from_bits((uint32_t)x << 16); }
-
 uint16_t ht_f32_to_f16(float x) {
     uint32_t u = f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
