@@ -22,7 +22,9 @@ enum { BQ = 128, BK = 128 };
 /* A thread's scratch: the FP32 tiles (scores and probabilities, or their
  * gradient; the output accumulator; the row statistics), then, for 16-bit
  * operands, one head's Q, K, V and dO in that dtype and the tile handed to
- * the second product of each pair (P, or dS) in it. */
+ * the second product of each pair (P, or dS) in it. Always sized for 16-bit
+ * operands: a model's compute precision can change (ht_model_set_compute)
+ * without its buffers being sized again. */
 size_t ht_attention_workspace_floats(int64_t T, int64_t D) {
     size_t f32 = (size_t)(2 * BQ * BK + BQ * D + 2 * BQ), halves = (size_t)(4 * T * D + 2 * BQ * BK);
     return f32 + (halves + 1) / 2;
