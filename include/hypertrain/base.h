@@ -31,6 +31,9 @@ typedef enum ht_status {
 typedef struct ht_error {
     ht_status status;
     char msg[HT_ERROR_MSG_MAX];
+    /* Every rank of the world holds this same error, having agreed on it in
+     * a collective: one report (rank 0's) says it all. ht_fail clears it. */
+    bool everywhere;
 } ht_error;
 
 /* Formats the message into err (when err is not NULL) and returns status. */

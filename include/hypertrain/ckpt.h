@@ -239,6 +239,12 @@ void ht_ckpt_rank_file_free(ht_ckpt_rank_file *f);
 ht_status ht_ckpt_save(const char *output_dir, const ht_ckpt_view *view, const ht_ckpt_save_options *opts, char *saved,
                        size_t n, ht_error *err);
 
+/* Whether the entry `name` of output_dir is a checkpoint directory this
+ * engine wrote and so may replace or delete: a real directory (a symlink to
+ * one is not) holding only the files a save writes. Otherwise why (n bytes)
+ * says what it is. Saving and pruning delete nothing else. */
+bool ht_ckpt_is_own(const char *output_dir, const char *name, char *why, size_t n);
+
 /* The newest complete checkpoint (step_XXXXXXXX with its metadata.json) in
  * output_dir: its directory name in name, false when there is none. */
 bool ht_ckpt_newest(const char *output_dir, char *name, size_t n);

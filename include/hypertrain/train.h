@@ -4,6 +4,7 @@
 #ifndef HYPERTRAIN_TRAIN_H
 #define HYPERTRAIN_TRAIN_H
 
+#include <signal.h>
 #include <stdio.h>
 
 #include "hypertrain/base.h"
@@ -76,6 +77,13 @@ typedef struct ht_trainer {
     double forward_backward_seconds, sync_seconds, optimizer_seconds;
     double all_to_all_seconds; /* expert parallelism: the part of forward + backward in the experts' all-to-all */
     double forward_seconds, checkpoint_seconds, eval_seconds; /* tools.profile's phases (forward is in the first) */
+    /* A stop asked for from outside the loop (the CLI's signal handler sets
+     * it non-zero; NULL: never). ht_trainer_run checks it between steps;
+     * once any rank has it, every rank finishes the step, the run saves a
+     * checkpoint (unless checkpoint.save_interval is 0) and returns HT_OK
+     * with stopped_by set to the value. */
+    volatile sig_atomic_t *stop_request;
+    int stopped_by; /* the stop_request value that ended the run early; 0: it ran to training.steps */
 } ht_trainer;
 
 /* Validates the config, builds or loads the model, applies model_init_dtype,
@@ -102,6 +110,24 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err);
  * the optimizer, the step, the loader positions and the loss scaler.
  * ht_trainer_init calls it when checkpoint.restore_from is set. */
 ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err);
+
+/* The run directory (checkpoint.output_dir) is one run's own for its whole
+ * life: `hypertrain train` takes its lock before anything else, and a
+ * second run into the same directory is refused at once. Rank 0 of comm
+ * takes an exclusive flock on output_dir/hypertrain.lock (making the
+ * directory if need be) and writes its pid, host and start time into it;
+ * every rank learns the outcome, and a directory another live run holds is
+ * an error naming that run, on every rank alike (err->everywhere). The
+ * kernel drops the lock when the process ends, however it ends. */
+typedef struct ht_run_lock {
+    int fd;           /* rank 0: the lock's descriptor; -1 elsewhere, or where the file system has no locks */
+    bool created_dir; /* taking it made output_dir */
+    char dir[HT_CONFIG_STR_MAX];
+} ht_run_lock;
+ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, ht_comm *comm, ht_error *err);
+/* remove_created: the run wrote nothing (it failed to start), so a
+ * directory taking the lock made is removed with the lock file. */
+void ht_run_lock_release(ht_run_lock *lock, bool remove_created);
 
 /* Draws the train and validation loss of a metrics.jsonl file as an SVG picture. */
 ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_error *err);

@@ -17,6 +17,7 @@ ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...) {
         vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
         va_end(ap);
         err->status = status;
+        err->everywhere = false;
     }
     return status;
 }

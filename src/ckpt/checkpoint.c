@@ -78,27 +78,112 @@ static ht_status hash_file(const char *path, uint64_t *size, uint64_t *hash, ht_
     return HT_OK;
 }
 
-/* Removes a flat directory: metadata.json first, so that a crash half-way
- * leaves something that is never loaded, then the rest, then the directory. */
-static void remove_dir(const char *dir) {
-    char path[HT_CKPT_PATH_MAX];
-    join(path, sizeof(path), dir, "metadata.json");
-    unlink(path);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        join(path, sizeof(path), dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
+/* What a checkpoint directory holds: the files a save writes, and the
+ * temporaries (NAME.tmp.<pid>) of one that was cut short. */
+static bool checkpoint_file(const char *name) {
+    char base[64];
+    const char *dot = strstr(name, ".tmp.");
+    size_t n = dot ? (size_t)(dot - name) : strlen(name);
+    if (n >= sizeof(base)) return false;
+    memcpy(base, name, n);
+    base[n] = '\0';
+    if (strcmp(base, "metadata.json") == 0 || strcmp(base, "config.json") == 0) return true;
+    int rank = -1, used = 0;
+    return sscanf(base, "rank_%d.safetensors%n", &rank, &used) == 1 && rank >= 0 && base[used] == '\0' &&
+           strspn(base + 5, "0123456789") >= 5;
 }
 
-static bool is_dir(const char *path) {
+/* Whether the entry `name` of the directory `parent` is one this engine may
+ * delete: a real directory (not a symlink to one) holding checkpoint files
+ * only. Otherwise *why says what it is instead. Opening it with O_NOFOLLOW
+ * pins the directory itself: nothing is ever removed through a link. */
+static int open_own_dir(int parent, const char *name, char *why, size_t n) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (fstatat(parent, name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+        snprintf(why, n, "cannot be read: %s", strerror(errno));
+        return -1;
+    }
+    if (S_ISLNK(sb.st_mode)) {
+        char target[512] = "";
+        ssize_t len = readlinkat(parent, name, target, sizeof(target) - 1);
+        if (len > 0) target[len] = '\0';
+        snprintf(why, n, "is a symbolic link (to %s)", target);
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(why, n, "is not a directory");
+        return -1;
+    }
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, n, "cannot be opened: %s", strerror(errno));
+        return -1;
+    }
+    int probe = dup(fd);
+    DIR *d = probe >= 0 ? fdopendir(probe) : NULL;
+    if (!d) {
+        if (probe >= 0) close(probe);
+        close(fd);
+        snprintf(why, n, "cannot be listed: %s", strerror(errno));
+        return -1;
+    }
+    rewinddir(d); /* the duplicate shares the descriptor's offset */
+    why[0] = '\0';
+    struct dirent *e;
+    while (!why[0] && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        struct stat fb;
+        if (fstatat(fd, e->d_name, &fb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fb.st_mode) ||
+            !checkpoint_file(e->d_name))
+            snprintf(why, n, "holds %.200s, which no checkpoint writes", e->d_name);
+    }
+    closedir(d);
+    if (why[0]) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Removes the checkpoint directory `name` of `parent` if this engine may
+ * (open_own_dir): metadata.json first, so that a crash half-way leaves
+ * something that is never loaded, then the rest, then the directory. Every
+ * unlink is relative to the pinned directory. Returns false, with the
+ * reason in why, when the entry is left alone. */
+static bool remove_own_dir(int parent, const char *name, char *why, size_t n) {
+    int fd = open_own_dir(parent, name, why, n);
+    if (fd < 0) return false;
+    unlinkat(fd, "metadata.json", 0);
+    int listing = dup(fd);
+    DIR *d = listing >= 0 ? fdopendir(listing) : NULL;
+    if (!d && listing >= 0) close(listing);
+    if (d) rewinddir(d); /* open_own_dir read the shared offset to the end */
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && checkpoint_file(e->d_name))
+            unlinkat(fd, e->d_name, 0);
+    if (d) closedir(d);
+    close(fd);
+    if (unlinkat(parent, name, AT_REMOVEDIR) != 0) {
+        snprintf(why, n, "could not be removed: %s", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/* The directory that holds checkpoints, opened for the *at calls. */
+static int open_parent(const char *output_dir) { return open(output_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); }
+
+bool ht_ckpt_is_own(const char *output_dir, const char *name, char *why, size_t n) {
+    int parent = open_parent(output_dir);
+    if (parent < 0) {
+        snprintf(why, n, "cannot be checked: %s: %s", output_dir, strerror(errno));
+        return false;
+    }
+    int fd = open_own_dir(parent, name, why, n);
+    if (fd >= 0) close(fd);
+    close(parent);
+    return fd >= 0;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -113,7 +198,18 @@ ht_status ht_ckpt_begin(const char *output_dir, int64_t step, char *tmp_dir, siz
     if (s != HT_OK) return s;
     if (snprintf(tmp_dir, n, "%s/step_%08lld.tmp", output_dir, (long long)step) >= (int)n)
         return ht_fail(err, HT_ERR_INVALID, "%s: checkpoint path too long", output_dir);
-    if (is_dir(tmp_dir)) remove_dir(tmp_dir); /* a save that did not finish */
+    struct stat sb;
+    if (lstat(tmp_dir, &sb) == 0) { /* a save that did not finish, or something that is not ours */
+        char why[600];
+        int parent = open_parent(output_dir);
+        bool removed = parent >= 0 && remove_own_dir(parent, strrchr(tmp_dir, '/') + 1, why, sizeof(why));
+        if (parent >= 0) close(parent);
+        if (!removed)
+            return ht_fail(err, HT_ERR_IO,
+                           "%s %s: not a save of this engine's, so it is left alone; move it away to save step %lld "
+                           "here",
+                           tmp_dir, parent >= 0 ? why : "cannot be checked", (long long)step);
+    }
     if (mkdir(tmp_dir, 0755) != 0) return ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", tmp_dir, strerror(errno));
     return HT_OK;
 }
@@ -404,7 +500,7 @@ static ht_status build_metadata(int world, const ht_ckpt_rank_file *ranks, const
 
 /* Writes and fsyncs path (a fresh file: the caller makes it visible by a rename). */
 static ht_status write_synced(const char *path, const char *text, size_t len, ht_error *err) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     size_t done = 0;
     while (done < len) {
@@ -458,32 +554,46 @@ static int cmp_desc(const void *a, const void *b) {
 
 /* Deletes complete checkpoints beyond the newest keep_last (never `current`),
  * the .tmp directories of saves that did not finish and the latest.tmp.<pid>
- * files of processes that are gone. */
+ * files of processes that are gone. Only what this engine writes is deleted
+ * (open_own_dir): an entry named like a checkpoint that is a symlink, not a
+ * directory, or holds other files is left alone and does not count towards
+ * keep_last. */
 static void prune(const char *output_dir, int keep_last, long long current) {
-    DIR *d = opendir(output_dir);
-    if (!d) return;
+    int parent = open_parent(output_dir);
+    int listing = parent >= 0 ? dup(parent) : -1;
+    DIR *d = listing >= 0 ? fdopendir(listing) : NULL;
+    if (!d) {
+        if (listing >= 0) close(listing);
+        if (parent >= 0) close(parent);
+        return;
+    }
     long long *steps = NULL;
     int n = 0, cap = 0;
-    char path[HT_CKPT_PATH_MAX];
+    char why[600];
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         /* A latest.tmp.<pid> of a process that is gone (killed between its write and its rename). */
         long pid = 0;
         int used = 0;
+        struct stat sb;
         if (sscanf(e->d_name, "latest.tmp.%ld%n", &pid, &used) == 1 && e->d_name[used] == '\0' && pid > 0 &&
-            pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-            join(path, sizeof(path), output_dir, e->d_name);
-            unlink(path);
+            pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH &&
+            fstatat(parent, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)) {
+            unlinkat(parent, e->d_name, 0);
             continue;
         }
         if (strncmp(e->d_name, "step_", 5) != 0) continue;
-        join(path, sizeof(path), output_dir, e->d_name);
-        if (ends_with(e->d_name, ".tmp") && is_dir(path)) {
-            remove_dir(path);
+        bool tmp = ends_with(e->d_name, ".tmp");
+        long long step = step_of(e->d_name);
+        if (!tmp && step < 0) continue;
+        /* What is not ours was named once, when the run began (ht_rundir_check). */
+        if (tmp) {
+            remove_own_dir(parent, e->d_name, why, sizeof(why));
             continue;
         }
-        long long step = step_of(e->d_name);
-        if (step < 0 || !is_dir(path)) continue;
+        int fd = open_own_dir(parent, e->d_name, why, sizeof(why));
+        if (fd < 0) continue;
+        close(fd);
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             long long *grown = realloc(steps, (size_t)cap * sizeof(long long));
@@ -497,12 +607,16 @@ static void prune(const char *output_dir, int keep_last, long long current) {
         qsort(steps, (size_t)n, sizeof(long long), cmp_desc);
         for (int i = keep_last; i < n; i++) {
             if (steps[i] == current) continue;
-            snprintf(path, sizeof(path), "%s/step_%08lld", output_dir, steps[i]);
-            remove_dir(path);
-            ht_log_info("checkpoint: removed %s (checkpoint.keep_last %d)", path, keep_last);
+            char name[32];
+            snprintf(name, sizeof(name), "step_%08lld", steps[i]);
+            if (remove_own_dir(parent, name, why, sizeof(why)))
+                ht_log_info("checkpoint: removed %s/%s (checkpoint.keep_last %d)", output_dir, name, keep_last);
+            else
+                ht_log_warn("checkpoint: %s/%s %s: left alone", output_dir, name, why);
         }
-        fsync_dir(output_dir);
+        fsync(parent);
     }
+    close(parent);
     free(steps);
 }
 
@@ -532,12 +646,28 @@ ht_status ht_ckpt_commit(const char *output_dir, int world, const ht_ckpt_rank_f
     free(text);
     if (s != HT_OK) return s;
     fsync_dir(tmp_dir);
-    if (is_dir(final_dir)) {
+    struct stat sb;
+    if (lstat(final_dir, &sb) == 0) {
         /* The same step saved again (a resumed run that ends where it began):
-         * swap atomically so that `latest` never names a missing directory. */
-        if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) != 0)
+         * swap atomically so that `latest` never names a missing directory,
+         * and only over a checkpoint of this engine's. */
+        char why[600];
+        int parent = open_parent(output_dir), fd = parent >= 0 ? open_own_dir(parent, name, why, sizeof(why)) : -1;
+        if (fd >= 0) close(fd);
+        if (fd < 0) {
+            if (parent >= 0) close(parent);
+            return ht_fail(err, HT_ERR_IO,
+                           "%s %s: not a checkpoint of this engine's, so it is not replaced; move it away to save "
+                           "step %lld here",
+                           final_dir, parent >= 0 ? why : "cannot be checked", step);
+        }
+        if (renameat2(parent, strrchr(tmp_dir, '/') + 1, parent, name, RENAME_EXCHANGE) != 0) {
+            close(parent);
             return ht_fail(err, HT_ERR_IO, "%s: cannot replace it with %s: %s", final_dir, tmp_dir, strerror(errno));
-        remove_dir(tmp_dir);
+        }
+        if (!remove_own_dir(parent, strrchr(tmp_dir, '/') + 1, why, sizeof(why)))
+            ht_log_warn("checkpoint: the replaced %s %s: left alone", tmp_dir, why);
+        close(parent);
     } else if (rename(tmp_dir, final_dir) != 0) {
         return ht_fail(err, HT_ERR_IO, "%s: cannot rename %s into place: %s", final_dir, tmp_dir, strerror(errno));
     }

@@ -3,6 +3,7 @@
  * Only this file calls exit() (by returning from main). */
 #include <dlfcn.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,10 @@
 #include "hypertrain/config.h"
 #include "hypertrain/dist.h"
 #include "hypertrain/train.h"
+
+/* The exit status of a run stopped by a signal after saving its checkpoint:
+ * sysexits.h's EX_TEMPFAIL, "try again later", as the same command resumes. */
+#define HT_EXIT_STOPPED 75
 
 static void usage(FILE *f) {
     fprintf(f, "usage:\n"
@@ -33,14 +38,83 @@ static int fail(const ht_error *err) {
     return 1;
 }
 
-/* A rank's error once training has begun: its peers may be waiting in a
- * collective for it, so the whole world ends with it instead of hanging. */
+/* A rank's error once the ranks work together. One that every rank holds
+ * alike (err->everywhere: they agreed on it in a collective) is reported
+ * once, by rank 0, and every rank stops by itself. Any other may leave its
+ * peers waiting in a collective for it, so the whole world ends with it
+ * instead of hanging. */
 static int fail_rank(ht_comm *comm, const ht_error *err) {
     if (comm->size == 1) return fail(err);
+    if (err->everywhere) return comm->rank == 0 ? fail(err) : 1;
     fprintf(stderr, "hypertrain: error on rank %d of %d: %s\n", comm->rank, comm->size, err->msg);
     fflush(stderr);
     ht_comm_abort(comm, 1);
     return 1;
+}
+
+/* The configuration, loaded and validated by every rank on its own (no
+ * collective can hang on a rank that failed): each rank that fails prints
+ * its own error at once; then every rank learns which ranks failed, and all
+ * stop together, within the time it takes to read the file. */
+static int load_config(ht_comm *comm, const char *path, int n, char **overrides, ht_config *cfg) {
+    ht_error err = {0};
+    ht_status s = ht_config_load(path, n, overrides, cfg, &err);
+    if (s == HT_OK) s = ht_config_validate(cfg, comm->size, &err);
+    if (comm->size == 1) return s == HT_OK ? 0 : fail(&err);
+    if (s != HT_OK) {
+        fprintf(stderr, "hypertrain: error on rank %d of %d: %s\n", comm->rank, comm->size, err.msg);
+        fflush(stderr);
+    }
+    int32_t mine = s != HT_OK, failed[comm->size];
+    int64_t bytes[comm->size];
+    for (int r = 0; r < comm->size; r++) bytes[r] = sizeof(int32_t);
+    ht_all_gather(comm, &mine, failed, bytes);
+    char ranks[256] = "";
+    int count = 0;
+    for (int r = 0; r < comm->size; r++) {
+        if (!failed[r]) continue;
+        size_t at = strlen(ranks);
+        if (count++ < 16) snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? ", " : "", r);
+    }
+    if (count == 0) return 0;
+    if (comm->rank == 0)
+        fprintf(stderr,
+                "hypertrain: error: %d of %d ranks (%s%s) could not load or validate the configuration, each "
+                "printing why above: every rank stops\n",
+                count, comm->size, ranks, count > 16 ? ", ..." : "");
+    return 1;
+}
+
+/* Preemption (Slurm's and Kubernetes' SIGTERM, SIGINT, SIGHUP): the first
+ * signal asks the trainer to stop at the next step boundary, saving a
+ * checkpoint first (ht_trainer.stop_request); a second one ends the process
+ * at once, by that signal. The flag is the CLI's, as is the policy. */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        static const char now[] = "hypertrain: a second signal: stopping at once, without saving\n";
+        ssize_t ignored = write(STDERR_FILENO, now, sizeof(now) - 1);
+        (void)ignored;
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    stop_signal = sig;
+    static const char first[] = "hypertrain: signal received: finishing the step, saving a checkpoint, then stopping "
+                                "(a second signal stops at once)\n";
+    ssize_t ignored = write(STDERR_FILENO, first, sizeof(first) - 1);
+    (void)ignored;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* the system calls it interrupts go on */
+    sigemptyset(&sa.sa_mask);
+    const int signals[] = {SIGTERM, SIGINT, SIGHUP};
+    for (size_t i = 0; i < sizeof(signals) / sizeof(signals[0]); i++) sigaction(signals[i], &sa, NULL);
 }
 
 /* OpenMP threads per rank: the node's cores shared by its ranks, unless
@@ -98,25 +172,37 @@ static int cmd_train(int argc, char **argv) {
     ht_error err = {0};
     int rc = 0;
     ht_comm *comm = NULL;
+    ht_run_lock lock = {.fd = -1};
     if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
         rc = fail(&err);
         goto done;
     }
     ht_log_set_rank(comm->rank);
-    /* Before any collective: every rank reads the same file and fails alike. */
-    if (ht_config_load(path, n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, comm->size, &err) != HT_OK) {
-        rc = comm->rank == 0 ? fail(&err) : 1;
+    catch_stop_signals();
+    if ((rc = load_config(comm, path, n, overrides, cfg)) != 0) goto done;
+    /* Before anything is read from or written to it, the directory is this run's alone. */
+    if (ht_run_lock_take(&lock, cfg->checkpoint.output_dir, comm, &err) != HT_OK) {
+        rc = fail_rank(comm, &err);
         goto done;
     }
     ht_config_log(cfg);
     set_threads(comm);
-    if ((rc = load_plugins(cfg)) != 0) goto done;
+    if ((rc = load_plugins(cfg)) != 0) {
+        ht_run_lock_release(&lock, true);
+        goto done;
+    }
     if (ht_trainer_init_on(t, cfg, comm, &err) != HT_OK) {
+        ht_run_lock_release(&lock, true); /* it wrote nothing yet */
         rc = fail_rank(comm, &err);
         goto done;
     }
-    if (ht_trainer_run(t, &err) != HT_OK) rc = fail_rank(comm, &err);
+    t->stop_request = &stop_signal;
+    if (ht_trainer_run(t, &err) != HT_OK)
+        rc = fail_rank(comm, &err);
+    else if (t->stopped_by)
+        rc = HT_EXIT_STOPPED;
     ht_trainer_free(t);
+    ht_run_lock_release(&lock, false);
 done:
     ht_comm_free(comm);
     free(t);

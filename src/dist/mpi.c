@@ -7,8 +7,9 @@
  * process: it starts them in order and drives them (MPI_Test, sleeping
  * between polls) while the caller computes. Open MPI moves a large message
  * only when some thread is inside MPI, so without it a prefetch would wait
- * for the caller's next MPI call. Blocking collectives run on the caller's
- * thread once the progress thread is idle: one thread is in MPI at a time
+ * for the caller's next MPI call. The other collectives run on the caller's
+ * thread once the progress thread is idle, started and then polled to
+ * completion (below, the roll call): one thread is in MPI at a time
  * (MPI_THREAD_SERIALIZED). */
 #include "dist/comm_internal.h"
 
@@ -16,6 +17,7 @@
 #include <stdbool.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +27,10 @@
 typedef struct mpi_comm {
     ht_comm base;
     MPI_Comm comm;
-    bool world; /* MPI_COMM_WORLD: freeing it finalizes MPI */
+    bool world;       /* MPI_COMM_WORLD: freeing it finalizes MPI */
+    int *world_ranks; /* (size): each member's rank in the world, for the roll call's message */
+    uint64_t group;   /* a hash of world_ranks: which group a peer's answer is about */
+    int64_t seq;      /* the watched collectives begun on it: where in the program a peer is */
     /* Scratch reused across calls: the slices received, counts and offsets. */
     void *scratch;
     size_t scratch_bytes;
@@ -53,72 +58,190 @@ static int as_int(mpi_comm *m, int64_t n) {
     return (int)n;
 }
 
-/* ------------------------------------------------------------------ the watchdog */
+/* ------------------------------------------------------------------ waiting, and the roll call */
 
-/* A collective this rank waits in for longer than the timeout
- * (training.distributed_timeout_minutes) ends the world with an error
- * naming it: a peer that died is noticed by the launcher, but one that is
- * stopped, unreachable or stuck would leave every rank waiting forever. */
+/* Every wait on peers polls its request (MPI_Test) rather than blocking in
+ * MPI, so that the waiting thread can notice a wait past the timeout
+ * (training.distributed_timeout_minutes) and find out who is missing: a
+ * peer that died is noticed by the launcher, but one that is stopped,
+ * unreachable, stuck or waiting in another collective would leave every
+ * rank waiting forever. The roll call: the rank that timed out asks every
+ * other rank of its group, over a communicator of its own, where it is;
+ * a rank waiting in any collective answers from its polling loop (it is in
+ * MPI, by its polling thread, the progress thread or the caller), so a rank
+ * that does not answer within a few seconds did not arrive. The message
+ * names both kinds, then the world ends. */
+enum { TAG_QUERY = 1, TAG_ANSWER = 2, ANSWER_TEXT = 112 };
+
+typedef struct roll_answer {
+    int world_rank;
+    int group_size;
+    uint64_t group; /* a hash of the group's world ranks */
+    int64_t seq;    /* the collectives this rank began on that group */
+    double waited;  /* seconds */
+    char what[ANSWER_TEXT];
+} roll_answer;
+
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t wake;
-    pthread_t thread;
-    bool running;
-    double timeout;   /* seconds; 0: none */
-    double since;     /* when the caller began waiting; 0: not waiting */
-    const char *what; /* the collective */
-    int rank, size;   /* of the waiting group */
-} watch = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
-
-static void *watch_main(void *arg) {
-    (void)arg;
-    pthread_mutex_lock(&watch.lock);
-    for (;;) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&watch.wake, &watch.lock, &ts);
-        double waited = watch.since > 0 ? ht_time_seconds() - watch.since : 0.0;
-        if (watch.timeout > 0 && waited > watch.timeout) {
-            fprintf(stderr,
-                    "[hypertrain error rank %d] %s on a group of %d ranks has waited %.0f s for its peers "
-                    "(training.distributed_timeout_minutes %g): a rank is unreachable, stopped or stuck; ending the "
-                    "world\n",
-                    watch.rank, watch.what, watch.size, waited, watch.timeout / 60.0);
-            fflush(stderr);
-            _exit(1); /* the launcher ends the other ranks */
-        }
-    }
-    return NULL;
-}
-
-static void watch_begin(const mpi_comm *m, const char *what) {
-    if (!watch.running) return;
-    pthread_mutex_lock(&watch.lock);
-    watch.since = ht_time_seconds();
-    watch.what = what;
-    watch.rank = m->base.rank;
-    watch.size = m->base.size;
-    pthread_mutex_unlock(&watch.lock);
-}
-
-static void watch_end(void) {
-    if (!watch.running) return;
-    pthread_mutex_lock(&watch.lock);
-    watch.since = 0;
-    pthread_mutex_unlock(&watch.lock);
-}
+    double timeout; /* seconds; 0: none */
+    MPI_Comm roll;  /* the world, for the roll call only; MPI_COMM_NULL before init */
+    int world_rank;
+    /* The wait this rank is in, for the answers: set by the caller's thread. */
+    double since; /* 0: not waiting */
+    const char *what;
+    const struct mpi_comm *comm;
+    int64_t seq;
+} watch = {.lock = PTHREAD_MUTEX_INITIALIZER, .roll = MPI_COMM_NULL};
 
 void ht_comm_mpi_set_timeout(double seconds) {
     pthread_mutex_lock(&watch.lock);
     watch.timeout = seconds;
-    bool start = seconds > 0 && !watch.running;
     pthread_mutex_unlock(&watch.lock);
-    if (start && pthread_create(&watch.thread, NULL, watch_main, NULL) == 0) {
-        pthread_detach(watch.thread);
-        watch.running = true;
+}
+
+static uint64_t group_hash(const int *ranks, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)ranks[i]) * 1099511628211ull;
+    return h;
+}
+
+static roll_answer my_answer(void) {
+    roll_answer a = {.world_rank = watch.world_rank};
+    pthread_mutex_lock(&watch.lock);
+    if (watch.since > 0 && watch.comm) {
+        a.group_size = watch.comm->base.size;
+        a.group = watch.comm->group;
+        a.seq = watch.seq;
+        a.waited = ht_time_seconds() - watch.since;
+        snprintf(a.what, sizeof(a.what), "%s", watch.what);
     }
+    pthread_mutex_unlock(&watch.lock);
+    return a;
+}
+
+/* Answers the roll calls other ranks sent (the thread in MPI calls it while it polls). */
+static void answer_roll_calls(void) {
+    if (watch.roll == MPI_COMM_NULL) return;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_QUERY, watch.roll, &flag, &st) != MPI_SUCCESS || !flag) return;
+        int query;
+        MPI_Recv(&query, 1, MPI_INT, st.MPI_SOURCE, TAG_QUERY, watch.roll, MPI_STATUS_IGNORE);
+        roll_answer a = my_answer();
+        MPI_Send(&a, (int)sizeof(a), MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, watch.roll);
+    }
+}
+
+/* Appends rank r to a list of ranks in text. */
+static void list_rank(char *list, size_t n, int r) {
+    size_t at = strlen(list);
+    if (at < n) snprintf(list + at, n - at, "%s%d", at ? ", " : "", r);
+}
+
+/* The wait of `what` on m has passed the timeout: ask every other rank of
+ * the group where it is, name the ones that did not arrive, end the world. */
+static void roll_call(const mpi_comm *m, const char *what, double waited) {
+    int P = m->base.size, me = m->base.rank;
+    roll_answer *answers = calloc((size_t)P, sizeof(roll_answer));
+    MPI_Request *reqs = calloc((size_t)(2 * P), sizeof(MPI_Request));
+    int query = 0;
+    for (int r = 0; answers && reqs && r < P; r++) {
+        reqs[2 * r] = reqs[2 * r + 1] = MPI_REQUEST_NULL;
+        if (r == me) continue;
+        int to = m->world_ranks[r];
+        MPI_Irecv(&answers[r], (int)sizeof(roll_answer), MPI_BYTE, to, TAG_ANSWER, watch.roll, &reqs[2 * r + 1]);
+        MPI_Isend(&query, 1, MPI_INT, to, TAG_QUERY, watch.roll, &reqs[2 * r]);
+    }
+    /* A few seconds for the answers, answering the others' calls meanwhile. */
+    const double grace = 5.0, start = ht_time_seconds();
+    bool *answered = calloc((size_t)P, sizeof(bool));
+    while (answers && reqs && answered && ht_time_seconds() - start < grace) {
+        int missing = 0;
+        for (int r = 0; r < P; r++) {
+            if (r == me || answered[r]) continue;
+            int flag = 0;
+            MPI_Test(&reqs[2 * r + 1], &flag, MPI_STATUS_IGNORE);
+            answered[r] = flag;
+            missing += !flag;
+        }
+        if (!missing) break;
+        answer_roll_calls();
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    char absent[512] = "", same[512] = "", other[1024] = "";
+    for (int r = 0; answers && answered && r < P; r++) {
+        if (r == me) continue;
+        const roll_answer *a = &answers[r];
+        if (!answered[r] || !a->what[0]) { /* silent, or in no collective: busy elsewhere */
+            list_rank(absent, sizeof(absent), m->world_ranks[r]);
+        } else if (a->group == m->group && a->seq == m->seq) {
+            list_rank(same, sizeof(same), m->world_ranks[r]);
+        } else {
+            size_t at = strlen(other);
+            if (at < sizeof(other))
+                snprintf(other + at, sizeof(other) - at, "; rank %d waits in %s on a group of %d ranks instead",
+                         a->world_rank, a->what[0] ? a->what : "no collective", a->group_size);
+        }
+    }
+    fprintf(stderr,
+            "[hypertrain error rank %d] %s on a group of %d ranks has waited %.0f s for its peers "
+            "(training.distributed_timeout_minutes %g): %s%s%s%s%s%s; ending the world\n",
+            watch.world_rank, what, P, waited, watch.timeout / 60.0, absent[0] ? "rank(s) " : "", absent,
+            absent[0] ? " did not arrive (no answer in 5 s: stopped, stuck, busy elsewhere or gone)" : "",
+            same[0] ? (absent[0] ? "; rank(s) " : "rank(s) ") : "", same, same[0] ? " wait in it too" : "");
+    if (other[0]) fprintf(stderr, "[hypertrain error rank %d] %s\n", watch.world_rank, other + 2);
+    fflush(stderr);
+    _exit(1); /* the launcher ends the other ranks */
+}
+
+/* Begins a watched wait of `what` on m (the caller's thread). */
+static void watch_begin(mpi_comm *m, const char *what) {
+    pthread_mutex_lock(&watch.lock);
+    watch.since = ht_time_seconds();
+    watch.what = what;
+    watch.comm = m;
+    watch.seq = ++m->seq;
+    pthread_mutex_unlock(&watch.lock);
+}
+
+static void watch_end(void) {
+    pthread_mutex_lock(&watch.lock);
+    watch.since = 0;
+    watch.comm = NULL;
+    pthread_mutex_unlock(&watch.lock);
+}
+
+/* One look at a watched wait from the thread in MPI: answers the others'
+ * roll calls, and makes one when the wait has passed the timeout. */
+static void watch_poll(void) {
+    answer_roll_calls();
+    pthread_mutex_lock(&watch.lock);
+    double waited = watch.since > 0 ? ht_time_seconds() - watch.since : 0.0;
+    bool late = watch.timeout > 0 && waited > watch.timeout && watch.comm;
+    const mpi_comm *m = watch.comm;
+    const char *what = watch.what;
+    pthread_mutex_unlock(&watch.lock);
+    if (late) roll_call(m, what, waited);
+}
+
+/* Waits for req by polling, spinning for the first 2 ms (a short
+ * collective's latency is unchanged), then yielding the core between looks. */
+static void wait_polled(mpi_comm *m, MPI_Request *req, const char *what) {
+    watch_begin(m, what);
+    double start = ht_time_seconds();
+    for (long polls = 0;; polls++) {
+        int flag = 0;
+        mpi_check(m, MPI_Test(req, &flag, MPI_STATUS_IGNORE), what);
+        if (flag) break;
+        if ((polls & 63) == 63) {
+            watch_poll();
+        }
+        if (polls > 256 && ht_time_seconds() - start > 2e-3) sched_yield();
+    }
+    watch_end();
 }
 
 /* ------------------------------------------------------------------ started collectives */
@@ -226,6 +349,7 @@ static void *progress_main(void *arg) {
             }
         }
         if (any) pthread_cond_broadcast(&progress.done);
+        if (progress.active) watch_poll(); /* the caller may wait in mpi_wait for these */
         if (!any && progress.active) {
             pthread_mutex_unlock(&progress.lock);
             struct timespec ts = {0, 20000};
@@ -283,16 +407,20 @@ static ht_request *mpi_start_exchange(ht_comm *c, const ht_spans *send, const ht
     return r;
 }
 
+#define EXCHANGE "an FSDP all-to-all (a gather of weights or a reduce-scatter of gradients)"
+
 static void mpi_wait(ht_comm *c, ht_request *r, double *seconds) {
     (void)c;
     if (seconds) *seconds = 0.0;
     if (!r) return;
-    if (progress.running) {
+    if (progress.running) { /* the progress thread polls it, and watches this wait */
+        watch_begin(r->m, EXCHANGE);
         pthread_mutex_lock(&progress.lock);
         while (!r->done) pthread_cond_wait(&progress.done, &progress.lock);
         pthread_mutex_unlock(&progress.lock);
+        watch_end();
     } else {
-        mpi_check(r->m, MPI_Wait(&r->req, MPI_STATUS_IGNORE), "MPI_Wait");
+        wait_polled(r->m, &r->req, EXCHANGE);
         r->finished = ht_time_seconds();
     }
     if (seconds) *seconds = r->finished - r->started;
@@ -342,9 +470,12 @@ static void mpi_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, c
         m->displs2[r] = as_int(m, (int64_t)r * mine);
     }
     float *slices = scratch(m, (size_t)P * (size_t)(mine ? mine : 1) * sizeof(float)); /* (P, mine) */
-    mpi_check(m,
-              MPI_Alltoallv(send, m->counts, m->displs, MPI_FLOAT, slices, m->counts2, m->displs2, MPI_FLOAT, m->comm),
-              "MPI_Alltoallv");
+    MPI_Request req;
+    mpi_check(
+        m,
+        MPI_Ialltoallv(send, m->counts, m->displs, MPI_FLOAT, slices, m->counts2, m->displs2, MPI_FLOAT, m->comm, &req),
+        "MPI_Ialltoallv");
+    wait_polled(m, &req, "a reduce-scatter");
     for (int i = 0; i < mine; i++) {
         float sum = slices[i];
         for (int r = 1; r < P; r++) sum += slices[(size_t)r * mine + i];
@@ -358,8 +489,11 @@ static void mpi_all_gather(ht_comm *c, const void *send, void *recv, const int64
     layout(m, bytes);
     /* In place when send already sits at this rank's offset in recv. */
     const void *src = (const char *)recv + m->displs[c->rank] == send ? MPI_IN_PLACE : send;
-    mpi_check(m, MPI_Allgatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, m->comm),
-              "MPI_Allgatherv");
+    MPI_Request req;
+    mpi_check(m,
+              MPI_Iallgatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, m->comm, &req),
+              "MPI_Iallgatherv");
+    wait_polled(m, &req, "an all-gather");
 }
 
 static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
@@ -367,8 +501,11 @@ static void mpi_gather(ht_comm *c, const void *send, void *recv, const int64_t *
     mpi_comm *m = (mpi_comm *)c;
     layout(m, bytes);
     const void *src = c->rank == root && (const char *)recv + m->displs[root] == send ? MPI_IN_PLACE : send;
-    mpi_check(m, MPI_Gatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, root, m->comm),
-              "MPI_Gatherv");
+    MPI_Request req;
+    mpi_check(
+        m, MPI_Igatherv(src, m->counts[c->rank], MPI_BYTE, recv, m->counts, m->displs, MPI_BYTE, root, m->comm, &req),
+        "MPI_Igatherv");
+    wait_polled(m, &req, "a gather");
 }
 
 static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
@@ -376,8 +513,11 @@ static void mpi_scatter(ht_comm *c, const void *send, void *recv, const int64_t 
     mpi_comm *m = (mpi_comm *)c;
     layout(m, bytes);
     void *dst = c->rank == root && (const char *)send + m->displs[root] == recv ? MPI_IN_PLACE : recv;
-    mpi_check(m, MPI_Scatterv(send, m->counts, m->displs, MPI_BYTE, dst, m->counts[c->rank], MPI_BYTE, root, m->comm),
-              "MPI_Scatterv");
+    MPI_Request req;
+    mpi_check(
+        m, MPI_Iscatterv(send, m->counts, m->displs, MPI_BYTE, dst, m->counts[c->rank], MPI_BYTE, root, m->comm, &req),
+        "MPI_Iscatterv");
+    wait_polled(m, &req, "a scatter");
 }
 
 /* Balanced slices of n: rank r owns [n·r/P, n·(r+1)/P); a long vector goes
@@ -387,7 +527,10 @@ static void mpi_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op o
     drain();
     mpi_comm *m = (mpi_comm *)c;
     if (op == HT_REDUCE_MAX) {
-        mpi_check(m, MPI_Allreduce(MPI_IN_PLACE, buf, as_int(m, n), MPI_FLOAT, MPI_MAX, m->comm), "MPI_Allreduce");
+        MPI_Request req;
+        mpi_check(m, MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(m, n), MPI_FLOAT, MPI_MAX, m->comm, &req),
+                  "MPI_Iallreduce");
+        wait_polled(m, &req, "an all-reduce");
         return;
     }
     const int64_t piece = (int64_t)1 << 22;
@@ -415,12 +558,15 @@ static void mpi_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op 
     drain();
     mpi_comm *m = (mpi_comm *)c;
     int P = c->size, count = as_int(m, n);
+    MPI_Request req;
     if (op == HT_REDUCE_MAX) {
-        mpi_check(m, MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_MAX, m->comm), "MPI_Allreduce");
+        mpi_check(m, MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_MAX, m->comm, &req), "MPI_Iallreduce");
+        wait_polled(m, &req, "an all-reduce");
         return;
     }
     double *all = scratch(m, (size_t)P * (size_t)(count ? count : 1) * sizeof(double));
-    mpi_check(m, MPI_Allgather(buf, count, MPI_DOUBLE, all, count, MPI_DOUBLE, m->comm), "MPI_Allgather");
+    mpi_check(m, MPI_Iallgather(buf, count, MPI_DOUBLE, all, count, MPI_DOUBLE, m->comm, &req), "MPI_Iallgather");
+    wait_polled(m, &req, "an all-reduce");
     for (int i = 0; i < count; i++) {
         double sum = all[i];
         for (int r = 1; r < P; r++) sum += all[(size_t)r * count + i];
@@ -431,13 +577,17 @@ static void mpi_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op 
 static void mpi_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
     drain();
     mpi_comm *m = (mpi_comm *)c;
-    mpi_check(m, MPI_Bcast(buf, as_int(m, bytes), MPI_BYTE, root, m->comm), "MPI_Bcast");
+    MPI_Request req;
+    mpi_check(m, MPI_Ibcast(buf, as_int(m, bytes), MPI_BYTE, root, m->comm, &req), "MPI_Ibcast");
+    wait_polled(m, &req, "a broadcast");
 }
 
 static void mpi_barrier(ht_comm *c) {
     drain();
     mpi_comm *m = (mpi_comm *)c;
-    mpi_check(m, MPI_Barrier(m->comm), "MPI_Barrier");
+    MPI_Request req;
+    mpi_check(m, MPI_Ibarrier(m->comm, &req), "MPI_Ibarrier");
+    wait_polled(m, &req, "a barrier");
 }
 
 static void mpi_free(ht_comm *c) {
@@ -450,46 +600,26 @@ static void mpi_free(ht_comm *c) {
     free(m->displs);
     free(m->counts2);
     free(m->displs2);
+    free(m->world_ranks);
     free(m);
     if (world) {
+        if (watch.roll != MPI_COMM_NULL) MPI_Comm_free(&watch.roll);
         progress_stop();
         MPI_Finalize();
     }
 }
 
-/* Every wait on peers under the watchdog. */
-#define WATCHED(name, what, params, args)                                                                              \
-    static void name##_watched params {                                                                                \
-        watch_begin((mpi_comm *)c, what);                                                                              \
-        name args;                                                                                                     \
-        watch_end();                                                                                                   \
-    }
-WATCHED(mpi_all_reduce_f64, "an all-reduce", (ht_comm * c, double *buf, int64_t n, ht_reduce_op op), (c, buf, n, op))
-WATCHED(mpi_all_reduce_f32, "an all-reduce", (ht_comm * c, float *buf, int64_t n, ht_reduce_op op), (c, buf, n, op))
-WATCHED(mpi_reduce_scatter_f32, "a reduce-scatter",
-        (ht_comm * c, const float *send, float *recv, const int64_t *counts), (c, send, recv, counts))
-WATCHED(mpi_broadcast, "a broadcast", (ht_comm * c, void *buf, int64_t bytes, int root), (c, buf, bytes, root))
-WATCHED(mpi_all_gather, "an all-gather", (ht_comm * c, const void *send, void *recv, const int64_t *bytes),
-        (c, send, recv, bytes))
-WATCHED(mpi_gather, "a gather", (ht_comm * c, const void *send, void *recv, const int64_t *bytes, int root),
-        (c, send, recv, bytes, root))
-WATCHED(mpi_scatter, "a scatter", (ht_comm * c, const void *send, void *recv, const int64_t *bytes, int root),
-        (c, send, recv, bytes, root))
-WATCHED(mpi_barrier, "a barrier", (ht_comm * c), (c))
-WATCHED(mpi_wait, "an FSDP all-to-all (a gather of weights or a reduce-scatter of gradients)",
-        (ht_comm * c, ht_request *r, double *seconds), (c, r, seconds))
-
 static const ht_comm_ops mpi_ops = {
-    .all_reduce_f64 = mpi_all_reduce_f64_watched,
-    .all_reduce_f32 = mpi_all_reduce_f32_watched,
-    .reduce_scatter_f32 = mpi_reduce_scatter_f32_watched,
-    .broadcast = mpi_broadcast_watched,
-    .all_gather = mpi_all_gather_watched,
-    .gather = mpi_gather_watched,
-    .scatter = mpi_scatter_watched,
-    .barrier = mpi_barrier_watched,
+    .all_reduce_f64 = mpi_all_reduce_f64,
+    .all_reduce_f32 = mpi_all_reduce_f32,
+    .reduce_scatter_f32 = mpi_reduce_scatter_f32,
+    .broadcast = mpi_broadcast,
+    .all_gather = mpi_all_gather,
+    .gather = mpi_gather,
+    .scatter = mpi_scatter,
+    .barrier = mpi_barrier,
     .start_exchange = mpi_start_exchange,
-    .wait = mpi_wait_watched,
+    .wait = mpi_wait,
     .free = mpi_free,
 };
 
@@ -514,15 +644,26 @@ static ht_status wrap(MPI_Comm comm, bool world, mpi_comm **out, ht_error *err) 
     m->displs = calloc(P, sizeof(int));
     m->counts2 = calloc(P, sizeof(int));
     m->displs2 = calloc(P, sizeof(int));
-    if (!m->counts || !m->displs || !m->counts2 || !m->displs2) {
+    m->world_ranks = calloc(P, sizeof(int));
+    if (!m->counts || !m->displs || !m->counts2 || !m->displs2 || !m->world_ranks) {
         free(m->counts);
         free(m->displs);
         free(m->counts2);
         free(m->displs2);
+        free(m->world_ranks);
         free(m);
         if (!world) MPI_Comm_free(&comm);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate an MPI group");
     }
+    /* Who is who in the world, for the roll call's message. */
+    MPI_Group mine, everyone;
+    MPI_Comm_group(comm, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &everyone);
+    for (int r = 0; r < m->base.size; r++) m->counts[r] = r;
+    MPI_Group_translate_ranks(mine, m->base.size, m->counts, everyone, m->world_ranks);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&everyone);
+    m->group = group_hash(m->world_ranks, m->base.size);
     *out = m;
     return HT_OK;
 }
@@ -546,6 +687,8 @@ ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *w
         MPI_Finalize();
         return s;
     }
+    MPI_Comm_rank(MPI_COMM_WORLD, &watch.world_rank);
+    MPI_Comm_dup(MPI_COMM_WORLD, &watch.roll);
     /* The progress thread, where MPI allows a second thread in it. */
     if (provided >= MPI_THREAD_SERIALIZED && pthread_create(&progress.thread, NULL, progress_main, NULL) == 0)
         progress.running = true;

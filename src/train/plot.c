@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -94,7 +95,9 @@ ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_err
     /* Written beside, then renamed over the old picture: a kill or a full disk leaves the old one whole. */
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp", svg_path);
-    FILE *f = fopen(tmp, "w");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644); /* never through a link */
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f && fd >= 0) close(fd);
     if (!f) {
         s = ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
         goto done;

@@ -6,18 +6,21 @@
 
 #include <math.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/dist.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
+#include "train/rundir.h"
 
 _Static_assert(HT_CONFIG_NS_MAX_REPEAT == HT_NS_MAX_STEPS, "the config's bound on a segment is the longest schedule");
 
@@ -645,14 +648,16 @@ static ht_status check_same_config(ht_trainer *t, ht_error *err) {
         ht_config_format_value(root, ht_config_key_name(i), theirs, sizeof(theirs));
         if (strcmp(mine, theirs) != 0) key = ht_config_key_name(i);
     }
-    differs = key != NULL;
+    differs = key ? 1.0 + t->comm->rank : 0.0;
     ht_all_reduce_f64(t->comm, &differs, 1, HT_REDUCE_MAX); /* every rank learns it, and fails together */
     ht_status s = HT_OK;
     if (key)
         s = ht_fail(err, HT_ERR_CONFIG, "rank %d runs another configuration than rank 0: %s is %s here, %s on rank 0",
                     t->comm->rank, key, mine, theirs);
     else if (differs)
-        s = ht_fail(err, HT_ERR_CONFIG, "another rank runs another configuration than rank 0 (its log names the key)");
+        s = ht_fail(err, HT_ERR_CONFIG,
+                    "rank %d (and maybe others) runs another configuration than rank 0 (its error names the key)",
+                    (int)differs - 1);
     free(root);
     return s;
 }
@@ -717,6 +722,9 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s == HT_OK && cfg->checkpoint.restore_from[0])
         s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
+    if (s == HT_OK)
+        s = ht_run_dir_check(cfg->checkpoint.output_dir, t->step, cfg->training.steps, cfg->training.dump_state, comm,
+                             err);
     if (s != HT_OK) ht_trainer_free(t);
     return s;
 }
@@ -929,6 +937,34 @@ static void format_duration(char *buf, size_t n, double seconds) {
         snprintf(buf, n, "%ds", s);
 }
 
+/* path opened for writing ("w" or "a") without following a symlink: the
+ * run writes into its own directory only. */
+static FILE *open_own_file(const char *path, const char *mode) {
+    int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (mode[0] == 'a' ? O_APPEND : O_TRUNC);
+    int fd = open(path, flags, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, mode) : NULL;
+    if (!f && fd >= 0) close(fd);
+    return f;
+}
+
+/* A metrics file no checkpoint stands behind (a run stopped before its
+ * first save) is history, not a run to protect: it is kept aside as
+ * metrics.jsonl.<time> and this run starts from step 0. */
+static ht_status set_aside(const char *path, ht_error *err) {
+    char aside[HT_CONFIG_STR_MAX + 96], when[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    struct stat sb;
+    snprintf(aside, sizeof(aside), "%s.%s", path, when);
+    for (int k = 2; lstat(aside, &sb) == 0 && k < 1000; k++) snprintf(aside, sizeof(aside), "%s.%s-%d", path, when, k);
+    if (rename(path, aside) != 0)
+        return ht_fail(err, HT_ERR_IO, "%s: cannot keep it aside as %s: %s", path, aside, strerror(errno));
+    ht_log_info("%s holds the metrics of a run that saved no checkpoint: kept as %s; this run starts from step 0", path,
+                aside);
+    return HT_OK;
+}
+
 /* A fresh run starts metrics.jsonl anew; a resumed one keeps the lines up to
  * the restored step (a crashed run may have written past its last checkpoint)
  * and appends. The kept lines go to metrics.jsonl.tmp, fsynced, then renamed
@@ -939,13 +975,19 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
     ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
     if (s != HT_OK) return s;
     snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
-    /* A run that starts from step 0 where another run left checkpoints or
-     * metrics would replace them: only with checkpoint.overwrite. */
+    /* A run that starts from step 0 where another run left checkpoints
+     * would replace them: only with checkpoint.overwrite. */
     char newest[64] = "";
     struct stat sb;
     bool has_metrics = stat(path, &sb) == 0 && sb.st_size > 0;
     bool new_lineage = t->step == 0 || t->resumed_from[0]; /* this run did not write what output_dir holds */
-    if (new_lineage && (ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest)) || has_metrics)) {
+    bool has_checkpoint = new_lineage && ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest));
+    if (new_lineage && has_metrics && !has_checkpoint && t->step == 0 && !t->config.checkpoint.overwrite) {
+        s = set_aside(path, err);
+        if (s != HT_OK) return s;
+        has_metrics = false;
+    }
+    if (new_lineage && (has_checkpoint || has_metrics)) {
         char what[160], how[HT_CKPT_PATH_MAX + 64];
         snprintf(what, sizeof(what), "%s%s%s", newest, newest[0] && has_metrics ? " and " : "",
                  has_metrics ? "metrics.jsonl" : "");
@@ -955,22 +997,24 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
             snprintf(how, sizeof(how), "this one continues %s, a checkpoint of another directory", t->resumed_from);
         if (!t->config.checkpoint.overwrite)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "checkpoint.output_dir %s holds another run (%s) and %s: resume "
-                           "it (checkpoint.restore_from: latest), choose another output_dir, or set "
-                           "checkpoint.overwrite: true to replace it",
-                           t->config.checkpoint.output_dir, what, how);
+                           "checkpoint.output_dir %s holds another run (%s) and %s: %s, choose another output_dir, or "
+                           "set checkpoint.overwrite: true to replace it",
+                           t->config.checkpoint.output_dir, what, how,
+                           strcmp(t->config.checkpoint.restore_from, "latest") == 0
+                               ? "resume one of its own checkpoints (checkpoint.restore_from)"
+                               : "resume it (checkpoint.restore_from: latest)");
         ht_log_warn("checkpoint.overwrite: this run replaces the one in %s (%s)", t->config.checkpoint.output_dir,
                     what);
     }
     char *old = NULL;
     size_t len = 0;
     if (new_lineage || ht_read_file(path, &old, &len, NULL) != HT_OK) {
-        t->metrics = fopen(path, "w");
+        t->metrics = open_own_file(path, "w");
         if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
         return HT_OK;
     }
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    FILE *f = open_own_file(tmp, "w");
     if (!f) {
         free(old);
         return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
@@ -1009,7 +1053,7 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
         remove(tmp);
         return ht_fail(err, HT_ERR_IO, "%s: cannot write the kept metrics: %s", tmp, strerror(errno));
     }
-    t->metrics = fopen(path, "a");
+    t->metrics = open_own_file(path, "a");
     if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for appending", path);
     return HT_OK;
 }
@@ -1221,6 +1265,52 @@ static ht_status save_final(ht_trainer *t, const char *dir, const ht_param_store
     return s;
 }
 
+/* Whether any rank was asked to stop (t->stop_request): every rank asks at
+ * the same step boundary, and all learn the same answer, the largest value. */
+static int stop_agreed(ht_trainer *t) {
+    double v = t->stop_request ? (double)*t->stop_request : 0.0;
+    if (t->comm->size > 1) ht_all_reduce_f64(t->comm, &v, 1, HT_REDUCE_MAX);
+    return (int)v;
+}
+
+/* metrics.jsonl synced and closed: an error if the disk did not take it. */
+static ht_status close_metrics(ht_trainer *t, ht_error *err) {
+    FILE *metrics = t->metrics;
+    if (!metrics) return HT_OK;
+    t->metrics = NULL;
+    bool kept = fflush(metrics) == 0 && fsync(fileno(metrics)) == 0;
+    int e = errno;
+    if (fclose(metrics) != 0 && kept) kept = false, e = errno;
+    if (!kept)
+        return ht_fail(err, HT_ERR_IO, "%s/metrics.jsonl: cannot finish writing: %s", t->config.checkpoint.output_dir,
+                       strerror(e));
+    return HT_OK;
+}
+
+/* A run asked to stop (a preemption's SIGTERM): the step in progress was
+ * finished; what it trained since the newest checkpoint is saved, so that
+ * the same command resumes where it stopped. */
+static ht_status stop_run(ht_trainer *t, int64_t saved_step, ht_error *err) {
+    const ht_config *c = &t->config;
+    const bool root = t->comm->rank == 0;
+    if (root)
+        ht_log_warn("stop requested (signal %d) at step %lld of %d: saving a checkpoint and stopping", t->stopped_by,
+                    (long long)t->step, c->training.steps);
+    ht_status s = HT_OK;
+    if (c->checkpoint.save_interval > 0 && t->step != saved_step) s = ht_trainer_save_checkpoint(t, err);
+    if (s == HT_OK && root) s = close_metrics(t, err);
+    if (s != HT_OK || !root) return s;
+    if (c->checkpoint.save_interval <= 0)
+        ht_log_warn("stopped at step %lld: checkpoint.save_interval is 0, so no checkpoint was saved; the %lld steps "
+                    "of this run are lost",
+                    (long long)t->step, (long long)t->step);
+    else
+        ht_log_info("stopped at step %lld with checkpoint %s/step_%08lld; the same command with "
+                    "checkpoint.restore_from: latest resumes it",
+                    (long long)t->step, c->checkpoint.output_dir, (long long)t->step);
+    return HT_OK;
+}
+
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
@@ -1235,7 +1325,9 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
     double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
+    int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
     while (t->step < steps) {
+        if ((t->stopped_by = stop_agreed(t)) != 0) break;
         ht_step_stats st;
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
@@ -1260,6 +1352,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
             s = ht_trainer_save_checkpoint(t, err);
             if (s != HT_OK) return s;
+            saved_step = t->step;
         }
         double p1 = ht_time_seconds();
         if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
@@ -1269,6 +1362,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         t->checkpoint_seconds += p1 - p0;
         t->eval_seconds += ht_time_seconds() - p1;
     }
+    if (t->stopped_by) return stop_run(t, saved_step, err);
     if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
     if (t->step > first_step) {
         double n = (double)(t->step - first_step);
@@ -1283,7 +1377,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     }
     if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
     log_memory(t);
-    if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0) {
+    if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0 && t->step != saved_step) {
         s = ht_trainer_save_checkpoint(t, err); /* the end of the run */
         if (s != HT_OK) return s;
     }
@@ -1311,12 +1405,8 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (s != HT_OK) return s;
     /* The metrics are complete: synced and closed, an error if the disk did not take them. */
     snprintf(path, sizeof(path), "%s/metrics.jsonl", c->checkpoint.output_dir);
-    FILE *metrics = t->metrics;
-    t->metrics = NULL;
-    bool kept = fflush(metrics) == 0 && fsync(fileno(metrics)) == 0;
-    int e = errno;
-    if (fclose(metrics) != 0 && kept) kept = false, e = errno;
-    if (!kept) return ht_fail(err, HT_ERR_IO, "%s: cannot finish writing: %s", path, strerror(e));
+    s = close_metrics(t, err);
+    if (s != HT_OK) return s;
     char svg[HT_CONFIG_STR_MAX + 64];
     snprintf(svg, sizeof(svg), "%s/loss.svg", c->checkpoint.output_dir);
     s = ht_plot_metrics(path, svg, err);
@@ -1459,8 +1549,17 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     if (s != HT_OK) return s;
     /* A checkpoint of another directory starts a new lineage in output_dir:
      * what output_dir holds already is another run's (open_metrics). */
+    /* The directory that holds the entry as named, not where a symlinked
+     * checkpoint's target lives ("dir/.." would follow the link). */
     char parent[HT_CKPT_PATH_MAX + 8], here[PATH_MAX], there[PATH_MAX];
-    snprintf(parent, sizeof(parent), "%s/..", dir);
+    snprintf(parent, sizeof(parent), "%s", dir);
+    size_t end = strlen(parent);
+    while (end > 1 && parent[end - 1] == '/') parent[--end] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof(parent), ".");
+    else
+        slash[slash == parent ? 1 : 0] = '\0';
     t->resumed_from[0] = '\0';
     if (!realpath(parent, there) || !realpath(t->config.checkpoint.output_dir, here) || strcmp(here, there) != 0)
         snprintf(t->resumed_from, sizeof(t->resumed_from), "%s", dir);

@@ -2,7 +2,9 @@
  * HT_FAULT_DIR (open or fopen for writing, write, fwrite, fflush, fsync,
  * fclose, rename, mkdir) are counted, and call number HT_FAULT_AT fails with
  * HT_FAULT_ERRNO (ENOSPC, EIO or EACCES). HT_FAULT_COUNT names a file that
- * gets the number of calls counted when the process ends. Reads are left
+ * gets the number of calls counted when the process ends; with
+ * HT_FAULT_SLOW_FSYNC_MS each of those fsyncs takes that long (a slow disk:
+ * a save a test can signal in the middle of). Reads are left
  * alone; so are directories opened to fsync them (best effort in the engine). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,7 +24,7 @@
 
 static const char *dir;
 static size_t dir_len;
-static long fail_at, count;
+static long fail_at, count, slow_fsync_ms;
 static int fail_errno = ENOSPC;
 static bool tracked_fd[MAX_FD];
 static FILE *tracked_file[MAX_FILES];
@@ -32,6 +34,8 @@ __attribute__((constructor)) static void init(void) {
     dir_len = dir ? strlen(dir) : 0;
     const char *at = getenv("HT_FAULT_AT"), *e = getenv("HT_FAULT_ERRNO");
     fail_at = at ? atol(at) : 0;
+    const char *slow = getenv("HT_FAULT_SLOW_FSYNC_MS");
+    slow_fsync_ms = slow ? atol(slow) : 0;
     if (e && strcmp(e, "EIO") == 0) fail_errno = EIO;
     if (e && strcmp(e, "EACCES") == 0) fail_errno = EACCES;
 }
@@ -153,6 +157,7 @@ int fsync(int fd) {
     static int (*real_fsync)(int);
     if (!real_fsync) real_fsync = next("fsync");
     if (fd_tracked(fd) && fails("fsync")) return -1;
+    if (fd_tracked(fd) && slow_fsync_ms > 0) usleep((useconds_t)slow_fsync_ms * 1000);
     return real_fsync(fd);
 }
 

@@ -1,0 +1,488 @@
+/* The run directory as the `hypertrain` command treats it, end to end:
+ * nothing outside it is deleted or written through a symlink, one run owns
+ * it at a time, a run stopped by a signal saves first and resumes bitwise
+ * (one process and under mpirun, during a save too), a run stopped before
+ * its first checkpoint restarts with the same command, and a rank whose
+ * configuration fails says so and ends the world at once. */
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hypertrain/ckpt.h"
+
+extern char **environ;
+
+#define MPIRUN                                                                                                         \
+    "env -u OMP_NUM_THREADS ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun --oversubscribe --allow-run-as-root --mca " \
+    "btl self,tcp "
+
+static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
+                            "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
+
+/* dir/corpus.txt and dir/run.yaml: a tiny Qwen2 on it, 8 sequences a step
+ * (1, 2 and 4 ranks split them evenly), `steps` steps, writing into dir/out. */
+static void write_run(const char *dir, int steps, int save_interval) {
+    char path[1200], text[2400];
+    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 40; i++) fputs(corpus, f);
+    fclose(f);
+    snprintf(text, sizeof(text),
+             "model:\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n  num_hidden_layers: 2\n"
+             "  num_attention_heads: 4\n  num_key_value_heads: 2\n  max_position_embeddings: 64\n"
+             "data:\n  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+             "training:\n  steps: %d\n  local_batch_size: 2\n  global_batch_size: 8\n  eval_batches: 2\n"
+             "  eval_interval: 0\n  log_interval: 1\n  deterministic: true\n"
+             "checkpoint:\n  output_dir: %s/out\n  save_interval: %d\n  restore_from: latest\n",
+             dir, steps, dir, save_interval);
+    snprintf(path, sizeof(path), "%s/run.yaml", dir);
+    write_file(path, text, strlen(text));
+}
+
+static char *read_text(const char *path) {
+    char *text = NULL;
+    size_t len;
+    ht_error err;
+    if (ht_read_file(path, &text, &len, &err) != HT_OK) fail_msg("%s", err.msg);
+    return text;
+}
+
+static bool exists(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+/* `hypertrain train dir/run.yaml extra` (or `launcher` in front of it, a
+ * shell fragment), stdout and stderr into dir/name.log; the exit status
+ * (128 + N when killed by signal N) and the log. */
+static int run(const char *dir, const char *name, const char *launcher, const char *extra, char **log) {
+    char cmd[6000], out[1300];
+    snprintf(out, sizeof(out), "%s/%s.log", dir, name);
+    snprintf(cmd, sizeof(cmd), "%s'%s' train '%s/run.yaml' %s > '%s' 2>&1", launcher ? launcher : "", getenv("HT_BIN"),
+             dir, extra ? extra : "", out);
+    int rc = system(cmd);
+    *log = read_text(out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+/* The same, started in the background: its pid (the hypertrain process itself). */
+static pid_t start(const char *dir, const char *name, const char *env, const char *extra) {
+    char cmd[6000];
+    snprintf(cmd, sizeof(cmd), "exec env %s '%s' train '%s/run.yaml' %s > '%s/%s.log' 2>&1", env ? env : "",
+             getenv("HT_BIN"), dir, extra ? extra : "", dir, name);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ) != 0) fail_msg("cannot start %s", cmd);
+    return pid;
+}
+
+/* Waits (up to 120 s) until dir/name.log holds `text`; false if the process ended first. */
+static bool wait_for(const char *dir, const char *name, pid_t pid, const char *text) {
+    char path[1300];
+    snprintf(path, sizeof(path), "%s/%s.log", dir, name);
+    for (int i = 0; i < 12000; i++) {
+        char *log = NULL;
+        size_t len;
+        if (ht_read_file(path, &log, &len, NULL) == HT_OK) {
+            bool found = strstr(log, text) != NULL;
+            free(log);
+            if (found) return true;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid) return false;
+        usleep(10000);
+    }
+    return false;
+}
+
+static int finish(pid_t pid) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) continue;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Every tensor of a's file bit for bit in b's. */
+static void assert_same_tensors(const char *a, const char *b) {
+    ht_safetensors *sa, *sb;
+    ht_error err;
+    assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
+    assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
+    assert_int_equal(ht_safetensors_count(sa), ht_safetensors_count(sb));
+    for (int i = 0; i < ht_safetensors_count(sa); i++) {
+        const ht_st_tensor *ta = ht_safetensors_tensor(sa, i), *tb = ht_safetensors_find(sb, ta->name);
+        if (!tb || ta->nbytes != tb->nbytes || memcmp(ta->data, tb->data, ta->nbytes) != 0)
+            fail_msg("%s differs between %s and %s", ta->name, a, b);
+    }
+    ht_safetensors_close(sa);
+    ht_safetensors_close(sb);
+}
+
+/* A directory outside the run with a file in it, and a symlink in out/ named `link` pointing at it. */
+static void plant_link(const char *dir, const char *target, const char *link) {
+    char cmd[4000];
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/%s' '%s/out' && echo keep > '%s/%s/precious' && ln -s '%s/%s' '%s/out/%s'",
+             dir, target, dir, dir, target, dir, target, dir, link);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void assert_precious(const char *dir, const char *target) {
+    char path[1300];
+    snprintf(path, sizeof(path), "%s/%s/precious", dir, target);
+    if (!exists(path)) fail_msg("%s was deleted through a symlink", path);
+    char *text = read_text(path);
+    assert_string_equal(text, "keep\n");
+    free(text);
+}
+
+/* ------------------------------------------------------------------ symlinks */
+
+/* A checkpoint name this run will save, as a symlink: refused before the
+ * first step, naming it; nothing behind it touched. */
+static void test_symlink_where_a_checkpoint_goes(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_link_ahead");
+    write_run(dir, 2, 1);
+    plant_link(dir, "f", "step_00000001");
+    char *log;
+    assert_int_equal(run(dir, "run", NULL, NULL, &log), 1);
+    assert_non_null(strstr(log, "out/step_00000001 is a symbolic link"));
+    assert_non_null(strstr(log, "may save step 1 there"));
+    assert_null(strstr(log, "step     1/"));
+    free(log);
+    assert_precious(dir, "f");
+    /* The same for the .tmp a save of step 2 would write through. */
+    const char *dir2 = scratch_dir("rundir_link_tmp_ahead");
+    write_run(dir2, 2, 1);
+    plant_link(dir2, "f", "step_00000002.tmp");
+    assert_int_equal(run(dir2, "run", NULL, NULL, &log), 1);
+    assert_non_null(strstr(log, "out/step_00000002.tmp is a symbolic link"));
+    free(log);
+    assert_precious(dir2, "f");
+}
+
+/* Symlinks and foreign directories named like checkpoints the run does not
+ * save, with keep_last 1 and the default 3: left alone, never counted, never
+ * deleted through; the run's own old checkpoints are pruned as ever. */
+static void test_pruning_leaves_what_is_not_ours(void **state) {
+    (void)state;
+    for (int keep = 1; keep <= 3; keep += 2) {
+        const char *dir = scratch_dir(keep == 1 ? "rundir_prune_1" : "rundir_prune_3");
+        write_run(dir, 5, 1);
+        plant_link(dir, "f", "step_00000000");
+        plant_link(dir, "g", "step_00000009.tmp");
+        plant_link(dir, "h", "step_00000007");
+        char cmd[1500], path[1300];
+        snprintf(cmd, sizeof(cmd), "mkdir '%s/out/step_00000006' && echo mine > '%s/out/step_00000006/notes.txt'", dir,
+                 dir);
+        assert_int_equal(system(cmd), 0);
+        snprintf(cmd, sizeof(cmd), "--set checkpoint.keep_last=%d", keep);
+        char *log;
+        assert_int_equal(run(dir, "run", NULL, cmd, &log), 0);
+        assert_non_null(strstr(log, "out/step_00000000 is a symbolic link"));
+        assert_non_null(strstr(log, "out/step_00000006 holds notes.txt, which no checkpoint writes"));
+        free(log);
+        assert_precious(dir, "f");
+        assert_precious(dir, "g");
+        assert_precious(dir, "h");
+        snprintf(path, sizeof(path), "%s/out/step_00000006/notes.txt", dir);
+        assert_true(exists(path));
+        for (int step = 1; step <= 5; step++) { /* the run's own: the newest `keep` remain */
+            snprintf(path, sizeof(path), "%s/out/step_%08d/metadata.json", dir, step);
+            assert_int_equal(exists(path), step > 5 - keep);
+        }
+    }
+}
+
+/* A checkpoint resumed through a symlink (reading is allowed) by a run that
+ * ends where it began: nothing is saved over it; a run that would replace
+ * that step (checkpoint.overwrite from step 0) is refused. */
+static void test_resume_through_a_symlink(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_resume_link");
+    write_run(dir, 2, 2);
+    char *log, cmd[4000], path[1300];
+    assert_int_equal(run(dir, "first", NULL, NULL, &log), 0);
+    free(log);
+    snprintf(cmd, sizeof(cmd), "mv '%s/out/step_00000002' '%s/kept' && ln -s '%s/kept' '%s/out/step_00000002'", dir,
+             dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/kept/metadata.json", dir);
+    char *before = read_text(path);
+    assert_int_equal(run(dir, "again", NULL, NULL, &log), 0);
+    assert_non_null(strstr(log, "restored")); /* it did read it */
+    free(log);
+    char *after = read_text(path);
+    assert_string_equal(before, after);
+    free(after);
+    assert_int_equal(run(dir, "over", NULL, "--set checkpoint.overwrite=true --set checkpoint.restore_from=null", &log),
+                     1);
+    assert_non_null(strstr(log, "out/step_00000002 is a symbolic link"));
+    free(log);
+    after = read_text(path);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+}
+
+/* Files the run writes, as symlinks out of the directory: refused before
+ * anything is written; the targets unchanged. */
+static void test_no_write_through_a_symlink(void **state) {
+    (void)state;
+    static const char *const names[] = {"metrics.jsonl", "loss.svg.tmp", "final"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char name[64], cmd[4000];
+        snprintf(name, sizeof(name), "rundir_write_link_%zu", i);
+        const char *dir = scratch_dir(name);
+        write_run(dir, 2, 1);
+        bool is_dir = strcmp(names[i], "final") == 0;
+        if (is_dir)
+            plant_link(dir, "f", names[i]);
+        else {
+            snprintf(cmd, sizeof(cmd),
+                     "mkdir -p '%s/f' '%s/out' && echo keep > '%s/f/precious' && ln -s '%s/f/precious' '%s/out/%s'",
+                     dir, dir, dir, dir, dir, names[i]);
+            assert_int_equal(system(cmd), 0);
+        }
+        char *log;
+        assert_int_equal(run(dir, "run", NULL, NULL, &log), 1);
+        assert_non_null(strstr(log, "is a symbolic link, where this run writes"));
+        assert_null(strstr(log, "step     1/"));
+        free(log);
+        assert_precious(dir, "f");
+    }
+}
+
+/* ------------------------------------------------------------------ one run at a time */
+
+/* A second run into a directory a live run holds is refused at once, naming
+ * the first one's pid; the first goes on untouched. Once that one is killed,
+ * its lock goes with it and the same command resumes. */
+static void test_one_run_per_directory(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_lock");
+    write_run(dir, 100000, 5);
+    pid_t first = start(dir, "first", NULL, NULL);
+    assert_true(wait_for(dir, "first", first, "saved checkpoint"));
+    char *log, expected[128];
+    double t0 = ht_time_seconds();
+    assert_int_equal(run(dir, "second", NULL, NULL, &log), 1);
+    assert_true(ht_time_seconds() - t0 < 30);
+    snprintf(expected, sizeof(expected), "is in use by another run (pid %ld on host ", (long)first);
+    assert_non_null(strstr(log, expected));
+    assert_null(strstr(log, "step     1/"));
+    free(log);
+    assert_int_equal(waitpid(first, NULL, WNOHANG), 0); /* still training */
+    kill(first, SIGKILL);
+    assert_int_equal(finish(first), 128 + SIGKILL);
+    char resume[64];
+    snprintf(resume, sizeof(resume), "--set training.steps=%d", 12);
+    assert_int_equal(run(dir, "third", NULL, resume, &log), 0);
+    assert_non_null(strstr(log, "step    12/"));
+    free(log);
+}
+
+/* ------------------------------------------------------------------ restart */
+
+/* A run that saved no checkpoint left only metrics.jsonl: the same command
+ * starts again from step 0, the old metrics kept aside. */
+static void test_restart_before_the_first_checkpoint(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_restart");
+    write_run(dir, 3, 0);
+    char *log, path[1300];
+    assert_int_equal(run(dir, "first", NULL, NULL, &log), 0);
+    free(log);
+    snprintf(path, sizeof(path), "%s/out/metrics.jsonl", dir);
+    char *old = read_text(path);
+    assert_int_equal(run(dir, "again", NULL, NULL, &log), 0);
+    assert_non_null(strstr(log, "holds the metrics of a run that saved no checkpoint: kept as"));
+    assert_non_null(strstr(log, "step     1/"));
+    free(log);
+    char cmd[1500], *aside;
+    snprintf(cmd, sizeof(cmd), "ls '%s'/out/metrics.jsonl.2* > '%s/aside.txt'", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/aside.txt", dir);
+    aside = read_text(path);
+    aside[strcspn(aside, "\n")] = '\0';
+    char *kept = read_text(aside);
+    assert_string_equal(kept, old);
+    free(kept);
+    free(aside);
+    free(old);
+}
+
+/* ------------------------------------------------------------------ signals */
+
+/* The final weights of an uninterrupted run of `steps` (on `launcher`), for comparison. */
+static void continuous(const char *dir, int steps, const char *launcher) {
+    write_run(dir, steps, 1000);
+    char *log;
+    assert_int_equal(run(dir, "continuous", launcher, NULL, &log), 0);
+    free(log);
+}
+
+static void assert_same_final(const char *a, const char *b) {
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof(pa), "%s/out/final/model.safetensors", a);
+    snprintf(pb, sizeof(pb), "%s/out/final/model.safetensors", b);
+    assert_same_tensors(pa, pb);
+}
+
+/* SIGTERM mid-run (one process): the step finishes, a checkpoint is saved,
+ * the exit status is 75; the same command finishes the run, bitwise as one
+ * that was never stopped. SIGINT and SIGHUP alike. */
+static void test_signal_saves_then_stops(void **state) {
+    (void)state;
+    const char *ref = scratch_dir("rundir_sig_ref");
+    continuous(ref, 200, NULL);
+    const int signals[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "rundir_sig_%d", signals[i]);
+        const char *dir = scratch_dir(name);
+        write_run(dir, 200, 1000);
+        pid_t pid = start(dir, "stopped", NULL, NULL);
+        assert_true(wait_for(dir, "stopped", pid, "step     4/"));
+        kill(pid, signals[i]);
+        assert_int_equal(finish(pid), 75);
+        char path[1300], *log;
+        snprintf(path, sizeof(path), "%s/stopped.log", dir);
+        log = read_text(path);
+        assert_non_null(strstr(log, "saving a checkpoint and stopping"));
+        assert_null(strstr(log, "step   200/"));
+        free(log);
+        snprintf(path, sizeof(path), "%s/out/latest", dir);
+        char *latest = read_text(path);
+        long long step = -1;
+        assert_int_equal(sscanf(latest, "step_%lld", &step), 1);
+        assert_true(step >= 4 && step < 200);
+        free(latest);
+        assert_int_equal(run(dir, "resumed", NULL, NULL, &log), 0);
+        free(log);
+        assert_same_final(ref, dir);
+    }
+}
+
+/* SIGTERM while a checkpoint is being written (fsyncs slowed to 300 ms by
+ * the fault shim): that save completes and is the one resumed; a second
+ * signal during the save ends the process at once, by the signal, and the
+ * checkpoint before it is intact. Both resume bitwise. */
+static void test_signal_during_a_save(void **state) {
+    (void)state;
+    const char *ref = scratch_dir("rundir_save_sig_ref");
+    continuous(ref, 6, NULL);
+    for (int twice = 0; twice < 2; twice++) {
+        const char *dir = scratch_dir(twice ? "rundir_save_sig_twice" : "rundir_save_sig_once");
+        write_run(dir, 6, 1);
+        char env[1600];
+        snprintf(env, sizeof(env), "LD_PRELOAD='%s' HT_FAULT_DIR='%s/out' HT_FAULT_SLOW_FSYNC_MS=300",
+                 getenv("HT_FAIL_IO"), dir);
+        pid_t pid = start(dir, "stopped", env, NULL);
+        assert_true(wait_for(dir, "stopped", pid, "step     3/")); /* logged before step 3's save */
+        kill(pid, SIGTERM);
+        if (twice) {
+            usleep(100000);
+            kill(pid, SIGTERM);
+        }
+        assert_int_equal(finish(pid), twice ? 128 + SIGTERM : 75);
+        char path[1300];
+        snprintf(path, sizeof(path), "%s/out/latest", dir);
+        char *latest = read_text(path);
+        assert_string_equal(latest, twice ? "step_00000002\n" : "step_00000003\n");
+        free(latest);
+        snprintf(path, sizeof(path), "%s/out/step_00000004", dir);
+        assert_false(exists(path));
+        char *log;
+        assert_int_equal(run(dir, "resumed", NULL, NULL, &log), 0);
+        free(log);
+        assert_same_final(ref, dir);
+    }
+}
+
+/* Under mpirun: SIGTERM to one rank (as a scheduler may signal any of
+ * them): every rank finishes the step, they save together and all exit 75;
+ * the same command resumes, bitwise as a 2-rank run never stopped. */
+static void test_signal_one_rank_under_mpirun(void **state) {
+    (void)state;
+    const char *ref = scratch_dir("rundir_mpi_sig_ref");
+    continuous(ref, 200, MPIRUN "-np 2 ");
+    const char *dir = scratch_dir("rundir_mpi_sig");
+    write_run(dir, 200, 1000);
+    char cmd[6000], log_path[1300];
+    snprintf(log_path, sizeof(log_path), "%s/stopped.log", dir);
+    snprintf(cmd, sizeof(cmd),
+             "(" MPIRUN "-np 2 '%s' train '%s/run.yaml' > '%s' 2>&1 & "
+             "for i in $(seq 3000); do grep -q 'step     4/' '%s' 2>/dev/null && break; sleep 0.05; done; "
+             "pkill -TERM -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
+             getenv("HT_BIN"), dir, log_path, log_path);
+    int rc = system(cmd);
+    char *log = read_text(log_path);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 75) fail_msg("exit %d:\n%s", WEXITSTATUS(rc), log);
+    assert_non_null(strstr(log, "(2 rank files)"));
+    assert_null(strstr(log, "step   200/"));
+    free(log);
+    assert_int_equal(run(dir, "resumed", MPIRUN "-np 2 ", NULL, &log), 0);
+    free(log);
+    assert_same_final(ref, dir);
+}
+
+/* ------------------------------------------------------------------ a rank's bad configuration */
+
+/* mpirun's MPMD form, one rank given a file that does not exist, or one with
+ * an unknown key: that rank prints its own error, naming itself, and every
+ * rank stops within seconds, not at the collectives' timeout. */
+static void test_bad_config_on_one_rank(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_mpmd");
+    write_run(dir, 2, 1);
+    char bad[1300], cmd[6000], log_path[1300];
+    snprintf(bad, sizeof(bad), "%s/bad.yaml", dir);
+    write_file(bad, "training:\n  stepz: 3\n", 21);
+    snprintf(log_path, sizeof(log_path), "%s/mpmd.log", dir);
+    const char *bin = getenv("HT_BIN");
+    for (int c = 0; c < 2; c++) {
+        if (c == 0)
+            snprintf(cmd, sizeof(cmd),
+                     MPIRUN "-np 1 '%s' train '%s/run.yaml' : -np 1 '%s' train '%s/missing.yaml' > '%s' 2>&1", bin, dir,
+                     bin, dir, log_path);
+        else
+            snprintf(cmd, sizeof(cmd), MPIRUN "-np 3 '%s' train '%s/run.yaml' : -np 1 '%s' train '%s' > '%s' 2>&1", bin,
+                     dir, bin, bad, log_path);
+        double t0 = ht_time_seconds();
+        int rc = system(cmd);
+        double dt = ht_time_seconds() - t0;
+        char *log = read_text(log_path);
+        printf("%s: exit %d after %.1f s\n", c ? "unknown key on rank 3 of 4" : "missing file on rank 1 of 2",
+               WEXITSTATUS(rc), dt);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) == 0 || WEXITSTATUS(rc) == 124 || dt > 60)
+            fail_msg("exit %d after %.0f s:\n%s", WEXITSTATUS(rc), dt, log);
+        assert_non_null(strstr(log, c ? "error on rank 3 of 4: " : "error on rank 1 of 2: "));
+        assert_non_null(strstr(log, c ? "stepz" : "missing.yaml"));
+        assert_non_null(strstr(log, c ? "1 of 4 ranks (3) could not load" : "1 of 2 ranks (1) could not load"));
+        free(log);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_symlink_where_a_checkpoint_goes),
+        cmocka_unit_test(test_pruning_leaves_what_is_not_ours),
+        cmocka_unit_test(test_resume_through_a_symlink),
+        cmocka_unit_test(test_no_write_through_a_symlink),
+        cmocka_unit_test(test_one_run_per_directory),
+        cmocka_unit_test(test_restart_before_the_first_checkpoint),
+        cmocka_unit_test(test_signal_saves_then_stops),
+        cmocka_unit_test(test_signal_during_a_save),
+        cmocka_unit_test(test_signal_one_rank_under_mpirun),
+        cmocka_unit_test(test_bad_config_on_one_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
