@@ -1352,7 +1352,7 @@ static void test_shared_aliases(void **state) {
                       NULL);
 }
 
-/* Every rule of CONFIG.md "errors before anything is built" (and NUMERICS.md's),
+/* Every rule of docs/CONFIG.md "errors before anything is built" (and docs/NUMERICS.md's),
  * each message naming the file, the line, the key, what was expected and what was found. */
 static void test_contract_rules(void **state) {
     (void)state;
@@ -1412,7 +1412,7 @@ static void test_contract_rules(void **state) {
                       "expected an integer", "found \"ten\" (a string)", NULL);
     expect_load_error("r12.yaml", "training:\n  steps: 1\n  max_steps: 2\n", "r12.yaml:3:", "training.max_steps",
                       "duplicate key", "training.steps was already set on line 2", NULL);
-    /* NUMERICS.md: matched_adamw_rms >= 0, custom coefficients finite and not shorter than ns_steps. */
+    /* docs/NUMERICS.md: matched_adamw_rms >= 0, custom coefficients finite and not shorter than ns_steps. */
     expect_invalid("r13.yaml", "optimizer:\n  matched_adamw_rms: -0.2\n", 1,
                    "r13.yaml:2: optimizer.muon_config.muon_matched_adamw_rms (as optimizer.matched_adamw_rms)",
                    "expected a number >= 0", "found -0.2", NULL);

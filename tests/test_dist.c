@@ -1,6 +1,6 @@
 /* Data parallel over MPI, end to end through the command line: the same run
  * on 1, 2, 3 and 4 ranks under `mpirun --oversubscribe` against one process,
- * for a float32 model (≤ 1e-5 relative per tensor, NUMERICS.md's 10-step
+ * for a float32 model (≤ 1e-5 relative per tensor, docs/NUMERICS.md's 10-step
  * bound) and a bf16 model with FP32 main params (the seed's rtol 1e-2) and
  * without them;
  * losses per step; fully sharded and replicated; a sharded checkpoint saved
@@ -755,7 +755,7 @@ static void state_files(const char *dir, const char *out, int step, char *a, cha
 /* The seed's case (HyperParallel's 20-step system test), in FP32: the
  * unsharded reference path (one process) against every distributed one.
  * Every step's loss and grad norm, every main_grad (before clipping) and
- * every param written back agree within NUMERICS.md's float32 sharded bound,
+ * every param written back agree within docs/NUMERICS.md's float32 sharded bound,
  * 1e-5 of each tensor's largest magnitude. (No q/k/v biases: k_proj.bias's
  * gradient is exactly zero, and the rounding noise it receives instead
  * would be its whole update, as test_float32_on_1_to_4_ranks explains.) */
@@ -775,7 +775,7 @@ static void test_moe_expert_parallel_float32(void **state) {
                          l1[s], g1[s]);
             state_files(dir, out, s + 1, a, b, sizeof(a));
             /* The main_grads and params of 38 tensors: 3 x 6 of attention and norms, one dense MLP's 3, two
-             * sparse ones' 7, the embedding, the norm and the head. NUMERICS.md bounds 10 steps by 1e-5; past
+             * sparse ones' 7, the embedding, the norm and the head. docs/NUMERICS.md bounds 10 steps by 1e-5; past
              * them the bound grows with the steps, as summation-order noise accumulates (the clang build
              * measured 1.0e-5 at step 15). */
             double e = compare_files(a, b, 1e-5 * fmax(1.0, (s + 1) / 10.0), 2 * 38);
@@ -810,7 +810,7 @@ static void test_moe_expert_parallel_bf16(void **state) {
         for (int s = 0; s < MOE_STEPS; s++) {
             worst_loss = fmax(worst_loss, fabs(ln[s] - l1[s]) / l1[s]);
             worst_norm = fmax(worst_norm, fabs(gn[s] - g1[s]) / g1[s]);
-            /* The grad norm: the seed's rtol 1e-2 over NUMERICS.md's 10-step horizon for a bf16 model;
+            /* The grad norm: the seed's rtol 1e-2 over docs/NUMERICS.md's 10-step horizon for a bf16 model;
              * past it, routing flips (below) move it further, the same with FSDP alone as with experts
              * split: the gcc build measured at most 0.93% over 20 steps (FSDP on 3 ranks), the clang build
              * 1.25% at step 13 (2 x EP 2). 3e-2 there. The loss stays within 1e-4 throughout. */
@@ -820,7 +820,7 @@ static void test_moe_expert_parallel_bf16(void **state) {
                          l1[s], g1[s]);
         }
         state_files(dir, out, 1, a, b, sizeof(a));
-        /* NUMERICS.md's 1e-6 for FP32 state holds where forward is the same bits (the FP32 test: 2.3e-7). Here an
+        /* docs/NUMERICS.md's 1e-6 for FP32 state holds where forward is the same bits (the FP32 test: 2.3e-7). Here an
          * expert's GEMM takes its rows in another batch (rows of several ranks at once), oneDNN's sums depend
          * on the row count, and a bf16 activation on a rounding boundary may round the other way: one bf16
          * unit (2^-8) of one row's share of a gradient. Measured: 8.5e-6 on 4 x EP 4, 2.1e-7 elsewhere. */

@@ -77,7 +77,7 @@ static void expect_close(const char *c, const char *what, const float *got, cons
     if (e > *worst) *worst = e;
 }
 
-/* Forward and backward against PEFT: FP32, 1e-5 of each tensor's largest magnitude (NUMERICS.md). */
+/* Forward and backward against PEFT: FP32, 1e-5 of each tensor's largest magnitude (docs/NUMERICS.md). */
 static void check_parity(const char *c) {
     fixture f;
     open_fixture(c, &f);

@@ -98,7 +98,7 @@ static void check_case(const char *name, const char *prefix, bool aux, ht_dtype 
     ht_safetensors_close(st);
 }
 
-/* FP32: NUMERICS.md's 1e-5 of each tensor's largest magnitude. */
+/* FP32: docs/NUMERICS.md's 1e-5 of each tensor's largest magnitude. */
 static void test_moe_untied_f32(void **s) {
     (void)s;
     check_case("moe_untied", "", false, HT_DTYPE_F32, 1e-5, 1e-5);

@@ -147,7 +147,7 @@ static void test_torch_match_rms_plain(void **state) {
 }
 
 /* bf16 x equals bf16(ref), or ref sits within tol of a bf16 rounding boundary
- * (NUMERICS.md, reference tolerances): returns false on a real mismatch. */
+ * (docs/NUMERICS.md, reference tolerances): returns false on a real mismatch. */
 static bool bf16_matches(uint16_t x, uint16_t ref_bf16, float ref_master, float tol) {
     if (x == ref_bf16) return true;
     return ht_f32_to_bf16(ref_master - tol) != ht_f32_to_bf16(ref_master + tol);
@@ -256,7 +256,7 @@ static const char *const NS_MATS[] = {"wide", "tall", "square"};
  * per term, sums of <= 24 terms) and each iteration multiplies what enters it
  * by at most the polynomial's slope (|a| + 3|b| + 5|c| at singular value 1:
  * ~30 for polar_express's first triple, 5-10 for the others), damped near the
- * fixed point: 1e-5 of the largest entry (NUMERICS.md's FP32-vs-float64
+ * fixed point: 1e-5 of the largest entry (docs/NUMERICS.md's FP32-vs-float64
  * tolerance) leaves room. Measured 0.7e-6 to 3.7e-6. */
 static void test_newton_schulz_schedules(void **state) {
     (void)state;

@@ -1,4 +1,4 @@
-/* The optimizer layer against PyTorch and NUMERICS.md: AdamW (FP32, and
+/* The optimizer layer against PyTorch and docs/NUMERICS.md: AdamW (FP32, and
  * Megatron-style bf16 model + FP32 master) vs torch.optim.AdamW for 10
  * steps, the fused kernel's vector, scalar and threaded paths bit for bit
  * (and without an FP32 main param, as with one), no_weight_decay routing, the LR schedules vs an independent Python
@@ -379,7 +379,7 @@ static ht_json *read_json_fixture(const char *name) {
     return root;
 }
 
-/* Every schedule vs lr_schedules.json (written from NUMERICS.md's table in Python). */
+/* Every schedule vs lr_schedules.json (written from docs/NUMERICS.md's table in Python). */
 static void test_lr_schedules_vs_table(void **state) {
     (void)state;
     ht_json *root = read_json_fixture("optim/lr_schedules.json");
@@ -407,7 +407,7 @@ static void test_lr_schedules_vs_table(void **state) {
         sc.t_max = (int64_t)ht_json_get(j, "t_max")->number;
         points += check_schedule_case(j, c, type, &sc, &worst);
     }
-    for (int t = 0; t <= HT_LR_COSINE_ANNEALING; t++) /* NUMERICS.md's seven; the rest: mindformers_lr.json */
+    for (int t = 0; t <= HT_LR_COSINE_ANNEALING; t++) /* docs/NUMERICS.md's seven; the rest: mindformers_lr.json */
         if (seen[t] < 2) fail_msg("%s: only %d cases in the table", ht_lr_type_name((ht_lr_type)t), seen[t]);
     ht_lr_type unused;
     assert_false(ht_lr_type_from_name("cosine", &unused));
@@ -421,7 +421,7 @@ static double json_number(const ht_json *j, const char *key) {
     return v->number;
 }
 
-/* Every schedule, NUMERICS.md's seven and MindFormers' three more, vs mindformers_lr.json: MindFormers'
+/* Every schedule, docs/NUMERICS.md's seven and MindFormers' three more, vs mindformers_lr.json: MindFormers'
  * lr_schedule.py transcribed into Python (tools/reference/make_lr_fixtures.py), 1e-12 relative. */
 static void test_lr_schedules_vs_mindformers(void **state) {
     (void)state;
@@ -488,7 +488,7 @@ static void clip_store(ht_param_store *ps, const ht_safetensors *st, const char 
 }
 
 /* ht_grad_norm / ht_clip_grads vs torch.nn.utils.clip_grad_norm_ (same formula,
- * max_norm / (N + 1e-6); torch sums in FP32, NUMERICS.md in double). */
+ * max_norm / (N + 1e-6); torch sums in FP32, docs/NUMERICS.md in double). */
 static void test_clip_vs_torch(void **state) {
     (void)state;
     ht_error err;

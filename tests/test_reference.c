@@ -130,7 +130,7 @@ static void check_against_transformers(const char *name, ht_dtype dtype, bool se
     ht_safetensors_close(r.st);
 }
 
-/* FP32: the contract of NUMERICS.md, 1e-5 of each tensor's largest magnitude. */
+/* FP32: the contract of docs/NUMERICS.md, 1e-5 of each tensor's largest magnitude. */
 static void test_qwen2_untied_f32(void **s) {
     (void)s;
     check_against_transformers("qwen2_untied", HT_DTYPE_F32, false, 1e-5, 1e-5);

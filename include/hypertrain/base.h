@@ -66,7 +66,7 @@ bool ht_dtype_from_name(const char *name, ht_dtype *out);
 const char *ht_dtype_safetensors_name(ht_dtype dtype);
 bool ht_dtype_from_safetensors_name(const char *name, ht_dtype *out);
 
-/* Round-to-nearest-even conversions (NUMERICS.md, floating-point formats).
+/* Round-to-nearest-even conversions (docs/NUMERICS.md, floating-point formats).
  * The bf16 pair is inline so that the loops calling it, in any file,
  * vectorize. */
 static inline uint16_t ht_f32_to_bf16(float x) {

@@ -149,7 +149,7 @@ ht_status ht_peft_save_adapter(const char *dir, const ht_param_store *params, co
 
 /* ---------------------------------------------------------------- training checkpoints */
 
-/* A checkpoint is a directory output_dir/step_XXXXXXXX/ (DESIGN.md, Checkpoints):
+/* A checkpoint is a directory output_dir/step_XXXXXXXX/ (docs/DESIGN.md, Checkpoints):
  *   rank_RRRRR.safetensors  one per rank: that rank's rows of every key
  *   config.json             the model architecture (what export writes)
  *   metadata.json           written last: the commit point

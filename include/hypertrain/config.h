@@ -1,5 +1,5 @@
 /* The run configuration: one YAML file (sections model, data, optimizer,
- * lr_scheduler, training, fsdp_config, checkpoint; see CONFIG.md) plus
+ * lr_scheduler, training, fsdp_config, checkpoint; see docs/CONFIG.md) plus
  * `--set section.key=value` overrides, loaded into a typed struct that
  * remembers where each value came from; cross-field validation; the
  * "Trainer config" log. All of it is driven by one table of keys in
@@ -37,7 +37,7 @@ typedef enum ht_config_optimizer {
     HT_CONFIG_OPTIMIZER_ADAMW,
 } ht_config_optimizer;
 
-/* The seven schedules of NUMERICS.md, in its order. */
+/* The seven schedules of docs/NUMERICS.md, in its order. */
 typedef enum ht_config_lr_schedule {
     HT_CONFIG_LR_CONSTANT_WARMUP = 0,  /* ConstantWarmUpLR */
     HT_CONFIG_LR_LINEAR_WARMUP,        /* LinearWithWarmUpLR */
@@ -68,7 +68,7 @@ typedef enum ht_config_muon_comm {
     HT_CONFIG_MUON_COMM_DEREDUNDANCY
 } ht_config_muon_comm;
 
-/* Whose YAML a file is, told from the file itself (CONFIG.md, Compatibility):
+/* Whose YAML a file is, told from the file itself (docs/CONFIG.md, Compatibility):
  * each dialect keeps its own system's defaults for the keys it leaves unset. */
 typedef enum ht_config_dialect {
     HT_CONFIG_DIALECT_HYPERTRAIN = 0,
@@ -168,10 +168,10 @@ typedef struct ht_config {
         } adamw;
         bool accumulate_allreduce_grads_in_fp32; /* MindFormers' name for what is always true here */
         bool use_fused_adamw;                    /* accepted: the fused AdamW pass is the only one */
-        bool stochastic_rounding; /* main_param -> model dtype cast rounds stochastically (NUMERICS.md) */
+        bool stochastic_rounding; /* main_param -> model dtype cast rounds stochastically (docs/NUMERICS.md) */
     } optimizer;
 
-    /* Total steps are training.steps; see NUMERICS.md for the formulas. */
+    /* Total steps are training.steps; see docs/NUMERICS.md for the formulas. */
     struct {
         ht_config_lr_schedule type;
         double warmup_ratio; /* wins over warmup_steps when given: ht_config_warmup_steps */
@@ -219,7 +219,7 @@ typedef struct ht_config {
         int eval_interval; /* 0: never */
         int eval_batches;  /* validation batches per evaluation */
         ht_config_strings plugin;
-        /* fp16 dynamic loss scaling (NUMERICS.md, Megatron's DynamicGradScaler). */
+        /* fp16 dynamic loss scaling (docs/NUMERICS.md, Megatron's DynamicGradScaler). */
         double loss_scale_initial;
         int loss_scale_growth_interval; /* clean steps between growths */
         double loss_scale_growth_factor;
@@ -260,7 +260,7 @@ typedef struct ht_config {
     } checkpoint;
 
     /* The dialect the optimizer block is written in: its system's defaults
-     * apply to the keys the run leaves unset (CONFIG.md, Compatibility). */
+     * apply to the keys the run leaves unset (docs/CONFIG.md, Compatibility). */
     ht_config_dialect dialect;
 
     /* Keys of a section whose system accepts extra keys there (MindFormers'
@@ -290,7 +290,7 @@ ht_status ht_config_load(const char *path, int n_overrides, char *const *overrid
  * sequence for list keys; "null" or empty for null). Source: command line. */
 ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err);
 
-/* The cross-field rules of CONFIG.md; lists every violation, one per line.
+/* The cross-field rules of docs/CONFIG.md; lists every violation, one per line.
  * Never changes a value. */
 ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err);
 
@@ -323,7 +323,7 @@ const char *ht_config_source_name(ht_config_source source);
  * false if the key is unknown. Truncates to n bytes. */
 bool ht_config_format_value(const ht_config *cfg, const char *key, char *buf, size_t n);
 
-/* W of NUMERICS.md: floor(steps * warmup_ratio) if warmup_ratio was given
+/* W of docs/NUMERICS.md: floor(steps * warmup_ratio) if warmup_ratio was given
  * (file or command line), else warmup_steps. */
 int ht_config_warmup_steps(const ht_config *cfg);
 /* S of WarmUpStableDecayLR: decay_start_steps if given, else floor(steps * decay_start_ratio). */

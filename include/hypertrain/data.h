@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-/* The `data:` section of the config (CONFIG.md). */
+/* The `data:` section of the config (docs/CONFIG.md). */
 typedef struct ht_data_config {
     char dataset_type[64]; /* registry name: "text_bytes", "token_bin" */
     char path[1024];       /* text_bytes: a file or folder; token_bin: a .bin file or a glob of them */

@@ -1,4 +1,4 @@
-/* The process group (DESIGN.md, Processes): this process's rank among its
+/* The process group (docs/DESIGN.md, Processes): this process's rank among its
  * peers and the collectives the layers above use. One process uses the
  * trivial group, the same code path with nothing to exchange; `mpirun` gives
  * the MPI one. Every collective is called by every rank of the group, in the

@@ -83,13 +83,13 @@ const char *ht_gemm_kernel_name(ht_dtype dtype);
 
 /* ---------------------------------------------------------------- the table */
 
-/* AdamW's hyper-parameters for one param's step t (NUMERICS.md, AdamW). */
+/* AdamW's hyper-parameters for one param's step t (docs/NUMERICS.md, AdamW). */
 typedef struct ht_adamw_hparams {
     int64_t step; /* t, from 1 */
     double lr, beta1, beta2, eps, weight_decay;
 } ht_adamw_hparams;
 
-/* Every compute kernel the layers above call (DESIGN.md, "Seams for later
+/* Every compute kernel the layers above call (docs/DESIGN.md, "Seams for later
  * backends"): the model's forward and backward and the optimizers' passes
  * run through this table and nothing else, so a backend (a GPU's) provides
  * the same entries and is tested op by op against the CPU's

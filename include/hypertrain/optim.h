@@ -22,7 +22,7 @@ extern "C" {
 
 /* ---------------------------------------------------------------- the cast back */
 
-/* How a leaf rounds its FP32 results into a bf16/f16 model param (NUMERICS.md,
+/* How a leaf rounds its FP32 results into a bf16/f16 model param (docs/NUMERICS.md,
  * floating-point formats): to nearest even, or stochastically from a stream
  * of (seed, the param's name, step), so that each step draws afresh. */
 typedef struct ht_rounding {
@@ -70,7 +70,7 @@ typedef struct ht_adamw {
  * decay. */
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
                         const char *const *no_wd, int no_wd_count, ht_error *err);
-/* One update of every slot with learning rate `lr` (NUMERICS.md, AdamW). */
+/* One update of every slot with learning rate `lr` (docs/NUMERICS.md, AdamW). */
 void ht_adamw_step(ht_adamw *opt, double lr);
 void ht_adamw_free(ht_adamw *opt);
 
@@ -87,7 +87,7 @@ void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, in
 
 /* ---------------------------------------------------------------- Muon */
 
-/* Newton-Schulz coefficient schedules (NUMERICS.md, Muon). */
+/* Newton-Schulz coefficient schedules (docs/NUMERICS.md, Muon). */
 typedef enum ht_ns_variant {
     HT_NS_LEGACY = 0,    /* (3.4445, -4.7750, 2.0315) every iteration, K = ns_steps */
     HT_NS_ASYM5,         /* five triples, K = ns_steps <= 5 */
@@ -129,7 +129,7 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
 
 /* Floats of workspace ht_newton_schulz needs for one (rows, cols) matrix. */
 size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype);
-/* O = NS(G) for one (rows, cols) row-major FP32 matrix (NUMERICS.md, Muon):
+/* O = NS(G) for one (rows, cols) row-major FP32 matrix (docs/NUMERICS.md, Muon):
  * normalized by its Frobenius norm (accumulated in double) + eps, then
  * sched->steps iterations, every product on ht_gemm with FP32 accumulation.
  * ns_dtype F32 multiplies FP32 operands; BF16 rounds the operands of each
@@ -197,7 +197,7 @@ typedef struct ht_muon {
     ht_rounding rounding; /* into bf16/f16 params; the wrapper sets it before each step */
 } ht_muon;
 
-/* NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
+/* docs/NUMERICS.md's defaults: lr 0.02, momentum 0.95 (sum style, Nesterov), weight
  * decay 0.1, asym5 with 5 steps, ns_eps 1e-7, matched_adamw_rms 0.2, FP32. */
 void ht_muon_config_defaults(ht_muon_config *cfg);
 
@@ -207,7 +207,7 @@ void ht_muon_config_defaults(ht_muon_config *cfg);
  * whole over the comm (ht_muon_set_comm). Errors name the param or the
  * config key. */
 ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err);
-/* One update of every slot with learning rate `lr` (NUMERICS.md, Muon):
+/* One update of every slot with learning rate `lr` (docs/NUMERICS.md, Muon):
  * momentum, Newton-Schulz per matrix, decoupled weight decay, the scaled
  * step, and the cast back to the model dtype fused into the last pass. */
 /* Spreads the matrices over the ranks of `comm` (ht_muon.comm): with the
@@ -221,7 +221,7 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
 void ht_muon_step(ht_muon *opt, double lr);
 void ht_muon_free(ht_muon *opt);
 
-/* The update scale of an (rows, cols) matrix (NUMERICS.md, Muon). */
+/* The update scale of an (rows, cols) matrix (docs/NUMERICS.md, Muon). */
 double ht_muon_update_scale(int64_t rows, int64_t cols, double matched_adamw_rms);
 
 /* ---------------------------------------------------------------- LR schedules */
@@ -263,7 +263,7 @@ typedef struct ht_lr_schedule {
 
 const char *ht_lr_type_name(ht_lr_type type);
 bool ht_lr_type_from_name(const char *name, ht_lr_type *out);
-/* The lr of the step with 0-based index s (NUMERICS.md, learning-rate schedules,
+/* The lr of the step with 0-based index s (docs/NUMERICS.md, learning-rate schedules,
  * as written: PolynomialWithWarmUpLR with W + D < T is not clamped at W + D). */
 double ht_lr_at(const ht_lr_schedule *sched, int64_t s);
 

@@ -15,7 +15,7 @@ extern "C" {
 
 /* ---------------------------------------------------------------- fp16 loss scaling */
 
-/* Megatron's DynamicGradScaler (NUMERICS.md, fp16 loss scaling). */
+/* Megatron's DynamicGradScaler (docs/NUMERICS.md, fp16 loss scaling). */
 typedef struct ht_loss_scaler {
     double scale;
     double growth_factor, backoff_factor, min_scale;
@@ -52,7 +52,7 @@ typedef struct ht_optimizer_config {
     double max_norm;
     bool loss_scaling; /* dynamic loss scaling (float16 models) */
     ht_loss_scaler scaler;
-    bool stochastic_rounding; /* round updates into bf16/f16 params stochastically (NUMERICS.md) */
+    bool stochastic_rounding; /* round updates into bf16/f16 params stochastically (docs/NUMERICS.md) */
     uint64_t seed;            /* its random stream */
     ht_comm *comm;            /* the ranks a sharded store is spread over; NULL: one process */
     ht_comm *replicas;        /* HSDP: the ranks holding the same rows as this one (Muon splits its work over them) */
@@ -124,7 +124,7 @@ typedef struct ht_qk_layer {
     int num_heads, num_kv_heads, head_dim;
 } ht_qk_layer;
 
-/* MuonClip (NUMERICS.md): for each head whose max logit exceeds tau, scales
+/* MuonClip (docs/NUMERICS.md): for each head whose max logit exceeds tau, scales
  * its q rows (and k rows for MHA) in the FP32 main params and writes them
  * back to the model dtype (without main params: the model's rows, widened,
  * scaled and rounded back to nearest). max_logit: (num_heads). Returns heads

@@ -1,5 +1,5 @@
 /* The three float storage formats and exact round-to-nearest-even conversions
- * between them (NUMERICS.md, floating-point formats), plus dtype names. */
+ * between them (docs/NUMERICS.md, floating-point formats), plus dtype names. */
 #include "hypertrain/base.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Training checkpoints (DESIGN.md, Checkpoints): the save (one safetensors
+/* Training checkpoints (docs/DESIGN.md, Checkpoints): the save (one safetensors
  * file per rank, metadata.json last, directory rename, `latest`, pruning),
  * the verified open, the row-overlap planner that loads N ranks' chunks on M
  * ranks, the FP32 main-param branches, export to Hugging Face and inspect. */

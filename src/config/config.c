@@ -156,7 +156,7 @@ static const enum_name TOTAL_STEPS_MSG[] = {
 #define REJECT_BUT_AUTO(path, msg)                                                                                     \
     { path, KT_REJECT, 0, 0, NULL, msg, AUTO_OK }
 
-/* Every key of CONFIG.md, in the order the log prints them. */
+/* Every key of docs/CONFIG.md, in the order the log prints them. */
 static const key_desc KEYS[] = {
     STR("model.name", model.arch.name, "qwen2"),
     STR_OR_NULL("model.from_pretrained", model.from_pretrained, "null"),
@@ -323,7 +323,7 @@ _Static_assert(sizeof(ht_config_optimizer) == sizeof(int) && sizeof(ht_dtype) ==
                    sizeof(ht_gemm_kernel) == sizeof(int),
                "enums are stored as int");
 
-/* Other dialects' names for keys (CONFIG.md, Compatibility). An alias is
+/* Other dialects' names for keys (docs/CONFIG.md, Compatibility). An alias is
  * another spelling of one key (`key`: both spellings in one source are a
  * duplicate), and/or one value shared by several keys (`shared`, `implies`):
  * those are weak, so a key set by its own name in the same source (file, or

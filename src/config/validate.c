@@ -1,4 +1,4 @@
-/* Cross-field rules of CONFIG.md ("errors before anything is built"): every
+/* Cross-field rules of docs/CONFIG.md ("errors before anything is built"): every
  * violation is listed, each naming its key and where the value came from.
  * Nothing here changes a value; a rule that fails is reported, never fixed. */
 #include "hypertrain/config.h"
@@ -56,7 +56,7 @@ static void check(report *r, bool ok, const char *key, const char *want) {
 
 static bool is_float_dtype(ht_dtype dt) { return dt == HT_DTYPE_F32 || dt == HT_DTYPE_BF16 || dt == HT_DTYPE_F16; }
 
-/* η ≤ lr_end for PolynomialWithWarmUpLR makes (η − lr_end)·(1 − x)^power grow or stall (NUMERICS.md). */
+/* η ≤ lr_end for PolynomialWithWarmUpLR makes (η − lr_end)·(1 − x)^power grow or stall (docs/NUMERICS.md). */
 static void check_polynomial(report *r, const char *lr_key, double lr) {
     const ht_config *cfg = r->cfg;
     if (cfg->lr_scheduler.type != HT_CONFIG_LR_POLYNOMIAL_WARMUP || lr > cfg->lr_scheduler.lr_end) return;
@@ -214,7 +214,7 @@ static void check_new_schedules(report *r) {
             at(cfg, "lr_scheduler.type", a, sizeof(a)), at(cfg, "optimizer.adamw_config.adamw_lr", b, sizeof(b)));
 }
 
-/* muon_ns_coefficients (NUMERICS.md, custom / segmented): finite, and not shorter than ns_steps. */
+/* muon_ns_coefficients (docs/NUMERICS.md, custom / segmented): finite, and not shorter than ns_steps. */
 static void check_ns_coefficients(report *r) {
     const ht_config *cfg = r->cfg;
     const char *key = "optimizer.muon_config.muon_ns_coefficients", *steps_key = "optimizer.muon_config.muon_ns_steps";
@@ -347,7 +347,8 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->training.log_interval > 0, "training.log_interval", pos);
     check(&r, cfg->training.eval_interval >= 0, "training.eval_interval", "an integer >= 0 (0: never)");
     check(&r, cfg->training.eval_interval == 0 || cfg->training.eval_batches > 0, "training.eval_batches", pos);
-    /* fp16 loss scaling (NUMERICS.md): checked whatever the dtype, so that a later switch to fp16 cannot fail late. */
+    /* fp16 loss scaling (docs/NUMERICS.md): checked whatever the dtype, so that a later switch to
+     * fp16 cannot fail late. */
     check(&r, cfg->training.loss_scale_min > 0, "training.loss_scale_min", "a number > 0");
     if (cfg->training.loss_scale_min > 0 && cfg->training.loss_scale_initial < cfg->training.loss_scale_min)
         add(&r, "%s: expected at least training.loss_scale_min = %g (%s), found %g",
@@ -379,7 +380,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
         check(&r, cfg->optimizer.muon.matched_adamw_rms >= 0 && isfinite(cfg->optimizer.muon.matched_adamw_rms),
               "optimizer.muon_config.muon_matched_adamw_rms", "a number >= 0 (0: the original scale rule)");
         check(&r, cfg->optimizer.muon.ns_eps >= 0, "optimizer.muon_config.muon_ns_eps", "a number >= 0");
-        /* asym5 has five triples; running "6" of them would silently be 5 (NUMERICS.md). */
+        /* asym5 has five triples; running "6" of them would silently be 5 (docs/NUMERICS.md). */
         if (cfg->optimizer.muon.ns_variant == HT_CONFIG_NS_ASYM5 && cfg->optimizer.muon.ns_steps > 5)
             add(&r, "%s: expected at most 5 with muon_ns_variant asym5 (%s), found %d", at(cfg, ns_key, a, sizeof(a)),
                 at(cfg, "optimizer.muon_config.muon_ns_variant", b, sizeof(b)), cfg->optimizer.muon.ns_steps);

@@ -4,7 +4,7 @@
  * log-sum-exp kept for backward, which recomputes the probabilities tile by
  * tile. Memory grows with T, not T²; key blocks wholly above the diagonal are
  * never computed (except, when asked, for the largest logit QK-clip needs,
- * which counts masked positions too: NUMERICS.md). */
+ * which counts masked positions too: docs/NUMERICS.md). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>

@@ -87,7 +87,7 @@ void ht_scale(float *x, int64_t n, float k);
 /* ---------------------------------------------------------------- the optimizers' passes (kernels/optim.c) */
 
 typedef struct ht_adamw_hparams ht_adamw_hparams;
-/* One AdamW step over n elements (NUMERICS.md, AdamW, in torch's op order):
+/* One AdamW step over n elements (docs/NUMERICS.md, AdamW, in torch's op order):
  * p, m, v updated in place from g; model (bf16/f16, or NULL) gets the new p
  * rounded to nearest or, `stochastic`, from stream (element i draws number
  * i). p NULL: the model copy holds the values (widened exactly, updated,
@@ -103,7 +103,7 @@ void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, f
  * takes the new values before they are rounded back; O is scratch either way. */
 void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
                    uint64_t stream, int64_t first);
-/* Newton-Schulz (NUMERICS.md, Muon): O = NS(G) for one (rows, cols) FP32
+/* Newton-Schulz (docs/NUMERICS.md, Muon): O = NS(G) for one (rows, cols) FP32
  * matrix, normalized by its Frobenius norm (in double) + eps, then `steps`
  * iterations of coeffs[k] = (a, b, c), the products in ns_dtype with FP32
  * accumulation. O may be G; work holds ht_ns_workspace_floats() floats. */

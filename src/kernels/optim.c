@@ -76,7 +76,7 @@ size_t ht_ns_workspace_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
     return floats;
 }
 
-/* sum of squares in double (NUMERICS.md: the norm is accumulated in double). */
+/* sum of squares in double (docs/NUMERICS.md: the norm is accumulated in double). */
 static double frobenius(const float *x, int64_t n) { return sqrt(ht_sum_squares(x, n)); }
 
 /* The operand of a product in ns_dtype, stored as the chosen kernel takes it
@@ -114,10 +114,10 @@ static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dty
 
 /* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
  * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
- * transposed iteration of NUMERICS.md without copying Gᵀ. */
+ * transposed iteration of docs/NUMERICS.md without copying Gᵀ. */
 void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
                    double eps, ht_dtype ns_dtype, float *work) {
-    const bool tall = rows > cols; /* NUMERICS.md transposes it so that r <= c */
+    const bool tall = rows > cols; /* docs/NUMERICS.md transposes it so that r <= c */
     const int64_t r = tall ? cols : rows, n = rows * cols;
     const int K = steps;
     float *S = work + n, *T = S + r * r; /* (r, r) each */
@@ -209,7 +209,7 @@ typedef struct adamw_scalars {
     float neg_step; /* −lr / (1 − β1^t): p.addcdiv_(m, denom, −step_size) */
 } adamw_scalars;
 
-/* One element (NUMERICS.md, AdamW), written as torch's op sequence:
+/* One element (docs/NUMERICS.md, AdamW), written as torch's op sequence:
  *   p ← p·decay;  m ← m + (1−β1)(g − m) (one FMA);  v ← fma((1−β2)g, g, β2·v);
  *   d = sqrt(v)/bc2_sqrt + eps;  p ← p + (−step_size·m)/d.
  * The vector path below performs the same roundings in the same order. */

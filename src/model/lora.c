@@ -113,7 +113,7 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
                         p->name, (long long)rows, (long long)cols, a_name, (long long)cols, b_name, (long long)rows);
             break;
         }
-        /* W' = W + scale · B A in FP32 (NUMERICS.md's FP32 path), rounded to the output dtype when written. */
+        /* W' = W + scale · B A in FP32 (docs/NUMERICS.md's FP32 path), rounded to the output dtype when written. */
         float *merged = (float *)(block + off), *fa = malloc((size_t)(r * cols) * sizeof(float));
         float *fb = malloc((size_t)(rows * r) * sizeof(float));
         off += ((size_t)(rows * cols) * sizeof(float) + 63) & ~(size_t)63;

@@ -1,4 +1,4 @@
-/* AdamW with PyTorch semantics (NUMERICS.md): decoupled weight decay, bias
+/* AdamW with PyTorch semantics (docs/NUMERICS.md): decoupled weight decay, bias
  * correction, eps added after the bias-corrected square root. One fused pass
  * per parameter reads g, m, v, p and writes m, v, p and the model copy (or,
  * without an FP32 main param, reads and writes the model copy alone). */

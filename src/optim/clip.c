@@ -1,5 +1,5 @@
 /* Global gradient-norm clipping over every trainable param's FP32 main_grad
- * (NUMERICS.md, gradient clipping): the sum of squares accumulates in double. */
+ * (docs/NUMERICS.md, gradient clipping): the sum of squares accumulates in double. */
 #include "hypertrain/optim.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* The learning-rate schedules of NUMERICS.md and MindFormers
+/* The learning-rate schedules of docs/NUMERICS.md and MindFormers
  * (mindformers/core/lr/lr_schedule.py), as pure functions of the 0-based step
  * index (MindFormers' global_step). Each leaf optimizer has its own instance. */
 #include "hypertrain/optim.h"
@@ -100,7 +100,7 @@ double ht_lr_at(const ht_lr_schedule *sc, int64_t s) {
         return end + (eta - end) * 0.5 * (1.0 + cos(M_PI * fmod(sc->num_cycles * p, 1.0)));
     }
     case HT_LR_POLYNOMIAL_WARMUP: {
-        /* No clamp at W + D: NUMERICS.md's formula as written (only s > T ends at lr_end). */
+        /* No clamp at W + D: docs/NUMERICS.md's formula as written (only s > T ends at lr_end). */
         if (x > T) return end;
         double D = sc->decay_steps > 0 ? (double)sc->decay_steps : T - W;
         if (D <= 0) return end; /* T == W: no decay phase (the formula would be 0/0) */

@@ -1,4 +1,4 @@
-/* The Muon leaf optimizer (NUMERICS.md, Muon): momentum, Newton-Schulz per
+/* The Muon leaf optimizer (docs/NUMERICS.md, Muon): momentum, Newton-Schulz per
  * matrix (3-D params are stacks of matrices), decoupled weight decay and the
  * scaled update, with the cast back to the model dtype fused into that pass
  * (without an FP32 main param, the pass reads the model copy and writes it).
@@ -119,7 +119,7 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
     return HT_OK;
 }
 
-/* B <- momentum(B, g) and u, the matrix Newton-Schulz takes (NUMERICS.md,
+/* B <- momentum(B, g) and u, the matrix Newton-Schulz takes (docs/NUMERICS.md,
  * Muon), through the kernel table. */
 static void momentum_update(float *B, const float *g, float *u, int64_t n, const ht_muon_config *c) {
     const float gw = c->momentum_style == HT_MUON_MOMENTUM_EMA ? (float)(1.0 - c->momentum) : 1.0f;

@@ -10,7 +10,7 @@
 #define NS_STEPS_KEY "optimizer.muon_config.muon_ns_steps"
 #define NS_COEFFS_KEY "optimizer.muon_config.muon_ns_coefficients"
 
-/* NUMERICS.md, Muon: the tables of coefficients. */
+/* docs/NUMERICS.md, Muon: the tables of coefficients. */
 static const double LEGACY[3] = {3.4445, -4.7750, 2.0315};
 static const double ASYM5[5][3] = {{4.0848, -6.8946, 2.9270},
                                    {3.9505, -6.3029, 2.6377},
@@ -86,7 +86,7 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
         for (int k = 0; k < ns_steps; k++) push(out, LEGACY);
         return HT_OK;
     case HT_NS_ASYM5:
-        /* Five triples: a sixth iteration would silently be none (NUMERICS.md). */
+        /* Five triples: a sixth iteration would silently be none (docs/NUMERICS.md). */
         if (ns_steps > 5)
             return ht_fail(err, HT_ERR_CONFIG, "%s: expected at most 5 with muon_ns_variant asym5, found %d",
                            NS_STEPS_KEY, ns_steps);

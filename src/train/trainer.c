@@ -209,7 +209,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
 /* kernels.bf16_gemm / f16_gemm: pinned, or measured on this machine on the
  * model's own linear-layer product. A resumed run keeps the kernels it was
  * checkpointed with where they were measured: the kernels sum in different
- * orders, and resume is bitwise (NUMERICS.md). */
+ * orders, and resume is bitwise (docs/NUMERICS.md). */
 static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_gemm_kernel bf16 = c->kernels.bf16_gemm, f16 = c->kernels.f16_gemm;
@@ -433,11 +433,11 @@ _Static_assert((int)HT_CONFIG_LR_CONSTANT_WARMUP == (int)HT_LR_CONSTANT_WARMUP &
                    (int)HT_CONFIG_LR_CONSTANT_COOLDOWN == (int)HT_LR_CONSTANT_COOLDOWN &&
                    (int)HT_CONFIG_LR_COSINE_WARM_RESTARTS == (int)HT_LR_COSINE_WARM_RESTARTS &&
                    (int)HT_CONFIG_LR_WISE_LAYER == (int)HT_LR_WISE_LAYER,
-               "the config's and the optimizer's schedule enums must follow NUMERICS.md's order");
+               "the config's and the optimizer's schedule enums must follow docs/NUMERICS.md's order");
 
 static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
     memset(sc, 0, sizeof(*sc));
-    sc->type = (ht_lr_type)c->lr_scheduler.type; /* both enums follow NUMERICS.md's order */
+    sc->type = (ht_lr_type)c->lr_scheduler.type; /* both enums follow docs/NUMERICS.md's order */
     sc->base_lr = base_lr;
     sc->warmup_lr_init = c->lr_scheduler.warmup_lr_init;
     sc->lr_end = c->lr_scheduler.lr_end;
@@ -614,7 +614,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     fill_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
     fill_schedule(&oc.muon_schedule, c, oc.muon.lr);
     oc.max_norm = c->training.max_norm;
-    /* float16 models train with a dynamic loss scale (NUMERICS.md). */
+    /* float16 models train with a dynamic loss scale (docs/NUMERICS.md). */
     oc.loss_scaling = t->model->params.items[0].dtype == HT_DTYPE_F16;
     ht_loss_scaler_init(&oc.scaler, c->training.loss_scale_initial, c->training.loss_scale_growth_factor,
                         c->training.loss_scale_backoff_factor, c->training.loss_scale_growth_interval,

@@ -17,15 +17,15 @@ Sources (mindspore-lab/mindformers):
   parameter meanings, phase formulas); the stored copies of lr_schedule.py
   predate these two classes, so their construct bodies were not read.
 
-Where NUMERICS.md (which hypertrain follows) departs from MindFormers' code,
+Where docs/NUMERICS.md (which hypertrain follows) departs from MindFormers' code,
 the parameter sets stay where the two agree; the departures, left out here:
   - CosineWithWarmUpLR / CosineWithRestartsAndWarmUpLR: MindFormers divides
-    by T - W (cosine_steps) even when decay_steps is given; NUMERICS.md by
+    by T - W (cosine_steps) even when decay_steps is given; docs/NUMERICS.md by
     D - W. Equal when decay_steps is not given (D = T): only those cases here.
   - CosineWithRestartsAndWarmUpLR: MindFormers returns 0 (not lr_end) once
     (s - W)/(T - W) >= 1 while s < D, possible only with D > T.
   - PolynomialWithWarmUpLR: MindFormers ends at s >= D (D = T - W by default),
-    NUMERICS.md at s > T; equal for W = 0, or for steps below D.
+    docs/NUMERICS.md at s > T; equal for W = 0, or for steps below D.
   - WarmUpStableDecayLR past T: not documented; steps stop at T.
 
 Rerun from the repository root: python3 tools/reference/make_lr_fixtures.py

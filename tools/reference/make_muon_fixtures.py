@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the Muon reference fixtures (NUMERICS.md, Muon) under tests/fixtures/optim/.
+"""Write the Muon reference fixtures (docs/NUMERICS.md, Muon) under tests/fixtures/optim/.
 
 muon_steps.safetensors: 10 optimizer steps on four parameters
   square (64, 64), wide (32, 96), tall (96, 32), experts (3, 24, 40)
@@ -20,7 +20,7 @@ muon_steps.safetensors: 10 optimizer steps on four parameters
       Both: momentum style ema (torch's), legacy coefficients, 5 iterations,
       FP32 params. torch's _zeropower_via_newtonschulz runs in bf16 and divides
       by norm.clamp(min=eps); it is monkeypatched with ns_fp32 below, which
-      follows NUMERICS.md exactly in FP32 (X / (||X||_F + eps), the norm in
+      follows docs/NUMERICS.md exactly in FP32 (X / (||X||_F + eps), the norm in
       double). torch.optim.Muon takes 2-D params only, so `experts` is a
       per-matrix loop of torch.optim.Muon: its E = 3 slices are E separate
       (24, 40) params of the same optimizer (init and each step's grad sliced
@@ -78,7 +78,7 @@ POLAR_EXPRESS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
 
 
 def schedule(variant, ns_steps, custom=None):
-    """The per-iteration triples (NUMERICS.md, coefficient schedules)."""
+    """The per-iteration triples (docs/NUMERICS.md, coefficient schedules)."""
     if variant == "legacy":
         return LEGACY * ns_steps
     if variant == "asym5":
@@ -96,7 +96,7 @@ def schedule(variant, ns_steps, custom=None):
 
 
 def ns_fp32(G, coeffs, eps):
-    """NUMERICS.md's Newton-Schulz in FP32 torch ops: X / (||X||_F + eps) with
+    """docs/NUMERICS.md's Newton-Schulz in FP32 torch ops: X / (||X||_F + eps) with
     the norm accumulated in double, then S = X Xᵀ, T = b S + c S S, X = a X + T X."""
     X = G.to(torch.float32, copy=True)
     tall = G.size(0) > G.size(1)

@@ -11,7 +11,7 @@ rank-4-plus-noise one, like a gradient):
   f64.<m>      F32 (r, c)  the iteration in float64, rounded to float32
   torch.<m>    F32 (r, c)  torch's bf16 iteration (the bf16 values, widened)
 
-The iteration is NUMERICS.md's with the asym5 schedule (5 steps), eps 1e-7:
+The iteration is docs/NUMERICS.md's with the asym5 schedule (5 steps), eps 1e-7:
 a tall G is transposed, X = G / max(||G||, eps), then per step
 A = X Xᵀ, B = b A + c A A, X = a X + B X. torch's version is the one in
 torch/optim/_muon.py (_zeropower_via_newtonschulz): X held in bf16, the two

@@ -25,10 +25,10 @@
       metadata <case>.norm_f64, <case>.max_norm: the norm accumulated in
                            float64, and max_norm (repr strings: F64 tensors
                            are not in hypertrain's safetensors reader)
-  lr_schedules.json        every schedule of NUMERICS.md on several parameter
+  lr_schedules.json        every schedule of docs/NUMERICS.md on several parameter
                            sets -> expected lr at many steps, from the
                            independent implementation below (written from
-                           NUMERICS.md's table, not from src/optim/lr.c).
+                           docs/NUMERICS.md's table, not from src/optim/lr.c).
 
 Gradients are not stored: step t's gradient of tensor k is a counter-based
 hash (grad_values below) that tests/test_optim.c regenerates bit for bit.
@@ -159,11 +159,11 @@ def make_clip(out_dir):
     save_file(out, os.path.join(out_dir, "clip.safetensors"), metadata=meta)
 
 
-# ---------------------------------------------------------------- LR schedules, from NUMERICS.md's table
+# ---------------------------------------------------------------- LR schedules, from docs/NUMERICS.md's table
 
 
 def lr_reference(c, s):
-    """The lr of 0-based step s, term by term as NUMERICS.md writes it."""
+    """The lr of 0-based step s, term by term as docs/NUMERICS.md writes it."""
     kind, eta, T, W = c["type"], c["base_lr"], c["total_steps"], c["warmup_steps"]
     end = c["lr_end"]
     if kind == "CosineAnnealingLR":
@@ -244,7 +244,7 @@ def make_lr(out_dir):
         lr_case("CosineAnnealingLR", 80, eta_min=2e-4, base_lr=0.02),
     ]
     with open(os.path.join(out_dir, "lr_schedules.json"), "w") as f:
-        json.dump({"source": "tools/reference/make_optim_fixtures.py (NUMERICS.md, learning-rate schedules)",
+        json.dump({"source": "tools/reference/make_optim_fixtures.py (docs/NUMERICS.md, learning-rate schedules)",
                    "cases": cases}, f, indent=None, separators=(",", ":"))
         f.write("\n")
 
