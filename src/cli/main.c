@@ -21,7 +21,8 @@
 static void usage(FILE *f) {
     fprintf(f, "usage:\n"
                "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
-               "      train as the YAML file says; --set overrides any key\n"
+               "      train as the YAML file says; --set overrides any key. Exit status: 0 done, 1 an error,\n"
+               "      75 stopped by SIGTERM/SIGINT/SIGHUP after saving a checkpoint (run it again to resume)\n"
                "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
                "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n"
                "  hypertrain export CKPT OUT_DIR [--dtype bfloat16|float16|float32] [--max-shard-mb N] [--adapter]\n"
