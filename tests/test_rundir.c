@@ -383,7 +383,9 @@ static void test_signal_during_a_save(void **state) {
         const char *dir = scratch_dir(twice ? "rundir_save_sig_twice" : "rundir_save_sig_once");
         write_run(dir, 6, 1);
         char env[1600];
-        snprintf(env, sizeof(env), "LD_PRELOAD='%s' HT_FAULT_DIR='%s/out' HT_FAULT_SLOW_FSYNC_MS=300",
+        snprintf(env, sizeof(env),
+                 "ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 LD_PRELOAD='%s' HT_FAULT_DIR='%s/out' "
+                 "HT_FAULT_SLOW_FSYNC_MS=300",
                  getenv("HT_FAIL_IO"), dir);
         pid_t pid = start(dir, "stopped", env, NULL);
         assert_true(wait_for(dir, "stopped", pid, "step     3/")); /* logged before step 3's save */
