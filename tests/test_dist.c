@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
+#include "hypertrain/train.h"
 
 /* The launcher as the tests run it. Under the sanitizer build the ranks keep
  * ASan and UBSan but not leak detection: Open MPI never frees some of its
@@ -53,7 +54,7 @@ static void write_config(const char *dir, const char *dtype, int steps, bool att
         "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
         "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
         "training:\n  steps: %d\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: 0\n"
-        "  eval_batches: 4\n  log_interval: 1\n"
+        "  eval_batches: 5\n  log_interval: 1\n"
         "fsdp_config:\n  mix_precision:\n    param_dtype: %s\n"
         "kernels:\n  bf16_gemm: fp32_rounded\n"
         "checkpoint:\n  save_interval: 0\n",
@@ -198,6 +199,36 @@ static double compare_final(const char *dir, const char *out, const char *ref, d
     return compare_files(a, b, tol, 20);
 }
 
+/* The validation losses DIR/<out>/metrics.jsonl holds ("val_loss": 5.600968), in order. */
+static int val_losses(const char *dir, const char *out, double *v, int max) {
+    char path[1300], *text;
+    size_t len;
+    ht_error err;
+    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
+    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    int n = 0;
+    for (const char *at = strstr(text, "\"val_loss\": "); at && n < max; at = strstr(at + 1, "\"val_loss\": "))
+        v[n++] = atof(at + 12);
+    free(text);
+    return n;
+}
+
+/* Every rank count evaluates the same windows in the same forwards (5
+ * batches of 1 here: not a multiple of 2, 3 or 4 ranks). Before training
+ * the weights are the same too, so the validation loss can differ only by
+ * the order of its double sum, below the 6 decimals metrics.jsonl keeps;
+ * after it, as the losses of training steps do. */
+static void check_validation(const char *dir, const char *out, double loss_rtol) {
+    double v1[4], vn[4];
+    assert_int_equal(val_losses(dir, "out0", v1, 4), 2);
+    assert_int_equal(val_losses(dir, out, vn, 4), 2);
+    if (fabs(vn[0] - v1[0]) > 1.5e-6)
+        fail_msg("%s: validation loss before training %.6f, one process %.6f", out, vn[0], v1[0]);
+    if (fabs(vn[1] - v1[1]) > loss_rtol * v1[1])
+        fail_msg("%s: validation loss after training %.6f, one process %.6f (bound %g relative)", out, vn[1], v1[1],
+                 loss_rtol);
+}
+
 /* The loss of each step, from a run's log: "step     3/6 | loss 4.5429 | ...". */
 static int losses(const char *log, double *out, int max) {
     int n = 0;
@@ -336,6 +367,7 @@ static const char *check_ranks(const char *name, const char *dtype, bool attenti
             for (int s = 0; s < steps; s++)
                 if (fabs(ln[s] - l1[s]) > 2e-4 * fabs(l1[s]) + 1e-4)
                     fail_msg("%s, step %d: loss %.4f, one process %.4f", out, s + 1, ln[s], l1[s]);
+            check_validation(dir, out, f32 ? 1e-5 : 2e-4);
             seen->count = 0;
             double g1, e = compare_run(dir, out, "out0", 1, grad_tol, &g1, skip, tol, floor, seen);
             const char *which = "-";
@@ -732,6 +764,27 @@ static void test_fsdp_unit_plans(void **state) {
     free(log);
 }
 
+/* A validation split of one window (the least the dataset keeps) on 3
+ * ranks: rank 0 evaluates it, the others forward it too (FSDP gathers with
+ * them) and drop their loss; the validation losses are one process's. It
+ * once shrank the batch to 0 for want of a window per rank and warned, on
+ * every rank, that the split was too small. */
+static void test_one_validation_window_on_3_ranks(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_one_window");
+    write_config(dir, "float32", 2, false);
+    char *log;
+    const char *tiny = "--set data.valid_fraction=0.002";
+    if (run_ranks(dir, 0, tiny, &log) != 0) fail_msg("one process failed:\n%s", log);
+    assert_non_null(strstr(log, "17 validation tokens"));
+    free(log);
+    if (run_ranks(dir, 3, tiny, &log) != 0) fail_msg("3 ranks failed:\n%s", log);
+    if (strstr(log, "too small")) fail_msg("a warning on 3 ranks:\n%s", log);
+    free(log);
+    check_validation(dir, "out3", 1e-5);
+    printf("one validation window on 3 ranks: evaluated as on one process\n");
+}
+
 /* Two ranks, two configs (mpirun's MPMD form): refused, naming the key. */
 static void test_ranks_with_different_configs(void **state) {
     (void)state;
@@ -861,6 +914,9 @@ static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss,
     if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
     if (moe_runs[k].ep > 1 && !strstr(log, "Expert parallelism: groups of"))
         fail_msg("%s: no expert parallelism in its log:\n%s", out, log);
+    /* The sparse layers' expert units, one entry. */
+    if (moe_runs[k].ep > 1 && !strstr(log, ", model.layers.{1..2}.mlp.experts (2 x "))
+        fail_msg("%s: no expert units in its FSDP units line:\n%s", out, log);
     assert_int_equal(losses(log, loss, MOE_STEPS + 1), MOE_STEPS);
     assert_int_equal(grad_norms(log, norm, MOE_STEPS + 1), MOE_STEPS);
     free(log);
@@ -1049,7 +1105,180 @@ static void test_moe_checkpoint_across_layouts(void **state) {
     }
 }
 
-int main(void) {
+/* ---------------------------------------------------------------- fsdp_config.mix_precision.reduce_dtype */
+
+/* Rank `rank`'s made-up gradient for element i of param pi: signs and
+ * magnitudes (2^0 to 2^-15) from a hash, so that almost none is a bf16
+ * value. */
+static float made_up_grad(int rank, int pi, int64_t i) {
+    int64_t key[3] = {rank, pi, i};
+    uint64_t h = ht_fnv1a64(key, sizeof(key), HT_FNV64_INIT);
+    return (float)ldexp((double)(h >> 11) * 0x1p-52 - 1.0, -(int)(h & 15));
+}
+
+static float bf16_rounded(float x) { return ht_bf16_to_f32(ht_f32_to_bf16(x)); }
+
+/* One rank of the reduce_dtype check (test_reduce_dtype_bf16 runs it under
+ * mpirun): the model of DIR/run.yaml with fsdp_config.shard_size S, trained
+ * for no step; every rank gives every param a made-up whole gradient in one
+ * backward pass of the FSDP hooks, then the step's reductions run (the shard
+ * group's reduce-scatters, the replicas' sum). Three runs: reduce_dtype
+ * float32, bfloat16, and null with param_dtype bfloat16 (FSDP2's rule: the
+ * reduction in param_dtype). Checks, on every rank and every element of its
+ * rows: bfloat16's main_grad is bit for bit the FP32 sum, in rank order, of
+ * the contributions rounded to bf16 (with HSDP each shard group's sum is one
+ * replica's contribution, rounded again); it differs from float32's by at
+ * most those roundings; null's is bfloat16's; and the reduce-scatters sent
+ * half float32's bytes. Returns the exit status. */
+static int reduce_dtype_rank(const char *dir, int S) {
+    ht_comm *comm;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ht_log_set_rank(comm->rank);
+    static const char *const modes[] = {"reduce_dtype=float32", "reduce_dtype=bfloat16", "reduce_dtype=null"};
+    float *got[3] = {NULL, NULL, NULL};
+    double bytes[3] = {0, 0, 0};
+    int64_t total = 0, failures = 0;
+    char path[1300], set[3][1400];
+    snprintf(path, sizeof(path), "%s/run.yaml", dir);
+    for (int mode = 0; mode < 3; mode++) {
+        snprintf(set[0], sizeof(set[0]), "fsdp_config.mix_precision.%s", modes[mode]);
+        snprintf(set[1], sizeof(set[1]), "fsdp_config.shard_size=%d", S);
+        snprintf(set[2], sizeof(set[2]), "checkpoint.output_dir=%s/reduce%d", dir, mode);
+        char *sets[] = {set[0], set[1], set[2], "optimizer.fp32_main_params=false",
+                        mode == 2 ? "fsdp_config.mix_precision.param_dtype=bfloat16" : "training.seed=42"};
+        ht_config *cfg = malloc(sizeof(ht_config));
+        ht_trainer *t = malloc(sizeof(ht_trainer));
+        if (ht_config_load(path, 5, sets, cfg, &err) != HT_OK || ht_config_validate(cfg, comm->size, &err) != HT_OK ||
+            ht_trainer_init_on(t, cfg, comm, &err) != HT_OK) {
+            fprintf(stderr, "rank %d, %s: %s\n", comm->rank, modes[mode], err.msg);
+            ht_comm_abort(comm, 1);
+        }
+        ht_model *m = t->model;
+        ht_param_store *ps = &m->params;
+        bool *filled = calloc((size_t)ps->count, sizeof(bool));
+        for (int k = m->module_count - 1; k >= 0; k--) {
+            ht_model_event(m, k, HT_BEFORE_BACKWARD);
+            for (int j = 0; j < m->modules[k].param_count; j++) {
+                ht_param *p = m->modules[k].params[j];
+                const int pi = (int)(p - ps->items);
+                if (filled[pi] || !p->grad) continue;
+                for (int64_t i = 0; i < ht_param_numel(p); i++) p->grad[i] = made_up_grad(comm->rank, pi, i);
+                filled[pi] = true;
+            }
+            ht_model_event(m, k, HT_AFTER_BACKWARD);
+        }
+        ht_fsdp_finish_backward(t->fsdp);
+        ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, ps->grad_block, (int64_t)(ps->grad_bytes / sizeof(float)));
+        bytes[mode] = ht_fsdp_stats_get(t->fsdp)->reduced_bytes;
+        got[mode] = malloc(ps->grad_bytes);
+        memcpy(got[mode], ps->grad_block, ps->grad_bytes);
+        /* Every element of this rank's rows against the sums made here from every rank's contributions. */
+        if (mode == 2) {
+            const int W = comm->size, R = W / S;
+            for (int pi = 0; pi < ps->count; pi++) {
+                const ht_param *p = &ps->items[pi];
+                const int64_t row = ht_param_row_numel(p), off = p->main_grad - ps->grad_block;
+                for (int64_t k = 0; k < ht_param_local_numel(p); k++, total++) {
+                    const int64_t i = p->row0 * row + k;
+                    float exact = 0, rounded = 0;
+                    double slack = 0;
+                    for (int g = 0; g < R; g++) { /* shard group g: ranks g S .. g S + S - 1 */
+                        float part = made_up_grad(g * S, pi, i), part16 = bf16_rounded(part);
+                        slack += fabs(part - part16);
+                        for (int q = 1; q < S; q++) {
+                            float c = made_up_grad(g * S + q, pi, i);
+                            part += c;
+                            part16 += bf16_rounded(c);
+                            slack += fabs(c - bf16_rounded(c)) + 0x1p-23 * fabs(part);
+                        }
+                        exact = g ? exact + part : part;
+                        rounded = R == 1 ? part16 : g ? rounded + bf16_rounded(part16) : bf16_rounded(part16);
+                        slack += R == 1 ? 0 : fabs(part16 - bf16_rounded(part16)) + 0x1p-23 * fabs(exact);
+                    }
+                    const float f32 = got[0][off + k], b16 = got[1][off + k], null = got[2][off + k];
+                    if (f32 != exact || memcmp(&b16, &rounded, 4) != 0 || memcmp(&null, &b16, 4) != 0 ||
+                        !(fabs(b16 - f32) <= slack)) {
+                        if (failures++ < 5)
+                            fprintf(stderr,
+                                    "rank %d, %s[%lld]: float32 %.9g (its sum %.9g), bfloat16 %.9g (the sum of "
+                                    "bf16 contributions %.9g, apart by at most %.3g), null %.9g\n",
+                                    comm->rank, p->name, (long long)i, f32, exact, b16, rounded, slack, null);
+                    }
+                }
+            }
+        }
+        free(filled);
+        ht_trainer_free(t);
+        free(t);
+        free(cfg);
+    }
+    if (bytes[1] != 0.5 * bytes[0] || bytes[2] != bytes[1] || (S > 1 && bytes[0] == 0)) {
+        fprintf(stderr, "rank %d: reduce-scatters sent %.0f bytes in float32, %.0f in bfloat16, %.0f with null\n",
+                comm->rank, bytes[0], bytes[1], bytes[2]);
+        failures++;
+    }
+    if (comm->rank == 0)
+        printf("reduce_dtype on %d ranks, shard_size %d: %lld elements of rank 0's rows, %s; reduce-scatters %.0f "
+               "bytes in float32, %.0f in bfloat16\n",
+               comm->size, S, (long long)total, failures ? "FAILED" : "as stated", bytes[0], bytes[1]);
+    for (int mode = 0; mode < 3; mode++) free(got[mode]);
+    ht_comm_free(comm);
+    return failures ? 1 : 0;
+}
+
+/* fsdp_config.mix_precision.reduce_dtype bfloat16 (optimizer.fp32_main_params
+ * false) on 3 ranks, fully sharded, and on 4 as 2 shards x 2 replicas:
+ * reduce_dtype_rank's checks on every rank. Then a training run on 2 ranks:
+ * its FSDP stats log half the bytes of float32's reduce-scatters. */
+static void test_reduce_dtype_bf16(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_reduce_dtype");
+    write_config(dir, "float32", 2, true);
+    char exe[1024], cmd[4096], out[1300], *log;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(len > 0);
+    exe[len] = 0;
+    static const int ranks[] = {3, 4}, shards[] = {3, 2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(out, sizeof(out), "%s/ranks%d.log", dir, ranks[i]);
+        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' --reduce-dtype-rank '%s' %d > '%s' 2>&1", ranks[i], exe, dir,
+                 shards[i], out);
+        int rc = system(cmd);
+        size_t n;
+        ht_error err;
+        assert_ht_ok(ht_read_file(out, &log, &n, &err), &err);
+        const char *said = strstr(log, "reduce_dtype on ");
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || !said) fail_msg("%d ranks:\n%s", ranks[i], log);
+        printf("%.*s", (int)(strchr(said, '\n') - said + 1), said);
+        free(log);
+    }
+    double mib[2];
+    static const char *const dtypes[] = {"float32", "bfloat16"};
+    for (int k = 0; k < 2; k++) {
+        char name[32], set[256];
+        snprintf(name, sizeof(name), "train_%s", dtypes[k]);
+        snprintf(set, sizeof(set),
+                 "--set optimizer.fp32_main_params=false --set fsdp_config.mix_precision.reduce_dtype=%s", dtypes[k]);
+        if (run_in(dir, name, 2, set, &log) != 0) fail_msg("%s failed:\n%s", name, log);
+        const char *at = strstr(log, " reduce-scatters (");
+        if (!at) fail_msg("%s: no FSDP stats in its log:\n%s", name, log);
+        mib[k] = atof(at + 18);
+        if (k == 1 && !strstr(log, "MiB of bfloat16); "))
+            fail_msg("%s: its reduce-scatters' dtype unsaid:\n%s", name, log);
+        if (k == 1 && !strstr(log, "FSDP gradients: reduced in bfloat16"))
+            fail_msg("%s: no reduce_dtype line in its log:\n%s", name, log);
+        free(log);
+    }
+    printf("training on 2 ranks: reduce-scatters %.2f MiB a step in float32, %.2f in bfloat16\n", mib[0], mib[1]);
+    assert_true(mib[0] > 0 && fabs(mib[1] - 0.5 * mib[0]) <= 0.01);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32_on_1_to_4_ranks),
         cmocka_unit_test(test_float32_qwen2_with_biases_on_1_to_4_ranks),
@@ -1063,8 +1292,10 @@ int main(void) {
         cmocka_unit_test(test_moe_checkpoint_across_layouts),
         cmocka_unit_test(test_config_error_on_every_rank),
         cmocka_unit_test(test_ranks_with_different_configs),
+        cmocka_unit_test(test_one_validation_window_on_3_ranks),
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
         cmocka_unit_test(test_hsdp_2_shards_x_2_replicas),
+        cmocka_unit_test(test_reduce_dtype_bf16),
         cmocka_unit_test(test_ranks_holding_no_rows),
         cmocka_unit_test(test_fsdp_unit_plans),
         cmocka_unit_test(test_killed_rank_ends_the_world),
