@@ -1277,6 +1277,49 @@ static void test_reduce_dtype_bf16(void **state) {
     assert_true(mib[0] > 0 && fabs(mib[1] - 0.5 * mib[0]) <= 0.01);
 }
 
+/* fsdp_config.mix_precision.cast_forward_inputs, FSDP2's: a unit's
+ * floating-point forward inputs cast to param_dtype. With bf16 compute the
+ * FP32 hidden states entering each decoder layer (a unit of its own by
+ * default) are rounded to bf16: from the same weights the first step's
+ * gradients move. With no layer a unit of its own (apply_modules []) or in
+ * float32 nothing is cast: bit for bit as false. */
+static void test_cast_forward_inputs(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_cast_inputs");
+    write_config(dir, "bfloat16", 2, true);
+    static const struct {
+        const char *name, *set;
+    } runs[] = {
+        {"on", "--set fsdp_config.mix_precision.cast_forward_inputs=true"},
+        {"off", "--set fsdp_config.mix_precision.cast_forward_inputs=false"},
+        {"root", "--set 'fsdp_config.apply_modules=[]'"},
+        {"f32_on", "--set model_init_dtype=float32 --set fsdp_config.mix_precision.param_dtype=float32"},
+        {"f32_off", "--set model_init_dtype=float32 --set fsdp_config.mix_precision.param_dtype=float32 "
+                    "--set fsdp_config.mix_precision.cast_forward_inputs=false"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char set[512], *log;
+        snprintf(set, sizeof(set), "%s --set training.dump_state=true", runs[i].set);
+        if (run_in(dir, runs[i].name, 0, set, &log) != 0) fail_msg("%s failed:\n%s", runs[i].name, log);
+        const bool says = strstr(log, "cast_forward_inputs: the FP32 hidden states entering 2 FSDP unit(s) rounded "
+                                      "to bfloat16") != NULL;
+        if (says != (i == 0)) fail_msg("%s: %s the cast_forward_inputs line:\n%s", runs[i].name, says ? "" : "no", log);
+        free(log);
+    }
+    char a[1300], b[1300];
+    double differing;
+    snprintf(a, sizeof(a), "%s/on/state/step_00000001.safetensors", dir);
+    snprintf(b, sizeof(b), "%s/off/state/step_00000001.safetensors", dir);
+    double e = compare_tensors(a, b, "main_grad.", INFINITY, &differing, NULL);
+    printf("cast_forward_inputs on bf16: step 1's main_grads %.3g apart from false's, %.2g of them differ\n", e,
+           differing);
+    assert_true(differing > 0.1);
+    snprintf(a, sizeof(a), "%s/root/state/step_00000001.safetensors", dir);
+    compare_tensors(a, b, "main_grad.", 0.0, NULL, NULL);
+    compare_final(dir, "root", "off", 0.0);
+    compare_final(dir, "f32_on", "f32_off", 0.0);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     const struct CMUnitTest tests[] = {
@@ -1296,6 +1339,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoint_4_ranks_restored_on_4_2_1),
         cmocka_unit_test(test_hsdp_2_shards_x_2_replicas),
         cmocka_unit_test(test_reduce_dtype_bf16),
+        cmocka_unit_test(test_cast_forward_inputs),
         cmocka_unit_test(test_ranks_holding_no_rows),
         cmocka_unit_test(test_fsdp_unit_plans),
         cmocka_unit_test(test_killed_rank_ends_the_world),

@@ -196,6 +196,8 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n);
 /* After the weights changed (an update, a load): gathered copies are stale
  * and dropped; the compute_rows are refreshed from data. */
 void ht_fsdp_weights_changed(ht_fsdp *f);
+/* Whether the model's module `module` is an FSDP unit of its own (not the root). */
+bool ht_fsdp_module_is_unit(const ht_fsdp *f, int module);
 const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f);
 void ht_fsdp_stats_reset(ht_fsdp *f);
 void ht_fsdp_free(ht_fsdp *f);

@@ -664,6 +664,14 @@ void ht_fsdp_weights_changed(ht_fsdp *f) {
     for (int ui = 0; ui < f->unit_count; ui++) release_weights(f, &f->units[ui]);
 }
 
+bool ht_fsdp_module_is_unit(const ht_fsdp *f, int module) {
+    for (int ui = 0; ui < f->unit_count; ui++)
+        if (!f->units[ui].root && !f->units[ui].experts &&
+            strcmp(f->units[ui].name, f->model->modules[module].name) == 0)
+            return true;
+    return false;
+}
+
 const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f) { return &f->stats; }
 
 void ht_fsdp_stats_reset(ht_fsdp *f) {

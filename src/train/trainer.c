@@ -339,6 +339,20 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
     if (s != HT_OK) return s;
     ht_fsdp_log_plan(t->fsdp);
+    /* cast_forward_inputs: FSDP2 casts a unit's floating-point forward inputs to param_dtype; here those are
+     * the FP32 hidden states entering a module that is a unit of its own (module 0, the embedding, takes
+     * token ids). */
+    int cast = 0;
+    for (int k = 1; t->model->input_dtype && k < t->model->module_count; k++) {
+        bool on =
+            c->fsdp.cast_forward_inputs && c->fsdp.param_dtype != HT_DTYPE_F32 && ht_fsdp_module_is_unit(t->fsdp, k);
+        t->model->input_dtype[k] = on ? c->fsdp.param_dtype : HT_DTYPE_F32;
+        cast += on;
+    }
+    if (cast)
+        ht_log_info("fsdp_config.mix_precision.cast_forward_inputs: the FP32 hidden states entering %d FSDP "
+                    "unit(s) rounded to %s, as FSDP2 casts a unit's floating-point inputs to param_dtype",
+                    cast, ht_dtype_name(c->fsdp.param_dtype));
     if (t->ep_comm) {
         ht_expert_parallel_attach(t->model, t->ep_comm);
         const ht_moe_config *mc = &t->model->config.moe;
