@@ -925,7 +925,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
          * need every rank's forward. */
         const uint64_t g = r * world + rank, first = g < groups ? g * B : 0;
         const int count = (int)(n - first < B ? n - first : B);
-        ht_loader_resume(&t->valid_loader, (ht_loader_pos){0, first}, NULL);
+        ht_loader_resume(&t->valid_loader, (ht_loader_pos){.epoch = 0, .index = first}, NULL);
         for (int b = 0; b < count; b++) ht_loader_next(&t->valid_loader, t->batch + (size_t)b * (size_t)(t->T + 1));
         ht_batch_split(t->batch, count, t->T, t->inputs, t->targets);
         float l;
@@ -1097,14 +1097,15 @@ static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
     }
     double n = (double)steps, mib = 1024.0 * 1024.0;
     double hidden = st->in_flight_seconds > 0 ? 100.0 * (1.0 - st->waited_seconds / st->in_flight_seconds) : 100.0;
+    const bool f32 = st->reduce_dtype == HT_DTYPE_F32; /* else the reduce-scatters' bytes are 16-bit ones */
     ht_log_info("FSDP a step (over %lld steps, evaluations included): %.1f all-gathers (%.2f MiB), %.1f "
                 "reduce-scatters (%.2f MiB%s%s); collectives in flight %.3f s, compute waited %.3f s of it (%.0f%% "
                 "hidden); at most %.2f MiB of whole weights and gradients held at once (the whole model: %.2f MiB "
                 "of weights, %.2f MiB of FP32 gradients)",
                 (long long)steps, (double)st->gathers / n, st->gathered_bytes / n / mib,
-                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, st->reduce_dtype ? " of " : "",
-                st->reduce_dtype ? ht_dtype_name(st->reduce_dtype) : "", st->in_flight_seconds / n,
-                st->waited_seconds / n, hidden, st->pool_peak_bytes / mib, weights / mib, grads / mib);
+                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, f32 ? "" : " of ",
+                f32 ? "" : ht_dtype_name(st->reduce_dtype), st->in_flight_seconds / n, st->waited_seconds / n, hidden,
+                st->pool_peak_bytes / mib, weights / mib, grads / mib);
 }
 
 /* Every rank's peak resident memory against what it should hold: the
