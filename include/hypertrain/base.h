@@ -115,6 +115,9 @@ void ht_log(ht_log_level level, const char *fmt, ...) __attribute__((format(prin
 #define ht_log_info(...) ht_log(HT_LOG_INFO, __VA_ARGS__)
 #define ht_log_warn(...) ht_log(HT_LOG_WARN, __VA_ARGS__)
 #define ht_log_debug(...) ht_log(HT_LOG_DEBUG, __VA_ARGS__)
+/* A warning every rank reaches alike (about the config or the data): rank 0
+ * prints it, once for the world, where ht_log_warn prints it on every rank. */
+void ht_log_warn_once(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Monotonic wall clock in seconds. */
 double ht_time_seconds(void);

@@ -152,6 +152,14 @@ typedef struct ht_fsdp_options {
     int expert_first;
     const char *const *expert_modules;
     int expert_count;
+    /* The precision gradients travel in (fsdp_config.mix_precision.
+     * reduce_dtype): F32, or BF16 / F16, where each rank's FP32 gradient is
+     * rounded to it before it is sent (half the bytes, as FSDP2's reduce_dtype)
+     * and the receiving rank sums the contributions in FP32 in rank order,
+     * into FP32 main_grad. FSDP2 sums in the 16-bit dtype and rounds the sum
+     * to the gradient's dtype; this rounds each contribution once, nothing
+     * else. */
+    ht_dtype reduce_dtype;
 } ht_fsdp_options;
 
 /* What the collectives cost, summed since the last ht_fsdp_stats_reset. */
@@ -161,6 +169,7 @@ typedef struct ht_fsdp_stats {
     double in_flight_seconds; /* the collectives' time from start to completion */
     double waited_seconds;    /* the part of it compute stood waiting: the rest was hidden */
     double pool_peak_bytes;   /* the largest memory of gathered weights and unit gradients held at once */
+    ht_dtype reduce_dtype;    /* what the gradients travel in (reduced_bytes counts them so) */
 } ht_fsdp_stats;
 
 typedef struct ht_fsdp ht_fsdp;
@@ -178,9 +187,17 @@ void ht_fsdp_log_plan(const ht_fsdp *f);
 /* After the last micro-batch's backward: every reduce-scatter complete, every
  * rank's main_grad rows final. */
 void ht_fsdp_finish_backward(ht_fsdp *f);
+/* HSDP: block (n floats, each rank's main_grad rows) ← its sum over the
+ * replicas `c`, in rank order, every replica getting the same bits. In
+ * FP32, an all-reduce; with a 16-bit reduce_dtype each replica's block is
+ * rounded to it before it is sent, as in the reduce-scatter, and the FP32
+ * sums come back. Every rank of c calls it. */
+void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n);
 /* After the weights changed (an update, a load): gathered copies are stale
  * and dropped; the compute_rows are refreshed from data. */
 void ht_fsdp_weights_changed(ht_fsdp *f);
+/* Whether the model's module `module` is an FSDP unit of its own (not the root). */
+bool ht_fsdp_module_is_unit(const ht_fsdp *f, int module);
 const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f);
 void ht_fsdp_stats_reset(ht_fsdp *f);
 void ht_fsdp_free(ht_fsdp *f);

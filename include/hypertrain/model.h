@@ -161,8 +161,14 @@ struct ht_model {
      * size, `logits` is NULL, and backward computes each chunk's logits
      * again: no (B, T, V) buffer. */
     bool keep_logits;
-    int64_t head_chunk_bytes;   /* 64 MiB when built; 0: never chunked */
-    ht_dtype output_dtype;      /* the precision the logits are rounded to (F32: none); F32 when built */
+    int64_t head_chunk_bytes; /* 64 MiB when built; 0: never chunked */
+    ht_dtype output_dtype;    /* the precision the logits are rounded to (F32: none); F32 when built */
+    /* (module_count) or NULL (a builder without it): the precision each
+     * module's FP32 input is rounded to as the module starts (F32, as built:
+     * none). The trainer sets an FSDP unit's to param_dtype under
+     * fsdp_config.mix_precision.cast_forward_inputs; a decoder rounds its
+     * layers' and its final norm's inputs, the hidden states. */
+    ht_dtype *input_dtype;
     ht_dtype compute_precision; /* the precision of every matmul operand (param_dtype); F32 when built */
     /* (L, H): the largest attention logit q·k/sqrt(D) of each head (over
      * batch and positions, before masking) since the last reset: QK-clip's S_h. */

@@ -66,7 +66,7 @@ typedef struct ht_trainer {
     char resumed_from[4096];   /* the checkpoint restored from another directory than output_dir, or "" */
     int grad_accum;            /* micro-batches per step */
     int B, T;                  /* local micro-batch */
-    int eval_B;                /* validation batch (may be smaller than B); 0: no evaluation */
+    int eval_B;                /* validation windows a forward takes (B); 0: no evaluation */
     int32_t *batch;            /* (B, T+1) */
     int32_t *inputs, *targets; /* (B, T) */
     FILE *metrics;             /* output_dir/metrics.jsonl */
@@ -95,7 +95,9 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err);
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err);
 /* One optimizer step over grad_accum micro-batches. */
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err);
-/* Mean loss over up to training.eval_batches validation batches. */
+/* Mean loss over the first training.eval_batches x B windows of the
+ * validation split (all of them if it holds fewer): the same windows, in
+ * the same forwards, whatever the rank count. */
 ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err);
 /* The whole run: steps with progress, evaluation, metrics, final weights and the loss plot. */
 ht_status ht_trainer_run(ht_trainer *t, ht_error *err);

@@ -14,7 +14,8 @@
  * One collective per unit each way: an all-to-all of scattered memory
  * (ht_start_exchange), so that nothing is packed or unpacked: every rank
  * sends its compute_rows of each param straight into the others' whole
- * tensors, and each rank's rows of the whole gradients straight to it. */
+ * tensors, and each rank's rows of the whole gradients straight to it
+ * (with a 16-bit reduce_dtype, from a copy rounded to it). */
 #include "hypertrain/dist.h"
 
 #include <stdio.h>
@@ -107,8 +108,8 @@ typedef struct unit {
     void *weights;         /* the gathered whole weights, or NULL */
     ht_request *gathering; /* their all-gather, not waited for yet */
     float *grad;           /* the whole gradients while backward runs, or NULL */
-    float *sent;           /* a whole gradient being reduced (the previous backward's grad) */
-    float *stage;          /* (world, rows_floats): every rank's gradients of this rank's rows */
+    void *sent;            /* a whole gradient being reduced, in reduce_dtype (the previous backward's grad) */
+    void *stage;           /* (world, rows_floats) in reduce_dtype: every rank's gradients of this rank's rows */
     ht_request *reducing;  /* the reduce-scatter of sent into stage */
 } unit;
 
@@ -391,8 +392,14 @@ static void use_grads(ht_fsdp *f, unit *u) {
         if (u->params[i]->trainable) u->params[i]->grad = u->grad + u->goff[i];
 }
 
-/* main_grad rows += the sum over ranks (in rank order) of every rank's
- * gradient for them, once the reduce-scatter of u is complete. */
+/* Element i of gradients that travelled in `dtype`, widened to FP32. */
+static inline float received(const void *v, ht_dtype dtype, size_t i) {
+    if (dtype == HT_DTYPE_F32) return ((const float *)v)[i];
+    return dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(((const uint16_t *)v)[i]) : ht_f16_to_f32(((const uint16_t *)v)[i]);
+}
+
+/* main_grad rows += the sum over ranks (in rank order, in FP32) of every
+ * rank's gradient for them, once the reduce-scatter of u is complete. */
 static void complete_reduce(ht_fsdp *f, unit *u) {
     if (!u->stage) return; /* none started (a group of one rank completes at once: no request) */
     if (u->reducing) wait_timed(f, u->comm, u->reducing);
@@ -400,16 +407,17 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
     pool_put(&f->pool, u->sent);
     u->sent = NULL;
     int P = u->comm->size;
+    const ht_dtype rd = f->opt.reduce_dtype;
     for (int i = 0; i < u->count; i++) {
         ht_param *p = u->params[i];
         if (!p->trainable) continue;
         int64_t n = ht_param_local_numel(p);
-        const float *slice = u->stage + u->soff[i];
+        const size_t at = u->soff[i], stride = u->rows_floats;
         float *mg = p->main_grad;
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < n; k++) {
-            float sum = slice[k];
-            for (int r = 1; r < P; r++) sum += slice[(size_t)r * u->rows_floats + (size_t)k];
+            float sum = received(u->stage, rd, at + (size_t)k);
+            for (int r = 1; r < P; r++) sum += received(u->stage, rd, (size_t)r * stride + at + (size_t)k);
             mg[k] += sum;
         }
     }
@@ -420,14 +428,25 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
 /* Starts the reduce-scatter of u's whole gradients: rank r's rows of each to
  * rank r; this rank's rows from every rank into the stage. One is in flight
  * at a time (it overlaps the next module's backward): starting one completes
- * the last. */
+ * the last. With a 16-bit reduce_dtype each rank sends its whole gradient
+ * rounded to it (FSDP2's MixedPrecisionPolicy(reduce_dtype=...): half the
+ * bytes) and the FP32 one goes back to the pool at once. */
 static void start_reduce(ht_fsdp *f, int ui) {
     unit *u = &f->units[ui];
     if (u->resident || !u->grad) return;
     int P = u->comm->size, W = f->comm->size, n = u->count;
+    const ht_dtype rd = f->opt.reduce_dtype;
+    const int64_t es = (int64_t)ht_dtype_size(rd);
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
-    u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * sizeof(float) + 64, false);
+    u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * (size_t)es + 64, false);
     if (!u->stage || !reserve_spans(f, P * n + P + 2)) fatal(f, "out of memory for the gradient reduction", u);
+    void *grad = u->grad;
+    if (rd != HT_DTYPE_F32) {
+        grad = pool_get(&f->pool, u->grad_floats * (size_t)es + 64, false);
+        if (!grad) fatal(f, "out of memory for the gradient reduction", u);
+        ht_convert(grad, rd, u->grad, HT_DTYPE_F32, u->grad_floats);
+        pool_put(&f->pool, u->grad);
+    }
     ht_span *send = f->spans, *recv = f->spans + P * n;
     int sfirst[P + 1], rfirst[P + 1];
     for (int r = 0; r < P; r++) {
@@ -439,9 +458,9 @@ static void start_reduce(ht_fsdp *f, int ui) {
             ht_param_rows_of(p->shape[0], u->first + r, W, &r0, &r1);
             if (!p->trainable) r1 = r0; /* frozen: nothing sent */
             send[r * n + i] =
-                (ht_span){u->grad + u->goff[i] + (r0 - u->row0[i]) * row, (r1 - r0) * row * (int64_t)sizeof(float)};
+                (ht_span){(char *)grad + ((int64_t)u->goff[i] + (r0 - u->row0[i]) * row) * es, (r1 - r0) * row * es};
         }
-        recv[r] = (ht_span){u->stage + (size_t)r * u->rows_floats, (int64_t)(u->rows_floats * sizeof(float))};
+        recv[r] = (ht_span){(char *)u->stage + (size_t)r * u->rows_floats * (size_t)es, (int64_t)u->rows_floats * es};
     }
     sfirst[P] = P * n;
     rfirst[P] = P;
@@ -449,17 +468,65 @@ static void start_reduce(ht_fsdp *f, int ui) {
     u->reducing = ht_start_exchange(u->comm, &s, &rv);
     f->reducing = ui;
     /* The whole gradient goes back to the pool once sent. */
-    u->sent = u->grad;
+    u->sent = grad;
     u->grad = NULL;
     for (int i = 0; i < n; i++) u->params[i]->grad = NULL;
     f->stats.reduce_scatters++;
-    f->stats.reduced_bytes += (double)u->grad_floats * sizeof(float);
+    f->stats.reduced_bytes += (double)u->grad_floats * (double)es;
 }
 
 void ht_fsdp_finish_backward(ht_fsdp *f) {
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
     f->reducing = -1;
     f->stats.pool_peak_bytes = (double)f->pool.peak;
+}
+
+void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
+    const ht_dtype rd = f->opt.reduce_dtype;
+    if (rd == HT_DTYPE_F32 || c->size == 1) {
+        ht_all_reduce_f32(c, block, n, HT_REDUCE_SUM);
+        return;
+    }
+    /* Replica q sums piece q (its 1/P of the block) of every replica's
+     * block rounded to reduce_dtype, in FP32 in rank order, and sends the
+     * FP32 sum back to all: the contributions travel in 16 bits, the sums
+     * in 32 (rounding them would round every rank's main_grad). */
+    const int P = c->size, me = c->rank;
+    const size_t es = ht_dtype_size(rd);
+    int64_t off[P + 1], bytes[P];
+    for (int q = 0; q <= P; q++) off[q] = n * q / P;
+    const int64_t mine = off[me + 1] - off[me];
+    void *low = pool_get(&f->pool, (size_t)n * es + 64, false);
+    void *stage = pool_get(&f->pool, (size_t)P * (size_t)mine * es + 64, false);
+    ht_span *spans = reserve_spans(f, 2 * P) ? f->spans : NULL;
+    if (!low || !stage || !spans) {
+        fprintf(stderr, "[hypertrain error rank %d] FSDP: out of memory for the replicas' reduction\n", f->comm->rank);
+        ht_comm_abort(c, 1);
+        abort();
+    }
+    ht_convert(low, rd, block, HT_DTYPE_F32, (size_t)n);
+    int sfirst[P + 1], rfirst[P + 1];
+    for (int q = 0; q < P; q++) {
+        spans[q] = (ht_span){(char *)low + (size_t)off[q] * es, (off[q + 1] - off[q]) * (int64_t)es};
+        spans[P + q] = (ht_span){(char *)stage + (size_t)q * (size_t)mine * es, mine * (int64_t)es};
+        sfirst[q] = q;
+        rfirst[q] = P + q;
+        bytes[q] = (off[q + 1] - off[q]) * (int64_t)sizeof(float);
+    }
+    sfirst[P] = P;
+    rfirst[P] = 2 * P;
+    ht_spans s = {spans, sfirst}, rv = {spans, rfirst};
+    wait_timed(f, c, ht_start_exchange(c, &s, &rv));
+    float *sum = block + off[me];
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < mine; k++) {
+        float v = received(stage, rd, (size_t)k);
+        for (int q = 1; q < P; q++) v += received(stage, rd, (size_t)q * (size_t)mine + (size_t)k);
+        sum[k] = v;
+    }
+    ht_all_gather(c, sum, block, bytes);
+    pool_put(&f->pool, stage);
+    pool_put(&f->pool, low);
 }
 
 /* ------------------------------------------------------------------ hooks */
@@ -512,6 +579,7 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     f->comm = comm;
     f->opt = *opt;
     f->reducing = -1;
+    f->stats.reduce_dtype = opt->reduce_dtype;
     ht_status s = plan_units(f, err);
     if (s != HT_OK) {
         ht_fsdp_free(f);
@@ -522,6 +590,22 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     return HT_OK;
 }
 
+/* Whether unit names a and b are one name numbered differently: they differ
+ * in one dotted component only, a number in both ("model.layers.1.mlp.experts",
+ * "model.layers.2.mlp.experts"). *at: where that component starts; *na, *nb: the numbers. */
+static bool numbered_alike(const char *a, const char *b, size_t *at, long *na, long *nb) {
+    size_t i = 0;
+    while (a[i] && a[i] == b[i]) i++;
+    while (i > 0 && a[i - 1] != '.') i--;
+    char *ea, *eb;
+    if (a[i] < '0' || a[i] > '9' || b[i] < '0' || b[i] > '9') return false;
+    *na = strtol(a + i, &ea, 10);
+    *nb = strtol(b + i, &eb, 10);
+    if ((*ea && *ea != '.') || strcmp(ea, eb) != 0) return false;
+    *at = i;
+    return true;
+}
+
 void ht_fsdp_log_plan(const ht_fsdp *f) {
     char list[2048];
     size_t len = 0;
@@ -530,16 +614,28 @@ void ht_fsdp_log_plan(const ht_fsdp *f) {
     for (int ui = 0; ui < f->unit_count; ui++) {
         const unit *u = &f->units[ui];
         if (u->count == 0) continue;
-        /* Consecutive units of the same size are one entry: "model.layers.{0..23} (24 x 2.36M)". */
+        /* Consecutive units of the same size and numbered names are one entry:
+         * "model.layers.0..23 (24 x 2.36M)", "model.layers.{1..23}.mlp.experts (23 x 0.52M)". */
         int run = ui;
+        size_t at = 0;
+        long first = 0, last = 0, next;
         while (run + 1 < f->unit_count && !f->units[run + 1].root && f->units[run + 1].grad_floats == u->grad_floats &&
-               f->units[run + 1].count == u->count)
+               f->units[run + 1].count == u->count &&
+               numbered_alike(u->name, f->units[run + 1].name, &at, &first, &next) && next == first + (run - ui) + 1) {
+            last = next;
             run++;
+        }
         int64_t numel = 0;
         for (int i = 0; i < u->count; i++) numel += ht_param_numel(u->params[i]);
-        if (run > ui)
-            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s..%s (%d x %.2fM)", shown ? ", " : "", u->name,
-                                    strrchr(f->units[run].name, '.') + 1, run - ui + 1, (double)numel / 1e6);
+        const char *rest = u->name + at;
+        while (*rest >= '0' && *rest <= '9') rest++;
+        if (run > ui && !*rest)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%.*s%ld..%ld (%d x %.2fM)", shown ? ", " : "",
+                                    (int)at, u->name, first, last, run - ui + 1, (double)numel / 1e6);
+        else if (run > ui)
+            len +=
+                (size_t)snprintf(list + len, sizeof(list) - len, "%s%.*s{%ld..%ld}%s (%d x %.2fM)", shown ? ", " : "",
+                                 (int)at, u->name, first, last, rest, run - ui + 1, (double)numel / 1e6);
         else
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s (%.2fM)", shown ? ", " : "", u->name,
                                     (double)numel / 1e6);
@@ -549,6 +645,11 @@ void ht_fsdp_log_plan(const ht_fsdp *f) {
     }
     bool resident = true;
     for (int ui = 0; ui < f->unit_count; ui++) resident = resident && f->units[ui].resident;
+    if (f->opt.reduce_dtype != HT_DTYPE_F32)
+        ht_log_info("FSDP gradients: reduced in %s (fsdp_config.mix_precision.reduce_dtype): each rank's FP32 "
+                    "gradients rounded to it and sent so (half the bytes), the contributions summed in FP32 in rank "
+                    "order into FP32 main_grad",
+                    ht_dtype_name(f->opt.reduce_dtype));
     ht_log_info("FSDP units: %s; %s", list,
                 resident                       ? "whole on every rank (nothing gathered)"
                 : f->opt.reshard_after_forward ? "gathered for forward, dropped, gathered again for backward"
@@ -563,10 +664,19 @@ void ht_fsdp_weights_changed(ht_fsdp *f) {
     for (int ui = 0; ui < f->unit_count; ui++) release_weights(f, &f->units[ui]);
 }
 
+bool ht_fsdp_module_is_unit(const ht_fsdp *f, int module) {
+    for (int ui = 0; ui < f->unit_count; ui++)
+        if (!f->units[ui].root && !f->units[ui].experts &&
+            strcmp(f->units[ui].name, f->model->modules[module].name) == 0)
+            return true;
+    return false;
+}
+
 const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f) { return &f->stats; }
 
 void ht_fsdp_stats_reset(ht_fsdp *f) {
     memset(&f->stats, 0, sizeof(f->stats));
+    f->stats.reduce_dtype = f->opt.reduce_dtype;
     f->pool.peak = f->pool.held;
 }
 

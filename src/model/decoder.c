@@ -270,7 +270,8 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
     bind_params(m, d); /* the store's array is final: pointers into it stay valid */
     m->module_count = d->L + 3;
     m->modules = ht_alloc((size_t)m->module_count * sizeof(ht_module));
-    if (!m->modules) return ht_fail(err, HT_ERR_OOM, "cannot allocate the model's modules");
+    m->input_dtype = ht_alloc((size_t)m->module_count * sizeof(ht_dtype)); /* zeroed: F32, no cast */
+    if (!m->modules || !m->input_dtype) return ht_fail(err, HT_ERR_OOM, "cannot allocate the model's modules");
     snprintf(m->modules[MOD_EMBED].name, HT_PARAM_NAME_MAX, "model.embed_tokens");
     module_add(&m->modules[MOD_EMBED], d->embed);
     for (int l = 0; l < d->L; l++) {
@@ -660,6 +661,14 @@ static void head_forward(const ht_model *m, decoder *d, int64_t r0, int64_t n) {
         ht_kernels()->round_to(d->logits, (size_t)(n * V), m->output_dtype);
 }
 
+/* m->input_dtype: a module's FP32 input (the hidden states, n values)
+ * rounded as it enters, in place: what the module computes from and what
+ * its backward reads. The gradient passes the rounding unchanged. */
+static void cast_input(const ht_model *m, int module, float *x, int64_t n) {
+    if (m->input_dtype && m->input_dtype[module] != HT_DTYPE_F32)
+        ht_kernels()->round_to(x, (size_t)n, m->input_dtype[module]);
+}
+
 static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
                                  ht_error *err) {
     decoder *d = m->impl;
@@ -694,10 +703,12 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
 
     for (int l = 0; l < d->L; l++) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_FORWARD);
+        cast_input(m, MOD_LAYER(l), d->acts[l].resid, N * C);
         layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
+    cast_input(m, MOD_NORM(d), d->resid_final, N * C);
     ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C,
                                   eps);
     ht_kernels()->round_to(d->lnf, (size_t)(N * C), round);
@@ -822,6 +833,7 @@ static void decoder_free(ht_model *m) {
         ht_free(d);
     }
     ht_free(m->modules);
+    ht_free(m->input_dtype);
     ht_free(m->attn_max_logit);
     ht_params_free(&m->params);
     ht_free(m);

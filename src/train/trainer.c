@@ -322,10 +322,13 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
     const char *apply[HT_CONFIG_LIST_MAX];
     for (int i = 0; i < c->fsdp.apply_modules.count; i++) apply[i] = c->fsdp.apply_modules.items[i];
+    /* reduce_dtype null (HyperParallel's dialect leaves it so): FSDP2's rule, the reduction in param_dtype. */
     ht_fsdp_options fo = {.apply_modules = apply,
                           .apply_count = c->fsdp.apply_modules.count,
                           .reshard_after_forward = c->fsdp.reshard_after_forward,
-                          .prefetch = c->fsdp.prefetch};
+                          .prefetch = c->fsdp.prefetch,
+                          .reduce_dtype = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype
+                                                                                       : c->fsdp.reduce_dtype};
     const char *ep_modules[HT_CONFIG_LIST_MAX];
     if (t->ep_comm) {
         s = check_experts(t, err);
@@ -339,6 +342,20 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
     if (s != HT_OK) return s;
     ht_fsdp_log_plan(t->fsdp);
+    /* cast_forward_inputs: FSDP2 casts a unit's floating-point forward inputs to param_dtype; here those are
+     * the FP32 hidden states entering a module that is a unit of its own (module 0, the embedding, takes
+     * token ids). */
+    int cast = 0;
+    for (int k = 1; t->model->input_dtype && k < t->model->module_count; k++) {
+        bool on =
+            c->fsdp.cast_forward_inputs && c->fsdp.param_dtype != HT_DTYPE_F32 && ht_fsdp_module_is_unit(t->fsdp, k);
+        t->model->input_dtype[k] = on ? c->fsdp.param_dtype : HT_DTYPE_F32;
+        cast += on;
+    }
+    if (cast)
+        ht_log_info("fsdp_config.mix_precision.cast_forward_inputs: the FP32 hidden states entering %d FSDP "
+                    "unit(s) rounded to %s, as FSDP2 casts a unit's floating-point inputs to param_dtype",
+                    cast, ht_dtype_name(c->fsdp.param_dtype));
     if (t->ep_comm) {
         ht_expert_parallel_attach(t->model, t->ep_comm);
         const ht_moe_config *mc = &t->model->config.moe;
@@ -405,14 +422,14 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, rank, world, seed, c->data.shuffle, err);
     if (s != HT_OK) return s;
     if (ht_dataset_split_tokens(t->data, HT_SPLIT_VALID) > 0 && c->training.eval_batches > 0) {
-        /* Validation may hold fewer windows than a batch: evaluate with a smaller one. */
-        int eval_b = t->B;
+        /* Every rank reads the validation windows one by one, wherever they
+         * are: ht_trainer_evaluate deals them out itself, the same ones
+         * whatever the rank count. */
         ht_error probe;
-        while (eval_b > 0 && ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, eval_b, t->T, rank, world, seed,
-                                            false, &probe) != HT_OK)
-            eval_b /= 2;
-        t->eval_B = eval_b;
-        if (eval_b == 0) ht_log_warn("the validation split is too small for one sequence: no evaluation");
+        if (ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, 1, t->T, 0, 1, seed, false, &probe) == HT_OK)
+            t->eval_B = t->B;
+        else
+            ht_log_warn_once("the validation split is too small for one sequence: no evaluation");
     }
     ht_log_info("Data: %s at %s: %zu train tokens, %zu validation tokens, vocab %d; %d x %d tokens per micro-batch, "
                 "%d micro-batches per step",
@@ -839,8 +856,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
      * group into each rank's rows (each unit's reduce-scatter, started in
      * backward), then over the replicas. */
     ht_fsdp_finish_backward(t->fsdp);
-    ht_all_reduce_f32(t->replica_comm, m->params.grad_block, (int64_t)(m->params.grad_bytes / sizeof(float)),
-                      HT_REDUCE_SUM);
+    ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, m->params.grad_block,
+                            (int64_t)(m->params.grad_bytes / sizeof(float)));
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
     if (t->qk_layers)
         ht_all_reduce_f32(t->comm, m->attn_max_logit,
@@ -899,25 +916,34 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
 ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
     *loss = NAN;
     if (t->eval_B == 0) return HT_OK;
-    ht_loader_reset(&t->valid_loader);
-    int b = t->eval_B;
-    /* training.eval_batches batches of eval_B sequences in all, shared by the
-     * ranks: the same windows as one process when the world divides it. */
-    uint64_t batches = ht_loader_batches_per_epoch(&t->valid_loader), world = (uint64_t)t->comm->size;
-    uint64_t wanted = ((uint64_t)t->config.training.eval_batches + world - 1) / world;
-    if (batches > wanted) batches = wanted;
+    /* The first eval_batches x B windows of the validation split (all of
+     * them if it holds fewer), in groups of B consecutive windows; rank
+     * g mod world forwards group g. A forward then sees the same sequences
+     * on any rank count, so its loss (and a load-balancing term, which is the
+     * forward's) is the same computation: only the double sum's order
+     * depends on the rank count. */
+    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->comm->size, rank = (uint64_t)t->comm->rank;
+    uint64_t n = (uint64_t)t->config.training.eval_batches * B;
+    if (n > t->valid_loader.n_windows) n = t->valid_loader.n_windows;
+    const uint64_t groups = (n + B - 1) / B, rounds = (groups + world - 1) / world;
     double sum = 0.0;
-    for (uint64_t i = 0; i < batches; i++) {
-        ht_loader_next(&t->valid_loader, t->batch);
-        ht_batch_split(t->batch, b, t->T, t->inputs, t->targets);
+    for (uint64_t r = 0; r < rounds; r++) {
+        /* A rank with no group left in the last round forwards the first
+         * one and drops its loss: FSDP's gathers and the experts' exchanges
+         * need every rank's forward. */
+        const uint64_t g = r * world + rank, first = g < groups ? g * B : 0;
+        const int count = (int)(n - first < B ? n - first : B);
+        ht_loader_resume(&t->valid_loader, (ht_loader_pos){.epoch = 0, .index = first}, NULL);
+        for (int b = 0; b < count; b++) ht_loader_next(&t->valid_loader, t->batch + (size_t)b * (size_t)(t->T + 1));
+        ht_batch_split(t->batch, count, t->T, t->inputs, t->targets);
         float l;
-        ht_status s = ht_model_forward(t->model, t->inputs, t->targets, b, t->T, &l, err);
+        ht_status s = ht_model_forward(t->model, t->inputs, t->targets, count, t->T, &l, err);
         if (s == HT_OK) s = ht_gemm_status(err);
         if (s != HT_OK) return s;
-        sum += l;
+        if (g < groups) sum += (double)l * count; /* every window has T targets: the mean over its tokens */
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
-    if (batches) *loss = sum / ((double)batches * t->comm->size);
+    if (n) *loss = sum / (double)n;
     return HT_OK;
 }
 
@@ -1115,13 +1141,15 @@ static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
     }
     double n = (double)steps, mib = 1024.0 * 1024.0;
     double hidden = st->in_flight_seconds > 0 ? 100.0 * (1.0 - st->waited_seconds / st->in_flight_seconds) : 100.0;
+    const bool f32 = st->reduce_dtype == HT_DTYPE_F32; /* else the reduce-scatters' bytes are 16-bit ones */
     ht_log_info("FSDP a step (over %lld steps, evaluations included): %.1f all-gathers (%.2f MiB), %.1f "
-                "reduce-scatters (%.2f MiB); collectives in flight %.3f s, compute waited %.3f s of it (%.0f%% "
+                "reduce-scatters (%.2f MiB%s%s); collectives in flight %.3f s, compute waited %.3f s of it (%.0f%% "
                 "hidden); at most %.2f MiB of whole weights and gradients held at once (the whole model: %.2f MiB "
                 "of weights, %.2f MiB of FP32 gradients)",
                 (long long)steps, (double)st->gathers / n, st->gathered_bytes / n / mib,
-                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, st->in_flight_seconds / n,
-                st->waited_seconds / n, hidden, st->pool_peak_bytes / mib, weights / mib, grads / mib);
+                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, f32 ? "" : " of ",
+                f32 ? "" : ht_dtype_name(st->reduce_dtype), st->in_flight_seconds / n, st->waited_seconds / n, hidden,
+                st->pool_peak_bytes / mib, weights / mib, grads / mib);
 }
 
 /* Every rank's peak resident memory against what it should hold: the
