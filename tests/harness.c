@@ -8,7 +8,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,6 +40,32 @@ void write_file(const char *path, const void *data, size_t len) {
     if (!f) fail_msg("cannot write %s: %s", path, strerror(errno));
     if (len && fwrite(data, 1, len, f) != len) fail_msg("short write to %s", path);
     fclose(f);
+}
+
+static const char *watched;
+
+static void watchdog_fired(int sig) {
+    (void)sig;
+    static const char head[] = "\nwatchdog: still blocked, a failure: ";
+    ssize_t n = write(STDERR_FILENO, head, sizeof(head) - 1);
+    n += write(STDERR_FILENO, watched, strlen(watched));
+    n += write(STDERR_FILENO, "\n", 1);
+    _exit(n > 0 ? 1 : 2);
+}
+
+void watchdog(unsigned seconds, const char *what) {
+    watched = what ? what : "?";
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = watchdog_fired;
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(seconds);
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
 double rel_max_err(const float *a, const float *b, size_t n) {

@@ -19,6 +19,12 @@ const char *fixture_path(const char *rel);
 const char *scratch_dir(const char *name);
 /* Writes `len` bytes to path; fails the test if it cannot. */
 void write_file(const char *path, const void *data, size_t len);
+/* Ends the test program with a message naming `what` if it is still running
+ * `seconds` from now, so that a call that would block forever (a FIFO opened
+ * for reading) fails instead of hanging; watchdog(0, NULL) disarms it. */
+void watchdog(unsigned seconds, const char *what);
+/* This process's peak resident memory so far, in MiB (getrusage). */
+double peak_rss_mib(void);
 /* max |a - b| / max |b| over n floats (0 when both are all zero). */
 double rel_max_err(const float *a, const float *b, size_t n);
 struct ht_config;

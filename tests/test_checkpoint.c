@@ -1401,6 +1401,82 @@ static void test_integrity_errors(void **state) {
     free(cfg);
 }
 
+/* A FIFO as latest or as metadata.json is an error naming it and what it is,
+ * at once (opened plainly it waits for a writer forever: the watchdog fails
+ * the test instead); a sparse latest or metadata.json over its cap is
+ * refused by its size, before a byte is read. */
+static void test_checkpoint_files_that_are_not_files(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_not_files");
+    ht_config *cfg;
+    ht_trainer *t = trained(dir, &cfg);
+    ht_error err;
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    const char *out = t->config.checkpoint.output_dir;
+    char latest[1500], resolved[HT_CKPT_PATH_MAX], good[1400], bad[1400], meta[1500];
+    snprintf(latest, sizeof(latest), "%s/latest", out);
+    assert_int_equal(unlink(latest), 0);
+    assert_int_equal(mkfifo(latest, 0600), 0);
+    watchdog(5, "ht_ckpt_resolve of a FIFO latest");
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_IO);
+    watchdog(0, NULL);
+    assert_non_null(strstr(err.msg, "latest: expected a file, found a FIFO (named pipe)"));
+    assert_int_equal(unlink(latest), 0);
+    int fd = open(latest, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0 && ftruncate(fd, (off_t)1 << 30) == 0);
+    close(fd);
+    assert_int_equal(ht_ckpt_resolve("latest", out, resolved, sizeof(resolved), &err), HT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "latest: 1073741824 bytes, more than the 4096 bytes"));
+    write_file(latest, "step_00000001\n", 14);
+
+    snprintf(good, sizeof(good), "%s/step_00000001", out);
+    snprintf(bad, sizeof(bad), "%s/bad", dir);
+    snprintf(meta, sizeof(meta), "%s/metadata.json", bad);
+    copy_dir(good, bad);
+    assert_int_equal(unlink(meta), 0);
+    assert_int_equal(mkfifo(meta, 0600), 0);
+    watchdog(5, "ht_ckpt_open of a FIFO metadata.json");
+    expect_open_error(bad, "metadata.json: expected a file, found a FIFO (named pipe)", NULL);
+    watchdog(0, NULL);
+    assert_int_equal(unlink(meta), 0);
+    fd = open(meta, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0 && ftruncate(fd, (off_t)3 << 30) == 0);
+    close(fd);
+    double rss = peak_rss_mib(), t0 = ht_time_seconds();
+    expect_open_error(bad, "metadata.json: 3221225472 bytes, more than the 256 MiB", NULL);
+    if (ht_time_seconds() - t0 > 5.0 || peak_rss_mib() - rss > 256) fail_msg("the cap was checked after reading");
+    unlink(meta);
+    trainer_delete(t);
+    free(cfg);
+}
+
+/* metadata.json's errors say what is wrong: a file name that is a path, a world size below 1. */
+static void test_metadata_messages(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_meta_messages");
+    ht_config *cfg;
+    ht_trainer *t = trained(dir, &cfg);
+    ht_error err;
+    assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
+    char good[1400], bad[1400];
+    snprintf(good, sizeof(good), "%s/run/step_00000001", dir);
+    snprintf(bad, sizeof(bad), "%s/bad", dir);
+    copy_dir(good, bad);
+    edit_metadata(bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"../rank_00000.safetensors\"");
+    expect_open_error(bad, "\"files\" names \"../rank_00000.safetensors\", not a plain file name", NULL);
+    copy_dir(good, bad);
+    edit_metadata(bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"..\"");
+    expect_open_error(bad, "\"files\" names \"..\", not a plain file name", NULL);
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"world_size\": 1", "\"world_size\": 0");
+    expect_open_error(bad, "\"world_size\" must be >= 1", "found 0");
+    copy_dir(good, bad);
+    edit_metadata(bad, "\"world_size\": 1", "\"world_sizes\": 1");
+    expect_open_error(bad, "\"world_size\" missing", NULL);
+    trainer_delete(t);
+    free(cfg);
+}
+
 /* ------------------------------------------------------------------ export and inspect */
 
 static int run_cli(const char *args, const char *dir, char **output) {
@@ -1597,6 +1673,8 @@ int main(void) {
         cmocka_unit_test(test_n_ranks_to_m_ranks),
         cmocka_unit_test(test_latest_and_keep_last),
         cmocka_unit_test(test_integrity_errors),
+        cmocka_unit_test(test_checkpoint_files_that_are_not_files),
+        cmocka_unit_test(test_metadata_messages),
         cmocka_unit_test(test_export_and_inspect),
         cmocka_unit_test(test_run_saves_and_cli_resumes),
     };

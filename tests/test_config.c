@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *write_config(const char *name, const char *text) {
@@ -1583,6 +1584,97 @@ static void test_size_and_nesting_caps(void **state) {
     assert_string_equal(cfg.data.path, brackets);
 }
 
+/* A FIFO, a device or a directory as the config is an error naming the file
+ * and what it is, at once: opened plainly, a FIFO waits for a writer forever
+ * (the watchdog fails the test instead of hanging). */
+static void test_config_that_is_not_a_file(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    char fifo[1200];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.yaml", scratch_dir("config_fifo"));
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    watchdog(5, "ht_config_load of a FIFO");
+    assert_int_equal(ht_config_load(fifo, 0, NULL, &cfg, &err), HT_ERR_IO);
+    watchdog(0, NULL);
+    assert_contains(err.msg, "fifo.yaml: expected a file, found a FIFO (named pipe)");
+    assert_int_equal(ht_config_load("/dev/null", 0, NULL, &cfg, &err), HT_ERR_IO);
+    assert_contains(err.msg, "/dev/null: expected a file, found a character device");
+    assert_int_equal(ht_config_load(scratch_dir("config_dir"), 0, NULL, &cfg, &err), HT_ERR_IO);
+    assert_contains(err.msg, "config_dir: expected a file, found a directory");
+}
+
+/* The 1 MiB cap is checked on the file's size before a byte is read: a
+ * sparse 3 GiB file costs neither the time nor the memory of reading it. */
+static void test_config_size_checked_before_reading(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/huge.yaml", scratch_dir("config_sparse"));
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)3 << 30), 0);
+    close(fd);
+    double rss = peak_rss_mib(), t0 = ht_time_seconds();
+    assert_int_equal(ht_config_load(path, 0, NULL, &cfg, &err), HT_ERR_CONFIG);
+    double took = ht_time_seconds() - t0, grew = peak_rss_mib() - rss;
+    unlink(path);
+    assert_contains(err.msg, "huge.yaml: 3221225472 bytes; expected a configuration of at most 1048576 bytes");
+    printf("  refused in %.4f s, peak RSS +%.0f MiB\n", took, grew);
+    if (took > 5.0 || grew > 256) fail_msg("the cap cost %.1f s and %.0f MiB: the file was read", took, grew);
+}
+
+/* With model.from_pretrained the model keys are the folder's config.json's:
+ * the values in force, sourced "config.json of <folder>" in the log; a key
+ * the file set otherwise is named as unused; model.lora is not the folder's. */
+static void test_pretrained_architecture_in_force(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(load_text("pretrained.yaml",
+                           "model:\n  hidden_size: 512\n  from_pretrained: /models/tiny\n  lora:\n    rank: 4\n", &cfg,
+                           &err),
+                 &err);
+    ht_model_config arch = cfg.model.arch;
+    arch.hidden_size = 48;
+    arch.num_hidden_layers = 2;
+    arch.vocab_size = 100;
+    arch.tie_word_embeddings = true;
+    char out_path[1200];
+    snprintf(out_path, sizeof(out_path), "%s/stderr.txt", scratch_dir("config_pretrained"));
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO), fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    ht_config_use_pretrained(&cfg, &arch);
+    ht_config_log(&cfg);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char *text = NULL;
+    size_t size = 0;
+    assert_ht_ok(ht_read_file(out_path, &text, &size, &err), &err);
+    assert_int_equal(cfg.model.arch.hidden_size, 48);
+    assert_int_equal(cfg.model.lora.rank, 4);
+    int line = -1;
+    assert_int_equal(ht_config_key_source(&cfg, "model.hidden_size", &line), HT_CONFIG_SOURCE_PRETRAINED);
+    assert_int_equal(line, 0);
+    assert_int_equal(ht_config_key_source(&cfg, "model.num_hidden_layers", &line), HT_CONFIG_SOURCE_PRETRAINED);
+    assert_int_equal(ht_config_key_source(&cfg, "model.lora.rank", &line), HT_CONFIG_SOURCE_FILE);
+    assert_contains(text, "model.hidden_size: 512 (file, line 2) is not used: the model is /models/tiny/config.json's, "
+                          "which says 48");
+    assert_true(strstr(text, "model.num_hidden_layers: 4") == NULL); /* a default overridden: no warning */
+    const char *row = strstr(text, "  model.num_hidden_layers ");
+    assert_non_null(row);
+    size_t n = strcspn(row, "\n");
+    char got[512];
+    snprintf(got, sizeof(got), "%.*s", (int)(n < sizeof(got) ? n : sizeof(got) - 1), row);
+    if (!strstr(got, " 2 ") || !strstr(got, "config.json of /models/tiny")) fail_msg("the row says: %s", got);
+    free(text);
+}
+
 /* MindSpeed-MM's parallel.fully_shard_parallel_size is fsdp_config.shard_size,
  * auto included; both spellings in one file are a duplicate. */
 static void test_mindspeed_shard_size(void **state) {
@@ -1676,6 +1768,9 @@ int main(void) {
         cmocka_unit_test(test_log_section),
         cmocka_unit_test(test_mindspeed_shard_size),
         cmocka_unit_test(test_size_and_nesting_caps),
+        cmocka_unit_test(test_config_that_is_not_a_file),
+        cmocka_unit_test(test_config_size_checked_before_reading),
+        cmocka_unit_test(test_pretrained_architecture_in_force),
         cmocka_unit_test(test_lora_keys),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));

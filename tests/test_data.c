@@ -205,6 +205,32 @@ static void test_token_bin_round_trip(void **state) {
     ht_dataset_free(ds);
 }
 
+/* A FIFO as a token shard or as the text corpus is an error naming the file
+ * and what it is, at once (opened plainly it waits for a writer forever; the
+ * watchdog fails the test instead); a FIFO inside a text folder is skipped
+ * with the other entries that are not regular files. */
+static void test_data_that_is_not_a_file(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("data_fifo");
+    assert_int_equal(mkfifo(join(dir, "shard_000000.bin"), 0600), 0);
+    ht_data_config cfg = config("token_bin", join(dir, "shard_*.bin"), 4, 0.0);
+    watchdog(5, "ht_dataset_open of a FIFO token shard");
+    expect_open_error(&cfg, (const char *[]){"shard_000000.bin: expected a file, found a FIFO (named pipe)", NULL});
+    cfg = config("text_bytes", join(dir, "shard_000000.bin"), 4, 0.0);
+    watchdog(5, "ht_dataset_open of a FIFO text corpus");
+    expect_open_error(&cfg, (const char *[]){"shard_000000.bin: expected a file, found a FIFO (named pipe)", NULL});
+    watchdog(0, NULL);
+    write_text(join(dir, "a.txt"), "some text for the folder\n");
+    cfg = config("text_bytes", dir, 4, 0.0);
+    ht_dataset *ds;
+    ht_error err;
+    watchdog(5, "ht_dataset_open of a folder holding a FIFO");
+    assert_ht_ok(ht_dataset_open(&cfg, &ds, &err), &err);
+    watchdog(0, NULL);
+    assert_int_equal(ds->n_sources, 1);
+    ht_dataset_free(ds);
+}
+
 static void test_token_bin_malformed(void **state) {
     (void)state;
     const char *dir = scratch_dir("data_token_bin_bad");
@@ -662,6 +688,7 @@ int main(void) {
         cmocka_unit_test(test_fortunes),
         cmocka_unit_test(test_token_bin_round_trip),
         cmocka_unit_test(test_token_bin_malformed),
+        cmocka_unit_test(test_data_that_is_not_a_file),
         cmocka_unit_test(test_check_vocab),
         cmocka_unit_test(test_token_bin_v2_round_trip),
         cmocka_unit_test(test_token_bin_v2_malformed),

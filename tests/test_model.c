@@ -134,6 +134,77 @@ static void test_model_size_caps(void **state) {
     assert_ht_ok(ht_model_config_validate(&ok, &err), &err);
 }
 
+/* What a size implies is checked before anything is allocated, within a
+ * second, naming the key: a million layers of the default architecture
+ * (before: minutes of quadratic name lookups and gigabytes of records, then
+ * out of memory), 2^31 - 1 positions (before: 64 GB tried for the rotary
+ * tables, then "cannot allocate the model"). */
+static void test_sizes_checked_before_allocating(void **state) {
+    (void)state;
+    static const struct {
+        int layers, positions;
+        const char *want;
+    } cases[] = {
+        {1000000, 512, "model.num_hidden_layers 1000000 x 6.927e+05 a layer"},
+        {4, 2147483647, "model.max_position_embeddings is 2147483647, more than the 16777216 positions"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ht_model_config cfg = tiny_config("qwen2", true, false); /* then configs/default.yaml's architecture */
+        cfg.vocab_size = 256;
+        cfg.hidden_size = 256;
+        cfg.intermediate_size = 688;
+        cfg.num_attention_heads = 8;
+        cfg.num_key_value_heads = 2;
+        cfg.num_hidden_layers = cases[i].layers;
+        cfg.max_position_embeddings = cases[i].positions;
+        ht_model *m = NULL;
+        ht_error err = {0};
+        double t0 = ht_time_seconds();
+        watchdog(30, "ht_model_build of an oversized model");
+        ht_status s = ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err);
+        watchdog(0, NULL);
+        double took = ht_time_seconds() - t0;
+        if (s == HT_OK) ht_model_free(m);
+        assert_int_equal(s, HT_ERR_CONFIG);
+        if (!strstr(err.msg, cases[i].want)) fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, cases[i].want);
+        if (took > 5.0) fail_msg("case %zu took %.1f s", i, took);
+        printf("  %.3f s: %s\n", took, err.msg);
+    }
+}
+
+/* ht_params_find is a hash lookup: 200,000 names added and each found again
+ * in well under the 5 s bound (the linear search took minutes here, and
+ * on a million layers); a name added twice finds the first. */
+static void test_param_names_are_hashed(void **state) {
+    (void)state;
+    enum { N = 200000 };
+    ht_param_store store = {0};
+    char name[64];
+    int64_t shape[1] = {1};
+    double t0 = ht_time_seconds();
+    watchdog(60, "200,000 ht_params_find lookups");
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.up_proj.weight", i);
+        assert_non_null(ht_params_add(&store, name, 1, shape, HT_DTYPE_F32));
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.up_proj.weight", i);
+        const ht_param *p = ht_params_find(&store, name);
+        if (!p || p != &store.items[i]) fail_msg("%s: found %p, expected item %d", name, (const void *)p, i);
+    }
+    assert_null(ht_params_find(&store, "model.layers.200000.mlp.up_proj.weight"));
+    assert_null(ht_params_find(&store, ""));
+    double took = ht_time_seconds() - t0;
+    watchdog(0, NULL);
+    shape[0] = 7;
+    ht_param *first = ht_params_add(&store, "dup", 1, shape, HT_DTYPE_F32);
+    ht_params_add(&store, "dup", 1, shape, HT_DTYPE_F32);
+    assert_ptr_equal(ht_params_find(&store, "dup"), first);
+    printf("  %d names added and found in %.3f s\n", N, took);
+    if (took > 5.0) fail_msg("%d lookups took %.1f s", N, took);
+    ht_params_free(&store);
+}
+
 static void test_sequence_too_long(void **state) {
     (void)state;
     ht_model_config cfg = tiny_config("qwen2", true, false);
@@ -277,6 +348,8 @@ int main(void) {
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
         cmocka_unit_test(test_model_size_caps),
+        cmocka_unit_test(test_sizes_checked_before_allocating),
+        cmocka_unit_test(test_param_names_are_hashed),
         cmocka_unit_test(test_output_dtype_rounds_logits),
         cmocka_unit_test(test_backward_repeats_bitwise_with_3_threads),
     };

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
@@ -170,6 +171,18 @@ static void expect_bad(const char *path, const char *p1, const char *p2) {
         fail_msg("message '%s' lacks the path, '%s' or '%s'", err.msg, p1, p2 ? p2 : "");
 }
 
+/* A FIFO as a safetensors file (a Hugging Face model's, a PEFT adapter's, a
+ * checkpoint's rank file) is an error naming it, at once (watchdog). */
+static void test_fifo_is_not_a_file(void **state) {
+    (void)state;
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/model.safetensors", scratch_dir("st_fifo"));
+    assert_int_equal(mkfifo(path, 0600), 0);
+    watchdog(5, "ht_safetensors_open of a FIFO");
+    expect_bad(path, "expected a file, found a FIFO (named pipe)", NULL);
+    watchdog(0, NULL);
+}
+
 static void test_malformed(void **state) {
     (void)state;
     const char *dir = scratch_dir("st_malformed");
@@ -320,9 +333,8 @@ static void test_corruption(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_writer_errors),
-        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_writer_errors),
+        cmocka_unit_test(test_malformed),  cmocka_unit_test(test_fifo_is_not_a_file),
         cmocka_unit_test(test_corruption),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -746,6 +746,158 @@ static const char *log_line(const char *log, const char *needle, char *line, siz
     return line;
 }
 
+/* A checkpoint of output_dir moved elsewhere and symlinked back (another
+ * disk, say) is still output_dir's: the directory holding its entry is what
+ * counts, not where the link points. The resume continues the run there. */
+static void test_resume_from_a_symlinked_checkpoint(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], run[2400], cmd[4096];
+    const char *dir = tiny_data("train_symlinked", data, sizeof(data));
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    snprintf(run, sizeof(run), "--set checkpoint.save_interval=1 --set checkpoint.output_dir=%s/a", dir);
+    if (run_cli(dir, yaml, run, msg, sizeof(msg)) != 0) fail_msg("the first run failed: %s", msg);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir '%s/store' && mv '%s/a/step_00000002' '%s/store/' && ln -s '%s/store/step_00000002' "
+             "'%s/a/step_00000002'",
+             dir, dir, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set checkpoint.output_dir=%s/a --set checkpoint.restore_from=%s/a/step_00000002",
+             dir, dir);
+    int rc = run_cli(dir, NULL, run, msg, sizeof(msg));
+    if (rc != 0 || strstr(msg, "a checkpoint of another directory"))
+        fail_msg("the resume from a/step_00000002 (a symlink) was taken for another run's: %s", msg);
+    assert_non_null(strstr(msg, "step     3/3"));
+}
+
+/* A resume with another global batch says so, with both values and what it
+ * does to the data position and the schedule: a changed
+ * training.global_batch_size, and a changed accumulation count (MindSpeed-MM's
+ * rule, by which the global batch follows the ranks too). */
+static void test_resume_with_another_global_batch_warns(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], run[2400];
+    const char *dir = tiny_data("train_batch_change", data, sizeof(data));
+    const char *yaml = tiny_yaml(dir, data, NULL); /* local 2, global 2 */
+    snprintf(run, sizeof(run),
+             "--set checkpoint.save_interval=1 --set training.global_batch_size=4 --set checkpoint.output_dir=%s/a",
+             dir);
+    if (run_cli(dir, yaml, run, msg, sizeof(msg)) != 0) fail_msg("the first run failed: %s", msg);
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set checkpoint.output_dir=%s/a --set checkpoint.restore_from=latest", dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the resume failed: %s", msg);
+    if (!strstr(msg, "resume: the global batch was 4 sequences in ") ||
+        !strstr(msg, "(training.global_batch_size); this run's is 2 (training.global_batch_size). The data continues "
+                     "at the saved position (epoch 0, window 8), 2 windows a step from here; the LR schedules count "
+                     "steps, not sequences, so each of steps 3 to 3 takes 0.5 times the sequences it would have had "
+                     "at its learning rate, and the run sees 10 sequences in all instead of 12"))
+        fail_msg("no warning of the changed global batch: %s", msg);
+    /* The same batch again: no warning. */
+    snprintf(run, sizeof(run),
+             "--set training.steps=4 --set checkpoint.output_dir=%s/a --set checkpoint.restore_from=latest", dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the second resume failed: %s", msg);
+    assert_null(strstr(msg, "resume: the global batch"));
+    /* Accumulation counted: 2 x 2 x 1 rank, then 2 x 1 x 1. */
+    snprintf(run, sizeof(run),
+             "--set checkpoint.save_interval=1 --set training.gradient_accumulation_steps=2 "
+             "--set training.global_batch_size=4 --set checkpoint.output_dir=%s/b",
+             dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the accumulating run failed: %s", msg);
+    snprintf(run, sizeof(run),
+             "--set training.steps=3 --set training.gradient_accumulation_steps=1 --set checkpoint.output_dir=%s/b "
+             "--set checkpoint.restore_from=latest",
+             dir);
+    if (run_cli(dir, NULL, run, msg, sizeof(msg)) != 0) fail_msg("the resume without accumulation failed: %s", msg);
+    if (!strstr(msg, "(training.local_batch_size 2 x training.gradient_accumulation_steps 2 x 1 data-parallel rank); "
+                     "this run's is 2 (training.local_batch_size 2 x training.gradient_accumulation_steps 1 x 1 "
+                     "data-parallel rank)"))
+        fail_msg("no warning of the changed accumulation: %s", msg);
+}
+
+/* With model.from_pretrained the config table shows the architecture in
+ * force, the folder's config.json's, not the defaults it replaced. */
+static void test_pretrained_config_is_logged(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], model[1400], line[512];
+    const char *dir = scratch_dir("train_pretrained_log");
+    snprintf(data, sizeof(data), "  dataset_type: token_bin\n  path: %s/train_*.bin\n  seq_len: 16\n",
+             fixture_path("data/mindspeed")); /* a vocabulary of 71: the model's is 100 */
+    const char *fixture = fixture_path("model/qwen2_untied");
+    snprintf(model, sizeof(model), "  from_pretrained: %s\n", fixture);
+    int rc = run_cli(dir, tiny_yaml(dir, data, model), "--set training.steps=1", msg, sizeof(msg));
+    if (rc != 0) fail_msg("the run failed: %s", msg);
+    char source[1500];
+    snprintf(source, sizeof(source), "config.json of %s", fixture);
+    static const char *const keys[] = {"  model.hidden_size  ", "  model.vocab_size  ", "  model.num_hidden_layers  "};
+    static const char *const values[] = {" 48 ", " 100 ", " 2 "};
+    for (int i = 0; i < 3; i++) {
+        log_line(msg, keys[i], line, sizeof(line));
+        if (!strstr(line, values[i]) || !strstr(line, source)) fail_msg("%s: the table says: %s", keys[i], line);
+    }
+    /* The file's own sizes are named as unused. */
+    assert_non_null(strstr(msg, "model.hidden_size: 32 (file, line 5) is not used"));
+}
+
+/* Sizes are checked against what they imply before anything is allocated,
+ * naming the key, within a second (bound 5 s): a million layers (before:
+ * minutes of quadratic name lookups), 2^31 - 1 positions (before: "cannot
+ * allocate the model"), a batch of 100,000 sequences (before: the GEMM kernels
+ * timed on 25.6M rows, then a loader error naming no key); and a batch the
+ * data holds but whose activations this machine's memory does not. */
+static void test_sizes_checked_before_allocating(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_sizes");
+    write_corpus(dir);
+    char big[1300];
+    snprintf(big, sizeof(big), "%s/big.txt", dir); /* 8M tokens: the data for 28,000 sequences of 256 */
+    FILE *f = fopen(big, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 1 << 17; i++) fputs("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", f);
+    fclose(f);
+    char data_big[1400];
+    snprintf(data_big, sizeof(data_big), "data.path=%s", big);
+    static const char *const arch[] = {
+        "model.hidden_size=256",       "model.intermediate_size=688",       "model.num_attention_heads=8",
+        "model.num_key_value_heads=2", "model.max_position_embeddings=512", "data.seq_len=256"};
+    static const struct {
+        const char *set[3];
+        const char *want;
+    } cases[] = {
+        {{"model.num_hidden_layers=1000000"}, "model.num_hidden_layers 1000000 x"},
+        {{"model.max_position_embeddings=2147483647"}, "model.max_position_embeddings is 2147483647"},
+        {{"training.local_batch_size=100000", "training.global_batch_size=100000"},
+         "training.local_batch_size 100000 on 1 data-parallel rank takes 100000 sequences"},
+        {{"training.local_batch_size=28000", "training.global_batch_size=28000", NULL},
+         "training.local_batch_size 28000 x data.seq_len 256: the activations of one micro-batch take"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (i == 3 && ht_physical_memory() > ((size_t)300 << 30)) { /* about 370 GB of activations */
+            printf("  the activations case needs a machine of less than 300 GiB; skipped\n");
+            continue;
+        }
+        ht_config *cfg = malloc(sizeof(ht_config));
+        ht_trainer *t = malloc(sizeof(ht_trainer));
+        ht_error err = {0};
+        tiny_config(cfg, dir);
+        for (size_t k = 0; k < sizeof(arch) / sizeof(arch[0]); k++)
+            assert_ht_ok(ht_config_set(cfg, arch[k], &err), &err);
+        for (int k = 0; k < 3 && cases[i].set[k]; k++) assert_ht_ok(ht_config_set(cfg, cases[i].set[k], &err), &err);
+        if (i == 3) assert_ht_ok(ht_config_set(cfg, data_big, &err), &err);
+        double t0 = ht_time_seconds();
+        watchdog(60, "ht_trainer_init of an oversized config");
+        ht_status s = ht_trainer_init(t, cfg, &err);
+        watchdog(0, NULL);
+        double took = ht_time_seconds() - t0;
+        if (s == HT_OK) ht_trainer_free(t);
+        free(t);
+        free(cfg);
+        if (s != HT_ERR_CONFIG || !strstr(err.msg, cases[i].want))
+            fail_msg("case %zu: status %d, '%s'; expected '%s'", i, s, err.msg, cases[i].want);
+        printf("  %.3f s: %s\n", took, err.msg);
+        if (took > 5.0) fail_msg("case %zu took %.1f s", i, took);
+    }
+}
+
 /* MindFormers' weight_decay_include/exclude over no_weight_decay, its module
  * names in routing (word_embeddings, output_layer), a pattern that matches no
  * parameter named, a name in both lists refused; and HyperParallel's gradient
@@ -874,25 +1026,30 @@ static void test_seed_configs_train(void **state) {
                            : strncmp(base, "hyperparallel_", 14) == 0     ? "HyperParallel's"
                                                                           : "MindSpeed-MM's";
         bool mindspeed = strcmp(want, "MindSpeed-MM's") == 0;
-        char data[1400], sizes[1400];
-        if (mindspeed) /* its own data and model, under the repository (the file's paths are relative to it) */
+        char data[1400], sizes[1400], cwd[1024] = "";
+        /* MindSpeed-MM's: its own data, model and sequence length, by the paths the file gives relative to the
+         * repository's root (run from a directory that holds its tests/ as the root does). */
+        if (mindspeed)
             snprintf(sizes, sizeof(sizes),
-                     "--set data.dataset_param.basic_parameters.dataset_dir=%s/tests/fixtures/data/mindspeed "
-                     "--set data.dataset_param.preprocess_parameters.model_name_or_path=%s/tests/fixtures/data/"
-                     "mindspeed --set model.model_name_or_path=%s/tests/fixtures/model/qwen2_tied "
                      "--set tools.profile.enable=true --set tools.memory_profile.enable=true "
-                     "--set training.gradient_accumulation_steps=2",
-                     HT_SOURCE_DIR, HT_SOURCE_DIR, HT_SOURCE_DIR);
+                     "--set training.gradient_accumulation_steps=2");
         else
             snprintf(sizes, sizeof(sizes),
                      "--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=1 "
                      "--set model.num_attention_heads=4 --set model.num_key_value_heads=2");
         data[0] = '\0';
-        if (!mindspeed) snprintf(data, sizeof(data), "--set data.path=%s/corpus.txt", dir);
-        snprintf(run, sizeof(run),
-                 "--set training.steps=2 %s --set data.seq_len=16 --set checkpoint.output_dir=%s/%s %s %s", data, dir,
-                 base, sizes, strstr(text, "warmup_steps:") ? "--set lr_scheduler.warmup_steps=1" : "");
+        if (!mindspeed) snprintf(data, sizeof(data), "--set data.path=%s/corpus.txt --set data.seq_len=16", dir);
+        snprintf(run, sizeof(run), "--set training.steps=2 %s --set checkpoint.output_dir=%s/%s %s %s", data, dir, base,
+                 sizes, strstr(text, "warmup_steps:") ? "--set lr_scheduler.warmup_steps=1" : "");
+        if (mindspeed) {
+            char link[1300];
+            snprintf(link, sizeof(link), "%s/tests", dir);
+            assert_int_equal(symlink(HT_SOURCE_DIR "/tests", link), 0);
+            assert_non_null(getcwd(cwd, sizeof(cwd)));
+            assert_int_equal(chdir(dir), 0);
+        }
         int rc = run_cli(dir, text, run, msg, sizeof(msg));
+        if (cwd[0]) assert_int_equal(chdir(cwd), 0);
         free(text);
         if (rc != 0) fail_msg("%s: exit %d: %s", base, rc, msg);
         char dialect[128];
@@ -911,6 +1068,70 @@ static void test_seed_configs_train(void **state) {
         mindspeed_seen |= mindspeed;
     }
     assert_true(mindspeed_seen);
+    globfree(&g);
+}
+
+/* One configs/ file exactly as written, from `dir` (which holds the
+ * repository's tests/, as the root does: the MindSpeed-MM seed's paths are
+ * relative to it): loaded, validated, the trainer built, and where a step is
+ * cheap steps taken: 2 up to 0.5 GFLOP a step, 1 up to 5 (the suite's other
+ * tests train each file cut small). false with the reason in `why`. */
+static bool runs_as_written(const char *path, char *why, size_t n, int *stepped) {
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err = {0};
+    bool ok = ht_config_load(path, 0, NULL, cfg, &err) == HT_OK && ht_config_validate(cfg, 1, &err) == HT_OK &&
+              ht_trainer_init(t, cfg, &err) == HT_OK;
+    *stepped = 0;
+    if (ok) {
+        double gflop = ht_model_flops_per_token(&t->model->config, t->T) * t->B * t->T * t->grad_accum / 1e9;
+        for (int k = 0; ok && k < (gflop <= 0.5 ? 2 : gflop <= 5 ? 1 : 0); k++) {
+            ht_step_stats st;
+            ok = ht_trainer_step(t, &st, &err) == HT_OK;
+            if (ok && !isfinite(st.loss)) snprintf(err.msg, sizeof(err.msg), "step %d: loss %g", k + 1, st.loss);
+            ok = ok && isfinite(st.loss);
+            *stepped += ok;
+        }
+        ht_trainer_free(t);
+    }
+    if (!ok) snprintf(why, n, "%s", err.msg);
+    free(t);
+    free(cfg);
+    return ok;
+}
+
+/* Every file of configs/ and configs/seeds/ runs as written: no key to
+ * override for it to start (the MindSpeed-MM seed's seq_len was longer than
+ * its model's positions), and the cheap ones train 2 steps. */
+static void test_shipped_configs_run_as_written(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_as_written");
+    char link[1300], cwd[1024], why[sizeof(((ht_error *)0)->msg)], failed[4096] = "";
+    snprintf(link, sizeof(link), "%s/tests", dir);
+    assert_int_equal(symlink(HT_SOURCE_DIR "/tests", link), 0);
+    assert_non_null(getcwd(cwd, sizeof(cwd)));
+    glob_t g;
+    assert_int_equal(glob(HT_SOURCE_DIR "/configs/*.yaml", 0, NULL, &g), 0);
+    assert_int_equal(glob(HT_SOURCE_DIR "/configs/seeds/*.yaml", GLOB_APPEND, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 22);
+    assert_int_equal(chdir(dir), 0);
+    int trained = 0, mindspeed_steps = 0;
+    for (size_t k = 0; k < g.gl_pathc && !failed[0]; k++) {
+        const char *base = g.gl_pathv[k] + strlen(HT_SOURCE_DIR "/");
+        int steps;
+        double t0 = ht_time_seconds();
+        if (!runs_as_written(g.gl_pathv[k], why, sizeof(why), &steps))
+            snprintf(failed, sizeof(failed), "%s: %s", base, why);
+        else
+            printf("  %s: runs as written, %d step%s taken (%.1f s)\n", base, steps, steps == 1 ? "" : "s",
+                   ht_time_seconds() - t0);
+        trained += steps > 0;
+        mindspeed_steps += strstr(base, "mindspeed") ? steps : 0;
+    }
+    assert_int_equal(chdir(cwd), 0); /* before any failure: the next tests' scratch directories are relative */
+    if (failed[0]) fail_msg("%s", failed);
+    assert_true(trained >= 8);
+    assert_int_equal(mindspeed_steps, 2);
     globfree(&g);
 }
 
@@ -990,7 +1211,12 @@ int main(void) {
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_resume_refuses_lost_optimizer_state),
         cmocka_unit_test(test_resume_from_elsewhere_keeps_the_run_there),
+        cmocka_unit_test(test_resume_from_a_symlinked_checkpoint),
+        cmocka_unit_test(test_resume_with_another_global_batch_warns),
+        cmocka_unit_test(test_pretrained_config_is_logged),
+        cmocka_unit_test(test_sizes_checked_before_allocating),
         cmocka_unit_test(test_seed_configs_train),
+        cmocka_unit_test(test_shipped_configs_run_as_written),
         cmocka_unit_test(test_shuffle_and_deterministic),
         cmocka_unit_test(test_decay_lists_routing_names_and_gradient_scaling),
         cmocka_unit_test(test_openmp_wait_on_a_busy_machine),

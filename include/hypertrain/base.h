@@ -188,12 +188,23 @@ uint64_t ht_xxh64(const void *data, size_t n, uint64_t seed);
 
 /* ---------------------------------------------------------------- files */
 
-/* Reads a whole file into a malloc'ed buffer (NUL-terminated for convenience). */
+/* Every file a user names is opened here (or by the two readers below):
+ * for reading, its type checked before any read, so that a FIFO, a device, a
+ * socket or a directory is an error naming the file and what it is, at once,
+ * where a plain open of a FIFO waits for a writer forever. The descriptor
+ * (close-on-exec, blocking) and the file's size are the caller's. */
+ht_status ht_open_file(const char *path, int *fd, size_t *size, ht_error *err);
+/* Reads a whole file into a malloc'ed buffer (NUL-terminated for convenience),
+ * refusing, before reading a byte, a file larger than this machine's memory. */
 ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err);
-/* The same, refusing a file of more than max_bytes: `what` names the kind of
- * file and the cap in the message ("a checkpoint's metadata.json"). */
+/* The same, refusing a file of more than max_bytes by its size before reading
+ * it: HT_ERR_FORMAT, with *out_size its size. `what` names the kind of file
+ * and the cap in the message ("a checkpoint's metadata.json may have"). */
 ht_status ht_read_file_max(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_size,
                            ht_error *err);
+/* The machine's physical memory in bytes (sysconf), SIZE_MAX when unknown:
+ * what a size implies is checked against it before anything is allocated. */
+size_t ht_physical_memory(void);
 /* The JSON files the engine reads (config.json, model.safetensors.index.json,
  * metadata.json) are kilobytes to a few megabytes; a bigger one is not one of
  * them. Raise it here and rebuild. */

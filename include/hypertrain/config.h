@@ -29,7 +29,8 @@ extern "C" {
 typedef enum ht_config_source {
     HT_CONFIG_SOURCE_DEFAULT = 0,
     HT_CONFIG_SOURCE_FILE,
-    HT_CONFIG_SOURCE_CLI, /* --set */
+    HT_CONFIG_SOURCE_CLI,        /* --set */
+    HT_CONFIG_SOURCE_PRETRAINED, /* model.from_pretrained's config.json (ht_config_use_pretrained) */
 } ht_config_source;
 
 typedef enum ht_config_optimizer {
@@ -293,6 +294,13 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err);
 /* The cross-field rules of docs/CONFIG.md; lists every violation, one per line.
  * Never changes a value. */
 ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err);
+
+/* model.from_pretrained: the architecture in force is the folder's
+ * config.json (`arch`, as ht_hf_read_config reads it), not the file's or the
+ * defaults. Its values replace every model key it describes (model.lora.*
+ * stays), with the source "config.json of <folder>"; a key the file or the
+ * command line set to another value is named in a warning, as unused. */
+void ht_config_use_pretrained(ht_config *cfg, const ht_model_config *arch);
 
 /* Logs "Trainer config": every key, its final value, and its source. */
 void ht_config_log(const ht_config *cfg);

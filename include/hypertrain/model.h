@@ -109,6 +109,9 @@ typedef struct ht_expert_parallel {
  * (1.1 trillion), past every dense model this engine could hold in memory.
  * ht_model_config_validate refuses a config beyond it, naming the sizes. */
 #define HT_MODEL_MAX_PARAMS ((int64_t)1 << 40)
+/* Positions a model may have (model.max_position_embeddings): 2^24, past
+ * every released model's context (10M); the rotary tables hold them all. */
+#define HT_MODEL_MAX_POSITIONS (1 << 24)
 
 /* A module in the sense of Hugging Face's named_modules(), at the grain the
  * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
@@ -148,6 +151,10 @@ typedef struct ht_model_ops {
      * grad (its main_grad unless the store is sharded). */
     void (*backward)(ht_model *m, float scale);
     void (*free)(ht_model *m);
+    /* Optional: the bytes forward and backward's buffers take for (B, T)
+     * with matmul operands of `operand_bytes`, as the model is set (+inf:
+     * beyond 64 bits). NULL: the model cannot tell. */
+    double (*activation_bytes)(const ht_model *m, int B, int T, size_t operand_bytes);
 } ht_model_ops;
 
 struct ht_model {
@@ -226,6 +233,11 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
  * head included, the embedding lookup not) plus attention's two products,
  * 6 x L x T x heads x head_dim, the causal half only (the half computed). */
 double ht_model_flops_per_token(const ht_model_config *cfg, int T);
+/* The bytes the activations of a (B, T) micro-batch take with matmul
+ * operands stored in `compute` (the ops' activation_bytes): checked against
+ * the machine's memory before the first forward allocates them. 0: the
+ * model cannot tell; +inf: beyond 64 bits. */
+double ht_model_activation_bytes(const ht_model *m, int B, int T, ht_dtype compute);
 /* Comma-separated registered names, for error messages. */
 const char *ht_model_registered_names(void);
 

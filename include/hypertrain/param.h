@@ -53,6 +53,11 @@ typedef struct ht_param_store {
     void *compute_block; /* the compute copies of params whose dtype differs from the compute dtype */
     size_t data_bytes, grad_bytes, main_bytes, compute_bytes;
     int shard_rank, shard_world; /* the rows this store holds: ht_param_rows_of(rank, world); world 0 or 1: all */
+    /* ht_params_find's hash table over the names: open addressing, each slot
+     * an index into items plus one (0: empty), a power of two at least twice
+     * the count; kept by ht_params_add. */
+    int *slots;
+    size_t slot_count;
 } ht_param_store;
 
 /* Module path patterns (MindSpeed-MM's fsdp_plan and freeze): "{*}" or "*"
@@ -66,6 +71,7 @@ bool ht_path_covers(const char *pattern, const char *name);
 
 /* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
 ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype);
+/* The first param of that name, or NULL: a hash lookup, constant time in the count. */
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
 /* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err);

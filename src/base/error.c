@@ -1,14 +1,17 @@
 /* Errors as values: ht_fail formats a sentence into the caller's ht_error.
- * Also the aligned allocator and whole-file reading, the two things every
- * layer needs and that can fail with a message. */
+ * Also the aligned allocator and the opening and whole-file reading of the
+ * files a user names, the things every layer needs and that can fail with a
+ * message. */
 #include "hypertrain/base.h"
 
 #include <errno.h>
-#include <limits.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...) {
     if (err) {
@@ -46,53 +49,93 @@ void *ht_alloc(size_t bytes) {
 
 void ht_free(void *ptr) { free(ptr); }
 
+size_t ht_physical_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return SIZE_MAX; /* unknown: nothing is refused for it */
+    return (size_t)pages * (size_t)page;
+}
+
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "something other than a regular file";
+}
+
+ht_status ht_open_file(const char *path, int *fd_out, size_t *size, ht_error *err) {
+    *fd_out = -1;
+    *size = 0;
+    /* O_NONBLOCK: a FIFO opened for reading otherwise waits for a writer, forever. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        ht_status s = ht_fail(err, HT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ht_fail(err, HT_ERR_IO, "%s: expected a file, found %s", path, file_kind(sb.st_mode));
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        ht_status s = ht_fail(err, HT_ERR_IO, "%s: cannot make the descriptor blocking: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
+    *fd_out = fd;
+    *size = (size_t)sb.st_size;
+    return HT_OK;
+}
+
 ht_status ht_read_file(const char *path, char **out, size_t *out_size, ht_error *err) {
-    return ht_read_file_max(path, (size_t)LONG_MAX, NULL, out, out_size, err);
+    return ht_read_file_max(path, ht_physical_memory(), "the memory of this machine holds", out, out_size, err);
 }
 
 ht_status ht_read_file_max(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_size,
                            ht_error *err) {
     *out = NULL;
     if (out_size) *out_size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    /* A directory opens for reading, and its "size" is no size at all. */
-    struct stat sb = {0};
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return ht_fail(err, HT_ERR_IO, "%s: expected a file, found %s", path,
-                       S_ISDIR(sb.st_mode) ? "a directory" : "something else (not a regular file)");
-    }
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot seek (not a regular file?)", path);
-    }
-    long size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot determine the size", path);
-    }
-    if ((unsigned long)size > max_bytes) {
-        fclose(f);
+    int fd;
+    size_t size;
+    ht_status s = ht_open_file(path, &fd, &size, err);
+    if (s != HT_OK) return s;
+    /* The size is known before a byte is read or allocated: a file over the cap costs nothing. */
+    if (size > max_bytes) {
+        close(fd);
+        if (out_size) *out_size = size;
         bool mib = max_bytes >= ((size_t)1 << 20);
-        return ht_fail(err, HT_ERR_FORMAT, "%s: %ld bytes, more than the %zu %s %s", path, size,
+        return ht_fail(err, HT_ERR_FORMAT, "%s: %zu bytes, more than the %zu %s %s", path, size,
                        mib ? max_bytes >> 20 : max_bytes, mib ? "MiB" : "bytes", what ? what : "a file may have");
     }
-    char *buf = malloc((size_t)size + 1);
+    char *buf = size < SIZE_MAX ? malloc(size + 1) : NULL;
     if (!buf) {
-        fclose(f);
-        return ht_fail(err, HT_ERR_OOM, "%s: cannot allocate %ld bytes", path, size);
+        close(fd);
+        return ht_fail(err, HT_ERR_OOM, "%s: cannot allocate %zu bytes", path, size);
     }
-    size_t got = fread(buf, 1, (size_t)size, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || got != (size_t)size) {
+    size_t got = 0;
+    int why = 0;
+    while (got < size && why == 0) {
+        ssize_t n = read(fd, buf + got, size - got);
+        if (n > 0)
+            got += (size_t)n;
+        else if (n == 0)
+            break;
+        else if (errno != EINTR)
+            why = errno;
+    }
+    close(fd);
+    if (got != size) {
         free(buf);
-        return ht_fail(err, HT_ERR_IO, "%s: read %zu of %ld bytes", path, got, size);
+        return ht_fail(err, HT_ERR_IO, "%s: read %zu of %zu bytes (%s)", path, got, size,
+                       why ? strerror(why) : "the file got shorter while it was read");
     }
     buf[size] = '\0';
     *out = buf;
-    if (out_size) *out_size = (size_t)size;
+    if (out_size) *out_size = size;
     return HT_OK;
 }
 

@@ -2,6 +2,7 @@
  * conversion that keeps each ht_param in place, and the FP32 masters. */
 #include "hypertrain/param.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,10 +22,39 @@ int64_t ht_params_total_numel(const ht_param_store *store) {
     return n;
 }
 
+static size_t name_hash(const char *name) { return (size_t)ht_fnv1a64(name, strlen(name), HT_FNV64_INIT); }
+
+/* Puts items[i] in its slot; a name already there keeps the first param of it. */
+static void slot_insert(ht_param_store *store, int i) {
+    size_t mask = store->slot_count - 1;
+    for (size_t k = name_hash(store->items[i].name) & mask;; k = (k + 1) & mask) {
+        int at = store->slots[k];
+        if (at == 0) {
+            store->slots[k] = i + 1;
+            return;
+        }
+        if (strcmp(store->items[at - 1].name, store->items[i].name) == 0) return;
+    }
+}
+
+/* Room in the hash table for one more name: twice as many slots when half full. */
+static bool slots_reserve(ht_param_store *store) {
+    if ((size_t)(store->count + 1) * 2 <= store->slot_count) return true;
+    size_t n = store->slot_count ? 2 * store->slot_count : 128;
+    int *slots = calloc(n, sizeof(int));
+    if (!slots) return false;
+    free(store->slots);
+    store->slots = slots;
+    store->slot_count = n;
+    for (int i = 0; i < store->count; i++) slot_insert(store, i);
+    return true;
+}
+
 ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype) {
     if (ndim < 1 || ndim > HT_PARAM_MAX_DIMS || strlen(name) >= HT_PARAM_NAME_MAX) return NULL;
+    if (store->count == INT_MAX || !slots_reserve(store)) return NULL;
     if (store->count == store->capacity) {
-        int cap = store->capacity ? 2 * store->capacity : 64;
+        int cap = store->capacity ? (store->capacity > INT_MAX / 2 ? INT_MAX : 2 * store->capacity) : 64;
         ht_param *items = realloc(store->items, (size_t)cap * sizeof(ht_param));
         if (!items) return NULL;
         store->items = items;
@@ -39,6 +69,7 @@ ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const
     p->row0 = 0;
     p->row1 = shape[0];
     p->trainable = true;
+    slot_insert(store, store->count - 1);
     return p;
 }
 
@@ -67,8 +98,10 @@ bool ht_path_match(const char *pattern, const char *path) { return path_matches(
 bool ht_path_covers(const char *pattern, const char *name) { return path_matches(pattern, name, true); }
 
 ht_param *ht_params_find(const ht_param_store *store, const char *name) {
-    for (int i = 0; i < store->count; i++)
-        if (strcmp(store->items[i].name, name) == 0) return &store->items[i];
+    if (store->slot_count == 0) return NULL;
+    size_t mask = store->slot_count - 1;
+    for (size_t k = name_hash(name) & mask; store->slots[k]; k = (k + 1) & mask)
+        if (strcmp(store->items[store->slots[k] - 1].name, name) == 0) return &store->items[store->slots[k] - 1];
     return NULL;
 }
 
@@ -337,9 +370,11 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
         return ht_fail(err, HT_ERR_INVALID,
                        "ht_params_shard: shard a whole store before its main params and compute copies");
     ht_param *items = store->items; /* whole: every param's rows start at 0 */
+    /* On the heap: a model of a million params would overflow the stack. */
+    void **old_ptrs = malloc((size_t)(store->count ? store->count : 1) * sizeof(void *));
+    if (!old_ptrs) return ht_fail(err, HT_ERR_OOM, "ht_params_shard: cannot allocate %d pointers", store->count);
     ht_params_set_rows(store, rank, world);
     void *old_data = store->data_block, *old_grad = store->grad_block;
-    void *old_ptrs[store->count];
     for (int i = 0; i < store->count; i++) old_ptrs[i] = items[i].data;
     store->data_block = NULL;
     store->grad_block = NULL;
@@ -348,6 +383,7 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
         ht_params_set_rows(store, 0, 1);
         store->data_block = old_data;
         store->grad_block = old_grad;
+        free(old_ptrs);
         return s;
     }
     for (int i = 0; i < store->count; i++) {
@@ -355,6 +391,7 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
         size_t es = ht_dtype_size(p->dtype), row = (size_t)ht_param_row_numel(p);
         memcpy(p->data, (const char *)old_ptrs[i] + (size_t)p->row0 * row * es, (size_t)ht_param_local_numel(p) * es);
     }
+    free(old_ptrs);
     ht_free(old_data);
     ht_free(old_grad);
     return HT_OK;
@@ -366,5 +403,6 @@ void ht_params_free(ht_param_store *store) {
     ht_free(store->main_block);
     ht_free(store->compute_block);
     free(store->items);
+    free(store->slots);
     memset(store, 0, sizeof(*store));
 }

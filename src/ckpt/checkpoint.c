@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,25 +57,22 @@ static void fsync_dir(const char *dir) {
 
 /* Size and XXH64 of a whole file (through a read-only mapping). */
 static ht_status hash_file(const char *path, uint64_t *size, uint64_t *hash, ht_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    *size = (uint64_t)sb.st_size;
-    if (sb.st_size == 0) {
+    int fd;
+    size_t bytes;
+    ht_status s = ht_open_file(path, &fd, &bytes, err); /* a FIFO listed in metadata.json must not block */
+    if (s != HT_OK) return s;
+    *size = (uint64_t)bytes;
+    if (bytes == 0) {
         close(fd);
         *hash = ht_xxh64(NULL, 0, 0);
         return HT_OK;
     }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return ht_fail(err, HT_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
-    madvise(map, (size_t)sb.st_size, MADV_SEQUENTIAL);
-    *hash = ht_xxh64(map, (size_t)sb.st_size, 0);
-    munmap(map, (size_t)sb.st_size);
+    madvise(map, bytes, MADV_SEQUENTIAL);
+    *hash = ht_xxh64(map, bytes, 0);
+    munmap(map, bytes);
     return HT_OK;
 }
 
@@ -913,8 +911,14 @@ static ht_status load_metadata(const char *dir, ht_checkpoint *ck, ht_error *err
                  (long long)version, HT_CKPT_FORMAT_VERSION);
         return bad_meta(ck, msg, err);
     }
-    if (!json_int(ht_json_get(m, "step"), &ck->step) || !json_int(ht_json_get(m, "world_size"), &world) || world < 1)
-        return bad_meta(ck, "\"step\" or \"world_size\" missing", err);
+    if (!json_int(ht_json_get(m, "step"), &ck->step)) return bad_meta(ck, "\"step\" missing", err);
+    if (!json_int(ht_json_get(m, "world_size"), &world)) return bad_meta(ck, "\"world_size\" missing", err);
+    if (world < 1 || world > INT_MAX) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "\"world_size\" must be >= 1 (the ranks that saved it), found %lld",
+                 (long long)world);
+        return bad_meta(ck, msg, err);
+    }
     ck->world = (int)world;
     if (!hash || hash->type != HT_JSON_STRING || strcmp(hash->string, HT_CKPT_HASH) != 0)
         return bad_meta(ck, "\"hash\" is not \"" HT_CKPT_HASH "\"", err);
@@ -929,9 +933,19 @@ static ht_status load_metadata(const char *dir, ht_checkpoint *ck, ht_error *err
         const ht_json *f = &files->items[i], *name = ht_json_get(f, "name"), *h = ht_json_get(f, "xxh64");
         int64_t size;
         ck_file *cf = &ck->files[ck->nfiles];
-        if (!name || name->type != HT_JSON_STRING || strchr(name->string, '/') || !h || h->type != HT_JSON_STRING ||
+        if (!name || name->type != HT_JSON_STRING || !h || h->type != HT_JSON_STRING ||
             sscanf(h->string, "%16" SCNx64, &cf->hash) != 1 || !json_int(ht_json_get(f, "size"), &size))
             return bad_meta(ck, "an entry of \"files\" lacks name, size or xxh64", err);
+        /* Every file lies in the checkpoint's own directory. */
+        if (!name->string[0] || strchr(name->string, '/') || strcmp(name->string, ".") == 0 ||
+            strcmp(name->string, "..") == 0) {
+            char msg[400];
+            snprintf(msg, sizeof(msg),
+                     "\"files\" names \"%.200s\", not a plain file name (a file of the checkpoint's directory, "
+                     "without a '/')",
+                     name->string);
+            return bad_meta(ck, msg, err);
+        }
         cf->name = name->string;
         cf->size = (uint64_t)size;
         cf->is_rank = strncmp(cf->name, "rank_", 5) == 0 && ends_with(cf->name, ".safetensors");

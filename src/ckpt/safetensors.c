@@ -255,20 +255,18 @@ ht_status ht_safetensors_open(const char *path, ht_safetensors **out, ht_error *
         free(st);
         return ht_fail(err, HT_ERR_OOM, "%s: out of memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    int fd;
+    size_t size;
+    ht_status s = ht_open_file(path, &fd, &size, err);
+    if (s != HT_OK) {
         ht_safetensors_close(st);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return s;
     }
-    struct stat sb;
-    ht_status s = HT_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        s = ht_fail(err, HT_ERR_IO, "%s: not a regular file", path);
-    } else if (sb.st_size < 8) {
-        s = ht_fail(err, HT_ERR_FORMAT, "%s: file is %lld bytes, too short for the 8-byte header length (truncated?)",
-                    path, (long long)sb.st_size);
+    if (size < 8) {
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: file is %zu bytes, too short for the 8-byte header length (truncated?)",
+                    path, size);
     } else {
-        st->size = (size_t)sb.st_size;
+        st->size = size;
         st->map = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (st->map == MAP_FAILED) {
             st->map = NULL;

@@ -137,6 +137,17 @@ static void set_threads(const ht_comm *comm) {
 static int load_plugins(const ht_config *cfg) {
     for (int i = 0; i < cfg->training.plugin.count; i++) {
         const char *path = cfg->training.plugin.items[i];
+        /* A path (not a name the loader searches for) is checked first: dlopen would wait on a FIFO forever. */
+        if (strchr(path, '/')) {
+            ht_error err;
+            int fd;
+            size_t size;
+            if (ht_open_file(path, &fd, &size, &err) != HT_OK) {
+                fprintf(stderr, "hypertrain: error: training.plugin: %s\n", err.msg);
+                return 1;
+            }
+            close(fd);
+        }
         void *handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
         if (!handle) {
             fprintf(stderr, "hypertrain: error: training.plugin: cannot load %s: %s\n", path, dlerror());
@@ -186,8 +197,7 @@ static int cmd_train(int argc, char **argv) {
         rc = fail_rank(comm, &err);
         goto done;
     }
-    ht_config_log(cfg);
-    set_threads(comm);
+    set_threads(comm); /* the trainer logs the config in force (with model.from_pretrained's architecture) */
     if ((rc = load_plugins(cfg)) != 0) {
         ht_run_lock_release(&lock, true);
         goto done;

@@ -1287,14 +1287,15 @@ static ht_status load_file(ht_config *cfg, const char *path, ht_error *err) {
     char *text = NULL;
     size_t size = 0;
     ht_error io;
-    if (ht_read_file(path, &text, &size, &io) != HT_OK)
-        return ht_fail(err, io.status, "config file %s (expected a readable YAML file)", io.msg);
+    /* The cap is checked on the file's size, before a byte is read. */
+    ht_status read = ht_read_file_max(path, CONFIG_FILE_MAX, "a configuration may have", &text, &size, &io);
+    if (read == HT_ERR_FORMAT)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: %zu bytes; expected a configuration of at most %d bytes", path, size,
+                       CONFIG_FILE_MAX);
+    if (read != HT_OK) return ht_fail(err, io.status, "config file %s (expected a readable YAML file)", io.msg);
     size_t deep_line = 0;
-    if (size > CONFIG_FILE_MAX || flow_depth(text, size, &deep_line) > CONFIG_NESTING_MAX) {
+    if (flow_depth(text, size, &deep_line) > CONFIG_NESTING_MAX) {
         free(text);
-        if (size > CONFIG_FILE_MAX)
-            return ht_fail(err, HT_ERR_CONFIG, "%s: %zu bytes; expected a configuration of at most %d bytes", path,
-                           size, CONFIG_FILE_MAX);
         return ht_fail(err, HT_ERR_CONFIG, "%s:%zu: brackets nested deeper than %d levels; expected a configuration",
                        path, deep_line, CONFIG_NESTING_MAX);
     }
@@ -1548,6 +1549,7 @@ const char *ht_config_source_name(ht_config_source source) {
     case HT_CONFIG_SOURCE_DEFAULT: return "default";
     case HT_CONFIG_SOURCE_FILE: return "file";
     case HT_CONFIG_SOURCE_CLI: return "command line";
+    case HT_CONFIG_SOURCE_PRETRAINED: return "model.from_pretrained's config.json";
     }
     return "?";
 }
@@ -1746,11 +1748,39 @@ static void describe_source(const ht_config *cfg, int i, char *buf, size_t n) {
     const char *as = cfg->alias[i] ? ALIASES[cfg->alias[i] - 1].alias : NULL;
     if (cfg->source[i] == HT_CONFIG_SOURCE_DEFAULT && cfg->dialect_default[i])
         snprintf(buf, n, "%s default", dialect_possessive(cfg->dialect));
+    else if (cfg->source[i] == HT_CONFIG_SOURCE_PRETRAINED)
+        snprintf(buf, n, "config.json of %s", cfg->model.from_pretrained);
     else if (cfg->source[i] == HT_CONFIG_SOURCE_FILE && cfg->line[i] > 0)
         snprintf(buf, n, "file, line %d%s%s", cfg->line[i], as ? ", as " : "", as ? as : "");
     else
         snprintf(buf, n, "%s%s%s", ht_config_source_name((ht_config_source)cfg->source[i]), as ? ", as " : "",
                  as ? as : "");
+}
+
+void ht_config_use_pretrained(ht_config *cfg, const ht_model_config *arch) {
+    const size_t first = offsetof(ht_config, model.arch), end = first + sizeof(ht_model_config);
+    const size_t lora = offsetof(ht_config, model.arch.lora), lora_end = lora + sizeof(ht_lora_config);
+    char before[1024], now[1024], where[HT_CONFIG_STR_MAX + 64];
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_desc *k = &KEYS[i];
+        if (k->type == KT_REJECT || k->offset < first || k->offset >= end ||
+            (k->offset >= lora && k->offset < lora_end))
+            continue;
+        format_value(cfg, i, before, sizeof(before));
+        describe_source(cfg, i, where, sizeof(where));
+        memcpy((char *)cfg + k->offset, (const char *)arch + (k->offset - first), k->size);
+        format_value(cfg, i, now, sizeof(now));
+        if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT && strcmp(before, now) != 0)
+            ht_log_warn("%s: %s (%s) is not used: the model is %s/config.json's, which says %s",
+                        ht_config_key_spelling(cfg, k->path), before, where, cfg->model.from_pretrained, now);
+        cfg->source[i] = HT_CONFIG_SOURCE_PRETRAINED;
+        cfg->line[i] = 0;
+        cfg->alias[i] = 0;
+        cfg->dialect_default[i] = 0;
+    }
+    ht_lora_config keep = cfg->model.arch.lora; /* never in config.json */
+    cfg->model.arch = *arch;
+    cfg->model.arch.lora = keep;
 }
 
 void ht_config_log(const ht_config *cfg) {
@@ -1770,7 +1800,7 @@ void ht_config_log(const ht_config *cfg) {
     for (int i = 0; i < N_KEYS; i++) {
         if (KEYS[i].type == KT_REJECT) continue;
         format_value(cfg, i, value, sizeof(value));
-        char source[320];
+        char source[HT_CONFIG_STR_MAX + 64];
         describe_source(cfg, i, source, sizeof(source));
         ht_log_info("  %-*s  %-*s  %s", key_w, KEYS[i].path, val_w, value, source);
     }
@@ -1786,7 +1816,7 @@ void ht_config_log(const ht_config *cfg) {
 void ht_config_log_section(const ht_config *cfg, const char *title, const char *prefix) {
     size_t plen = strlen(prefix);
     int key_w = 3, def_w = 7, conf_w = 10;
-    char value[1024], conf[1400], source[320];
+    char value[1024], conf[2 * HT_CONFIG_STR_MAX + 96], source[HT_CONFIG_STR_MAX + 64];
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) {
             ht_log_info("Effective %s config", title);

@@ -61,6 +61,15 @@ static ht_status append_bytes(ht_dataset *ds, const char *path, const char *byte
     return ht_dataset_add_source(ds, path, size, err);
 }
 
+/* A text file whole: its bytes and their 4-byte tokens must fit in memory
+ * together, which its size tells before a byte is read. */
+static ht_status read_text(const char *path, char **bytes, size_t *size, ht_error *err) {
+    return ht_read_file_max(path, ht_physical_memory() / 5,
+                            "a text_bytes file may have on this machine (1 + 4 bytes of memory per byte: the text and "
+                            "its tokens)",
+                            bytes, size, err);
+}
+
 static ht_status open_folder(const char *dir, ht_dataset *ds, ht_error *err) {
     char **names = NULL;
     size_t n = 0;
@@ -82,7 +91,7 @@ static ht_status open_folder(const char *dir, ht_dataset *ds, ht_error *err) {
         if (!S_ISREG(sb.st_mode)) continue;
         char *bytes;
         size_t size;
-        st = ht_read_file(path, &bytes, &size, err);
+        st = read_text(path, &bytes, &size, err);
         if (st != HT_OK) break;
         if (memchr(bytes, '\0', size))
             binary++;
@@ -108,7 +117,7 @@ ht_status ht_dataset_open_text_bytes(const ht_data_config *cfg, ht_dataset *ds, 
     if (S_ISDIR(sb.st_mode)) return open_folder(cfg->path, ds, err);
     char *bytes;
     size_t size;
-    ht_status st = ht_read_file(cfg->path, &bytes, &size, err);
+    ht_status st = read_text(cfg->path, &bytes, &size, err);
     if (st != HT_OK) return st;
     const char *nul = memchr(bytes, '\0', size);
     if (nul)

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #define SHARD_MAGIC 20240520
 #define SHARD_HEADER_BYTES 1024
@@ -34,14 +34,16 @@ typedef struct shard_header {
 /* Opens a shard and checks its header against its size. */
 static ht_status open_shard(const char *path, FILE **out, shard_header *h, ht_error *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return ht_fail(err, HT_ERR_IO, "%s: not a regular file", path);
+    int fd;
+    size_t bytes;
+    ht_status st = ht_open_file(path, &fd, &bytes, err);
+    if (st != HT_OK) return st;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
-    long long size = (long long)sb.st_size;
+    long long size = (long long)bytes;
     unsigned char header[SHARD_HEADER_BYTES];
     if (size < SHARD_HEADER_BYTES || fread(header, 1, sizeof(header), f) != sizeof(header)) {
         fclose(f);
@@ -52,7 +54,6 @@ static ht_status open_shard(const char *path, FILE **out, shard_header *h, ht_er
     int32_t vocab = read_le32(header + 12);
     int width = version == 1 ? 2 : 4;
     long long expected = SHARD_HEADER_BYTES + (long long)width * n;
-    ht_status st = HT_OK;
     if (magic != SHARD_MAGIC)
         st = ht_fail(err, HT_ERR_FORMAT, "%s: bad magic %d, expected %d (not an llm.c token shard)", path, magic,
                      SHARD_MAGIC);

@@ -340,30 +340,30 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
     return m->keep_logits || m->head_chunk_bytes <= 0 || N <= rows ? N : rows > 0 ? rows : 1;
 }
 
-/* Sizes every activation for (B, T) and carves them from one block. */
-static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
-    /* The attention scratch is per thread: more threads than it was sized for size it again. */
-    /* cd buffers hold matmul operands in the compute dtype: sized for it,
-     * and sized again when it changes (ht_model_set_compute). */
-    const size_t cd = ht_dtype_size(d->embed->compute_dtype);
+/* The bytes of every activation buffer for (B, T) with matmul operands of
+ * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
+ * scratch. The total is what size_activations allocates. */
+enum { NPL = 15, NTAIL = 19, NLORA = 4 };
+typedef struct act_plan {
+    size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
+    bool shared; /* model.recompute: the recomputed layers share one set of buffers */
+    size_t total;
+} act_plan;
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
-    if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
-        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows)
-        return HT_OK;
-    ht_kernels()->free(d->act_block);
-    d->act_block = NULL;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
     int64_t QD = (int64_t)d->H * d->D, KVD = (int64_t)d->KV * d->D;
     int64_t widest = F > QD ? F : QD; /* dy_cd: any linear's output gradient, the head's chunk included */
     widest = widest > C ? widest : C;
     const int64_t dy_cd_elems = N * widest > head_rows * V ? N * widest : head_rows * V;
-    d->threads = omp_get_max_threads();
-    size_t per_layer[] = {
+    const size_t per_layer[NPL] = {
         N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, N * QD * 4, (size_t)B * d->H * T * 4,
         N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
     };
-    enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]) };
-    size_t tail[] = {
+    const size_t tail[NTAIL] = {
         N * C * 4,
         N * 4,
         N * C * cd,
@@ -380,41 +380,79 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         N * F * 4,
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
-        (size_t)d->threads * ht_kernels()->attention_workspace_floats(T, d->D) * 4,
+        (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->D) * 4,
         (size_t)B * d->H * 4,               /* att_work, head_max */
         (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
     };
-    enum { NTAIL = sizeof(tail) / sizeof(tail[0]) };
+    memcpy(p->per_layer, per_layer, sizeof(per_layer));
+    memcpy(p->tail, tail, sizeof(tail));
     /* model.lora: each adapted linear keeps its h; one product, its
      * gradient and (with dropout) a dropped-out input are scratch. */
     int64_t R = d->lora_rank, widest_in = F > QD ? F : QD;
     widest_in = widest_in > C ? widest_in : C;
-    size_t lora_h = (size_t)(N * R) * cd, lora_x = d->lora_dropout > 0 ? (size_t)(N * widest_in) * 4 : 0;
-    size_t lora_tail[] = {(size_t)(N * R) * 4, (size_t)(N * R) * cd, lora_x, lora_x}; /* h32, dh, x, dx */
-    enum { NLORA = sizeof(lora_tail) / sizeof(lora_tail[0]) };
+    size_t lora_x = d->lora_dropout > 0 ? (size_t)(N * widest_in) * 4 : 0;
+    p->lora_h = (size_t)(N * R) * cd;
+    const size_t lora_tail[NLORA] = {(size_t)(N * R) * 4, (size_t)(N * R) * cd, lora_x, lora_x}; /* h32, dh, x, dx */
+    memcpy(p->lora_tail, lora_tail, sizeof(lora_tail));
     /* model.recompute: a recomputed layer keeps its input (resid) alone; the
      * rest of its buffers are one set all of them share, carved once (as if
      * for layer -1), which backward fills again before the layer's turn. */
-    bool shared = false;
-    for (int l = 0; l < d->L; l++) shared = shared || recomputed(m, l);
-    size_t total = 0;
-    for (int l = shared ? -1 : 0; l < d->L; l++) {
+    p->shared = false;
+    for (int l = 0; l < d->L; l++) p->shared = p->shared || recomputed(m, l);
+    p->total = 0;
+    for (int l = p->shared ? -1 : 0; l < d->L; l++) {
         bool own = l >= 0 && !recomputed(m, l);
         for (int i = 0; i < NPL; i++)
-            if (i == 0 ? l >= 0 : l < 0 || own) total += (per_layer[i] + 63) & ~(size_t)63;
+            if (i == 0 ? l >= 0 : l < 0 || own) p->total += align64(p->per_layer[i]);
         for (int lin = 0; lin < LIN_COUNT; lin++)
-            if ((l < 0 || own) && lora_in_any(d, l, lin)) total += (lora_h + 63) & ~(size_t)63;
+            if ((l < 0 || own) && lora_in_any(d, l, lin)) p->total += align64(p->lora_h);
     }
-    for (int i = 0; i < NTAIL; i++) total += (tail[i] + 63) & ~(size_t)63;
-    for (int i = 0; i < NLORA; i++) total += (lora_tail[i] + 63) & ~(size_t)63;
-    char *block = ht_kernels()->alloc(total);
+    for (int i = 0; i < NTAIL; i++) p->total += align64(p->tail[i]);
+    for (int i = 0; i < NLORA; i++) p->total += align64(p->lora_tail[i]);
+}
+
+/* What plan_activations totals, for a caller asking before anything is
+ * sized; +inf where it might not fit in 64 bits: each buffer is at most
+ * N x the widest dimension (at least 2^16, which covers the attention
+ * scratch's fixed part) x 8 bytes, and a thread's attention scratch two of them. */
+static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t cd) {
+    const decoder *d = m->impl;
+    const int threads = omp_get_max_threads();
+    int64_t widest = (int64_t)1 << 16, bound;
+    const int64_t dims[] = {2 * (int64_t)d->V, d->C, d->F, (int64_t)d->H * d->D, 2 * (int64_t)d->lora_rank};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) widest = dims[i] > widest ? dims[i] : widest;
+    const int64_t buffers = (int64_t)(NPL + LIN_COUNT) * (d->L + 1) + NTAIL + NLORA + 2 * (int64_t)threads;
+    if (__builtin_mul_overflow((int64_t)B * T, widest, &bound) || __builtin_mul_overflow(bound, 8 * buffers, &bound))
+        return INFINITY;
+    act_plan p;
+    plan_activations(m, d, B, T, cd, threads, &p);
+    return (double)p.total;
+}
+
+/* Sizes every activation for (B, T) and carves them from one block. */
+static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
+    /* The attention scratch is per thread: more threads than it was sized for size it again. */
+    /* cd buffers hold matmul operands in the compute dtype: sized for it,
+     * and sized again when it changes (ht_model_set_compute). */
+    const size_t cd = ht_dtype_size(d->embed->compute_dtype);
+    const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
+    if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
+        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows)
+        return HT_OK;
+    ht_kernels()->free(d->act_block);
+    d->act_block = NULL;
+    d->threads = omp_get_max_threads();
+    act_plan plan;
+    plan_activations(m, d, B, T, cd, d->threads, &plan);
+    const size_t *per_layer = plan.per_layer, *tail = plan.tail, *lora_tail = plan.lora_tail;
+    char *block = ht_kernels()->alloc(plan.total);
     if (!block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
-                       (double)total / (1 << 20), B, T);
+                       (double)plan.total / (1 << 20), B, T);
     char *p = block;
-#define CARVE(size) (p += ((size) + 63) & ~(size_t)63, p - (((size) + 63) & ~(size_t)63))
+#define CARVE(size) (p += align64(size), p - align64(size))
     layer_acts common = {0};
-    for (int l = shared ? -1 : 0; l < d->L; l++) {
+    for (int l = plan.shared ? -1 : 0; l < d->L; l++) {
         layer_acts *a = l < 0 ? &common : &d->acts[l];
         if (l >= 0) a->resid = (float *)CARVE(per_layer[0]);
         if (l >= 0 && recomputed(m, l)) {
@@ -439,7 +477,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         a->gate = (float *)CARVE(per_layer[12]);
         a->up = (float *)CARVE(per_layer[13]);
         a->h = CARVE(per_layer[14]);
-        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = lora_in_any(d, l, lin) ? CARVE(lora_h) : NULL;
+        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = lora_in_any(d, l, lin) ? CARVE(plan.lora_h) : NULL;
     }
     d->resid_final = (float *)CARVE(tail[0]);
     d->rstdf = (float *)CARVE(tail[1]);
@@ -471,7 +509,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->sized_generation = m->recompute_generation;
     d->sized_cd = cd;
     d->head_rows = head_rows;
-    d->activation_bytes = total;
+    d->activation_bytes = plan.total;
     return HT_OK;
 }
 
@@ -843,6 +881,7 @@ static const ht_model_ops decoder_ops = {
     .forward = decoder_forward,
     .backward = decoder_backward,
     .free = decoder_free,
+    .activation_bytes = decoder_activation_bytes,
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {

@@ -162,6 +162,11 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
                        "model.hidden_size (%d) must be a multiple of model.num_attention_heads (%d) "
                        "unless model.head_dim is set",
                        cfg->hidden_size, cfg->num_attention_heads);
+    if (cfg->max_position_embeddings > HT_MODEL_MAX_POSITIONS)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.max_position_embeddings is %d, more than the %d positions a model may have "
+                       "(HT_MODEL_MAX_POSITIONS in include/hypertrain/model.h; the rotary tables hold every one)",
+                       cfg->max_position_embeddings, HT_MODEL_MAX_POSITIONS);
     int d = ht_model_config_head_dim(cfg);
     if (d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
     if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
@@ -224,6 +229,47 @@ static ht_status init_weights(ht_param_store *params, double std, uint64_t seed,
     return HT_OK;
 }
 
+static double gib(double bytes) { return bytes / (double)(1 << 30); }
+
+/* What building the model takes at least, against this machine's memory,
+ * before anything is allocated: the weights in `dtype` and their FP32
+ * gradients (this rank's rows of them: 1 / world), the rotary tables and a
+ * record per tensor. Biases and adapters are left out: a lower bound, so a
+ * model refused here could not be built. In double: only compared. */
+static ht_status check_memory(const ht_model_config *cfg, ht_dtype dtype, int world, ht_error *err) {
+    const ht_moe_config *mc = &cfg->moe;
+    const double C = cfg->hidden_size, F = cfg->intermediate_size, V = cfg->vocab_size,
+                 D = ht_model_config_head_dim(cfg);
+    const double q = cfg->num_attention_heads * D, kv = cfg->num_key_value_heads * D, L = cfg->num_hidden_layers;
+    int sparse = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
+    const double attention = 2 * q * C + 2 * kv * C + 2 * C; /* q, o, k, v and the two norms */
+    const double experts =
+        mc->num_experts * (3.0 * mc->moe_intermediate_size * C + C) + 3.0 * mc->shared_expert_intermediate_size * C + C;
+    const double layers = L * attention + (L - sparse) * 3 * F * C + sparse * experts;
+    const double outer = V * C * (cfg->tie_word_embeddings ? 1 : 2) + C;
+    const double tables = 2.0 * cfg->max_position_embeddings * (D / 2) * sizeof(float);
+    const double params = layers + outer, records = (3 + 9 * L) * sizeof(ht_param);
+    const double bytes = params * (double)(ht_dtype_size(dtype) + sizeof(float)) / world + tables + records;
+    const double have = (double)ht_physical_memory();
+    if (tables > have)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.max_position_embeddings %d: the rotary tables (2 x max_position_embeddings x head_dim "
+                       "%g / 2 floats) would take %.1f GiB, more than this machine's %.1f GiB of memory",
+                       cfg->max_position_embeddings, D, gib(tables), gib(have));
+    if (bytes > have)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "the model has at least %.4g parameters: model.num_hidden_layers %d x %.4g a layer (of "
+                       "hidden_size %d, intermediate_size %d), and %.4g in the embedding%s (vocab_size %d x "
+                       "hidden_size); building it takes at least %.1f GiB (%s weights and FP32 gradients%s), more than "
+                       "this machine's %.1f GiB of memory",
+                       params, cfg->num_hidden_layers, L > 0 ? layers / L : 0.0, cfg->hidden_size,
+                       cfg->intermediate_size, outer, cfg->tie_word_embeddings ? "" : " and the LM head",
+                       cfg->vocab_size, gib(bytes), ht_dtype_name(dtype), world > 1 ? ", this rank's rows" : "",
+                       gib(have));
+    return HT_OK;
+}
+
 ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
                                ht_model **out, ht_error *err) {
     *out = NULL;
@@ -236,6 +282,8 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
     if (!ht_dtype_is_float(dtype))
         return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
                        ht_dtype_name(dtype));
+    s = check_memory(cfg, dtype, world > 1 ? world : 1, err);
+    if (s != HT_OK) return s;
     s = builder(cfg, dtype, out, err);
     if (s != HT_OK) return s;
     ht_param_store *ps = &(*out)->params;
@@ -276,6 +324,10 @@ double ht_model_flops_per_token(const ht_model_config *cfg, int T) {
                             3.0 * C * mc->shared_expert_intermediate_size + C
                       : 3 * C * F;
     return 6.0 * matmul + 6.0 * L * T * qd;
+}
+
+double ht_model_activation_bytes(const ht_model *m, int B, int T, ht_dtype compute) {
+    return m->ops->activation_bytes ? m->ops->activation_bytes(m, B, T, ht_dtype_size(compute)) : 0.0;
 }
 
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {

@@ -141,14 +141,20 @@ static ht_status plan_recompute(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* model.from_pretrained: the folder's config.json is the architecture in
+ * force, and so this run's config (its log, its checkpoints) says. */
+static ht_status use_pretrained(ht_trainer *t, ht_error *err) {
+    if (!t->config.model.from_pretrained[0]) return HT_OK;
+    ht_model_config arch;
+    ht_status s = ht_hf_read_config(t->config.model.from_pretrained, &arch, err);
+    if (s == HT_OK) ht_config_use_pretrained(&t->config, &arch);
+    return s;
+}
+
 static ht_status build_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    ht_model_config arch = c->model.arch;
+    ht_model_config arch = c->model.arch; /* with model.from_pretrained, its config.json's (use_pretrained) */
     ht_status s;
-    if (c->model.from_pretrained[0]) {
-        s = ht_hf_read_config(c->model.from_pretrained, &arch, err);
-        if (s != HT_OK) return s;
-    }
     lora_config(&c->model.lora, &arch.lora);
     /* fsdp_config.shard_size: every rank holds only its rows of every
      * parameter (and so of its FP32 main param, main_grad and optimizer
@@ -181,6 +187,9 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     s = freeze_params(t, err);
     if (s == HT_OK) s = plan_recompute(t, err);
     if (s != HT_OK) return s;
+    t->model->output_dtype = c->fsdp.output_dtype;
+    t->model->keep_logits = false; /* the loss is all a run reads of them */
+    t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
     const ht_model_config *a = &t->model->config;
     ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
                 "max positions %d, rope theta %g, rms eps %g, attention bias %s, tied embeddings %s",
@@ -365,9 +374,6 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                         "consecutive ones) shard them and reduce their gradients",
                         t->ep_comm->size, mc->num_experts, mc->num_experts / t->ep_comm->size, t->expert_comm->size);
     }
-    t->model->output_dtype = c->fsdp.output_dtype;
-    t->model->keep_logits = false; /* the loss is all a run reads of them */
-    t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
                 (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
@@ -375,6 +381,30 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                 p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision)" : "",
                 ht_gemm_kernel_name(p->compute_precision));
     return HT_OK;
+}
+
+/* A micro-batch's activations and the model's weights against this
+ * machine's memory, before the first forward, or choose_kernels' timing on
+ * as many rows, allocates them. A lower bound (operands in param_dtype's
+ * size, no optimizer state yet): a run refused here could not run. */
+static ht_status check_memory(const ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const ht_param_store *ps = &t->model->params;
+    const double acts = ht_model_activation_bytes(t->model, t->B, t->T, c->fsdp.param_dtype);
+    const double model = (double)(ps->data_bytes + ps->grad_bytes), have = (double)ht_physical_memory();
+    if (acts + model <= have) return HT_OK;
+    char took[64];
+    if (isinf(acts))
+        snprintf(took, sizeof(took), "more bytes than 64 bits count");
+    else
+        snprintf(took, sizeof(took), "%.1f GiB", acts / (1 << 30));
+    return ht_fail(err, HT_ERR_CONFIG,
+                   "training.local_batch_size %d x data.seq_len %d: the activations of one micro-batch take %s (%d "
+                   "layers of model.hidden_size %d, intermediate_size %d), the model %.2f GiB, more than this "
+                   "machine's %.1f GiB of memory: lower training.local_batch_size (more accumulation steps keep "
+                   "training.global_batch_size) or data.seq_len, or set model.recompute",
+                   t->B, t->T, took, t->model->config.num_hidden_layers, t->model->config.hidden_size,
+                   t->model->config.intermediate_size, model / (1 << 30), have / (1 << 30));
 }
 
 static ht_status open_data(ht_trainer *t, ht_error *err) {
@@ -413,6 +443,16 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     t->T = c->data.seq_len;
     /* Every rank takes its own local batches of each global batch (the loader's rank split). */
     int world = t->comm->size, rank = t->comm->rank;
+    size_t train_tokens = ht_dataset_split_tokens(t->data, HT_SPLIT_TRAIN);
+    size_t windows = train_tokens > 0 ? (train_tokens - 1) / (size_t)t->T : 0, wanted = (size_t)world * (size_t)t->B;
+    if (windows < wanted)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "training.local_batch_size %d on %d data-parallel rank%s takes %zu sequences of data.seq_len + "
+                       "1 = %d tokens a micro-batch, but the train split of data.path %s has %zu tokens: %zu such "
+                       "windows",
+                       t->B, world, world == 1 ? "" : "s", wanted, t->T + 1, c->data.path, train_tokens, windows);
+    s = check_memory(t, err);
+    if (s != HT_OK) return s;
     /* MindSpeed-MM's gradient_accumulation_steps, when given, is the count
      * (its global batch is micro x accumulation x data parallel); else the global batch says it. */
     t->grad_accum = c->training.gradient_accumulation_steps > 0
@@ -728,14 +768,19 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
-    if (s == HT_OK && comm->rank == 0) log_not_applicable(cfg);
+    if (s == HT_OK) s = use_pretrained(t, err);
+    if (s == HT_OK && comm->rank == 0) {
+        ht_config_log(&t->config); /* the values in force: model.from_pretrained's architecture included */
+        log_not_applicable(cfg);
+    }
     if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = build_model(t, err);
+    /* The batch against the data and the machine's memory before anything is sized by it. */
+    if (s == HT_OK) s = open_data(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
-    if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s == HT_OK && cfg->checkpoint.restore_from[0])
         s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
@@ -1568,6 +1613,71 @@ static void log_changed_hyperparameters(const ht_trainer *t, const ht_checkpoint
         ht_log_info("resume: %d optimizer setting%s changed since the checkpoint", changed, changed > 1 ? "s" : "");
 }
 
+/* A checkpoint config's integer (0: absent or null). */
+static long long saved_int(const ht_checkpoint *ck, const char *key) {
+    const char *v = ht_ckpt_config_value(ck, key);
+    return v ? strtoll(v, NULL, 10) : 0;
+}
+
+/* The global batch, in sequences per step, and what sets it: the
+ * accumulation count when given (MindSpeed-MM's: it follows the ranks), else
+ * training.global_batch_size. */
+static long long describe_batch(long long local, long long accum, long long world, long long global, char *buf,
+                                size_t n) {
+    if (accum > 0) {
+        snprintf(buf, n,
+                 "training.local_batch_size %lld x training.gradient_accumulation_steps %lld x %lld data-parallel "
+                 "rank%s",
+                 local, accum, world, world == 1 ? "" : "s");
+        return local * accum * world;
+    }
+    snprintf(buf, n, "training.global_batch_size");
+    return global;
+}
+
+/* A resume with another global batch keeps the data position and the step
+ * count: said once, with what it does to both. */
+static void warn_changed_batch(const ht_trainer *t, const ht_checkpoint *ck, const ht_ckpt_trainer_state *st) {
+    const ht_config *c = &t->config;
+    char then_how[256], now_how[256], data[256];
+    long long then = describe_batch(saved_int(ck, "training.local_batch_size"),
+                                    saved_int(ck, "training.gradient_accumulation_steps"), ht_ckpt_world_size(ck),
+                                    saved_int(ck, "training.global_batch_size"), then_how, sizeof(then_how));
+    long long now = describe_batch(t->B, c->training.gradient_accumulation_steps, t->comm->size,
+                                   (long long)t->B * t->grad_accum * t->comm->size, now_how, sizeof(now_how));
+    if (then <= 0 || then == now) return;
+    if (st->no_rng || c->training.no_load_rng)
+        snprintf(data, sizeof(data), "starts again from its beginning (no data position is restored)");
+    else
+        snprintf(data, sizeof(data), "continues at the saved position (epoch %llu, window %llu)",
+                 (unsigned long long)st->train_pos.epoch, (unsigned long long)st->train_pos.index);
+    long long step = st->step, steps = c->training.steps, left = steps > step ? steps - step : 0;
+    ht_log_warn("resume: the global batch was %lld sequences in %s (%s); this run's is %lld (%s). The data %s, %lld "
+                "windows a step from here; the LR schedules count steps, not sequences, so each of steps %lld to %lld "
+                "takes %.3g times the sequences it would have had at its learning rate, and the run sees %lld "
+                "sequences in all instead of %lld",
+                then, ht_ckpt_dir(ck), then_how, now, now_how, data, now, step + 1, steps, (double)now / (double)then,
+                step * then + left * now, steps * then);
+}
+
+/* The directory that holds a checkpoint's entry, as its path names it (not
+ * where a symlink points): a symlinked checkpoint in output_dir is output_dir's. */
+static void holding_dir(const char *dir, char *out, size_t n) {
+    snprintf(out, n, "%s", dir);
+    size_t len = strlen(out);
+    while (len > 1 && out[len - 1] == '/') out[--len] = '\0';
+    char *slash = strrchr(out, '/');
+    const char *last = slash ? slash + 1 : out;
+    if (strcmp(last, ".") == 0 || strcmp(last, "..") == 0)
+        snprintf(out, n, "%s/..", dir); /* no entry to name: the directory above, as realpath finds it */
+    else if (!slash)
+        snprintf(out, n, ".");
+    else if (slash == out)
+        out[1] = '\0'; /* "/step_1" is held by "/" */
+    else
+        *slash = '\0';
+}
+
 ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool restore_optimizer, ht_error *err) {
     char dir[HT_CKPT_PATH_MAX];
     ht_status s = ht_ckpt_resolve(restore_from, t->config.checkpoint.output_dir, dir, sizeof(dir), err);
@@ -1577,17 +1687,8 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     if (s != HT_OK) return s;
     /* A checkpoint of another directory starts a new lineage in output_dir:
      * what output_dir holds already is another run's (open_metrics). */
-    /* The directory that holds the entry as named, not where a symlinked
-     * checkpoint's target lives ("dir/.." would follow the link). */
     char parent[HT_CKPT_PATH_MAX + 8], here[PATH_MAX], there[PATH_MAX];
-    snprintf(parent, sizeof(parent), "%s", dir);
-    size_t end = strlen(parent);
-    while (end > 1 && parent[end - 1] == '/') parent[--end] = '\0';
-    char *slash = strrchr(parent, '/');
-    if (!slash)
-        snprintf(parent, sizeof(parent), ".");
-    else
-        slash[slash == parent ? 1 : 0] = '\0';
+    holding_dir(dir, parent, sizeof(parent));
     t->resumed_from[0] = '\0';
     if (!realpath(parent, there) || !realpath(t->config.checkpoint.output_dir, here) || strcmp(here, there) != 0)
         snprintf(t->resumed_from, sizeof(t->resumed_from), "%s", dir);
@@ -1595,7 +1696,10 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     ht_trainer_checkpoint_view(t, &v);
     v.lenient = !t->config.training.load_strict;
     s = ht_ckpt_load(ck, &v, restore_optimizer, err);
-    if (s == HT_OK && restore_optimizer && t->comm->rank == 0) log_changed_hyperparameters(t, ck);
+    if (s == HT_OK && restore_optimizer && t->comm->rank == 0) {
+        log_changed_hyperparameters(t, ck);
+        warn_changed_batch(t, ck, &v.state);
+    }
     ht_ckpt_close(ck);
     if (s != HT_OK) return s;
     if (t->fsdp) ht_fsdp_weights_changed(t->fsdp); /* gathered copies of the old weights are stale */
