@@ -900,6 +900,9 @@ static void test_validation_rules(void **state) {
     }
     expect_invalid("v23.yaml", "training:\n  distributed_timeout_minutes: -1\n", 1,
                    "v23.yaml:2: training.distributed_timeout_minutes", "minutes >= 0", NULL);
+    /* An eps of 0 divides a zero update by zero; refused here, not when the optimizer is built. */
+    expect_invalid("v24.yaml", "optimizer:\n  muon_config:\n    muon_ns_eps: 0\n", 1,
+                   "v24.yaml:3: optimizer.muon_config.muon_ns_eps", "expected a number > 0", NULL);
     expect_invalid("v12.yaml", "data:\n  valid_fraction: 1.0\n", 1, "v12.yaml:2: data.valid_fraction",
                    "expected a number in [0, 1)", "found 1.0", NULL);
     expect_invalid("v13.yaml", "data:\n  valid_fraction: -0.1\n", 1, "data.valid_fraction", NULL);

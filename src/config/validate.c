@@ -379,7 +379,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
         check(&r, cfg->optimizer.muon.ns_steps > 0, ns_key, pos);
         check(&r, cfg->optimizer.muon.matched_adamw_rms >= 0 && isfinite(cfg->optimizer.muon.matched_adamw_rms),
               "optimizer.muon_config.muon_matched_adamw_rms", "a number >= 0 (0: the original scale rule)");
-        check(&r, cfg->optimizer.muon.ns_eps >= 0, "optimizer.muon_config.muon_ns_eps", "a number >= 0");
+        check(&r, cfg->optimizer.muon.ns_eps > 0, "optimizer.muon_config.muon_ns_eps", "a number > 0");
         /* asym5 has five triples; running "6" of them would silently be 5 (docs/NUMERICS.md). */
         if (cfg->optimizer.muon.ns_variant == HT_CONFIG_NS_ASYM5 && cfg->optimizer.muon.ns_steps > 5)
             add(&r, "%s: expected at most 5 with muon_ns_variant asym5 (%s), found %d", at(cfg, ns_key, a, sizeof(a)),

@@ -10,8 +10,9 @@
  * attention's forward pass. x = n ln2 + r with |r| <= ln2/2
  * (ln2 in two parts, Cody-Waite), e^r by its Taylor polynomial to r^7 / 7!
  * (truncation 2e-9 relative), 2^n built in the exponent bits. Below -87.3
- * the result would be subnormal: it is flushed to 0, as the weights it
- * makes would be anyway. */
+ * the result would be subnormal: the input is clamped there, so it gives
+ * e^-87.3 = 1.2e-38 (the smallest normal floats), a weight too small to
+ * matter next to any other in its sum, and never a subnormal. */
 static inline float exp_nonpositive(float x) {
     x = x < -87.3f ? -87.3f : x;
     float n = x * 1.44269504f + 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
