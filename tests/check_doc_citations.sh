@@ -5,7 +5,7 @@
 #     file's folder; where the citation names a section ("docs/NUMERICS.md, AdamW",
 #     'docs/DESIGN.md ("Checkpoints")', 'bench/RESULTS.md's "Issue 11"'), a
 #     heading of that file contains the name (case aside).
-#  2. Every key of the config key table (src/config/config.c) appears, as
+#  2. Every key of the config key table (src/config/keys.c) appears, as
 #     `key`, in docs/CONFIG.md.
 # Each failure is one line: file:line: what is wrong. Usage: check_doc_citations.sh [ROOT]
 set -u
@@ -94,14 +94,14 @@ EOF
 
 # Check 2: the key table's every key in docs/CONFIG.md.
 if [ -f docs/CONFIG.md ]; then
-    keys=$(awk '/^static const key_desc KEYS\[\] = \{/ { f = 1; next } f && /^\};/ { f = 0 } f' src/config/config.c |
+    keys=$(awk '/^const key_desc ht_config_keys\[\] = \{/ { f = 1; next } f && /^\};/ { f = 0 } f' src/config/keys.c |
         sed -nE 's/^ *[A-Z0-9_]+\("([^"]+)".*/\1/p')
-    [ -n "$keys" ] || report "src/config/config.c: no key table found (static const key_desc KEYS[])"
+    [ -n "$keys" ] || report "src/config/keys.c: no key table found (const key_desc ht_config_keys[])"
     for key in $keys; do
-        grep -qF -- "\`$key\`" docs/CONFIG.md || report "docs/CONFIG.md: the key $key (src/config/config.c) is not documented"
+        grep -qF -- "\`$key\`" docs/CONFIG.md || report "docs/CONFIG.md: the key $key (src/config/keys.c) is not documented"
     done
 else
-    report "docs/CONFIG.md: missing (it documents every key of src/config/config.c)"
+    report "docs/CONFIG.md: missing (it documents every key of src/config/keys.c)"
 fi
 
 if [ "$failures" -gt 0 ]; then

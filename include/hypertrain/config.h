@@ -3,7 +3,7 @@
  * `--set section.key=value` overrides, loaded into a typed struct that
  * remembers where each value came from; cross-field validation; the
  * "Trainer config" log. All of it is driven by one table of keys in
- * src/config/config.c. */
+ * src/config/keys.c. */
 #ifndef HYPERTRAIN_CONFIG_H
 #define HYPERTRAIN_CONFIG_H
 
