@@ -8,7 +8,7 @@
 # Prints per run: tokens/s (the log's moving average at the last step), the
 # time a step spends in forward + backward and in the optimizer, the FSDP
 # collectives a step and the share of them compute hid, and every rank's
-# peak RSS against the formula the run logs (trainer.c, log_memory).
+# peak RSS against the formula the run logs (src/train/run.c, log_memory).
 # usage: bench/run_dist.sh [STEPS] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,519 @@
+/* The run loop: the steps, their progress lines and metrics.jsonl, periodic
+ * evaluation and checkpoints, a requested stop; at the end the time, FSDP and
+ * memory reports, the final weights (whole, Hugging Face format) and the plot. */
+#include "hypertrain/train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/dist.h"
+#include "hypertrain/optimizer.h"
+
+/* This process's resident bytes at most so far. */
+static double rss_peak(void) {
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) == 0 ? (double)u.ru_maxrss * 1024.0 : 0.0;
+}
+
+static void format_duration(char *buf, size_t n, double seconds) {
+    if (!(seconds >= 0) || seconds > 1e7) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    int s = (int)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(buf, n, "%dh%02dm", s / 3600, s % 3600 / 60);
+    else if (s >= 60)
+        snprintf(buf, n, "%dm%02ds", s / 60, s % 60);
+    else
+        snprintf(buf, n, "%ds", s);
+}
+
+/* path opened for writing ("w" or "a") without following a symlink: the
+ * run writes into its own directory only. */
+static FILE *open_own_file(const char *path, const char *mode) {
+    int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (mode[0] == 'a' ? O_APPEND : O_TRUNC);
+    int fd = open(path, flags, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, mode) : NULL;
+    if (!f && fd >= 0) close(fd);
+    return f;
+}
+
+/* A metrics file no checkpoint stands behind (a run stopped before its
+ * first save) is history, not a run to protect: it is kept aside as
+ * metrics.jsonl.<time> and this run starts from step 0. */
+static ht_status set_aside(const char *path, ht_error *err) {
+    char aside[HT_CONFIG_STR_MAX + 96], when[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof(when), "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    struct stat sb;
+    snprintf(aside, sizeof(aside), "%s.%s", path, when);
+    for (int k = 2; lstat(aside, &sb) == 0 && k < 1000; k++) snprintf(aside, sizeof(aside), "%s.%s-%d", path, when, k);
+    if (rename(path, aside) != 0)
+        return ht_fail(err, HT_ERR_IO, "%s: cannot keep it aside as %s: %s", path, aside, strerror(errno));
+    ht_log_info("%s holds the metrics of a run that saved no checkpoint: kept as %s; this run starts from step 0", path,
+                aside);
+    return HT_OK;
+}
+
+/* A fresh run starts metrics.jsonl anew; a resumed one keeps the lines up to
+ * the restored step (a crashed run may have written past its last checkpoint)
+ * and appends. The kept lines go to metrics.jsonl.tmp, fsynced, then renamed
+ * over the old file: a kill at any moment leaves the whole old history or the
+ * whole kept one, never an empty or cut file. */
+static ht_status open_metrics(ht_trainer *t, ht_error *err) {
+    char path[HT_CONFIG_STR_MAX + 32], tmp[HT_CONFIG_STR_MAX + 40];
+    ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
+    if (s != HT_OK) return s;
+    snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
+    /* A run that starts from step 0 where another run left checkpoints
+     * would replace them: only with checkpoint.overwrite. */
+    char newest[64] = "";
+    struct stat sb;
+    bool has_metrics = stat(path, &sb) == 0 && sb.st_size > 0;
+    bool new_lineage = t->step == 0 || t->resumed_from[0]; /* this run did not write what output_dir holds */
+    bool has_checkpoint = new_lineage && ht_ckpt_newest(t->config.checkpoint.output_dir, newest, sizeof(newest));
+    if (new_lineage && has_metrics && !has_checkpoint && t->step == 0 && !t->config.checkpoint.overwrite) {
+        s = set_aside(path, err);
+        if (s != HT_OK) return s;
+        has_metrics = false;
+    }
+    if (new_lineage && (has_checkpoint || has_metrics)) {
+        char what[160], how[HT_CKPT_PATH_MAX + 64];
+        snprintf(what, sizeof(what), "%s%s%s", newest, newest[0] && has_metrics ? " and " : "",
+                 has_metrics ? "metrics.jsonl" : "");
+        if (t->step == 0)
+            snprintf(how, sizeof(how), "this one starts from step 0");
+        else
+            snprintf(how, sizeof(how), "this one continues %s, a checkpoint of another directory", t->resumed_from);
+        if (!t->config.checkpoint.overwrite)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "checkpoint.output_dir %s holds another run (%s) and %s: %s, choose another output_dir, or "
+                           "set checkpoint.overwrite: true to replace it",
+                           t->config.checkpoint.output_dir, what, how,
+                           strcmp(t->config.checkpoint.restore_from, "latest") == 0
+                               ? "resume one of its own checkpoints (checkpoint.restore_from)"
+                               : "resume it (checkpoint.restore_from: latest)");
+        ht_log_warn("checkpoint.overwrite: this run replaces the one in %s (%s)", t->config.checkpoint.output_dir,
+                    what);
+    }
+    char *old = NULL;
+    size_t len = 0;
+    if (new_lineage || ht_read_file(path, &old, &len, NULL) != HT_OK) {
+        t->metrics = open_own_file(path, "w");
+        if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        return HT_OK;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = open_own_file(tmp, "w");
+    if (!f) {
+        free(old);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
+    }
+    /* Every line is kept or dropped for a reason: past the restored step, or
+     * the last line cut by a kill mid-write. Any other line that is not JSON
+     * stops the resume rather than vanish. */
+    int number = 0;
+    for (char *line = old; line && *line;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        ht_json *obj;
+        number++;
+        if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
+            const ht_json *step = ht_json_get(obj, "step");
+            if (step && step->type == HT_JSON_NUMBER && step->number <= (double)t->step)
+                fprintf(f, "%.*s\n", (int)n, line);
+            ht_json_free(obj);
+        } else if (!end) {
+            ht_log_warn("%s: line %d was cut short (a kill while it was written): dropped", path, number);
+        } else if (n > 0) {
+            fclose(f);
+            remove(tmp);
+            free(old);
+            return ht_fail(err, HT_ERR_FORMAT,
+                           "%s: line %d is not a JSON object: fix or move the file before resuming (it is never "
+                           "rewritten without its lines)",
+                           path, number);
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(old);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot write the kept metrics: %s", tmp, strerror(errno));
+    }
+    t->metrics = open_own_file(path, "a");
+    if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for appending", path);
+    return HT_OK;
+}
+
+/* ", \"key\": value" in `fmt`; JSON has no NaN or Inf, so a non-finite value
+ * (an fp16 step skipped on overflow has no gradient norm) is null. */
+static void write_number(FILE *f, const char *key, const char *fmt, double v) {
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
+/* One line of metrics.jsonl, flushed; a line the disk did not take stops the
+ * run, naming the file, rather than leaving the history cut short unnoticed. */
+static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double eval_loss, ht_error *err) {
+    FILE *f = t->metrics;
+    if (!f) return HT_OK;
+    fprintf(f, "{\"step\": %lld", (long long)(st ? st->step : t->step));
+    if (st) {
+        write_number(f, "loss", "%.6f", st->loss);
+        write_number(f, "lr", "%.6e", st->lr);
+        write_number(f, "muon_lr", "%.6e", st->muon_lr);
+        write_number(f, "grad_norm", "%.6f", st->grad_norm);
+        write_number(f, "loss_scale", "%g", st->loss_scale);
+        fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
+        write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
+        if (st->mfu > 0) write_number(f, "mfu", "%.4f", st->mfu);
+    }
+    if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
+    fprintf(f, "}\n");
+    if (fflush(f) != 0 || ferror(f))
+        return ht_fail(err, HT_ERR_IO, "%s/metrics.jsonl: cannot write step %lld's line: %s",
+                       t->config.checkpoint.output_dir, (long long)(st ? st->step : t->step), strerror(errno));
+    return HT_OK;
+}
+
+static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
+    double vl;
+    ht_status s = ht_trainer_evaluate(t, &vl, err);
+    if (s != HT_OK) return s;
+    if (isfinite(vl)) {
+        ht_log_info("eval  step %5lld | validation loss %.4f (%.3f bits/token)", (long long)t->step, vl, vl / log(2.0));
+        t->last_eval_loss = vl;
+        return write_metrics(t, NULL, vl, err);
+    }
+    return HT_OK;
+}
+
+/* What the FSDP collectives cost a step over the run (evaluations included). */
+static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
+    const ht_fsdp_stats *st = ht_fsdp_stats_get(t->fsdp);
+    const ht_param_store *ps = &t->model->params;
+    double weights = 0, grads = 0;
+    for (int i = 0; i < ps->count; i++) {
+        weights += (double)ht_param_numel(&ps->items[i]) * (double)ht_dtype_size(ps->items[i].compute_dtype);
+        grads += (double)ht_param_numel(&ps->items[i]) * sizeof(float);
+    }
+    double n = (double)steps, mib = 1024.0 * 1024.0;
+    double hidden = st->in_flight_seconds > 0 ? 100.0 * (1.0 - st->waited_seconds / st->in_flight_seconds) : 100.0;
+    const bool f32 = st->reduce_dtype == HT_DTYPE_F32; /* else the reduce-scatters' bytes are 16-bit ones */
+    ht_log_info("FSDP a step (over %lld steps, evaluations included): %.1f all-gathers (%.2f MiB), %.1f "
+                "reduce-scatters (%.2f MiB%s%s); collectives in flight %.3f s, compute waited %.3f s of it (%.0f%% "
+                "hidden); at most %.2f MiB of whole weights and gradients held at once (the whole model: %.2f MiB "
+                "of weights, %.2f MiB of FP32 gradients)",
+                (long long)steps, (double)st->gathers / n, st->gathered_bytes / n / mib,
+                (double)st->reduce_scatters / n, st->reduced_bytes / n / mib, f32 ? "" : " of ",
+                f32 ? "" : ht_dtype_name(st->reduce_dtype), st->in_flight_seconds / n, st->waited_seconds / n, hidden,
+                st->pool_peak_bytes / mib, weights / mib, grads / mib);
+}
+
+/* Every rank's peak resident memory against what it should hold: the
+ * process before the trainer, its rows of the weights (and their compute
+ * copy), FP32 main params, main_grad and optimizer state, the whole weights
+ * and gradients of FSDP units (the most held at once, measured), the
+ * activations of one micro-batch and the corpus. Rank 0 prints a line a rank. */
+static void log_memory(ht_trainer *t) {
+    const ht_param_store *ps = &t->model->params;
+    enum { START, WEIGHTS, MAIN, GRAD, OPTIM, UNITS, ACTS, DATA, PEAK, N };
+    double v[N] = {
+        [START] = t->rss_at_start,
+        [WEIGHTS] = (double)(ps->data_bytes + ps->compute_bytes),
+        [MAIN] = (double)ps->main_bytes,
+        [GRAD] = (double)ps->grad_bytes,
+        [OPTIM] = (double)ht_optimizer_bytes(&t->optimizer),
+        [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_peak_bytes,
+        [ACTS] = (double)t->model->activation_bytes,
+        [DATA] = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
+        [PEAK] = rss_peak(),
+    };
+    int P = t->comm->size;
+    double *all = t->comm->rank == 0 ? malloc((size_t)P * N * sizeof(double)) : NULL;
+    int64_t bytes[P];
+    for (int r = 0; r < P; r++) bytes[r] = N * (int64_t)sizeof(double);
+    if (t->comm->rank == 0 && !all) return;
+    ht_gather(t->comm, v, all, bytes, 0);
+    const double mib = 1024.0 * 1024.0;
+    for (int r = 0; all && r < P; r++) {
+        const double *x = all + (size_t)r * N;
+        double sum = 0;
+        for (int k = START; k < PEAK; k++) sum += x[k];
+        ht_log_info("memory rank %d: peak RSS %.1f MiB = %.3f x the formula %.1f MiB (at start %.1f, weights %.1f, "
+                    "FP32 main params %.1f, main_grad %.1f, optimizer %.1f, whole units %.1f, activations %.1f, "
+                    "corpus %.1f)",
+                    r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
+                    x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
+        if (!t->config.training.memory_profile) continue;
+        const char *const names[] = {"at start (libraries, MPI, config)",
+                                     "weights (model dtype)",
+                                     t->config.optimizer.fp32_main_params ? "FP32 main params"
+                                                                          : "FP32 main params (off: no copies)",
+                                     "main_grad (FP32)",
+                                     "optimizer state",
+                                     "whole FSDP units at once",
+                                     "activations",
+                                     "corpus tokens"};
+        ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s", r, "category", "MiB", "share");
+        for (int k = START; k < PEAK; k++)
+            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%%", r, names[k - START], x[k] / mib,
+                        sum > 0 ? 100.0 * x[k] / sum : 0.0);
+        ht_log_info("Memory rank %d:   %-34s %10.1f (peak RSS %.1f)", r, "formula", sum / mib, x[PEAK] / mib);
+    }
+    free(all);
+}
+
+/* A whole, unsharded copy of the model's weights on rank 0, from the rows of
+ * the first shard group's ranks (the others hold the same rows). The other
+ * ranks send theirs and hold nothing more. */
+static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
+    const ht_param_store *ps = &t->model->params;
+    bool root = t->comm->rank == 0;
+    if (t->comm->rank >= t->shard_comm->size) return HT_OK; /* not the first shard group */
+    for (int i = 0; root && i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        ht_param *q = ht_params_add(whole, p->name, p->ndim, p->shape, p->dtype);
+        if (!q) {
+            ht_params_free(whole);
+            return ht_fail(err, HT_ERR_OOM, "cannot gather %s", p->name);
+        }
+        q->trainable = false;
+    }
+    /* Every rank of the group learns whether rank 0 could hold the model before anyone sends. */
+    int64_t ok = root ? ht_params_allocate(whole, err) == HT_OK : 1;
+    ht_broadcast(t->shard_comm, &ok, (int64_t)sizeof(ok), 0);
+    if (!ok) {
+        ht_params_free(whole);
+        return root ? HT_ERR_OOM : ht_fail(err, HT_ERR_OOM, "rank 0 cannot hold the whole model to save it");
+    }
+    int64_t bytes[t->shard_comm->size];
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        ht_fsdp_row_bytes(p, t->shard_comm->size, bytes, ht_dtype_size(p->dtype));
+        ht_gather(t->shard_comm, p->data, root ? whole->items[i].data : NULL, bytes, 0);
+    }
+    return HT_OK;
+}
+
+/* tools.profile: where the training loop's time went, phase by phase. */
+static void log_profile(const ht_trainer *t, int64_t steps, double total) {
+    const struct {
+        const char *phase;
+        double seconds;
+    } rows[] = {
+        {"forward", t->forward_seconds},
+        {"backward", t->forward_backward_seconds - t->forward_seconds},
+        {"reduce (gradient sync)", t->sync_seconds},
+        {"optimizer", t->optimizer_seconds},
+        {"checkpoint", t->checkpoint_seconds},
+        {"evaluation", t->eval_seconds},
+    };
+    double counted = 0;
+    ht_log_info("Profile over %lld steps (tools.profile; backward includes FSDP's overlapped collectives):",
+                (long long)steps);
+    ht_log_info("  %-24s %10s %12s %7s", "phase", "total s", "per step ms", "share");
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        counted += rows[i].seconds;
+        ht_log_info("  %-24s %10.3f %12.2f %6.1f%%", rows[i].phase, rows[i].seconds, 1e3 * rows[i].seconds / steps,
+                    total > 0 ? 100.0 * rows[i].seconds / total : 0.0);
+    }
+    ht_log_info("  %-24s %10.3f %12.2f %6.1f%%", "other (data, metrics, log)", total - counted,
+                1e3 * (total - counted) / steps, total > 0 ? 100.0 * (total - counted) / total : 0.0);
+}
+
+/* The final weights as a Hugging Face folder. With model.lora the adapters
+ * are merged into the weights they adapt (transformers loads the folder as
+ * it is), and written alone as a PEFT adapter directory in dir/adapter/. */
+static ht_status save_final(ht_trainer *t, const char *dir, const ht_param_store *model, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    ht_dtype dtype = t->model->params.items[0].dtype;
+    if (a->lora.rank <= 0) {
+        ht_status s = ht_hf_save(dir, a, model, dtype, (size_t)2 << 30, err);
+        if (s == HT_OK)
+            ht_log_info("saved the final weights (Hugging Face format, %s) to %s", ht_dtype_name(dtype), dir);
+        return s;
+    }
+    ht_param_store merged;
+    ht_status s = ht_lora_merge(model, ht_lora_scale(&a->lora), &merged, err);
+    if (s != HT_OK) return s;
+    s = ht_hf_save(dir, a, &merged, dtype, (size_t)2 << 30, err);
+    ht_params_free(&merged);
+    if (s != HT_OK) return s;
+    ht_log_info("saved the final weights (Hugging Face format, %s, the LoRA adapters merged: W + scale B A) to %s",
+                ht_dtype_name(dtype), dir);
+    char adapter[HT_CONFIG_STR_MAX + 48];
+    snprintf(adapter, sizeof(adapter), "%s/adapter", dir);
+    /* In the model dtype, as PEFT's save_pretrained saves its params. */
+    s = ht_peft_save_adapter(adapter, model, &a->lora, t->config.model.from_pretrained, dtype, err);
+    if (s == HT_OK)
+        ht_log_info("saved the LoRA adapters alone (PEFT's layout, %s) to %s", ht_dtype_name(dtype), adapter);
+    return s;
+}
+
+/* Whether any rank was asked to stop (t->stop_request): every rank asks at
+ * the same step boundary, and all learn the same answer, the largest value. */
+static int stop_agreed(ht_trainer *t) {
+    double v = t->stop_request ? (double)*t->stop_request : 0.0;
+    if (t->comm->size > 1) ht_all_reduce_f64(t->comm, &v, 1, HT_REDUCE_MAX);
+    return (int)v;
+}
+
+/* metrics.jsonl synced and closed: an error if the disk did not take it. */
+static ht_status close_metrics(ht_trainer *t, ht_error *err) {
+    FILE *metrics = t->metrics;
+    if (!metrics) return HT_OK;
+    t->metrics = NULL;
+    bool kept = fflush(metrics) == 0 && fsync(fileno(metrics)) == 0;
+    int e = errno;
+    if (fclose(metrics) != 0 && kept) kept = false, e = errno;
+    if (!kept)
+        return ht_fail(err, HT_ERR_IO, "%s/metrics.jsonl: cannot finish writing: %s", t->config.checkpoint.output_dir,
+                       strerror(e));
+    return HT_OK;
+}
+
+/* A run asked to stop (a preemption's SIGTERM): the step in progress was
+ * finished; what it trained since the newest checkpoint is saved, so that
+ * the same command resumes where it stopped. */
+static ht_status stop_run(ht_trainer *t, int64_t saved_step, ht_error *err) {
+    const ht_config *c = &t->config;
+    const bool root = t->comm->rank == 0;
+    if (root)
+        ht_log_warn("stop requested (signal %d) at step %lld of %d: saving a checkpoint and stopping", t->stopped_by,
+                    (long long)t->step, c->training.steps);
+    ht_status s = HT_OK;
+    if (c->checkpoint.save_interval > 0 && t->step != saved_step) s = ht_trainer_save_checkpoint(t, err);
+    if (s == HT_OK && root) s = close_metrics(t, err);
+    if (s != HT_OK || !root) return s;
+    if (c->checkpoint.save_interval <= 0)
+        ht_log_warn("stopped at step %lld: checkpoint.save_interval is 0, so no checkpoint was saved; the %lld steps "
+                    "of this run are lost",
+                    (long long)t->step, (long long)t->step);
+    else
+        ht_log_info("stopped at step %lld with checkpoint %s/step_%08lld; the same command with "
+                    "checkpoint.restore_from: latest resumes it",
+                    (long long)t->step, c->checkpoint.output_dir, (long long)t->step);
+    return HT_OK;
+}
+
+ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
+    ht_status s = root ? open_metrics(t, err) : HT_OK;
+    if (s != HT_OK) return s;
+    int steps = c->training.steps;
+    s = evaluate_and_log(t, err);
+    if (s != HT_OK) return s;
+    double first_eval = t->last_eval_loss;
+    ht_fsdp_stats_reset(t->fsdp);
+    t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
+    t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
+    double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
+    int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
+    int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
+    while (t->step < steps) {
+        if ((t->stopped_by = stop_agreed(t)) != 0) break;
+        ht_step_stats st;
+        s = ht_trainer_step(t, &st, err);
+        if (s != HT_OK) return s;
+        tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
+        mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
+        s = write_metrics(t, &st, NAN, err);
+        if (s != HT_OK) return s;
+        if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
+            double elapsed = ht_time_seconds() - start;
+            char eta[32], el[32];
+            format_duration(eta, sizeof(eta), elapsed / (double)(t->step - first_step) * (double)(steps - t->step));
+            format_duration(el, sizeof(el), elapsed);
+            char scale[48] = "";
+            if (t->optimizer.loss_scaling)
+                snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
+            char util[32] = "";
+            if (mfu > 0) snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
+            ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s%s | %s elapsed, ETA %s",
+                        (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
+        }
+        double p0 = ht_time_seconds();
+        if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
+            s = ht_trainer_save_checkpoint(t, err);
+            if (s != HT_OK) return s;
+            saved_step = t->step;
+        }
+        double p1 = ht_time_seconds();
+        if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
+            s = evaluate_and_log(t, err);
+            if (s != HT_OK) return s;
+        }
+        t->checkpoint_seconds += p1 - p0;
+        t->eval_seconds += ht_time_seconds() - p1;
+    }
+    if (t->stopped_by) return stop_run(t, saved_step, err);
+    if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
+    if (t->step > first_step) {
+        double n = (double)(t->step - first_step);
+        char a2a[96] = "";
+        if (t->ep_comm)
+            snprintf(a2a, sizeof(a2a), " (the experts' all-to-all %.3f s of it, %.0f%%)", t->all_to_all_seconds / n,
+                     100.0 * t->all_to_all_seconds / fmax(t->forward_backward_seconds, 1e-12));
+        ht_log_info("time a step (over %lld steps): forward + backward %.3f s%s, gradient sync %.3f s, optimizer %.3f "
+                    "s (Muon and AdamW with their collectives, the clip, the cast back)",
+                    (long long)(t->step - first_step), t->forward_backward_seconds / n, a2a, t->sync_seconds / n,
+                    t->optimizer_seconds / n);
+    }
+    if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
+    log_memory(t);
+    if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0 && t->step != saved_step) {
+        s = ht_trainer_save_checkpoint(t, err); /* the end of the run */
+        if (s != HT_OK) return s;
+    }
+    s = evaluate_and_log(t, err);
+    if (s != HT_OK) return s;
+    if (isfinite(first_eval) && isfinite(t->last_eval_loss))
+        ht_log_info("validation loss: %.4f before training, %.4f after %d steps", first_eval, t->last_eval_loss, steps);
+
+    /* The final weights, whole: a sharded run gathers every param's rows first. */
+    ht_param_store gathered = {0};
+    const ht_param_store *model = &t->model->params;
+    if (t->sharded) {
+        s = gather_whole_model(t, &gathered, err);
+        if (s != HT_OK) return s;
+        model = &gathered;
+    }
+    if (!root) {
+        ht_params_free(&gathered);
+        return HT_OK;
+    }
+    char dir[HT_CONFIG_STR_MAX + 32], path[HT_CONFIG_STR_MAX + 64];
+    snprintf(dir, sizeof(dir), "%s/final", c->checkpoint.output_dir);
+    s = save_final(t, dir, model, err);
+    ht_params_free(&gathered);
+    if (s != HT_OK) return s;
+    /* The metrics are complete: synced and closed, an error if the disk did not take them. */
+    snprintf(path, sizeof(path), "%s/metrics.jsonl", c->checkpoint.output_dir);
+    s = close_metrics(t, err);
+    if (s != HT_OK) return s;
+    char svg[HT_CONFIG_STR_MAX + 64];
+    snprintf(svg, sizeof(svg), "%s/loss.svg", c->checkpoint.output_dir);
+    s = ht_plot_metrics(path, svg, err);
+    if (s != HT_OK) return s;
+    ht_log_info("metrics: %s; loss curve: %s", path, svg);
+    return HT_OK;
+}

@@ -1,0 +1,799 @@
+/* Building the trainer from one config: the model (from_pretrained, freeze,
+ * LoRA, recompute), the GEMM kernels and FSDP, the data and the memory check,
+ * the LR schedules, Muon + AdamW and the QK-clip table; and freeing it all. */
+#include "hypertrain/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/dist.h"
+#include "hypertrain/kernels.h"
+#include "hypertrain/optimizer.h"
+#include "train/rundir.h"
+
+_Static_assert(HT_CONFIG_NS_MAX_REPEAT == HT_NS_MAX_STEPS, "the config's bound on a segment is the longest schedule");
+
+/* This process's resident bytes now. */
+static double rss_now(void) {
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (double)resident * (double)sysconf(_SC_PAGESIZE);
+}
+
+static int64_t local_numel(const ht_param_store *ps) {
+    int64_t n = 0;
+    for (int i = 0; i < ps->count; i++) n += ht_param_local_numel(&ps->items[i]);
+    return n;
+}
+
+/* model.lora: the adapters alone train; every other param is frozen as
+ * model.freeze freezes (on top of what it froze already). */
+static ht_status freeze_for_lora(ht_trainer *t, ht_error *err) {
+    ht_param_store *ps = &t->model->params;
+    const ht_lora_config *lc = &t->model->config.lora;
+    int frozen, adapters = 0, modules = 0;
+    int64_t values = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (!ht_lora_kind(p->name)) continue;
+        adapters++;
+        modules += ht_lora_kind(p->name) == 'A';
+        values += ht_param_numel(p);
+    }
+    if (adapters == 0) /* a plugin's builder that does not read ht_model_config.lora */
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.lora.rank %d: model '%s' declared no adapters (its builder does not implement "
+                       "model.lora)",
+                       lc->rank, t->model->config.name);
+    ht_status s = ht_lora_freeze_base(ps, &frozen, err);
+    if (s != HT_OK) return s;
+    char targets[HT_CONFIG_LIST_MAX * 64];
+    ht_config_format_value(&t->config, "model.lora.target_modules", targets, sizeof(targets));
+    ht_log_info("model.lora: rank %d, alpha %g (scale %g%s), dropout %g, target_modules %s: %d adapters on %d "
+                "linear layers (%.3fM values, %.2f%% of the model) train; the other %d parameters are frozen (no "
+                "gradient, main param or optimizer state)",
+                lc->rank, lc->alpha, ht_lora_scale(lc), lc->use_rslora ? ", rsLoRA: alpha / sqrt(r)" : "", lc->dropout,
+                targets, adapters, modules, (double)values / 1e6,
+                100.0 * (double)values / (double)ht_params_total_numel(ps), frozen);
+    return HT_OK;
+}
+
+/* model.freeze: the covered params keep their weights and lose their
+ * gradient, FP32 main param and optimizer state (nothing of them is computed
+ * or reduced in backward). */
+static ht_status freeze_params(ht_trainer *t, ht_error *err) {
+    const ht_config_strings *fz = &t->config.model.freeze;
+    if (fz->count == 0) return t->model->config.lora.rank > 0 ? freeze_for_lora(t, err) : HT_OK;
+    const char *patterns[HT_CONFIG_LIST_MAX];
+    for (int i = 0; i < fz->count; i++) patterns[i] = fz->items[i];
+    ht_param_store *ps = &t->model->params;
+    int frozen;
+    ht_status s = ht_params_freeze(ps, patterns, fz->count, &frozen, err);
+    if (s != HT_OK) return s;
+    int64_t values = 0;
+    char names[1024] = "";
+    size_t len = 0;
+    for (int i = 0; i < ps->count; i++) {
+        const ht_param *p = &ps->items[i];
+        if (p->trainable) continue;
+        values += ht_param_numel(p);
+        if (len < sizeof(names) - 1)
+            len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", len ? ", " : "", p->name);
+    }
+    if (len >= sizeof(names) - 1) strcpy(names + sizeof(names) - 5, "...");
+    ht_log_info("%s: %d parameters frozen (%.2fM of %.2fM values: no gradient, main param or optimizer state): %s",
+                ht_config_key_spelling(&t->config, "model.freeze"), frozen, (double)values / 1e6,
+                (double)ht_params_total_numel(ps) / 1e6, names);
+    return t->model->config.lora.rank > 0 ? freeze_for_lora(t, err) : HT_OK;
+}
+
+/* model.lora -> the model's ht_lora_config (the architecture may come from a config.json). */
+static void lora_config(const ht_config_lora *c, ht_lora_config *lc) {
+    memset(lc, 0, sizeof(*lc));
+    lc->rank = c->rank;
+    lc->alpha = c->alpha;
+    lc->dropout = c->dropout;
+    lc->use_rslora = c->use_rslora;
+    lc->target_count = c->target_modules.count;
+    for (int i = 0; i < c->target_modules.count; i++)
+        snprintf(lc->targets[i], sizeof(lc->targets[i]), "%s", c->target_modules.items[i]);
+}
+
+/* model.recompute (MindSpeed-MM): the modules of recompute_plan.apply_modules
+ * (every decoder layer when it is empty) keep only their input in forward
+ * and recompute the rest in backward: activations traded for one more
+ * forward of them, the gradients unchanged bit for bit. */
+static ht_status plan_recompute(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    if (!c->model.recompute) return HT_OK;
+    const char *patterns[HT_CONFIG_LIST_MAX] = {"model.layers.{*}"};
+    int n = c->model.recompute_modules.count ? c->model.recompute_modules.count : 1;
+    for (int i = 0; i < c->model.recompute_modules.count; i++) patterns[i] = c->model.recompute_modules.items[i];
+    ht_status s = ht_model_set_recompute(t->model, patterns, n, err);
+    if (s != HT_OK) return s;
+    int chosen = 0;
+    for (int k = 0; k < t->model->module_count; k++) chosen += t->model->recompute[k];
+    ht_log_info("%s: %d of %d decoder layers keep only their input in forward and recompute their activations in "
+                "backward (one more forward of each)",
+                ht_config_key_spelling(c, "model.recompute"), chosen, t->model->config.num_hidden_layers);
+    return HT_OK;
+}
+
+/* model.from_pretrained: the folder's config.json is the architecture in
+ * force, and so this run's config (its log, its checkpoints) says. */
+static ht_status use_pretrained(ht_trainer *t, ht_error *err) {
+    if (!t->config.model.from_pretrained[0]) return HT_OK;
+    ht_model_config arch;
+    ht_status s = ht_hf_read_config(t->config.model.from_pretrained, &arch, err);
+    if (s == HT_OK) ht_config_use_pretrained(&t->config, &arch);
+    return s;
+}
+
+static ht_status build_model(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_model_config arch = c->model.arch; /* with model.from_pretrained, its config.json's (use_pretrained) */
+    ht_status s;
+    lora_config(&c->model.lora, &arch.lora);
+    /* fsdp_config.shard_size: every rank holds only its rows of every
+     * parameter (and so of its FP32 main param, main_grad and optimizer
+     * state). training.init_model_with_meta_device: it builds, initialises
+     * and loads only those rows; otherwise it builds the whole model first. */
+    int rank = t->shard_comm->rank, world = t->shard_comm->size;
+    bool meta = c->training.init_model_with_meta_device;
+    s = ht_model_build_shard(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, meta ? rank : 0, meta ? world : 1,
+                             &t->model, err);
+    if (s != HT_OK) return s;
+    if (c->model.from_pretrained[0]) {
+        s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
+        if (s != HT_OK) return s;
+        ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
+                    t->sharded && meta ? " (this rank's rows)" : "");
+    }
+    if (c->model.lora.from_pretrained[0]) {
+        s = ht_peft_load_adapter(c->model.lora.from_pretrained, &arch.lora, &t->model->params, err);
+        if (s != HT_OK) return s;
+    }
+    if (!meta) {
+        s = ht_params_shard(&t->model->params, rank, world, err);
+        if (s != HT_OK) return s;
+    }
+    /* model_init_dtype converts every float parameter after the weights exist. */
+    if (c->model_init_dtype != HT_CONFIG_DTYPE_NONE) {
+        s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
+        if (s != HT_OK) return s;
+    }
+    s = freeze_params(t, err);
+    if (s == HT_OK) s = plan_recompute(t, err);
+    if (s != HT_OK) return s;
+    t->model->output_dtype = c->fsdp.output_dtype;
+    t->model->keep_logits = false; /* the loss is all a run reads of them */
+    t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
+    const ht_model_config *a = &t->model->config;
+    ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
+                "max positions %d, rope theta %g, rms eps %g, attention bias %s, tied embeddings %s",
+                a->name, a->vocab_size, a->hidden_size, a->intermediate_size, a->num_hidden_layers,
+                a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
+                a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
+                a->tie_word_embeddings ? "yes" : "no");
+    if (t->sharded)
+        ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
+                    "each rank holds its rows of every parameter, %smain_grad and optimizer state "
+                    "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
+                    "modules and sums its FP32 gradients into each rank's rows%s",
+                    t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
+                    t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
+                    c->optimizer.fp32_main_params ? "FP32 main param, " : "",
+                    (double)local_numel(&t->model->params) / 1e6,
+                    (double)ht_params_total_numel(&t->model->params) / 1e6,
+                    t->replica_comm->size > 1 ? ", then over the replicas" : "");
+    else if (t->comm->size > 1)
+        ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
+                    "model and optimizer state; the FP32 gradients are summed over the ranks before each step",
+                    t->comm->size);
+    return HT_OK;
+}
+
+/* kernels.bf16_gemm / f16_gemm: pinned, or measured on this machine on the
+ * model's own linear-layer product. A resumed run keeps the kernels it was
+ * checkpointed with where they were measured: the kernels sum in different
+ * orders, and resume is bitwise (docs/NUMERICS.md). */
+static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_gemm_kernel bf16 = c->kernels.bf16_gemm, f16 = c->kernels.f16_gemm;
+    const char *kept = "";
+    if (c->checkpoint.restore_from[0] && c->checkpoint.restore_optimizer &&
+        (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)) {
+        char dir[HT_CKPT_PATH_MAX];
+        ht_checkpoint *ck;
+        ht_status s = ht_ckpt_resolve(c->checkpoint.restore_from, c->checkpoint.output_dir, dir, sizeof(dir), err);
+        if (s == HT_OK && dir[0]) {
+            s = ht_ckpt_open(dir, &ck, err);
+            if (s != HT_OK) return s;
+            const ht_ckpt_trainer_state *st = ht_ckpt_state(ck);
+            if (bf16 == HT_GEMM_KERNEL_AUTO) bf16 = st->gemm_bf16;
+            if (f16 == HT_GEMM_KERNEL_AUTO) f16 = st->gemm_f16;
+            if (st->gemm_bf16 != HT_GEMM_KERNEL_AUTO) kept = "; kept from the checkpoint";
+            ht_ckpt_close(ck);
+        }
+        if (s != HT_OK) return s;
+    }
+    /* training.deterministic: the one choice made by timing is made by rule,
+     * so that two runs of one config on one machine sum alike everywhere:
+     * fp32_rounded, which every CPU has. Everything else (thread counts from
+     * the cores, fixed-order reductions, seeded streams) is fixed already. */
+    if (c->training.deterministic && (bf16 == HT_GEMM_KERNEL_AUTO || f16 == HT_GEMM_KERNEL_AUTO)) {
+        if (bf16 == HT_GEMM_KERNEL_AUTO) bf16 = HT_GEMM_KERNEL_FP32_ROUNDED;
+        if (f16 == HT_GEMM_KERNEL_AUTO) f16 = HT_GEMM_KERNEL_FP32_ROUNDED;
+        kept = "; training.deterministic: 16-bit kernels fixed to fp32_rounded, not chosen by timing";
+    }
+    /* Rank 0 measures alone (ranks timing at once on shared cores would
+     * measure each other) and its choice goes to every rank, so that the
+     * ranks sum alike; each rank then checks that it has those kernels. A
+     * kept native kernel this CPU lacks is measured afresh, not refused. */
+    ht_gemm_choice choice;
+    int64_t M = (int64_t)c->training.local_batch_size * c->data.seq_len, C = t->model->config.hidden_size;
+    ht_status s = HT_OK;
+    if (t->comm->rank == 0) {
+        s = ht_gemm_choose(bf16, f16, M, C, C, &choice, err);
+        if (s != HT_OK && kept[0]) {
+            kept = "";
+            s = ht_gemm_choose(c->kernels.bf16_gemm, c->kernels.f16_gemm, M, C, C, &choice, err);
+        }
+    }
+    int64_t status = s;
+    ht_broadcast(t->comm, &status, (int64_t)sizeof(status), 0);
+    if (status != HT_OK)
+        return t->comm->rank == 0 ? s
+                                  : ht_fail(err, (ht_status)status,
+                                            "rank 0 could not choose the GEMM kernels (its "
+                                            "error says why)");
+    ht_broadcast(t->comm, &choice, (int64_t)sizeof(choice), 0);
+    if (t->comm->rank != 0) {
+        ht_gemm_choice here;
+        s = ht_gemm_choose(choice.bf16, choice.f16, M, C, C, &here, err); /* pinned: checked, not timed */
+        if (s != HT_OK) return s;
+    }
+    ht_gemm_use(&choice);
+    char line[512];
+    ht_gemm_describe(&choice, line, sizeof(line));
+    ht_log_info("%s%s", line, kept);
+    /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
+     * this product; pinned kernels were not timed, so rank 0 times them now. */
+    ht_dtype pd = c->fsdp.param_dtype;
+    ht_gemm_kernel k = pd == HT_DTYPE_BF16 ? choice.bf16 : choice.f16;
+    double rate = 0.0;
+    if (t->comm->rank == 0) {
+        ht_gemm_choice timed = choice;
+        ht_error ignored;
+        bool have = pd == HT_DTYPE_F32 ? choice.f32_rate > 0
+                                       : (pd == HT_DTYPE_BF16 ? choice.bf16_rate : choice.f16_rate)[k] > 0;
+        if (have || ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, M, C, C, &timed, &ignored) == HT_OK)
+            rate = pd == HT_DTYPE_F32 ? timed.f32_rate : (pd == HT_DTYPE_BF16 ? timed.bf16_rate : timed.f16_rate)[k];
+    }
+    ht_broadcast(t->comm, &rate, (int64_t)sizeof(rate), 0);
+    t->gemm_gflops = rate;
+    return HT_OK;
+}
+
+/* parallel.expert_parallel_size P > 1 on W ranks: the model must have
+ * experts, P ranks must split them evenly, and each rank's FSDP rows of an
+ * expert param must be whole experts of its group's share (E a multiple of W). */
+static ht_status check_experts(const ht_trainer *t, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    const int P = t->ep_comm->size, W = t->comm->size, E = a->moe.num_experts;
+    if (E <= 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.expert_parallel_size is %d, but the model (%s) has no experts (model.num_experts %d)",
+                       P, a->name, E);
+    if (E % P != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts (%d) is not a multiple of parallel.expert_parallel_size (%d): the %d ranks "
+                       "of an expert-parallel group must hold the same number of experts",
+                       E, P, P);
+    if (E % W != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts (%d) is not a multiple of the %d ranks: with expert parallelism each rank "
+                       "shards whole experts of its group's %d (FSDP over the %d ranks holding them); use a world "
+                       "size that divides %d",
+                       E, W, E / P, W / P, E);
+    return HT_OK;
+}
+
+/* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
+static ht_status set_compute(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_status s = choose_kernels(t, err);
+    if (s != HT_OK) return s;
+    s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
+    if (s != HT_OK) return s;
+    /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
+    const char *apply[HT_CONFIG_LIST_MAX];
+    for (int i = 0; i < c->fsdp.apply_modules.count; i++) apply[i] = c->fsdp.apply_modules.items[i];
+    /* reduce_dtype null (HyperParallel's dialect leaves it so): FSDP2's rule, the reduction in param_dtype. */
+    ht_fsdp_options fo = {.apply_modules = apply,
+                          .apply_count = c->fsdp.apply_modules.count,
+                          .reshard_after_forward = c->fsdp.reshard_after_forward,
+                          .prefetch = c->fsdp.prefetch,
+                          .reduce_dtype = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype
+                                                                                       : c->fsdp.reduce_dtype};
+    const char *ep_modules[HT_CONFIG_LIST_MAX];
+    if (t->ep_comm) {
+        s = check_experts(t, err);
+        if (s != HT_OK) return s;
+        for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
+        fo.expert_group = t->expert_comm;
+        fo.expert_first = t->comm->rank / t->expert_comm->size * t->expert_comm->size;
+        fo.expert_modules = ep_modules;
+        fo.expert_count = c->parallel.ep_modules.count;
+    }
+    s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
+    if (s != HT_OK) return s;
+    ht_fsdp_log_plan(t->fsdp);
+    /* cast_forward_inputs: FSDP2 casts a unit's floating-point forward inputs to param_dtype; here those are
+     * the FP32 hidden states entering a module that is a unit of its own (module 0, the embedding, takes
+     * token ids). */
+    int cast = 0;
+    for (int k = 1; t->model->input_dtype && k < t->model->module_count; k++) {
+        bool on =
+            c->fsdp.cast_forward_inputs && c->fsdp.param_dtype != HT_DTYPE_F32 && ht_fsdp_module_is_unit(t->fsdp, k);
+        t->model->input_dtype[k] = on ? c->fsdp.param_dtype : HT_DTYPE_F32;
+        cast += on;
+    }
+    if (cast)
+        ht_log_info("fsdp_config.mix_precision.cast_forward_inputs: the FP32 hidden states entering %d FSDP "
+                    "unit(s) rounded to %s, as FSDP2 casts a unit's floating-point inputs to param_dtype",
+                    cast, ht_dtype_name(c->fsdp.param_dtype));
+    if (t->ep_comm) {
+        ht_expert_parallel_attach(t->model, t->ep_comm);
+        const ht_moe_config *mc = &t->model->config.moe;
+        if (t->comm->rank == 0)
+            ht_log_info("Expert parallelism: groups of %d ranks split the %d experts of each sparse layer (%d per "
+                        "rank), the tokens' rows exchanged all-to-all; the ranks holding the same experts (%d "
+                        "consecutive ones) shard them and reduce their gradients",
+                        t->ep_comm->size, mc->num_experts, mc->num_experts / t->ep_comm->size, t->expert_comm->size);
+    }
+    const ht_param *p = &t->model->params.items[0];
+    ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
+                (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
+                ht_dtype_name(c->fsdp.param_dtype),
+                p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision)" : "",
+                ht_gemm_kernel_name(p->compute_precision));
+    return HT_OK;
+}
+
+/* A micro-batch's activations and the model's weights against this
+ * machine's memory, before the first forward, or choose_kernels' timing on
+ * as many rows, allocates them. A lower bound (operands in param_dtype's
+ * size, no optimizer state yet): a run refused here could not run. */
+static ht_status check_memory(const ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const ht_param_store *ps = &t->model->params;
+    const double acts = ht_model_activation_bytes(t->model, t->B, t->T, c->fsdp.param_dtype);
+    const double model = (double)(ps->data_bytes + ps->grad_bytes), have = (double)ht_physical_memory();
+    if (acts + model <= have) return HT_OK;
+    char took[64];
+    if (isinf(acts))
+        snprintf(took, sizeof(took), "more bytes than 64 bits count");
+    else
+        snprintf(took, sizeof(took), "%.1f GiB", acts / (1 << 30));
+    return ht_fail(err, HT_ERR_CONFIG,
+                   "training.local_batch_size %d x data.seq_len %d: the activations of one micro-batch take %s (%d "
+                   "layers of model.hidden_size %d, intermediate_size %d), the model %.2f GiB, more than this "
+                   "machine's %.1f GiB of memory: lower training.local_batch_size (more accumulation steps keep "
+                   "training.global_batch_size) or data.seq_len, or set model.recompute",
+                   t->B, t->T, took, t->model->config.num_hidden_layers, t->model->config.hidden_size,
+                   t->model->config.intermediate_size, model / (1 << 30), have / (1 << 30));
+}
+
+static ht_status open_data(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_data_config dc = {0};
+    snprintf(dc.dataset_type, sizeof(dc.dataset_type), "%s", c->data.dataset_type);
+    snprintf(dc.path, sizeof(dc.path), "%s", c->data.path);
+    dc.seq_len = c->data.seq_len;
+    dc.valid_fraction = c->data.valid_fraction;
+    if (dc.seq_len > t->model->config.max_position_embeddings)
+        return ht_fail(err, HT_ERR_CONFIG, "data.seq_len (%d) is longer than model.max_position_embeddings (%d)",
+                       dc.seq_len, t->model->config.max_position_embeddings);
+    ht_status s = ht_dataset_open(&dc, &t->data, err);
+    if (s != HT_OK) return s;
+    char vocab_from[sizeof(c->model.from_pretrained) + 64] = "model.vocab_size";
+    if (c->model.from_pretrained[0])
+        snprintf(vocab_from, sizeof(vocab_from), "the vocab_size of %s/config.json", c->model.from_pretrained);
+    s = ht_dataset_check_vocab(t->data, t->model->config.vocab_size, vocab_from, err);
+    if (s != HT_OK) return s;
+    if (c->data.tokenizer[0]) {
+        /* The tokenizer the shards were made with (MindSpeed-MM's preprocess_parameters.model_name_or_path):
+         * it must fit the model, and every shard must have been made with a vocabulary like it. */
+        char file[HT_CONFIG_STR_MAX + 32], from[HT_CONFIG_STR_MAX + 64];
+        int vocab;
+        s = ht_tokenizer_vocab_size(c->data.tokenizer, &vocab, file, sizeof(file), err);
+        if (s != HT_OK) return s;
+        if (vocab > t->model->config.vocab_size)
+            return ht_fail(err, HT_ERR_CONFIG, "%s has %d tokens, more than %s (%d): it is not this model's tokenizer",
+                           file, vocab, vocab_from, t->model->config.vocab_size);
+        snprintf(from, sizeof(from), "the vocabulary of %s", file);
+        s = ht_dataset_check_vocab(t->data, vocab, from, err);
+        if (s != HT_OK) return s;
+        ht_log_info("data: %s, %d tokens, fits the model and every shard", file, vocab);
+    }
+    t->B = c->training.local_batch_size;
+    t->T = c->data.seq_len;
+    /* Every rank takes its own local batches of each global batch (the loader's rank split). */
+    int world = t->comm->size, rank = t->comm->rank;
+    size_t train_tokens = ht_dataset_split_tokens(t->data, HT_SPLIT_TRAIN);
+    size_t windows = train_tokens > 0 ? (train_tokens - 1) / (size_t)t->T : 0, wanted = (size_t)world * (size_t)t->B;
+    if (windows < wanted)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "training.local_batch_size %d on %d data-parallel rank%s takes %zu sequences of data.seq_len + "
+                       "1 = %d tokens a micro-batch, but the train split of data.path %s has %zu tokens: %zu such "
+                       "windows",
+                       t->B, world, world == 1 ? "" : "s", wanted, t->T + 1, c->data.path, train_tokens, windows);
+    s = check_memory(t, err);
+    if (s != HT_OK) return s;
+    /* MindSpeed-MM's gradient_accumulation_steps, when given, is the count
+     * (its global batch is micro x accumulation x data parallel); else the global batch says it. */
+    t->grad_accum = c->training.gradient_accumulation_steps > 0
+                        ? c->training.gradient_accumulation_steps
+                        : c->training.global_batch_size / (c->training.local_batch_size * world);
+    uint64_t seed = (uint64_t)c->training.seed;
+    s = ht_loader_init(&t->train_loader, t->data, HT_SPLIT_TRAIN, t->B, t->T, rank, world, seed, c->data.shuffle, err);
+    if (s != HT_OK) return s;
+    if (ht_dataset_split_tokens(t->data, HT_SPLIT_VALID) > 0 && c->training.eval_batches > 0) {
+        /* Every rank reads the validation windows one by one, wherever they
+         * are: ht_trainer_evaluate deals them out itself, the same ones
+         * whatever the rank count. */
+        ht_error probe;
+        if (ht_loader_init(&t->valid_loader, t->data, HT_SPLIT_VALID, 1, t->T, 0, 1, seed, false, &probe) == HT_OK)
+            t->eval_B = t->B;
+        else
+            ht_log_warn_once("the validation split is too small for one sequence: no evaluation");
+    }
+    ht_log_info("Data: %s at %s: %zu train tokens, %zu validation tokens, vocab %d; %d x %d tokens per micro-batch, "
+                "%d micro-batches per step",
+                c->data.dataset_type, c->data.path, ht_dataset_split_tokens(t->data, HT_SPLIT_TRAIN),
+                ht_dataset_split_tokens(t->data, HT_SPLIT_VALID), ht_dataset_vocab_size(t->data), t->B, t->T,
+                t->grad_accum);
+    size_t n = (size_t)t->B * (size_t)t->T;
+    t->batch = ht_alloc((n + (size_t)t->B) * sizeof(int32_t));
+    t->inputs = ht_alloc(n * sizeof(int32_t));
+    t->targets = ht_alloc(n * sizeof(int32_t));
+    if (!t->batch || !t->inputs || !t->targets) return ht_fail(err, HT_ERR_OOM, "cannot allocate batch buffers");
+    return HT_OK;
+}
+
+_Static_assert((int)HT_CONFIG_LR_CONSTANT_WARMUP == (int)HT_LR_CONSTANT_WARMUP &&
+                   (int)HT_CONFIG_LR_COSINE_ANNEALING == (int)HT_LR_COSINE_ANNEALING &&
+                   (int)HT_CONFIG_LR_WARMUP_STABLE_DECAY == (int)HT_LR_WSD &&
+                   (int)HT_CONFIG_LR_CONSTANT_COOLDOWN == (int)HT_LR_CONSTANT_COOLDOWN &&
+                   (int)HT_CONFIG_LR_COSINE_WARM_RESTARTS == (int)HT_LR_COSINE_WARM_RESTARTS &&
+                   (int)HT_CONFIG_LR_WISE_LAYER == (int)HT_LR_WISE_LAYER,
+               "the config's and the optimizer's schedule enums must follow docs/NUMERICS.md's order");
+
+static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
+    memset(sc, 0, sizeof(*sc));
+    sc->type = (ht_lr_type)c->lr_scheduler.type; /* both enums follow docs/NUMERICS.md's order */
+    sc->base_lr = base_lr;
+    sc->warmup_lr_init = c->lr_scheduler.warmup_lr_init;
+    sc->lr_end = c->lr_scheduler.lr_end;
+    sc->total_steps = c->training.steps;
+    sc->warmup_steps = ht_config_warmup_steps(c);
+    sc->num_cycles = c->lr_scheduler.num_cycles;
+    sc->decay_steps = ht_config_decay_steps(c);
+    sc->power = c->lr_scheduler.power;
+    sc->decay_start = ht_config_decay_start_steps(c);
+    sc->eta_min = c->lr_scheduler.eta_min;
+    sc->t_max = c->lr_scheduler.t_max;
+    sc->keep_steps = c->lr_scheduler.keep_steps;
+    sc->final_steps = c->lr_scheduler.final_steps;
+    sc->lr_end1 = c->lr_scheduler.lr_end1;
+    sc->lr_end2 = ht_config_lr_end2(c);
+    sc->t_0 = c->lr_scheduler.t_0;
+    sc->t_mult = c->lr_scheduler.t_mult;
+    /* LearningRateWiseLayer is refused by ht_config_validate (no schedule to wrap); lr_scale stays 0. */
+}
+
+/* The strings of a config list as the const char * array the optimizer takes. */
+static int string_list(const ht_config_strings *list, const char **out) {
+    for (int i = 0; i < list->count; i++) out[i] = list->items[i];
+    return list->count;
+}
+
+/* optimizer.muon_config -> the Muon leaf's config, with its Newton-Schulz schedule expanded. */
+static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *err) {
+    static const ht_ns_variant variants[] = {
+        [HT_CONFIG_NS_LEGACY] = HT_NS_LEGACY,
+        [HT_CONFIG_NS_ASYM5] = HT_NS_ASYM5,
+        [HT_CONFIG_NS_POLAR_EXPRESS] = HT_NS_POLAR_EXPRESS,
+        [HT_CONFIG_NS_DEEPSEEK_V4] = HT_NS_DEEPSEEK_V4,
+        [HT_CONFIG_NS_CUSTOM] = HT_NS_CUSTOM,
+    };
+    const ht_config_ns_coefficients *nc = &c->optimizer.muon.ns_coefficients;
+    ht_ns_segment segments[HT_CONFIG_NS_MAX];
+    for (int i = 0; i < nc->count; i++) {
+        memcpy(segments[i].abc, nc->abc[i], sizeof(segments[i].abc));
+        segments[i].repeat = nc->repeat[i];
+    }
+    *mc = (ht_muon_config){
+        .lr = c->optimizer.muon.lr,
+        .weight_decay = c->optimizer.muon.weight_decay,
+        .momentum = c->optimizer.muon.momentum,
+        .nesterov = c->optimizer.muon.nesterov,
+        .momentum_style =
+            c->optimizer.muon.momentum_style == HT_CONFIG_MOMENTUM_EMA ? HT_MUON_MOMENTUM_EMA : HT_MUON_MOMENTUM_SUM,
+        .ns_eps = c->optimizer.muon.ns_eps,
+        .matched_adamw_rms = c->optimizer.muon.matched_adamw_rms,
+        .ns_dtype = c->optimizer.muon.ns_dtype,
+        .comm_strategy = c->optimizer.muon.comm_strategy == HT_CONFIG_MUON_COMM_DEREDUNDANCY ? HT_MUON_COMM_DEREDUNDANCY
+                                                                                             : HT_MUON_COMM_ALLGATHER,
+    };
+    return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], c->optimizer.muon.ns_steps, segments,
+                                 nc->count, &mc->schedule, err);
+}
+
+/* QK-clip sees each layer's q/k projections (found by their Hugging Face names) and its head layout. */
+static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    t->qk_layers = calloc((size_t)a->num_hidden_layers, sizeof(ht_qk_layer));
+    if (!t->qk_layers) return ht_fail(err, HT_ERR_OOM, "cannot allocate the QK-clip table");
+    for (int l = 0; l < a->num_hidden_layers; l++) {
+        char name[HT_PARAM_NAME_MAX];
+        ht_param_store *ps = &t->model->params;
+#define FIND(field, suffix)                                                                                            \
+    snprintf(name, sizeof(name), "model.layers.%d.self_attn.%s", l, suffix);                                           \
+    t->qk_layers[l].field = ht_params_find(ps, name)
+        FIND(q_weight, "q_proj.weight");
+        FIND(q_bias, "q_proj.bias");
+        FIND(k_weight, "k_proj.weight");
+        FIND(k_bias, "k_proj.bias");
+#undef FIND
+        if (!t->qk_layers[l].q_weight || !t->qk_layers[l].k_weight)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
+                           "weights to clip",
+                           l);
+        /* QK-clip rescales the weights' FP32 main params: frozen ones have none and must not change. */
+        if (!t->qk_layers[l].q_weight->trainable || !t->qk_layers[l].k_weight->trainable)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.muon_config.qk_clip_enabled: layer %d's self_attn.q_proj/k_proj weights are "
+                           "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
+                           l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
+        t->qk_layers[l].num_heads = a->num_attention_heads;
+        t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
+        t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
+    }
+    return HT_OK;
+}
+
+/* A routing or weight-decay pattern that matches no parameter is named: a
+ * module name spelled for another model goes nowhere otherwise. */
+static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config_strings *patterns) {
+    const ht_param_store *ps = &t->model->params;
+    int line;
+    /* hypertrain's own defaults cover other models' names too ("*ln_*"): only what a run chose is checked. */
+    if (ht_config_key_source(&t->config, key, &line) == HT_CONFIG_SOURCE_DEFAULT &&
+        !t->config.dialect_default[ht_config_key_index(key)])
+        return;
+    for (int k = 0; k < patterns->count; k++) {
+        bool hit = false;
+        for (int i = 0; i < ps->count && !hit; i++) hit = ht_name_match(patterns->items[k], ps->items[i].name);
+        if (!hit)
+            ht_log_warn("%s: \"%s\" matches no parameter (names look like %s, or in MindFormers' spelling "
+                        "decoder.layers.0.self_attention.linear_qkv.weight)",
+                        ht_config_key_spelling(&t->config, key), patterns->items[k],
+                        ps->count > 1 ? ps->items[1].name
+                        : ps->count   ? ps->items[0].name
+                                      : "?");
+    }
+}
+
+static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_optimizer_config oc = {0};
+    oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
+    oc.comm = t->shard_comm; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
+    oc.replicas = t->sharded ? t->replica_comm : NULL;
+    oc.fp32_main_params = c->optimizer.fp32_main_params;
+    oc.adamw = (ht_adamw_config){
+        .lr = c->optimizer.adamw.lr,
+        .beta1 = c->optimizer.adamw.betas[0],
+        .beta2 = c->optimizer.adamw.betas[1],
+        .eps = c->optimizer.adamw.eps,
+        .weight_decay = c->optimizer.adamw.weight_decay,
+    };
+    oc.no_weight_decay = t->no_wd;
+    oc.no_weight_decay_count = string_list(&c->optimizer.adamw.no_weight_decay, t->no_wd);
+    oc.adamw_include = t->adamw_include;
+    oc.adamw_include_count = string_list(&c->optimizer.muon.adamw_include, t->adamw_include);
+    /* model.lora: the adapters go to AdamW, as PEFT trains them (Muon would
+     * orthogonalize each rank-r matrix), unless model.lora.use_muon. */
+    if (oc.use_muon && c->model.lora.rank > 0) {
+        if (c->model.lora.use_muon) {
+            ht_log_info("model.lora.use_muon: the adapters' matrices go to Muon (optimizer.muon_config.adamw_include "
+                        "still applies)");
+        } else {
+            t->adamw_include[oc.adamw_include_count++] = "*.lora_A.weight";
+            t->adamw_include[oc.adamw_include_count++] = "*.lora_B.weight";
+            ht_log_info("model.lora: the adapters go to AdamW (as PEFT trains them; model.lora.use_muon true sends "
+                        "them to Muon)");
+        }
+    }
+    /* qwen2_moe: the routers (E x C) and the shared experts' gates (1 x C)
+     * are classifiers, not hidden transforms: AdamW, as the other systems
+     * train them. The 3-D experts go to Muon (each expert's matrix on its
+     * own) unless optimizer.muon_config.adamw_include matches them. */
+    if (oc.use_muon && t->model->config.moe.num_experts > 0) {
+        t->adamw_include[oc.adamw_include_count++] = "*.mlp.gate.weight";
+        t->adamw_include[oc.adamw_include_count++] = "*.mlp.shared_expert_gate.weight";
+        if (t->comm->rank == 0)
+            ht_log_info("qwen2_moe: the routers (*.mlp.gate.weight) and shared expert gates go to AdamW; the experts' "
+                        "3-D weights to Muon, one matrix per expert, unless optimizer.muon_config.adamw_include "
+                        "matches them");
+    }
+    oc.weight_decay_include = t->wd_include;
+    oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
+    oc.weight_decay_exclude = t->wd_exclude;
+    oc.weight_decay_exclude_count = string_list(&c->optimizer.adamw.weight_decay_exclude, t->wd_exclude);
+    if (t->comm->rank == 0) { /* the same config and names on every rank: said once */
+        warn_unmatched(t, "optimizer.adamw_config.no_weight_decay", &c->optimizer.adamw.no_weight_decay);
+        warn_unmatched(t, "optimizer.adamw_config.weight_decay_include", &c->optimizer.adamw.weight_decay_include);
+        warn_unmatched(t, "optimizer.adamw_config.weight_decay_exclude", &c->optimizer.adamw.weight_decay_exclude);
+        if (oc.use_muon) warn_unmatched(t, "optimizer.muon_config.adamw_include", &c->optimizer.muon.adamw_include);
+    }
+    if (ht_config_key_source(c, "optimizer.use_fused_adamw", NULL) != HT_CONFIG_SOURCE_DEFAULT)
+        ht_log_info("optimizer.use_fused_adamw: %s: AdamW always runs as one fused pass here (equal bit for bit "
+                    "to torch's fused AdamW)",
+                    c->optimizer.use_fused_adamw ? "true" : "false");
+    ht_status s = muon_config(c, &oc.muon, err);
+    if (s != HT_OK) return s;
+    fill_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
+    fill_schedule(&oc.muon_schedule, c, oc.muon.lr);
+    oc.max_norm = c->training.max_norm;
+    /* float16 models train with a dynamic loss scale (docs/NUMERICS.md). */
+    oc.loss_scaling = t->model->params.items[0].dtype == HT_DTYPE_F16;
+    ht_loss_scaler_init(&oc.scaler, c->training.loss_scale_initial, c->training.loss_scale_growth_factor,
+                        c->training.loss_scale_backoff_factor, c->training.loss_scale_growth_interval,
+                        c->training.loss_scale_hysteresis, c->training.loss_scale_min);
+    oc.stochastic_rounding = c->optimizer.stochastic_rounding;
+    oc.seed = (uint64_t)c->training.seed;
+    if (oc.use_muon) ht_config_log_section(c, "muon", "optimizer.muon_config.");
+    ht_config_log_section(c, "adamw", "optimizer.adamw_config.");
+    s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
+    if (s != HT_OK) return s;
+    ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
+                ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
+                oc.muon.lr, oc.adamw.lr);
+    t->model->track_attn_max = c->optimizer.muon.qk_clip_enabled;
+    return c->optimizer.muon.qk_clip_enabled ? build_qk_table(t, err) : HT_OK;
+}
+
+/* Every rank must run the same configuration: rank 0's is compared with
+ * each rank's own, key by key, and the first key that differs is named. */
+static ht_status check_same_config(ht_trainer *t, ht_error *err) {
+    if (t->comm->size == 1) return HT_OK;
+    ht_config *root = malloc(sizeof(ht_config));
+    if (!root) return ht_fail(err, HT_ERR_OOM, "cannot allocate a config");
+    *root = t->config;
+    ht_broadcast(t->comm, root, (int64_t)sizeof(*root), 0);
+    char mine[4096], theirs[4096];
+    double differs = 0;
+    const char *key = NULL;
+    for (int i = 0; i < ht_config_key_count() && !key; i++) {
+        ht_config_format_value(&t->config, ht_config_key_name(i), mine, sizeof(mine));
+        ht_config_format_value(root, ht_config_key_name(i), theirs, sizeof(theirs));
+        if (strcmp(mine, theirs) != 0) key = ht_config_key_name(i);
+    }
+    differs = key ? 1.0 + t->comm->rank : 0.0;
+    ht_all_reduce_f64(t->comm, &differs, 1, HT_REDUCE_MAX); /* every rank learns it, and fails together */
+    ht_status s = HT_OK;
+    if (key)
+        s = ht_fail(err, HT_ERR_CONFIG, "rank %d runs another configuration than rank 0: %s is %s here, %s on rank 0",
+                    t->comm->rank, key, mine, theirs);
+    else if (differs)
+        s = ht_fail(err, HT_ERR_CONFIG,
+                    "rank %d (and maybe others) runs another configuration than rank 0 (its error names the key)",
+                    (int)differs - 1);
+    free(root);
+    return s;
+}
+
+ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
+    return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
+}
+
+/* fsdp_config.shard_size S (auto: the world) splits the world W into W / S
+ * shard groups of S consecutive ranks and S replicate groups (HSDP). */
+static ht_status make_groups(ht_trainer *t, ht_error *err) {
+    int W = t->comm->size, S = t->config.fsdp.shard_size == 0 ? W : t->config.fsdp.shard_size;
+    ht_status s = ht_comm_split(t->comm, t->comm->rank / S, t->comm->rank % S, &t->shard_comm, err);
+    if (s == HT_OK) s = ht_comm_split(t->comm, t->comm->rank % S, t->comm->rank / S, &t->replica_comm, err);
+    t->sharded = S > 1;
+    /* Expert parallelism (validated: P divides W, no HSDP). */
+    const int P = t->config.parallel.expert_parallel_size, D = W / (P > 0 ? P : 1), r = t->comm->rank;
+    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r / D, r % D, &t->expert_comm, err);
+    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r % D, r / D, &t->ep_comm, err);
+    return s;
+}
+
+/* Keys a seed system has that change nothing here, by the nature of a CPU
+ * engine or of their own rule: each one the run sets is named with why. */
+static void log_not_applicable(const ht_config *c) {
+    const struct {
+        const char *key;
+        bool applies; /* false: the key has nothing to act on in this run */
+        const char *why;
+    } keys[] = {
+        {"data.num_workers", false, "batches are read in place from the memory-mapped tokens"},
+        {"data.pin_memory", false, "there is no device memory to copy to"},
+        {"model.trust_remote_code", false, "no model code is loaded from a model folder"},
+        {"parallel.ep_plan.apply_modules", c->parallel.expert_parallel_size > 1,
+         "it applies with parallel.expert_parallel_size > 1 (1 here)"},
+        {"model.recompute_plan.apply_modules", c->model.recompute, "it applies with model.recompute true"},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        int line;
+        if (keys[i].applies || ht_config_key_source(c, keys[i].key, &line) == HT_CONFIG_SOURCE_DEFAULT) continue;
+        ht_log_info("%s: accepted, not applicable here: %s", ht_config_key_spelling(c, keys[i].key), keys[i].why);
+    }
+}
+
+ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
+    memset(t, 0, sizeof(*t));
+    t->config = *cfg;
+    t->comm = comm;
+    t->shard_comm = t->replica_comm = ht_comm_single();
+    t->last_eval_loss = NAN;
+    t->rss_at_start = rss_now();
+    /* Every rank validates the same config before any collective: all fail, or none. */
+    ht_status s = ht_config_validate(cfg, comm->size, err);
+    if (s == HT_OK) s = use_pretrained(t, err);
+    if (s == HT_OK && comm->rank == 0) {
+        ht_config_log(&t->config); /* the values in force: model.from_pretrained's architecture included */
+        log_not_applicable(cfg);
+    }
+    if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
+    if (s == HT_OK) s = check_same_config(t, err);
+    if (s == HT_OK) s = make_groups(t, err);
+    if (s == HT_OK) s = build_model(t, err);
+    /* The batch against the data and the machine's memory before anything is sized by it. */
+    if (s == HT_OK) s = open_data(t, err);
+    /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
+    if (s == HT_OK) s = set_compute(t, err);
+    if (s == HT_OK) s = build_optimizer(t, err);
+    if (s == HT_OK && cfg->checkpoint.restore_from[0])
+        s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
+    if (s == HT_OK)
+        s = ht_run_dir_check(cfg->checkpoint.output_dir, t->step, cfg->training.steps, cfg->training.dump_state, comm,
+                             err);
+    if (s != HT_OK) ht_trainer_free(t);
+    return s;
+}
+
+void ht_trainer_free(ht_trainer *t) {
+    if (t->metrics) fclose(t->metrics);
+    ht_optimizer_free(&t->optimizer);
+    ht_fsdp_free(t->fsdp);
+    free(t->qk_layers);
+    ht_loader_free(&t->train_loader);
+    ht_loader_free(&t->valid_loader);
+    ht_dataset_free(t->data);
+    ht_model_free(t->model);
+    ht_free(t->batch);
+    ht_free(t->inputs);
+    ht_free(t->targets);
+    if (t->ep_comm) ht_comm_free(t->ep_comm);
+    if (t->expert_comm) ht_comm_free(t->expert_comm);
+    if (t->replica_comm) ht_comm_free(t->replica_comm);
+    if (t->shard_comm) ht_comm_free(t->shard_comm);
+    ht_comm *comm = t->comm;
+    memset(t, 0, sizeof(*t));
+    t->comm = comm;
+}

@@ -1,0 +1,191 @@
+/* One training step (the micro-batches with gradient accumulation into FP32
+ * main_grad, the sums over the ranks, the chained Muon + AdamW step, QK-clip,
+ * training.dump_state's tensors) and the evaluation on the validation split. */
+#include "hypertrain/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/dist.h"
+#include "hypertrain/kernels.h"
+#include "hypertrain/optimizer.h"
+
+#define HT_MAX_DUMPED 4096 /* params */
+/* training.dump_state: one step's tensors, kept until written (the writer borrows them). */
+typedef struct state_dump {
+    ht_st_writer w;
+    void *bufs[2 * HT_MAX_DUMPED];
+    int count;
+} state_dump;
+
+static void dump_free(state_dump *d) {
+    if (!d) return;
+    ht_st_writer_free(&d->w);
+    for (int i = 0; i < d->count; i++) ht_free(d->bufs[i]);
+    free(d);
+}
+
+/* Every param's whole main_grad ("main_grad.") or model values ("param."),
+ * gathered from the shard group's rows, added to the dump on rank 0. Every
+ * rank takes part. */
+static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, ht_error *err) {
+    const bool grads = prefix[0] == 'm';
+    ht_param_store *ps = &t->model->params;
+    for (int i = 0; i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        if (grads && !p->main_grad) continue; /* frozen */
+        const size_t elem = grads ? sizeof(float) : ht_dtype_size(p->dtype);
+        void *whole = ht_alloc((size_t)ht_param_numel(p) * elem + 64);
+        if (!whole || d->count == 2 * HT_MAX_DUMPED) {
+            ht_free(whole);
+            return ht_fail(err, HT_ERR_OOM, "training.dump_state: cannot hold %s", p->name);
+        }
+        d->bufs[d->count++] = whole;
+        ht_fsdp_gather_rows(p, t->shard_comm, grads ? (void *)p->main_grad : p->data, whole, elem);
+        char name[HT_PARAM_NAME_MAX + 16];
+        snprintf(name, sizeof(name), "%s%s", prefix, p->name);
+        ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
+        ht_status s = t->comm->rank == 0 ? ht_st_writer_add(&d->w, name, dt, p->ndim, p->shape, whole, dt, err) : HT_OK;
+        if (s != HT_OK) return s;
+    }
+    return HT_OK;
+}
+
+static ht_status write_dump(ht_trainer *t, state_dump *d, ht_error *err) {
+    if (t->comm->rank != 0) return HT_OK;
+    char dir[HT_CONFIG_STR_MAX + 16], path[HT_CONFIG_STR_MAX + 64];
+    snprintf(dir, sizeof(dir), "%s/state", t->config.checkpoint.output_dir);
+    ht_status s = ht_make_dirs(dir, err);
+    snprintf(path, sizeof(path), "%s/step_%08lld.safetensors", dir, (long long)t->step);
+    return s == HT_OK ? ht_st_writer_write(&d->w, path, err) : s;
+}
+
+ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
+    double t0 = ht_time_seconds();
+    ht_model *m = t->model;
+    /* The loss scale multiplies the gradients; 1/(accumulation × ranks)
+     * averages the global batch's micro-batches, once, before the sum over ranks. */
+    float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
+                               ((double)t->grad_accum * t->comm->size));
+    ht_model_reset_attn_max(m);
+    double loss_sum = 0.0;
+    /* model.lora.dropout: this step's masks, drawn from (seed, step) and each
+     * sequence's place in the global batch: a resumed run, and any split of
+     * the batch over ranks and micro-batches, drop the same elements. The
+     * constant keeps the stream apart from the others derived from the seed;
+     * the low bit keeps it nonzero (0 means no dropout). */
+    uint64_t dropout = ht_fnv1a64(&t->step, sizeof(t->step), (uint64_t)t->config.training.seed ^ 0x6c6f7261ULL) | 1;
+    const double exchanged = m->experts.seconds;
+    for (int micro = 0; micro < t->grad_accum; micro++) {
+        ht_loader_next(&t->train_loader, t->batch);
+        ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+        m->dropout_seed = dropout;
+        m->dropout_first_sequence = ((int64_t)micro * t->comm->size + t->comm->rank) * t->B;
+        float loss;
+        double f0 = ht_time_seconds();
+        ht_status s = ht_model_forward(m, t->inputs, t->targets, t->B, t->T, &loss, err);
+        if (s != HT_OK) return s;
+        t->forward_seconds += ht_time_seconds() - f0;
+        ht_model_backward(m, grad_scale);
+        loss_sum += loss;
+    }
+    m->dropout_seed = 0;                /* forwards outside a training step (evaluation) drop nothing */
+    ht_status gs = ht_gemm_status(err); /* before any rank sums this rank's gradients */
+    if (gs != HT_OK) return gs;
+    double t1 = ht_time_seconds();
+    /* Data parallel: every rank's FP32 gradients summed over the shard
+     * group into each rank's rows (each unit's reduce-scatter, started in
+     * backward), then over the replicas. */
+    ht_fsdp_finish_backward(t->fsdp);
+    ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, m->params.grad_block,
+                            (int64_t)(m->params.grad_bytes / sizeof(float)));
+    ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
+    if (t->qk_layers)
+        ht_all_reduce_f32(t->comm, m->attn_max_logit,
+                          (int64_t)m->config.num_hidden_layers * m->config.num_attention_heads, HT_REDUCE_MAX);
+    double t2 = ht_time_seconds();
+    ht_step_result r;
+    state_dump *dump = t->config.training.dump_state ? calloc(1, sizeof(state_dump)) : NULL;
+    ht_status s = HT_OK;
+    if (t->config.training.dump_state)
+        s = dump ? dump_tensors(t, dump, "main_grad.", err)
+                 : ht_fail(err, HT_ERR_OOM, "training.dump_state: out of memory");
+    if (s == HT_OK) s = ht_optimizer_step(&t->optimizer, &r, err);
+    if (s == HT_OK) s = ht_gemm_status(err); /* Newton-Schulz */
+    if (s != HT_OK) {
+        dump_free(dump);
+        return s;
+    }
+    int clipped = 0;
+    if (t->qk_layers && !r.skipped) {
+        const ht_model_config *a = &m->config;
+        for (int l = 0; l < a->num_hidden_layers; l++)
+            clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
+                                  t->config.optimizer.muon.qk_clip_threshold);
+    }
+    ht_fsdp_weights_changed(t->fsdp);
+    t->step++;
+    if (t->config.training.dump_state) {
+        s = dump_tensors(t, dump, "param.", err);
+        if (s == HT_OK) s = write_dump(t, dump, err);
+        dump_free(dump);
+        if (s != HT_OK) return s;
+    }
+    double t3 = ht_time_seconds(), dt = t3 - t0;
+    t->forward_backward_seconds += t1 - t0;
+    t->all_to_all_seconds += m->experts.seconds - exchanged;
+    t->sync_seconds += t2 - t1;
+    t->optimizer_seconds += t3 - t2;
+    if (stats) {
+        stats->step = t->step;
+        stats->loss = loss_sum / ((double)t->grad_accum * t->comm->size);
+        stats->lr = r.adamw_lr;
+        stats->muon_lr = r.muon_lr;
+        stats->grad_norm = r.grad_norm;
+        stats->loss_scale = r.loss_scale;
+        stats->skipped = r.skipped;
+        stats->qk_clipped_heads = clipped;
+        stats->seconds = dt;
+        stats->tokens_per_s = (double)t->grad_accum * t->comm->size * t->B * t->T / dt;
+        if (t->gemm_gflops > 0)
+            stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
+                         (t->gemm_gflops * 1e9);
+    }
+    return HT_OK;
+}
+
+ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
+    *loss = NAN;
+    if (t->eval_B == 0) return HT_OK;
+    /* The first eval_batches x B windows of the validation split (all of
+     * them if it holds fewer), in groups of B consecutive windows; rank
+     * g mod world forwards group g. A forward then sees the same sequences
+     * on any rank count, so its loss (and a load-balancing term, which is the
+     * forward's) is the same computation: only the double sum's order
+     * depends on the rank count. */
+    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->comm->size, rank = (uint64_t)t->comm->rank;
+    uint64_t n = (uint64_t)t->config.training.eval_batches * B;
+    if (n > t->valid_loader.n_windows) n = t->valid_loader.n_windows;
+    const uint64_t groups = (n + B - 1) / B, rounds = (groups + world - 1) / world;
+    double sum = 0.0;
+    for (uint64_t r = 0; r < rounds; r++) {
+        /* A rank with no group left in the last round forwards the first
+         * one and drops its loss: FSDP's gathers and the experts' exchanges
+         * need every rank's forward. */
+        const uint64_t g = r * world + rank, first = g < groups ? g * B : 0;
+        const int count = (int)(n - first < B ? n - first : B);
+        ht_loader_resume(&t->valid_loader, (ht_loader_pos){.epoch = 0, .index = first}, NULL);
+        for (int b = 0; b < count; b++) ht_loader_next(&t->valid_loader, t->batch + (size_t)b * (size_t)(t->T + 1));
+        ht_batch_split(t->batch, count, t->T, t->inputs, t->targets);
+        float l;
+        ht_status s = ht_model_forward(t->model, t->inputs, t->targets, count, t->T, &l, err);
+        if (s == HT_OK) s = ht_gemm_status(err);
+        if (s != HT_OK) return s;
+        if (g < groups) sum += (double)l * count; /* every window has T targets: the mean over its tokens */
+    }
+    ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
+    if (n) *loss = sum / (double)n;
+    return HT_OK;
+}
