@@ -94,7 +94,7 @@ typedef struct ht_model ht_model;
  * experts [rank·E/size, (rank + 1)·E/size) of every sparse layer, for the
  * tokens of every rank of its expert-parallel group, and the expert params'
  * `compute` and `grad` hold those experts only. `exchange` is the group's
- * all-to-all (dist/ provides it): send_bytes[r] bytes of `send` (laid out
+ * all-to-all (parallel/ provides it): send_bytes[r] bytes of `send` (laid out
  * by destination rank) go to rank r, and recv_bytes[r] bytes from rank r
  * land in `recv`, in rank order. size <= 1: every expert here, nothing
  * exchanged. */
@@ -115,7 +115,7 @@ typedef struct ht_expert_parallel {
 
 /* A module in the sense of Hugging Face's named_modules(), at the grain the
  * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
- * "lm_head". FSDP units are made of modules (dist.h). */
+ * "lm_head". FSDP units are made of modules (parallel.h). */
 #define HT_MODULE_MAX_PARAMS 32 /* a layer: 12 weights, biases and norms, and 14 adapters */
 typedef struct ht_module {
     char name[HT_PARAM_NAME_MAX];
@@ -135,7 +135,7 @@ typedef enum ht_module_event {
 /* Called around every module's forward and backward, in the order they run:
  * forward in module order, backward in reverse. Before a module runs, its
  * params' `compute` (and in backward `grad`) must point at whole tensors;
- * what happens in between is the hook's business (dist/ gathers shards). */
+ * what happens in between is the hook's business (parallel/ gathers shards). */
 typedef struct ht_module_hook {
     void (*fn)(void *ctx, int module, ht_module_event event);
     void *ctx;

@@ -11,7 +11,7 @@
 #define HYPERTRAIN_OPTIM_H
 
 #include "hypertrain/base.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/comm.h"
 #include "hypertrain/param.h"
 
 #include <string.h>

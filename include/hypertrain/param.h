@@ -24,7 +24,7 @@ typedef struct ht_param {
     void *data;       /* (row1 - row0, shape[1:]) in dtype: the model's weights */
     float *main_grad; /* same layout in FP32: this rank's rows of the step's gradient, never rounded to dtype */
     /* The full (global shape) FP32 gradient that backward accumulates into.
-     * Unsharded it IS main_grad; sharded, it is NULL except while dist/'s
+     * Unsharded it IS main_grad; sharded, it is NULL except while parallel/'s
      * FSDP unit holding the param runs backward, which then sums it over the
      * ranks into each rank's main_grad rows. */
     float *grad;
@@ -35,7 +35,7 @@ typedef struct ht_param {
     /* What forward and backward read: the whole weights in the compute dtype
      * (fsdp_config.mix_precision.param_dtype). Unsharded: `data` when the
      * dtypes agree, otherwise a cast copy refreshed after every update.
-     * Sharded: NULL except while dist/'s FSDP unit holding the param has
+     * Sharded: NULL except while parallel/'s FSDP unit holding the param has
      * gathered it from the ranks' compute_rows. */
     void *compute;
     void *compute_rows; /* this rank's rows in the compute dtype: `data` when the dtypes agree */
@@ -99,7 +99,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
  * form are read in place, the others through a cast (and rounded) copy. */
 ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err);
 /* Re-casts data into the compute copies (after the weights changed); for a
- * sharded param its compute_rows, which dist/ gathers when they are used. */
+ * sharded param its compute_rows, which parallel/ gathers when they are used. */
 void ht_params_refresh_compute(ht_param_store *store);
 /* Frees every FP32 copy: a bf16/f16 param's main_param becomes NULL (the
  * optimizer then updates its data in place), an F32 param stays its own. */

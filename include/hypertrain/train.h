@@ -11,7 +11,7 @@
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/data.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/model.h"
 #include "hypertrain/optimizer.h"
 

@@ -108,7 +108,7 @@ ht_param *ht_params_find(const ht_param_store *store, const char *name) {
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* grad and compute as a param with no compute copy has them: its own
- * storage when it is whole, nothing (until dist/ gathers) when sharded. */
+ * storage when it is whole, nothing (until parallel/ gathers) when sharded. */
 static void reset_views(ht_param *p) {
     p->grad = p->sharded ? NULL : p->main_grad;
     p->compute = p->sharded ? NULL : p->data;
@@ -210,7 +210,7 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
         return ht_fail(err, HT_ERR_INVALID, "%s values cannot be held in %s", ht_dtype_name(precision),
                        ht_dtype_name(dtype));
     /* A copy where the param cannot be read in place: the whole tensor, or
-     * for a sharded param its rows (dist/ gathers the whole one when used). */
+     * for a sharded param its rows (parallel/ gathers the whole one when used). */
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];

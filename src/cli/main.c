@@ -11,7 +11,7 @@
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/comm.h"
 #include "hypertrain/train.h"
 
 /* The exit status of a run stopped by a signal after saving its checkpoint:

@@ -785,7 +785,7 @@ static void decoder_backward(ht_model *m, float scale) {
     int B = d->B, T = d->T;
     int64_t N = (int64_t)B * T, C = d->C, V = d->V;
     /* No target at all still runs backward (adding zeros): every rank runs
-     * every module, so that dist/'s collectives meet. */
+     * every module, so that parallel/'s collectives meet. */
     float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
     const ht_moe_config *mc = &m->config.moe;
     /* The load-balancing loss counts every token, targets or not. */

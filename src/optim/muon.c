@@ -4,6 +4,7 @@
  * (without an FP32 main param, the pass reads the model copy and writes it).
  * It owns the momentum buffers and one workspace sized for the largest matrix. */
 #include "hypertrain/optim.h"
+#include "hypertrain/parallel.h" /* the shards' row helpers */
 
 #include <math.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "hypertrain/ckpt.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/kernels.h"
 
 void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {

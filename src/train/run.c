@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/optimizer.h"
 
 /* This process's resident bytes at most so far. */

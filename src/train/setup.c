@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
 #include "train/rundir.h"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "hypertrain/ckpt.h"
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
 

@@ -16,7 +16,7 @@
  * sends its compute_rows of each param straight into the others' whole
  * tensors, and each rank's rows of the whole gradients straight to it
  * (with a 16-bit reduce_dtype, from a copy rounded to it). */
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 
 #include <stdio.h>
 #include <stdlib.h>

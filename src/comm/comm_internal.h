@@ -1,8 +1,8 @@
-/* Inside dist/: the MPI world behind ht_comm_init. */
-#ifndef HT_DIST_COMM_INTERNAL_H
-#define HT_DIST_COMM_INTERNAL_H
+/* Inside comm/: the MPI world behind ht_comm_init. */
+#ifndef HT_COMM_INTERNAL_H
+#define HT_COMM_INTERNAL_H
 
-#include "hypertrain/dist.h"
+#include "hypertrain/comm.h"
 
 /* Initialises MPI for a process a launcher started (`announced` ranks, as its
  * environment variable `which` says) and makes *out the world. */

@@ -1,7 +1,7 @@
 /* Expert parallelism's all-to-all: the model's ht_expert_parallel.exchange
  * over the ranks that split the experts between them (one expert-parallel
  * group), on the same ordered collectives as FSDP's (ht_start_exchange). */
-#include "hypertrain/dist.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/model.h"
 
 static void exchange(void *ctx, const void *send, const int64_t *send_bytes, void *recv, const int64_t *recv_bytes) {

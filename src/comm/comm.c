@@ -1,6 +1,6 @@
 /* The one-process group, and the choice between it and the MPI world at
  * start: a process that a launcher started joins MPI, any other is rank 0 of 1. */
-#include "dist/comm_internal.h"
+#include "comm/comm_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,7 @@
  * thread once the progress thread is idle, started and then polled to
  * completion (below, the roll call): one thread is in MPI at a time
  * (MPI_THREAD_SERIALIZED). */
-#include "dist/comm_internal.h"
+#include "comm/comm_internal.h"
 
 #include <limits.h>
 #include <stdbool.h>

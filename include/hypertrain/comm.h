@@ -3,11 +3,10 @@
  * trivial group, the same code path with nothing to exchange; `mpirun` gives
  * the MPI one. Every collective is called by every rank of the group, in the
  * same order; results are identical on every rank. */
-#ifndef HYPERTRAIN_DIST_H
-#define HYPERTRAIN_DIST_H
+#ifndef HYPERTRAIN_COMM_H
+#define HYPERTRAIN_COMM_H
 
 #include "hypertrain/base.h"
-#include "hypertrain/param.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -122,96 +121,6 @@ static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, co
     return c->ops->start_exchange(c, send, recv);
 }
 static inline void ht_wait(ht_comm *c, ht_request *r, double *seconds) { c->ops->wait(c, r, seconds); }
-
-/* ---------------------------------------------------------------- sharded parameters (FSDP) */
-
-typedef struct ht_model ht_model;
-
-/* How a model's params group into FSDP units. */
-typedef struct ht_fsdp_options {
-    /* Module patterns (parallel.fsdp_plan.apply_modules): each module they
-     * match is a unit; "{*}" (or "*") stands for one dotted component, as in
-     * "model.layers.{*}". The params no unit holds, and those read by modules
-     * of two units (tied embeddings), form the root unit. */
-    const char *const *apply_modules;
-    int apply_count;
-    /* A unit's gathered weights are dropped after its forward and gathered
-     * again for its backward (false: kept until its backward). The root
-     * unit keeps them from its first forward to the end of backward. */
-    bool reshard_after_forward;
-    /* The next module's units are gathered while the current one computes. */
-    bool prefetch;
-    /* Expert parallelism: the 3-D params under the modules expert_modules
-     * match (parallel.ep_plan.apply_modules; none given: every
-     * "model.layers.{*}.mlp.experts") form units of their own, one per
-     * module, gathered and reduced over expert_group (the consecutive ranks
-     * that hold the same experts, the first of them expert_first in the
-     * group's numbering) instead of the whole group: a rank's gathered
-     * tensors hold its group's experts only. NULL: no expert parallelism. */
-    ht_comm *expert_group;
-    int expert_first;
-    const char *const *expert_modules;
-    int expert_count;
-    /* The precision gradients travel in (fsdp_config.mix_precision.
-     * reduce_dtype): F32, or BF16 / F16, where each rank's FP32 gradient is
-     * rounded to it before it is sent (half the bytes, as FSDP2's reduce_dtype)
-     * and the receiving rank sums the contributions in FP32 in rank order,
-     * into FP32 main_grad. FSDP2 sums in the 16-bit dtype and rounds the sum
-     * to the gradient's dtype; this rounds each contribution once, nothing
-     * else. */
-    ht_dtype reduce_dtype;
-} ht_fsdp_options;
-
-/* What the collectives cost, summed since the last ht_fsdp_stats_reset. */
-typedef struct ht_fsdp_stats {
-    int64_t gathers, reduce_scatters;
-    double gathered_bytes, reduced_bytes;
-    double in_flight_seconds; /* the collectives' time from start to completion */
-    double waited_seconds;    /* the part of it compute stood waiting: the rest was hidden */
-    double pool_peak_bytes;   /* the largest memory of gathered weights and unit gradients held at once */
-    ht_dtype reduce_dtype;    /* what the gradients travel in (reduced_bytes counts them so) */
-} ht_fsdp_stats;
-
-typedef struct ht_fsdp ht_fsdp;
-
-/* Groups the model's params into units and hooks the model, so that each
- * unit's whole weights exist only around its modules' forward and backward
- * (one all-gather of every rank's compute_rows), and its whole FP32
- * gradient only from its backward until one reduce-scatter adds each rank's
- * rows into main_grad (FP32, in rank order, += across micro-batches). A
- * store that is not sharded (one rank, or shard_size 1) has nothing to
- * gather: the same hooks run and move nothing. */
-ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_fsdp **out, ht_error *err);
-/* One log line per unit kind and the plan in force. */
-void ht_fsdp_log_plan(const ht_fsdp *f);
-/* After the last micro-batch's backward: every reduce-scatter complete, every
- * rank's main_grad rows final. */
-void ht_fsdp_finish_backward(ht_fsdp *f);
-/* HSDP: block (n floats, each rank's main_grad rows) ← its sum over the
- * replicas `c`, in rank order, every replica getting the same bits. In
- * FP32, an all-reduce; with a 16-bit reduce_dtype each replica's block is
- * rounded to it before it is sent, as in the reduce-scatter, and the FP32
- * sums come back. Every rank of c calls it. */
-void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n);
-/* After the weights changed (an update, a load): gathered copies are stale
- * and dropped; the compute_rows are refreshed from data. */
-void ht_fsdp_weights_changed(ht_fsdp *f);
-/* Whether the model's module `module` is an FSDP unit of its own (not the root). */
-bool ht_fsdp_module_is_unit(const ht_fsdp *f, int module);
-const ht_fsdp_stats *ht_fsdp_stats_get(const ht_fsdp *f);
-void ht_fsdp_stats_reset(ht_fsdp *f);
-void ht_fsdp_free(ht_fsdp *f);
-
-/* Expert parallelism: the model's sparse layers exchange their rows over
- * `group` (the ranks that split the experts: group rank q computes experts
- * [q·E/size, (q + 1)·E/size)). The group must outlive the model's use of it. */
-void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
-
-/* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
-void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);
-/* A param's full tensor from its rows on every rank (`rows` holds this
- * rank's (row1 - row0) x row_numel values; full gets the whole tensor). */
-void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);
 
 #ifdef __cplusplus
 }
