@@ -44,6 +44,26 @@ const char *ht_status_name(ht_status status);
 void *ht_alloc(size_t bytes);
 void ht_free(void *ptr);
 
+/* ---------------------------------------------------------------- arenas */
+
+/* bytes rounded up to a multiple of 64: a cache line, and every SIMD width. */
+static inline size_t ht_align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* One allocation carved into named pieces, each 64-byte aligned (the llm.c
+ * way: a table of sizes, one block, pointers into it). With base NULL,
+ * ht_arena_take only counts, so the same calls can size the block first;
+ * with base set, it hands out the pieces in the order asked. */
+typedef struct ht_arena {
+    char *base;  /* the block; NULL while sizing */
+    size_t used; /* bytes handed out (or counted) so far */
+} ht_arena;
+
+static inline void *ht_arena_take(ht_arena *a, size_t bytes) {
+    void *piece = a->base ? a->base + a->used : NULL;
+    a->used += ht_align64(bytes);
+    return piece;
+}
+
 /* ---------------------------------------------------------------- dtypes */
 
 typedef enum ht_dtype {

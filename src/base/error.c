@@ -40,7 +40,7 @@ const char *ht_status_name(ht_status status) {
 
 void *ht_alloc(size_t bytes) {
     void *ptr = NULL;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
+    size_t rounded = ht_align64(bytes);
     if (rounded == 0) rounded = 64;
     if (posix_memalign(&ptr, 64, rounded) != 0) return NULL;
     memset(ptr, 0, rounded);

@@ -105,8 +105,6 @@ ht_param *ht_params_find(const ht_param_store *store, const char *name) {
     return NULL;
 }
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 /* grad and compute as a param with no compute copy has them: its own
  * storage when it is whole, nothing (until parallel/ gathers) when sharded. */
 static void reset_views(ht_param *p) {
@@ -131,8 +129,8 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     size_t data_bytes = 0, grad_bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        data_bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
-        if (p->trainable) grad_bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        data_bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
+        if (p->trainable) grad_bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
     }
     char *data = ht_alloc(data_bytes);
     char *grad = ht_alloc(grad_bytes);
@@ -146,11 +144,11 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         p->data = data + doff;
-        doff += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
+        doff += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
         p->main_grad = NULL;
         if (p->trainable) {
             p->main_grad = (float *)(grad + goff);
-            goff += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+            goff += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
         }
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
         reset_views(p);
@@ -169,7 +167,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         ht_dtype to = ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
-        bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
+        bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
     }
     char *block = ht_alloc(bytes);
     if (!block)
@@ -184,7 +182,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         bool main_was_data = p->main_param == p->data;
         p->data = block + off;
         p->dtype = to;
-        off += align64(n * ht_dtype_size(to));
+        off += ht_align64(n * ht_dtype_size(to));
         if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
         reset_views(p); /* a conversion resets the compute view: ht_params_set_compute again if needed */
     }
@@ -215,7 +213,7 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         if (ht_dtype_is_float(p->dtype) && !reads_in_place(p->dtype, dtype, precision))
-            bytes += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+            bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
     if (bytes && !block)
@@ -232,7 +230,7 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
         if (!p->sharded) p->compute = p->compute_rows;
         p->compute_dtype = dtype;
         p->compute_precision = precision;
-        off += align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+        off += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     ht_params_refresh_compute(store);
     return HT_OK;
@@ -260,7 +258,8 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (p->trainable && p->dtype != HT_DTYPE_F32) bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        if (p->trainable && p->dtype != HT_DTYPE_F32)
+            bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
     }
     ht_free(store->main_block);
     store->main_block = NULL;
@@ -276,7 +275,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
             continue;
         }
         p->main_param = (float *)(block + off);
-        off += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        off += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
         ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
     }
     store->main_block = (float *)block;
@@ -331,7 +330,7 @@ ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, i
                 n++;
             }
         if (p->trainable) {
-            bytes += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+            bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
             left++;
         }
     }
@@ -347,7 +346,7 @@ ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, i
         p->main_grad = NULL;
         if (p->trainable) {
             p->main_grad = (float *)(block + off);
-            off += align64((size_t)ht_param_local_numel(p) * sizeof(float));
+            off += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
         }
         p->grad = p->sharded ? NULL : p->main_grad;
         if (!p->trainable && p->main_param != p->data) p->main_param = NULL;

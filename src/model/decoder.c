@@ -350,8 +350,6 @@ typedef struct act_plan {
     size_t total;
 } act_plan;
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
@@ -403,12 +401,12 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
     for (int l = p->shared ? -1 : 0; l < d->L; l++) {
         bool own = l >= 0 && !recomputed(m, l);
         for (int i = 0; i < NPL; i++)
-            if (i == 0 ? l >= 0 : l < 0 || own) p->total += align64(p->per_layer[i]);
+            if (i == 0 ? l >= 0 : l < 0 || own) p->total += ht_align64(p->per_layer[i]);
         for (int lin = 0; lin < LIN_COUNT; lin++)
-            if ((l < 0 || own) && lora_in_any(d, l, lin)) p->total += align64(p->lora_h);
+            if ((l < 0 || own) && lora_in_any(d, l, lin)) p->total += ht_align64(p->lora_h);
     }
-    for (int i = 0; i < NTAIL; i++) p->total += align64(p->tail[i]);
-    for (int i = 0; i < NLORA; i++) p->total += align64(p->lora_tail[i]);
+    for (int i = 0; i < NTAIL; i++) p->total += ht_align64(p->tail[i]);
+    for (int i = 0; i < NLORA; i++) p->total += ht_align64(p->lora_tail[i]);
 }
 
 /* What plan_activations totals, for a caller asking before anything is
@@ -449,12 +447,11 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     if (!block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
                        (double)plan.total / (1 << 20), B, T);
-    char *p = block;
-#define CARVE(size) (p += align64(size), p - align64(size))
+    ht_arena arena = {.base = block};
     layer_acts common = {0};
     for (int l = plan.shared ? -1 : 0; l < d->L; l++) {
         layer_acts *a = l < 0 ? &common : &d->acts[l];
-        if (l >= 0) a->resid = (float *)CARVE(per_layer[0]);
+        if (l >= 0) a->resid = ht_arena_take(&arena, per_layer[0]);
         if (l >= 0 && recomputed(m, l)) {
             float *resid = a->resid;
             *a = common;
@@ -463,46 +460,46 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
                 if (!d->layers[l].lora_a[lin]) a->lora_h[lin] = NULL;
             continue;
         }
-        a->rstd1 = (float *)CARVE(per_layer[1]);
-        a->ln1 = CARVE(per_layer[2]);
-        a->q = (float *)CARVE(per_layer[3]);
-        a->k = (float *)CARVE(per_layer[4]);
-        a->v = (float *)CARVE(per_layer[5]);
-        a->o = (float *)CARVE(per_layer[6]);
-        a->lse = (float *)CARVE(per_layer[7]);
-        a->att = CARVE(per_layer[8]);
-        a->resid_mid = (float *)CARVE(per_layer[9]);
-        a->rstd2 = (float *)CARVE(per_layer[10]);
-        a->ln2 = CARVE(per_layer[11]);
-        a->gate = (float *)CARVE(per_layer[12]);
-        a->up = (float *)CARVE(per_layer[13]);
-        a->h = CARVE(per_layer[14]);
-        for (int lin = 0; lin < LIN_COUNT; lin++) a->lora_h[lin] = lora_in_any(d, l, lin) ? CARVE(plan.lora_h) : NULL;
+        a->rstd1 = ht_arena_take(&arena, per_layer[1]);
+        a->ln1 = ht_arena_take(&arena, per_layer[2]);
+        a->q = ht_arena_take(&arena, per_layer[3]);
+        a->k = ht_arena_take(&arena, per_layer[4]);
+        a->v = ht_arena_take(&arena, per_layer[5]);
+        a->o = ht_arena_take(&arena, per_layer[6]);
+        a->lse = ht_arena_take(&arena, per_layer[7]);
+        a->att = ht_arena_take(&arena, per_layer[8]);
+        a->resid_mid = ht_arena_take(&arena, per_layer[9]);
+        a->rstd2 = ht_arena_take(&arena, per_layer[10]);
+        a->ln2 = ht_arena_take(&arena, per_layer[11]);
+        a->gate = ht_arena_take(&arena, per_layer[12]);
+        a->up = ht_arena_take(&arena, per_layer[13]);
+        a->h = ht_arena_take(&arena, per_layer[14]);
+        for (int lin = 0; lin < LIN_COUNT; lin++)
+            a->lora_h[lin] = lora_in_any(d, l, lin) ? ht_arena_take(&arena, plan.lora_h) : NULL;
     }
-    d->resid_final = (float *)CARVE(tail[0]);
-    d->rstdf = (float *)CARVE(tail[1]);
-    d->lnf = CARVE(tail[2]);
-    d->logits = (float *)CARVE(tail[3]);
-    d->inputs = (int32_t *)CARVE(tail[4]);
-    d->targets = (int32_t *)CARVE(tail[5]);
-    d->dresid = (float *)CARVE(tail[6]);
-    d->dln = (float *)CARVE(tail[7]);
-    d->datt = (float *)CARVE(tail[8]);
-    d->dq = (float *)CARVE(tail[9]);
-    d->dk = (float *)CARVE(tail[10]);
-    d->dv = (float *)CARVE(tail[11]);
-    d->dgate = (float *)CARVE(tail[12]);
-    d->dup = (float *)CARVE(tail[13]);
-    d->dh = (float *)CARVE(tail[14]);
-    d->dy_cd = CARVE(tail[15]);
-    d->att_work = (float *)CARVE(tail[16]);
-    d->head_max = (float *)CARVE(tail[17]);
-    d->softmax_rows = (ht_softmax_row *)CARVE(tail[18]);
-    d->lora_h32 = (float *)CARVE(lora_tail[0]);
-    d->lora_dh = CARVE(lora_tail[1]);
-    d->lora_x = CARVE(lora_tail[2]);
-    d->lora_dx = (float *)CARVE(lora_tail[3]);
-#undef CARVE
+    d->resid_final = ht_arena_take(&arena, tail[0]);
+    d->rstdf = ht_arena_take(&arena, tail[1]);
+    d->lnf = ht_arena_take(&arena, tail[2]);
+    d->logits = ht_arena_take(&arena, tail[3]);
+    d->inputs = ht_arena_take(&arena, tail[4]);
+    d->targets = ht_arena_take(&arena, tail[5]);
+    d->dresid = ht_arena_take(&arena, tail[6]);
+    d->dln = ht_arena_take(&arena, tail[7]);
+    d->datt = ht_arena_take(&arena, tail[8]);
+    d->dq = ht_arena_take(&arena, tail[9]);
+    d->dk = ht_arena_take(&arena, tail[10]);
+    d->dv = ht_arena_take(&arena, tail[11]);
+    d->dgate = ht_arena_take(&arena, tail[12]);
+    d->dup = ht_arena_take(&arena, tail[13]);
+    d->dh = ht_arena_take(&arena, tail[14]);
+    d->dy_cd = ht_arena_take(&arena, tail[15]);
+    d->att_work = ht_arena_take(&arena, tail[16]);
+    d->head_max = ht_arena_take(&arena, tail[17]);
+    d->softmax_rows = ht_arena_take(&arena, tail[18]);
+    d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
+    d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
+    d->lora_x = ht_arena_take(&arena, lora_tail[2]);
+    d->lora_dx = ht_arena_take(&arena, lora_tail[3]);
     d->act_block = block;
     d->B = B;
     d->T = T;

@@ -81,7 +81,7 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
         const ht_param *w = ht_params_find(in, name);
         if (!w || w->ndim != 2)
             return ht_fail(err, HT_ERR_INVALID, "LoRA merge: %s has no weight matrix %s to merge into", p->name, name);
-        bytes += ((size_t)ht_param_numel(w) * sizeof(float) + 63) & ~(size_t)63;
+        bytes += ht_align64((size_t)ht_param_numel(w) * sizeof(float));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
     if (bytes && !block) return ht_fail(err, HT_ERR_OOM, "LoRA merge: cannot allocate %zu bytes", bytes);
@@ -116,7 +116,7 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
         /* W' = W + scale · B A in FP32 (docs/NUMERICS.md's FP32 path), rounded to the output dtype when written. */
         float *merged = (float *)(block + off), *fa = malloc((size_t)(r * cols) * sizeof(float));
         float *fb = malloc((size_t)(rows * r) * sizeof(float));
-        off += ((size_t)(rows * cols) * sizeof(float) + 63) & ~(size_t)63;
+        off += ht_align64((size_t)(rows * cols) * sizeof(float));
         if (!fa || !fb) {
             free(fa);
             free(fb);

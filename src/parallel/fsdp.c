@@ -128,8 +128,6 @@ struct ht_fsdp {
     int span_cap;
 };
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 static ht_status add_unit(ht_fsdp *f, const char *name, bool root, ht_error *err) {
     unit *u = realloc(f->units, (size_t)(f->unit_count + 1) * sizeof(unit));
     if (!u) return ht_fail(err, HT_ERR_OOM, "cannot allocate FSDP units");
@@ -274,12 +272,12 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
             u->params[n] = p;
             u->row0[n] = r0;
             u->woff[n] = u->weight_bytes;
-            u->weight_bytes += align64((size_t)whole * ht_dtype_size(p->compute_dtype));
+            u->weight_bytes += ht_align64((size_t)whole * ht_dtype_size(p->compute_dtype));
             /* A frozen param (model.freeze) has no gradient: no buffer, nothing to reduce. */
             if (p->trainable) {
                 u->goff[n] = u->grad_floats;
                 u->soff[n] = u->rows_floats;
-                u->grad_floats += align64((size_t)whole * sizeof(float)) / sizeof(float);
+                u->grad_floats += ht_align64((size_t)whole * sizeof(float)) / sizeof(float);
                 u->rows_floats += (size_t)ht_param_local_numel(p);
             }
             u->resident = u->resident && !p->sharded;
