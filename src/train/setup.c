@@ -535,8 +535,16 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
         .comm_strategy = c->optimizer.muon.comm_strategy == HT_CONFIG_MUON_COMM_DEREDUNDANCY ? HT_MUON_COMM_DEREDUNDANCY
                                                                                              : HT_MUON_COMM_ALLGATHER,
     };
-    return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], c->optimizer.muon.ns_steps, segments,
-                                 nc->count, &mc->schedule, err);
+    /* A segmented schedule ([[a, b, c], n], ...) runs its own length; muon_ns_steps bounds it from below
+     * only when it was given (the config's rule, validate.c), never as its default 5. */
+    int line, steps = c->optimizer.muon.ns_steps, length = 0;
+    for (int i = 0; i < nc->count; i++) length += nc->repeat[i];
+    bool segmented = nc->count > 1 || (nc->count == 1 && nc->repeat[0] > 0);
+    if (segmented && length >= 1 &&
+        ht_config_key_source(c, "optimizer.muon_config.muon_ns_steps", &line) == HT_CONFIG_SOURCE_DEFAULT)
+        steps = length;
+    return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], steps, segments, nc->count, &mc->schedule,
+                                 err);
 }
 
 /* QK-clip sees each layer's q/k projections (found by their Hugging Face names) and its head layout. */
