@@ -516,11 +516,11 @@ static void warn_unused(const hf_files *fs, const ht_param_store *params, const 
     }
     if (!unused) return;
     if (left_out)
-        ht_log_warn("%s: %d tensors in the weight files are not model parameters and were ignored: %s and %d more", dir,
-                    unused, list, left_out);
+        ht_log_warn_once("%s: %d tensors in the weight files are not model parameters and were ignored: %s and %d more",
+                         dir, unused, list, left_out);
     else
-        ht_log_warn("%s: %d tensors in the weight files are not model parameters and were ignored: %s", dir, unused,
-                    list);
+        ht_log_warn_once("%s: %d tensors in the weight files are not model parameters and were ignored: %s", dir,
+                         unused, list);
 }
 
 ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *err) {

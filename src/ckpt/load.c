@@ -226,13 +226,15 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
                        "(training.load_strict false loads the rest and leaves these)",
                        ck->dir, n_unknown, unknown);
     if (n_missing)
-        ht_log_warn("%s: training.load_strict false: %d model weights missing, kept as initialised (their optimizer "
-                    "state starts from zero): %s",
-                    ck->dir, n_missing, missing);
+        ht_log_warn_once(
+            "%s: training.load_strict false: %d model weights missing, kept as initialised (their optimizer "
+            "state starts from zero): %s",
+            ck->dir, n_missing, missing);
     if (n_unknown)
-        ht_log_warn("%s: training.load_strict false: %d tensors of params this model lacks, left unloaded (with their "
-                    "optimizer state): %s",
-                    ck->dir, n_unknown, unknown);
+        ht_log_warn_once(
+            "%s: training.load_strict false: %d tensors of params this model lacks, left unloaded (with their "
+            "optimizer state): %s",
+            ck->dir, n_unknown, unknown);
     if (restore_optimizer && main_keys > 0 && n_main_missing > 0)
         return ht_fail(err, HT_ERR_FORMAT,
                        "%s: refusing a partial set of FP32 main params: %d of %d missing (never filled in from the "
@@ -297,9 +299,10 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
                     "all the values that run kept",
                     ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
     else if (rebuilt && restore_optimizer)
-        ht_log_warn("%s: no FP32 main params (_mixed_precision_optimizer) in the checkpoint: %d main params rebuilt "
-                    "from the %s model; the FP32 tail the model dtype cannot hold is lost",
-                    ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
+        ht_log_warn_once(
+            "%s: no FP32 main params (_mixed_precision_optimizer) in the checkpoint: %d main params rebuilt "
+            "from the %s model; the FP32 tail the model dtype cannot hold is lost",
+            ck->dir, rebuilt, ht_dtype_name(ps->items[0].dtype));
     else if (rebuilt)
         ht_log_info("%s: checkpoint.restore_optimizer false: the model only; %d FP32 main params rebuilt from it",
                     ck->dir, rebuilt);

@@ -242,8 +242,8 @@ void ht_config_use_pretrained(ht_config *cfg, const ht_model_config *arch) {
         memcpy((char *)cfg + k->offset, (const char *)arch + (k->offset - first), k->size);
         format_value(cfg, i, now, sizeof(now));
         if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT && strcmp(before, now) != 0)
-            ht_log_warn("%s: %s (%s) is not used: the model is %s/config.json's, which says %s",
-                        ht_config_key_spelling(cfg, k->path), before, where, cfg->model.from_pretrained, now);
+            ht_log_warn_once("%s: %s (%s) is not used: the model is %s/config.json's, which says %s",
+                             ht_config_key_spelling(cfg, k->path), before, where, cfg->model.from_pretrained, now);
         cfg->source[i] = HT_CONFIG_SOURCE_PRETRAINED;
         cfg->line[i] = 0;
         cfg->alias[i] = 0;
@@ -278,9 +278,9 @@ void ht_config_log(const ht_config *cfg) {
     for (int j = 0; j < cfg->ignored_count; j++) {
         char hint[256];
         bool close = ht_config_suggest(cfg->ignored[j], hint, sizeof(hint)) != NULL;
-        ht_log_warn("%s:%d: %s is not a key hypertrain uses; ignored (%s allows extra keys in this section)%s%s%s",
-                    cfg->file, cfg->ignored_line[j], cfg->ignored[j], ht_config_dialect_name(cfg->dialect),
-                    close ? "; did you mean " : "", close ? hint : "", close ? "?" : "");
+        ht_log_warn_once("%s:%d: %s is not a key hypertrain uses; ignored (%s allows extra keys in this section)%s%s%s",
+                         cfg->file, cfg->ignored_line[j], cfg->ignored[j], ht_config_dialect_name(cfg->dialect),
+                         close ? "; did you mean " : "", close ? hint : "", close ? "?" : "");
     }
 }
 

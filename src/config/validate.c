@@ -446,8 +446,9 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
         int ri = ht_config_key_index("lr_scheduler.warmup_ratio"),
             si = ht_config_key_index("lr_scheduler.warmup_steps");
         if (cfg->source[ri] != HT_CONFIG_SOURCE_DEFAULT && cfg->source[si] != HT_CONFIG_SOURCE_DEFAULT)
-            ht_log_warn("lr_scheduler: both warmup_ratio and warmup_steps are set; warmup_ratio wins (%d warmup steps)",
-                        ht_config_warmup_steps(cfg));
+            ht_log_warn_once(
+                "lr_scheduler: both warmup_ratio and warmup_steps are set; warmup_ratio wins (%d warmup steps)",
+                ht_config_warmup_steps(cfg));
         return HT_OK;
     }
     if (r.count > 1) return ht_fail(err, HT_ERR_CONFIG, "%d configuration errors:\n%s", r.count, r.msg);

@@ -228,8 +228,11 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
         }
         /* fp16 overflow: skip the update, back off the scale. */
         ht_loss_scaler_update(&opt->scaler, true);
-        ht_log_warn("step %lld skipped: gradient overflow at loss scale %g (%s); the scale is now %g",
-                    (long long)opt->step + 1, r->loss_scale, bad ? bad : "?", opt->scaler.scale);
+        /* Each rank names the first of its own params that overflowed; a rank with none stays silent. */
+        if (bad)
+            ht_log_warn("update skipped: gradient overflow at loss scale %g (first in %s), on every rank; the scale "
+                        "is now %g, %lld updates taken so far",
+                        r->loss_scale, bad, opt->scaler.scale, (long long)opt->step);
         r->skipped = true;
         ht_params_zero_grad(ps);
         return HT_OK;

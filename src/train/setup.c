@@ -594,12 +594,12 @@ static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config
         bool hit = false;
         for (int i = 0; i < ps->count && !hit; i++) hit = ht_name_match(patterns->items[k], ps->items[i].name);
         if (!hit)
-            ht_log_warn("%s: \"%s\" matches no parameter (names look like %s, or in MindFormers' spelling "
-                        "decoder.layers.0.self_attention.linear_qkv.weight)",
-                        ht_config_key_spelling(&t->config, key), patterns->items[k],
-                        ps->count > 1 ? ps->items[1].name
-                        : ps->count   ? ps->items[0].name
-                                      : "?");
+            ht_log_warn_once("%s: \"%s\" matches no parameter (names look like %s, or in MindFormers' spelling "
+                             "decoder.layers.0.self_attention.linear_qkv.weight)",
+                             ht_config_key_spelling(&t->config, key), patterns->items[k],
+                             ps->count > 1 ? ps->items[1].name
+                             : ps->count   ? ps->items[0].name
+                                           : "?");
     }
 }
 
