@@ -1,8 +1,12 @@
-/* Shared helpers for the cmocka tests. */
+/* Shared helpers for the cmocka tests: what several tests would otherwise
+ * each write again (files, the tiny model, the command and its log, tensor
+ * files compared). */
 #include "harness.h"
 
+#include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/model.h"
+#include "hypertrain/train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *fixture_path(const char *rel) {
@@ -40,6 +45,56 @@ void write_file(const char *path, const void *data, size_t len) {
     if (!f) fail_msg("cannot write %s: %s", path, strerror(errno));
     if (len && fwrite(data, 1, len, f) != len) fail_msg("short write to %s", path);
     fclose(f);
+}
+
+void write_run_yaml(const char *dir, const char *format, ...) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/run.yaml", dir);
+    va_list ap, again;
+    va_start(ap, format);
+    va_copy(again, ap);
+    int len = vsnprintf(NULL, 0, format, ap);
+    va_end(ap);
+    if (len < 0) fail_msg("cannot format %s", path);
+    char *text = malloc((size_t)len + 1);
+    vsnprintf(text, (size_t)len + 1, format, again);
+    va_end(again);
+    write_file(path, text, (size_t)len);
+    free(text);
+}
+
+void write_repeated(const char *path, const char *text, int repeat) {
+    FILE *f = fopen(path, "w");
+    if (!f) fail_msg("cannot write %s: %s", path, strerror(errno));
+    for (int i = 0; i < repeat; i++) fputs(text, f);
+    if (fclose(f) != 0) fail_msg("cannot write %s: %s", path, strerror(errno));
+}
+
+void harness_write_corpus(const char *dir, const char *text, int repeat) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
+    write_repeated(path, text, repeat);
+}
+
+const char two_cities[] =
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+    "of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
+
+char *read_text(const char *path) {
+    char *text = NULL;
+    ht_error err;
+    if (ht_read_file(path, &text, NULL, &err) != HT_OK) fail_msg("%s", err.msg);
+    return text;
+}
+
+bool path_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+bool path_lexists(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0;
 }
 
 static const char *watched;
@@ -79,15 +134,194 @@ double rel_max_err(const float *a, const float *b, size_t n) {
     return maxdiff / maxref;
 }
 
-void config_scratch_run(struct ht_config *cfg, const char *dir, const char *const *sets, size_t n) {
+const char *tiny_model_yaml(tiny_model model) {
+    static char bufs[8][512];
+    static int next = 0;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]),
+             "  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: %d\n  num_hidden_layers: %d\n"
+             "  num_attention_heads: 4\n  num_key_value_heads: 2\n  max_position_embeddings: %d\n",
+             model.intermediate_size, model.num_hidden_layers, model.max_position_embeddings);
+    return b;
+}
+
+void config_scratch_run(struct ht_config *cfg, const char *dir, tiny_model model, int seq_len, const char *const *sets,
+                        size_t n) {
     ht_error err;
     char set[1400];
     assert_ht_ok(ht_config_load(NULL, 0, NULL, cfg, &err), &err);
+    const int sizes[] = {256, 32, model.intermediate_size,      model.num_hidden_layers,
+                         4,   2,  model.max_position_embeddings};
+    static const char *const keys[] = {
+        "vocab_size",          "hidden_size",         "intermediate_size",      "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "max_position_embeddings"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        snprintf(set, sizeof(set), "model.%s=%d", keys[i], sizes[i]);
+        assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+    }
+    snprintf(set, sizeof(set), "data.seq_len=%d", seq_len);
+    const char *const data[] = {"data.dataset_type=text_bytes", set, "data.valid_fraction=0.1"};
+    for (size_t i = 0; i < sizeof(data) / sizeof(data[0]); i++) assert_ht_ok(ht_config_set(cfg, data[i], &err), &err);
     for (size_t i = 0; i < n; i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
     snprintf(set, sizeof(set), "data.path=%s/corpus.txt", dir);
     assert_ht_ok(ht_config_set(cfg, set, &err), &err);
     snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run", dir);
     assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+}
+
+ht_trainer *trainer_new(const ht_config *cfg) {
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err;
+    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    return t;
+}
+
+void trainer_delete(ht_trainer *t) {
+    ht_trainer_free(t);
+    free(t);
+}
+
+int run_logged(const char *cmd, const char *log_path, char **log) {
+    int rc = system(cmd);
+    if (log) *log = read_text(log_path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static const char *hypertrain_bin(void) {
+    const char *bin = getenv("HT_BIN");
+    if (!bin) fail_msg("HT_BIN is not set (run the test through ctest)");
+    return bin;
+}
+
+int run_hypertrain(const char *launcher, const char *args, const char *log_path, bool stderr_only, char **log) {
+    char cmd[16384];
+    int len = snprintf(cmd, sizeof(cmd), "%s'%s' %s %s '%s'%s", launcher ? launcher : "", hypertrain_bin(), args,
+                       stderr_only ? "> /dev/null 2>" : ">", log_path, stderr_only ? "" : " 2>&1");
+    if (len < 0 || (size_t)len >= sizeof(cmd)) fail_msg("command too long: %.200s...", cmd);
+    return run_logged(cmd, log_path, log);
+}
+
+int run_and_signal_a_rank(const char *dir, int ranks, const char *args, const char *log_path, const char *text,
+                          const char *sig, char **log) {
+    char cmd[16384];
+    int len = snprintf(cmd, sizeof(cmd),
+                       "%s%s%s(" MPIRUN "-np %d '%s' %s > '%s' 2>&1 & "
+                       "for i in $(seq 3000); do grep -q '%s' '%s' 2>/dev/null && break; sleep 0.05; done; "
+                       "pkill -%s -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
+                       dir ? "cd '" : "", dir ? dir : "", dir ? "' && " : "", ranks, hypertrain_bin(), args, log_path,
+                       text, log_path, sig);
+    if (len < 0 || (size_t)len >= sizeof(cmd)) fail_msg("command too long: %.200s...", cmd);
+    return run_logged(cmd, log_path, log);
+}
+
+/* The tensors of file b whose names start with `prefix`, contain `part` and do not contain `skip` (each NULL
+ * or "": no condition), each with file a's of that name (the test fails where a lacks it or holds it in
+ * another size): visit(x, y, ctx) with a's x and b's y. Returns how many were visited. */
+static int each_tensor_pair(const char *a, const char *b, const char *prefix, const char *part, const char *skip,
+                            bool same_count, void (*visit)(const ht_st_tensor *, const ht_st_tensor *, void *),
+                            void *ctx) {
+    ht_safetensors *sa, *sb;
+    ht_error err;
+    assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
+    assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
+    if (same_count && ht_safetensors_count(sa) != ht_safetensors_count(sb))
+        fail_msg("%s holds %d tensors, %s %d", a, ht_safetensors_count(sa), b, ht_safetensors_count(sb));
+    int count = 0;
+    for (int i = 0; i < ht_safetensors_count(sb); i++) {
+        const ht_st_tensor *y = ht_safetensors_tensor(sb, i);
+        if ((prefix && strncmp(y->name, prefix, strlen(prefix)) != 0) || (part && !strstr(y->name, part)) ||
+            (skip && skip[0] && strstr(y->name, skip)))
+            continue;
+        const ht_st_tensor *x = ht_safetensors_find(sa, y->name);
+        if (!x) fail_msg("%s has no %s (%s has)", a, y->name, b);
+        if (x->nbytes != y->nbytes) fail_msg("%s: %zu bytes in %s, %zu in %s", y->name, x->nbytes, a, y->nbytes, b);
+        visit(x, y, ctx);
+        count++;
+    }
+    ht_safetensors_close(sa);
+    ht_safetensors_close(sb);
+    return count;
+}
+
+typedef struct differing_list {
+    int differ;
+    char *which;
+    size_t n;
+} differing_list;
+
+static void list_if_differing(const ht_st_tensor *x, const ht_st_tensor *y, void *ctx) {
+    differing_list *d = ctx;
+    if (memcmp(x->data, y->data, x->nbytes) == 0) return;
+    d->differ++;
+    if (!d->which) return;
+    size_t len = strlen(d->which);
+    snprintf(d->which + len, d->n - len, "%s%s", len ? " " : "", y->name);
+}
+
+int tensors_differing(const char *a, const char *b, const char *part, int *compared, char *which, size_t n) {
+    differing_list d = {.which = n ? which : NULL, .n = n};
+    if (d.which) d.which[0] = '\0';
+    int count = each_tensor_pair(a, b, NULL, part, NULL, !part || !part[0], list_if_differing, &d);
+    if (compared) *compared = count;
+    return d.differ;
+}
+
+void assert_same_tensors(const char *a, const char *b) {
+    char which[4096];
+    if (tensors_differing(a, b, "", NULL, which, sizeof(which)) != 0)
+        fail_msg("%s differ between %s and %s", which, a, b);
+}
+
+static double *tensor_error_slot(tensor_errors *x, const char *name) {
+    for (int i = 0; i < x->count; i++)
+        if (strcmp(x->name[i], name) == 0) return &x->err[i];
+    assert_true(x->count < TENSOR_ERRORS_MAX);
+    snprintf(x->name[x->count], HT_PARAM_NAME_MAX, "%s", name);
+    x->err[x->count] = 0.0;
+    return &x->err[x->count++];
+}
+
+double tensor_error_of(const tensor_errors *x, const char *name) {
+    for (int i = 0; x && i < x->count; i++)
+        if (strcmp(x->name[i], name) == 0) return x->err[i];
+    return 0.0;
+}
+
+typedef struct bounded_errors {
+    const char *a, *b;
+    tensor_check *c;
+    double worst, total, unequal;
+} bounded_errors;
+
+static void check_within_bound(const ht_st_tensor *x, const ht_st_tensor *y, void *ctx) {
+    bounded_errors *e = ctx;
+    const tensor_check *c = e->c;
+    size_t n = x->nbytes / ht_dtype_size(x->dtype);
+    float *fa = malloc(n * sizeof(float)), *fb = malloc(n * sizeof(float));
+    ht_convert(fa, HT_DTYPE_F32, x->data, x->dtype, n);
+    ht_convert(fb, HT_DTYPE_F32, y->data, y->dtype, n);
+    double err = rel_max_err(fa, fb, n);
+    const double bound = c->floor ? fmax(c->tol, c->floor_factor * tensor_error_of(c->floor, y->name)) : c->tol;
+    if (!(err <= bound))
+        fail_msg("%s: %s differs from %s by %.3g (bound %.3g%s)", e->a, y->name, e->b, err, bound,
+                 c->floor ? ": its noise floor's" : "");
+    e->worst = fmax(e->worst, err);
+    if (c->seen) {
+        double *slot = tensor_error_slot(c->seen, y->name);
+        *slot = fmax(*slot, err);
+    }
+    for (size_t j = 0; j < n; j++) e->unequal += fa[j] != fb[j];
+    e->total += (double)n;
+    free(fa);
+    free(fb);
+}
+
+double max_tensor_error(const char *a, const char *b, tensor_check *c) {
+    bounded_errors e = {.a = a, .b = b, .c = c};
+    c->tensors = each_tensor_pair(a, b, c->prefix, NULL, c->skip, false, check_within_bound, &e);
+    assert_true(e.total > 0);
+    c->differing = e.unequal / e.total;
+    return e.worst;
 }
 
 bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel) {

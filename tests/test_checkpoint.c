@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
@@ -25,21 +24,11 @@
 
 /* ------------------------------------------------------------------ fixtures */
 
-static bool exists_path(const char *path) {
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
-
-static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
-                            "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
-
-static void write_corpus(const char *dir) {
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 40; i++) fputs(corpus, f);
-    fclose(f);
+/* A scratch directory holding dir/corpus.txt, the corpus 40 times, for tiny_config's runs. */
+static const char *corpus_dir(const char *name) {
+    const char *dir = scratch_dir(name);
+    harness_write_corpus(dir, two_cities, 40);
+    return dir;
 }
 
 /* A tiny byte-level Qwen2 on dir/corpus.txt writing to dir/run: the defaults
@@ -47,16 +36,6 @@ static void write_corpus(const char *dir) {
 static ht_config *tiny_config(const char *dir, const char *const *extra, int n_extra) {
     ht_config *cfg = malloc(sizeof(ht_config));
     const char *sets[] = {
-        "model.vocab_size=256",
-        "model.hidden_size=32",
-        "model.intermediate_size=48",
-        "model.num_hidden_layers=2",
-        "model.num_attention_heads=4",
-        "model.num_key_value_heads=2",
-        "model.max_position_embeddings=32",
-        "data.dataset_type=text_bytes",
-        "data.seq_len=16",
-        "data.valid_fraction=0.1",
         "lr_scheduler.type=CosineWithWarmUpLR",
         "lr_scheduler.warmup_steps=3",
         "lr_scheduler.warmup_lr_init=0.0005",
@@ -68,22 +47,19 @@ static ht_config *tiny_config(const char *dir, const char *const *extra, int n_e
         "model_init_dtype=bfloat16",
         "fsdp_config.mix_precision.param_dtype=bfloat16",
     };
-    config_scratch_run(cfg, dir, sets, sizeof(sets) / sizeof(sets[0]));
+    const tiny_model model = {.intermediate_size = 48, .num_hidden_layers = 2, .max_position_embeddings = 32};
+    config_scratch_run(cfg, dir, model, 16, sets, sizeof(sets) / sizeof(sets[0]));
     ht_error err;
     for (int i = 0; i < n_extra; i++) assert_ht_ok(ht_config_set(cfg, extra[i], &err), &err);
     return cfg;
 }
 
-static ht_trainer *trainer_new(const ht_config *cfg) {
-    ht_trainer *t = malloc(sizeof(ht_trainer));
+/* A trainer of cfg after `steps` steps. */
+static ht_trainer *trainer_after(const ht_config *cfg, int steps) {
+    ht_trainer *t = trainer_new(cfg);
     ht_error err;
-    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    for (int s = 0; s < steps; s++) assert_ht_ok(ht_trainer_step(t, NULL, &err), &err);
     return t;
-}
-
-static void trainer_delete(ht_trainer *t) {
-    ht_trainer_free(t);
-    free(t);
 }
 
 static size_t total_grad_floats(const ht_trainer *t) { return t->model->params.grad_bytes / sizeof(float); }
@@ -147,17 +123,21 @@ static void assert_trainers_equal(const ht_trainer *a, const ht_trainer *b) {
     assert_int_equal(a->train_loader.pos.index, b->train_loader.pos.index);
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)n + 1);
-    if ((long)fread(text, 1, (size_t)n, f) != n) fail_msg("short read of %s", path);
-    fclose(f);
-    text[n] = '\0';
-    return text;
+/* dir/run/step_<step>/metadata.json (malloc'ed). */
+/* The resumed trainer's next step (into g_res) against the continuous run's (its loss l2_cont, its gradients
+ * g_cont): the same loss and gradients, then the same state, bit for bit. */
+static void assert_resumed_step_equal(ht_trainer *res, float *g_res, const ht_trainer *cont, const float *g_cont,
+                                      double l2_cont) {
+    double l2 = step_with_grads(res, g_res);
+    assert_true(l2 == l2_cont);
+    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
+    assert_trainers_equal(res, cont);
+}
+
+static char *metadata_of(const char *dir, int step) {
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/run/step_%08d/metadata.json", dir, step);
+    return read_text(path);
 }
 
 /* Runs fn with stderr going to a file; returns what was written (malloc'ed). */
@@ -193,8 +173,7 @@ static void test_xxh64_reference_vectors(void **state) {
  * loads, step 2 on the same next batch == a continuous 2-step run. */
 static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_resume1");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_resume1");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
 
@@ -227,10 +206,7 @@ static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
     for (size_t i = 0; i < n; i++) differ += w->main_param[i] != ht_bf16_to_f32(((uint16_t *)w->data)[i]);
     assert_true(differ > n / 2); /* the main params are not the bf16 model cast up */
 
-    double l2 = step_with_grads(res, g_res);
-    assert_true(l2 == l2_cont);
-    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
-    assert_trainers_equal(res, cont);
+    assert_resumed_step_equal(res, g_res, cont, g_cont, l2_cont);
     printf("losses %.9g %.9g, resumed step 2 bitwise equal\n", l1_cont, l2_cont);
     free(saved_main);
     free(g_cont);
@@ -247,8 +223,7 @@ static void test_bf16_resume_after_one_step_is_bitwise(void **state) {
  * gradients would change); a frozen run resumes bitwise. */
 static void test_freeze(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_freeze");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_freeze");
     const char *frozen_set[] = {"model.freeze=[model.embed_tokens, \"model.layers.{*}.self_attn\", "
                                 "model.layers.1.mlp.up_proj.weight]",
                                 "training.max_norm=1e30"};
@@ -312,9 +287,7 @@ static void test_freeze(void **state) {
             fail_msg("frozen %s changed", p->name);
     }
     /* The checkpoint holds the frozen weights and no optimizer state for them. */
-    char ck_dir[1400];
-    snprintf(ck_dir, sizeof(ck_dir), "%s/run/step_00000002/metadata.json", dir);
-    char *meta = read_text(ck_dir);
+    char *meta = metadata_of(dir, 2);
     assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\""));
     assert_non_null(strstr(meta, "\"optimizer.state.model.layers.0.mlp.up_proj.weight."));
     assert_non_null(
@@ -346,8 +319,7 @@ static void test_freeze(void **state) {
  * bitwise; model.lora.use_muon sends the adapters to Muon instead. */
 static void test_lora_trains_adapters_and_resumes_bitwise(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_lora");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_lora");
     const char *lora_set[] = {"model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1",
                               "model.lora.target_modules=[all-linear]", "checkpoint.save_interval=0"};
     ht_config *cfg = tiny_config(dir, lora_set, 5);
@@ -452,8 +424,7 @@ static void test_lora_trains_adapters_and_resumes_bitwise(void **state) {
  * resume would not be bitwise), a pinned key overrides them. */
 static void test_resume_keeps_gemm_kernels(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_kernels");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_kernels");
     const char *pinned[] = {"kernels.bf16_gemm=widened", "kernels.f16_gemm=fp32_rounded"};
     ht_config *cfg = tiny_config(dir, pinned, 2);
     ht_error err;
@@ -465,14 +436,9 @@ static void test_resume_keeps_gemm_kernels(void **state) {
     free(grads);
     assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
     trainer_delete(t);
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    char text[65536];
-    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
-    fclose(f);
+    char *text = metadata_of(dir, 1);
     assert_non_null(strstr(text, "\"gemm\": {\"bf16\": \"widened\", \"f16\": \"fp32_rounded\"}"));
+    free(text);
 
     const char *resume[] = {"kernels.bf16_gemm=auto", "kernels.f16_gemm=auto", "checkpoint.restore_from=latest"};
     for (int i = 0; i < 3; i++) assert_ht_ok(ht_config_set(cfg, resume[i], &err), &err);
@@ -493,8 +459,7 @@ static void test_resume_keeps_gemm_kernels(void **state) {
 /* 20 steps continuously == 4 x (restore, 5 steps, save). */
 static void test_bf16_resume_every_5_of_20_steps(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_resume20");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_resume20");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
     ht_trainer *cont = trainer_new(cfg);
@@ -526,8 +491,7 @@ static void test_bf16_resume_every_5_of_20_steps(void **state) {
 /* A float32 model: no main-param tensors at all, and resume is exact. */
 static void test_float32_model_resume(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_fp32");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_fp32");
     const char *extra[] = {"model_init_dtype=float32", "fsdp_config.mix_precision.param_dtype=float32"};
     ht_config *cfg = tiny_config(dir, extra, 2);
     ht_error err;
@@ -541,9 +505,7 @@ static void test_float32_model_resume(void **state) {
     step_with_grads(first, g_res);
     assert_ht_ok(ht_trainer_save_checkpoint(first, &err), &err);
     trainer_delete(first);
-    char path[1400];
-    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
-    char *meta = read_text(path);
+    char *meta = metadata_of(dir, 1);
     assert_null(strstr(meta, "_mixed_precision_optimizer"));
     assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\": {\"dtype\": \"float32\""));
     assert_non_null(strstr(meta, "optimizer.state.model.embed_tokens.weight.exp_avg_sq"));
@@ -551,10 +513,7 @@ static void test_float32_model_resume(void **state) {
 
     assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
     ht_trainer *res = trainer_new(cfg);
-    double l2 = step_with_grads(res, g_res);
-    assert_true(l2 == l2_cont);
-    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
-    assert_trainers_equal(res, cont);
+    assert_resumed_step_equal(res, g_res, cont, g_cont, l2_cont);
     free(g_cont);
     free(g_res);
     trainer_delete(res);
@@ -586,12 +545,9 @@ static ht_status call_restore(void *arg) {
  * rebuilt from the model, and a warning says the FP32 tail is lost. */
 static void test_plain_optimizer_checkpoint_loads_with_warning(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_plain");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_plain");
     ht_config *cfg = tiny_config(dir, NULL, 0);
-    ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 2);
     save_excluding(a, "_mixed_precision_optimizer.*");
 
     ht_trainer *b = trainer_new(cfg);
@@ -623,12 +579,10 @@ static void test_plain_optimizer_checkpoint_loads_with_warning(void **state) {
  * and the error lists every missing name. */
 static void test_partial_main_params_refused(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_partial");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_partial");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 1);
     save_excluding(a, "_mixed_precision_optimizer.*layers.1.*");
 
     ht_trainer *b = trainer_new(cfg);
@@ -668,8 +622,7 @@ static void test_partial_main_params_refused(void **state) {
  * kept: one line says so, and no warning of a lost FP32 tail. */
 static void test_checkpoint_without_main_params(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_no_main");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_no_main");
     const char *off[] = {"optimizer.fp32_main_params=false"};
     ht_config *cfg = tiny_config(dir, off, 1);
     ht_error err;
@@ -683,9 +636,7 @@ static void test_checkpoint_without_main_params(void **state) {
     ht_trainer *first = trainer_new(cfg);
     step_with_grads(first, g_res);
     assert_ht_ok(ht_trainer_save_checkpoint(first, &err), &err);
-    char path[1400];
-    snprintf(path, sizeof(path), "%s/run/step_00000001/metadata.json", dir);
-    char *meta = read_text(path);
+    char *meta = metadata_of(dir, 1);
     assert_null(strstr(meta, "_mixed_precision_optimizer"));
     assert_non_null(strstr(meta, "\"model.model.embed_tokens.weight\": {\"dtype\": \"bfloat16\""));
     assert_non_null(strstr(meta, "optimizer.state.model.embed_tokens.weight.exp_avg_sq"));
@@ -697,10 +648,7 @@ static void test_checkpoint_without_main_params(void **state) {
     assert_ht_ok(ht_config_set(resume, "checkpoint.restore_from=latest", &err), &err);
     ht_trainer *res = trainer_new(resume);
     assert_int_equal(res->model->params.main_bytes, 0);
-    double l2 = step_with_grads(res, g_res);
-    assert_true(l2 == l2_cont);
-    assert_memory_equal(g_res, g_cont, total_grad_floats(res) * sizeof(float));
-    assert_trainers_equal(res, cont);
+    assert_resumed_step_equal(res, g_res, cont, g_cont, l2_cont);
 
     /* The same checkpoint into a run with FP32 main params. */
     assert_ht_ok(ht_config_set(cfg, "optimizer.fp32_main_params=true", &err), &err);
@@ -739,12 +687,10 @@ static void test_checkpoint_without_main_params(void **state) {
  * never stopped) and one line says so. */
 static void test_main_params_not_loaded_without_fp32_main_params(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_main_unread");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_main_unread");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 2);
     assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
 
     assert_ht_ok(ht_config_set(cfg, "optimizer.fp32_main_params=false", &err), &err);
@@ -789,12 +735,10 @@ static void test_main_params_not_loaded_without_fp32_main_params(void **state) {
  * optimizer, the step and the data position start fresh. */
 static void test_restore_optimizer_false_loads_model_only(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_model_only");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_model_only");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    for (int s = 0; s < 3; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 3);
     assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
     assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_from=latest", &err), &err);
     assert_ht_ok(ht_config_set(cfg, "checkpoint.restore_optimizer=false", &err), &err);
@@ -823,8 +767,7 @@ static void test_restore_optimizer_false_loads_model_only(void **state) {
  * dropout too (its masks are redrawn, not stored); the activations shrink. */
 static void test_recompute_is_bitwise(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_recompute");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_recompute");
     static const char *const plans[][3] = {
         {"model.recompute=false", "model.recompute_plan.apply_modules=[]", NULL},
         {"model.recompute=true", "model.recompute_plan.apply_modules=[]", NULL},
@@ -876,19 +819,15 @@ static void test_recompute_is_bitwise(void **state) {
  * in every case. */
 static void test_no_save_rng_and_no_load_rng(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_rng");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_rng");
     const char *no_save[] = {"training.no_save_rng=true"};
     ht_config *cfg = tiny_config(dir, no_save, 1);
     ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 2);
     ht_loader_pos saved = ht_loader_position(&a->train_loader);
     assert_true(saved.index > 0);
     assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
-    char path[1400];
-    snprintf(path, sizeof(path), "%s/run/step_00000002/metadata.json", dir);
-    char *meta = read_text(path);
+    char *meta = metadata_of(dir, 2);
     assert_null(strstr(meta, "train_loader"));
     assert_null(strstr(meta, "\"seed\""));
     free(meta);
@@ -934,12 +873,10 @@ static void test_no_save_rng_and_no_load_rng(void **state) {
  * as initialised with its optimizer state from zero, and says which. */
 static void test_load_strict(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_strict");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_strict");
     ht_config *cfg = tiny_config(dir, NULL, 0);
     ht_error err;
-    ht_trainer *a = trainer_new(cfg);
-    for (int s = 0; s < 2; s++) assert_ht_ok(ht_trainer_step(a, NULL, &err), &err);
+    ht_trainer *a = trainer_after(cfg, 2);
     assert_ht_ok(ht_trainer_save_checkpoint(a, &err), &err);
     for (int layers = 1; layers <= 3; layers += 2) {
         char set[64];
@@ -1171,25 +1108,15 @@ static void test_n_ranks_to_m_ranks(void **state) {
 
 /* ------------------------------------------------------------------ layout, latest, keep_last */
 
-static bool exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
-/* A small trained trainer whose checkpoints land in dir/run. */
+/* A small trained trainer whose checkpoints land in dir/run (dir: a corpus_dir). */
 static ht_trainer *trained(const char *dir, ht_config **cfg_out) {
-    write_corpus(dir);
-    ht_config *cfg = tiny_config(dir, NULL, 0);
-    ht_trainer *t = trainer_new(cfg);
-    ht_error err;
-    assert_ht_ok(ht_trainer_step(t, NULL, &err), &err);
-    *cfg_out = cfg;
-    return t;
+    *cfg_out = tiny_config(dir, NULL, 0);
+    return trainer_after(*cfg_out, 1);
 }
 
 static void test_latest_and_keep_last(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_keep");
+    const char *dir = corpus_dir("ckpt_keep");
     ht_config *cfg;
     ht_trainer *t = trained(dir, &cfg);
     ht_error err;
@@ -1202,13 +1129,13 @@ static void test_latest_and_keep_last(void **state) {
         assert_ht_ok(ht_trainer_step(t, NULL, &err), &err);
         assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
     }
-    assert_false(exists(path));
+    assert_false(path_exists(path));
     static const char *gone[] = {"step_00000002", "step_00000003"}, *kept[] = {"step_00000004", "step_00000005"};
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof(path), "%s/run/%s", dir, gone[i]);
-        assert_false(exists(path));
+        assert_false(path_exists(path));
         snprintf(path, sizeof(path), "%s/run/%s/metadata.json", dir, kept[i]);
-        assert_true(exists(path));
+        assert_true(path_exists(path));
     }
     snprintf(path, sizeof(path), "%s/run/latest", dir);
     char *latest = read_text(path);
@@ -1219,7 +1146,7 @@ static void test_latest_and_keep_last(void **state) {
     for (int i = 0; i < 3; i++) {
         char f[1500];
         snprintf(f, sizeof(f), "%s/%s", path, names[i]);
-        assert_true(exists(f));
+        assert_true(path_exists(f));
     }
     /* The same step saved again replaces it in place. */
     assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
@@ -1273,8 +1200,8 @@ static void test_latest_and_keep_last(void **state) {
     write_file(stale, "step_00000001\n", 14);
     write_file(live, "step_00000001\n", 14);
     assert_ht_ok(ht_trainer_save_checkpoint(t, &err), &err);
-    assert_false(exists_path(stale));
-    assert_true(exists_path(live));
+    assert_false(path_lexists(stale));
+    assert_true(path_lexists(live));
     unlink(live);
     trainer_delete(t);
     free(cfg);
@@ -1322,9 +1249,18 @@ static void expect_open_error(const char *dir, const char *a, const char *b) {
     if (b && !strstr(err.msg, b)) fail_msg("error does not mention '%s': %s", b, err.msg);
 }
 
+/* The checkpoint `good` copied to `bad`, the first `from` in its metadata.json replaced by `to` (re-sealed):
+ * refused, the error naming `a` and `b`. */
+static void expect_edit_refused(const char *good, const char *bad, const char *from, const char *to, const char *a,
+                                const char *b) {
+    copy_dir(good, bad);
+    edit_metadata(bad, from, to);
+    expect_open_error(bad, a, b);
+}
+
 static void test_integrity_errors(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_integrity");
+    const char *dir = corpus_dir("ckpt_integrity");
     ht_config *cfg;
     ht_trainer *t = trained(dir, &cfg);
     ht_error err;
@@ -1360,26 +1296,21 @@ static void test_integrity_errors(void **state) {
     free(meta);
     expect_open_error(bad, "metadata.json", "edited");
     /* A dtype that disagrees with the file (metadata re-sealed so only the dtype is wrong). */
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\"",
-                  "\"model.model.norm.weight\": {\"dtype\": \"float32\"");
-    expect_open_error(bad, "rank_00000.safetensors", "key model.model.norm.weight: dtype");
+    expect_edit_refused(good, bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\"",
+                        "\"model.model.norm.weight\": {\"dtype\": \"float32\"", "rank_00000.safetensors",
+                        "key model.model.norm.weight: dtype");
     /* A shape that disagrees with the file. */
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [32]",
-                  "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [33]");
-    expect_open_error(bad, "model.model.norm.weight", "33");
+    expect_edit_refused(good, bad, "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [32]",
+                        "\"model.model.norm.weight\": {\"dtype\": \"bfloat16\", \"shape\": [33]",
+                        "model.model.norm.weight", "33");
     /* A negative trainer step, and a schedule step beyond it (re-sealed). */
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"trainer_state\": {\"step\": 1", "\"trainer_state\": {\"step\": -1");
-    expect_open_error(bad, "trainer_state step -1, schedule_step 1", "expected 0 <= schedule_step <= step");
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"schedule_step\": 1", "\"schedule_step\": 9");
-    expect_open_error(bad, "trainer_state step 1, schedule_step 9", NULL);
+    expect_edit_refused(good, bad, "\"trainer_state\": {\"step\": 1", "\"trainer_state\": {\"step\": -1",
+                        "trainer_state step -1, schedule_step 1", "expected 0 <= schedule_step <= step");
+    expect_edit_refused(good, bad, "\"schedule_step\": 1", "\"schedule_step\": 9",
+                        "trainer_state step 1, schedule_step 9", NULL);
     /* A format version from the future. */
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"format_version\": 1", "\"format_version\": 2");
-    expect_open_error(bad, "metadata.json", "from the future");
+    expect_edit_refused(good, bad, "\"format_version\": 1", "\"format_version\": 2", "metadata.json",
+                        "from the future");
     /* A key whose shape does not fit the run's model. */
     const char *wider[] = {"model.intermediate_size=64"};
     ht_config *cfg2 = tiny_config(dir, wider, 1);
@@ -1407,7 +1338,7 @@ static void test_integrity_errors(void **state) {
  * refused by its size, before a byte is read. */
 static void test_checkpoint_files_that_are_not_files(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_not_files");
+    const char *dir = corpus_dir("ckpt_not_files");
     ht_config *cfg;
     ht_trainer *t = trained(dir, &cfg);
     ht_error err;
@@ -1453,7 +1384,7 @@ static void test_checkpoint_files_that_are_not_files(void **state) {
 /* metadata.json's errors say what is wrong: a file name that is a path, a world size below 1. */
 static void test_metadata_messages(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_meta_messages");
+    const char *dir = corpus_dir("ckpt_meta_messages");
     ht_config *cfg;
     ht_trainer *t = trained(dir, &cfg);
     ht_error err;
@@ -1461,39 +1392,28 @@ static void test_metadata_messages(void **state) {
     char good[1400], bad[1400];
     snprintf(good, sizeof(good), "%s/run/step_00000001", dir);
     snprintf(bad, sizeof(bad), "%s/bad", dir);
-    copy_dir(good, bad);
-    edit_metadata(bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"../rank_00000.safetensors\"");
-    expect_open_error(bad, "\"files\" names \"../rank_00000.safetensors\", not a plain file name", NULL);
-    copy_dir(good, bad);
-    edit_metadata(bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"..\"");
-    expect_open_error(bad, "\"files\" names \"..\", not a plain file name", NULL);
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"world_size\": 1", "\"world_size\": 0");
-    expect_open_error(bad, "\"world_size\" must be >= 1", "found 0");
-    copy_dir(good, bad);
-    edit_metadata(bad, "\"world_size\": 1", "\"world_sizes\": 1");
-    expect_open_error(bad, "\"world_size\" missing", NULL);
+    expect_edit_refused(good, bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"../rank_00000.safetensors\"",
+                        "\"files\" names \"../rank_00000.safetensors\", not a plain file name", NULL);
+    expect_edit_refused(good, bad, "{\"name\": \"rank_00000.safetensors\"", "{\"name\": \"..\"",
+                        "\"files\" names \"..\", not a plain file name", NULL);
+    expect_edit_refused(good, bad, "\"world_size\": 1", "\"world_size\": 0", "\"world_size\" must be >= 1", "found 0");
+    expect_edit_refused(good, bad, "\"world_size\": 1", "\"world_sizes\": 1", "\"world_size\" missing", NULL);
     trainer_delete(t);
     free(cfg);
 }
 
 /* ------------------------------------------------------------------ export and inspect */
 
+/* `hypertrain args`, its output into dir/cli.txt; the exit status and the output. */
 static int run_cli(const char *args, const char *dir, char **output) {
-    const char *bin = getenv("HT_BIN");
-    if (!bin) fail_msg("HT_BIN is not set");
-    char cmd[9000], out[1400];
+    char out[1400];
     snprintf(out, sizeof(out), "%s/cli.txt", dir);
-    if (snprintf(cmd, sizeof(cmd), "'%s' %s > '%s' 2>&1", bin, args, out) >= (int)sizeof(cmd))
-        fail_msg("command too long");
-    int rc = system(cmd);
-    *output = read_text(out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return run_hypertrain(NULL, args, out, false, output);
 }
 
 static void test_export_and_inspect(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_export");
+    const char *dir = corpus_dir("ckpt_export");
     ht_config *cfg;
     ht_trainer *t = trained(dir, &cfg);
     ht_error err;
@@ -1524,7 +1444,7 @@ static void test_export_and_inspect(void **state) {
     assert_ht_ok(ht_ckpt_export(ck, out, HT_DTYPE_F32, 16384, &err), &err);
     char index[1700];
     snprintf(index, sizeof(index), "%s/model.safetensors.index.json", out);
-    assert_true(exists(index));
+    assert_true(path_exists(index));
     assert_ht_ok(ht_model_build(&arch, HT_DTYPE_F32, 9, &m, &err), &err);
     assert_ht_ok(ht_hf_load_weights(out, &m->params, &err), &err);
     for (int i = 0; i < ps->count; i++)
@@ -1579,8 +1499,7 @@ static void test_export_and_inspect(void **state) {
  * from the command line resumes from `latest`. */
 static void test_run_saves_and_cli_resumes(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ckpt_run");
-    write_corpus(dir);
+    const char *dir = corpus_dir("ckpt_run");
     const char *extra[] = {"training.steps=7", "checkpoint.save_interval=3", "checkpoint.keep_last=2",
                            "training.eval_interval=0"};
     ht_config *cfg = tiny_config(dir, extra, 4);
@@ -1589,16 +1508,16 @@ static void test_run_saves_and_cli_resumes(void **state) {
     assert_ht_ok(ht_trainer_run(t, &err), &err);
     char path[1400];
     snprintf(path, sizeof(path), "%s/run/step_00000003", dir);
-    assert_false(exists(path)); /* pruned: keep_last 2 */
+    assert_false(path_exists(path)); /* pruned: keep_last 2 */
     snprintf(path, sizeof(path), "%s/run/step_00000006/metadata.json", dir);
-    assert_true(exists(path));
+    assert_true(path_exists(path));
     snprintf(path, sizeof(path), "%s/run/step_00000007/metadata.json", dir);
-    assert_true(exists(path));
+    assert_true(path_exists(path));
     trainer_delete(t);
 
     /* Ten steps from the command line, resuming at 7: three more steps. */
+    write_run_yaml(dir, "training:\n  steps: 10\n");
     snprintf(path, sizeof(path), "%s/run.yaml", dir);
-    write_file(path, "training:\n  steps: 10\n", strlen("training:\n  steps: 10\n"));
     char value[512];
     char args[6000];
     snprintf(args, sizeof(args), "train '%s'", path);
@@ -1618,7 +1537,7 @@ static void test_run_saves_and_cli_resumes(void **state) {
     assert_null(strstr(text, "step     1/10"));
     free(text);
     snprintf(path, sizeof(path), "%s/run/step_00000010/metadata.json", dir);
-    assert_true(exists(path));
+    assert_true(path_exists(path));
     /* Resumes killed at 12 moments of their start-up never lose the history:
      * steps 1-10 stay. A guard, not a proof: the old in-place rewrite lost the
      * file only in a window of milliseconds here, which these kills did not

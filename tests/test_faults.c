@@ -11,26 +11,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom.\n";
 
-static int run(const char *dir, long fail_at, const char *errno_name, char *log, size_t n) {
-    char cmd[8192], out[1200], count[1200];
+/* The run of dir/run.yaml with write-side call `fail_at` under dir/out failing with `errno_name` (0: none), the
+ * calls counted into dir/count.txt; the exit status, and the log. */
+static int run(const char *dir, long fail_at, const char *errno_name, char **log) {
+    char env[4096], args[1300], out[1200], count[1200];
     snprintf(out, sizeof(out), "%s/out", dir);
     snprintf(count, sizeof(count), "%s/count.txt", dir);
-    snprintf(cmd, sizeof(cmd),
+    snprintf(env, sizeof(env),
              "rm -rf '%s' && ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 LD_PRELOAD='%s' HT_FAULT_DIR='%s' "
-             "HT_FAULT_AT=%ld HT_FAULT_ERRNO=%s HT_FAULT_COUNT='%s' '%s' train '%s/run.yaml' > '%s/log.txt' 2>&1",
-             out, getenv("HT_FAIL_IO"), out, fail_at, errno_name, count, getenv("HT_BIN"), dir, dir);
-    int rc = system(cmd);
-    snprintf(cmd, sizeof(cmd), "%s/log.txt", dir);
-    FILE *f = fopen(cmd, "r");
-    size_t got = f ? fread(log, 1, n - 1, f) : 0;
-    log[got] = '\0';
-    if (f) fclose(f);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+             "HT_FAULT_AT=%ld HT_FAULT_ERRNO=%s HT_FAULT_COUNT='%s' ",
+             out, getenv("HT_FAIL_IO"), out, fail_at, errno_name, count);
+    snprintf(args, sizeof(args), "train '%s/run.yaml'", dir);
+    snprintf(out, sizeof(out), "%s/log.txt", dir);
+    return run_hypertrain(env, args, out, false, log);
 }
 
 static long counted(const char *dir) {
@@ -82,29 +79,24 @@ static void test_every_write_failing_in_turn(void **state) {
     (void)state;
     if (!getenv("HT_FAIL_IO")) fail_msg("HT_FAIL_IO is not set (run the test through ctest)");
     const char *dir = scratch_dir("faults");
-    char path[1200], text[2048];
-    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 40; i++) fputs(corpus, f);
-    fclose(f);
-    snprintf(text, sizeof(text),
-             "model: {name: llama, vocab_size: 256, hidden_size: 16, intermediate_size: 16, num_hidden_layers: 1,\n"
-             "        num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 16}\n"
-             "model_init_dtype: bfloat16\n"
-             "data: {path: %s/corpus.txt, seq_len: 8, valid_fraction: 0.1}\n"
-             "training: {steps: 2, local_batch_size: 2, global_batch_size: 2, eval_interval: 0, eval_batches: 1,\n"
-             "           log_interval: 1}\n"
-             "kernels: {bf16_gemm: fp32_rounded}\n"
-             "checkpoint: {output_dir: %s/out, save_interval: 1, keep_last: 1}\n",
-             dir, dir);
-    snprintf(path, sizeof(path), "%s/run.yaml", dir);
-    write_file(path, text, strlen(text));
-    static char log[1 << 16];
-    char why[1600];
+    char path[1200];
+    harness_write_corpus(dir, corpus, 40);
+    write_run_yaml(
+        dir,
+        "model: {name: llama, vocab_size: 256, hidden_size: 16, intermediate_size: 16, num_hidden_layers: 1,\n"
+        "        num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 16}\n"
+        "model_init_dtype: bfloat16\n"
+        "data: {path: %s/corpus.txt, seq_len: 8, valid_fraction: 0.1}\n"
+        "training: {steps: 2, local_batch_size: 2, global_batch_size: 2, eval_interval: 0, eval_batches: 1,\n"
+        "           log_interval: 1}\n"
+        "kernels: {bf16_gemm: fp32_rounded}\n"
+        "checkpoint: {output_dir: %s/out, save_interval: 1, keep_last: 1}\n",
+        dir, dir);
+    char why[1600], *log;
     /* Nothing failing: the run passes, and its count is the number of calls to fail in turn. */
-    int rc = run(dir, 0, "ENOSPC", log, sizeof(log));
+    int rc = run(dir, 0, "ENOSPC", &log);
     if (rc != 0) fail_msg("the run without faults failed:\n%s", log);
+    free(log);
     long calls = counted(dir);
     assert_true(calls > 20);
     assert_true(check_checkpoints(path, why, sizeof(why)) >= 0);
@@ -113,7 +105,7 @@ static void test_every_write_failing_in_turn(void **state) {
     int loadable = 0;
     for (long k = 1; k <= calls; k++) {
         int e = (int)(k % 3);
-        rc = run(dir, k, names[e], log, sizeof(log));
+        rc = run(dir, k, names[e], &log);
         snprintf(path, sizeof(path), "%s/out", dir);
         if (rc == 0) fail_msg("call %ld failing with %s: the run succeeded anyway:\n%s", k, names[e], log);
         if (rc != 1) fail_msg("call %ld failing with %s: exit %d, not an error:\n%s", k, names[e], rc, log);
@@ -123,6 +115,7 @@ static void test_every_write_failing_in_turn(void **state) {
         int n = check_checkpoints(path, why, sizeof(why));
         if (n < 0) fail_msg("call %ld failing with %s: %s\n%s", k, names[e], why, log);
         loadable += n > 0;
+        free(log);
     }
     printf("fault injection: %ld write-side calls of a 2-step run with 2 checkpoints, each failed in turn "
            "(ENOSPC, EIO, EACCES): every run stopped with an error naming the file; %d runs left a loadable "

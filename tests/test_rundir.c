@@ -12,66 +12,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "hypertrain/ckpt.h"
-
 extern char **environ;
-
-#define MPIRUN                                                                                                         \
-    "env -u OMP_NUM_THREADS ASAN_OPTIONS=detect_leaks=0 timeout 300 mpirun --oversubscribe --allow-run-as-root --mca " \
-    "btl self,tcp "
-
-static const char *corpus = "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
-                            "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n";
 
 /* dir/corpus.txt and dir/run.yaml: a tiny Qwen2 on it, 8 sequences a step
  * (1, 2 and 4 ranks split them evenly), `steps` steps, writing into dir/out. */
 static void write_run(const char *dir, int steps, int save_interval) {
-    char path[1200], text[2400];
-    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 40; i++) fputs(corpus, f);
-    fclose(f);
-    snprintf(text, sizeof(text),
-             "model:\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n  num_hidden_layers: 2\n"
-             "  num_attention_heads: 4\n  num_key_value_heads: 2\n  max_position_embeddings: 64\n"
-             "data:\n  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
-             "training:\n  steps: %d\n  local_batch_size: 2\n  global_batch_size: 8\n  eval_batches: 2\n"
-             "  eval_interval: 0\n  log_interval: 1\n  deterministic: true\n"
-             "checkpoint:\n  output_dir: %s/out\n  save_interval: %d\n  restore_from: latest\n",
-             dir, steps, dir, save_interval);
-    snprintf(path, sizeof(path), "%s/run.yaml", dir);
-    write_file(path, text, strlen(text));
-}
-
-static char *read_text(const char *path) {
-    char *text = NULL;
-    size_t len;
-    ht_error err;
-    if (ht_read_file(path, &text, &len, &err) != HT_OK) fail_msg("%s", err.msg);
-    return text;
-}
-
-static bool exists(const char *path) {
-    struct stat sb;
-    return lstat(path, &sb) == 0;
+    harness_write_corpus(dir, two_cities, 40);
+    write_run_yaml(
+        dir,
+        "model:\n%s"
+        "data:\n  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+        "training:\n  steps: %d\n  local_batch_size: 2\n  global_batch_size: 8\n  eval_batches: 2\n"
+        "  eval_interval: 0\n  log_interval: 1\n  deterministic: true\n"
+        "checkpoint:\n  output_dir: %s/out\n  save_interval: %d\n  restore_from: latest\n",
+        tiny_model_yaml((tiny_model){.intermediate_size = 64, .num_hidden_layers = 2, .max_position_embeddings = 64}),
+        dir, steps, dir, save_interval);
 }
 
 /* `hypertrain train dir/run.yaml extra` (or `launcher` in front of it, a
  * shell fragment), stdout and stderr into dir/name.log; the exit status
- * (128 + N when killed by signal N) and the log. */
+ * (-1 when killed by a signal) and the log. */
 static int run(const char *dir, const char *name, const char *launcher, const char *extra, char **log) {
-    char cmd[6000], out[1300];
+    char args[4000], out[1300];
     snprintf(out, sizeof(out), "%s/%s.log", dir, name);
-    snprintf(cmd, sizeof(cmd), "%s'%s' train '%s/run.yaml' %s > '%s' 2>&1", launcher ? launcher : "", getenv("HT_BIN"),
-             dir, extra ? extra : "", out);
-    int rc = system(cmd);
-    *log = read_text(out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    snprintf(args, sizeof(args), "train '%s/run.yaml' %s", dir, extra ? extra : "");
+    return run_hypertrain(launcher, args, out, false, log);
 }
 
 /* The same, started in the background: its pid (the hypertrain process itself). */
@@ -109,22 +77,6 @@ static int finish(pid_t pid) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* Every tensor of a's file bit for bit in b's. */
-static void assert_same_tensors(const char *a, const char *b) {
-    ht_safetensors *sa, *sb;
-    ht_error err;
-    assert_ht_ok(ht_safetensors_open(a, &sa, &err), &err);
-    assert_ht_ok(ht_safetensors_open(b, &sb, &err), &err);
-    assert_int_equal(ht_safetensors_count(sa), ht_safetensors_count(sb));
-    for (int i = 0; i < ht_safetensors_count(sa); i++) {
-        const ht_st_tensor *ta = ht_safetensors_tensor(sa, i), *tb = ht_safetensors_find(sb, ta->name);
-        if (!tb || ta->nbytes != tb->nbytes || memcmp(ta->data, tb->data, ta->nbytes) != 0)
-            fail_msg("%s differs between %s and %s", ta->name, a, b);
-    }
-    ht_safetensors_close(sa);
-    ht_safetensors_close(sb);
-}
-
 /* A directory outside the run with a file in it, and a symlink in out/ named `link` pointing at it. */
 static void plant_link(const char *dir, const char *target, const char *link) {
     char cmd[4000];
@@ -136,7 +88,7 @@ static void plant_link(const char *dir, const char *target, const char *link) {
 static void assert_precious(const char *dir, const char *target) {
     char path[1300];
     snprintf(path, sizeof(path), "%s/%s/precious", dir, target);
-    if (!exists(path)) fail_msg("%s was deleted through a symlink", path);
+    if (!path_lexists(path)) fail_msg("%s was deleted through a symlink", path);
     char *text = read_text(path);
     assert_string_equal(text, "keep\n");
     free(text);
@@ -193,10 +145,10 @@ static void test_pruning_leaves_what_is_not_ours(void **state) {
         assert_precious(dir, "g");
         assert_precious(dir, "h");
         snprintf(path, sizeof(path), "%s/out/step_00000006/notes.txt", dir);
-        assert_true(exists(path));
+        assert_true(path_lexists(path));
         for (int step = 1; step <= 5; step++) { /* the run's own: the newest `keep` remain */
             snprintf(path, sizeof(path), "%s/out/step_%08d/metadata.json", dir, step);
-            assert_int_equal(exists(path), step > 5 - keep);
+            assert_int_equal(path_lexists(path), step > 5 - keep);
         }
     }
 }
@@ -329,10 +281,14 @@ static void continuous(const char *dir, int steps, const char *launcher) {
     free(log);
 }
 
-static void assert_same_final(const char *a, const char *b) {
-    char pa[1300], pb[1300];
-    snprintf(pa, sizeof(pa), "%s/out/final/model.safetensors", a);
-    snprintf(pb, sizeof(pb), "%s/out/final/model.safetensors", b);
+/* The same command again (`launcher` in front) finishes the run in dir: its final weights bit for bit those of
+ * ref's, never stopped. */
+static void assert_resumes_as(const char *ref, const char *dir, const char *launcher) {
+    char *log, pa[1300], pb[1300];
+    assert_int_equal(run(dir, "resumed", launcher, NULL, &log), 0);
+    free(log);
+    snprintf(pa, sizeof(pa), "%s/out/final/model.safetensors", ref);
+    snprintf(pb, sizeof(pb), "%s/out/final/model.safetensors", dir);
     assert_same_tensors(pa, pb);
 }
 
@@ -365,9 +321,7 @@ static void test_signal_saves_then_stops(void **state) {
         assert_int_equal(sscanf(latest, "step_%lld", &step), 1);
         assert_true(step >= 4 && step < 200);
         free(latest);
-        assert_int_equal(run(dir, "resumed", NULL, NULL, &log), 0);
-        free(log);
-        assert_same_final(ref, dir);
+        assert_resumes_as(ref, dir, NULL);
     }
 }
 
@@ -401,11 +355,8 @@ static void test_signal_during_a_save(void **state) {
         assert_string_equal(latest, twice ? "step_00000002\n" : "step_00000003\n");
         free(latest);
         snprintf(path, sizeof(path), "%s/out/step_00000004", dir);
-        assert_false(exists(path));
-        char *log;
-        assert_int_equal(run(dir, "resumed", NULL, NULL, &log), 0);
-        free(log);
-        assert_same_final(ref, dir);
+        assert_false(path_lexists(path));
+        assert_resumes_as(ref, dir, NULL);
     }
 }
 
@@ -418,22 +369,15 @@ static void test_signal_one_rank_under_mpirun(void **state) {
     continuous(ref, 200, MPIRUN "-np 2 ");
     const char *dir = scratch_dir("rundir_mpi_sig");
     write_run(dir, 200, 1000);
-    char cmd[6000], log_path[1300];
+    char args[1500], log_path[1300], *log;
     snprintf(log_path, sizeof(log_path), "%s/stopped.log", dir);
-    snprintf(cmd, sizeof(cmd),
-             "(" MPIRUN "-np 2 '%s' train '%s/run.yaml' > '%s' 2>&1 & "
-             "for i in $(seq 3000); do grep -q 'step     4/' '%s' 2>/dev/null && break; sleep 0.05; done; "
-             "pkill -TERM -n -P \"$(pgrep -P $! mpirun)\"; wait $!)",
-             getenv("HT_BIN"), dir, log_path, log_path);
-    int rc = system(cmd);
-    char *log = read_text(log_path);
-    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 75) fail_msg("exit %d:\n%s", WEXITSTATUS(rc), log);
+    snprintf(args, sizeof(args), "train '%s/run.yaml'", dir);
+    int rc = run_and_signal_a_rank(NULL, 2, args, log_path, "step     4/", "TERM", &log);
+    if (rc != 75) fail_msg("exit %d:\n%s", rc, log);
     assert_non_null(strstr(log, "(2 rank files)"));
     assert_null(strstr(log, "step   200/"));
     free(log);
-    assert_int_equal(run(dir, "resumed", MPIRUN "-np 2 ", NULL, &log), 0);
-    free(log);
-    assert_same_final(ref, dir);
+    assert_resumes_as(ref, dir, MPIRUN "-np 2 ");
 }
 
 /* ------------------------------------------------------------------ a rank's bad configuration */
@@ -458,14 +402,12 @@ static void test_bad_config_on_one_rank(void **state) {
         else
             snprintf(cmd, sizeof(cmd), MPIRUN "-np 3 '%s' train '%s/run.yaml' : -np 1 '%s' train '%s' > '%s' 2>&1", bin,
                      dir, bin, bad, log_path);
+        char *log;
         double t0 = ht_time_seconds();
-        int rc = system(cmd);
+        int rc = run_logged(cmd, log_path, &log);
         double dt = ht_time_seconds() - t0;
-        char *log = read_text(log_path);
-        printf("%s: exit %d after %.1f s\n", c ? "unknown key on rank 3 of 4" : "missing file on rank 1 of 2",
-               WEXITSTATUS(rc), dt);
-        if (!WIFEXITED(rc) || WEXITSTATUS(rc) == 0 || WEXITSTATUS(rc) == 124 || dt > 60)
-            fail_msg("exit %d after %.0f s:\n%s", WEXITSTATUS(rc), dt, log);
+        printf("%s: exit %d after %.1f s\n", c ? "unknown key on rank 3 of 4" : "missing file on rank 1 of 2", rc, dt);
+        if (rc <= 0 || rc == 124 || dt > 60) fail_msg("exit %d after %.0f s:\n%s", rc, dt, log);
         assert_non_null(strstr(log, c ? "error on rank 3 of 4: " : "error on rank 1 of 2: "));
         assert_non_null(strstr(log, c ? "stepz" : "missing.yaml"));
         assert_non_null(strstr(log, c ? "1 of 4 ranks (3) could not load" : "1 of 2 ranks (1) could not load"));

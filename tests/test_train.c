@@ -22,28 +22,12 @@ static const char *corpus =
     "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
     "it was the season of Darkness, it was the spring of hope, it was the winter of despair.\n";
 
-static void write_corpus(const char *dir) {
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 60; i++) fputs(corpus, f);
-    fclose(f);
-}
+/* The corpus 60 times into dir/corpus.txt. */
+static void write_corpus(const char *dir) { harness_write_corpus(dir, corpus, 60); }
 
 /* A tiny byte-level model on the corpus in `dir`, writing into dir/run. */
 static void tiny_config(ht_config *cfg, const char *dir) {
     const char *sets[] = {
-        "model.vocab_size=256",
-        "model.hidden_size=32",
-        "model.intermediate_size=64",
-        "model.num_hidden_layers=2",
-        "model.num_attention_heads=4",
-        "model.num_key_value_heads=2",
-        "model.max_position_embeddings=64",
-        "data.dataset_type=text_bytes",
-        "data.seq_len=32",
-        "data.valid_fraction=0.1",
         "optimizer._target_=AdamW",
         "optimizer.adamw_config.adamw_lr=0.01",
         "lr_scheduler.type=ConstantWarmUpLR",
@@ -57,12 +41,8 @@ static void tiny_config(ht_config *cfg, const char *dir) {
         "model_init_dtype=float32",
         "fsdp_config.mix_precision.param_dtype=float32",
     };
-    config_scratch_run(cfg, dir, sets, sizeof(sets) / sizeof(sets[0]));
-}
-
-static bool exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
+    const tiny_model model = {.intermediate_size = 64, .num_hidden_layers = 2, .max_position_embeddings = 64};
+    config_scratch_run(cfg, dir, model, 32, sets, sizeof(sets) / sizeof(sets[0]));
 }
 
 static void test_training_lowers_validation_loss(void **state) {
@@ -71,9 +51,8 @@ static void test_training_lowers_validation_loss(void **state) {
     write_corpus(dir);
     ht_config *cfg = malloc(sizeof(ht_config));
     tiny_config(cfg, dir);
-    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_trainer *t = trainer_new(cfg);
     ht_error err;
-    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
     double before, after;
     assert_ht_ok(ht_trainer_evaluate(t, &before, &err), &err);
     assert_ht_ok(ht_trainer_run(t, &err), &err);
@@ -84,11 +63,9 @@ static void test_training_lowers_validation_loss(void **state) {
 
     char path[1400];
     snprintf(path, sizeof(path), "%s/run/metrics.jsonl", dir);
-    char *text;
-    size_t len;
-    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    char *text = read_text(path);
     int lines = 0;
-    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    for (size_t i = 0; text[i]; i++) lines += text[i] == '\n';
     assert_true(lines >= 40 + 3); /* every step and every evaluation */
     assert_non_null(strstr(text, "\"tokens_per_s\""));
     const char *mfu = strstr(text, "\"mfu\": ");
@@ -107,7 +84,7 @@ static void test_training_lowers_validation_loss(void **state) {
     assert_non_null(strstr(text, "\"val_loss\""));
     free(text);
     snprintf(path, sizeof(path), "%s/run/loss.svg", dir);
-    assert_true(exists(path));
+    assert_true(path_exists(path));
 
     /* The final weights load back into a fresh model and give the same logits. */
     snprintf(path, sizeof(path), "%s/run/final", dir);
@@ -124,8 +101,7 @@ static void test_training_lowers_validation_loss(void **state) {
     assert_ht_ok(ht_model_forward(copy, in, tg, 2, 16, &l2, &err), &err);
     if (l1 != l2) fail_msg("trained model loss %.9g, reloaded final weights %.9g", l1, l2);
     ht_model_free(copy);
-    ht_trainer_free(t);
-    free(t);
+    trainer_delete(t);
     free(cfg);
 }
 
@@ -141,12 +117,10 @@ static int clipped_heads_after_one_step(const char *dir, const char *enabled, co
     assert_ht_ok(ht_config_set(cfg, set, &err), &err);
     snprintf(set, sizeof(set), "optimizer.muon_config.qk_clip_threshold=%s", threshold);
     assert_ht_ok(ht_config_set(cfg, set, &err), &err);
-    ht_trainer *t = malloc(sizeof(ht_trainer));
-    assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+    ht_trainer *t = trainer_new(cfg);
     ht_step_stats st;
     assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
-    ht_trainer_free(t);
-    free(t);
+    trainer_delete(t);
     free(cfg);
     return st.qk_clipped_heads;
 }
@@ -164,22 +138,18 @@ static void test_qk_clip_in_the_trainer(void **state) {
  * steps: the default config, the fortunes text and every output still work. */
 /* Trains configs/<name> for 2 steps into dir/run; returns the log. */
 static char *run_shipped_config(const char *name, const char *dir) {
-    char cmd[4096], path[1300];
-    snprintf(cmd, sizeof(cmd),
-             "'%s' train '%s/configs/%s' --set training.steps=2 --set training.eval_batches=1 "
-             "--set checkpoint.output_dir='%s/run' > '%s/log.txt' 2>&1",
-             getenv("HT_BIN"), HT_SOURCE_DIR, name, dir, dir);
-    int rc = system(cmd);
+    char args[4096], path[1300], *log;
+    snprintf(args, sizeof(args),
+             "train '%s/configs/%s' --set training.steps=2 --set training.eval_batches=1 "
+             "--set checkpoint.output_dir='%s/run'",
+             HT_SOURCE_DIR, name, dir);
     snprintf(path, sizeof(path), "%s/log.txt", dir);
-    char *log = NULL;
-    size_t len;
-    ht_error err;
-    if (ht_read_file(path, &log, &len, &err) != HT_OK) fail_msg("%s: no log", name);
+    int rc = run_hypertrain(NULL, args, path, false, &log);
     if (rc != 0) fail_msg("configs/%s failed:\n%s", name, log);
     const char *outputs[] = {"final/config.json", "final/model.safetensors", "metrics.jsonl", "loss.svg", "latest"};
     for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
         snprintf(path, sizeof(path), "%s/run/%s", dir, outputs[i]);
-        if (!exists(path)) fail_msg("configs/%s wrote no %s", name, path);
+        if (!path_exists(path)) fail_msg("configs/%s wrote no %s", name, path);
     }
     return log;
 }
@@ -200,10 +170,9 @@ static void test_moe_config_runs(void **state) {
     assert_non_null(strstr(log, "Muon   model.layers.1.mlp.experts.gate_up_proj                  8x256x192"));
     free(log);
     char path[1300], *text;
-    size_t len;
     ht_error err;
     snprintf(path, sizeof(path), "%s/run/final/config.json", dir);
-    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    text = read_text(path);
     assert_non_null(strstr(text, "\"Qwen2MoeForCausalLM\""));
     assert_non_null(strstr(text, "\"mlp_only_layers\": [0]"));
     free(text);
@@ -217,21 +186,17 @@ static void test_moe_config_runs(void **state) {
 
 /* ------------------------------------------------------------------ the command on bad input */
 
-/* Runs `hypertrain train CFG extra`; returns the exit status, captures stderr. */
+/* Runs `hypertrain train DIR/run.yaml extra`, the file written from cfg_text first unless that is NULL;
+ * returns the exit status, and stderr, what the command says to its user, in `out` (cut to n - 1 bytes). */
 static int run_cli(const char *dir, const char *cfg_text, const char *extra, char *out, size_t n) {
-    const char *bin = getenv("HT_BIN");
-    if (!bin) fail_msg("HT_BIN is not set (run the test through ctest)");
-    char cfg_path[1200], log_path[1200], cmd[4096];
-    snprintf(cfg_path, sizeof(cfg_path), "%s/run.yaml", dir);
+    char log_path[1200], args[8192], *log;
     snprintf(log_path, sizeof(log_path), "%s/stderr.txt", dir);
-    if (cfg_text) write_file(cfg_path, cfg_text, strlen(cfg_text));
-    snprintf(cmd, sizeof(cmd), "'%s' train '%s' %s > /dev/null 2> '%s'", bin, cfg_path, extra ? extra : "", log_path);
-    int rc = system(cmd);
-    FILE *f = fopen(log_path, "r");
-    size_t got = f ? fread(out, 1, n - 1, f) : 0;
-    out[got] = '\0';
-    if (f) fclose(f);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    if (cfg_text) write_run_yaml(dir, "%s", cfg_text);
+    snprintf(args, sizeof(args), "train '%s/run.yaml' %s", dir, extra ? extra : "");
+    int rc = run_hypertrain(NULL, args, log_path, true, &log);
+    snprintf(out, n, "%s", log);
+    free(log);
+    return rc;
 }
 
 /* A scratch directory with the small corpus, and the data section that reads it (seq_len 16). */
@@ -242,18 +207,21 @@ static const char *tiny_data(const char *name, char *data, size_t n) {
     return dir;
 }
 
+/* The tiny model of the command-line tests: one layer. */
+static const tiny_model one_layer = {.intermediate_size = 64, .num_hidden_layers = 1, .max_position_embeddings = 64};
+
+/* run.yaml of a 2-step run of the one-layer model (`model_extra`: lines of its model section, from line 3) on
+ * `data_lines`, writing into dir/out. */
 static char *tiny_yaml(const char *dir, const char *data_lines, const char *model_extra) {
     static char buf[8192];
     snprintf(buf, sizeof(buf),
-             "model:\n  name: qwen2\n%s  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
-             "  num_hidden_layers: 1\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
-             "  max_position_embeddings: 64\n"
+             "model:\n  name: qwen2\n%s%s"
              "model_init_dtype: float32\n"
              "data:\n%s"
              "optimizer:\n  _target_: AdamW\n"
              "training:\n  steps: 2\n  local_batch_size: 2\n  global_batch_size: 2\n"
              "checkpoint:\n  output_dir: %s/out\n",
-             model_extra ? model_extra : "", data_lines, dir);
+             model_extra ? model_extra : "", tiny_model_yaml(one_layer), data_lines, dir);
     return buf;
 }
 
@@ -266,7 +234,7 @@ static void expect_refused(const char *dir, const char *yaml, const char *extra,
     if (!strstr(msg, needle1) || (needle2 && !strstr(msg, needle2)))
         fail_msg("the error does not name '%s'%s%s: %s", needle1, needle2 ? " and " : "", needle2 ? needle2 : "", msg);
     snprintf(out, sizeof(out), "%s/out", dir);
-    if (exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
+    if (path_exists(out)) fail_msg("hypertrain wrote %s although it refused the input", out);
 }
 
 /* What the log says of the FP32 main params, with and without them: the
@@ -313,15 +281,12 @@ static void test_fp16_metrics_and_their_resume(void **state) {
     if (rc != 0) fail_msg("the fp16 run failed: %s", msg);
     assert_non_null(strstr(msg, "skipped: gradient overflow"));
     snprintf(path, sizeof(path), "%s/out/metrics.jsonl", dir);
-    char *text;
-    size_t len;
-    ht_error err;
-    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    char *text = read_text(path);
     assert_non_null(strstr(text, "\"grad_norm\": null"));
     assert_null(strstr(text, "nan"));
     free(text);
     snprintf(path, sizeof(path), "%s/out/loss.svg", dir);
-    assert_true(exists(path));
+    assert_true(path_exists(path));
 
     /* Resume to step 3: steps 1 and 2 stay. Then a broken middle line refuses, a cut last line warns. */
     char resume[1200];
@@ -329,7 +294,8 @@ static void test_fp16_metrics_and_their_resume(void **state) {
     rc = run_cli(dir, NULL, resume, msg, sizeof(msg));
     if (rc != 0) fail_msg("the resume failed: %s", msg);
     snprintf(path, sizeof(path), "%s/out/metrics.jsonl", dir);
-    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+    text = read_text(path);
+    size_t len = strlen(text);
     assert_non_null(strstr(text, "{\"step\": 2, \"loss\""));
     assert_non_null(strstr(text, "{\"step\": 3, \"loss\""));
     char *broken = malloc(len + 64);
@@ -353,27 +319,21 @@ static void test_cli_bad_input(void **state) {
     (void)state;
     const char *dir = scratch_dir("cli_bad");
     write_corpus(dir);
-    char data[2048], model[2048], path[1400];
-    char msg[4096];
+    char data[2048], model[2048], args[1500], path[1400], cmd[8192];
 
     /* A missing config file. */
-    snprintf(path, sizeof(path), "%s/nowhere.yaml", dir);
-    char cmd[8192];
-    snprintf(cmd, sizeof(cmd), "'%s' train '%s' 2>/dev/null", getenv("HT_BIN"), path);
-    assert_int_not_equal(system(cmd), 0);
-    (void)msg;
+    snprintf(args, sizeof(args), "train '%s/nowhere.yaml'", dir);
+    snprintf(path, sizeof(path), "%s/nowhere.txt", dir);
+    assert_int_not_equal(run_hypertrain(NULL, args, path, false, NULL), 0);
 
     /* A directory where the config file should be: a sentence, exit 1, no huge allocation. */
     ht_error err;
     snprintf(path, sizeof(path), "%s/dir.yaml", dir);
     assert_ht_ok(ht_make_dirs(path, &err), &err);
-    snprintf(cmd, sizeof(cmd), "'%s' train '%s' > '%s/dir.txt' 2>&1", getenv("HT_BIN"), path, dir);
-    int rc = system(cmd);
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    snprintf(args, sizeof(args), "train '%s'", path);
     snprintf(path, sizeof(path), "%s/dir.txt", dir);
     char *said;
-    size_t said_len;
-    assert_ht_ok(ht_read_file(path, &said, &said_len, &err), &err);
+    assert_int_equal(run_hypertrain(NULL, args, path, false, &said), 1);
     assert_non_null(strstr(said, "dir.yaml: expected a file, found a directory"));
     free(said);
 
@@ -482,30 +442,6 @@ static void test_cli_bad_input(void **state) {
 
 /* ------------------------------------------------------------------ LoRA */
 
-/* Every tensor of a safetensors file, bit for bit, against another's of the
- * same name; returns how many differ (listing them in `which`). */
-static int tensors_differing(const char *a_path, const char *b_path, char *which, size_t n) {
-    ht_safetensors *a, *b;
-    ht_error err;
-    assert_ht_ok(ht_safetensors_open(a_path, &a, &err), &err);
-    assert_ht_ok(ht_safetensors_open(b_path, &b, &err), &err);
-    assert_int_equal(ht_safetensors_count(a), ht_safetensors_count(b));
-    int differ = 0;
-    which[0] = '\0';
-    for (int i = 0; i < ht_safetensors_count(a); i++) {
-        const ht_st_tensor *x = ht_safetensors_tensor(a, i), *y = ht_safetensors_find(b, x->name);
-        if (!y) fail_msg("%s has no %s", b_path, x->name);
-        assert_int_equal(x->nbytes, y->nbytes);
-        if (memcmp(x->data, y->data, x->nbytes) == 0) continue;
-        differ++;
-        size_t len = strlen(which);
-        snprintf(which + len, n - len, "%s%s", len ? " " : "", x->name);
-    }
-    ht_safetensors_close(a);
-    ht_safetensors_close(b);
-    return differ;
-}
-
 /* LoRA fine-tuning through the command line: the Qwen2 fixture with
  * adapters on q_proj, v_proj and down_proj (dropout 0.1) learns the text;
  * final/ holds the merged weights, the untargeted ones bit for bit the
@@ -515,13 +451,10 @@ static int tensors_differing(const char *a_path, const char *b_path, char *which
 static void test_lora_fine_tune(void **state) {
     (void)state;
     const char *dir = scratch_dir("train_lora");
-    char path[1400], yaml[4096], msg[1 << 16], cmd[4096];
+    char path[1400], yaml[4096], msg[1 << 16], args[4096];
+    /* bytes below the fixture's vocabulary of 100 */
+    harness_write_corpus(dir, "IT WAS THE BEST OF TIMES, IT WAS THE WORST OF TIMES, IT WAS THE AGE OF WISDOM.\n", 60);
     snprintf(path, sizeof(path), "%s/corpus.txt", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 60; i++)
-        fputs("IT WAS THE BEST OF TIMES, IT WAS THE WORST OF TIMES, IT WAS THE AGE OF WISDOM.\n", f);
-    fclose(f); /* bytes below the fixture's vocabulary of 100 */
     const char *base = fixture_path("lora/qwen2_tied_qv/base");
     snprintf(yaml, sizeof(yaml),
              "model:\n  from_pretrained: %s\n  lora:\n    r: 8\n    lora_alpha: 16\n    lora_dropout: 0.1\n"
@@ -551,7 +484,7 @@ static void test_lora_fine_tune(void **state) {
     char final_st[1400], base_st[1400], which[4096];
     snprintf(final_st, sizeof(final_st), "%s/out/final/model.safetensors", dir);
     snprintf(base_st, sizeof(base_st), "%s/model.safetensors", base);
-    assert_int_equal(tensors_differing(base_st, final_st, which, sizeof(which)), 6);
+    assert_int_equal(tensors_differing(base_st, final_st, "", NULL, which, sizeof(which)), 6);
     for (int l = 0; l < 2; l++)
         for (int k = 0; k < 3; k++) {
             static const char *const mods[] = {"self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"};
@@ -590,32 +523,28 @@ static void test_lora_fine_tune(void **state) {
     ht_model_free(merged);
 
     /* export of the last checkpoint: merged, and --adapter. */
-    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/exported' > /dev/null 2>&1", getenv("HT_BIN"),
-             dir, dir);
-    assert_int_equal(system(cmd), 0);
+    char log[1400];
+    snprintf(log, sizeof(log), "%s/export.txt", dir);
+    snprintf(args, sizeof(args), "export '%s/out/step_00000030' '%s/exported'", dir, dir);
+    assert_int_equal(run_hypertrain(NULL, args, log, false, NULL), 0);
     snprintf(path, sizeof(path), "%s/exported/model.safetensors", dir);
-    assert_int_equal(tensors_differing(final_st, path, which, sizeof(which)), 0);
-    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/exported_adapter' --adapter > /dev/null 2>&1",
-             getenv("HT_BIN"), dir, dir);
-    assert_int_equal(system(cmd), 0);
+    assert_same_tensors(final_st, path);
+    snprintf(args, sizeof(args), "export '%s/out/step_00000030' '%s/exported_adapter' --adapter", dir, dir);
+    assert_int_equal(run_hypertrain(NULL, args, log, false, NULL), 0);
     char a1[1500], a2[1500];
     snprintf(a1, sizeof(a1), "%s/adapter_model.safetensors", adapter);
     snprintf(a2, sizeof(a2), "%s/exported_adapter/adapter_model.safetensors", dir);
-    assert_int_equal(tensors_differing(a1, a2, which, sizeof(which)), 0);
-    char *c1, *c2;
-    size_t n1, n2;
+    assert_same_tensors(a1, a2);
     snprintf(a1, sizeof(a1), "%s/adapter_config.json", adapter);
     snprintf(a2, sizeof(a2), "%s/exported_adapter/adapter_config.json", dir);
-    assert_ht_ok(ht_read_file(a1, &c1, &n1, &err), &err);
-    assert_ht_ok(ht_read_file(a2, &c2, &n2, &err), &err);
+    char *c1 = read_text(a1), *c2 = read_text(a2);
     assert_string_equal(c1, c2);
     assert_non_null(strstr(c1, "\"base_model_name_or_path\": \""));
     free(c1);
     free(c2);
     /* --adapter of a run without adapters is refused; so is --max-shard-mb with it. */
-    snprintf(cmd, sizeof(cmd), "'%s' export '%s/out/step_00000030' '%s/x' --adapter --max-shard-mb 1 2> /dev/null",
-             getenv("HT_BIN"), dir, dir);
-    assert_int_not_equal(system(cmd), 0);
+    snprintf(args, sizeof(args), "export '%s/out/step_00000030' '%s/x' --adapter --max-shard-mb 1", dir, dir);
+    assert_int_not_equal(run_hypertrain(NULL, args, log, false, NULL), 0);
 }
 
 /* Optimizer state is never zeroed or dropped silently on a resume: a
@@ -699,11 +628,9 @@ static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
         int rc = run_cli(dir, i ? NULL : yaml, run, msg, sizeof(msg));
         if (rc != 0) fail_msg("run %d failed: %s", i, msg);
     }
-    char b_metrics[1200], *before, *after;
-    size_t len;
-    ht_error err;
+    char b_metrics[1200];
     snprintf(b_metrics, sizeof(b_metrics), "%s/b/metrics.jsonl", dir);
-    assert_ht_ok(ht_read_file(b_metrics, &before, &len, &err), &err);
+    char *before = read_text(b_metrics);
     snprintf(run, sizeof(run),
              "--set training.steps=3 --set checkpoint.output_dir=%s/b --set checkpoint.restore_from=%s/a/step_00000002",
              dir, dir);
@@ -711,7 +638,7 @@ static void test_resume_from_elsewhere_keeps_the_run_there(void **state) {
     if (!strstr(msg, "holds another run (step_00000002 and metrics.jsonl) and this one continues") ||
         !strstr(msg, "a/step_00000002, a checkpoint of another directory") || !strstr(msg, "checkpoint.overwrite"))
         fail_msg("unexpected refusal: %s", msg);
-    assert_ht_ok(ht_read_file(b_metrics, &after, &len, &err), &err);
+    char *after = read_text(b_metrics);
     assert_string_equal(before, after); /* b's history untouched */
     free(before);
     free(after);
@@ -850,10 +777,7 @@ static void test_sizes_checked_before_allocating(void **state) {
     write_corpus(dir);
     char big[1300];
     snprintf(big, sizeof(big), "%s/big.txt", dir); /* 8M tokens: the data for 28,000 sequences of 256 */
-    FILE *f = fopen(big, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 1 << 17; i++) fputs("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", f);
-    fclose(f);
+    write_repeated(big, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 1 << 17);
     char data_big[1400];
     snprintf(data_big, sizeof(data_big), "data.path=%s", big);
     static const char *const arch[] = {
@@ -896,6 +820,19 @@ static void test_sizes_checked_before_allocating(void **state) {
         printf("  %.3f s: %s\n", took, err.msg);
         if (took > 5.0) fail_msg("case %zu took %.1f s", i, took);
     }
+}
+
+/* The first value of `key` in dir/<out>/metrics.jsonl (the first step's, of a 1-step run). */
+static double first_metric(const char *dir, const char *out, const char *key) {
+    char path[1200], field[64];
+    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
+    snprintf(field, sizeof(field), "\"%s\": ", key);
+    char *text = read_text(path);
+    const char *at = strstr(text, field);
+    assert_non_null(at);
+    double value = strtod(at + strlen(field), NULL);
+    free(text);
+    return value;
 }
 
 /* MindFormers' weight_decay_include/exclude over no_weight_decay, its module
@@ -950,31 +887,11 @@ static void test_decay_lists_routing_names_and_gradient_scaling(void **state) {
                  k, k ? "--set training.gradient_scaling_factor=0.5" : "");
         rc = run_cli(dir, NULL, run, msg, sizeof(msg));
         if (rc != 0) fail_msg("the scaling run failed: %s", msg);
-        char path[1200], *text;
-        size_t len;
-        ht_error err;
-        snprintf(path, sizeof(path), "%s/gs%d/metrics.jsonl", dir, k);
-        assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
-        const char *g = strstr(text, "\"grad_norm\": ");
-        assert_non_null(g);
-        norm[k] = strtod(g + 13, NULL);
-        free(text);
+        char out[16];
+        snprintf(out, sizeof(out), "gs%d", k);
+        norm[k] = first_metric(dir, out, "grad_norm");
     }
     if (!(norm[0] > 0) || norm[1] != norm[0] / 2) fail_msg("grad norms %.17g and %.17g", norm[0], norm[1]);
-}
-
-/* The first step's loss of a 1-step run in dir/<out>, from its metrics. */
-static double first_loss(const char *dir, const char *out) {
-    char path[1200], *text;
-    size_t len;
-    ht_error err;
-    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
-    assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
-    const char *l = strstr(text, "\"loss\": ");
-    assert_non_null(l);
-    double loss = strtod(l + 8, NULL);
-    free(text);
-    return loss;
 }
 
 /* data.shuffle false reads the training windows in order (another first
@@ -991,9 +908,9 @@ static void test_shuffle_and_deterministic(void **state) {
                  k ? "--set data.shuffle=false" : "");
         if (run_cli(dir, k ? NULL : yaml, run, msg, sizeof(msg)) != 0) fail_msg("run %d failed: %s", k, msg);
     }
-    double shuffled = first_loss(dir, outs[0]), in_order = first_loss(dir, outs[1]);
+    double shuffled = first_metric(dir, outs[0], "loss"), in_order = first_metric(dir, outs[1], "loss");
     if (shuffled == in_order) fail_msg("data.shuffle false changed nothing (loss %.17g)", in_order);
-    assert_true(in_order == first_loss(dir, outs[2]));
+    assert_true(in_order == first_metric(dir, outs[2], "loss"));
 
     snprintf(run, sizeof(run),
              "--set training.steps=1 --set checkpoint.output_dir=%s/det --set model_init_dtype=bfloat16 "
@@ -1017,10 +934,7 @@ static void test_seed_configs_train(void **state) {
     bool mindspeed_seen = false;
     for (size_t k = 0; k < g.gl_pathc; k++) {
         const char *path = g.gl_pathv[k], *base = strrchr(path, '/') + 1;
-        char *text, msg[1 << 16], run[4096];
-        size_t len;
-        ht_error err;
-        assert_ht_ok(ht_read_file(path, &text, &len, &err), &err);
+        char *text = read_text(path), msg[1 << 16], run[4096];
         const char *want = strncmp(base, "mindformers_training", 20) == 0 ? "hypertrain's"
                            : strncmp(base, "mindformers_", 12) == 0       ? "MindFormers'"
                            : strncmp(base, "hyperparallel_", 14) == 0     ? "HyperParallel's"
@@ -1173,25 +1087,20 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
     static char msg[1 << 17];
     snprintf(data, sizeof(data), "  dataset_type: upper_text\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
     snprintf(yaml, sizeof(yaml),
-             "model:\n  name: plugin_llama\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
-             "  num_hidden_layers: 1\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
-             "  max_position_embeddings: 64\n  attention_bias: false\n"
+             "model:\n  name: plugin_llama\n%s  attention_bias: false\n"
              "model_init_dtype: float32\n"
              "data:\n%s"
              "optimizer:\n  _target_: AdamW\n"
              "training:\n  steps: 2\n  local_batch_size: 2\n  global_batch_size: 2\n  plugin: [\"%s\"]\n"
              "checkpoint:\n  output_dir: %s/out\n",
-             data, plugin, dir);
+             tiny_model_yaml(one_layer), data, plugin, dir);
     int rc = run_cli(dir, yaml, NULL, msg, sizeof(msg));
     if (rc != 0) fail_msg("training with the plugin failed:\n%s", msg);
     assert_non_null(strstr(msg, "loaded plugin"));
     assert_non_null(strstr(msg, "upper_text"));
     snprintf(out, sizeof(out), "%s/out/final/config.json", dir);
-    assert_true(exists(out));
-    char *cfg_text;
-    size_t len;
-    ht_error err;
-    assert_ht_ok(ht_read_file(out, &cfg_text, &len, &err), &err);
+    assert_true(path_exists(out));
+    char *cfg_text = read_text(out);
     assert_non_null(strstr(cfg_text, "LlamaForCausalLM"));
     free(cfg_text);
 
