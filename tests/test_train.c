@@ -45,6 +45,31 @@ static void tiny_config(ht_config *cfg, const char *dir) {
     config_scratch_run(cfg, dir, model, 32, sets, sizeof(sets) / sizeof(sets[0]));
 }
 
+/* A segmented Newton-Schulz schedule runs its own length: three iterations
+ * with muon_ns_steps at its default 5 (shorter than 5 only when ns_steps is
+ * given, which validation refuses, naming both keys). */
+static void test_segmented_schedule_runs_its_own_length(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_ns_segments");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    assert_ht_ok(ht_config_set(cfg, "optimizer._target_=Muon", &err), &err);
+    assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_variant=custom", &err), &err);
+    assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_coefficients=[[[3.4445, -4.775, 2.0315], 3]]", &err),
+                 &err);
+    ht_trainer *t = trainer_new(cfg);
+    assert_non_null(t->optimizer.muon);
+    assert_int_equal(t->optimizer.muon->config.schedule.steps, 3);
+    assert_true(t->optimizer.muon->config.schedule.coeffs[2][1] == -4.775);
+    trainer_delete(t);
+    assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_steps=5", &err), &err);
+    assert_int_equal(ht_config_validate(cfg, 1, &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "muon_ns_steps"));
+    free(cfg);
+}
+
 static void test_training_lowers_validation_loss(void **state) {
     (void)state;
     const char *dir = scratch_dir("train_tiny");
@@ -1114,6 +1139,7 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_lowers_validation_loss),
+        cmocka_unit_test(test_segmented_schedule_runs_its_own_length),
         cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_default_config_runs),
         cmocka_unit_test(test_moe_config_runs),
