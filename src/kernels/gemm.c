@@ -146,25 +146,25 @@ static thread_ctx *thread_ctx_get(size_t scratch_bytes) {
     return ctx;
 }
 
-/* Transposes are strides: op(A)[m][k] is A[m*lda + k], or A[k*lda + m] when
- * trans_a; likewise for B. C is (M, N) with row stride ldc. M and K are the
- * key's, or (a ragged key's DNNL_RUNTIME_DIM_VAL) the call's. A batch is a
- * leading dimension with its own strides; one product stays 2-D, so its
- * primitive is the one it always was. */
+/* One operand, (rows, cols) with row stride ld, transposed as a stride:
+ * [r][c] is at r*ld + c, or c*ld + r when trans; behind a batch dimension
+ * of its own stride when nd is 3. */
+static dnnl_status_t operand_md(dnnl_memory_desc_t *md, int nd, int64_t batch, int64_t stride, int64_t rows,
+                                int64_t cols, int64_t ld, bool trans, dnnl_data_type_t type) {
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {stride, trans ? 1 : ld, trans ? ld : 1};
+    return dnnl_memory_desc_init_by_strides(md, nd, dims + 3 - nd, type, strides + 3 - nd);
+}
+
+/* op(A) (M, K), op(B) (K, N), C (M, N). M and K are the key's, or (a ragged
+ * key's DNNL_RUNTIME_DIM_VAL) the call's. One product stays 2-D, so its
+ * primitive is the one it always was; a batch is 3-D. */
 static dnnl_status_t operand_mds(const gemm_key *k, int64_t M, int64_t K, dnnl_memory_desc_t *a_md,
                                  dnnl_memory_desc_t *b_md, dnnl_memory_desc_t *c_md) {
-    const int nd = k->batch > 1 ? 3 : 2, o = nd - 2;
-    dnnl_dims_t a_dims = {k->batch}, a_strides = {k->stride_a}, b_dims = {k->batch}, b_strides = {k->stride_b};
-    dnnl_dims_t c_dims = {k->batch}, c_strides = {k->stride_c};
-    a_dims[o] = M, a_dims[o + 1] = K, a_strides[o] = k->trans_a ? 1 : k->lda,
-    a_strides[o + 1] = k->trans_a ? k->lda : 1;
-    b_dims[o] = K, b_dims[o + 1] = k->N, b_strides[o] = k->trans_b ? 1 : k->ldb;
-    b_strides[o + 1] = k->trans_b ? k->ldb : 1;
-    c_dims[o] = M, c_dims[o + 1] = k->N, c_strides[o] = k->ldc, c_strides[o + 1] = 1;
+    const int nd = k->batch > 1 ? 3 : 2;
     dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : k->dtype == HT_DTYPE_F16 ? dnnl_f16 : dnnl_f32;
-    dnnl_status_t s = dnnl_memory_desc_init_by_strides(a_md, nd, a_dims, in, a_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(b_md, nd, b_dims, in, b_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(c_md, nd, c_dims, dnnl_f32, c_strides);
+    dnnl_status_t s = operand_md(a_md, nd, k->batch, k->stride_a, M, K, k->lda, k->trans_a, in);
+    if (s == dnnl_success) s = operand_md(b_md, nd, k->batch, k->stride_b, K, k->N, k->ldb, k->trans_b, in);
+    if (s == dnnl_success) s = operand_md(c_md, nd, k->batch, k->stride_c, M, k->N, k->ldc, false, dnnl_f32);
     return s;
 }
 
