@@ -6,6 +6,8 @@
  *
  * usage: OMP_NUM_THREADS=2 bench_muon [--steps N] [--params N] [--size N]
  *                                     [--no-peer] [--peer-ns bf16|fp32]
+ *                                     [--rows R]: params of R x size (R != size:
+ *                                     the step alone, no yardstick and no peer)
  */
 #include <math.h>
 #include <omp.h>
@@ -67,10 +69,36 @@ static void ns_vs_gemm(int64_t n, const ht_ns_schedule *sched, int rounds, const
     ht_free(work);
 }
 
+/* Newton-Schulz of `count` (rows, cols) matrices one call at a time, next to
+ * batches of as many as Muon's workspace holds (its batching), in turns,
+ * fastest of `rounds` each. */
+static void ns_one_vs_batched(int count, int64_t rows, int64_t cols, const ht_ns_schedule *sched, size_t work_floats,
+                              int rounds, const float *G, double *one, double *batched) {
+    const int64_t n = rows * cols;
+    const size_t ws = ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32);
+    const int per = work_floats / (n + ws) > 1 ? (int)(work_floats / (n + ws)) : 1;
+    float *O = ht_alloc((size_t)(count * n) * sizeof(float)), *work = ht_alloc((size_t)per * ws * sizeof(float));
+    if (!O || !work) die("out of memory");
+    *one = *batched = INFINITY;
+    for (int r = 0; r <= rounds; r++) { /* round 0 creates the primitives */
+        double t0 = ht_time_seconds();
+        for (int i = 0; i < count; i++)
+            ht_newton_schulz(G + i * n, O + i * n, rows, cols, sched, 1e-7, HT_DTYPE_F32, work);
+        double t1 = ht_time_seconds();
+        for (int i = 0; i < count; i += per)
+            ht_newton_schulz_batch(G + i * n, O + i * n, count - i < per ? count - i : per, rows, cols, sched, 1e-7,
+                                   HT_DTYPE_F32, work);
+        double t2 = ht_time_seconds();
+        if (r > 0) *one = fmin(*one, t1 - t0), *batched = fmin(*batched, t2 - t1);
+    }
+    ht_free(O);
+    ht_free(work);
+}
+
 int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     int steps = 2, count = 48;
-    int64_t n = 1024;
+    int64_t n = 1024, rows = 0;
     bool peer = true;
     const char *peer_ns = "bf16";
     for (int i = 1; i < argc; i++) {
@@ -80,30 +108,34 @@ int main(int argc, char **argv) {
             count = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--size") && i + 1 < argc)
             n = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            rows = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--peer-ns") && i + 1 < argc)
             peer_ns = argv[++i];
         else if (!strcmp(argv[i], "--no-peer"))
             peer = false;
         else
-            die("usage: bench_muon [--steps N] [--params N] [--size N] [--no-peer] [--peer-ns bf16|fp32]");
+            die("usage: bench_muon [--steps N] [--params N] [--size N] [--rows R] [--no-peer] [--peer-ns bf16|fp32]");
     }
-    if (steps < 1 || count < 1 || n < 1) die("--steps, --params and --size must be >= 1");
+    if (rows == 0) rows = n;
+    if (steps < 1 || count < 1 || n < 1 || rows < 1) die("--steps, --params, --size and --rows must be >= 1");
+    const bool square = rows == n;
     char load[128];
     load_average(load, sizeof(load));
     printf("threads %d, %d params of %lld x %lld, bf16 model + FP32 main, asym5 x 5, load average %s\nf32 GEMM: %s\n",
-           omp_get_max_threads(), count, (long long)n, (long long)n, load, ht_gemm_kernel_name(HT_DTYPE_F32));
+           omp_get_max_threads(), count, (long long)rows, (long long)n, load, ht_gemm_kernel_name(HT_DTYPE_F32));
 
     ht_error err;
     ht_param_store store = {0};
     for (int i = 0; i < count; i++) {
         char name[64];
         snprintf(name, sizeof(name), "model.layers.%d.weight", i);
-        ht_params_add(&store, name, 2, (int64_t[]){n, n}, HT_DTYPE_BF16);
+        ht_params_add(&store, name, 2, (int64_t[]){rows, n}, HT_DTYPE_BF16);
     }
     if (ht_params_allocate(&store, &err) != HT_OK) die(err.msg);
     ht_rng rng;
     ht_rng_seed(&rng, 42);
-    size_t total = (size_t)count * (size_t)(n * n);
+    size_t total = (size_t)count * (size_t)(rows * n);
     uint16_t *data = store.data_block;
     for (size_t i = 0; i < total; i++) data[i] = ht_f32_to_bf16(0.02f * ht_rng_normal(&rng));
     if (ht_params_create_main(&store, &err) != HT_OK) die(err.msg);
@@ -118,16 +150,20 @@ int main(int argc, char **argv) {
     if (ht_muon_init(&opt, &cfg, params, count, &err) != HT_OK) die(err.msg);
 
     /* GEMM yardstick, then the NS of one matrix alone, then whole steps. */
-    float *A = store.grad_block, *B = store.grad_block + n * n, *C = ht_alloc((size_t)(n * n) * sizeof(float));
-    if (!C) die("out of memory");
+    float *A = store.grad_block, *B = store.grad_block + n * n, *C = NULL;
     const double gemm_flop = 2.0 * (double)n * (double)n * (double)n;
-    const double ns_flop = 5 * 3 * gemm_flop; /* per matrix: S = X Xᵀ, S S, T X per iteration */
-    gemm_best(n, false, 1, A, B, C);
-    gemm_best(n, true, 1, A, B, C);
-    double nn = gemm_best(n, false, 5, A, B, C), nt = gemm_best(n, true, 5, A, B, C);
-    double gemm15, ns32, ns16;
-    ns_vs_gemm(n, &cfg.schedule, 4, A, C, &gemm15, &ns32, &ns16);
-    nn = fmin(nn, gemm15 / 15);
+    /* per matrix, r <= c: S = X Xᵀ, S S, T X per iteration */
+    const double r = (double)(rows < n ? rows : n), c = (double)(rows < n ? n : rows);
+    const double ns_flop = 5 * (4 * r * r * c + 2 * r * r * r);
+    double nn = 0, nt = 0, gemm15 = 0, ns32 = 0, ns16 = 0;
+    if (square) {
+        if (!(C = ht_alloc((size_t)(n * n) * sizeof(float)))) die("out of memory");
+        gemm_best(n, false, 1, A, B, C);
+        gemm_best(n, true, 1, A, B, C);
+        nn = gemm_best(n, false, 5, A, B, C), nt = gemm_best(n, true, 5, A, B, C);
+        ns_vs_gemm(n, &cfg.schedule, 4, A, C, &gemm15, &ns32, &ns16);
+        nn = fmin(nn, gemm15 / 15);
+    }
 
     ht_muon_step(&opt, 0.02); /* warmup: first touch of the state */
     double best = INFINITY, sum = 0;
@@ -138,6 +174,20 @@ int main(int argc, char **argv) {
         best = fmin(best, t);
         sum += t;
     }
+    double step_gflops = count * ns_flop / best * 1e-9;
+    double one, batched;
+    ns_one_vs_batched(count, rows, n, &cfg.schedule, opt.work_floats, 5, store.grad_block, &one, &batched);
+    printf("Newton-Schulz of the %d matrices: one call each %.1f ms, batched as Muon does %.1f ms (%.2fx)\n", count,
+           one * 1e3, batched * 1e3, one / batched);
+    if (!square) {
+        printf("{\"engine\": \"hypertrain\", \"ns\": \"fp32\", \"threads\": %d, \"params\": %d, \"rows\": %lld, "
+               "\"size\": %lld, \"ms_per_step_best\": %.1f, \"ms_per_step_mean\": %.1f, \"ns_gflops_step\": %.1f}\n",
+               omp_get_max_threads(), count, (long long)rows, (long long)n, best * 1e3, sum / steps * 1e3, step_gflops);
+        ht_muon_free(&opt);
+        free(params);
+        ht_params_free(&store);
+        return 0;
+    }
     /* The yardstick again: the machine is shared, take its better figure. */
     nn = fmin(nn, gemm_best(n, false, 5, A, B, C));
     double gemm_gflops = gemm_flop / nn * 1e-9;
@@ -146,7 +196,6 @@ int main(int argc, char **argv) {
     printf("Newton-Schulz alone, one matrix: f32 %.1f ms = %.1f GFLOP/s, %.0f%% of the same FLOPs of GEMM timed in "
            "turns with it (%.1f ms); bf16 operands %.1f ms = %.1f GFLOP/s\n",
            ns32 * 1e3, ns_flop / ns32 * 1e-9, 100 * gemm15 / ns32, gemm15 * 1e3, ns16 * 1e3, ns_flop / ns16 * 1e-9);
-    double step_gflops = count * ns_flop / best * 1e-9;
     load_average(load, sizeof(load));
     printf("{\"engine\": \"hypertrain\", \"ns\": \"fp32\", \"threads\": %d, \"params\": %d, \"size\": %lld, "
            "\"ms_per_step_best\": %.1f, \"ms_per_step_mean\": %.1f, \"ns_gflops_step\": %.1f}\n",

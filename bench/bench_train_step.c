@@ -7,7 +7,8 @@
  * moments, the activations the model sized, compute copies).
  * usage: bench_train_step [--dtype float32|bfloat16] [--steps N]
  *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T]
- *                         [--recompute]: every layer recomputes its activations in backward */
+ *                         [--recompute]: every layer recomputes its activations in backward
+ * --steps 0 builds and initialises the model only and prints how long that took. */
 #include <omp.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -63,8 +64,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (B < 1 || T < 1 || steps < 1) {
-        fprintf(stderr, "--batch, --seq and --steps must be positive\n");
+    if (B < 1 || T < 1 || steps < 0) {
+        fprintf(stderr, "--batch and --seq must be positive, --steps >= 0\n");
         return 2;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
@@ -80,8 +81,19 @@ int main(int argc, char **argv) {
     char choice_line[512];
     ht_gemm_describe(&choice, choice_line, sizeof(choice_line));
     ht_model *m;
-    if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK ||
-        ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
+    double init0 = ht_time_seconds();
+    if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    double init_s = ht_time_seconds() - init0; /* allocation and the weights' initialisation */
+    if (steps == 0) {
+        printf("{\"impl\": \"hypertrain\", \"threads\": %d, \"params\": %lld, \"init_s\": %.3f}\n",
+               omp_get_max_threads(), (long long)ht_params_total_numel(&m->params), init_s);
+        ht_model_free(m);
+        return 0;
+    }
+    if (ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
         ht_params_create_main(&m->params, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
@@ -140,13 +152,14 @@ int main(int argc, char **argv) {
                                                              : dtype == HT_DTYPE_BF16 ? choice.bf16_rate[choice.bf16]
                                                                                       : choice.f16_rate[choice.f16];
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
-           "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"params\": %lld, \"loss\": %.4f, "
+           "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"init_s\": %.3f, \"params\": %lld, "
+           "\"loss\": %.4f, "
            "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"batch\": %d, \"seq\": %d, "
            "\"recompute\": %s, \"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": "
            "\"%s\", "
            "\"choice\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
-           upd / steps * 1e3, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
+           upd / steps * 1e3, init_s, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
            rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
            ru.ru_maxrss / 1024.0, formula / (1 << 20), m->activation_bytes / (double)(1 << 20),
            ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);

@@ -1,7 +1,8 @@
 /* ht_gemm against a float64 reference: every transpose pair, odd shapes,
  * padded leading dimensions, alpha and beta, each dtype and both of BF16's
  * paths (native matmul, widened to F32); the widened path's tiling; zero-size
- * dims; and concurrent calls from inside an OpenMP parallel region. */
+ * dims; concurrent calls from inside an OpenMP parallel region; and batches
+ * of products. */
 #include "harness.h"
 
 #include <math.h>
@@ -350,6 +351,62 @@ static void test_gemm_inside_parallel_region(void **state) {
     }
 }
 
+/* ht_gemm_batched: 3 products of one shape, each operand `gap` elements
+ * past the one before's end, every transpose pair, f32 and bf16 on the
+ * native matmul (where this CPU has one) and widened (one product at a
+ * time); each product within run_problem's bound of float64, and the gaps
+ * between the outputs untouched. */
+static void test_gemm_batched(void **state) {
+    (void)state;
+    enum { BATCH = 3, GAP = 11 };
+    static const int64_t dims[][3] = {{7, 33, 130}, {130, 7, 33}, {24, 24, 300}};
+    const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_BF16};
+    const ht_gemm_kernel kernels[] = {HT_GEMM_KERNEL_NATIVE, HT_GEMM_KERNEL_NATIVE, HT_GEMM_KERNEL_WIDENED};
+    ht_rng rng;
+    ht_rng_seed(&rng, 77);
+    for (int d = 0; d < 3; d++) {
+        if (d > 0 && !use_gemm_kernel(HT_DTYPE_BF16, kernels[d])) continue;
+        for (size_t s = 0; s < sizeof(dims) / sizeof(dims[0]); s++)
+            for (int t = 0; t < 4; t++) {
+                const bool ta = t & 1, tb = t >> 1;
+                const int64_t M = dims[s][0], N = dims[s][1], K = dims[s][2];
+                const int64_t sa = M * K + GAP, sb = K * N + GAP, sc = M * N + GAP;
+                const float alpha = 0.5f, beta = t == 3 ? 0.25f : 0.0f;
+                matrix a = matrix_random(&rng, BATCH, sa, sa, dtypes[d]),
+                       b = matrix_random(&rng, BATCH, sb, sb, dtypes[d]);
+                float *c = ht_alloc((size_t)(BATCH * sc) * sizeof(float)),
+                      *c_old = ht_alloc((size_t)(BATCH * sc) * sizeof(float));
+                for (int64_t i = 0; i < BATCH * sc; i++) c[i] = c_old[i] = 2.0f * ht_rng_uniform(&rng) - 1.0f;
+                ht_gemm_batched(BATCH, ta, tb, M, N, K, alpha, a.data, ta ? M : K, sa, b.data, tb ? K : N, sb,
+                                dtypes[d], beta, c, N, sc);
+                for (int e = 0; e < BATCH; e++) {
+                    const float *av = a.vals + e * sa, *bv = b.vals + e * sb, *ce = c + e * sc, *co = c_old + e * sc;
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t n = 0; n < N; n++) {
+                            double dot = 0, abs_dot = 0;
+                            for (int64_t k = 0; k < K; k++) {
+                                double x = ta ? av[k * M + m] : av[m * K + k], y = tb ? bv[n * K + k] : bv[k * N + n];
+                                dot += x * y;
+                                abs_dot += fabs(x * y);
+                            }
+                            double c0 = beta == 0.0f ? 0.0 : co[m * N + n], ref = alpha * dot + beta * c0;
+                            double bound = (2.0 * K + 8.0) * 0x1p-24 * (alpha * abs_dot + fabs(beta * c0));
+                            if (!(fabs(ce[m * N + n] - ref) <= bound))
+                                fail_msg(
+                                    "%s trans=(%d,%d) %lldx%lldx%lld product %d: C[%lld,%lld] = %.9g, reference %.9g",
+                                    ht_dtype_name(dtypes[d]), ta, tb, (long long)M, (long long)N, (long long)K, e,
+                                    (long long)m, (long long)n, (double)ce[m * N + n], ref);
+                        }
+                    for (int64_t i = M * N; i < sc; i++) assert_true(ce[i] == co[i]); /* the gap */
+                }
+                matrix_free(&a);
+                matrix_free(&b);
+                ht_free(c);
+                ht_free(c_old);
+            }
+    }
+}
+
 static void test_gemm_kernel_names(void **state) {
     (void)state;
     const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
@@ -370,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_zero_sizes),
         cmocka_unit_test(test_gemm_inside_parallel_region),
         cmocka_unit_test(test_gemm_kernel_names),
+        cmocka_unit_test(test_gemm_batched),
         cmocka_unit_test(test_gemm_failure_is_reported),
         cmocka_unit_test(test_gemm_choose),
     };

@@ -205,6 +205,53 @@ static void test_param_names_are_hashed(void **state) {
     ht_params_free(&store);
 }
 
+/* The initialisation draws each element from (seed, name, element index)
+ * alone: every rank of 2 and 3 builds exactly its rows of the one-process
+ * model, in bf16 as well; matrices have the configured std, norms are 1 and
+ * biases 0. */
+static void test_init_is_the_same_on_every_world(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny_config("qwen2", true, false);
+    cfg.initializer_range = 0.02;
+    ht_error err;
+    for (int d = 0; d < 2; d++) {
+        ht_dtype dtype = d == 0 ? HT_DTYPE_F32 : HT_DTYPE_BF16;
+        ht_model *whole;
+        assert_ht_ok(ht_model_build_shard(&cfg, dtype, 5, 0, 1, &whole, &err), &err);
+        for (int world = 2; world <= 3; world++)
+            for (int rank = 0; rank < world; rank++) {
+                ht_model *shard;
+                assert_ht_ok(ht_model_build_shard(&cfg, dtype, 5, rank, world, &shard, &err), &err);
+                for (int i = 0; i < whole->params.count; i++) {
+                    const ht_param *p = &whole->params.items[i], *q = &shard->params.items[i];
+                    size_t row = (size_t)ht_param_row_numel(p) * ht_dtype_size(dtype);
+                    assert_string_equal(p->name, q->name);
+                    assert_memory_equal(q->data, (const char *)p->data + (size_t)q->row0 * row,
+                                        (size_t)(q->row1 - q->row0) * row);
+                }
+                ht_model_free(shard);
+            }
+        if (dtype == HT_DTYPE_F32)
+            for (int i = 0; i < whole->params.count; i++) {
+                const ht_param *p = &whole->params.items[i];
+                const float *w = p->data;
+                int64_t n = ht_param_numel(p);
+                double sum2 = 0;
+                for (int64_t k = 0; k < n; k++) sum2 += (double)w[k] * w[k];
+                if (p->ndim >= 2) {
+                    /* var of n normal draws: within 5 standard errors sqrt(2/n) of std^2 */
+                    double var = sum2 / n, want = cfg.initializer_range * cfg.initializer_range;
+                    if (!(fabs(var / want - 1) < 5 * sqrt(2.0 / n)))
+                        fail_msg("%s: variance %.4g, expected %.4g", p->name, var, want);
+                } else {
+                    float v = strstr(p->name, "norm") ? 1.0f : 0.0f;
+                    for (int64_t k = 0; k < n; k++) assert_true(w[k] == v);
+                }
+            }
+        ht_model_free(whole);
+    }
+}
+
 static void test_sequence_too_long(void **state) {
     (void)state;
     ht_model_config cfg = tiny_config("qwen2", true, false);
@@ -347,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_grad_llama_tied),
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
+        cmocka_unit_test(test_init_is_the_same_on_every_world),
         cmocka_unit_test(test_model_size_caps),
         cmocka_unit_test(test_sizes_checked_before_allocating),
         cmocka_unit_test(test_param_names_are_hashed),

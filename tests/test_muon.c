@@ -257,7 +257,9 @@ static const char *const NS_MATS[] = {"wide", "tall", "square"};
  * by at most the polynomial's slope (|a| + 3|b| + 5|c| at singular value 1:
  * ~30 for polar_express's first triple, 5-10 for the others), damped near the
  * fixed point: 1e-5 of the largest entry (docs/NUMERICS.md's FP32-vs-float64
- * tolerance) leaves room. Measured 0.7e-6 to 3.7e-6. */
+ * tolerance) leaves room. Measured 0.7e-6 to 3.7e-6. A batch of three copies
+ * gives each copy the one matrix's result bit for bit: the batched products
+ * are the same products. */
 static void test_newton_schulz_schedules(void **state) {
     (void)state;
     ht_error err;
@@ -283,6 +285,15 @@ static void test_newton_schulz_schedules(void **state) {
             double e = final_err(st, key, NS_MATS[m], out, (size_t)n);
             if (e > 1e-5) fail_msg("NS %s on %s: err %.3g (limit 1e-5)", nc->name, NS_MATS[m], e);
             worst = fmax(worst, e);
+            float *copies = malloc(3 * (size_t)n * sizeof(float));
+            float *work3 = ht_alloc(3 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32) * sizeof(float));
+            for (int k = 0; k < 3; k++) memcpy(copies + k * n, in->data, (size_t)n * sizeof(float));
+            ht_newton_schulz_batch(copies, copies, 3, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work3);
+            for (int k = 0; k < 3; k++)
+                if (memcmp(copies + k * n, out, (size_t)n * sizeof(float)) != 0)
+                    fail_msg("NS %s on %s: copy %d of a batch differs from the matrix alone", nc->name, NS_MATS[m], k);
+            free(copies);
+            ht_free(work3);
             free(out);
             ht_free(work);
         }
@@ -301,7 +312,11 @@ static void test_newton_schulz_schedules(void **state) {
  * these three matrices (asym5); this path measured 0.59e-2, 0.85e-2, 0.97e-2
  * (2.0e-2, 2.5e-2, 1.5e-2 before S entered both terms of T rounded alike and
  * the residual product T (X − x) was added).
- * It runs in place (O = G) too, on every GEMM kernel this machine offers. */
+ * It runs in place (O = G) too, on every GEMM kernel this machine offers,
+ * and in a batch of two copies, each within the same bound. A batch may
+ * differ from one matrix by bf16 rounding flips: oneDNN can run a batched
+ * product on another kernel (AMX where one small product runs on
+ * AVX512-BF16), which sums in another order. */
 static void check_newton_schulz_bf16(void) {
     ht_error err;
     ht_safetensors *st;
@@ -321,6 +336,17 @@ static void check_newton_schulz_bf16(void) {
         printf("  %-6s bf16 Newton-Schulz %.3g from float64\n", NS_MATS[m], e);
         if (e > 5e-2) fail_msg("bf16 NS on %s: err %.3g vs float64 (limit 5e-2)", NS_MATS[m], e);
         worst = fmax(worst, e);
+        float *pair = malloc(2 * (size_t)n * sizeof(float));
+        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        for (int k = 0; k < 2; k++) memcpy(pair + k * n, in->data, (size_t)n * sizeof(float));
+        ht_newton_schulz_batch(pair, pair, 2, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work2);
+        for (int k = 0; k < 2; k++) {
+            double eb = final_err(st, "asym5.%s", NS_MATS[m], pair + k * n, (size_t)n);
+            if (eb > 5e-2) fail_msg("bf16 NS batch on %s: err %.3g vs float64 (limit 5e-2)", NS_MATS[m], eb);
+            worst = fmax(worst, eb);
+        }
+        free(pair);
+        ht_free(work2);
         worst32 = fmax(worst32, rel_max_err(x, x32, (size_t)n));
         free(x);
         free(x32);
@@ -358,6 +384,18 @@ static void check_newton_schulz_bf16_against_torch(void) {
             rel_max_err(tensor(st, "torch.%s", cases[m])->data, tensor(st, "f64.%s", cases[m])->data, (size_t)n);
         printf("  %-15s bf16 Newton-Schulz %.3g from float64, torch's %.3g\n", cases[m], ours, theirs);
         if (!(ours <= theirs)) fail_msg("%s: %.3g from float64, torch's bf16 iteration %.3g", cases[m], ours, theirs);
+        /* and each matrix of a batch of two copies (check_newton_schulz_bf16 says why it may differ) */
+        float *pair = malloc(2 * (size_t)n * sizeof(float));
+        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        for (int k = 0; k < 2; k++) memcpy(pair + k * n, in->data, (size_t)n * sizeof(float));
+        ht_newton_schulz_batch(pair, pair, 2, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work2);
+        for (int k = 0; k < 2; k++) {
+            double ob = final_err(st, "f64.%s", cases[m], pair + k * n, (size_t)n);
+            if (!(ob <= theirs))
+                fail_msg("%s batched: %.3g from float64, torch's bf16 iteration %.3g", cases[m], ob, theirs);
+        }
+        free(pair);
+        ht_free(work2);
         ours_sum += ours;
         torch_sum += theirs;
         free(x);
@@ -520,6 +558,75 @@ static void test_3d_equals_slices(void **state) {
     ht_params_free(&store);
 }
 
+/* Matrices of one shape share their Newton-Schulz products in batches:
+ * every param's update is the one it gets alone, bit for bit (FP32
+ * Newton-Schulz). Twelve 512 x 256 matrices (393 Ki floats of update and
+ * workspace each) overflow one 4 Mi-float batch and split in two; so does
+ * the 24-matrix stack; smaller shapes interleave in param order. */
+static void test_batches_equal_one_at_a_time(void **state) {
+    (void)state;
+    enum { P = 17 };
+    static const int64_t shapes[P][3] = {{0, 512, 256}, {0, 24, 100},  {0, 512, 256}, {0, 30, 20},   {0, 512, 256},
+                                         {0, 24, 100},  {0, 512, 256}, {0, 512, 256}, {0, 512, 256}, {0, 512, 256},
+                                         {0, 512, 256}, {0, 512, 256}, {0, 512, 256}, {0, 512, 256}, {0, 24, 100},
+                                         {0, 512, 256}, {24, 512, 256}};
+    ht_param_store store = {0};
+    ht_error err;
+    char names[P][16];
+    for (int i = 0; i < P; i++) {
+        snprintf(names[i], sizeof(names[i]), "m%d", i);
+        if (shapes[i][0])
+            ht_params_add(&store, names[i], 3, shapes[i], HT_DTYPE_BF16);
+        else
+            ht_params_add(&store, names[i], 2, shapes[i] + 1, HT_DTYPE_BF16);
+    }
+    assert_ht_ok(ht_params_allocate(&store, &err), &err);
+    ht_param *params[P];
+    for (int i = 0; i < P; i++) {
+        params[i] = ht_params_find(&store, names[i]);
+        int64_t n = ht_param_numel(params[i]);
+        float *w = malloc((size_t)n * sizeof(float));
+        ht_random_normal(w, n, (uint64_t)i, 0, 0.05f);
+        ht_convert(params[i]->data, HT_DTYPE_BF16, w, HT_DTYPE_F32, (size_t)n);
+        free(w);
+    }
+    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    /* The same params twice over: one optimizer for all, one per param. */
+    ht_param_store twin = {0};
+    for (int i = 0; i < P; i++) ht_params_add(&twin, names[i], params[i]->ndim, params[i]->shape, HT_DTYPE_BF16);
+    assert_ht_ok(ht_params_allocate(&twin, &err), &err);
+    ht_param *alone[P];
+    for (int i = 0; i < P; i++) {
+        alone[i] = ht_params_find(&twin, names[i]);
+        memcpy(alone[i]->data, params[i]->data, (size_t)ht_param_numel(params[i]) * 2);
+    }
+    assert_ht_ok(ht_params_create_main(&twin, &err), &err);
+    ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
+    ht_muon all, one[P];
+    assert_ht_ok(ht_muon_init(&all, &cfg, params, P, &err), &err);
+    for (int i = 0; i < P; i++) assert_ht_ok(ht_muon_init(&one[i], &cfg, &alone[i], 1, &err), &err);
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < P; i++) {
+            int64_t n = ht_param_numel(params[i]);
+            ht_random_normal(params[i]->main_grad, n, (uint64_t)(100 * t + i), 0, 1.0f);
+            memcpy(alone[i]->main_grad, params[i]->main_grad, (size_t)n * sizeof(float));
+            ht_muon_step(&one[i], 0.02);
+        }
+        ht_muon_step(&all, 0.02);
+    }
+    for (int i = 0; i < P; i++) {
+        size_t n = (size_t)ht_param_numel(params[i]);
+        if (memcmp(params[i]->main_param, alone[i]->main_param, n * sizeof(float)) != 0 ||
+            memcmp(params[i]->data, alone[i]->data, n * 2) != 0 ||
+            memcmp(all.slots[i].momentum_buffer, one[i].slots[0].momentum_buffer, n * sizeof(float)) != 0)
+            fail_msg("%s: batched update differs from the param's own", names[i]);
+        ht_muon_free(&one[i]);
+    }
+    ht_muon_free(&all);
+    ht_params_free(&store);
+    ht_params_free(&twin);
+}
+
 static void expect_refused(ht_param *p, const ht_muon_config *cfg, const char *what) {
     ht_muon opt;
     ht_error err = {0};
@@ -571,11 +678,17 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_torch_original_nesterov), cmocka_unit_test(test_torch_match_rms_plain),
-        cmocka_unit_test(test_bf16_master_sum),         cmocka_unit_test(test_newton_schulz_schedules),
-        cmocka_unit_test(test_newton_schulz_bf16),      cmocka_unit_test(test_newton_schulz_zero),
-        cmocka_unit_test(test_schedule_expansion),      cmocka_unit_test(test_update_scale),
-        cmocka_unit_test(test_3d_equals_slices),        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_torch_original_nesterov),
+        cmocka_unit_test(test_torch_match_rms_plain),
+        cmocka_unit_test(test_bf16_master_sum),
+        cmocka_unit_test(test_newton_schulz_schedules),
+        cmocka_unit_test(test_newton_schulz_bf16),
+        cmocka_unit_test(test_newton_schulz_zero),
+        cmocka_unit_test(test_schedule_expansion),
+        cmocka_unit_test(test_update_scale),
+        cmocka_unit_test(test_3d_equals_slices),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_batches_equal_one_at_a_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -170,6 +170,20 @@ float ht_rng_uniform(ht_rng *rng);
 /* Standard normal (Box-Muller). */
 float ht_rng_normal(ht_rng *rng);
 
+/* Counter-based streams (the weights' initialisation): value i of stream
+ * `key` is a pure function of (key, i), so a rank draws its own rows
+ * directly and every sharding, thread count and build gives the same values.
+ * Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+ * 3", SC'11; Random123's reference): block ctr of the key's stream. */
+void ht_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Values [first, first + n) of stream `key` into out: scale · z, z standard
+ * normal (Box-Muller on two 32-bit words: values 4j .. 4j + 3 come from block
+ * j). OpenMP-parallel for large n. */
+void ht_random_normal(float *out, int64_t n, uint64_t key, int64_t first, float scale);
+/* Values [first, first + n) of stream `key` into out: uniform in [0, 1) with
+ * 24 random bits, value i from word i % 4 of block i / 4. */
+void ht_random_uniform(float *out, int64_t n, uint64_t key, int64_t first);
+
 /* ---------------------------------------------------------------- registries */
 
 /* A name -> function registry (the models' builders, the datasets' openers).

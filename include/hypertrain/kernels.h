@@ -27,6 +27,15 @@ void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
 void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
 
+/* ht_gemm on `batch` products of one shape: product e reads A + e·stride_a
+ * and B + e·stride_b (in elements of dtype) and writes C + e·stride_c, the
+ * outputs apart (stride_c >= M·ldc). One oneDNN matmul over a batch
+ * dimension runs them all, so many small products (Muon's matrices of one
+ * shape) pay one call's overhead and keep every thread busy. */
+void ht_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
+                     ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);
+
 /* HT_OK, or the first product that could not run since the process started:
  * every later result is suspect, so a caller stops at the first failure. */
 ht_status ht_gemm_status(ht_error *err);
@@ -112,11 +121,14 @@ typedef struct ht_kernel_ops {
      * would be the device's. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
-    /* products: ht_gemm, ht_gemm_ragged */
+    /* products: ht_gemm, ht_gemm_ragged, ht_gemm_batched */
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                  const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
     void (*gemm_ragged)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                         int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+    void (*gemm_batched)(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
+                         ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);
     /* dtypes: ht_convert, ht_round_to */
     void (*convert)(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
     void (*round_to)(float *x, size_t n, ht_dtype precision);
@@ -173,9 +185,9 @@ typedef struct ht_kernel_ops {
     void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
     void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
                        bool stochastic, uint64_t stream, int64_t first);
-    size_t (*ns_workspace_floats)(int64_t rows, int64_t cols, ht_dtype ns_dtype);
-    void (*newton_schulz)(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
-                          double eps, ht_dtype ns_dtype, float *work);
+    size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype);
+    void (*newton_schulz)(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
+                          const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, float *work);
 } ht_kernel_ops;
 
 /* The kernels in use: the CPU's (kernels/table.c). */

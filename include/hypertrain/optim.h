@@ -137,6 +137,12 @@ size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype)
  * ht_newton_schulz_workspace(rows, cols, ns_dtype) floats. */
 void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
                       ht_dtype ns_dtype, float *work);
+/* ht_newton_schulz on `count` matrices of one shape, each rows · cols floats
+ * after the one before in G and in O, every product one batched GEMM over
+ * them: each matrix's result is its own, computed as ht_newton_schulz
+ * computes it. `work` holds count · ht_newton_schulz_workspace() floats. */
+void ht_newton_schulz_batch(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
+                            const ht_ns_schedule *sched, double eps, ht_dtype ns_dtype, float *work);
 
 typedef enum ht_muon_momentum_style {
     HT_MUON_MOMENTUM_SUM = 0, /* B <- mu B + g; nesterov u = g + mu B (HyperParallel, Moonlight) */
@@ -177,8 +183,9 @@ typedef struct ht_muon {
     ht_muon_slot *slots;
     int count;
     float *state_block; /* one allocation for every momentum_buffer */
-    float *work;        /* the update of one whole matrix + Newton-Schulz workspace, sized for the largest */
+    float *work;        /* whole matrices' updates + their Newton-Schulz workspace: the largest, or a batch */
     size_t work_floats;
+    int *order; /* the slots by shape (rows, cols): Newton-Schulz batches are runs of it */
     /* The ranks a sharded matrix's rows are spread over (ht_comm_single() by
      * default): each rank's momentum-updated rows are gathered into the whole
      * matrix, every rank runs Newton-Schulz on it and keeps its own rows (the

@@ -20,9 +20,10 @@
 typedef struct gemm_key {
     int32_t dtype, trans_a, trans_b, nthr;
     int64_t M, N, K, lda, ldb, ldc;
+    int64_t batch, stride_a, stride_b, stride_c; /* 1, 0, 0, 0 for one product */
     float alpha, beta;
 } gemm_key;
-_Static_assert(sizeof(gemm_key) == 4 * 4 + 6 * 8 + 2 * 4, "gemm_key must have no padding");
+_Static_assert(sizeof(gemm_key) == 4 * 4 + 10 * 8 + 2 * 4, "gemm_key must have no padding");
 
 /* Open addressing over a power-of-two table. A model has tens of GEMM shapes;
  * past CACHE_MAX_ENTRIES a primitive is made for the call and destroyed after,
@@ -145,18 +146,25 @@ static thread_ctx *thread_ctx_get(size_t scratch_bytes) {
     return ctx;
 }
 
-/* Transposes are strides: op(A)[m][k] is A[m*lda + k], or A[k*lda + m] when
- * trans_a; likewise for B. C is (M, N) with row stride ldc. M and K are the
- * key's, or (a ragged key's DNNL_RUNTIME_DIM_VAL) the call's. */
+/* One operand, (rows, cols) with row stride ld, transposed as a stride:
+ * [r][c] is at r*ld + c, or c*ld + r when trans; behind a batch dimension
+ * of its own stride when nd is 3. */
+static dnnl_status_t operand_md(dnnl_memory_desc_t *md, int nd, int64_t batch, int64_t stride, int64_t rows,
+                                int64_t cols, int64_t ld, bool trans, dnnl_data_type_t type) {
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {stride, trans ? 1 : ld, trans ? ld : 1};
+    return dnnl_memory_desc_init_by_strides(md, nd, dims + 3 - nd, type, strides + 3 - nd);
+}
+
+/* op(A) (M, K), op(B) (K, N), C (M, N). M and K are the key's, or (a ragged
+ * key's DNNL_RUNTIME_DIM_VAL) the call's. One product stays 2-D, so its
+ * primitive is the one it always was; a batch is 3-D. */
 static dnnl_status_t operand_mds(const gemm_key *k, int64_t M, int64_t K, dnnl_memory_desc_t *a_md,
                                  dnnl_memory_desc_t *b_md, dnnl_memory_desc_t *c_md) {
-    dnnl_dims_t a_dims = {M, K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
-    dnnl_dims_t b_dims = {K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
-    dnnl_dims_t c_dims = {M, k->N}, c_strides = {k->ldc, 1};
+    const int nd = k->batch > 1 ? 3 : 2;
     dnnl_data_type_t in = k->dtype == HT_DTYPE_BF16 ? dnnl_bf16 : k->dtype == HT_DTYPE_F16 ? dnnl_f16 : dnnl_f32;
-    dnnl_status_t s = dnnl_memory_desc_init_by_strides(a_md, 2, a_dims, in, a_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(b_md, 2, b_dims, in, b_strides);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(c_md, 2, c_dims, dnnl_f32, c_strides);
+    dnnl_status_t s = operand_md(a_md, nd, k->batch, k->stride_a, M, K, k->lda, k->trans_a, in);
+    if (s == dnnl_success) s = operand_md(b_md, nd, k->batch, k->stride_b, K, k->N, k->ldb, k->trans_b, in);
+    if (s == dnnl_success) s = operand_md(c_md, nd, k->batch, k->stride_c, M, k->N, k->ldc, false, dnnl_f32);
     return s;
 }
 
@@ -240,10 +248,17 @@ static dnnl_primitive_t cache_get(const gemm_key *key, bool *owned) {
     return prim;
 }
 
-/* Runs one GEMM of F32 or BF16 operands through a cached matmul primitive; false on a failure (recorded). */
-static bool gemm_matmul(bool ragged, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                        const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
-                        int64_t ldc) {
+/* The batch of a product: how many, and each operand's stride from one to the next (elements). */
+typedef struct gemm_batch {
+    int64_t count, a, b, c;
+} gemm_batch;
+static const gemm_batch ONE = {1, 0, 0, 0};
+
+/* Runs one GEMM (or a batch of them) of F32 or BF16 operands through a cached matmul primitive; false on a failure
+ * (recorded). */
+static bool gemm_matmul(bool ragged, gemm_batch bt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta,
+                        float *C, int64_t ldc) {
     /* Inside an active parallel region oneDNN's OpenMP runtime runs every
      * parallel section on the calling thread alone, while a primitive plans
      * its work split for the thread count it is created under. 2.6 gives
@@ -266,6 +281,10 @@ static bool gemm_matmul(bool ragged, bool trans_a, bool trans_b, int64_t M, int6
                     .lda = lda,
                     .ldb = ldb,
                     .ldc = ldc,
+                    .batch = bt.count,
+                    .stride_a = bt.count > 1 ? bt.a : 0,
+                    .stride_b = bt.count > 1 ? bt.b : 0,
+                    .stride_c = bt.count > 1 ? bt.c : 0,
                     .alpha = alpha,
                     .beta = beta};
     /* Ragged: the row count (M, or K when trans_a) is a runtime size, one primitive for every count. */
@@ -356,7 +375,7 @@ static bool gemm_widened(bool ragged, bool trans_a, bool trans_b, int64_t M, int
                     widen_block(b32, B + n0 * ldb + k0, dtype, ldb, nb, kb);
                 else
                     widen_block(b32, B + k0 * ldb + n0, dtype, ldb, kb, nb);
-                ok = gemm_matmul(ragged, trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32,
+                ok = gemm_matmul(ragged, ONE, trans_a, trans_b, mb, nb, kb, alpha, a32, trans_a ? mb : kb, b32,
                                  trans_b ? kb : nb, HT_DTYPE_F32, k0 == 0 ? beta : 1.0f, C + m0 * ldc + n0, ldc);
             }
         }
@@ -372,48 +391,69 @@ static void fill_nan(float *C, int64_t M, int64_t N, int64_t ldc) {
         for (int64_t n = 0; n < N; n++) C[m * ldc + n] = NAN;
 }
 
-static void gemm_run(ht_gemm_path path, bool ragged, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                     float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta,
-                     float *C, int64_t ldc) {
+static void gemm_run(ht_gemm_path path, bool ragged, gemm_batch bt, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                     int64_t K, float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype,
+                     float beta, float *C, int64_t ldc) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) {
         gemm_fail("dtype %s is not a GEMM dtype (float32, bfloat16 or float16)", ht_dtype_name(dtype));
         return; /* C's layout is unknown to trust: left as it is */
     }
     if (M < 0 || N < 0 || K < 0 || ldc < (N > 1 ? N : 1) || lda < ((trans_a ? M : K) > 1 ? (trans_a ? M : K) : 1) ||
-        ldb < ((trans_b ? K : N) > 1 ? (trans_b ? K : N) : 1)) {
-        char shape[256];
-        snprintf(shape, sizeof(shape), "M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld trans_a=%d trans_b=%d",
+        ldb < ((trans_b ? K : N) > 1 ? (trans_b ? K : N) : 1) || bt.count < 0 ||
+        (bt.count > 1 && (bt.a < 0 || bt.b < 0 || bt.c < M * ldc))) {
+        char shape[320];
+        snprintf(shape, sizeof(shape),
+                 "M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld trans_a=%d trans_b=%d batch=%lld strides %lld, "
+                 "%lld, %lld",
                  (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc, trans_a,
-                 trans_b);
+                 trans_b, (long long)bt.count, (long long)bt.a, (long long)bt.b, (long long)bt.c);
         gemm_fail("invalid shape or leading dimension: %s", shape);
         return; /* C's layout is unknown to trust: left as it is */
     }
     /* Before oneDNN, which divides by zero creating an M = 0 matmul. */
-    if (M == 0 || N == 0) return;
+    if (M == 0 || N == 0 || bt.count == 0) return;
     if (K == 0) { /* an empty sum: C = beta·C, where beta = 0 must also clear NaN */
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
+        for (int64_t e = 0; e < bt.count; e++)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    float *c = C + e * bt.c + m * ldc + n;
+                    *c = beta == 0.0f ? 0.0f : beta * *c;
+                }
         return;
     }
     pthread_once(&g_gemm.once, gemm_init_once);
     if (path == HT_GEMM_PATH_AUTO)
         path = dtype == HT_DTYPE_F32 || ht_gemm_kernel_of(dtype) == HT_GEMM_KERNEL_NATIVE ? HT_GEMM_PATH_MATMUL
                                                                                           : HT_GEMM_PATH_WIDEN;
-    bool ok = path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32
-                  ? gemm_widened(ragged, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc)
-                  : gemm_matmul(ragged, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
-    if (!ok) fill_nan(C, M, N, ldc);
+    if (path == HT_GEMM_PATH_WIDEN && dtype != HT_DTYPE_F32) { /* tile by tile: one product at a time */
+        for (int64_t e = 0; e < bt.count; e++) {
+            float *c = C + e * bt.c;
+            if (!gemm_widened(ragged, trans_a, trans_b, M, N, K, alpha, (const uint16_t *)A + e * bt.a, lda,
+                              (const uint16_t *)B + e * bt.b, ldb, dtype, beta, c, ldc))
+                fill_nan(c, M, N, ldc);
+        }
+        return;
+    }
+    if (!gemm_matmul(ragged, bt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc))
+        for (int64_t e = 0; e < bt.count; e++) fill_nan(C + e * bt.c, M, N, ldc);
 }
 
 void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const void *A, int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
                      int64_t ldc) {
-    gemm_run(path, false, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    gemm_run(path, false, ONE, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
 }
 
 void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                     int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
-    gemm_run(HT_GEMM_PATH_AUTO, true, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+    gemm_run(HT_GEMM_PATH_AUTO, true, ONE, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+}
+
+void ht_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
+                     ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c) {
+    gemm_run(HT_GEMM_PATH_AUTO, false, (gemm_batch){batch, stride_a, stride_b, stride_c}, trans_a, trans_b, M, N, K,
+             alpha, A, lda, B, ldb, dtype, beta, C, ldc);
 }
 
 void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
@@ -451,6 +491,7 @@ static gemm_key plain_key(ht_dtype dtype, int64_t M, int64_t N, int64_t K) {
                       .lda = K,
                       .ldb = N,
                       .ldc = N,
+                      .batch = 1,
                       .alpha = 1.0f};
 }
 

@@ -103,13 +103,15 @@ void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, f
  * takes the new values before they are rounded back; O is scratch either way. */
 void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
                    uint64_t stream, int64_t first);
-/* Newton-Schulz (docs/NUMERICS.md, Muon): O = NS(G) for one (rows, cols) FP32
- * matrix, normalized by its Frobenius norm (in double) + eps, then `steps`
- * iterations of coeffs[k] = (a, b, c), the products in ns_dtype with FP32
- * accumulation. O may be G; work holds ht_ns_workspace_floats() floats. */
-size_t ht_ns_workspace_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype);
-void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
-                   double eps, ht_dtype ns_dtype, float *work);
+/* Newton-Schulz (docs/NUMERICS.md, Muon): O = NS(G) for `count` (rows, cols)
+ * FP32 matrices, one after the other in G and O, each normalized by its
+ * Frobenius norm (in double) + eps, then `steps` iterations of coeffs[k] =
+ * (a, b, c), the products in ns_dtype with FP32 accumulation, batched over
+ * the matrices. O may be G; work holds ht_ns_workspace_floats() floats
+ * (count times one matrix's). */
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype);
+void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
+                   int steps, double eps, ht_dtype ns_dtype, float *work);
 
 /* ---------------------------------------------------------------- Qwen2-MoE (kernels/moe.c) */
 

@@ -69,11 +69,11 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void 
 
 /* ------------------------------------------------------------------ Newton-Schulz */
 
-size_t ht_ns_workspace_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
     size_t floats = rc + 2 * r * r;                         /* X (the other ping-pong buffer is O), S, T */
     if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
-    return floats;
+    return (size_t)count * floats;
 }
 
 /* sum of squares in double (docs/NUMERICS.md: the norm is accumulated in double). */
@@ -112,49 +112,62 @@ static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dty
     }
 }
 
+/* The products of the iteration on `count` matrices at once: operand e of
+ * each is `stride` elements past operand e - 1 (X n, S and T r²), so each
+ * product is one batched GEMM, the same product per matrix as one GEMM. */
+#define NS_GEMM(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc)                                      \
+    ht_gemm_batched(count, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, st, beta, C, ldc, sc)
+
 /* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
  * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
- * transposed iteration of docs/NUMERICS.md without copying Gᵀ. */
-void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const double (*coeffs)[3], int steps,
-                   double eps, ht_dtype ns_dtype, float *work) {
+ * transposed iteration of docs/NUMERICS.md without copying Gᵀ. `count` matrices
+ * of one shape, each n = rows · cols after the one before, iterate side by
+ * side; the elementwise passes run over all of them as one array, the
+ * norms matrix by matrix, so each matrix's result is what it would be alone. */
+void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
+                   int steps, double eps, ht_dtype ns_dtype, float *work) {
     const bool tall = rows > cols; /* docs/NUMERICS.md transposes it so that r <= c */
-    const int64_t r = tall ? cols : rows, n = rows * cols;
+    const int64_t r = tall ? cols : rows, n = rows * cols, rr = r * r, all = count * n;
     const int K = steps;
-    float *S = work + n, *T = S + r * r; /* (r, r) each */
-    float *Xb = T + r * r, *Sb = Xb + n, *Tb = Sb + r * r;
+    float *S = work + all, *T = S + count * rr; /* (count, r, r) each */
+    float *Xb = T + count * rr, *Sb = Xb + all, *Tb = Sb + count * rr;
     const ht_dtype st = ht_gemm_storage(ns_dtype);
 
     /* X lives in O and `work` by turns, so that the last iteration lands in O. */
     float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
-    const float inv = (float)(1.0 / (frobenius(G, n) + eps));
+    for (int64_t e = 0; e < count; e++) {
+        const float inv = (float)(1.0 / (frobenius(G + e * n, n) + eps));
+        const float *g = G + e * n;
+        float *x = X + e * n;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) X[i] = G[i] * inv;
+        for (int64_t i = 0; i < n; i++) x[i] = g[i] * inv;
+    }
 
     for (int k = 0; k < K; k++) {
         const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
-        const void *x = operand(X, Xb, n, ns_dtype, st);
+        const void *x = operand(X, Xb, all, ns_dtype, st);
         /* S = X Xᵀ (wide) or XᵀX (tall): (r, r) */
         if (tall)
-            ht_gemm(true, false, r, r, rows, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
+            NS_GEMM(true, false, r, r, rows, 1.0f, x, cols, n, x, cols, n, 0.0f, S, r, rr);
         else
-            ht_gemm(false, true, r, r, cols, 1.0f, x, cols, x, cols, st, 0.0f, S, r);
+            NS_GEMM(false, true, r, r, cols, 1.0f, x, cols, n, x, cols, n, 0.0f, S, r, rr);
         /* T = b S + c S S: S copied into T, scaled by beta. In a 16-bit
          * ns_dtype both terms take S rounded to it: the iteration is then one
          * polynomial of one matrix, whose contraction near singular value 1
          * damps the rounding; an FP32 S beside a rounded S·S leaves their
          * difference to be amplified by b (in a PyTorch emulation of this
          * iteration, 20% further from float64 on 48x160 to 96x96 matrices). */
-        memcpy(T, S, (size_t)(r * r) * sizeof(float));
-        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(r * r), ns_dtype);
-        const void *s = operand(S, Sb, r * r, ns_dtype, st);
-        ht_gemm(false, false, r, r, r, c, s, r, s, r, st, b, T, r);
+        memcpy(T, S, (size_t)(count * rr) * sizeof(float));
+        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(count * rr), ns_dtype);
+        const void *s = operand(S, Sb, count * rr, ns_dtype, st);
+        NS_GEMM(false, false, r, r, r, c, s, r, rr, s, r, rr, b, T, r, rr);
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
-        memcpy(Y, X, (size_t)n * sizeof(float));
-        const void *t = operand(T, Tb, r * r, ns_dtype, st);
+        memcpy(Y, X, (size_t)all * sizeof(float));
+        const void *t = operand(T, Tb, count * rr, ns_dtype, st);
         if (tall)
-            ht_gemm(false, true, rows, cols, cols, 1.0f, x, cols, t, cols, st, a, Y, cols);
+            NS_GEMM(false, true, rows, cols, cols, 1.0f, x, cols, n, t, cols, rr, a, Y, cols, n);
         else
-            ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, x, cols, st, a, Y, cols);
+            NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, x, cols, n, a, Y, cols, n);
         /* In a 16-bit ns_dtype, a X takes the FP32 X but T X its rounding x:
          * the difference X − x is not contracted like the rest and, carried
          * by a, dominates the error. One more product, T (X − x), gives back
@@ -164,11 +177,11 @@ void ht_ns_iterate(const float *G, float *O, int64_t rows, int64_t cols, const d
          * torch's bf16 iteration on each (tests/test_muon.c,
          * bench/RESULTS.md), for one product in four more. */
         if (ns_dtype != HT_DTYPE_F32) {
-            residual_operand(X, Xb, n, ns_dtype, st);
+            residual_operand(X, Xb, all, ns_dtype, st);
             if (tall)
-                ht_gemm(false, true, rows, cols, cols, 1.0f, Xb, cols, t, cols, st, 1.0f, Y, cols);
+                NS_GEMM(false, true, rows, cols, cols, 1.0f, Xb, cols, n, t, cols, rr, 1.0f, Y, cols, n);
             else
-                ht_gemm(false, false, rows, cols, rows, 1.0f, t, rows, Xb, cols, st, 1.0f, Y, cols);
+                NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, Xb, cols, n, 1.0f, Y, cols, n);
         }
         float *swap = X;
         X = Y;

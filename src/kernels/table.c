@@ -9,6 +9,7 @@ static const ht_kernel_ops cpu = {
     .free = ht_free,
     .gemm = ht_gemm,
     .gemm_ragged = ht_gemm_ragged,
+    .gemm_batched = ht_gemm_batched,
     .convert = ht_convert,
     .round_to = ht_round_to,
     .rmsnorm_forward = ht_rmsnorm_forward,

@@ -194,38 +194,43 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
 /* Hugging Face's initialisation: matrices ~ normal(0, std), norm weights 1,
  * biases 0; PEFT's for LoRA: lora_A as torch's kaiming_uniform_(a = sqrt(5)),
  * i.e. uniform(-1/sqrt(in), 1/sqrt(in)), and lora_B zero, so that a fresh
- * adapter leaves the model unchanged. Each tensor draws from its own stream
- * seeded by (seed, name), so values do not depend on parameter order or on
- * how rows are sharded. */
+ * adapter leaves the model unchanged. Each tensor has its own counter-based
+ * stream keyed by (seed, name), value i for its element i, so values do not
+ * depend on parameter order, on how rows are sharded or on the thread count,
+ * and a rank draws its own rows without drawing the ones before them. */
+/* A 16-bit param's values pass through FP32 in chunks of this many (4 MiB);
+ * a float32 param's are drawn in place. */
+#define INIT_CHUNK ((int64_t)1 << 20)
+
 static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
+    float *chunk = NULL;
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
-        int64_t row = ht_param_row_numel(p), n = ht_param_local_numel(p);
-        float *vals = ht_alloc((size_t)n * sizeof(float));
-        if (!vals)
-            return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
-                           (double)n * sizeof(float) / (1 << 20), p->name);
+        int64_t first = p->row0 * ht_param_row_numel(p), n = ht_param_local_numel(p);
+        uint64_t key = seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT);
         char lora = ht_lora_kind(p->name);
-        if (lora == 'A' && p->ndim == 2) {
-            ht_rng rng;
-            ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
-            float bound = (float)(1.0 / sqrt((double)p->shape[1]));
-            for (int64_t k = 0; k < p->row0 * row; k++) ht_rng_uniform(&rng); /* skip earlier ranks' rows */
-            for (int64_t k = 0; k < n; k++) vals[k] = bound * (2.0f * ht_rng_uniform(&rng) - 1.0f);
-        } else if (lora == 'B') {
-            memset(vals, 0, (size_t)n * sizeof(float));
-        } else if (p->ndim >= 2) {
-            ht_rng rng;
-            ht_rng_seed(&rng, seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT));
-            for (int64_t k = 0; k < p->row0 * row; k++) ht_rng_normal(&rng); /* skip earlier ranks' rows */
-            for (int64_t k = 0; k < n; k++) vals[k] = (float)std * ht_rng_normal(&rng);
-        } else {
-            float v = strstr(p->name, "norm") ? 1.0f : 0.0f;
-            for (int64_t k = 0; k < n; k++) vals[k] = v;
+        if (p->dtype != HT_DTYPE_F32 && !chunk && !(chunk = ht_alloc((size_t)INIT_CHUNK * sizeof(float))))
+            return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
+                           (double)INIT_CHUNK * sizeof(float) / (1 << 20), p->name);
+        for (int64_t c = 0; c < n; c += INIT_CHUNK) {
+            int64_t m = n - c < INIT_CHUNK ? n - c : INIT_CHUNK;
+            float *vals = p->dtype == HT_DTYPE_F32 ? (float *)p->data + c : chunk;
+            if (lora == 'A' && p->ndim == 2) {
+                float bound = (float)(1.0 / sqrt((double)p->shape[1]));
+                ht_random_uniform(vals, m, key, first + c);
+                for (int64_t k = 0; k < m; k++) vals[k] = bound * (2.0f * vals[k] - 1.0f);
+            } else if (lora != 'B' && p->ndim >= 2) {
+                ht_random_normal(vals, m, key, first + c, (float)std);
+            } else {
+                float v = lora != 'B' && strstr(p->name, "norm") ? 1.0f : 0.0f;
+                for (int64_t k = 0; k < m; k++) vals[k] = v;
+            }
+            if (vals == chunk)
+                ht_convert((char *)p->data + (size_t)c * ht_dtype_size(p->dtype), p->dtype, chunk, HT_DTYPE_F32,
+                           (size_t)m);
         }
-        ht_convert(p->data, p->dtype, vals, HT_DTYPE_F32, (size_t)n);
-        ht_free(vals);
     }
+    ht_free(chunk);
     return HT_OK;
 }
 

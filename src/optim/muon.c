@@ -2,7 +2,9 @@
  * matrix (3-D params are stacks of matrices), decoupled weight decay and the
  * scaled update, with the cast back to the model dtype fused into that pass
  * (without an FP32 main param, the pass reads the model copy and writes it).
- * It owns the momentum buffers and one workspace sized for the largest matrix. */
+ * Matrices of one shape go through Newton-Schulz in batches, one batched
+ * GEMM per product. It owns the momentum buffers and one workspace, sized
+ * for the largest matrix or a batch. */
 #include "hypertrain/optim.h"
 #include "hypertrain/parallel.h" /* the shards' row helpers */
 
@@ -82,25 +84,51 @@ static ht_status check_param(const ht_param *p, ht_error *err) {
     return HT_OK;
 }
 
+/* Newton-Schulz batches take at most this many floats of updates and
+ * workspace (16 MiB), or one matrix's where that is more: a few calls for
+ * the small matrices of a layer stack (the default model's 8 gate_proj of
+ * 688 x 256 in one), without the workspace growing with the model. */
+#define BATCH_FLOATS ((size_t)4 << 20)
+
+/* One (rows, cols) matrix's update plus its Newton-Schulz workspace. */
+static size_t matrix_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
+    return (size_t)(rows * cols) + ht_newton_schulz_workspace(rows, cols, ns_dtype);
+}
+
+/* How many of the slots idx[0], idx[1], ... (n of them) form one batch: the
+ * same shape, and together within the workspace. */
+static int batch_length(const ht_muon *opt, const int *idx, int n) {
+    const ht_muon_slot *s = &opt->slots[idx[0]];
+    const size_t per = matrix_floats(s->rows, s->cols, opt->config.ns_dtype);
+    int k = 1;
+    while (k < n && (size_t)(k + 1) * per <= opt->work_floats && opt->slots[idx[k]].rows == s->rows &&
+           opt->slots[idx[k]].cols == s->cols)
+        k++;
+    return k;
+}
+
 ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err) {
     memset(opt, 0, sizeof(*opt));
     ht_status st = check_config(cfg, err);
     if (st != HT_OK) return st;
-    size_t floats = 0, work = 0;
+    size_t floats = 0, work = 0, total = 0;
     for (int i = 0; i < count; i++) {
         if ((st = check_param(params[i], err)) != HT_OK) return st;
         const ht_param *p = params[i];
-        int64_t rows = p->shape[p->ndim - 2], cols = p->shape[p->ndim - 1];
-        size_t need = (size_t)(rows * cols) + ht_newton_schulz_workspace(rows, cols, cfg->ns_dtype);
+        size_t need = matrix_floats(p->shape[p->ndim - 2], p->shape[p->ndim - 1], cfg->ns_dtype);
         if (need > work) work = need;
+        total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
         floats += (size_t)ht_param_local_numel(p);
     }
+    size_t batch = total < BATCH_FLOATS ? total : BATCH_FLOATS; /* every matrix at once where that fits */
+    if (batch > work) work = batch;
     opt->config = *cfg;
     opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_muon_slot));
+    opt->order = malloc((size_t)(count > 0 ? count : 1) * sizeof(int));
     opt->state_block = ht_kernels()->alloc((floats > 0 ? floats : 1) * sizeof(float));
     opt->work = ht_kernels()->alloc((work > 0 ? work : 1) * sizeof(float));
     opt->work_floats = work;
-    if (!opt->slots || !opt->state_block || !opt->work) {
+    if (!opt->slots || !opt->order || !opt->state_block || !opt->work) {
         ht_muon_free(opt);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of Muon state and workspace",
                        (floats + work) * sizeof(float));
@@ -116,6 +144,17 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
         s->scale = ht_muon_update_scale(s->rows, s->cols, cfg->matched_adamw_rms);
         s->momentum_buffer = next;
         next += ht_param_local_numel(p);
+    }
+    /* By shape (stable): the batches are runs of this order, the same on every rank. */
+    for (int i = 0; i < count; i++) {
+        int k = i;
+        const ht_muon_slot *s = &opt->slots[i];
+        for (; k > 0; k--) {
+            const ht_muon_slot *t = &opt->slots[opt->order[k - 1]];
+            if (t->rows < s->rows || (t->rows == s->rows && t->cols <= s->cols)) break;
+            opt->order[k] = opt->order[k - 1];
+        }
+        opt->order[k] = i;
     }
     return HT_OK;
 }
@@ -184,12 +223,14 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
     free(order);
     opt->owned_block = ht_kernels()->alloc((floats ? floats : 1) * sizeof(float));
     if (!opt->owned_block) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owned matrices");
-    float *next = opt->owned_block;
-    for (int i = 0; i < opt->count; i++)
+    float *next = opt->owned_block; /* in opt->order: the owned matrices of one shape side by side, a batch */
+    for (int k = 0; k < opt->count; k++) {
+        int i = opt->order[k];
         if (opt->owner[i] == comm->rank && opt->owner_replica[i] == me) {
             opt->owned[i] = next;
             next += opt->slots[i].rows * opt->slots[i].cols;
         }
+    }
     char line[1024] = "";
     for (int r = 0; r < P && strlen(line) + 64 < sizeof(line); r++)
         snprintf(line + strlen(line), sizeof(line) - strlen(line), "%srank %d: %d (%.0f%%)", r ? ", " : "", r,
@@ -215,6 +256,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
     const float decay = (float)(1.0 - lr * c->weight_decay);
     int64_t bytes[comm->size];
     const int my_replica = opt->replicas ? opt->replicas->rank : 0;
+    for (int i = 0; i < opt->count; i++) opt->slots[i].step++;
     /* deredundancy, phase 1: every matrix's momentum-updated rows to its owner. */
     if (opt->owner)
         for (int i = 0; i < opt->count; i++) {
@@ -226,43 +268,66 @@ void ht_muon_step(ht_muon *opt, double lr) {
             ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
             ht_gather(comm, opt->work, opt->owned[i], bytes, opt->owner[i]);
         }
+    /* Phase 2: each owner orthogonalizes its matrices in place, a batch of
+     * one shape at a time (they lie side by side in owned_block); its peers
+     * go on to theirs. */
+    int list[opt->count > 0 ? opt->count : 1], listed = 0;
+    for (int k = 0; opt->owner && k < opt->count; k++)
+        if (opt->owned[opt->order[k]]) list[listed++] = opt->order[k];
+    for (int k = 0, nb; k < listed; k += nb) {
+        nb = batch_length(opt, list + k, listed - k);
+        const ht_muon_slot *s = &opt->slots[list[k]];
+        float *G = opt->owned[list[k]];
+        ht_newton_schulz_batch(G, G, nb, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, opt->work);
+    }
+    /* allgather: each matrix's rows of the update from every rank, gathered
+     * into the whole matrix that Newton-Schulz needs, a batch of one shape
+     * at a time; each rank then applies its own rows. */
+    listed = 0;
+    for (int k = 0; k < opt->count; k++) {
+        int i = opt->order[k];
+        if (opt->slots[i].param->ndim == 2 && !(opt->owner && opt->owner[i] >= 0)) list[listed++] = i;
+    }
+    for (int k = 0, nb; k < listed; k += nb) {
+        nb = batch_length(opt, list + k, listed - k);
+        const int64_t rows = opt->slots[list[k]].rows, cols = opt->slots[list[k]].cols, n = rows * cols;
+        for (int j = 0; j < nb; j++) {
+            ht_muon_slot *s = &opt->slots[list[k + j]];
+            float *u = opt->work + j * n, *mine = u + s->param->row0 * cols;
+            update_rows(s, c, mine);
+            ht_fsdp_gather_rows(s->param, comm, mine, u, sizeof(float));
+        }
+        ht_newton_schulz_batch(opt->work, opt->work, nb, rows, cols, &c->schedule, c->ns_eps, c->ns_dtype,
+                               opt->work + nb * n);
+        for (int j = 0; j < nb; j++) {
+            ht_muon_slot *s = &opt->slots[list[k + j]];
+            ht_param *p = s->param;
+            ht_kernels()->muon_apply(p->main_param, opt->work + j * n + p->row0 * cols, (p->row1 - p->row0) * cols,
+                                     decay, (float)(lr * s->scale), (void *)p->main_param != p->data ? p->data : NULL,
+                                     p->dtype, opt->rounding.stochastic,
+                                     opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
+        }
+    }
+    /* (E, A, B): this rank's whole matrices [row0, row1) of E, as many at once as the workspace holds. */
     for (int i = 0; i < opt->count; i++) {
         ht_muon_slot *s = &opt->slots[i];
         ht_param *p = s->param;
-        s->step++;
-        const int64_t n = s->rows * s->cols;
-        const float step = (float)(lr * s->scale);
+        if (p->ndim != 3) continue;
+        const int64_t n = s->rows * s->cols, local = p->row1 - p->row0;
+        const size_t per = matrix_floats(s->rows, s->cols, c->ns_dtype);
+        const int64_t batch = opt->work_floats / per > 1 ? (int64_t)(opt->work_floats / per) : 1;
         const size_t elem = ht_dtype_size(p->dtype);
         const bool separate = (void *)p->main_param != p->data;
         const uint64_t stream = opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0;
-        float *u = opt->work, *ns_work = opt->work + n; /* u: one whole (A, B) matrix */
-        if (opt->owner && opt->owner[i] >= 0) {
-            /* Phase 2: the owner orthogonalizes; its peers go on to theirs. */
-            if (opt->owned[i])
-                ht_newton_schulz(opt->owned[i], opt->owned[i], s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype,
-                                 ns_work);
-            continue;
-        }
-        if (p->ndim == 2) {
-            /* allgather: this rank's rows of the update, gathered into the
-             * whole matrix that Newton-Schulz needs; this rank then applies its own rows. */
-            const int64_t local = (p->row1 - p->row0) * s->cols;
-            float *mine = u + p->row0 * s->cols;
-            update_rows(s, c, mine);
-            ht_fsdp_gather_rows(p, comm, mine, u, sizeof(float));
-            ht_newton_schulz(u, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            ht_kernels()->muon_apply(p->main_param, mine, local, decay, step, separate ? p->data : NULL, p->dtype,
-                                     opt->rounding.stochastic, stream, 0);
-            continue;
-        }
-        /* (E, A, B): this rank's whole matrices [row0, row1) of E, each on its own. */
-        for (int64_t e = 0; e < p->row1 - p->row0; e++) {
-            float *B = s->momentum_buffer + e * n;
-            momentum_update(B, p->main_grad + e * n, u, n, c);
-            ht_newton_schulz(c->nesterov ? u : B, u, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype, ns_work);
-            ht_kernels()->muon_apply(p->main_param ? p->main_param + e * n : NULL, u, n, decay, step,
-                                     separate ? (char *)p->data + (size_t)(e * n) * elem : NULL, p->dtype,
-                                     opt->rounding.stochastic, stream, e * n);
+        for (int64_t e = 0; e < local; e += batch) {
+            const int64_t m = local - e < batch ? local - e : batch;
+            float *B = s->momentum_buffer + e * n, *u = opt->work;
+            momentum_update(B, p->main_grad + e * n, u, m * n, c);
+            ht_newton_schulz_batch(c->nesterov ? u : B, u, m, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype,
+                                   u + m * n);
+            ht_kernels()->muon_apply(p->main_param ? p->main_param + e * n : NULL, u, m * n, decay,
+                                     (float)(lr * s->scale), separate ? (char *)p->data + (size_t)(e * n) * elem : NULL,
+                                     p->dtype, opt->rounding.stochastic, stream, e * n);
         }
     }
     /* deredundancy, phase 3: each owner's result rows back to their ranks, applied there. */
@@ -290,6 +355,7 @@ void ht_muon_free(ht_muon *opt) {
     free(opt->owner);
     free(opt->owner_replica);
     free(opt->owned);
+    free(opt->order);
     ht_kernels()->free(opt->owned_block);
     ht_kernels()->free(opt->work);
     ht_kernels()->free(opt->state_block);
