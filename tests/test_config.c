@@ -493,6 +493,160 @@ static int full_line(const char *start) {
     return 0;
 }
 
+/* The keys only deepseek_v3 reads (FULL is a qwen2_moe file). */
+static const char *const DEEPSEEK_KEYS[] = {
+    "model.n_shared_experts",
+    "model.n_group",
+    "model.topk_group",
+    "model.routed_scaling_factor",
+    "model.first_k_dense_replace",
+    "model.moe_router_bias_update_rate",
+    "model.q_lora_rank",
+    "model.kv_lora_rank",
+    "model.qk_nope_head_dim",
+    "model.qk_rope_head_dim",
+    "model.v_head_dim",
+    "model.rope_interleave",
+    "model.multi_latent_attention",
+    "model.rope_scaling.type",
+    "model.rope_scaling.factor",
+    "model.rope_scaling.original_max_position_embeddings",
+    "model.rope_scaling.beta_fast",
+    "model.rope_scaling.beta_slow",
+    "model.rope_scaling.mscale",
+    "model.rope_scaling.mscale_all_dim",
+};
+
+static bool is_deepseek_key(const char *key) {
+    for (size_t i = 0; i < sizeof(DEEPSEEK_KEYS) / sizeof(DEEPSEEK_KEYS[0]); i++)
+        if (strcmp(DEEPSEEK_KEYS[i], key) == 0) return true;
+    return false;
+}
+
+/* Every DeepSeek-V3 key from a file, none at its default, by config.json's
+ * names where they differ (n_routed_experts, rope_parameters), and each on
+ * the wrong model an error naming the models that read it. */
+static void test_deepseek_keys(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *text = "model:\n"
+                       "  name: deepseek_v3\n"
+                       "  hidden_size: 64\n"
+                       "  num_attention_heads: 4\n"
+                       "  num_key_value_heads: 4\n"
+                       "  n_routed_experts: 8\n"
+                       "  num_experts_per_tok: 3\n"
+                       "  moe_intermediate_size: 16\n"
+                       "  n_shared_experts: 2\n"
+                       "  n_group: 4\n"
+                       "  topk_group: 2\n"
+                       "  routed_scaling_factor: 2.5\n"
+                       "  first_k_dense_replace: 1\n"
+                       "  topk_bias_update_rate: 0.001\n"
+                       "  q_lora_rank: 24\n"
+                       "  kv_lora_rank: 16\n"
+                       "  qk_nope_head_dim: 8\n"
+                       "  qk_rope_head_dim: 4\n"
+                       "  v_head_dim: 12\n"
+                       "  rope_interleave: false\n"
+                       "  multi_latent_attention: true\n"
+                       "  rope_parameters:\n"
+                       "    rope_type: yarn\n"
+                       "    rope_theta: 50000\n"
+                       "    factor: 4.0\n"
+                       "    original_max_position_embeddings: 16\n"
+                       "    beta_fast: 16\n"
+                       "    beta_slow: 2\n"
+                       "    mscale: 0.9\n"
+                       "    mscale_all_dim: 0.8\n";
+    assert_ht_ok(load_text("deepseek.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 1, &err), &err);
+    const ht_model_config *a = &cfg.model.arch;
+    assert_ht_ok(ht_model_config_validate(a, &err), &err);
+    for (size_t i = 0; i < sizeof(DEEPSEEK_KEYS) / sizeof(DEEPSEEK_KEYS[0]); i++)
+        if (ht_config_key_source(&cfg, DEEPSEEK_KEYS[i], NULL) != HT_CONFIG_SOURCE_FILE)
+            fail_msg("%s not from the file", DEEPSEEK_KEYS[i]);
+    assert_int_equal(a->moe.num_experts, 8);
+    assert_int_equal(a->moe.n_shared_experts, 2);
+    assert_int_equal(a->moe.n_group, 4);
+    assert_int_equal(a->moe.topk_group, 2);
+    assert_true(a->moe.routed_scaling_factor == 2.5);
+    assert_int_equal(a->moe.first_k_dense_replace, 1);
+    assert_true(a->moe.bias_update_rate == 0.001);
+    assert_int_equal(a->mla.q_lora_rank, 24);
+    assert_int_equal(a->mla.kv_lora_rank, 16);
+    assert_int_equal(a->mla.qk_nope_head_dim, 8);
+    assert_int_equal(a->mla.qk_rope_head_dim, 4);
+    assert_int_equal(a->mla.v_head_dim, 12);
+    assert_false(a->mla.rope_interleave);
+    assert_true(ht_rope_is_yarn(&a->rope_scaling));
+    assert_true(a->rope_theta == 50000);
+    assert_true(a->rope_scaling.factor == 4.0 && a->rope_scaling.original_max_position_embeddings == 16);
+    assert_true(a->rope_scaling.beta_fast == 16 && a->rope_scaling.beta_slow == 2);
+    assert_true(a->rope_scaling.mscale == 0.9 && a->rope_scaling.mscale_all_dim == 0.8);
+    /* DeepseekV3Config's defaults where the file is silent: no attention biases, normalised weights. */
+    assert_false(a->attention_bias);
+    assert_true(a->moe.norm_topk_prob);
+    assert_false(ht_model_config_layer_is_sparse(a, 0));
+    assert_true(ht_model_config_layer_is_sparse(a, 1));
+    /* 1/sqrt(8 + 4), times (0.1 x 0.8 x ln 4 + 1)^2. */
+    const double m = 0.1 * 0.8 * log(4.0) + 1.0;
+    assert_true(fabs(ht_model_config_attention_scale(a) - m * m / sqrt(12.0)) < 1e-15);
+
+    expect_invalid("mla_on_qwen2.yaml", "model:\n  name: qwen2\n  kv_lora_rank: 16\n", 1, "model.kv_lora_rank",
+                   "applies to model.name deepseek_v3", "not to qwen2", NULL);
+    expect_invalid("group_on_moe.yaml", "model:\n  name: qwen2_moe\n  num_experts: 4\n  n_group: 2\n", 1,
+                   "model.n_group", "deepseek_v3", "not to qwen2_moe", NULL);
+    expect_invalid("aux_on_deepseek.yaml", "model:\n  name: deepseek_v3\n  router_aux_loss_coef: 0.1\n", 1,
+                   "model.router_aux_loss_coef", "applies to model.name qwen2_moe", NULL);
+    expect_invalid("mla_switch.yaml", "model:\n  name: llama\n  multi_latent_attention: true\n", 1,
+                   "model.multi_latent_attention", "llama has no Multi-Latent Attention", NULL);
+    expect_invalid("mla_switch_off.yaml", "model:\n  name: deepseek_v3\n  multi_latent_attention: false\n", 1,
+                   "model.multi_latent_attention", "deepseek_v3 has Multi-Latent Attention", NULL);
+}
+
+/* The architecture errors of DeepSeek-V3's fields, each naming its field
+ * (each case's overrides on a valid file, as --set gives them). */
+static void test_deepseek_arch_errors(void **state) {
+    (void)state;
+    const char *base = "model:\n  name: deepseek_v3\n  hidden_size: 64\n  num_attention_heads: 4\n"
+                       "  num_key_value_heads: 4\n  n_routed_experts: 8\n  num_experts_per_tok: 2\n"
+                       "  n_group: 4\n  topk_group: 2\n";
+    const char *path = write_config("arch.yaml", base);
+    const struct {
+        const char *set[4], *needle;
+    } cases[] = {
+        {{"model.qk_rope_head_dim=5"}, "model.qk_rope_head_dim must be even"},
+        {{"model.n_group=3"}, "model.n_group must be >= 1 and divide model.n_routed_experts (8)"},
+        {{"model.topk_group=5"}, "model.topk_group must be between 1 and model.n_group (4)"},
+        {{"model.num_experts_per_tok=5"}, "model.num_experts_per_tok (5) is more than the experts the kept groups"},
+        {{"model.rope_scaling.type=yarn", "model.rope_scaling.factor=0.5"},
+         "model.rope_scaling.factor must be a number >= 1"},
+        {{"model.rope_scaling.type=yarn", "model.rope_scaling.original_max_position_embeddings=0"},
+         "model.rope_scaling.original_max_position_embeddings must be positive"},
+        {{"model.rope_scaling.type=yarn", "model.rope_scaling.beta_fast=1", "model.rope_scaling.beta_slow=2"},
+         "beta_fast > beta_slow"},
+        {{"model.rope_scaling.type=linear"}, "model.rope_scaling.type \"linear\" is not supported"},
+        {{"model.kv_lora_rank=0"}, "model.kv_lora_rank must be positive"},
+        {{"model.v_head_dim=0"}, "model.v_head_dim must be positive"},
+        {{"model.routed_scaling_factor=0"}, "model.routed_scaling_factor must be a number > 0"},
+        {{"model.moe_router_bias_update_rate=-1"}, "model.moe_router_bias_update_rate must be a number >= 0"},
+        {{"model.attention_bias=true"}, "model.attention_bias: true is not supported for deepseek_v3"},
+    };
+    static ht_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(ht_config_load(path, 0, NULL, &cfg, &err), &err);
+    assert_ht_ok(ht_model_config_validate(&cfg.model.arch, &err), &err);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int n = 0;
+        while (n < 4 && cases[i].set[n]) n++;
+        assert_ht_ok(ht_config_load(path, n, (char *const *)cases[i].set, &cfg, &err), &err);
+        if (ht_model_config_validate(&cfg.model.arch, &err) == HT_OK) fail_msg("no error for %s", cases[i].set[0]);
+        assert_contains(err.msg, cases[i].needle);
+    }
+}
+
 static void test_full_file(void **state) {
     (void)state;
     static ht_config cfg;
@@ -500,10 +654,11 @@ static void test_full_file(void **state) {
     assert_ht_ok(load_text("full.yaml", FULL, &cfg, &err), &err);
     check_full(&cfg);
     assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err);
-    /* Every key but the rejected one came from the file, with its line. */
+    /* Every key but the rejected one and DeepSeek-V3's (test_deepseek_keys)
+     * came from the file, with its line. */
     for (int i = 0; i < ht_config_key_count(); i++) {
         const char *key = ht_config_key_name(i);
-        if (strcmp(key, "lr_scheduler.total_steps") == 0) continue;
+        if (strcmp(key, "lr_scheduler.total_steps") == 0 || is_deepseek_key(key)) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
         assert_true(line >= 3 && line <= 168);
@@ -1747,6 +1902,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_default_yaml),
         cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_deepseek_keys),
+        cmocka_unit_test(test_deepseek_arch_errors),
         cmocka_unit_test(test_format_roundtrip),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_not_yaml),

@@ -117,6 +117,10 @@ typedef struct ht_config {
         bool recompute;                      /* recompute_plan.apply_modules recompute in backward */
         ht_config_strings recompute_modules; /* recompute_plan.apply_modules: used with recompute only */
         ht_config_lora lora;
+        /* MindFormers' switch for Multi-Latent Attention: true asks for a model
+         * that has it (deepseek_v3), false for one that has not; unset: whichever
+         * model.name is. */
+        bool multi_latent_attention;
     } model;
     ht_dtype model_init_dtype; /* HT_CONFIG_DTYPE_NONE: keep */
 

@@ -59,11 +59,62 @@ typedef struct ht_moe_config {
      * router_aux_loss_coef when output_router_logits is true. */
     bool output_router_logits;
     double router_aux_loss_coef;
+    /* deepseek_v3 (transformers' DeepseekV3MoE): sigmoid scores; the choice
+     * adds mlp.gate.e_score_correction_bias (E) to them, keeps the topk_group
+     * best of n_group groups of experts (a group scored by the sum of its two
+     * best) and picks the top num_experts_per_tok there; the weights are the
+     * unbiased scores (normalised to sum 1 when norm_topk_prob), times
+     * routed_scaling_factor. mlp.shared_experts is an ungated MLP of
+     * n_shared_experts x moe_intermediate_size (none when 0). Layer l is
+     * sparse when l >= first_k_dense_replace. num_experts is config.json's
+     * n_routed_experts. */
+    int n_shared_experts;
+    int n_group, topk_group;
+    double routed_scaling_factor;
+    int first_k_dense_replace;
+    /* Aux-loss-free balancing (Megatron-Core's moe_router_bias_update_rate):
+     * after every step each sparse layer's correction bias moves by
+     * +rate toward the experts that got fewer than the mean count of tokens
+     * over the global batch and by -rate away from those that got more. 0: off
+     * (as transformers leaves the bias fixed). */
+    double bias_update_rate;
 } ht_moe_config;
+
+/* DeepSeek-V3's Multi-Latent Attention (transformers' DeepseekV3Attention),
+ * on when kv_lora_rank > 0. Queries: q_proj (H*(nope+rope), C), or with
+ * q_lora_rank > 0 q_a_proj (q_lora_rank, C) -> q_a_layernorm -> q_b_proj.
+ * Keys and values: kv_a_proj_with_mqa (kv_lora_rank + rope, C) gives a
+ * latent and one rotary key shared by every head; kv_a_layernorm, then
+ * kv_b_proj (H*(nope+v), kv_lora_rank) gives each head's k_nope and v.
+ * A head's query and key are [nope | rope] (qk_nope_head_dim +
+ * qk_rope_head_dim), its value v_head_dim wide; o_proj (C, H*v). */
+typedef struct ht_mla_config {
+    int q_lora_rank; /* 0 (config.json null): a plain q_proj */
+    int kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    /* The rotary pairs are adjacent (x[2i], x[2i+1]) rather than halves
+     * (x[i], x[i + rope/2]): DeepSeek's checkpoints are written that way. */
+    bool rope_interleave;
+} ht_mla_config;
+
+/* rope_scaling (rope_parameters in transformers 5) of rope_type "yarn"
+ * (YaRN, as transformers' _compute_yarn_parameters computes it): the
+ * frequencies blended between interpolated and extrapolated by a ramp
+ * between beta_fast and beta_slow rotations over
+ * original_max_position_embeddings, cos and sin multiplied by
+ * mscale(factor, mscale) / mscale(factor, mscale_all_dim), and (MLA) the
+ * softmax scale by mscale(factor, mscale_all_dim)^2, where
+ * mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1. */
+typedef struct ht_rope_scaling {
+    char type[16]; /* "yarn"; "" or "default": the default RoPE */
+    double factor;
+    int original_max_position_embeddings;
+    double beta_fast, beta_slow, mscale, mscale_all_dim;
+} ht_rope_scaling;
 
 /* The architecture, with the field names and meaning of Hugging Face's config.json. */
 typedef struct ht_model_config {
-    char name[32]; /* registry name: "qwen2", "llama" */
+    char name[32]; /* registry name: "qwen2", "llama", "qwen2_moe", "deepseek_v3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -77,12 +128,21 @@ typedef struct ht_model_config {
     bool attention_bias; /* q/k/v biases: Qwen2 yes, Llama no */
     bool tie_word_embeddings;
     double initializer_range; /* std of the normal init of fresh weights (HF default 0.02) */
-    ht_moe_config moe;        /* qwen2_moe only */
+    ht_moe_config moe;        /* qwen2_moe and deepseek_v3 */
+    ht_mla_config mla;        /* deepseek_v3 only */
+    ht_rope_scaling rope_scaling;
     ht_lora_config lora;      /* rank 0: none; never read from or written to config.json */
 } ht_model_config;
 
 /* Whether layer l of cfg has the sparse MLP. */
 bool ht_model_config_layer_is_sparse(const ht_model_config *cfg, int l);
+/* Whether cfg is DeepSeek-V3 (its routing), and whether its attention is MLA. */
+bool ht_model_config_is_deepseek(const ht_model_config *cfg);
+bool ht_model_config_has_mla(const ht_model_config *cfg);
+bool ht_rope_is_yarn(const ht_rope_scaling *r);
+/* What q·k is multiplied by before the softmax: 1/sqrt(the q/k head dim),
+ * with MLA and YaRN times mscale(factor, mscale_all_dim)^2. */
+double ht_model_config_attention_scale(const ht_model_config *cfg);
 
 /* Checks the numbers hang together (heads divide, sizes positive); names the field. */
 ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err);

@@ -81,16 +81,78 @@ static ht_status get_bool(const char *path, const ht_json *root, const char *nam
 }
 
 /* RoPE variants other than the plain one change the model; refuse them rather than load a different model. */
-static ht_status check_rope(const char *path, const ht_json *root, const char *name, ht_error *err) {
+/* YaRN is read into rs (its fields named as "<name>.<field>" in errors). */
+static ht_status check_rope(const char *path, const ht_json *root, const char *name, ht_rope_scaling *rs,
+                            ht_error *err) {
     const ht_json *r = field(root, name);
     if (!r) return HT_OK;
     if (r->type != HT_JSON_OBJECT)
         return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be an object, not %s", path, name, json_type_name(r));
     const ht_json *type = field(r, "rope_type");
     if (!type) type = field(r, "type");
-    if (type && (type->type != HT_JSON_STRING || strcmp(type->string, "default") != 0))
-        return ht_fail(err, HT_ERR_CONFIG, "%s: %s type %s is not supported (only the default RoPE)", path, name,
-                       type->type == HT_JSON_STRING ? type->string : json_type_name(type));
+    if (!type || (type->type == HT_JSON_STRING && strcmp(type->string, "default") == 0)) return HT_OK;
+    if (type->type != HT_JSON_STRING || strcmp(type->string, "yarn") != 0)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: %s type %s is not supported (the default RoPE and yarn are)", path,
+                       name, type->type == HT_JSON_STRING ? type->string : json_type_name(type));
+    snprintf(rs->type, sizeof(rs->type), "yarn");
+    char where[HF_PATH_MAX + 64];
+    snprintf(where, sizeof(where), "%s: %s", path, name);
+    ht_status s;
+    if ((s = get_double(where, r, "factor", 0, &rs->factor, err)) != HT_OK ||
+        (s = get_int(where, r, "original_max_position_embeddings", true, 0, &rs->original_max_position_embeddings,
+                     err)) != HT_OK ||
+        (s = get_double(where, r, "beta_fast", 32, &rs->beta_fast, err)) != HT_OK ||
+        (s = get_double(where, r, "beta_slow", 1, &rs->beta_slow, err)) != HT_OK ||
+        (s = get_double(where, r, "mscale", 1, &rs->mscale, err)) != HT_OK ||
+        (s = get_double(where, r, "mscale_all_dim", 0, &rs->mscale_all_dim, err)) != HT_OK)
+        return s;
+    if (!field(r, "factor")) return ht_fail(err, HT_ERR_CONFIG, "%s: required field \"factor\" is missing", where);
+    /* What transformers' YaRN reads beyond these changes the frequencies: refuse rather than differ. */
+    const char *other[] = {"attention_factor", "truncate"};
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
+        if (field(r, other[i]) && !(strcmp(other[i], "truncate") == 0 && field(r, other[i])->type == HT_JSON_BOOL &&
+                                    field(r, other[i])->boolean))
+            return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" is not supported", where, other[i]);
+    return HT_OK;
+}
+
+/* DeepSeek-V3's attention and routing, with DeepseekV3Config's defaults. */
+static ht_status read_deepseek_fields(const char *path, const ht_json *root, ht_model_config *cfg, ht_error *err) {
+    ht_moe_config *mc = &cfg->moe;
+    ht_mla_config *a = &cfg->mla;
+    ht_status s;
+    if ((s = get_int(path, root, "q_lora_rank", false, 0, &a->q_lora_rank, err)) != HT_OK ||
+        (s = get_int(path, root, "kv_lora_rank", false, 512, &a->kv_lora_rank, err)) != HT_OK ||
+        (s = get_int(path, root, "qk_nope_head_dim", false, 128, &a->qk_nope_head_dim, err)) != HT_OK ||
+        (s = get_int(path, root, "qk_rope_head_dim", false, 64, &a->qk_rope_head_dim, err)) != HT_OK ||
+        (s = get_int(path, root, "v_head_dim", false, 128, &a->v_head_dim, err)) != HT_OK ||
+        (s = get_bool(path, root, "rope_interleave", true, &a->rope_interleave, err)) != HT_OK ||
+        (s = get_int(path, root, "n_routed_experts", false, 256, &mc->num_experts, err)) != HT_OK ||
+        (s = get_int(path, root, "n_shared_experts", false, 1, &mc->n_shared_experts, err)) != HT_OK ||
+        (s = get_int(path, root, "num_experts_per_tok", false, 8, &mc->num_experts_per_tok, err)) != HT_OK ||
+        (s = get_int(path, root, "moe_intermediate_size", false, 2048, &mc->moe_intermediate_size, err)) != HT_OK ||
+        (s = get_int(path, root, "n_group", false, 8, &mc->n_group, err)) != HT_OK ||
+        (s = get_int(path, root, "topk_group", false, 4, &mc->topk_group, err)) != HT_OK ||
+        (s = get_double(path, root, "routed_scaling_factor", 2.5, &mc->routed_scaling_factor, err)) != HT_OK ||
+        (s = get_bool(path, root, "norm_topk_prob", true, &mc->norm_topk_prob, err)) != HT_OK ||
+        (s = get_int(path, root, "first_k_dense_replace", false, 3, &mc->first_k_dense_replace, err)) != HT_OK)
+        return s;
+    /* An explicit null q_lora_rank is a plain q_proj (field() treats null as absent: 0). */
+    const ht_json *q = ht_json_get(root, "q_lora_rank");
+    if (!q) a->q_lora_rank = 1536;
+    if (a->q_lora_rank == 0 && q && q->type == HT_JSON_NUMBER)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"q_lora_rank\" must be positive or null, not 0", path);
+    const char *unsupported[] = {"moe_layer_freq", "ep_size", "scoring_func", "topk_method"};
+    for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++) {
+        const ht_json *v = field(root, unsupported[i]);
+        /* The values transformers' DeepseekV3 implies are fine; others change the model. */
+        bool same = v && ((v->type == HT_JSON_NUMBER && v->number == 1 && i < 2) ||
+                          (v->type == HT_JSON_STRING && i == 2 && strcmp(v->string, "sigmoid") == 0) ||
+                          (v->type == HT_JSON_STRING && i == 3 && strcmp(v->string, "noaux_tc") == 0));
+        if (v && !same)
+            return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" is not supported with that value", path,
+                           unsupported[i]);
+    }
     return HT_OK;
 }
 
@@ -131,11 +193,12 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
         return ht_fail(err, HT_ERR_CONFIG, "%s: field \"model_type\" must be a string, not %s", path,
                        json_type_name(type));
     if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0 &&
-        strcmp(type->string, "qwen2_moe") != 0)
+        strcmp(type->string, "qwen2_moe") != 0 && strcmp(type->string, "deepseek_v3") != 0)
         return ht_fail(err, HT_ERR_CONFIG,
-                       "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe)", path,
-                       type->string);
+                       "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe, deepseek_v3)",
+                       path, type->string);
     bool qwen2 = strcmp(type->string, "qwen2") == 0, moe = strcmp(type->string, "qwen2_moe") == 0;
+    bool deepseek = strcmp(type->string, "deepseek_v3") == 0;
     snprintf(cfg->name, sizeof(cfg->name), "%s", type->string);
 
     const ht_json *act = field(root, "hidden_act");
@@ -146,8 +209,8 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     ht_status s;
     if ((s = get_bool(path, root, "use_sliding_window", false, &sliding, err)) != HT_OK) return s;
     if (sliding) return ht_fail(err, HT_ERR_CONFIG, "%s: use_sliding_window true is not supported", path);
-    if ((s = check_rope(path, root, "rope_scaling", err)) != HT_OK) return s;
-    if ((s = check_rope(path, root, "rope_parameters", err)) != HT_OK) return s;
+    if ((s = check_rope(path, root, "rope_scaling", &cfg->rope_scaling, err)) != HT_OK) return s;
+    if ((s = check_rope(path, root, "rope_parameters", &cfg->rope_scaling, err)) != HT_OK) return s;
 
     if ((s = get_int(path, root, "vocab_size", true, 0, &cfg->vocab_size, err)) != HT_OK ||
         (s = get_int(path, root, "hidden_size", true, 0, &cfg->hidden_size, err)) != HT_OK ||
@@ -167,6 +230,7 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
         /* Qwen2-MoE's q/k/v biases are "qkv_bias" (transformers 5; always on before it). */
         (s = get_bool(path, root, moe ? "qkv_bias" : "attention_bias", qwen2 || moe, &cfg->attention_bias, err)) !=
             HT_OK ||
+        (deepseek && (s = read_deepseek_fields(path, root, cfg, err)) != HT_OK) ||
         (s = get_bool(path, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err)) != HT_OK ||
         (s = get_double(path, root, "initializer_range", 0.02, &cfg->initializer_range, err)) != HT_OK)
         return s;
@@ -206,15 +270,62 @@ ht_status ht_hf_write_text(const char *path, const char *text, size_t len, ht_er
     return HT_OK;
 }
 
+/* rope_parameters (transformers 5), and for YaRN rope_scaling too (transformers < 5). */
+static void write_rope(FILE *f, const ht_model_config *cfg) {
+    const ht_rope_scaling *r = &cfg->rope_scaling;
+    const bool yarn = ht_rope_is_yarn(r);
+    for (int spelling = 0; spelling < (yarn ? 2 : 1); spelling++) {
+        fprintf(f, ",\n  \"%s\": {\"rope_type\": \"%s\", \"rope_theta\": ",
+                spelling ? "rope_scaling" : "rope_parameters", yarn ? "yarn" : "default");
+        ht_json_write_number(f, cfg->rope_theta);
+        if (yarn) {
+            fputs(", \"factor\": ", f);
+            ht_json_write_number(f, r->factor);
+            fprintf(f, ", \"original_max_position_embeddings\": %d, \"beta_fast\": ",
+                    r->original_max_position_embeddings);
+            ht_json_write_number(f, r->beta_fast);
+            fputs(", \"beta_slow\": ", f);
+            ht_json_write_number(f, r->beta_slow);
+            fputs(", \"mscale\": ", f);
+            ht_json_write_number(f, r->mscale);
+            fputs(", \"mscale_all_dim\": ", f);
+            ht_json_write_number(f, r->mscale_all_dim);
+        }
+        fputs("}", f);
+    }
+}
+
+static void write_deepseek(FILE *f, const ht_model_config *cfg) {
+    const ht_mla_config *a = &cfg->mla;
+    const ht_moe_config *mc = &cfg->moe;
+    if (a->q_lora_rank > 0)
+        fprintf(f, "  \"q_lora_rank\": %d,\n", a->q_lora_rank);
+    else
+        fputs("  \"q_lora_rank\": null,\n", f);
+    fprintf(f, "  \"kv_lora_rank\": %d,\n  \"qk_nope_head_dim\": %d,\n  \"qk_rope_head_dim\": %d,\n", a->kv_lora_rank,
+            a->qk_nope_head_dim, a->qk_rope_head_dim);
+    fprintf(f, "  \"v_head_dim\": %d,\n  \"rope_interleave\": %s,\n", a->v_head_dim,
+            a->rope_interleave ? "true" : "false");
+    fprintf(f, "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n",
+            mc->num_experts, mc->n_shared_experts, mc->num_experts_per_tok);
+    fprintf(f, "  \"moe_intermediate_size\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n",
+            mc->moe_intermediate_size, mc->n_group, mc->topk_group);
+    fputs("  \"routed_scaling_factor\": ", f);
+    ht_json_write_number(f, mc->routed_scaling_factor);
+    fprintf(f, ",\n  \"norm_topk_prob\": %s,\n  \"first_k_dense_replace\": %d,\n",
+            mc->norm_topk_prob ? "true" : "false", mc->first_k_dense_replace);
+}
+
 ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dtype torch_dtype, ht_error *err) {
     if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
     bool qwen2 = strcmp(cfg->name, "qwen2") == 0, moe = strcmp(cfg->name, "qwen2_moe") == 0;
-    if (!qwen2 && !moe && strcmp(cfg->name, "llama") != 0)
+    bool deepseek = ht_model_config_is_deepseek(cfg);
+    if (!qwen2 && !moe && !deepseek && strcmp(cfg->name, "llama") != 0)
         return ht_fail(err, HT_ERR_CONFIG,
-                       "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama, qwen2_moe)", path,
-                       cfg->name);
+                       "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama, qwen2_moe, deepseek_v3)",
+                       path, cfg->name);
     if (qwen2 && !cfg->attention_bias)
         return ht_fail(err, HT_ERR_CONFIG,
                        "%s: transformers' Qwen2 always has q/k/v biases; a qwen2 model without attention_bias "
@@ -228,9 +339,10 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     FILE *f = open_memstream(&text, &len);
     if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
     fprintf(f, "{\n  \"architectures\": [\"%s\"],\n",
-            qwen2 ? "Qwen2ForCausalLM"
-            : moe ? "Qwen2MoeForCausalLM"
-                  : "LlamaForCausalLM");
+            qwen2      ? "Qwen2ForCausalLM"
+            : moe      ? "Qwen2MoeForCausalLM"
+            : deepseek ? "DeepseekV3ForCausalLM"
+                       : "LlamaForCausalLM");
     fprintf(f, "  \"model_type\": \"%s\",\n  \"hidden_act\": \"silu\",\n", cfg->name);
     fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", cfg->vocab_size,
             cfg->hidden_size, cfg->intermediate_size);
@@ -240,9 +352,8 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     fprintf(f, "  \"max_position_embeddings\": %d,\n  \"rope_theta\": ", cfg->max_position_embeddings);
     ht_json_write_number(f, cfg->rope_theta);
     /* Both spellings of rope_theta: transformers < 5 reads the top-level one, 5 reads rope_parameters. */
-    fputs(",\n  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": ", f);
-    ht_json_write_number(f, cfg->rope_theta);
-    fputs("},\n  \"rms_norm_eps\": ", f);
+    write_rope(f, cfg);
+    fputs(",\n  \"rms_norm_eps\": ", f);
     ht_json_write_number(f, cfg->rms_norm_eps);
     fprintf(f, ",\n  \"%s\": %s,\n  \"tie_word_embeddings\": %s,\n  \"initializer_range\": ",
             moe ? "qkv_bias" : "attention_bias", cfg->attention_bias ? "true" : "false",
@@ -264,6 +375,7 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
         ht_json_write_number(f, mc->router_aux_loss_coef);
         fputs(",\n", f);
     }
+    if (deepseek) write_deepseek(f, cfg);
     fprintf(f, "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", ht_dtype_name(torch_dtype),
             ht_dtype_name(torch_dtype));
     if (fclose(f) != 0 || !text) {

@@ -110,8 +110,25 @@ static bool default_applies(const ht_config *cfg, default_when when) {
 
 /* Each dialect default whose key the run left unset. The type default comes
  * first: the others depend on it. They stay "default" as sources. */
+/* Defaults that depend on model.name: DeepSeek-V3's attention has no biases
+ * and its routing normalises the chosen weights (DeepseekV3Config's defaults). */
+static const struct {
+    const char *model, *key, *value;
+} MODEL_DEFAULTS[] = {
+    {"deepseek_v3", "model.attention_bias", "false"},
+    {"deepseek_v3", "model.norm_topk_prob", "true"},
+};
+
 void ht_config_apply_dialect_defaults(ht_config *cfg) {
     origin o = {NULL, NULL, HT_CONFIG_SOURCE_DEFAULT};
+    for (size_t d = 0; d < sizeof(MODEL_DEFAULTS) / sizeof(MODEL_DEFAULTS[0]); d++) {
+        int i = ht_config_key_index_exact(MODEL_DEFAULTS[d].key);
+        if (strcmp(cfg->model.arch.name, MODEL_DEFAULTS[d].model) != 0 || cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT)
+            continue;
+        ht_error err;
+        if (ht_config_assign_text(cfg, i, MODEL_DEFAULTS[d].value, &o, -1, &err) != HT_OK)
+            ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
+    }
     for (int d = 0; d < N_DIALECT_DEFAULTS; d++) {
         int i = ht_config_key_index_exact(DIALECT_DEFAULTS[d].key);
         if (DIALECT_DEFAULTS[d].dialect != cfg->dialect || cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT ||

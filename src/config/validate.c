@@ -104,8 +104,9 @@ static void check_mindspeed(report *r) {
     if (ep < 1) {
         add(r, "%s: expected an integer >= 1, found %d", at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep);
     } else if (ep > 1) {
-        if (!cfg->model.from_pretrained[0] && strcmp(cfg->model.arch.name, "qwen2_moe") != 0)
-            add(r, "%s: %d, but model.name %s has no experts (model.name qwen2_moe has)",
+        if (!cfg->model.from_pretrained[0] && strcmp(cfg->model.arch.name, "qwen2_moe") != 0 &&
+            strcmp(cfg->model.arch.name, "deepseek_v3") != 0)
+            add(r, "%s: %d, but model.name %s has no experts (model.name qwen2_moe and deepseek_v3 have)",
                 at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, cfg->model.arch.name);
         if (world % ep != 0)
             add(r, "%s: %d does not divide the %d ranks: each group of %d ranks splits the experts",
@@ -152,22 +153,50 @@ static bool given(const ht_config *cfg, const char *key) {
     return ht_config_key_source(cfg, key, &line) != HT_CONFIG_SOURCE_DEFAULT;
 }
 
-/* The sparse MLP's keys belong to qwen2_moe: on a dense model they would
- * be read by nothing. */
-static void check_moe_keys(report *r) {
-    static const char *const keys[] = {
-        "model.num_experts",           "model.num_experts_per_tok",
-        "model.moe_intermediate_size", "model.shared_expert_intermediate_size",
-        "model.norm_topk_prob",        "model.decoder_sparse_step",
-        "model.mlp_only_layers",       "model.output_router_logits",
-        "model.router_aux_loss_coef",
+/* The architecture keys that only some models read: on another they would be
+ * read by nothing. */
+static void check_model_keys(report *r) {
+    static const struct {
+        const char *key, *models, *what;
+    } keys[] = {
+        {"model.num_experts", "qwen2_moe deepseek_v3", "the sparse MLP"},
+        {"model.num_experts_per_tok", "qwen2_moe deepseek_v3", "the sparse MLP"},
+        {"model.moe_intermediate_size", "qwen2_moe deepseek_v3", "the sparse MLP"},
+        {"model.norm_topk_prob", "qwen2_moe deepseek_v3", "the sparse MLP"},
+        {"model.shared_expert_intermediate_size", "qwen2_moe", "Qwen2-MoE's gated shared expert"},
+        {"model.decoder_sparse_step", "qwen2_moe", "Qwen2-MoE's sparse layers"},
+        {"model.mlp_only_layers", "qwen2_moe", "Qwen2-MoE's sparse layers"},
+        {"model.output_router_logits", "qwen2_moe", "Qwen2-MoE's load-balancing loss"},
+        {"model.router_aux_loss_coef", "qwen2_moe", "Qwen2-MoE's load-balancing loss"},
+        {"model.n_shared_experts", "deepseek_v3", "DeepSeekMoE"},
+        {"model.n_group", "deepseek_v3", "DeepSeekMoE's group-limited routing"},
+        {"model.topk_group", "deepseek_v3", "DeepSeekMoE's group-limited routing"},
+        {"model.routed_scaling_factor", "deepseek_v3", "DeepSeekMoE"},
+        {"model.first_k_dense_replace", "deepseek_v3", "DeepSeekMoE"},
+        {"model.moe_router_bias_update_rate", "deepseek_v3", "DeepSeekMoE's aux-loss-free balancing"},
+        {"model.q_lora_rank", "deepseek_v3", "Multi-Latent Attention"},
+        {"model.kv_lora_rank", "deepseek_v3", "Multi-Latent Attention"},
+        {"model.qk_nope_head_dim", "deepseek_v3", "Multi-Latent Attention"},
+        {"model.qk_rope_head_dim", "deepseek_v3", "Multi-Latent Attention"},
+        {"model.v_head_dim", "deepseek_v3", "Multi-Latent Attention"},
+        {"model.rope_interleave", "deepseek_v3", "Multi-Latent Attention's rotary key"},
     };
-    if (strcmp(r->cfg->model.arch.name, "qwen2_moe") == 0) return;
+    const char *name = r->cfg->model.arch.name;
     char a[HT_CONFIG_STR_MAX + 160];
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-        if (given(r->cfg, keys[i]))
-            add(r, "%s: applies to model.name qwen2_moe (the sparse MLP), not to %s", at(r->cfg, keys[i], a, sizeof(a)),
-                r->cfg->model.arch.name);
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const char *m = strstr(keys[i].models, name);
+        size_t n = strlen(name);
+        bool reads = n && m && (m == keys[i].models || m[-1] == ' ') && (m[n] == ' ' || m[n] == '\0');
+        if (!reads && given(r->cfg, keys[i].key))
+            add(r, "%s: applies to model.name %s (%s), not to %s", at(r->cfg, keys[i].key, a, sizeof(a)),
+                keys[i].models, keys[i].what, name);
+    }
+    /* MindFormers' switch: Muon's recipe asks for MLA by it. */
+    bool mla = strcmp(name, "deepseek_v3") == 0;
+    if (given(r->cfg, "model.multi_latent_attention") && r->cfg->model.multi_latent_attention != mla)
+        add(r, "%s: %s, but model.name %s %s Multi-Latent Attention (deepseek_v3 has it)",
+            at(r->cfg, "model.multi_latent_attention", a, sizeof(a)),
+            r->cfg->model.multi_latent_attention ? "true" : "false", name, mla ? "has" : "has no");
 }
 
 /* decay_ratio, ConstantWithCoolDownLR, CosineAnnealingWarmRestarts and LearningRateWiseLayer
@@ -277,7 +306,7 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
 
     check(&r, cfg->training.gradient_scaling_factor > 0, "training.gradient_scaling_factor", "a number > 0");
     check_mindspeed(&r);
-    check_moe_keys(&r);
+    check_model_keys(&r);
     check(&r, cfg->kernels.lm_head_chunk_mib >= 0, "kernels.lm_head_chunk_mib", "an integer >= 0 (0: no chunks)");
 
     /* Dtypes (the loader enforces them; a struct filled in code may not). */

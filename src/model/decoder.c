@@ -882,6 +882,8 @@ static const ht_model_ops decoder_ops = {
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
+    if (ht_model_config_has_mla(cfg))
+        return ht_fail(err, HT_ERR_CONFIG, "model.name deepseek_v3: Multi-Latent Attention is not built yet");
     ht_model *m = ht_alloc(sizeof(ht_model));
     decoder *d = ht_alloc(sizeof(decoder));
     if (!m || !d) {

@@ -17,25 +17,143 @@ static void register_builtins(void) {
     ht_registry_add(&models, "qwen2", (ht_registry_fn)ht_decoder_build, NULL);
     ht_registry_add(&models, "llama", (ht_registry_fn)ht_decoder_build, NULL);
     ht_registry_add(&models, "qwen2_moe", (ht_registry_fn)ht_decoder_build, NULL);
+    ht_registry_add(&models, "deepseek_v3", (ht_registry_fn)ht_decoder_build, NULL);
 }
+
+bool ht_model_config_is_deepseek(const ht_model_config *cfg) { return strcmp(cfg->name, "deepseek_v3") == 0; }
+bool ht_model_config_has_mla(const ht_model_config *cfg) { return ht_model_config_is_deepseek(cfg); }
 
 bool ht_model_config_layer_is_sparse(const ht_model_config *cfg, int l) {
     const ht_moe_config *mc = &cfg->moe;
+    if (ht_model_config_is_deepseek(cfg)) return mc->num_experts > 0 && l >= mc->first_k_dense_replace;
     if (mc->num_experts <= 0 || mc->decoder_sparse_step <= 0 || (l + 1) % mc->decoder_sparse_step != 0) return false;
     for (int i = 0; i < mc->mlp_only_layers.count; i++)
         if (mc->mlp_only_layers.items[i] == l) return false;
     return true;
 }
 
-static bool is_moe(const ht_model_config *cfg) { return strcmp(cfg->name, "qwen2_moe") == 0; }
+static bool is_moe(const ht_model_config *cfg) {
+    return strcmp(cfg->name, "qwen2_moe") == 0 || ht_model_config_is_deepseek(cfg);
+}
 
-/* The sparse MLP's fields: only qwen2_moe has them, and they must fit together. */
+/* DeepSeekMoE's routing: groups that divide the experts, enough experts in
+ * the groups kept, a scaling and a bias update rate that are numbers. */
+static ht_status check_deepseek_moe(const ht_moe_config *mc, ht_error *err) {
+    if (mc->n_shared_experts < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.n_shared_experts must be >= 0 (0: no shared expert), found %d",
+                       mc->n_shared_experts);
+    if (mc->first_k_dense_replace < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.first_k_dense_replace must be >= 0, found %d",
+                       mc->first_k_dense_replace);
+    if (mc->n_group < 1 || mc->num_experts % mc->n_group != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.n_group must be >= 1 and divide model.n_routed_experts (%d) into equal groups, found %d",
+                       mc->num_experts, mc->n_group);
+    if (mc->topk_group < 1 || mc->topk_group > mc->n_group)
+        return ht_fail(err, HT_ERR_CONFIG, "model.topk_group must be between 1 and model.n_group (%d), found %d",
+                       mc->n_group, mc->topk_group);
+    const int per_group = mc->num_experts / mc->n_group;
+    if (mc->n_group > 1 && per_group < 2)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.n_group %d leaves %d expert per group: a group is scored by its two best experts, so "
+                       "each needs at least 2 (model.n_routed_experts %d)",
+                       mc->n_group, per_group, mc->num_experts);
+    if (mc->num_experts_per_tok > mc->topk_group * per_group)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.num_experts_per_tok (%d) is more than the experts the kept groups hold: model.topk_group "
+                       "(%d) x %d experts per group (model.n_routed_experts %d / model.n_group %d)",
+                       mc->num_experts_per_tok, mc->topk_group, per_group, mc->num_experts, mc->n_group);
+    if (!(mc->routed_scaling_factor > 0) || !isfinite(mc->routed_scaling_factor))
+        return ht_fail(err, HT_ERR_CONFIG, "model.routed_scaling_factor must be a number > 0, found %g",
+                       mc->routed_scaling_factor);
+    if (!(mc->bias_update_rate >= 0) || !isfinite(mc->bias_update_rate))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.moe_router_bias_update_rate must be a number >= 0 (0: the correction bias stays as it "
+                       "is), found %g",
+                       mc->bias_update_rate);
+    return HT_OK;
+}
+
+/* Multi-Latent Attention's widths, and YaRN's fields where it is asked for. */
+static ht_status check_mla(const ht_model_config *cfg, ht_error *err) {
+    const ht_mla_config *a = &cfg->mla;
+    const struct {
+        const char *field;
+        int value;
+    } positive[] = {
+        {"kv_lora_rank", a->kv_lora_rank},
+        {"qk_rope_head_dim", a->qk_rope_head_dim},
+        {"v_head_dim", a->v_head_dim},
+    };
+    for (size_t i = 0; i < sizeof(positive) / sizeof(positive[0]); i++)
+        if (positive[i].value <= 0)
+            return ht_fail(err, HT_ERR_CONFIG, "model.%s must be positive, found %d", positive[i].field,
+                           positive[i].value);
+    if (a->q_lora_rank < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.q_lora_rank must be > 0, or null for a plain q_proj; found %d",
+                       a->q_lora_rank);
+    if (a->qk_nope_head_dim < 0)
+        return ht_fail(err, HT_ERR_CONFIG, "model.qk_nope_head_dim must be >= 0, found %d", a->qk_nope_head_dim);
+    if (a->qk_rope_head_dim % 2 != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.qk_rope_head_dim must be even (rotary embeddings turn pairs of dimensions), found %d",
+                       a->qk_rope_head_dim);
+    return HT_OK;
+}
+
+static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+static ht_status check_rope_scaling(const ht_model_config *cfg, ht_error *err) {
+    const ht_rope_scaling *r = &cfg->rope_scaling;
+    if (!r->type[0] || strcmp(r->type, "default") == 0) return HT_OK;
+    if (strcmp(r->type, "yarn") != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.rope_scaling.type \"%s\" is not supported (supported: yarn, default or null)", r->type);
+    if (!(r->factor >= 1) || !isfinite(r->factor))
+        return ht_fail(err, HT_ERR_CONFIG, "model.rope_scaling.factor must be a number >= 1 for yarn, found %g",
+                       r->factor);
+    if (r->original_max_position_embeddings <= 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.rope_scaling.original_max_position_embeddings must be positive for yarn, found %d",
+                       r->original_max_position_embeddings);
+    if (!(r->beta_fast > 0) || !(r->beta_slow > 0) || !isfinite(r->beta_fast) || !(r->beta_fast > r->beta_slow))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.rope_scaling.beta_fast (%g) and beta_slow (%g) must be positive numbers with beta_fast "
+                       "> beta_slow (rotations: the ramp runs from the first to the second)",
+                       r->beta_fast, r->beta_slow);
+    if (!(r->mscale >= 0) || !(r->mscale_all_dim >= 0) || !isfinite(r->mscale) || !isfinite(r->mscale_all_dim))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.rope_scaling.mscale (%g) and mscale_all_dim (%g) must be numbers >= 0", r->mscale,
+                       r->mscale_all_dim);
+    if (!(yarn_mscale(r->factor, r->mscale_all_dim) > 0))
+        return ht_fail(err, HT_ERR_CONFIG, "model.rope_scaling: mscale_all_dim %g gives a softmax scale <= 0",
+                       r->mscale_all_dim);
+    return HT_OK;
+}
+
+bool ht_rope_is_yarn(const ht_rope_scaling *r) { return strcmp(r->type, "yarn") == 0; }
+
+double ht_model_config_attention_scale(const ht_model_config *cfg) {
+    const int dk = ht_model_config_has_mla(cfg) ? cfg->mla.qk_nope_head_dim + cfg->mla.qk_rope_head_dim
+                                                : ht_model_config_head_dim(cfg);
+    double scale = 1.0 / sqrt((double)dk);
+    const ht_rope_scaling *r = &cfg->rope_scaling;
+    /* transformers applies YaRN's softmax factor to MLA only (DeepseekV3Attention). */
+    if (ht_model_config_has_mla(cfg) && ht_rope_is_yarn(r) && r->mscale_all_dim != 0) {
+        const double m = yarn_mscale(r->factor, r->mscale_all_dim);
+        scale *= m * m;
+    }
+    return scale;
+}
+
+/* The sparse MLP's fields: only qwen2_moe and deepseek_v3 have them, and they must fit together. */
 static ht_status check_moe(const ht_model_config *cfg, ht_error *err) {
     const ht_moe_config *mc = &cfg->moe;
     if (!is_moe(cfg)) {
         if (mc->num_experts != 0)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "model.num_experts is %d, but model.name %s has no experts (model.name qwen2_moe has)",
+                           "model.num_experts is %d, but model.name %s has no experts (model.name qwen2_moe and "
+                           "deepseek_v3 have)",
                            mc->num_experts, cfg->name);
         return HT_OK;
     }
@@ -51,6 +169,7 @@ static ht_status check_moe(const ht_model_config *cfg, ht_error *err) {
     if (mc->moe_intermediate_size <= 0)
         return ht_fail(err, HT_ERR_CONFIG, "model.moe_intermediate_size must be positive, found %d",
                        mc->moe_intermediate_size);
+    if (ht_model_config_is_deepseek(cfg)) return check_deepseek_moe(mc, err);
     if (mc->shared_expert_intermediate_size <= 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "model.shared_expert_intermediate_size must be positive (Qwen2-MoE always has a shared "
@@ -167,8 +286,15 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
                        "model.max_position_embeddings is %d, more than the %d positions a model may have "
                        "(HT_MODEL_MAX_POSITIONS in include/hypertrain/model.h; the rotary tables hold every one)",
                        cfg->max_position_embeddings, HT_MODEL_MAX_POSITIONS);
+    ht_status s = check_rope_scaling(cfg, err);
+    if (s == HT_OK && ht_model_config_has_mla(cfg)) s = check_mla(cfg, err);
+    if (s != HT_OK) return s;
+    if (ht_model_config_has_mla(cfg) && cfg->attention_bias)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.attention_bias: true is not supported for deepseek_v3 (biases on q_a_proj, "
+                       "kv_a_proj_with_mqa and o_proj); set it false, as DeepSeek-V3 has it");
     int d = ht_model_config_head_dim(cfg);
-    if (d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
+    if (!ht_model_config_has_mla(cfg) && d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
     if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
     if (!(cfg->rms_norm_eps > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rms_norm_eps must be positive");
     const ht_lora_config *lc = &cfg->lora;
@@ -187,7 +313,7 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
         if (!(lc->dropout >= 0 && lc->dropout < 1))
             return ht_fail(err, HT_ERR_CONFIG, "model.lora.dropout must be in [0, 1), found %g", lc->dropout);
     }
-    ht_status s = check_moe(cfg, err);
+    s = check_moe(cfg, err);
     return s != HT_OK ? s : check_model_size(cfg, d, err);
 }
 
