@@ -5,6 +5,7 @@
  * --dtype bfloat16 / float16: the products on operands of that dtype, as a
  * 16-bit model's attention runs them.
  * usage: bench_attention [--seq T] [--dim D] [--heads H] [--kv KV] [--batch B] [--reps N] [--dtype D] */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
     float *q = ht_alloc(nq * 4), *k = ht_alloc(nk * 4), *v = ht_alloc(nk * 4), *o = ht_alloc(nq * 4);
     float *dout = ht_alloc(nq * 4), *dq = ht_alloc(nq * 4), *dk = ht_alloc(nk * 4), *dv = ht_alloc(nk * 4);
     float *lse = ht_alloc((size_t)(B * H * T) * 4);
-    float *work = ht_alloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D) * 4);
+    float *work = ht_alloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D, D) * 4);
     if (!q || !k || !v || !o || !dout || !dq || !dk || !dv || !lse || !work) {
         fprintf(stderr, "out of memory\n");
         return 1;
@@ -55,12 +56,13 @@ int main(int argc, char **argv) {
     ht_rng_seed(&rng, 1);
     for (size_t i = 0; i < nq; i++) q[i] = ht_rng_normal(&rng), dout[i] = ht_rng_normal(&rng);
     for (size_t i = 0; i < nk; i++) k[i] = ht_rng_normal(&rng), v[i] = ht_rng_normal(&rng);
+    const ht_attention_shape shape = {B, T, H, KV, D, D, 1.0f / sqrtf((float)D)};
     double fwd = 1e30, bwd = 1e30;
     for (int r = 0; r < reps; r++) {
         double t0 = ht_time_seconds();
-        ht_attention_forward(o, lse, NULL, q, k, v, B, T, H, KV, D, dtype, work);
+        ht_attention_forward(o, lse, NULL, q, k, v, &shape, dtype, work);
         double t1 = ht_time_seconds();
-        ht_attention_backward(dq, dk, dv, dout, o, lse, q, k, v, B, T, H, KV, D, dtype, work);
+        ht_attention_backward(dq, dk, dv, dout, o, lse, q, k, v, &shape, dtype, work);
         double t2 = ht_time_seconds();
         fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
         bwd = t2 - t1 < bwd ? t2 - t1 : bwd;

@@ -25,18 +25,24 @@ static void fill_normal(float *x, size_t n, uint64_t seed, float std) {
 
 /* Causal attention of one (batch, head) in double, the textbook way: the
  * whole (T, T) score matrix, softmax, then each gradient from its formula.
- * Rows of q, dout, out, dq have stride qs; rows of k, v, dk, dv stride ks.
- * dk and dv are added to (query heads share a key head). */
-static void reference_head(const float *q, const float *k, const float *v, const float *dout, int T, int D, int qs,
-                           int ks, double *out, double *dq, double *dk, double *dv, double *head_max) {
-    double scale = 1.0 / sqrt((double)D);
+ * q, k rows have Dk values (strides qs, ks), v, dout rows Dv (strides vs,
+ * os); out, dq, dk, dv are dense. dk and dv are added to (query heads share
+ * a key head). */
+typedef struct ref_shape {
+    int T, Dk, Dv, qs, ks, vs, os;
+    double scale;
+} ref_shape;
+
+static void reference_head(const float *q, const float *k, const float *v, const float *dout, ref_shape a, double *out,
+                           double *dq, double *dk, double *dv, double *head_max) {
+    const int T = a.T, Dk = a.Dk, Dv = a.Dv;
     double *p = malloc((size_t)T * T * sizeof(double)), *dp = malloc((size_t)T * T * sizeof(double));
     for (int i = 0; i < T; i++) {
         double mx = -INFINITY;
         for (int j = 0; j < T; j++) {
             double s = 0;
-            for (int c = 0; c < D; c++) s += (double)q[i * qs + c] * k[j * ks + c];
-            s *= scale;
+            for (int c = 0; c < Dk; c++) s += (double)q[i * a.qs + c] * k[j * a.ks + c];
+            s *= a.scale;
             *head_max = s > *head_max ? s : *head_max; /* masked positions count (QK-clip) */
             p[i * T + j] = s;
             if (j <= i) mx = s > mx ? s : mx;
@@ -46,38 +52,40 @@ static void reference_head(const float *q, const float *k, const float *v, const
         for (int j = 0; j < T; j++) p[i * T + j] = j <= i ? p[i * T + j] / sum : 0.0;
     }
     for (int i = 0; i < T; i++)
-        for (int c = 0; c < D; c++) {
+        for (int c = 0; c < Dv; c++) {
             double o = 0;
-            for (int j = 0; j <= i; j++) o += p[i * T + j] * v[j * ks + c];
-            out[i * D + c] = o;
+            for (int j = 0; j <= i; j++) o += p[i * T + j] * v[j * a.vs + c];
+            out[i * Dv + c] = o;
         }
     /* dP = dO vᵀ, dS = P ∘ (dP − rowsum(P ∘ dP)). */
     for (int i = 0; i < T; i++) {
         double dot = 0;
         for (int j = 0; j <= i; j++) {
             double g = 0;
-            for (int c = 0; c < D; c++) g += (double)dout[i * qs + c] * v[j * ks + c];
+            for (int c = 0; c < Dv; c++) g += (double)dout[i * a.os + c] * v[j * a.vs + c];
             dp[i * T + j] = g;
             dot += p[i * T + j] * g;
         }
         for (int j = 0; j < T; j++) dp[i * T + j] = j <= i ? p[i * T + j] * (dp[i * T + j] - dot) : 0.0;
     }
     for (int i = 0; i < T; i++)
-        for (int c = 0; c < D; c++) {
+        for (int c = 0; c < Dk; c++) {
             double g = 0;
-            for (int j = 0; j <= i; j++) g += dp[i * T + j] * k[j * ks + c];
-            dq[i * D + c] = scale * g;
+            for (int j = 0; j <= i; j++) g += dp[i * T + j] * k[j * a.ks + c];
+            dq[i * Dk + c] = a.scale * g;
         }
-    for (int j = 0; j < T; j++)
-        for (int c = 0; c < D; c++) {
-            double gk = 0, gv = 0;
-            for (int i = j; i < T; i++) {
-                gk += dp[i * T + j] * q[i * qs + c];
-                gv += p[i * T + j] * dout[i * qs + c];
-            }
-            dk[j * D + c] += scale * gk;
-            dv[j * D + c] += gv;
+    for (int j = 0; j < T; j++) {
+        for (int c = 0; c < Dk; c++) {
+            double gk = 0;
+            for (int i = j; i < T; i++) gk += dp[i * T + j] * q[i * a.qs + c];
+            dk[j * Dk + c] += a.scale * gk;
         }
+        for (int c = 0; c < Dv; c++) {
+            double gv = 0;
+            for (int i = j; i < T; i++) gv += p[i * T + j] * dout[i * a.os + c];
+            dv[j * Dv + c] += gv;
+        }
+    }
     free(p);
     free(dp);
 }
@@ -93,54 +101,59 @@ static double rel_err_double(const float *a, int64_t stride_a, const double *ref
     return den > 0 ? num / den : num;
 }
 
-static void check_attention(int B, int T, int H, int KV, int D) {
-    int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D, nq = (int64_t)B * T * qs, nk = (int64_t)B * T * ks;
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
-    float *dout = malloc(nq * sizeof(float)), *out = malloc(nq * sizeof(float)), *dq = malloc(nq * sizeof(float));
-    float *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+/* scale 0: 1/sqrt(Dk), as plain attention has it. */
+static void check_attention_shape(int B, int T, int H, int KV, int Dk, int Dv, float scale) {
+    const ht_attention_shape a = {B, T, H, KV, Dk, Dv, scale > 0 ? scale : 1.0f / sqrtf((float)Dk)};
+    int64_t qs = (int64_t)H * Dk, ks = (int64_t)KV * Dk, vs = (int64_t)KV * Dv, os = (int64_t)H * Dv;
+    int64_t nq = (int64_t)B * T * qs, nk = (int64_t)B * T * ks, nv = (int64_t)B * T * vs, no = (int64_t)B * T * os;
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nv * sizeof(float));
+    float *dout = malloc(no * sizeof(float)), *out = malloc(no * sizeof(float)), *dq = malloc(nq * sizeof(float));
+    float *dk = malloc(nk * sizeof(float)), *dv = malloc(nv * sizeof(float));
     float *lse = malloc((size_t)B * H * T * sizeof(float)), *head_max = malloc((size_t)B * H * sizeof(float));
-    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D) * sizeof(float));
+    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, Dk, Dv) * sizeof(float));
     /* Scores of a few units: the softmax is neither flat nor one-hot. */
     fill_normal(q, nq, 1 + T, 1.5f);
     fill_normal(k, nk, 2 + T, 1.5f);
-    fill_normal(v, nk, 3 + T, 1.0f);
-    fill_normal(dout, nq, 4 + T, 1.0f);
-    ht_attention_forward(out, lse, head_max, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
-    ht_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
+    fill_normal(v, nv, 3 + T, 1.0f);
+    fill_normal(dout, no, 4 + T, 1.0f);
+    ht_attention_forward(out, lse, head_max, q, k, v, &a, HT_DTYPE_F32, work);
+    ht_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &a, HT_DTYPE_F32, work);
 
-    double *ro = malloc((size_t)T * D * sizeof(double)), *rq = malloc((size_t)T * D * sizeof(double));
-    double *rk = calloc((size_t)T * D, sizeof(double)), *rv = calloc((size_t)T * D, sizeof(double));
+    const int wide = Dk > Dv ? Dk : Dv;
+    double *ro = malloc((size_t)T * wide * sizeof(double)), *rq = malloc((size_t)T * wide * sizeof(double));
+    double *rk = calloc((size_t)T * wide, sizeof(double)), *rv = calloc((size_t)T * wide, sizeof(double));
+    const ref_shape r = {T, Dk, Dv, (int)qs, (int)ks, (int)vs, (int)os, a.scale};
     double worst[4] = {0};
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KV; g++) {
-            memset(rk, 0, (size_t)T * D * sizeof(double));
-            memset(rv, 0, (size_t)T * D * sizeof(double));
+            memset(rk, 0, (size_t)T * Dk * sizeof(double));
+            memset(rv, 0, (size_t)T * Dv * sizeof(double));
             for (int h = g * (H / KV); h < (g + 1) * (H / KV); h++) {
-                int64_t qo = (int64_t)b * T * qs + (int64_t)h * D, ko = (int64_t)b * T * ks + (int64_t)g * D;
+                int64_t qo = (int64_t)b * T * qs + (int64_t)h * Dk, oo = (int64_t)b * T * os + (int64_t)h * Dv;
                 double mx = -INFINITY;
-                reference_head(q + qo, k + ko, v + ko, dout + qo, T, D, (int)qs, (int)ks, ro, rq, rk, rv, &mx);
-                worst[0] = fmax(worst[0], rel_err_double(out + qo, qs, ro, T, D));
-                worst[1] = fmax(worst[1], rel_err_double(dq + qo, qs, rq, T, D));
+                reference_head(q + qo, k + (int64_t)b * T * ks + (int64_t)g * Dk, v + (int64_t)b * T * vs + g * Dv,
+                               dout + oo, r, ro, rq, rk, rv, &mx);
+                worst[0] = fmax(worst[0], rel_err_double(out + oo, os, ro, T, Dv));
+                worst[1] = fmax(worst[1], rel_err_double(dq + qo, qs, rq, T, Dk));
                 if (fabs(head_max[b * H + h] - mx) > 1e-5 * fabs(mx))
-                    fail_msg("B%d T%d H%d KV%d D%d: head %d max logit %.9g, reference %.9g", B, T, H, KV, D, h,
-                             head_max[b * H + h], mx);
+                    fail_msg("B%d T%d H%d KV%d Dk%d Dv%d: head %d max logit %.9g, reference %.9g", B, T, H, KV, Dk, Dv,
+                             h, head_max[b * H + h], mx);
             }
-            int64_t ko = (int64_t)b * T * ks + (int64_t)g * D;
-            worst[2] = fmax(worst[2], rel_err_double(dk + ko, ks, rk, T, D));
-            worst[3] = fmax(worst[3], rel_err_double(dv + ko, ks, rv, T, D));
+            worst[2] = fmax(worst[2], rel_err_double(dk + (int64_t)b * T * ks + (int64_t)g * Dk, ks, rk, T, Dk));
+            worst[3] = fmax(worst[3], rel_err_double(dv + (int64_t)b * T * vs + (int64_t)g * Dv, vs, rv, T, Dv));
         }
     static const char *const names[] = {"out", "dq", "dk", "dv"};
     for (int i = 0; i < 4; i++)
         if (!(worst[i] <= 1e-5))
-            fail_msg("B%d T%d H%d KV%d D%d: %s off the reference by %.3g (bound 1e-5)", B, T, H, KV, D, names[i],
-                     worst[i]);
-    printf("attention B%d T%-4d H%d KV%d D%-3d: out %.2g, dq %.2g, dk %.2g, dv %.2g of the double reference\n", B, T, H,
-           KV, D, worst[0], worst[1], worst[2], worst[3]);
+            fail_msg("B%d T%d H%d KV%d Dk%d Dv%d: %s off the reference by %.3g (bound 1e-5)", B, T, H, KV, Dk, Dv,
+                     names[i], worst[i]);
+    printf("attention B%d T%-4d H%d KV%d Dk%-3d Dv%-3d: out %.2g, dq %.2g, dk %.2g, dv %.2g of the double reference\n",
+           B, T, H, KV, Dk, Dv, worst[0], worst[1], worst[2], worst[3]);
 
     /* Without QK-clip's maximum the same numbers come out (the masked tiles only feed it). */
-    float *out2 = malloc(nq * sizeof(float)), *lse2 = malloc((size_t)B * H * T * sizeof(float));
-    ht_attention_forward(out2, lse2, NULL, q, k, v, B, T, H, KV, D, HT_DTYPE_F32, work);
-    assert_memory_equal(out2, out, nq * sizeof(float));
+    float *out2 = malloc(no * sizeof(float)), *lse2 = malloc((size_t)B * H * T * sizeof(float));
+    ht_attention_forward(out2, lse2, NULL, q, k, v, &a, HT_DTYPE_F32, work);
+    assert_memory_equal(out2, out, no * sizeof(float));
     assert_memory_equal(lse2, lse, (size_t)B * H * T * sizeof(float));
     free(out2);
     free(lse2);
@@ -161,6 +174,8 @@ static void check_attention(int B, int T, int H, int KV, int D) {
     free(work);
 }
 
+static void check_attention(int B, int T, int H, int KV, int D) { check_attention_shape(B, T, H, KV, D, D, 0); }
+
 static void test_attention_against_reference(void **state) {
     (void)state;
     static const int T[] = {1, 37, 128, 129, 257};
@@ -169,6 +184,10 @@ static void test_attention_against_reference(void **state) {
         for (size_t d = 0; d < sizeof(D) / sizeof(D[0]); d++) check_attention(2, T[t], 4, 2, D[d]);
     check_attention(1, 100, 3, 3, 16); /* multi-head, a head dim below every tile's */
     check_attention(3, 70, 6, 1, 8);   /* one key head for six query heads */
+    /* Multi-Latent Attention's: values narrower or wider than the keys, a softmax scale of its own (YaRN's). */
+    check_attention_shape(2, 37, 4, 4, 12, 8, 0.37f);
+    check_attention_shape(1, 129, 3, 3, 24, 40, 0);
+    check_attention_shape(2, 130, 4, 2, 192, 128, 0.1f);
 }
 
 static double max_abs(const float *x, size_t n) {
@@ -205,13 +224,13 @@ static void check_attention_16bit(int B, int T, int H, int KV, int D, ht_dtype d
         ht_round_to(in[i], i == 1 || i == 2 ? nk : nq, dtype);
     }
     for (int i = 0; i < 5; i++) ref[i] = malloc(n[i] * sizeof(float)), got[i] = malloc(n[i] * sizeof(float));
-    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D) * sizeof(float));
+    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D, D) * sizeof(float));
+    const ht_attention_shape a = {B, T, H, KV, D, D, 1.0f / sqrtf((float)D)};
     float **o[2] = {ref, got};
     for (int r = 0; r < 2; r++) {
         ht_dtype dt = r == 0 ? HT_DTYPE_F32 : dtype;
-        ht_attention_forward(o[r][0], o[r][4], NULL, in[0], in[1], in[2], B, T, H, KV, D, dt, work);
-        ht_attention_backward(o[r][1], o[r][2], o[r][3], in[3], o[r][0], o[r][4], in[0], in[1], in[2], B, T, H, KV, D,
-                              dt, work);
+        ht_attention_forward(o[r][0], o[r][4], NULL, in[0], in[1], in[2], &a, dt, work);
+        ht_attention_backward(o[r][1], o[r][2], o[r][3], in[3], o[r][0], o[r][4], in[0], in[1], in[2], &a, dt, work);
     }
     const double u = dtype == HT_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     static const char *const names[] = {"out", "dq", "dk", "dv"};
@@ -231,7 +250,7 @@ static void check_attention_16bit(int B, int T, int H, int KV, int D, ht_dtype d
     float *raw = malloc(nq * sizeof(float)), *dq2 = malloc(n[1] * sizeof(float)), *dk2 = malloc(n[2] * sizeof(float)),
           *dv2 = malloc(n[3] * sizeof(float));
     fill_normal(raw, nq, 14 + T, 1.0f); /* in[3] before its rounding */
-    ht_attention_backward(dq2, dk2, dv2, raw, got[0], got[4], in[0], in[1], in[2], B, T, H, KV, D, dtype, work);
+    ht_attention_backward(dq2, dk2, dv2, raw, got[0], got[4], in[0], in[1], in[2], &a, dtype, work);
     assert_memory_equal(dq2, got[1], n[1] * sizeof(float));
     assert_memory_equal(dk2, got[2], n[2] * sizeof(float));
     assert_memory_equal(dv2, got[3], n[3] * sizeof(float));
@@ -374,12 +393,62 @@ static void test_rope_against_reference(void **state) {
                     r[i + half] = v[i + half] * c + v[i] * s;
                 }
             }
-    ht_rope_forward(x, cs, sn, B, T, H, D);
+    const ht_rope_layout plain = {H * D, D, 0, H, D, false};
+    ht_rope_forward(x, cs, sn, B, T, &plain);
     EXPECT_CLOSE("rope forward", x, rx, (size_t)n, 1e-6);
-    ht_rope_backward(x, cs, sn, B, T, H, D);
+    ht_rope_backward(x, cs, sn, B, T, &plain);
     double *r0 = malloc(n * 8);
     for (int64_t i = 0; i < n; i++) r0[i] = x0[i];
     EXPECT_CLOSE("rope backward of forward", x, r0, (size_t)n, 1e-6);
+    free(x), free(x0), free(cs), free(sn), free(rx), free(r0);
+}
+
+/* Multi-Latent Attention's rotary parts: the last R of each head's Dh
+ * values (offset Dh - R), in rows with room after the heads (ld), pairs
+ * interleaved (2i, 2i + 1) or halves; the other values untouched. */
+static void test_rope_layouts(void **state) {
+    (void)state;
+    const int64_t B = 2, T = 11, H = 3, Dh = 7, R = 4, half = R / 2, ld = H * Dh + 5, n = B * T * ld;
+    float *x = malloc(n * 4), *x0 = malloc(n * 4), *cs = malloc(T * half * 4), *sn = malloc(T * half * 4);
+    double *rx = malloc(n * 8), *r0 = malloc(n * 8);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = t * pow(500.0, -2.0 * i / R);
+            cs[t * half + i] = (float)(0.9 * cos(angle)); /* YaRN's tables carry a factor */
+            sn[t * half + i] = (float)(0.9 * sin(angle));
+        }
+    for (int interleave = 0; interleave < 2; interleave++) {
+        fill_normal(x, n, 37 + interleave, 1.0f);
+        memcpy(x0, x, n * 4);
+        for (int64_t i = 0; i < n; i++) rx[i] = x0[i], r0[i] = x0[i];
+        for (int64_t row = 0; row < B * T; row++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t t = row % T, at = row * ld + h * Dh + (Dh - R);
+                for (int64_t i = 0; i < half; i++) {
+                    int64_t i1 = interleave ? at + 2 * i : at + i, i2 = interleave ? at + 2 * i + 1 : at + i + half;
+                    double c = cs[t * half + i], sv = sn[t * half + i];
+                    rx[i1] = x0[i1] * c - x0[i2] * sv;
+                    rx[i2] = x0[i2] * c + x0[i1] * sv;
+                }
+            }
+        const ht_rope_layout L = {ld, Dh, Dh - R, H, R, interleave != 0};
+        ht_rope_forward(x, cs, sn, B, T, &L);
+        EXPECT_CLOSE(interleave ? "rope interleaved" : "rope at an offset", x, rx, (size_t)n, 1e-6);
+        /* Backward is the transpose: minus the angle, times the same factor. */
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i];
+        ht_rope_backward(x, cs, sn, B, T, &L);
+        for (int64_t row = 0; row < B * T; row++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t t = row % T, at = row * ld + h * Dh + (Dh - R);
+                for (int64_t i = 0; i < half; i++) {
+                    int64_t i1 = interleave ? at + 2 * i : at + i, i2 = interleave ? at + 2 * i + 1 : at + i + half;
+                    double c = cs[t * half + i], sv = sn[t * half + i];
+                    r0[i1] = x0[i1] * c + x0[i2] * sv;
+                    r0[i2] = x0[i2] * c - x0[i1] * sv;
+                }
+            }
+        EXPECT_CLOSE(interleave ? "rope interleaved backward" : "rope at an offset backward", x, r0, (size_t)n, 1e-6);
+    }
     free(x), free(x0), free(cs), free(sn), free(rx), free(r0);
 }
 
@@ -621,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_against_reference),
         cmocka_unit_test(test_bias_and_swiglu_against_reference),
         cmocka_unit_test(test_rope_against_reference),
+        cmocka_unit_test(test_rope_layouts),
         cmocka_unit_test(test_cross_entropy_against_reference),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));

@@ -113,6 +113,24 @@ typedef struct ht_softmax_row {
     float max;
 } ht_softmax_row;
 
+/* Where the rotary dimensions of each head lie in a tensor of token rows:
+ * row r starts at r x ld floats, head h of it h x head_stride after that,
+ * and its D rotary dimensions (pairs: rotate-half (i, i + D/2), or
+ * interleaved (2i, 2i + 1)) `offset` after that. A plain (B, T, heads, D)
+ * tensor is {heads x D, D, 0, heads, D, false}. */
+typedef struct ht_rope_layout {
+    int64_t ld, head_stride, offset, heads, D;
+    bool interleave;
+} ht_rope_layout;
+
+/* One attention call: q (B, T, H, Dk), k (B, T, KV, Dk), v (B, T, KV, Dv),
+ * out (B, T, H, Dv); the logits are scale x q·k (1/sqrt(Dk) for plain
+ * attention). */
+typedef struct ht_attention_shape {
+    int64_t B, T, H, KV, Dk, Dv;
+    float scale;
+} ht_attention_shape;
+
 typedef struct ht_kernel_ops {
     const char *name; /* "cpu" */
     /* memory: what the kernels read and write apart from the parameters
@@ -139,10 +157,10 @@ typedef struct ht_kernel_ops {
                              ht_dtype wdtype, const float *rstd, int64_t N, int64_t C);
     void (*add_bias)(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C);
     void (*bias_backward)(float *dbias, const float *dy, int64_t N, int64_t C);
-    void (*rope_forward)(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                         int64_t D);
-    void (*rope_backward)(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                          int64_t D);
+    void (*rope_forward)(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                         const ht_rope_layout *layout);
+    void (*rope_backward)(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                          const ht_rope_layout *layout);
     void (*swiglu_forward)(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
     double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
@@ -150,12 +168,12 @@ typedef struct ht_kernel_ops {
     void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
                                    const ht_softmax_row *rows);
     /* attention: ht_attention_* */
-    size_t (*attention_workspace_floats)(int64_t T, int64_t D);
+    size_t (*attention_workspace_floats)(int64_t T, int64_t Dk, int64_t Dv);
     void (*attention_forward)(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work);
+                              const ht_attention_shape *shape, ht_dtype dtype, float *work);
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                               int64_t KV, int64_t D, ht_dtype dtype, float *work);
+                               const float *q, const float *k, const float *v, const ht_attention_shape *shape,
+                               ht_dtype dtype, float *work);
     /* the embedding: ht_embedding_forward, ht_embedding_backward */
     void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
     void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);

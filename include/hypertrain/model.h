@@ -131,7 +131,7 @@ typedef struct ht_model_config {
     ht_moe_config moe;        /* qwen2_moe and deepseek_v3 */
     ht_mla_config mla;        /* deepseek_v3 only */
     ht_rope_scaling rope_scaling;
-    ht_lora_config lora;      /* rank 0: none; never read from or written to config.json */
+    ht_lora_config lora; /* rank 0: none; never read from or written to config.json */
 } ht_model_config;
 
 /* Whether layer l of cfg has the sparse MLP. */
@@ -176,7 +176,7 @@ typedef struct ht_expert_parallel {
 /* A module in the sense of Hugging Face's named_modules(), at the grain the
  * model runs them: "model.embed_tokens", "model.layers.3", "model.norm",
  * "lm_head". FSDP units are made of modules (parallel.h). */
-#define HT_MODULE_MAX_PARAMS 32 /* a layer: 12 weights, biases and norms, and 14 adapters */
+#define HT_MODULE_MAX_PARAMS 48 /* a layer: up to 18 weights, biases and norms, 8 of experts, 22 adapters */
 typedef struct ht_module {
     char name[HT_PARAM_NAME_MAX];
     int param_count;

@@ -195,8 +195,8 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0 &&
         strcmp(type->string, "qwen2_moe") != 0 && strcmp(type->string, "deepseek_v3") != 0)
         return ht_fail(err, HT_ERR_CONFIG,
-                       "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe, deepseek_v3)",
-                       path, type->string);
+                       "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe, deepseek_v3)", path,
+                       type->string);
     bool qwen2 = strcmp(type->string, "qwen2") == 0, moe = strcmp(type->string, "qwen2_moe") == 0;
     bool deepseek = strcmp(type->string, "deepseek_v3") == 0;
     snprintf(cfg->name, sizeof(cfg->name), "%s", type->string);
@@ -275,14 +275,15 @@ static void write_rope(FILE *f, const ht_model_config *cfg) {
     const ht_rope_scaling *r = &cfg->rope_scaling;
     const bool yarn = ht_rope_is_yarn(r);
     for (int spelling = 0; spelling < (yarn ? 2 : 1); spelling++) {
-        fprintf(f, ",\n  \"%s\": {\"rope_type\": \"%s\", \"rope_theta\": ",
-                spelling ? "rope_scaling" : "rope_parameters", yarn ? "yarn" : "default");
+        fprintf(f,
+                ",\n  \"%s\": {\"rope_type\": \"%s\", \"rope_theta\": ", spelling ? "rope_scaling" : "rope_parameters",
+                yarn ? "yarn" : "default");
         ht_json_write_number(f, cfg->rope_theta);
         if (yarn) {
             fputs(", \"factor\": ", f);
             ht_json_write_number(f, r->factor);
-            fprintf(f, ", \"original_max_position_embeddings\": %d, \"beta_fast\": ",
-                    r->original_max_position_embeddings);
+            fprintf(f,
+                    ", \"original_max_position_embeddings\": %d, \"beta_fast\": ", r->original_max_position_embeddings);
             ht_json_write_number(f, r->beta_fast);
             fputs(", \"beta_slow\": ", f);
             ht_json_write_number(f, r->beta_slow);

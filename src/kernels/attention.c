@@ -25,8 +25,8 @@ enum { BQ = 128, BK = 128 };
  * the second product of each pair (P, or dS) in it. Always sized for 16-bit
  * operands: a model's compute precision can change (ht_model_set_compute)
  * without its buffers being sized again. */
-size_t ht_attention_workspace_floats(int64_t T, int64_t D) {
-    size_t f32 = (size_t)(2 * BQ * BK + BQ * D + 2 * BQ), halves = (size_t)(4 * T * D + 2 * BQ * BK);
+size_t ht_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv) {
+    size_t f32 = (size_t)(2 * BQ * BK + BQ * Dv + 2 * BQ), halves = (size_t)(2 * T * Dk + 2 * T * Dv + 2 * BQ * BK);
     return f32 + (halves + 1) / 2;
 }
 
@@ -73,29 +73,39 @@ typedef struct scratch {
     uint16_t *q, *k, *v, *dout, *tile;
 } scratch;
 
-static scratch scratch_carve(float *work, int64_t T, int64_t D) {
+static scratch scratch_carve(float *work, int64_t T, int64_t Dk, int64_t Dv) {
     scratch w;
-    w.s = work, w.s2 = work + BQ * BK, w.acc = work + 2 * BQ * BK, w.m = w.acc + BQ * D, w.l = w.m + BQ;
-    w.q = (uint16_t *)(w.l + BQ), w.k = w.q + T * D, w.v = w.k + T * D, w.dout = w.v + T * D;
-    w.tile = w.dout + T * D;
+    w.s = work, w.s2 = work + BQ * BK, w.acc = work + 2 * BQ * BK, w.m = w.acc + BQ * Dv, w.l = w.m + BQ;
+    w.q = (uint16_t *)(w.l + BQ), w.k = w.q + T * Dk, w.v = w.k + T * Dk, w.dout = w.v + T * Dv;
+    w.tile = w.dout + T * Dv;
     return w;
 }
 
-/* One (batch, head): q, out rows have stride qs, k and v rows stride ks.
- * The products take their operands in `dtype`, accumulate in FP32. */
+/* The row strides of one call's tensors: q (qs) and k (ks) rows of Dk, v
+ * (vs) and out (os) rows of Dv. */
+typedef struct strides {
+    int64_t qs, ks, vs, os;
+} strides;
+
+static strides strides_of(const ht_attention_shape *a) {
+    return (strides){a->H * a->Dk, a->KV * a->Dk, a->KV * a->Dv, a->H * a->Dv};
+}
+
+/* One (batch, head). The products take their operands in `dtype`, accumulate in FP32. */
 static void forward_head(float *out, float *lse, float *head_max, const float *q32, const float *k32, const float *v32,
-                         int64_t T, int64_t D, int64_t qs, int64_t ks, ht_dtype dtype, scratch w) {
+                         const ht_attention_shape *a, strides st, ht_dtype dtype, scratch w) {
+    const int64_t T = a->T, Dk = a->Dk, D = a->Dv;
     float *s = w.s, *acc = w.acc, *m = w.m, *l = w.l;
-    const operand q = head_operand(q32, T, D, qs, dtype, w.q), k = head_operand(k32, T, D, ks, dtype, w.k),
-                  v = head_operand(v32, T, D, ks, dtype, w.v);
-    const float scale = 1.0f / sqrtf((float)D);
+    const operand q = head_operand(q32, T, Dk, st.qs, dtype, w.q), k = head_operand(k32, T, Dk, st.ks, dtype, w.k),
+                  v = head_operand(v32, T, D, st.vs, dtype, w.v);
+    const float scale = a->scale;
     float hmax = -INFINITY;
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
         int64_t bq = min64(BQ, T - i0), keys = i0 + bq; /* the keys any query of the block sees */
         for (int64_t r = 0; r < bq; r++) m[r] = -INFINITY, l[r] = 0.0f;
         for (int64_t j0 = 0; j0 < keys; j0 += BK) {
             int64_t bk = min64(BK, keys - j0);
-            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
+            ht_gemm(false, true, bq, bk, Dk, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
             if (head_max) {
                 float t = tile_max(s, bq, bk, BK);
                 hmax = t > hmax ? t : hmax;
@@ -123,14 +133,14 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
                     D);
         }
         for (int64_t r = 0; r < bq; r++) {
-            float inv = 1.0f / l[r], *orow = out + (i0 + r) * qs;
+            float inv = 1.0f / l[r], *orow = out + (i0 + r) * st.os;
             for (int64_t c = 0; c < D; c++) orow[c] = acc[r * D + c] * inv;
             lse[i0 + r] = m[r] + logf(l[r]);
         }
         /* QK-clip's maximum also counts the keys above the diagonal. */
         for (int64_t j0 = keys; head_max && j0 < T; j0 += BK) {
             int64_t bk = min64(BK, T - j0);
-            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
+            ht_gemm(false, true, bq, bk, Dk, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
             float t = tile_max(s, bq, bk, BK);
             hmax = t > hmax ? t : hmax;
         }
@@ -139,28 +149,29 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
 }
 
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work) {
-    int64_t group = H / KV, qs = H * D, ks = KV * D;
-    size_t per_thread = ht_attention_workspace_floats(T, D);
+                          const ht_attention_shape *a, ht_dtype dtype, float *work) {
+    const int64_t B = a->B, T = a->T, H = a->H, group = a->H / a->KV, Dk = a->Dk, Dv = a->Dv;
+    const strides st = strides_of(a);
+    size_t per_thread = ht_attention_workspace_floats(T, Dk, Dv);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             int64_t g = h / group;
-            forward_head(out + b * T * qs + h * D, lse + (b * H + h) * T, head_max ? head_max + b * H + h : NULL,
-                         q + b * T * qs + h * D, k + b * T * ks + g * D, v + b * T * ks + g * D, T, D, qs, ks, dtype,
-                         scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, D));
+            forward_head(out + b * T * st.os + h * Dv, lse + (b * H + h) * T, head_max ? head_max + b * H + h : NULL,
+                         q + b * T * st.qs + h * Dk, k + b * T * st.ks + g * Dk, v + b * T * st.vs + g * Dv, a, st,
+                         dtype, scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, Dk, Dv));
         }
 }
 
 /* One query head's share of the gradients: dq for its rows, += into the dk
  * and dv of its key head, whose operands k and v the caller rounded. */
 static void backward_head(float *dq, float *dk, float *dv, const float *dout32, const float *out, const float *lse,
-                          const float *q32, operand k, operand v, int64_t T, int64_t D, int64_t qs, int64_t ks,
-                          scratch w) {
+                          const float *q32, operand k, operand v, const ht_attention_shape *a, strides st, scratch w) {
     const ht_dtype dtype = k.dtype;
+    const int64_t T = a->T, Dk = a->Dk, D = a->Dv, qs = st.qs, ks = st.ks;
     float *p = w.s, *dp = w.s2, *delta = w.acc;
-    const operand q = head_operand(q32, T, D, qs, dtype, w.q), dout = head_operand(dout32, T, D, qs, dtype, w.dout);
-    const float scale = 1.0f / sqrtf((float)D);
+    const operand q = head_operand(q32, T, Dk, qs, dtype, w.q), dout = head_operand(dout32, T, D, st.os, dtype, w.dout);
+    const float scale = a->scale;
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
         int64_t bq = min64(BQ, T - i0), keys = i0 + bq;
         /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term,
@@ -169,7 +180,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
          * a shift common to a row is exactly what the softmax's gradient
          * cancels (a k bias's gradient, say, then carries it). */
         for (int64_t r = 0; r < bq; r++) {
-            const float *o = out + (i0 + r) * qs, *g = dout32 + (i0 + r) * qs;
+            const float *o = out + (i0 + r) * st.os, *g = dout32 + (i0 + r) * st.os;
             if (dtype != HT_DTYPE_F32) {
                 ht_convert(p, HT_DTYPE_F32, row_at(dout, i0 + r), dtype, (size_t)D); /* p: free until the tiles */
                 g = p;
@@ -181,7 +192,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
         }
         for (int64_t j0 = 0; j0 < keys; j0 += BK) {
             int64_t bk = min64(BK, keys - j0);
-            ht_gemm(false, true, bq, bk, D, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, p, BK);
+            ht_gemm(false, true, bq, bk, Dk, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, p, BK);
             for (int64_t r = 0; r < bq; r++) {
                 float *row = p + r * BK, li = lse[i0 + r];
                 int64_t valid = min64(bk, i0 + r - j0 + 1);
@@ -191,38 +202,39 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
             }
             /* dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;  dS = P ∘ (dP − delta). */
             operand pt = tile_operand(p, bq, bk, dtype, w.tile);
-            ht_gemm(true, false, bk, D, bq, 1.0f, pt.p, pt.ld, row_at(dout, i0), dout.ld, dtype, 1.0f, dv + j0 * ks,
-                    ks);
+            ht_gemm(true, false, bk, D, bq, 1.0f, pt.p, pt.ld, row_at(dout, i0), dout.ld, dtype, 1.0f, dv + j0 * st.vs,
+                    st.vs);
             ht_gemm(false, true, bq, bk, D, 1.0f, row_at(dout, i0), dout.ld, row_at(v, j0), v.ld, dtype, 0.0f, dp, BK);
             for (int64_t r = 0; r < bq; r++)
 #pragma omp simd
                 for (int64_t c = 0; c < bk; c++) dp[r * BK + c] = p[r * BK + c] * (dp[r * BK + c] - delta[r]);
             /* dQ_i += scale dS K_j;  dK_j += scale dSᵀ Q_i. */
             operand ds = tile_operand(dp, bq, bk, dtype, w.tile);
-            ht_gemm(false, false, bq, D, bk, scale, ds.p, ds.ld, row_at(k, j0), k.ld, dtype, j0 == 0 ? 0.0f : 1.0f,
+            ht_gemm(false, false, bq, Dk, bk, scale, ds.p, ds.ld, row_at(k, j0), k.ld, dtype, j0 == 0 ? 0.0f : 1.0f,
                     dq + i0 * qs, qs);
-            ht_gemm(true, false, bk, D, bq, scale, ds.p, ds.ld, row_at(q, i0), q.ld, dtype, 1.0f, dk + j0 * ks, ks);
+            ht_gemm(true, false, bk, Dk, bq, scale, ds.p, ds.ld, row_at(q, i0), q.ld, dtype, 1.0f, dk + j0 * ks, ks);
         }
     }
 }
 
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                           const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, ht_dtype dtype, float *work) {
-    int64_t group = H / KV, qs = H * D, ks = KV * D;
-    size_t per_thread = ht_attention_workspace_floats(T, D);
-    memset(dk, 0, (size_t)(B * T * ks) * sizeof(float));
-    memset(dv, 0, (size_t)(B * T * ks) * sizeof(float));
+                           const float *q, const float *k, const float *v, const ht_attention_shape *a, ht_dtype dtype,
+                           float *work) {
+    const int64_t B = a->B, T = a->T, H = a->H, KV = a->KV, group = H / KV, Dk = a->Dk, Dv = a->Dv;
+    const strides st = strides_of(a);
+    size_t per_thread = ht_attention_workspace_floats(T, Dk, Dv);
+    memset(dk, 0, (size_t)(B * T * st.ks) * sizeof(float));
+    memset(dv, 0, (size_t)(B * T * st.vs) * sizeof(float));
     /* A task owns one key head, so the query heads sharing it add into its dk and dv without races. */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < KV; g++) {
-            scratch w = scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, D);
-            const float *kb = k + b * T * ks + g * D, *vb = v + b * T * ks + g * D;
-            operand ko = head_operand(kb, T, D, ks, dtype, w.k), vo = head_operand(vb, T, D, ks, dtype, w.v);
+            scratch w = scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, Dk, Dv);
+            const float *kb = k + b * T * st.ks + g * Dk, *vb = v + b * T * st.vs + g * Dv;
+            operand ko = head_operand(kb, T, Dk, st.ks, dtype, w.k), vo = head_operand(vb, T, Dv, st.vs, dtype, w.v);
             for (int64_t h = g * group; h < (g + 1) * group; h++)
-                backward_head(dq + b * T * qs + h * D, dk + b * T * ks + g * D, dv + b * T * ks + g * D,
-                              dout + b * T * qs + h * D, out + b * T * qs + h * D, lse + (b * H + h) * T,
-                              q + b * T * qs + h * D, ko, vo, T, D, qs, ks, w);
+                backward_head(dq + b * T * st.qs + h * Dk, dk + b * T * st.ks + g * Dk, dv + b * T * st.vs + g * Dv,
+                              dout + b * T * st.os + h * Dv, out + b * T * st.os + h * Dv, lse + (b * H + h) * T,
+                              q + b * T * st.qs + h * Dk, ko, vo, a, st, w);
         }
 }

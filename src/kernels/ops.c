@@ -112,35 +112,35 @@ void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
     free(partial);
 }
 
-/* Rotates every head vector of x (B, T, nheads, D) by +-angle (rotate-half
- * form): the forward pass rotates by the angle, its backward by minus it. */
+/* Rotates the rotary part of every head of x by +-angle: the forward pass
+ * rotates by the angle, its backward by minus it. Pair i is (v[i],
+ * v[i + D/2]) (rotate-half form) or (v[2i], v[2i + 1]) (interleaved). */
 static void rope_rotate(float *x, const float *cos_t, const float *sin_t, float sign, int64_t B, int64_t T,
-                        int64_t nheads, int64_t D) {
-    int64_t half = D / 2;
+                        const ht_rope_layout *L) {
+    const int64_t half = L->D / 2, a = L->interleave ? 2 : 1, b_off = L->interleave ? 1 : half;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             const float *c = cos_t + t * half, *s = sin_t + t * half;
-            for (int64_t h = 0; h < nheads; h++) {
-                float *v = x + ((b * T + t) * nheads + h) * D;
+            for (int64_t h = 0; h < L->heads; h++) {
+                float *v = x + (b * T + t) * L->ld + h * L->head_stride + L->offset;
                 for (int64_t i = 0; i < half; i++) {
-                    float x1 = v[i], x2 = v[i + half], si = sign * s[i];
-                    v[i] = x1 * c[i] - x2 * si;
-                    v[i + half] = x2 * c[i] + x1 * si;
+                    float x1 = v[a * i], x2 = v[a * i + b_off], si = sign * s[i];
+                    v[a * i] = x1 * c[i] - x2 * si;
+                    v[a * i + b_off] = x2 * c[i] + x1 * si;
                 }
             }
         }
     }
 }
 
-void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                     int64_t D) {
-    rope_rotate(x, cos_t, sin_t, 1.0f, B, T, nheads, D);
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, const ht_rope_layout *L) {
+    rope_rotate(x, cos_t, sin_t, 1.0f, B, T, L);
 }
 
-void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                      int64_t D) {
-    rope_rotate(dx, cos_t, sin_t, -1.0f, B, T, nheads, D);
+void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                      const ht_rope_layout *L) {
+    rope_rotate(dx, cos_t, sin_t, -1.0f, B, T, L);
 }
 
 static inline float sigmoidf(float x) { return sigmoid_fast(x); }

@@ -20,11 +20,11 @@ void ht_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t
 /* dbias (C) += column sums of dy (N, C). */
 void ht_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C);
 
-/* Rotary embedding, rotate-half form, in place on x (B, T, nheads, D) with
- * cos/sin tables (T, D/2). Backward applies the inverse rotation to dx. */
-void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads, int64_t D);
-void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nheads,
-                      int64_t D);
+/* Rotary embedding in place on the rotary part of each head of x ((B, T)
+ * token rows laid out as L says) with cos/sin tables (T, L->D/2). Backward
+ * applies the inverse rotation to dx. */
+void ht_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, const ht_rope_layout *L);
+void ht_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T, const ht_rope_layout *L);
 
 /* h = silu(gate) * up, written in hdtype. */
 void ht_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
@@ -42,24 +42,25 @@ double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int
 void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
                                const ht_softmax_row *rows);
 
-/* Causal self-attention, tiled (kernels/attention.c): out (B, T, H, D) =
- * softmax(q kᵀ / sqrt(D), causal) v over q (B, T, H, D) and k, v (B, T, KV, D)
- * (H a multiple of KV: grouped-query heads share a key head), keeping only
+/* Causal self-attention, tiled (kernels/attention.c), of the shape a says:
+ * out (B, T, H, Dv) = softmax(scale q kᵀ, causal) v over q (B, T, H, Dk),
+ * k (B, T, KV, Dk) and v (B, T, KV, Dv) (H a multiple of KV: grouped-query
+ * heads share a key head), keeping only
  * lse (B, H, T), each row's log-sum-exp, for backward: no (T, T) tensor is
  * stored. head_max (B, H), when not NULL, gets each head's largest logit over
  * every position, masked ones included (QK-clip's S_h). The products take
  * their operands in `dtype` (q, k, v, dout and the probability tiles rounded
  * to it; float32: as they are) and accumulate in FP32; the softmax, out, lse
  * and every gradient are FP32. work: the threads' scratch,
- * omp_get_max_threads() x ht_attention_workspace_floats(T, D). */
-size_t ht_attention_workspace_floats(int64_t T, int64_t D);
+ * omp_get_max_threads() x ht_attention_workspace_floats(T, Dk, Dv). */
+size_t ht_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv);
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, ht_dtype dtype, float *work);
-/* dq (B, T, H, D), dk, dv (B, T, KV, D) = the gradients (overwritten) given
+                          const ht_attention_shape *a, ht_dtype dtype, float *work);
+/* dq, dk, dv (the shapes of q, k, v) = the gradients (overwritten) given
  * dout and the forward's out and lse, recomputing the probabilities tile by tile. */
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                           const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D, ht_dtype dtype, float *work);
+                           const float *q, const float *k, const float *v, const ht_attention_shape *a, ht_dtype dtype,
+                           float *work);
 
 /* Σ x² in double, with each thread's share summed in thread order: the same
  * bits on every run with the same thread count (an OpenMP reduction combines

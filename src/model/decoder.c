@@ -1,12 +1,15 @@
-/* The Qwen2/Llama decoder: named parameters with Hugging Face names, the
- * forward pass and a hand-written backward pass. Matmul inputs are stored in
+/* The Qwen2/Llama/Qwen2-MoE/DeepSeek-V3 decoder: named parameters with
+ * Hugging Face names, the forward pass and a hand-written backward pass. Matmul inputs are stored in
  * the weights' dtype (bf16 weights -> bf16 x bf16 GEMMs with FP32
  * accumulation); the residual stream, norms, softmax and loss are FP32.
  * Gradients accumulate (+=) into each parameter's full FP32 grad (its main_grad
  * unless the store is sharded).
  *
  * Shapes: B batch, T sequence, N = B*T tokens, C hidden, H query heads,
- * KV key/value heads, D head dim, F intermediate, V vocab, L layers. */
+ * KV key/value heads, D head dim, F intermediate, V vocab, L layers.
+ * Multi-Latent Attention (DeepSeek-V3): Dk = nope + rope per query/key head,
+ * Dv per value head, every head its own key (KVh = H); Rq, Rkv the query and
+ * key/value latents, Dr the rotary key shared by the heads. */
 #include "model/decoder.h"
 
 #include <math.h>
@@ -17,15 +20,22 @@
 #include "hypertrain/kernels.h"
 #include "model/moe.h"
 
-/* A layer's linear layers, in forward order, by their Hugging Face module names. */
-enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_COUNT };
+/* A layer's linear layers by their Hugging Face module names: the plain
+ * attention's and the MLP's, then Multi-Latent Attention's. */
+enum { LIN_Q = 0, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, LIN_QA, LIN_QB, LIN_KVA, LIN_KVB, LIN_COUNT };
+enum { LIN_PLAIN = LIN_QA }; /* the linears before MLA's */
 static const char *const LIN_MODULES[LIN_COUNT] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
+    "self_attn.q_proj",    "self_attn.k_proj",
+    "self_attn.v_proj",    "self_attn.o_proj",
+    "mlp.gate_proj",       "mlp.up_proj",
+    "mlp.down_proj",       "self_attn.q_a_proj",
+    "self_attn.q_b_proj",  "self_attn.kv_a_proj_with_mqa",
+    "self_attn.kv_b_proj",
 };
 
 typedef struct layer_params {
     ht_param *ln1, *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w; /* attention block */
+    ht_param *qa_w, *qa_ln, *qb_w, *kva_w, *kva_ln, *kvb_w;  /* MLA's (q_w: its q_proj without q_lora_rank) */
     ht_param *ln2, *gate_w, *up_w, *down_w;                  /* MLP block (dense layers) */
     int sparse; /* the layer's index among the sparse layers (qwen2_moe), -1: the dense MLP */
     ht_param *lora_a[LIN_COUNT], *lora_b[LIN_COUNT]; /* model.lora: (r, in), (out, r); NULL: no adapter */
@@ -37,12 +47,18 @@ typedef struct layer_acts {
     float *resid;     /* (N, C) the layer's input */
     float *rstd1;     /* (N) */
     void *ln1;        /* (N, C) cd */
-    float *q;         /* (B, T, H, D) after bias and rotary */
-    float *k;         /* (B, T, KV, D) after bias and rotary */
-    float *v;         /* (B, T, KV, D) */
-    float *o;         /* (B, T, H, D) attention output, FP32 */
+    float *q;         /* (B, T, H, Dk) after bias and rotary */
+    float *k;         /* (B, T, KVh, Dk) after bias and rotary */
+    float *v;         /* (B, T, KVh, Dv) */
+    float *o;         /* (B, T, H, Dv) attention output, FP32 */
     float *lse;       /* (B, H, T) log-sum-exp of each row of scores: the probabilities, recomputed in backward */
-    void *att;        /* (N, H*D) cd: the o_proj input (o in cd) */
+    void *att;        /* (N, H*Dv) cd: the o_proj input (o in cd) */
+    float *qa;        /* MLA: (N, Rq) q_a_proj's output, the q_a_layernorm input */
+    float *rstd_qa;   /* (N) */
+    void *qa_ln;      /* (N, Rq) cd: the q_b_proj input */
+    float *kv_lat;    /* (N, Rkv) the latent, the kv_a_layernorm input */
+    float *rstd_kv;   /* (N) */
+    void *kv_ln;      /* (N, Rkv) cd: the kv_b_proj input */
     float *resid_mid; /* (N, C) after the attention residual */
     float *rstd2;     /* (N) */
     void *ln2;        /* (N, C) cd */
@@ -54,6 +70,13 @@ typedef struct layer_acts {
 
 typedef struct decoder {
     int L, C, F, H, KV, D, V;
+    /* The attention as the kernel sees it: query/key and value head dims,
+     * key/value heads, the logits' scale; the rotary dims (D, or MLA's Dr). */
+    int Dk, Dv, KVh, rope_dim;
+    float attn_scale;
+    bool mla;
+    int Rq, Rkv, Dn, Dr; /* MLA: q_lora_rank (0: q_proj), kv_lora_rank, qk_nope and qk_rope head dims */
+    bool rope_interleave;
     ht_param *embed, *norm, *head; /* head == embed when the embeddings are tied */
     layer_params *layers;          /* (L) */
     ht_moe *moe;                   /* the sparse layers (NULL: none) */
@@ -75,17 +98,22 @@ typedef struct decoder {
     ht_softmax_row *softmax_rows; /* (N) the forward's softmax of each counted row, for backward */
     int64_t target_count;
     /* backward scratch */
-    float *dresid;   /* (N, C) gradient of the residual stream */
-    float *dln;      /* (N, C) */
-    float *datt;     /* (N, H*D) */
-    float *dq;       /* (N, H*D) */
-    float *dk, *dv;  /* (N, KV*D) */
-    float *dgate;    /* (N, F) */
-    float *dup;      /* (N, F) */
-    float *dh;       /* (N, F) */
-    void *dy_cd;     /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *att_work; /* (threads, ht_kernels()->attention_workspace_floats(T, D)) the attention tiles */
-    float *head_max; /* (B, H) the largest logit of each head in one layer's forward */
+    float *dresid;       /* (N, C) gradient of the residual stream */
+    float *dln;          /* (N, C) */
+    float *datt;         /* (N, H*D) */
+    float *dq;           /* (N, H*Dk) */
+    float *dk, *dv;      /* (N, KVh*Dk), (N, KVh*Dv) */
+    float *kva;          /* MLA: (N, Rkv + Dr) kv_a_proj_with_mqa's output; in backward its gradient */
+    float *kvb;          /* MLA: (N, H*(Dn + Dv)) kv_b_proj's output; in backward its gradient */
+    float *dkpe;         /* MLA: (N, Dr) the shared rotary key's gradient */
+    float *dlat, *dlat2; /* MLA: (N, Rkv) the gradients of kv_b_proj's input and of the latent */
+    float *dqa, *dqa2;   /* MLA: (N, Rq) the gradients of q_b_proj's input and of q_a_proj's output */
+    float *dgate;        /* (N, F) */
+    float *dup;          /* (N, F) */
+    float *dh;           /* (N, F) */
+    void *dy_cd;         /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *att_work;     /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
+    float *head_max;     /* (B, H) the largest logit of each head in one layer's forward */
     int threads;
     /* model.lora */
     int lora_rank;
@@ -108,11 +136,36 @@ static ht_param *add_param(ht_model *m, const char *name, int64_t d0, int64_t d1
 
 /* Each linear's (out, in). */
 static void linear_shape(const decoder *d, int lin, int64_t *out, int64_t *in) {
-    int64_t qd = (int64_t)d->H * d->D, kvd = (int64_t)d->KV * d->D;
-    const int64_t shapes[LIN_COUNT][2] = {{qd, d->C},   {kvd, d->C},  {kvd, d->C}, {d->C, qd},
-                                          {d->F, d->C}, {d->F, d->C}, {d->C, d->F}};
+    int64_t qd = (int64_t)d->H * d->Dk, kvd = (int64_t)d->KV * d->D, od = (int64_t)d->H * d->Dv;
+    const int64_t shapes[LIN_COUNT][2] = {
+        {qd, d->C},
+        {kvd, d->C},
+        {kvd, d->C},
+        {d->C, od},
+        {d->F, d->C},
+        {d->F, d->C},
+        {d->C, d->F},
+        {d->Rq, d->C},
+        {qd, d->Rq},
+        {d->Rkv + d->Dr, d->C},
+        {(int64_t)d->H * (d->Dn + d->Dv), d->Rkv},
+    };
     *out = shapes[lin][0];
     *in = shapes[lin][1];
+}
+
+/* Whether a layer's attention has linear `lin` (the MLP's are every dense layer's). */
+static bool attention_has(const decoder *d, int lin) {
+    if (!d->mla) return lin < LIN_PLAIN;
+    if (lin == LIN_K || lin == LIN_V) return false;
+    if (lin == LIN_Q) return d->Rq == 0;
+    if (lin == LIN_QA || lin == LIN_QB) return d->Rq > 0;
+    return true;
+}
+
+static bool layer_has(const decoder *d, const ht_model_config *c, int l, int lin) {
+    if (lin >= LIN_GATE && lin <= LIN_DOWN) return !ht_model_config_layer_is_sparse(c, l);
+    return attention_has(d, lin);
 }
 
 static bool lora_adapts(const ht_lora_config *lc, const char *path) {
@@ -134,23 +187,25 @@ static ht_status check_lora_targets(const decoder *d, const ht_model_config *c, 
             if (ht_lora_target_matches(t, other[i]))
                 return ht_fail(err, HT_ERR_CONFIG,
                                "model.lora.target_modules: \"%s\" selects %s: not supported (adapters go on the "
-                               "linear layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj only)",
+                               "linear layers of the attention and the MLP only)",
                                t, other[i]);
         bool hit = false;
         for (int l = 0; l < d->L && !hit; l++) {
-            const char *not_linear[] = {"input_layernorm", "post_attention_layernorm", "self_attn", "mlp"};
+            const char *not_linear[] = {"input_layernorm",         "post_attention_layernorm", "self_attn", "mlp",
+                                        "self_attn.q_a_layernorm", "self_attn.kv_a_layernorm"};
             for (size_t i = 0; i < sizeof(not_linear) / sizeof(not_linear[0]); i++) {
                 snprintf(path, sizeof(path), "model.layers.%d.%s", l, not_linear[i]);
                 if (ht_lora_target_matches(t, path))
                     return ht_fail(err, HT_ERR_CONFIG,
                                    "model.lora.target_modules: \"%s\" selects %s, which is not a linear layer "
-                                   "(adapters go on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                                   "(adapters go on the attention's and the MLP's linear layers)",
                                    t, path);
             }
             for (int lin = 0; lin < LIN_COUNT && !hit; lin++) {
+                if (!attention_has(d, lin) && !(lin >= LIN_GATE && lin <= LIN_DOWN)) continue;
                 snprintf(path, sizeof(path), "model.layers.%d.%s", l, LIN_MODULES[lin]);
                 hit = ht_lora_target_matches(t, path);
-                if (hit && lin > LIN_O && ht_model_config_layer_is_sparse(c, l))
+                if (hit && lin >= LIN_GATE && lin <= LIN_DOWN && ht_model_config_layer_is_sparse(c, l))
                     return ht_fail(err, HT_ERR_CONFIG,
                                    "model.lora.target_modules: \"%s\" selects %s, but layer %d is sparse (its MLP "
                                    "is experts): adapters on experts are not supported; target the attention "
@@ -158,14 +213,21 @@ static ht_status check_lora_targets(const decoder *d, const ht_model_config *c, 
                                    t, path, l);
             }
         }
-        if (!hit)
+        if (!hit) {
+            char names[256] = "";
+            size_t used = 0;
+            for (int lin = 0; lin < LIN_COUNT; lin++)
+                if (attention_has(d, lin) && used < sizeof(names))
+                    used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", used ? ", " : "",
+                                             LIN_MODULES[lin] + strlen("self_attn."));
             return ht_fail(err, HT_ERR_CONFIG,
                            "model.lora.target_modules: \"%s\" matches no linear layer of this model; its linear "
-                           "layers are model.layers.{0..%d}.self_attn.{q_proj, k_proj, v_proj, o_proj} and "
-                           "model.layers.{0..%d}.mlp.{gate_proj, up_proj, down_proj} (a bare name such as q_proj "
-                           "matches it in every layer, a path such as model.layers.0.self_attn.q_proj one module, "
+                           "layers are model.layers.{0..%d}.self_attn.{%s} and "
+                           "model.layers.{0..%d}.mlp.{gate_proj, up_proj, down_proj} (a bare name such as o_proj "
+                           "matches it in every layer, a path such as model.layers.0.self_attn.o_proj one module, "
                            "'{*}' standing for one dotted component)",
-                           t, d->L - 1, d->L - 1);
+                           t, d->L - 1, names, d->L - 1);
+        }
     }
     return HT_OK;
 }
@@ -189,9 +251,16 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
         if (!add_param(m, name, d0, d1, dtype)) return ht_fail(err, HT_ERR_OOM, "cannot declare %s", name);            \
     } while (0)
         bool sparse = ht_model_config_layer_is_sparse(c, l);
-        for (int lin = 0; lin < LIN_COUNT; lin++) {
+        /* transformers' order: MLA's q_a_proj, q_a_layernorm, q_b_proj (or
+         * q_proj), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, then o_proj. */
+        static const int plain[] = {LIN_Q, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN};
+        static const int latent[] = {LIN_QA, LIN_QB, LIN_Q, LIN_KVA, LIN_KVB, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN};
+        const int *order = d->mla ? latent : plain;
+        const int lins = d->mla ? (int)(sizeof(latent) / sizeof(latent[0])) : (int)(sizeof(plain) / sizeof(plain[0]));
+        for (int i = 0; i < lins; i++) {
+            const int lin = order[i];
             int64_t out, in;
-            if (sparse && lin > LIN_O) break; /* the sparse MLP's params follow */
+            if (!layer_has(d, c, l, lin)) continue; /* a sparse layer's MLP params come from moe.c */
             linear_shape(d, lin, &out, &in);
             snprintf(module, sizeof(module), "model.layers.%d.%s", l, LIN_MODULES[lin]);
             P("weight", out, in);
@@ -200,6 +269,9 @@ static ht_status declare_params(ht_model *m, decoder *d, ht_dtype dtype, ht_erro
                 P("lora_A.weight", lc->rank, in);
                 P("lora_B.weight", out, lc->rank);
             }
+            snprintf(module, sizeof(module), "model.layers.%d", l);
+            if (lin == LIN_QA) P("self_attn.q_a_layernorm.weight", d->Rq, 0);
+            if (lin == LIN_KVA) P("self_attn.kv_a_layernorm.weight", d->Rkv, 0);
         }
         snprintf(module, sizeof(module), "model.layers.%d", l);
         if (sparse && !ht_moe_declare(&m->params, module, c, dtype))
@@ -235,6 +307,12 @@ static void bind_params(ht_model *m, decoder *d) {
         p->v_w = find(m, "model.layers.%d.self_attn.v_proj.weight", l);
         p->v_b = find(m, "model.layers.%d.self_attn.v_proj.bias", l);
         p->o_w = find(m, "model.layers.%d.self_attn.o_proj.weight", l);
+        p->qa_w = find(m, "model.layers.%d.self_attn.q_a_proj.weight", l);
+        p->qa_ln = find(m, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+        p->qb_w = find(m, "model.layers.%d.self_attn.q_b_proj.weight", l);
+        p->kva_w = find(m, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+        p->kva_ln = find(m, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+        p->kvb_w = find(m, "model.layers.%d.self_attn.kv_b_proj.weight", l);
         p->ln2 = find(m, "model.layers.%d.post_attention_layernorm.weight", l);
         p->gate_w = find(m, "model.layers.%d.mlp.gate_proj.weight", l);
         p->up_w = find(m, "model.layers.%d.mlp.up_proj.weight", l);
@@ -283,8 +361,8 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         if (p->sparse >= 0)
             mod->why_not = "a sparse layer: its experts keep their activations and the load-balancing sums, which a "
                            "second forward would count twice";
-        ht_param *all[] = {p->q_w, p->q_b,    p->k_w,  p->k_b,    p->v_w, p->v_b,
-                           p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1, p->ln2};
+        ht_param *all[] = {p->q_w,   p->q_b,    p->k_w,   p->k_b, p->v_w,    p->v_b,  p->qa_w,   p->qa_ln, p->qb_w,
+                           p->kva_w, p->kva_ln, p->kvb_w, p->o_w, p->gate_w, p->up_w, p->down_w, p->ln1,   p->ln2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
         if (p->sparse >= 0) {
             const ht_moe_params *e = ht_moe_params_of(d->moe, p->sparse);
@@ -303,16 +381,52 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
     return HT_OK;
 }
 
+static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+/* The dimension YaRN's ramp puts at `rotations` turns over the original context. */
+static double yarn_dim(double rotations, int dim, double base, int max_pos) {
+    return dim * log(max_pos / (rotations * 2 * 3.14159265358979323846)) / (2 * log(base));
+}
+
 /* Rotary tables computed as transformers does: inv_freq and the angles in
- * float32, the cosine and sine of each float32 angle correctly rounded. */
-static void fill_rope_tables(decoder *d, int max_pos, double theta) {
-    int half = d->D / 2;
+ * float32, the cosine and sine of each float32 angle correctly rounded.
+ * YaRN (model.rope_scaling, transformers' _compute_yarn_parameters, truncate
+ * on): each frequency blended between theta^(-2i/dim) and that / factor by
+ * a ramp from floor(dim at beta_fast turns) to ceil(dim at beta_slow turns),
+ * and cos, sin times the attention factor mscale(s, mscale) /
+ * mscale(s, mscale_all_dim) (mscale(s) alone when either is 0). */
+static void fill_rope_tables(decoder *d, const ht_model_config *cfg) {
+    const int dim = d->rope_dim, half = dim / 2, max_pos = cfg->max_position_embeddings;
+    const double theta = cfg->rope_theta;
+    const ht_rope_scaling *r = &cfg->rope_scaling;
+    const bool yarn = ht_rope_is_yarn(r);
+    float factor = 1.0f, low = 0, span = 1;
+    if (yarn) {
+        const double s = r->factor;
+        const double af = r->mscale != 0 && r->mscale_all_dim != 0
+                              ? yarn_mscale(s, r->mscale) / yarn_mscale(s, r->mscale_all_dim)
+                              : yarn_mscale(s, 1.0);
+        factor = (float)af;
+        double lo = floor(yarn_dim(r->beta_fast, dim, theta, r->original_max_position_embeddings));
+        double hi = ceil(yarn_dim(r->beta_slow, dim, theta, r->original_max_position_embeddings));
+        lo = lo > 0 ? lo : 0;
+        hi = hi < dim - 1 ? hi : dim - 1;
+        if (lo == hi) hi += 0.001;
+        low = (float)lo, span = (float)(hi - lo);
+    }
     for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)d->D);
+        float pos_freq = powf((float)theta, (float)(2 * i) / (float)dim), inv_freq = 1.0f / pos_freq;
+        if (yarn) {
+            float ramp = ((float)i - low) / span;
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float extrapolation = 1.0f - ramp, interpolation = 1.0f / ((float)r->factor * pos_freq);
+            inv_freq = interpolation * (1.0f - extrapolation) + inv_freq * extrapolation;
+        }
         for (int t = 0; t < max_pos; t++) {
             float angle = (float)t * inv_freq;
-            d->cos_t[(size_t)t * half + i] = (float)cos((double)angle);
-            d->sin_t[(size_t)t * half + i] = (float)sin((double)angle);
+            float c = (float)cos((double)angle), sn = (float)sin((double)angle);
+            d->cos_t[(size_t)t * half + i] = yarn ? c * factor : c;
+            d->sin_t[(size_t)t * half + i] = yarn ? sn * factor : sn;
         }
     }
 }
@@ -343,7 +457,7 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 /* The bytes of every activation buffer for (B, T) with matmul operands of
  * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
  * scratch. The total is what size_activations allocates. */
-enum { NPL = 15, NTAIL = 19, NLORA = 4 };
+enum { NPL = 21, NTAIL = 26, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
     bool shared; /* model.recompute: the recomputed layers share one set of buffers */
@@ -353,13 +467,22 @@ typedef struct act_plan {
 static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
-    int64_t QD = (int64_t)d->H * d->D, KVD = (int64_t)d->KV * d->D;
-    int64_t widest = F > QD ? F : QD; /* dy_cd: any linear's output gradient, the head's chunk included */
-    widest = widest > C ? widest : C;
+    int64_t QD = (int64_t)d->H * d->Dk, KD = (int64_t)d->KVh * d->Dk, VD = (int64_t)d->KVh * d->Dv,
+            OD = (int64_t)d->H * d->Dv;
+    int64_t Rq = d->Rq, Rkv = d->mla ? d->Rkv : 0, KVA = d->mla ? d->Rkv + d->Dr : 0,
+            KVB = d->mla ? (int64_t)d->H * (d->Dn + d->Dv) : 0, Dr = d->mla ? d->Dr : 0;
+    /* dy_cd: any linear's output gradient, the head's chunk included */
+    const int64_t outs[] = {F, QD, KD, OD, C, KVA, KVB, Rq};
+    int64_t widest = 0;
+    for (size_t i = 0; i < sizeof(outs) / sizeof(outs[0]); i++) widest = outs[i] > widest ? outs[i] : widest;
     const int64_t dy_cd_elems = N * widest > head_rows * V ? N * widest : head_rows * V;
     const size_t per_layer[NPL] = {
-        N * C * 4,   N * 4,     N * C * cd, N * QD * 4, N * KVD * 4, N * KVD * 4, N * QD * 4, (size_t)B * d->H * T * 4,
-        N * QD * cd, N * C * 4, N * 4,      N * C * cd, N * F * 4,   N * F * 4,   N * F * cd,
+        N * C * 4,        N * 4,       N * C * cd,  N * QD * 4,
+        N * KD * 4,       N * VD * 4,  N * OD * 4,  (size_t)B * d->H * T * 4,
+        N * OD * cd,      N * C * 4,   N * 4,       N * C * cd,
+        N * F * 4,        N * F * 4,   N * F * cd,  N * Rq * 4,
+        N * 4 * (Rq > 0), N * Rq * cd, N * Rkv * 4, N * 4 * (Rkv > 0),
+        N * Rkv * cd,
     };
     const size_t tail[NTAIL] = {
         N * C * 4,
@@ -370,24 +493,33 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * 4, /* resid_final .. logits, inputs, targets */
         N * C * 4,
         N * C * 4,
+        N * OD * 4,
         N * QD * 4,
-        N * QD * 4,
-        N * KVD * 4,
-        N * KVD * 4, /* dresid .. dv */
+        N * KD * 4,
+        N * VD * 4, /* dresid .. dv */
         N * F * 4,
         N * F * 4,
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
-        (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->D) * 4,
+        (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->Dk, d->Dv) * 4,
         (size_t)B * d->H * 4,               /* att_work, head_max */
         (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
+        N * KVA * 4,
+        N * KVB * 4,
+        N * Dr * 4,
+        N * Rkv * 4,
+        N * Rkv * 4,
+        N * Rq * 4,
+        N * Rq * 4, /* MLA: kva .. dqa2 */
     };
     memcpy(p->per_layer, per_layer, sizeof(per_layer));
     memcpy(p->tail, tail, sizeof(tail));
     /* model.lora: each adapted linear keeps its h; one product, its
      * gradient and (with dropout) a dropped-out input are scratch. */
-    int64_t R = d->lora_rank, widest_in = F > QD ? F : QD;
+    int64_t R = d->lora_rank, widest_in = F > OD ? F : OD;
     widest_in = widest_in > C ? widest_in : C;
+    widest_in = widest_in > Rq ? widest_in : Rq;
+    widest_in = widest_in > Rkv ? widest_in : Rkv;
     size_t lora_x = d->lora_dropout > 0 ? (size_t)(N * widest_in) * 4 : 0;
     p->lora_h = (size_t)(N * R) * cd;
     const size_t lora_tail[NLORA] = {(size_t)(N * R) * 4, (size_t)(N * R) * cd, lora_x, lora_x}; /* h32, dh, x, dx */
@@ -417,7 +549,14 @@ static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t c
     const decoder *d = m->impl;
     const int threads = omp_get_max_threads();
     int64_t widest = (int64_t)1 << 16, bound;
-    const int64_t dims[] = {2 * (int64_t)d->V, d->C, d->F, (int64_t)d->H * d->D, 2 * (int64_t)d->lora_rank};
+    const int64_t dims[] = {2 * (int64_t)d->V,
+                            d->C,
+                            d->F,
+                            (int64_t)d->H * d->Dk,
+                            (int64_t)d->H * (d->Dn + d->Dv),
+                            (int64_t)d->Rkv + d->Dr,
+                            d->Rq,
+                            2 * (int64_t)d->lora_rank};
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) widest = dims[i] > widest ? dims[i] : widest;
     const int64_t buffers = (int64_t)(NPL + LIN_COUNT) * (d->L + 1) + NTAIL + NLORA + 2 * (int64_t)threads;
     if (__builtin_mul_overflow((int64_t)B * T, widest, &bound) || __builtin_mul_overflow(bound, 8 * buffers, &bound))
@@ -474,6 +613,12 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         a->gate = ht_arena_take(&arena, per_layer[12]);
         a->up = ht_arena_take(&arena, per_layer[13]);
         a->h = ht_arena_take(&arena, per_layer[14]);
+        a->qa = ht_arena_take(&arena, per_layer[15]);
+        a->rstd_qa = ht_arena_take(&arena, per_layer[16]);
+        a->qa_ln = ht_arena_take(&arena, per_layer[17]);
+        a->kv_lat = ht_arena_take(&arena, per_layer[18]);
+        a->rstd_kv = ht_arena_take(&arena, per_layer[19]);
+        a->kv_ln = ht_arena_take(&arena, per_layer[20]);
         for (int lin = 0; lin < LIN_COUNT; lin++)
             a->lora_h[lin] = lora_in_any(d, l, lin) ? ht_arena_take(&arena, plan.lora_h) : NULL;
     }
@@ -496,6 +641,13 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->att_work = ht_arena_take(&arena, tail[16]);
     d->head_max = ht_arena_take(&arena, tail[17]);
     d->softmax_rows = ht_arena_take(&arena, tail[18]);
+    d->kva = ht_arena_take(&arena, tail[19]);
+    d->kvb = ht_arena_take(&arena, tail[20]);
+    d->dkpe = ht_arena_take(&arena, tail[21]);
+    d->dlat = ht_arena_take(&arena, tail[22]);
+    d->dlat2 = ht_arena_take(&arena, tail[23]);
+    d->dqa = ht_arena_take(&arena, tail[24]);
+    d->dqa2 = ht_arena_take(&arena, tail[25]);
     d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
     d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
     d->lora_x = ht_arena_take(&arena, lora_tail[2]);
@@ -562,8 +714,11 @@ static void to_operand(void *dst, const float *src, size_t n, ht_dtype cd, ht_dt
  * index, layer, linear, column). The token index counts from the step's
  * first sequence, so one process and N ranks drop the same elements. */
 static void apply_dropout(const decoder *d, float *x, int64_t N, int64_t in, int l, int lin) {
-    ht_kernels()->dropout(x, N, in, d->lora_dropout, d->dropout_seed, (uint64_t)(l * LIN_COUNT + lin) << 48,
-                          d->dropout_first * d->T);
+    /* Sites of the plain linears as they have always been; MLA's apart (bit 47). */
+    const uint64_t site = lin < LIN_PLAIN
+                              ? (uint64_t)(l * LIN_PLAIN + lin) << 48
+                              : (uint64_t)(l * (LIN_COUNT - LIN_PLAIN) + lin - LIN_PLAIN) << 48 | 1ull << 47;
+    ht_kernels()->dropout(x, N, in, d->lora_dropout, d->dropout_seed, site, d->dropout_first * d->T);
 }
 
 static bool dropout_on(const decoder *d) { return d->lora_dropout > 0 && d->dropout_seed != 0; }
@@ -628,10 +783,29 @@ static ht_dtype operand_precision(const ht_model *m, const decoder *d) {
 
 /* a->o (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, tiled (kernels/attention.c).
  * max_logit (H) is raised to each head's largest logit (before masking). */
+static ht_attention_shape attention_shape(const decoder *d) {
+    return (ht_attention_shape){d->B, d->T, d->H, d->KVh, d->Dk, d->Dv, d->attn_scale};
+}
+
+/* Where each head's rotary dims lie: q (N, H, Dk) and k (N, KVh, Dk) have
+ * them at the end of each head (all of a plain head); MLA's shared rotary
+ * key is the last Dr of kv_a_proj_with_mqa's rows. */
+static ht_rope_layout rope_q(const decoder *d) {
+    return (ht_rope_layout){(int64_t)d->H * d->Dk, d->Dk, d->Dk - d->rope_dim, d->H, d->rope_dim, d->rope_interleave};
+}
+static ht_rope_layout rope_k(const decoder *d) {
+    return (ht_rope_layout){(int64_t)d->KV * d->D, d->D, 0, d->KV, d->D, false};
+}
+static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
+    return (ht_rope_layout){ld, 0, offset, 1, d->Dr, d->rope_interleave};
+}
+
 static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit, int B, int T) {
     int H = d->H;
-    ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, B, T, H, d->KV,
-                                    d->D, operand_precision(m, d), d->att_work);
+    (void)B, (void)T;
+    const ht_attention_shape shape = attention_shape(d);
+    ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
+                                    operand_precision(m, d), d->att_work);
     for (int h = 0; max_logit && h < H; h++)
         for (int b = 0; b < B; b++)
             max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
@@ -642,9 +816,99 @@ static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max
 /* Layer l's forward from its input acts[l].resid, keeping what its backward
  * reads, and next = its output (NULL: not written, as when backward
  * recomputes the layer). dln is its scratch. */
+/* DeepseekV3RMSNorm's default eps: q_a_layernorm and kv_a_layernorm are
+ * built without rms_norm_eps. */
+static const float MLA_NORM_EPS = 1e-6f;
+
+/* Multi-Latent Attention's q, k, v from ln1 (DeepseekV3Attention): q from
+ * q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj; kv_a_proj_with_mqa's
+ * latent -> kv_a_layernorm -> kv_b_proj gives each head's k_nope and v, its
+ * last Dr the rotary key every head shares. */
+static void mla_forward(decoder *d, int l, layer_acts *a, int64_t N, ht_dtype cd, ht_dtype round) {
+    const layer_params *p = &d->layers[l];
+    const int64_t H = d->H, Rq = d->Rq, Rkv = d->Rkv, Dn = d->Dn, Dr = d->Dr, Dk = d->Dk, Dv = d->Dv;
+    if (p->qa_w) {
+        linear_forward(a->qa, a->ln1, p->qa_w, NULL, N);
+        lora_forward(d, l, LIN_QA, a->qa, a->ln1, N);
+        ht_kernels()->rmsnorm_forward(a->qa_ln, cd, a->rstd_qa, a->qa, p->qa_ln->compute, p->qa_ln->compute_dtype, N,
+                                      Rq, MLA_NORM_EPS);
+        ht_kernels()->round_to(a->qa_ln, (size_t)(N * Rq), round);
+        linear_forward(a->q, a->qa_ln, p->qb_w, NULL, N);
+        lora_forward(d, l, LIN_QB, a->q, a->qa_ln, N);
+    } else {
+        linear_forward(a->q, a->ln1, p->q_w, NULL, N);
+        lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
+    }
+    linear_forward(d->kva, a->ln1, p->kva_w, NULL, N);
+    lora_forward(d, l, LIN_KVA, d->kva, a->ln1, N);
+    for (int64_t n = 0; n < N; n++) memcpy(a->kv_lat + n * Rkv, d->kva + n * (Rkv + Dr), (size_t)Rkv * sizeof(float));
+    ht_kernels()->rmsnorm_forward(a->kv_ln, cd, a->rstd_kv, a->kv_lat, p->kva_ln->compute, p->kva_ln->compute_dtype, N,
+                                  Rkv, MLA_NORM_EPS);
+    ht_kernels()->round_to(a->kv_ln, (size_t)(N * Rkv), round);
+    linear_forward(d->kvb, a->kv_ln, p->kvb_w, NULL, N);
+    lora_forward(d, l, LIN_KVB, d->kvb, a->kv_ln, N);
+    const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Rkv + Dr, Rkv);
+    ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, d->B, d->T, &lq);
+    ht_kernels()->rope_forward(d->kva, d->cos_t, d->sin_t, d->B, d->T, &lk);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *kv = d->kvb + (n * H + h) * (Dn + Dv);
+            float *k = a->k + (n * H + h) * Dk;
+            memcpy(k, kv, (size_t)Dn * sizeof(float));
+            memcpy(k + Dn, d->kva + n * (Rkv + Dr) + Rkv, (size_t)Dr * sizeof(float));
+            memcpy(a->v + (n * H + h) * Dv, kv + Dn, (size_t)Dv * sizeof(float));
+        }
+}
+
+/* The gradients of mla_forward's params and ln1 (into dln, overwritten) from
+ * attention's dq, dk, dv: the heads' rotary-key gradients sum into the one key. */
+static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
+    const layer_params *p = &d->layers[l];
+    const int64_t H = d->H, Rq = d->Rq, Rkv = d->Rkv, Dn = d->Dn, Dr = d->Dr, Dk = d->Dk, Dv = d->Dv;
+    const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Dr, 0);
+    ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, d->B, d->T, &lq);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *pe = d->dkpe + n * Dr;
+        memset(pe, 0, (size_t)Dr * sizeof(float));
+        for (int64_t h = 0; h < H; h++) {
+            const float *dk = d->dk + (n * H + h) * Dk;
+            float *dkv = d->kvb + (n * H + h) * (Dn + Dv);
+            memcpy(dkv, dk, (size_t)Dn * sizeof(float));
+            memcpy(dkv + Dn, d->dv + (n * H + h) * Dv, (size_t)Dv * sizeof(float));
+            for (int64_t i = 0; i < Dr; i++) pe[i] += dk[Dn + i];
+        }
+    }
+    ht_kernels()->rope_backward(d->dkpe, d->cos_t, d->sin_t, d->B, d->T, &lk);
+    const void *dy = linear_backward(d, d->dlat, 0.0f, d->kvb, a->kv_ln, p->kvb_w, NULL, N);
+    lora_backward(d, l, LIN_KVB, d->dlat, dy, a->kv_ln, N);
+    memset(d->dlat2, 0, (size_t)(N * Rkv) * sizeof(float));
+    ht_kernels()->rmsnorm_backward(d->dlat2, p->kva_ln->grad, d->dlat, a->kv_lat, p->kva_ln->compute,
+                                   p->kva_ln->compute_dtype, a->rstd_kv, N, Rkv);
+    for (int64_t n = 0; n < N; n++) {
+        memcpy(d->kva + n * (Rkv + Dr), d->dlat2 + n * Rkv, (size_t)Rkv * sizeof(float));
+        memcpy(d->kva + n * (Rkv + Dr) + Rkv, d->dkpe + n * Dr, (size_t)Dr * sizeof(float));
+    }
+    dy = linear_backward(d, d->dln, 0.0f, d->kva, a->ln1, p->kva_w, NULL, N);
+    lora_backward(d, l, LIN_KVA, d->dln, dy, a->ln1, N);
+    if (p->qa_w) {
+        dy = linear_backward(d, d->dqa, 0.0f, d->dq, a->qa_ln, p->qb_w, NULL, N);
+        lora_backward(d, l, LIN_QB, d->dqa, dy, a->qa_ln, N);
+        memset(d->dqa2, 0, (size_t)(N * Rq) * sizeof(float));
+        ht_kernels()->rmsnorm_backward(d->dqa2, p->qa_ln->grad, d->dqa, a->qa, p->qa_ln->compute,
+                                       p->qa_ln->compute_dtype, a->rstd_qa, N, Rq);
+        dy = linear_backward(d, d->dln, 1.0f, d->dqa2, a->ln1, p->qa_w, NULL, N);
+        lora_backward(d, l, LIN_QA, d->dln, dy, a->ln1, N);
+    } else {
+        dy = linear_backward(d, d->dln, 1.0f, d->dq, a->ln1, p->q_w, NULL, N);
+        lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
+    }
+}
+
 static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     int B = d->B, T = d->T;
-    int64_t N = (int64_t)B * T, C = d->C, F = d->F, QD = (int64_t)d->H * d->D;
+    int64_t N = (int64_t)B * T, C = d->C, F = d->F, QD = (int64_t)d->H * d->Dv;
     ht_dtype cd = d->embed->compute_dtype;
     ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
     const float eps = (float)m->config.rms_norm_eps;
@@ -652,14 +916,19 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     layer_acts *a = &d->acts[l];
     ht_kernels()->rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
     ht_kernels()->round_to(a->ln1, (size_t)(N * C), round);
-    linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
-    lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
-    linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
-    lora_forward(d, l, LIN_K, a->k, a->ln1, N);
-    linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
-    lora_forward(d, l, LIN_V, a->v, a->ln1, N);
-    ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, d->H, d->D);
-    ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, d->KV, d->D);
+    if (d->mla) {
+        mla_forward(d, l, a, N, cd, round);
+    } else {
+        linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
+        lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
+        linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
+        lora_forward(d, l, LIN_K, a->k, a->ln1, N);
+        linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
+        lora_forward(d, l, LIN_V, a->v, a->ln1, N);
+        const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
+        ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, &lq);
+        ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, &lk);
+    }
     attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
     ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
@@ -834,16 +1103,22 @@ static void decoder_backward(ht_model *m, float scale) {
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
         dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
-        ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, B, T, d->H,
-                                         d->KV, d->D, operand_precision(m, d), d->att_work);
-        ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, B, T, d->H, d->D);
-        ht_kernels()->rope_backward(d->dk, d->cos_t, d->sin_t, B, T, d->KV, d->D);
-        dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
-        lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
-        dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
-        lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
-        dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
-        lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
+        const ht_attention_shape shape = attention_shape(d);
+        ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, &shape,
+                                         operand_precision(m, d), d->att_work);
+        if (d->mla) {
+            mla_backward(d, l, a, N);
+        } else {
+            const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
+            ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, B, T, &lq);
+            ht_kernels()->rope_backward(d->dk, d->cos_t, d->sin_t, B, T, &lk);
+            dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
+            lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
+            lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
+            lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
+        }
         ht_kernels()->rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute,
                                        p->ln1->compute_dtype, a->rstd1, N, C);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_BACKWARD);
@@ -882,8 +1157,6 @@ static const ht_model_ops decoder_ops = {
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
-    if (ht_model_config_has_mla(cfg))
-        return ht_fail(err, HT_ERR_CONFIG, "model.name deepseek_v3: Multi-Latent Attention is not built yet");
     ht_model *m = ht_alloc(sizeof(ht_model));
     decoder *d = ht_alloc(sizeof(decoder));
     if (!m || !d) {
@@ -906,12 +1179,23 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->KV = cfg->num_key_value_heads;
     d->D = ht_model_config_head_dim(cfg);
     d->V = cfg->vocab_size;
+    d->mla = ht_model_config_has_mla(cfg);
+    d->Dk = d->Dv = d->rope_dim = d->D;
+    d->KVh = d->KV;
+    d->attn_scale = 1.0f / sqrtf((float)d->D);
+    if (d->mla) {
+        const ht_mla_config *a = &cfg->mla;
+        d->Rq = a->q_lora_rank, d->Rkv = a->kv_lora_rank, d->Dn = a->qk_nope_head_dim, d->Dr = a->qk_rope_head_dim;
+        d->Dk = d->Dn + d->Dr, d->Dv = a->v_head_dim, d->KVh = d->H, d->rope_dim = d->Dr;
+        d->rope_interleave = a->rope_interleave;
+        d->attn_scale = (float)ht_model_config_attention_scale(cfg);
+    }
     d->lora_rank = cfg->lora.rank > 0 ? cfg->lora.rank : 0;
     d->lora_scale = (float)ht_lora_scale(&cfg->lora);
     d->lora_dropout = d->lora_rank ? (float)cfg->lora.dropout : 0.0f;
     d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
     d->acts = ht_alloc((size_t)d->L * sizeof(layer_acts));
-    size_t table = (size_t)cfg->max_position_embeddings * (d->D / 2) * sizeof(float);
+    size_t table = (size_t)cfg->max_position_embeddings * (d->rope_dim / 2) * sizeof(float);
     d->cos_t = ht_kernels()->alloc(table);
     d->sin_t = ht_kernels()->alloc(table);
     m->attn_max_logit = ht_alloc((size_t)d->L * d->H * sizeof(float));
@@ -919,6 +1203,13 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     for (int l = 0; l < d->L; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
     if (sparse) d->moe = ht_moe_new(cfg, sparse);
     ht_status s = HT_OK;
+    if (sparse && ht_model_config_is_deepseek(cfg)) {
+        decoder_free(m);
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.name deepseek_v3: DeepSeekMoE's routing is not built yet; set "
+                       "model.first_k_dense_replace to model.num_hidden_layers (%d) for a dense model",
+                       cfg->num_hidden_layers);
+    }
     if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
@@ -928,7 +1219,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
         return s;
     }
     ht_model_reset_attn_max(m);
-    fill_rope_tables(d, cfg->max_position_embeddings, cfg->rope_theta);
+    fill_rope_tables(d, cfg);
     *out = m;
     return HT_OK;
 }

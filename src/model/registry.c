@@ -294,7 +294,8 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
                        "model.attention_bias: true is not supported for deepseek_v3 (biases on q_a_proj, "
                        "kv_a_proj_with_mqa and o_proj); set it false, as DeepSeek-V3 has it");
     int d = ht_model_config_head_dim(cfg);
-    if (!ht_model_config_has_mla(cfg) && d % 2 != 0) return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
+    if (!ht_model_config_has_mla(cfg) && d % 2 != 0)
+        return ht_fail(err, HT_ERR_CONFIG, "the head dimension (%d) must be even for rotary embeddings", d);
     if (!(cfg->rope_theta > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rope_theta must be positive");
     if (!(cfg->rms_norm_eps > 0)) return ht_fail(err, HT_ERR_CONFIG, "model.rms_norm_eps must be positive");
     const ht_lora_config *lc = &cfg->lora;

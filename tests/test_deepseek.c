@@ -1,0 +1,146 @@
+/* DeepSeek-V3 against Hugging Face transformers: small random
+ * DeepseekV3ForCausalLM models (tools/reference/make_dsv3_fixtures.py)
+ * that between them turn every switch of Multi-Latent Attention and
+ * DeepSeekMoE: q_lora_rank set and null, rope_interleave both ways, YaRN on
+ * and off, group-limited routing, 0 to 2 shared experts, norm_topk_prob both
+ * ways, dense first layers. Logits, loss and every gradient must match
+ * within docs/NUMERICS.md's bounds. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hypertrain/ckpt.h"
+#include "hypertrain/model.h"
+
+static const ht_st_tensor *need(ht_safetensors *st, const char *name) {
+    const ht_st_tensor *t = ht_safetensors_find(st, name);
+    if (!t) fail_msg("the fixture has no %s", name);
+    return t;
+}
+
+static ht_model *load_model(const char *dir, ht_dtype dtype) {
+    ht_model_config cfg;
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_hf_read_config(dir, &cfg, &err), &err);
+    assert_string_equal(cfg.name, "deepseek_v3");
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
+    assert_ht_ok(ht_hf_load_weights(dir, &m->params, &err), &err);
+    if (dtype != HT_DTYPE_F32) assert_ht_ok(ht_params_convert(&m->params, dtype, &err), &err);
+    return m;
+}
+
+/* The fixture's batch through the model of case `name`: logits and loss
+ * within tol_logits of transformers', every gradient within tol_grads of
+ * its largest magnitude. */
+static void check_case(const char *name, ht_dtype dtype, const char *prefix, double tol_logits, double tol_grads) {
+    char rel[256], key[HT_PARAM_NAME_MAX + 32];
+    ht_error err;
+    ht_safetensors *st;
+    snprintf(rel, sizeof(rel), "dsv3/%s", name);
+    const char *dir = fixture_path(rel);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/fixture.safetensors", dir);
+    assert_ht_ok(ht_safetensors_open(path, &st, &err), &err);
+    const ht_st_tensor *in = need(st, "inputs");
+    const int32_t *targets = need(st, "targets")->data;
+    snprintf(key, sizeof(key), "%slogits", prefix);
+    const float *want_logits = need(st, key)->data;
+    snprintf(key, sizeof(key), "%sloss", prefix);
+    const float want_loss = *(const float *)need(st, key)->data;
+    const int B = (int)in->shape[0], T = (int)in->shape[1];
+
+    ht_model *m = load_model(dir, dtype);
+    float loss;
+    assert_ht_ok(ht_model_forward(m, in->data, targets, B, T, &loss, &err), &err);
+    const size_t n = (size_t)B * T * m->config.vocab_size;
+    double logits_err = rel_max_err(m->logits, want_logits, n);
+    if (!(logits_err <= tol_logits))
+        fail_msg("%s %s: logits differ by %.3g (allowed %.1g)", name, ht_dtype_name(dtype), logits_err, tol_logits);
+    if (!(fabs(loss - want_loss) <= tol_logits * fabs(want_loss)))
+        fail_msg("%s %s: loss %.8f, transformers %.8f", name, ht_dtype_name(dtype), loss, want_loss);
+    double worst = 0;
+    int checked = 0;
+    if (dtype == HT_DTYPE_F32) {
+        ht_params_zero_grad(&m->params);
+        ht_model_backward(m, 1.0f);
+        for (int i = 0; i < m->params.count; i++) {
+            ht_param *p = &m->params.items[i];
+            if (!p->main_grad) continue; /* never trained: the routers' correction biases */
+            snprintf(key, sizeof(key), "grad.%s", p->name);
+            const ht_st_tensor *g = need(st, key);
+            assert_int_equal((int64_t)(g->nbytes / 4), ht_param_numel(p));
+            double e = rel_max_err(p->main_grad, g->data, g->nbytes / 4);
+            if (!(e <= tol_grads))
+                fail_msg("%s: gradient of %s differs by %.3g of its largest magnitude (allowed %.1g)", name, p->name, e,
+                         tol_grads);
+            worst = e > worst ? e : worst;
+            checked++;
+        }
+    }
+    printf("%-10s %-8s logits %.2e, loss %.6f vs %.6f, worst gradient %.2e over %d tensors\n", name,
+           ht_dtype_name(dtype), logits_err, loss, want_loss, worst, checked);
+    ht_model_free(m);
+    ht_safetensors_close(st);
+}
+
+/* FP32: docs/NUMERICS.md's 1e-5 of each tensor's largest magnitude. */
+static void test_mla_dense_a_f32(void **s) {
+    (void)s;
+    check_case("mla_dense_a", HT_DTYPE_F32, "", 1e-5, 1e-5);
+}
+static void test_mla_dense_b_f32(void **s) {
+    (void)s;
+    check_case("mla_dense_b", HT_DTYPE_F32, "", 1e-5, 1e-5);
+}
+
+/* model.recompute on MLA's layers: the same gradients bit for bit, the
+ * latents and rotary key rebuilt from the layer's input. */
+static void test_mla_recompute_bitwise(void **s) {
+    (void)s;
+    ht_error err;
+    ht_model *m = load_model(fixture_path("dsv3/mla_dense_a"), HT_DTYPE_F32);
+    ht_safetensors *st;
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/fixture.safetensors", fixture_path("dsv3/mla_dense_a"));
+    assert_ht_ok(ht_safetensors_open(path, &st, &err), &err);
+    const ht_st_tensor *in = need(st, "inputs");
+    const int32_t *targets = need(st, "targets")->data;
+    const int B = (int)in->shape[0], T = (int)in->shape[1];
+    float *kept[64] = {0};
+    float loss[2];
+    assert_true(m->params.count <= 64);
+    for (int pass = 0; pass < 2; pass++) {
+        const char *all[] = {"model.layers.{*}"};
+        assert_ht_ok(ht_model_set_recompute(m, all, pass, &err), &err);
+        assert_ht_ok(ht_model_forward(m, in->data, targets, B, T, &loss[pass], &err), &err);
+        ht_params_zero_grad(&m->params);
+        ht_model_backward(m, 1.0f);
+        for (int i = 0; i < m->params.count; i++) {
+            ht_param *p = &m->params.items[i];
+            const size_t bytes = (size_t)ht_param_numel(p) * sizeof(float);
+            if (pass == 0) {
+                kept[i] = malloc(bytes);
+                memcpy(kept[i], p->main_grad, bytes);
+            } else if (memcmp(kept[i], p->main_grad, bytes) != 0) {
+                fail_msg("recomputed: the gradient of %s differs", p->name);
+            }
+        }
+    }
+    assert_memory_equal(&loss[0], &loss[1], sizeof(float));
+    for (int i = 0; i < m->params.count; i++) free(kept[i]);
+    ht_model_free(m);
+    ht_safetensors_close(st);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mla_dense_a_f32),
+        cmocka_unit_test(test_mla_dense_b_f32),
+        cmocka_unit_test(test_mla_recompute_bitwise),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
