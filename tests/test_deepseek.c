@@ -14,6 +14,7 @@
 
 #include "hypertrain/ckpt.h"
 #include "hypertrain/model.h"
+#include "hypertrain/optimizer.h"
 
 static const ht_st_tensor *need(ht_safetensors *st, const char *name) {
     const ht_st_tensor *t = ht_safetensors_find(st, name);
@@ -136,11 +137,71 @@ static void test_mla_recompute_bitwise(void **s) {
     ht_safetensors_close(st);
 }
 
+/* QK-clip on MLA against the rule in double (Kimi K2, MindFormers'
+ * apply_qk_clip_scaling): for a head whose largest logit S passed tau,
+ * gamma = tau / S; its q_nope rows times sqrt(gamma), its q_pe rows times
+ * gamma, its k_nope rows of kv_b_proj times sqrt(gamma); its v rows, the
+ * other heads' rows and kv_a_proj_with_mqa (the shared rotary key) unchanged. */
+static void check_qk_clip(const char *name, const char *q_name) {
+    ht_model *m = load_model(fixture_path(name), HT_DTYPE_F32);
+    const ht_model_config *c = &m->config;
+    const int H = c->num_attention_heads, Dn = c->mla.qk_nope_head_dim, Dr = c->mla.qk_rope_head_dim,
+              Dv = c->mla.v_head_dim;
+    ht_qk_layer q = {0};
+    q.q_weight = ht_params_find(&m->params, q_name);
+    q.kv_b = q.k_weight = ht_params_find(&m->params, "model.layers.1.self_attn.kv_b_proj.weight");
+    ht_param *kva = ht_params_find(&m->params, "model.layers.1.self_attn.kv_a_proj_with_mqa.weight");
+    assert_non_null(q.q_weight);
+    assert_non_null(q.kv_b);
+    assert_non_null(kva);
+    q.num_heads = q.num_kv_heads = H, q.nope = Dn, q.rope = Dr, q.v_dim = Dv;
+    ht_param *ps[3] = {q.q_weight, q.kv_b, kva};
+    float *before[3];
+    for (int i = 0; i < 3; i++) {
+        size_t bytes = (size_t)ht_param_numel(ps[i]) * sizeof(float);
+        before[i] = malloc(bytes);
+        memcpy(before[i], ps[i]->data, bytes);
+    }
+    const double tau = 5.0;
+    const float max_logit[4] = {3.0f, 20.0f, 5.0f, 7.5f}; /* heads 1 and 3 pass tau; 2 sits on it */
+    assert_true(H == 4);
+    assert_int_equal(ht_qk_clip(&q, max_logit, tau), 2);
+    for (int i = 0; i < 3; i++) {
+        const ht_param *p = ps[i];
+        const int64_t cols = p->shape[1], rows = p->shape[0];
+        const float *now = p->data;
+        for (int64_t r = 0; r < rows; r++) {
+            double k = 1.0;
+            if (i == 0 || i == 1) {
+                const int64_t per = i == 0 ? Dn + Dr : Dn + Dv, h = r / per, at = r % per;
+                const double gamma = max_logit[h] > tau ? tau / max_logit[h] : 1.0;
+                k = at < Dn ? sqrt(gamma) : i == 0 ? gamma : 1.0; /* q_nope, k_nope; q_pe; v */
+            }
+            for (int64_t col = 0; col < cols; col++) {
+                const float was = before[i][r * cols + col], got = now[r * cols + col];
+                if (k == 1.0 && memcmp(&was, &got, sizeof(float)) != 0)
+                    fail_msg("%s: %s row %lld moved (%.9g -> %.9g)", name, p->name, (long long)r, was, got);
+                if (k != 1.0 && !(fabs(got - was * k) <= 1e-6 * fabs(was * k)))
+                    fail_msg("%s: %s row %lld: %.9g, the rule gives %.9g", name, p->name, (long long)r, got, was * k);
+            }
+        }
+        free(before[i]);
+    }
+    ht_model_free(m);
+}
+
+static void test_qk_clip_on_mla(void **s) {
+    (void)s;
+    check_qk_clip("dsv3/mla_dense_a", "model.layers.1.self_attn.q_b_proj.weight");
+    check_qk_clip("dsv3/mla_dense_b", "model.layers.1.self_attn.q_proj.weight");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mla_dense_a_f32),
         cmocka_unit_test(test_mla_dense_b_f32),
         cmocka_unit_test(test_mla_recompute_bitwise),
+        cmocka_unit_test(test_qk_clip_on_mla),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

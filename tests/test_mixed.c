@@ -400,7 +400,11 @@ static void check_qk_clip_without_main_params(int kv_heads) {
                              ht_params_find(ps, "k.bias"),
                              H,
                              kv_heads,
-                             D};
+                             D,
+                             NULL,
+                             0,
+                             0,
+                             0};
         assert_int_equal(ht_qk_clip(&layer, max_logit, 100.0), 1);
     }
     for (int i = 0; i < with.count; i++)
@@ -560,7 +564,7 @@ static void check_qk_clip(int heads, int kv_heads) {
     float *q_before = malloc(qbytes), *k_before = malloc(kbytes);
     memcpy(q_before, qw->data, qbytes);
     memcpy(k_before, kw->data, kbytes);
-    ht_qk_layer layer = {qw, qb, kw, kb, H, kv_heads, D};
+    ht_qk_layer layer = {qw, qb, kw, kb, H, kv_heads, D, NULL, 0, 0, 0};
     assert_int_equal(ht_qk_clip(&layer, m->attn_max_logit, tau), 1);
     ht_model_reset_attn_max(m);
     assert_ht_ok(ht_model_forward(m, in, tg, 2, 9, &loss, &err), &err);

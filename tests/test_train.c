@@ -458,7 +458,7 @@ static void test_cli_bad_input(void **state) {
                    "qwen2_tied_qv/adapter/adapter_config.json has r 4");
     expect_refused(dir, tiny_yaml(dir, data, "  lora:\n    r: 4\n"),
                    "--set optimizer._target_=Muon --set optimizer.muon_config.qk_clip_enabled=true",
-                   "qk_clip_enabled: layer 0's self_attn.q_proj/k_proj weights are frozen",
+                   "qk_clip_enabled: layer 0's query/key projection weights are frozen",
                    "model.lora trains the adapters alone");
 
     /* A config error is reported with its line before anything runs. */

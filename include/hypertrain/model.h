@@ -291,7 +291,8 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
 /* Model FLOPs of one training token (forward and backward) at sequence
  * length T, counted the standard way: 6 per weight of every matmul (the LM
  * head included, the embedding lookup not) plus attention's two products,
- * 6 x L x T x heads x head_dim, the causal half only (the half computed). */
+ * 6 x L x T x heads x head_dim, the causal half only (the half computed; MLA:
+ * the mean of its q/k and v head dims for head_dim). */
 double ht_model_flops_per_token(const ht_model_config *cfg, int T);
 /* The bytes the activations of a (B, T) micro-batch take with matmul
  * operands stored in `compute` (the ops' activation_bytes): checked against

@@ -118,17 +118,26 @@ size_t ht_optimizer_bytes(const ht_optimizer *opt);
 
 /* ---------------------------------------------------------------- QK-clip */
 
-/* One attention layer's q/k projections as QK-clip sees them (biases may be NULL). */
+/* One attention layer's q/k projections as QK-clip sees them (biases may be
+ * NULL). Multi-Latent Attention (kv_b set): q_weight is q_b_proj or q_proj,
+ * head h's rows [h Dk, h Dk + nope) its q_nope and the next `rope` its q_pe
+ * (Dk = nope + rope); kv_b is kv_b_proj, head h's rows [h (nope + v_dim),
+ * h (nope + v_dim) + nope) its k_nope, the v_dim after them its v. */
 typedef struct ht_qk_layer {
     ht_param *q_weight, *q_bias, *k_weight, *k_bias;
     int num_heads, num_kv_heads, head_dim;
+    ht_param *kv_b;
+    int nope, rope, v_dim;
 } ht_qk_layer;
 
-/* MuonClip (docs/NUMERICS.md): for each head whose max logit exceeds tau, scales
- * its q rows (and k rows for MHA) in the FP32 main params and writes them
- * back to the model dtype (without main params: the model's rows, widened,
- * scaled and rounded back to nearest). max_logit: (num_heads). Returns heads
- * clipped. */
+/* MuonClip (docs/NUMERICS.md): for each head whose max logit exceeds tau,
+ * gamma = tau / max logit; plain attention scales its q rows (and k rows for
+ * MHA, each by sqrt(gamma)); MLA scales q_nope and k_nope by sqrt(gamma) and
+ * q_pe by gamma, and never v or the shared rotary key (kv_a_proj_with_mqa),
+ * as Kimi K2 and MindFormers' apply_qk_clip_scaling define it. The FP32 main
+ * params are scaled and written back to the model dtype (without main
+ * params: the model's rows, widened, scaled and rounded back to nearest).
+ * max_logit: (num_heads). Returns heads clipped. */
 int ht_qk_clip(const ht_qk_layer *layer, const float *max_logit, double tau);
 
 #ifdef __cplusplus

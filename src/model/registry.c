@@ -446,16 +446,30 @@ double ht_model_flops_per_token(const ht_model_config *cfg, int T) {
     double C = cfg->hidden_size, F = cfg->intermediate_size, V = cfg->vocab_size, L = cfg->num_hidden_layers;
     double qd = (double)cfg->num_attention_heads * ht_model_config_head_dim(cfg);
     double kvd = (double)cfg->num_key_value_heads * ht_model_config_head_dim(cfg);
-    double matmul = L * (C * qd + 2 * C * kvd + qd * C) + V * C;
+    double matmul = L * (C * qd + 2 * C * kvd + qd * C) + V * C, attention = qd;
+    if (ht_model_config_has_mla(cfg)) {
+        /* MLA: the query path, kv_a_proj_with_mqa, kv_b_proj and o_proj; the
+         * products q·k over nope + rope and p·v over v_head_dim per head. */
+        const ht_mla_config *a = &cfg->mla;
+        const double H = cfg->num_attention_heads, Dk = a->qk_nope_head_dim + a->qk_rope_head_dim;
+        const double q = a->q_lora_rank > 0 ? C * a->q_lora_rank + (double)a->q_lora_rank * H * Dk : C * H * Dk;
+        matmul = L * (q + C * (a->kv_lora_rank + a->qk_rope_head_dim) +
+                      (double)a->kv_lora_rank * H * (a->qk_nope_head_dim + a->v_head_dim) + H * a->v_head_dim * C) +
+                 V * C;
+        attention = H * (Dk + a->v_head_dim) / 2;
+    }
     /* The MLPs: a sparse layer's active weights are its router, k experts,
-     * the shared expert and its gate. */
+     * the shared experts (and Qwen2-MoE's gate of them). */
     const ht_moe_config *mc = &cfg->moe;
+    const bool deepseek = ht_model_config_is_deepseek(cfg);
+    const double shared = deepseek ? (double)mc->n_shared_experts * mc->moe_intermediate_size
+                                   : (double)mc->shared_expert_intermediate_size;
     for (int l = 0; l < cfg->num_hidden_layers; l++)
         matmul += ht_model_config_layer_is_sparse(cfg, l)
                       ? C * mc->num_experts + 3.0 * C * mc->moe_intermediate_size * mc->num_experts_per_tok +
-                            3.0 * C * mc->shared_expert_intermediate_size + C
+                            3.0 * C * shared + (deepseek ? 0 : C)
                       : 3 * C * F;
-    return 6.0 * matmul + 6.0 * L * T * qd;
+    return 6.0 * matmul + 6.0 * L * T * attention;
 }
 
 double ht_model_activation_bytes(const ht_model *m, int B, int T, ht_dtype compute) {

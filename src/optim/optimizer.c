@@ -293,6 +293,15 @@ int ht_qk_clip(const ht_qk_layer *l, const float *max_logit, double tau) {
     for (int h = 0; h < l->num_heads; h++) {
         if (!(max_logit[h] > tau)) continue;
         double gamma = tau / max_logit[h];
+        if (l->kv_b) {
+            const int64_t q0 = (int64_t)h * (l->nope + l->rope), k0 = (int64_t)h * (l->nope + l->v_dim);
+            const float root = (float)sqrt(gamma);
+            scale_rows(l->q_weight, q0, q0 + l->nope, root);
+            scale_rows(l->q_weight, q0 + l->nope, q0 + l->nope + l->rope, (float)gamma);
+            scale_rows(l->kv_b, k0, k0 + l->nope, root);
+            clipped++;
+            continue;
+        }
         /* MHA: q and k share the factor; GQA: the shared key head stays, the query head takes all of it. */
         float kq = (float)(mha ? sqrt(gamma) : gamma);
         int64_t r0 = (int64_t)h * l->head_dim, r1 = r0 + l->head_dim;

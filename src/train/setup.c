@@ -558,20 +558,30 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
 #define FIND(field, suffix)                                                                                            \
     snprintf(name, sizeof(name), "model.layers.%d.self_attn.%s", l, suffix);                                           \
     t->qk_layers[l].field = ht_params_find(ps, name)
-        FIND(q_weight, "q_proj.weight");
-        FIND(q_bias, "q_proj.bias");
-        FIND(k_weight, "k_proj.weight");
-        FIND(k_bias, "k_proj.bias");
+        ht_qk_layer *q = &t->qk_layers[l];
+        if (ht_model_config_has_mla(a)) {
+            /* MLA: the queries' last projection and kv_b_proj's k_nope rows (its v rows and kv_a_proj_with_mqa's
+             * shared rotary key stay). */
+            FIND(q_weight, a->mla.q_lora_rank > 0 ? "q_b_proj.weight" : "q_proj.weight");
+            FIND(kv_b, "kv_b_proj.weight");
+            q->k_weight = q->kv_b;
+            q->nope = a->mla.qk_nope_head_dim, q->rope = a->mla.qk_rope_head_dim, q->v_dim = a->mla.v_head_dim;
+        } else {
+            FIND(q_weight, "q_proj.weight");
+            FIND(q_bias, "q_proj.bias");
+            FIND(k_weight, "k_proj.weight");
+            FIND(k_bias, "k_proj.bias");
+        }
 #undef FIND
         if (!t->qk_layers[l].q_weight || !t->qk_layers[l].k_weight)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "optimizer.muon_config.qk_clip_enabled: layer %d has no self_attn.q_proj/k_proj "
+                           "optimizer.muon_config.qk_clip_enabled: layer %d has no query/key projection "
                            "weights to clip",
                            l);
         /* QK-clip rescales the weights' FP32 main params: frozen ones have none and must not change. */
         if (!t->qk_layers[l].q_weight->trainable || !t->qk_layers[l].k_weight->trainable)
             return ht_fail(err, HT_ERR_CONFIG,
-                           "optimizer.muon_config.qk_clip_enabled: layer %d's self_attn.q_proj/k_proj weights are "
+                           "optimizer.muon_config.qk_clip_enabled: layer %d's query/key projection weights are "
                            "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
                            l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
         t->qk_layers[l].num_heads = a->num_attention_heads;
