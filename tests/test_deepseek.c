@@ -34,6 +34,33 @@ static ht_model *load_model(const char *dir, ht_dtype dtype) {
     return m;
 }
 
+/* The model with hypertrain's logits of its inputs, in Hugging Face's layout
+ * as hypertrain writes it, into the build tree's scratch/export_<case>/:
+ * tools/reference/check_hypertrain_exports.sh has transformers load it and
+ * compare the logits. */
+static void export_for_transformers(const char *name, ht_model *m, const ht_st_tensor *inputs) {
+    char sub[128], path[1200];
+    ht_error err;
+    snprintf(sub, sizeof(sub), "export_%s", name);
+    const char *dir = scratch_dir(sub);
+    assert_ht_ok(ht_hf_save(dir, &m->config, &m->params, HT_DTYPE_F32, 0, &err), &err);
+    ht_st_writer w = {0};
+    int64_t lg_shape[3] = {inputs->shape[0], inputs->shape[1], m->config.vocab_size};
+    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, inputs->shape, inputs->data, HT_DTYPE_I32, &err),
+                 &err);
+    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
+    snprintf(path, sizeof(path), "%s/hypertrain_logits.safetensors", dir);
+    assert_ht_ok(ht_st_writer_write(&w, path, &err), &err);
+    ht_st_writer_free(&w);
+    /* What was written reads back as the same model, weights and all. */
+    ht_model *back = load_model(dir, HT_DTYPE_F32);
+    assert_int_equal(back->params.count, m->params.count);
+    for (int i = 0; i < m->params.count; i++)
+        assert_memory_equal(back->params.items[i].data, m->params.items[i].data,
+                            (size_t)ht_param_numel(&m->params.items[i]) * sizeof(float));
+    ht_model_free(back);
+}
+
 /* The fixture's batch through the model of case `name`: logits and loss
  * within tol_logits of transformers', every gradient within tol_grads of
  * its largest magnitude. */
@@ -65,6 +92,7 @@ static void check_case(const char *name, ht_dtype dtype, const char *prefix, dou
         fail_msg("%s %s: loss %.8f, transformers %.8f", name, ht_dtype_name(dtype), loss, want_loss);
     double worst = 0;
     int checked = 0;
+    if (dtype == HT_DTYPE_F32) export_for_transformers(name, m, in);
     if (dtype == HT_DTYPE_F32) {
         ht_params_zero_grad(&m->params);
         ht_model_backward(m, 1.0f);
@@ -196,12 +224,45 @@ static void test_qk_clip_on_mla(void **s) {
     check_qk_clip("dsv3/mla_dense_b", "model.layers.1.self_attn.q_proj.weight");
 }
 
+/* config.json both ways: every case's fields read, written back and read
+ * again to the same values (YaRN, MLA's widths, DeepSeekMoE's routing). */
+static void test_config_round_trip(void **s) {
+    (void)s;
+    const char *cases[] = {"dsv3/mla_dense_a", "dsv3/mla_dense_b", "dsv3/dsv3_a", "dsv3/dsv3_b", "dsv3/dsv3_c"};
+    const char *out = scratch_dir("dsv3_config");
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ht_model_config a, b;
+        ht_error err;
+        assert_ht_ok(ht_hf_read_config(fixture_path(cases[i]), &a, &err), &err);
+        assert_ht_ok(ht_model_config_validate(&a, &err), &err);
+        assert_ht_ok(ht_hf_write_config(out, &a, HT_DTYPE_BF16, &err), &err);
+        assert_ht_ok(ht_hf_read_config(out, &b, &err), &err);
+        assert_string_equal(b.name, "deepseek_v3");
+        assert_memory_equal(&a.mla, &b.mla, sizeof(a.mla));
+        assert_memory_equal(&a.rope_scaling, &b.rope_scaling, sizeof(a.rope_scaling));
+        assert_memory_equal(&a.moe, &b.moe, sizeof(a.moe));
+        assert_int_equal(a.hidden_size, b.hidden_size);
+        assert_int_equal(a.intermediate_size, b.intermediate_size);
+        assert_true(a.rope_theta == b.rope_theta && a.rms_norm_eps == b.rms_norm_eps);
+        assert_int_equal(a.tie_word_embeddings, b.tie_word_embeddings);
+        assert_false(b.attention_bias);
+    }
+    ht_model_config a;
+    ht_error err;
+    assert_ht_ok(ht_hf_read_config(fixture_path("dsv3/mla_dense_a"), &a, &err), &err);
+    assert_int_equal(a.mla.q_lora_rank, 24);
+    assert_true(ht_rope_is_yarn(&a.rope_scaling) && a.rope_scaling.mscale_all_dim == 0.8);
+    assert_int_equal(a.moe.first_k_dense_replace, 2);
+    assert_ht_ok(ht_hf_read_config(fixture_path("dsv3/mla_dense_b"), &a, &err), &err);
+    assert_int_equal(a.mla.q_lora_rank, 0); /* null: q_proj */
+    assert_false(a.mla.rope_interleave);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mla_dense_a_f32),
-        cmocka_unit_test(test_mla_dense_b_f32),
-        cmocka_unit_test(test_mla_recompute_bitwise),
-        cmocka_unit_test(test_qk_clip_on_mla),
+        cmocka_unit_test(test_mla_dense_a_f32),       cmocka_unit_test(test_mla_dense_b_f32),
+        cmocka_unit_test(test_mla_recompute_bitwise), cmocka_unit_test(test_qk_clip_on_mla),
+        cmocka_unit_test(test_config_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

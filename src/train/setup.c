@@ -652,10 +652,17 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.gate.weight";
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.shared_expert_gate.weight";
         if (t->comm->rank == 0)
-            ht_log_info("qwen2_moe: the routers (*.mlp.gate.weight) and shared expert gates go to AdamW; the experts' "
-                        "3-D weights to Muon, one matrix per expert, unless optimizer.muon_config.adamw_include "
-                        "matches them");
+            ht_log_info("%s: the routers (*.mlp.gate.weight)%s go to AdamW; the experts' 3-D weights to Muon, one "
+                        "matrix per expert, unless optimizer.muon_config.adamw_include matches them",
+                        t->model->config.name,
+                        ht_model_config_is_deepseek(&t->model->config)
+                            ? " (their e_score_correction_bias to no optimizer: it is not trained by gradients)"
+                            : " and shared expert gates");
     }
+    if (oc.use_muon && ht_model_config_has_mla(&t->model->config) && t->comm->rank == 0)
+        ht_log_info("deepseek_v3: Multi-Latent Attention's projections (%s, kv_a_proj_with_mqa, kv_b_proj, "
+                    "o_proj) go to Muon, q_a_layernorm and kv_a_layernorm to AdamW",
+                    t->model->config.mla.q_lora_rank > 0 ? "q_a_proj, q_b_proj" : "q_proj");
     oc.weight_decay_include = t->wd_include;
     oc.weight_decay_include_count = string_list(&c->optimizer.adamw.weight_decay_include, t->wd_include);
     oc.weight_decay_exclude = t->wd_exclude;
