@@ -124,6 +124,12 @@ static void test_parity_llama_untied_all(void **s) {
     (void)s;
     check_parity("llama_untied_all");
 }
+/* DeepSeek-V3's Multi-Latent Attention: adapters on q_a_proj, q_b_proj,
+ * kv_a_proj_with_mqa, kv_b_proj and o_proj. */
+static void test_parity_deepseek_mla(void **s) {
+    (void)s;
+    check_parity("deepseek_mla");
+}
 static void test_parity_qwen2_untied_rslora(void **s) {
     (void)s;
     check_parity("qwen2_untied_rslora");
@@ -634,6 +640,7 @@ int main(void) {
         cmocka_unit_test(test_parity_qwen2_tied_qv),
         cmocka_unit_test(test_parity_llama_untied_all),
         cmocka_unit_test(test_parity_qwen2_untied_rslora),
+        cmocka_unit_test(test_parity_deepseek_mla),
         cmocka_unit_test(test_parity_bf16),
         cmocka_unit_test(test_merge_matches_peft),
         cmocka_unit_test(test_adapter_round_trip),

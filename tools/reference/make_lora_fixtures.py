@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen2Config
 
 # The batch and model sizes of the dense fixtures: the same models, adapted.
 from make_model_fixtures import B, SIZES, T  # noqa: E402  (a sibling script)
@@ -68,6 +68,19 @@ CASES = [
     ("qwen2_untied_rslora", Qwen2Config,
      dict(tie_word_embeddings=False, use_sliding_window=False),
      dict(target_modules=["o_proj", "down_proj"], r=4, lora_alpha=16, use_rslora=True), 23),
+    # DeepSeek-V3's Multi-Latent Attention, every layer dense: adapters on
+    # each of its projections, the query and key/value latents' too; YaRN and
+    # interleaved rotary pairs on. (PEFT takes a DeepSeek-V3 model for a
+    # fused-expert one and refuses gate_proj without up_proj.)
+    ("deepseek_mla", DeepseekV3Config,
+     dict(q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
+          num_key_value_heads=4, first_k_dense_replace=2, n_routed_experts=4, n_group=1, topk_group=1,
+          num_experts_per_tok=2, moe_intermediate_size=16, num_nextn_predict_layers=0,
+          tie_word_embeddings=False, rope_interleave=True,
+          rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0}),
+     dict(target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+          r=4, lora_alpha=8), 24),
 ]
 
 
@@ -106,7 +119,7 @@ def rel_err(got, want):
 def make_case(out_dir, case, cls, extra, lora, seed):
     torch.manual_seed(seed)  # PEFT's own (overwritten) lora_A init uses it
     gen = torch.Generator().manual_seed(seed)
-    cfg = cls(**SIZES, **extra)
+    cfg = cls(**{**SIZES, **extra})  # a case's own sizes win
     cfg._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
                                              dtype=torch.float32)
