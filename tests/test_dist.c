@@ -768,13 +768,33 @@ static int grad_norms(const char *log, double *out, int max) {
  * which each token takes 2, a shared expert, layer 0 dense by
  * mlp_only_layers, the load-balancing loss on; Muon + AdamW with FP32 main
  * params, FP32 reduce; params and compute in `dtype`. */
-static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, int steps) {
+/* DeepSeek-V3 at the same size (deepseek true): MLA with a query latent, 8
+ * experts in 4 groups of which 2 are kept, top-2, a shared expert, layer 0
+ * dense, the correction bias moving every step (aux-loss-free balancing,
+ * its counts over the global batch). */
+static const char *moe_model_yaml(bool deepseek, bool qkv_bias) {
+    static char b[1024];
+    if (deepseek)
+        snprintf(b, sizeof(b),
+                 "  name: deepseek_v3\n  n_routed_experts: 8\n  num_experts_per_tok: 2\n"
+                 "  moe_intermediate_size: 16\n  n_shared_experts: 1\n  n_group: 4\n  topk_group: 2\n"
+                 "  routed_scaling_factor: 2.5\n  first_k_dense_replace: 1\n  moe_router_bias_update_rate: 0.01\n"
+                 "  q_lora_rank: 16\n  kv_lora_rank: 16\n  qk_nope_head_dim: 8\n  qk_rope_head_dim: 4\n"
+                 "  v_head_dim: 8\n");
+    else
+        snprintf(b, sizeof(b),
+                 "  name: qwen2_moe\n  attention_bias: %s\n  num_experts: 8\n  num_experts_per_tok: 2\n"
+                 "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n"
+                 "  output_router_logits: true\n  router_aux_loss_coef: 0.01\n",
+                 qkv_bias ? "true" : "false");
+    return b;
+}
+
+static void write_model_config(const char *dir, const char *dtype, bool deepseek, bool qkv_bias, int steps) {
     harness_write_corpus(dir, two_cities, 40);
     write_run_yaml(
         dir,
-        "model:\n  name: qwen2_moe\n%s  attention_bias: %s\n  num_experts: 8\n  num_experts_per_tok: 2\n"
-        "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n"
-        "  output_router_logits: true\n  router_aux_loss_coef: 0.01\n"
+        "model:\n%s%s"
         "model_init_dtype: %s\n"
         "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
         "optimizer:\n  _target_: Muon\n  fp32_main_params: true\n"
@@ -785,7 +805,11 @@ static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, 
         "kernels:\n  bf16_gemm: fp32_rounded\n"
         "checkpoint:\n  save_interval: 0\n",
         tiny_model_yaml((tiny_model){.intermediate_size = 48, .num_hidden_layers = 3, .max_position_embeddings = 32}),
-        qkv_bias ? "true" : "false", dtype, dir, steps, dtype);
+        moe_model_yaml(deepseek, qkv_bias), dtype, dir, steps, dtype);
+}
+
+static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, int steps) {
+    write_model_config(dir, dtype, false, qkv_bias, steps);
 }
 
 /* The runs set against one process: the seed's 2 data-parallel x 2
