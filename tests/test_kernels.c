@@ -937,7 +937,10 @@ static void test_backend_dtypes(void **state) {
     }
 }
 
-/* RMSNorm, bias, rotary embedding and SwiGLU with FP32 and bf16 weights and outputs. */
+/* RMSNorm, bias, rotary embedding and SwiGLU with FP32 and bf16 weights and
+ * outputs. A row's sums (mean(x²), the backward's dot) are FP32 in another
+ * order on each backend, typically sqrt(C) 2^-24 apart (2e-6 for a row of
+ * 1029): RMSNorm's bound, 1e-5, is five times that. */
 static void test_backend_decoder(void **state) {
     (void)state;
     const int64_t N = 37, C = 1029; /* a row wider than a block of threads */
@@ -990,10 +993,10 @@ static void test_backend_decoder(void **state) {
         float *ky = dev_new(K, nc * 4), *krstd = dev_new(K, (size_t)N * 4), *kdx = dev_copy(K, dx0, nc * 4);
         float *kdw = dev_copy(K, dw0, (size_t)C * 4);
         K->rmsnorm_forward(ky, HT_DTYPE_F32, krstd, kx, kw, HT_DTYPE_F32, N, C, 1e-6f);
-        worst = fmax(worst, against_cpu(K, "rmsnorm_forward f32", ky, y, nc, 1e-6));
+        worst = fmax(worst, against_cpu(K, "rmsnorm_forward f32", ky, y, nc, 1e-5));
         K->rmsnorm_forward(k16, HT_DTYPE_BF16, krstd, kx, kw16, HT_DTYPE_BF16, N, C, 1e-6f);
         within_one_ulp16(K, "rmsnorm_forward bf16", k16, y16, nc);
-        worst = fmax(worst, against_cpu(K, "rmsnorm_forward rstd", krstd, rstd, (size_t)N, 1e-6));
+        worst = fmax(worst, against_cpu(K, "rmsnorm_forward rstd", krstd, rstd, (size_t)N, 1e-5));
         K->upload(krstd, rstd, (size_t)N * 4); /* backward from the CPU's rstd */
         K->rmsnorm_backward(kdx, kdw, kdy, kx, kw16, HT_DTYPE_BF16, krstd, N, C);
         worst = fmax(worst, against_cpu(K, "rmsnorm_backward dx", kdx, dx, nc, 1e-5));
@@ -1189,7 +1192,7 @@ static void test_backend_moe(void **state) {
         float *kdz = dev_new(K, N * 4), *kdw = dev_new(K, A * 4), *kdye = dev_new(K, A * C * 4);
         float *kaux = dev_copy(K, aux, E * 4), *kdp = dev_new(K, sizeof(dp)), *kdxs = dev_copy(K, dxs, A * C * 4);
         K->moe_combine(ky, kye, kpos, ksel, kw, kz, kso, N, k, C);
-        worst = fmax(worst, against_cpu(K, "moe_combine", ky, y, N * C, 1e-6));
+        worst = fmax(worst, against_cpu(K, "moe_combine", ky, y, N * C, 1e-5));
         K->moe_combine_backward(kdso, kdz, kdw, kdye, kdy, kye, kso, kz, kpos, kw, N, k, C);
         worst = fmax(worst, against_cpu(K, "moe_combine_backward dso", kdso, dso, N * C, 1e-6));
         worst = fmax(worst, against_cpu(K, "moe_combine_backward dz", kdz, dz, N, 1e-5));
@@ -1301,8 +1304,9 @@ static void test_backend_optimizers(void **state) {
                 char what[64];
                 snprintf(what, sizeof(what), "newton_schulz %s %lldx%lld", ht_dtype_name(ns), (long long)rows,
                          (long long)cols);
-                /* FP32: summation order alone; bf16: operands that round apart (2^-9) now and then */
-                worst = fmax(worst, against_cpu(K, what, kO, O, (size_t)all, d ? 3e-2 : 1e-4));
+                /* FP32: summation order alone, grown by five steps of a = 3.4; bf16: two iterations each
+                 * within 5e-2 of float64 (test_muon.c's bound) are within 1e-1 of each other */
+                worst = fmax(worst, against_cpu(K, what, kO, O, (size_t)all, d ? 1e-1 : 1e-3));
                 K->free(kG), K->free(kO), K->free(kwork);
                 free(G), free(O), free(work);
             }
