@@ -17,6 +17,8 @@
 #   libcmocka0, libcmocka-dev   the test framework
 # OpenMP is the machine's gcc's (libgomp). The whole trainer (MPI, libyaml)
 # is not built there: Open MPI's closure is some twenty packages more.
+# Warnings are not errors there (-DHT_WERROR=OFF: its gcc is not the one CI
+# checks with); build.log keeps them.
 #
 #   scripts/device-check.sh --fetch    # here, on Debian 12: the .debs into .device-deps/
 #   scripts/device-check.sh --dry-run  # here: every step that needs no GPU, into $OUT or a temp folder
@@ -105,14 +107,19 @@ export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # cuBLASLt from the CUDA toolkit, or else from the Python wheel PyTorch uses
 cmake_extra=()
 if ! ls /usr/local/cuda*/lib*/libcublasLt.so* /usr/local/cuda*/targets/*/lib/libcublasLt.so* >/dev/null 2>&1; then
-    wheel=$(python3 -c 'import nvidia.cublas as c; print(list(c.__path__)[0])' 2>/dev/null || true)
-    lt=$(ls "$wheel"/lib/libcublasLt.so.* 2>/dev/null | head -1 || true)
-    if [ -n "$lt" ]; then
-        cmake_extra+=("-DCUDA_cublasLt_LIBRARY=$lt" "-DCMAKE_CUDA_FLAGS=-I$wheel/include")
-        export LD_LIBRARY_PATH=$wheel/lib:$LD_LIBRARY_PATH
-        note "cuBLASLt from the Python wheel: $lt"
+    # nvidia/cublas/lib (CUDA 12's wheels) or nvidia/cu13/lib (13's): wherever libcublasLt.so.* lies
+    lt=""
+    for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        [ -d "$sp/nvidia" ] && lt=$(find "$sp/nvidia" -name 'libcublasLt.so.*' 2>/dev/null | sort | head -1)
+        [ -n "$lt" ] && break
+    done
+    inc=$(dirname "$(dirname "$lt")")/include
+    if [ -n "$lt" ] && [ -f "$inc/cublasLt.h" ]; then
+        cmake_extra+=("-DCUDA_cublasLt_LIBRARY=$lt" "-DCMAKE_CUDA_FLAGS=-I$inc")
+        export LD_LIBRARY_PATH=$(dirname "$lt"):$LD_LIBRARY_PATH
+        note "cuBLASLt from the Python wheel: $lt, headers $inc"
     else
-        note "no libcublasLt found in /usr/local/cuda* nor in python's nvidia.cublas"
+        note "no libcublasLt (with cublasLt.h) in /usr/local/cuda* nor in python's nvidia wheels: the build will fail"
     fi
 fi
 
@@ -125,7 +132,7 @@ log "build: cmake -DHT_KERNELS_ONLY=ON -DHT_CUDA=ON for 90a"
 t0=$SECONDS
 {
     timeout 90 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_KERNELS_ONLY=ON -DHT_CUDA=ON \
-        -DHT_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" \
+        -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" \
         "${cmake_extra[@]}" &&
         timeout 240 cmake --build "$build" -j"$(nproc)"
 } >"$OUT/build.log" 2>&1
@@ -144,6 +151,10 @@ OMP_NUM_THREADS=$(nproc) timeout 180 "$build/test_kernels" >"$OUT/test_kernels.l
 test_rc=$?
 note "test_kernels: rc $test_rc in $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_kernels.log" | tr '\n' ' ')"
 grep -E "^backend|CUDA backend not present" "$OUT/test_kernels.log" | tee -a "$summary"
+if ! $dry && grep -q "CUDA backend not present" "$OUT/test_kernels.log"; then
+    note "FAIL: the CUDA backend was not present on this machine: nothing of it was tested"
+    test_rc=1
+fi
 grep -B2 -A3 "FAILED\|Failure\|error" "$OUT/test_kernels.log" | head -40 | tee -a "$summary"
 
 # ------------------------------------------------------------ benchmarks
