@@ -214,6 +214,12 @@ typedef struct ht_kernel_ops {
     void (*moe_route_backward)(float *dp, const float *probs, const int32_t *sel, const float *weight, const float *dw,
                                const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
     void (*moe_scatter_add)(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
+    /* DeepSeek-V3's: ht_moe_route_grouped, ht_moe_route_grouped_backward */
+    void (*moe_route_grouped)(float *scores, int32_t *sel, float *weight, float *psum, const float *bias, int64_t N,
+                              int E, int k, int n_group, int topk_group, bool norm, float scaling);
+    void (*moe_route_grouped_backward)(float *dz, const float *scores, const int32_t *sel, const float *weight,
+                                       const float *dw, const float *psum, int64_t N, int E, int k, bool norm,
+                                       float scaling);
     /* LoRA's dropout: ht_dropout */
     void (*dropout)(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
     /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_scale */
