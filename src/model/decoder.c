@@ -366,7 +366,8 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
         if (p->sparse >= 0) {
             const ht_moe_params *e = ht_moe_params_of(d->moe, p->sparse);
-            ht_param *experts[] = {e->router, e->gate_up, e->down, e->sh_gate, e->sh_up, e->sh_down, e->sh_expert_gate};
+            ht_param *experts[] = {e->router,  e->bias,  e->gate_up, e->down,
+                                   e->sh_gate, e->sh_up, e->sh_down, e->sh_expert_gate};
             for (size_t i = 0; i < sizeof(experts) / sizeof(experts[0]); i++) module_add(mod, experts[i]);
         }
         for (int lin = 0; lin < LIN_COUNT; lin++) { /* the adapters travel with their layer (FSDP units) */
