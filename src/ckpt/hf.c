@@ -712,7 +712,11 @@ static ht_status make_dirs(const char *dir, ht_error *err) {
     return HT_OK;
 }
 
-static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) { return ht_dtype_is_float(p->dtype) ? dtype : p->dtype; }
+/* A keep_fp32 param (DeepSeek-V3's routers and correction biases) is written in FP32 whatever the dtype, as
+ * transformers' save_pretrained writes its _keep_in_fp32_modules_strict. */
+static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) {
+    return p->keep_fp32 ? HT_DTYPE_F32 : ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+}
 
 /* One tensor of the files: a whole param, or one expert's matrix of a 3-D expert param. */
 typedef struct hf_tensor {
