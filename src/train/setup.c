@@ -648,6 +648,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
      * are classifiers, not hidden transforms: AdamW, as the other systems
      * train them. The 3-D experts go to Muon (each expert's matrix on its
      * own) unless optimizer.muon_config.adamw_include matches them. */
+    const bool deepseek = ht_model_config_is_deepseek(&t->model->config);
     if (oc.use_muon && t->model->config.moe.num_experts > 0) {
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.gate.weight";
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.shared_expert_gate.weight";
@@ -658,6 +659,24 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
                         ht_model_config_is_deepseek(&t->model->config)
                             ? " (their e_score_correction_bias to no optimizer: it is not trained by gradients)"
                             : " and shared expert gates");
+    }
+    /* DeepSeek-V3's aux-loss-free balancing (ht_trainer_step's update_expert_bias). */
+    const bool balanced = deepseek && ht_model_config_sparse_layers(&t->model->config) > 0;
+    if (balanced && t->model->config.moe.bias_update_rate > 0 && !t->model->expert_tokens)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.moe_router_bias_update_rate %g: model '%s' does not count the tokens each expert is "
+                       "routed (ht_model.expert_tokens), which the bias update needs",
+                       t->model->config.moe.bias_update_rate, t->model->config.name);
+    if (balanced && t->comm->rank == 0) {
+        if (t->model->config.moe.bias_update_rate > 0)
+            ht_log_info("deepseek_v3: aux-loss-free balancing, rate %g, over the global batch: after every step each "
+                        "sparse layer's e_score_correction_bias moves by +rate for the experts that got fewer tokens "
+                        "than the mean over all %d rank(s), -rate for those that got more (Megatron-Core's "
+                        "get_updated_expert_bias)",
+                        t->model->config.moe.bias_update_rate, t->comm->size);
+        else
+            ht_log_info("deepseek_v3: the correction biases stay as loaded (%s 0)",
+                        ht_config_key_spelling(c, "model.moe_router_bias_update_rate"));
     }
     if (oc.use_muon && ht_model_config_has_mla(&t->model->config) && t->comm->rank == 0)
         ht_log_info("deepseek_v3: Multi-Latent Attention's projections (%s, kv_a_proj_with_mqa, kv_b_proj, "
