@@ -1419,7 +1419,7 @@ static void test_deepseek_bias_update(void **state) {
         if (a - text[0] != b - text[i] || memcmp(text[0], text[i], (size_t)(a - text[0])) != 0)
             fail_msg("%s: step 1's counts or biases differ from one process's:\n%.*s\none process:\n%.*s", runs[i].name,
                      (int)(b - text[i]), text[i], (int)(a - text[0]), text[0]);
-        printf("%s: step 1's global counts and biases as one process's, bit for bit; all 4 steps %s\n", runs[i].name,
+        printf("%s: step 1's global counts and biases as one process's, bit for bit; every step %s\n", runs[i].name,
                strcmp(text[0], text[i]) == 0 ? "the same" : "not the same (a token near a tie moved)");
     }
     for (int i = 0; i < 3; i++) free(text[i]);
