@@ -692,18 +692,11 @@ static void test_deepseek_block(void **s) {
 
 /* ---------------------------------------------------------------- the transformers fixtures */
 
-/* A deepseek_v3 model with sparse layers: NULL (the test skipped) while the
- * decoder still refuses DeepSeekMoE (ht_decoder_build's guard, until MLA and
- * this block are merged). */
+/* A deepseek_v3 model with sparse layers, FP32. */
 static ht_model *deepseek_model(const ht_model_config *cfg) {
     ht_model *m = NULL;
     ht_error err;
-    ht_status st = ht_model_build(cfg, HT_DTYPE_F32, 1, &m, &err);
-    if (st != HT_OK && strstr(err.msg, "not built yet")) {
-        printf("deepseek_v3's sparse layers are refused by this build (%s): skipped\n", err.msg);
-        return NULL;
-    }
-    assert_ht_ok(st, &err);
+    assert_ht_ok(ht_model_build(cfg, HT_DTYPE_F32, 1, &m, &err), &err);
     return m;
 }
 
@@ -734,10 +727,6 @@ static void check_dsv3_fixture(const char *name) {
     for (int pass = 0; pass < 2; pass++) {
         const ht_dtype dtype = pass ? HT_DTYPE_BF16 : HT_DTYPE_F32;
         ht_model *m = deepseek_model(&cfg);
-        if (!m) {
-            ht_safetensors_close(st);
-            skip();
-        }
         assert_ht_ok(ht_hf_load_weights(dir, &m->params, &err), &err);
         if (pass) assert_ht_ok(ht_params_convert(&m->params, dtype, &err), &err);
         assert_non_null(m->expert_tokens);
@@ -905,11 +894,6 @@ static void check_deepseek_resume(const char *dtype) {
     ht_model_config probe = {0};
     snprintf(probe.name, sizeof(probe.name), "deepseek_v3");
     int rc = train_in(dir, "full", NULL, &log);
-    if (rc != 0 && strstr(log, "not built yet")) {
-        printf("deepseek_v3's sparse layers are refused by this build: skipped\n");
-        free(log);
-        skip();
-    }
     if (rc != 0) fail_msg("the 4-step run failed:\n%s", log);
     assert_non_null(strstr(log, "deepseek_v3: aux-loss-free balancing, rate 0.01, over the global batch"));
     assert_non_null(strstr(log, "AdamW  model.layers.1.mlp.gate.weight"));
