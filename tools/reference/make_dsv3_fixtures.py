@@ -281,12 +281,14 @@ the LM head), norm weights 1 + N(0, 0.15^2), routers N(0, 9/C) (logits of
 std ~3: sigmoid scores spread over ~0.3), e_score_correction_bias N(0, 0.1^2).
 Losses are 5.1-5.5 (ln 100 = 4.61), max |logits| ~3.5, attn_max 2.6-6.2.
 A seed is rejected and the next one (seed + 1000) drawn unless, in every MoE
-layer: every token's group margin and topk margin are > 1e-3; the bias
+layer: every token's group margin and topk margin are > 5e-3 (at 1e-3 the
+engine's bf16, which rounds the router input once where transformers rounds
+it twice, moved two routed rows of dsv3_b to other experts); the bias
 changes at least one token's expert set against routing without it; where
 topk_group < n_group the group limit changes at least one token's set against
 a topk over all experts; both bf16 models choose the FP32 sets; and (dsv3_b)
-some expert's count equals the mean. dsv3_a takes seed 1021, dsv3_b 3022,
-dsv3_c 23; the script prints the seeds, margins, counts and how many tokens
+some expert's count equals the mean. dsv3_a takes seed 8021, dsv3_b 65022,
+dsv3_c 23 (ATTEMPTS raised to 400 for them); the script prints the seeds, margins, counts and how many tokens
 the bias and the group limit change. It also reloads every directory with
 from_pretrained (FP32: identical logits; bf16: identical to bf16_load.*).
 
@@ -313,9 +315,9 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkR
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model_fixtures import B, T  # noqa: E402  same batch shape as the dense fixtures
 
-MIN_MARGIN = 1e-3  # smallest topk / group margin accepted (biased scores)
+MIN_MARGIN = 5e-3  # smallest topk / group margin accepted (biased scores)
 BIAS_RATE = 1e-3  # moe_router_bias_update_rate of the bias_after.<l> reference
-ATTEMPTS = 60
+ATTEMPTS = 400
 LINEAR_GAIN = 1.0  # 2-D / 3-D weights: N(0, (gain / sqrt(fan_in))^2)
 ROUTER_GAIN = 3.0  # router rows: N(0, (3 / sqrt(C))^2): logits of std ~3
 BIAS_STD = 0.1  # e_score_correction_bias: N(0, 0.1^2), the scores' spread is ~0.3
