@@ -258,11 +258,55 @@ static void test_config_round_trip(void **s) {
     assert_false(a.mla.rope_interleave);
 }
 
+/* A DeepSeek-V3 config.json with one field made wrong: each a clear error
+ * naming the field (read, or the architecture checks that follow). */
+static void test_bad_config_json(void **s) {
+    (void)s;
+    char *base;
+    char path[1200];
+    ht_error err;
+    snprintf(path, sizeof(path), "%s/config.json", fixture_path("dsv3/dsv3_a"));
+    assert_ht_ok(ht_read_file(path, &base, NULL, &err), &err);
+    const struct {
+        const char *from, *to, *needle;
+    } cases[] = {
+        {"\"qk_rope_head_dim\": 4", "\"qk_rope_head_dim\": 5", "model.qk_rope_head_dim must be even"},
+        {"\"n_routed_experts\": 8", "\"n_routed_experts\": 9", "divide model.n_routed_experts (9)"},
+        {"\"topk_group\": 2", "\"topk_group\": 5", "model.topk_group must be between 1 and model.n_group (4)"},
+        {"\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "more than the experts the kept groups hold"},
+        {"\"factor\": 4.0", "\"factor\": 0.5", "model.rope_scaling.factor must be a number >= 1"},
+        {"\"original_max_position_embeddings\": 16", "\"original_max_position_embeddings\": -3",
+         "\"original_max_position_embeddings\" must be a non-negative integer"},
+        {"\"rope_type\": \"yarn\"", "\"rope_type\": \"longrope\"", "type longrope is not supported"},
+        {"\"q_lora_rank\": 24", "\"q_lora_rank\": 0", "\"q_lora_rank\" must be positive or null"},
+        {"\"kv_lora_rank\": 16", "\"kv_lora_rank\": \"16\"", "\"kv_lora_rank\" must be a non-negative integer"},
+    };
+    const char *dir = scratch_dir("dsv3_bad_config");
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *at = strstr(base, cases[i].from);
+        if (!at) fail_msg("dsv3_a's config.json has no %s", cases[i].from);
+        char text[8192];
+        snprintf(text, sizeof(text), "%.*s%s%s", (int)(at - base), base, cases[i].to, at + strlen(cases[i].from));
+        snprintf(path, sizeof(path), "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+        ht_model_config cfg;
+        ht_status st = ht_hf_read_config(dir, &cfg, &err);
+        if (st == HT_OK) st = ht_model_config_validate(&cfg, &err);
+        if (st == HT_OK) fail_msg("no error for %s", cases[i].to);
+        if (!strstr(err.msg, cases[i].needle))
+            fail_msg("%s: expected \"%s\" in: %s", cases[i].to, cases[i].needle, err.msg);
+    }
+    free(base);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mla_dense_a_f32),       cmocka_unit_test(test_mla_dense_b_f32),
         cmocka_unit_test(test_mla_recompute_bitwise), cmocka_unit_test(test_qk_clip_on_mla),
-        cmocka_unit_test(test_config_round_trip),
+        cmocka_unit_test(test_config_round_trip),     cmocka_unit_test(test_bad_config_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
