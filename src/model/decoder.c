@@ -782,8 +782,7 @@ static ht_dtype operand_precision(const ht_model *m, const decoder *d) {
     return cd != HT_DTYPE_F32 ? cd : m->compute_precision;
 }
 
-/* a->o (B, T, H, D) = softmax(q kᵀ / sqrt(D), causal) v, tiled (kernels/attention.c).
- * max_logit (H) is raised to each head's largest logit (before masking). */
+/* The shape of every layer's attention call. */
 static ht_attention_shape attention_shape(const decoder *d) {
     return (ht_attention_shape){d->B, d->T, d->H, d->KVh, d->Dk, d->Dv, d->attn_scale};
 }
@@ -801,9 +800,10 @@ static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
     return (ht_rope_layout){ld, 0, offset, 1, d->Dr, d->rope_interleave};
 }
 
-static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit, int B, int T) {
-    int H = d->H;
-    (void)B, (void)T;
+/* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/attention.c).
+ * max_logit (H) is raised to each head's largest logit (before masking). */
+static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit) {
+    const int H = d->H, B = d->B;
     const ht_attention_shape shape = attention_shape(d);
     ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
                                     operand_precision(m, d), d->att_work);
@@ -930,7 +930,7 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
         ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, &lq);
         ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, &lk);
     }
-    attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL, B, T);
+    attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL);
     ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
