@@ -6,7 +6,8 @@
  * formula predicts (weights, FP32 main params, main_grad, AdamW's two
  * moments, the activations the model sized, compute copies).
  * usage: bench_train_step [--dtype float32|bfloat16] [--steps N]
- *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T]
+ *                         [--model 31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense]
+ *                         [--batch B] [--seq T]
  *                         [--recompute]: every layer recomputes its activations in backward
  * --steps 0 builds and initialises the model only and prints how long that took. */
 #include <omp.h>
@@ -55,12 +56,18 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "moe") == 0) {
             cfg = bench_model_moe();
             i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dsv3") == 0) {
+            cfg = bench_model_dsv3(false);
+            i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dsv3-dense") == 0) {
+            cfg = bench_model_dsv3(true);
+            i++;
         } else {
-            fprintf(
-                stderr,
-                "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b|llama-1b|moe] [--batch B] "
-                "[--seq T] [--recompute] [--head-chunk-mib M]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--dtype float32|bfloat16] [--steps N] [--model "
+                    "31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] "
+                    "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M]\n",
+                    argv[0]);
             return 2;
         }
     }
