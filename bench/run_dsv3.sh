@@ -50,7 +50,9 @@ rm -rf "$out"
 python3 - "$log" <<'PY'
 import re, sys
 log = sys.argv[1]
-speed = re.findall(r"(\d+) tok/s \| MFU ([0-9.]+)%", log)[-1]
+if "time a step" not in log:
+    sys.exit("the trainer did not finish:\n" + log[-3000:])
+speed = re.findall(r"(\d+) tok/s \| MFU +([0-9.]+)%", log)[-1]
 fb, opt = (float(x) for x in re.search(r"forward \+ backward ([0-9.]+) s.*optimizer ([0-9.]+) s", log).groups())
 print(f"trainer, MindFormers recipe 4.2 (Muon + AdamW, QK-clip), bf16 + FP32 main params, 1 rank: {speed[0]} tok/s, "
       f"MFU {speed[1]}%; forward + backward {fb:.3f} s, optimizer {opt:.3f} s: {100 * opt / (fb + opt):.0f}% of the step")
