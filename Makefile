@@ -1,7 +1,7 @@
 # The README's two commands, and the builds behind them. CMake does the work.
 JOBS ?= $(shell nproc)
 
-.PHONY: train test build build-asan build-clang build-fuzz fuzz clean deps
+.PHONY: train test build build-asan build-clang build-cuda build-fuzz fuzz clean deps
 
 deps:
 	@scripts/install-deps.sh
@@ -20,6 +20,14 @@ build-asan: deps
 build-clang: deps
 	@CC=clang cmake -S . -B build/clang -DCMAKE_BUILD_TYPE=Release -DHT_MARCH=x86-64-v3
 	@cmake --build build/clang -j$(JOBS)
+
+# The CUDA backend of the kernel table too (src/kernels/cuda/; nvcc and the
+# CUDA toolkit's cuBLASLt, for the architectures in CUDA_ARCHS). It builds
+# without a GPU; test_kernels then says the CUDA backend was not present.
+CUDA_ARCHS ?= 80;90a
+build-cuda: deps
+	@cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=Release -DHT_CUDA=ON "-DHT_CUDA_ARCHITECTURES=$(CUDA_ARCHS)"
+	@cmake --build build/cuda -j$(JOBS)
 
 # libFuzzer targets (tests/fuzz/): clang, the library instrumented, ASan + UBSan.
 build-fuzz: deps

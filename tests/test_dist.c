@@ -7,7 +7,9 @@
  * on 4 ranks and restored on 4, 2 and 1; HSDP (2 shards x 2 replicas);
  * configuration errors on every rank
  * before any collective;
- * ranks that run different configs; a rank killed mid-run ends the world. */
+ * ranks that run different configs; a rank killed mid-run ends the world;
+ * DeepSeekMoE's aux-loss-free bias update on 1 and 4 ranks against the rule
+ * with the global counts. */
 #include "harness.h"
 
 #include <math.h>
@@ -1230,8 +1232,197 @@ static void test_cast_forward_inputs(void **state) {
     compare_final(dir, "f32_on", "f32_off", 0.0);
 }
 
+/* ---------------------------------------------------------------- DeepSeekMoE's aux-loss-free bias update */
+
+/* A tiny byte-level DeepSeek-V3 (MLA; 8 experts in 4 groups, the best 2
+ * kept, top-2, a shared expert, layer 0 dense) in float32 with the bias
+ * update at rate 0.01: 8 sequences of 16 tokens a step. */
+static void write_deepseek_config(const char *dir, int steps) {
+    harness_write_corpus(dir, two_cities, 40);
+    write_run_yaml(dir,
+                   "model:\n  name: deepseek_v3\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 48\n"
+                   "  num_hidden_layers: 3\n  num_attention_heads: 4\n  num_key_value_heads: 4\n"
+                   "  max_position_embeddings: 32\n  attention_bias: false\n"
+                   "  q_lora_rank: 16\n  kv_lora_rank: 16\n  qk_nope_head_dim: 8\n  qk_rope_head_dim: 4\n"
+                   "  v_head_dim: 8\n  num_experts: 8\n  num_experts_per_tok: 2\n  moe_intermediate_size: 16\n"
+                   "  n_shared_experts: 1\n  n_group: 4\n  topk_group: 2\n  routed_scaling_factor: 2.5\n"
+                   "  norm_topk_prob: true\n  first_k_dense_replace: 1\n  moe_router_bias_update_rate: 0.01\n"
+                   "model_init_dtype: float32\n"
+                   "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+                   "optimizer:\n  _target_: Muon\n"
+                   "training:\n  steps: %d\n  local_batch_size: 1\n  global_batch_size: 8\n  eval_interval: 0\n"
+                   "  log_interval: 1\n"
+                   "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n    reduce_dtype: float32\n"
+                   "checkpoint:\n  save_interval: 0\n",
+                   dir, steps);
+}
+
+/* One rank of the bias update check (test_deepseek_bias_update runs it on
+ * 1 and 4 ranks): the model of DIR/run.yaml with expert parallelism `ep`,
+ * trained step by step. After each step, on every rank: the step's counts
+ * of every rank (gathered here, int64, apart from the trainer's sum) add up
+ * to the global batch's routed rows (sequences x seq_len x top-k in each
+ * sparse layer), and each sparse layer's whole correction bias (gathered
+ * from the ranks' rows) is bit for bit Megatron-Core's lines in FP32 applied
+ * to the bias before the step with those global counts:
+ *   average = sum / E;  offset = average - count;  bias += sign(offset) * rate.
+ * Rank 0 writes each step's global counts and biases to DIR/<out>.txt.
+ * Returns the exit status. */
+static int expert_bias_rank(const char *dir, int ep, const char *out) {
+    ht_comm *comm;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ht_log_set_rank(comm->rank);
+    char path[1300], set[3][1400];
+    snprintf(path, sizeof(path), "%s/run.yaml", dir);
+    snprintf(set[0], sizeof(set[0]), "parallel.expert_parallel_size=%d", ep);
+    snprintf(set[1], sizeof(set[1]), "checkpoint.output_dir=%s/%s", dir, out);
+    snprintf(set[2], sizeof(set[2]), "training.seed=1234");
+    char *sets[] = {set[0], set[1], set[2]};
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    if (ht_config_load(path, 3, sets, cfg, &err) != HT_OK || ht_config_validate(cfg, comm->size, &err) != HT_OK ||
+        ht_trainer_init_on(t, cfg, comm, &err) != HT_OK) {
+        fprintf(stderr, "rank %d: %s\n", comm->rank, err.msg);
+        ht_comm_abort(comm, 1);
+    }
+    ht_model *m = t->model;
+    const ht_model_config *a = &m->config;
+    const int E = a->moe.num_experts, W = comm->size, L = ht_model_config_sparse_layers(a);
+    const float rate = (float)a->moe.bias_update_rate;
+    const int64_t rows = (int64_t)t->grad_accum * W * t->B * t->T * a->moe.num_experts_per_tok;
+    ht_param *bias[8];
+    for (int l = 0, i = 0; l < a->num_hidden_layers; l++) {
+        if (!ht_model_config_layer_is_sparse(a, l)) continue;
+        snprintf(path, sizeof(path), "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        bias[i++] = ht_params_find(&m->params, path);
+    }
+    FILE *f = NULL;
+    if (comm->rank == 0) {
+        snprintf(path, sizeof(path), "%s/%s.txt", dir, out);
+        f = fopen(path, "w");
+    }
+    int64_t failures = 0, moved = 0;
+    float before[8][64], after[64];
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)(W * L * E)), bytes[64];
+    for (int q = 0; q < W; q++) bytes[q] = (int64_t)sizeof(int64_t) * L * E;
+    for (int i = 0; i < L; i++) ht_fsdp_gather_rows(bias[i], t->shard_comm, bias[i]->data, before[i], sizeof(float));
+    for (int64_t step = 1; step <= cfg->training.steps; step++) {
+        ht_step_stats st;
+        if (ht_trainer_step(t, &st, &err) != HT_OK) {
+            fprintf(stderr, "rank %d, step %lld: %s\n", comm->rank, (long long)step, err.msg);
+            ht_comm_abort(comm, 1);
+        }
+        ht_all_gather(comm, m->expert_tokens, all, bytes);
+        if (f) fprintf(f, "step %lld\n", (long long)step);
+        for (int i = 0; i < L; i++) {
+            int64_t count[64] = {0}, sum = 0;
+            for (int q = 0; q < W; q++)
+                for (int e = 0; e < E; e++) count[e] += all[((size_t)q * L + i) * E + e];
+            for (int e = 0; e < E; e++) sum += count[e];
+            if (sum != rows) {
+                fprintf(stderr, "rank %d, step %lld, sparse layer %d: %lld routed rows, the global batch has %lld\n",
+                        comm->rank, (long long)step, i, (long long)sum, (long long)rows);
+                failures++;
+            }
+            ht_fsdp_gather_rows(bias[i], t->shard_comm, bias[i]->data, after, sizeof(float));
+            float tokens[64], average = 0.0f;
+            for (int e = 0; e < E; e++) {
+                tokens[e] = (float)count[e];
+                average += tokens[e];
+            }
+            average /= (float)E;
+            for (int e = 0; e < E; e++) {
+                const float offset = average - tokens[e];
+                const float sign = offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f;
+                const float want = before[i][e] + sign * rate;
+                if (memcmp(&want, &after[e], sizeof(float)) != 0) {
+                    if (failures++ < 5)
+                        fprintf(stderr,
+                                "rank %d, step %lld, %s[%d]: %.9g, the rule gives %.9g (%.9g + sign(%g - %lld) x %g)\n",
+                                comm->rank, (long long)step, bias[i]->name, e, after[e], want, before[i][e], average,
+                                (long long)count[e], rate);
+                }
+                moved += after[e] != before[i][e];
+                before[i][e] = after[e];
+            }
+            if (f) {
+                fprintf(f, "  layer %d counts", i);
+                for (int e = 0; e < E; e++) fprintf(f, " %lld", (long long)count[e]);
+                fprintf(f, " bias");
+                for (int e = 0; e < E; e++) fprintf(f, " %a", after[e]);
+                fprintf(f, "\n");
+            }
+        }
+    }
+    if (f) fclose(f);
+    if (comm->rank == 0)
+        printf("bias update on %d ranks, expert parallelism %d: %lld steps, %lld moves of %d sparse layers' biases, "
+               "%s\n",
+               W, ep, (long long)cfg->training.steps, (long long)moved, L, failures ? "FAILED" : "each as the rule");
+    free(all);
+    ht_trainer_free(t);
+    free(t);
+    free(cfg);
+    ht_comm_free(comm);
+    return failures ? 1 : 0;
+}
+
+/* The bias update against expert_bias_rank's reference of the rule on one
+ * process, on 4 ranks fully sharded (each rank holds 2 of each bias's 8
+ * rows) and on 4 as 2 data-parallel x 2 expert-parallel: every step on
+ * every rank as the rule with the global counts. The first step starts from
+ * the same weights and routes the same tokens: its counts and biases are
+ * the same on every layout, bit for bit. Later steps' weights part by
+ * float32 summation order (docs/NUMERICS.md), which can move a token near a
+ * tie: printed, not asserted. */
+static void test_deepseek_bias_update(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_dsv3_bias");
+    write_deepseek_config(dir, 3);
+    char exe[1024], cmd[4096], out[1300], *log;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(len > 0);
+    exe[len] = 0;
+    static const struct {
+        int ranks, ep;
+        const char *name;
+    } runs[] = {{0, 1, "one"}, {4, 1, "fsdp4"}, {4, 2, "ep2_of_4"}};
+    char *text[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(out, sizeof(out), "%s/%s.log", dir, runs[i].name);
+        char launcher[256] = "";
+        if (runs[i].ranks) snprintf(launcher, sizeof(launcher), MPIRUN "-np %d ", runs[i].ranks);
+        snprintf(cmd, sizeof(cmd), "%s'%s' --expert-bias-rank '%s' %d %s > '%s' 2>&1", launcher, exe, dir, runs[i].ep,
+                 runs[i].name, out);
+        int rc = run_logged(cmd, out, &log);
+        const char *said = strstr(log, "bias update on ");
+        if (rc != 0 || !said) fail_msg("%s:\n%s", runs[i].name, log);
+        printf("%.*s", (int)(strchr(said, '\n') - said + 1), said);
+        free(log);
+        snprintf(out, sizeof(out), "%s/%s.txt", dir, runs[i].name);
+        text[i] = read_text(out);
+    }
+    for (int i = 1; i < 3; i++) {
+        const char *a = strstr(text[0], "step 2\n"), *b = strstr(text[i], "step 2\n");
+        assert_non_null(a);
+        assert_non_null(b);
+        if (a - text[0] != b - text[i] || memcmp(text[0], text[i], (size_t)(a - text[0])) != 0)
+            fail_msg("%s: step 1's counts or biases differ from one process's:\n%.*s\none process:\n%.*s", runs[i].name,
+                     (int)(b - text[i]), text[i], (int)(a - text[0]), text[0]);
+        printf("%s: step 1's global counts and biases as one process's, bit for bit; every step %s\n", runs[i].name,
+               strcmp(text[0], text[i]) == 0 ? "the same" : "not the same (a token near a tie moved)");
+    }
+    for (int i = 0; i < 3; i++) free(text[i]);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
+    if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
+        return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32_on_1_to_4_ranks),
         cmocka_unit_test(test_float32_qwen2_with_biases_on_1_to_4_ranks),
@@ -1243,6 +1434,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),
         cmocka_unit_test(test_moe_checkpoint_across_layouts),
+        cmocka_unit_test(test_deepseek_bias_update),
         cmocka_unit_test(test_config_error_on_every_rank),
         cmocka_unit_test(test_ranks_with_different_configs),
         cmocka_unit_test(test_one_validation_window_on_3_ranks),

@@ -680,6 +680,641 @@ static void test_embedding_dropout_scale(void **state) {
     for (int i = 0; i < 37; i++) assert_true(s[i] == t[i] * 0.25f);
 }
 
+/* ---------------------------------------------------------------- every backend against the CPU */
+
+/* ggml's test-backend-ops: each table entry of every backend present (the
+ * CPU's always, the CUDA one when this build has it and a device answers)
+ * on the same inputs as the CPU's entry, its outputs downloaded and
+ * compared with the CPU's: the same bits where both compute the same
+ * roundings in the same order (conversions, moving rows, the embedding,
+ * dropout, AdamW), else within a bound that names the reason (summation
+ * order, a fused multiply-add). The CPU runs through the same upload,
+ * download and copy entries, so the harness itself is checked on every
+ * machine. Attention is checked on the CPU alone (above) until a device
+ * kernel exists. */
+typedef const ht_kernel_ops *backend;
+static backend backends[2];
+static int nbackends;
+
+static void find_backends(void) {
+    backends[nbackends++] = ht_kernels();
+    ht_error err = {0};
+    backend cuda = ht_kernels_cuda(&err);
+    if (cuda)
+        backends[nbackends++] = cuda;
+    else
+        printf("CUDA backend not present (the CPU's table alone is tested): %s\n", err.msg);
+}
+
+static void *dev_new(backend K, size_t bytes) {
+    void *d = K->alloc(bytes ? bytes : 1);
+    if (!d) fail_msg("%s: alloc of %zu bytes failed", K->name, bytes);
+    return d;
+}
+
+/* bytes of host memory into new memory of K. */
+static void *dev_copy(backend K, const void *host, size_t bytes) {
+    void *d = dev_new(K, bytes);
+    K->upload(d, host, bytes);
+    return d;
+}
+
+/* bytes of K's memory into new host memory (malloc'ed). */
+static void *host_copy(backend K, const void *dev, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    assert_non_null(h);
+    K->download(h, dev, bytes);
+    return h;
+}
+
+static void backend_ok(backend K, const char *what) {
+    ht_error err = {0};
+    if (K->synchronize(&err) != HT_OK) fail_msg("%s, %s: %s", K->name, what, err.msg);
+}
+
+/* n floats of K's memory against the CPU's: max |got - ref| / max |ref|
+ * within tol, or (tol 0) the same bits. Returns the difference. */
+static double against_cpu(backend K, const char *what, const void *dev, const float *ref, size_t n, double tol) {
+    backend_ok(K, what);
+    float *got = host_copy(K, dev, n * sizeof(float));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        num = isnan(got[i]) != isnan(ref[i]) ? INFINITY : fmax(num, isnan(d) ? 0 : d);
+        den = fmax(den, fabs((double)ref[i]));
+        if (tol == 0 && memcmp(&got[i], &ref[i], sizeof(float)) != 0)
+            fail_msg("%s, %s: element %zu is %.9g, the CPU's %.9g (the same bits expected)", K->name, what, i,
+                     (double)got[i], (double)ref[i]);
+    }
+    double e = den > 0 ? num / den : num;
+    if (!(e <= tol)) fail_msg("%s, %s: %.3g off the CPU's (bound %g)", K->name, what, e, tol);
+    free(got);
+    return e;
+}
+
+/* bytes of K's memory, the same as the CPU's. */
+static void same_bytes(backend K, const char *what, const void *dev, const void *ref, size_t bytes) {
+    backend_ok(K, what);
+    unsigned char *got = host_copy(K, dev, bytes);
+    for (size_t i = 0; i < bytes; i++)
+        if (got[i] != ((const unsigned char *)ref)[i])
+            fail_msg("%s, %s: byte %zu differs from the CPU's (the same bits expected)", K->name, what, i);
+    free(got);
+}
+
+/* A 16-bit array of K's memory within one unit in the last place of the
+ * CPU's (a rounding that an FP32 value one ulp apart may flip). */
+static void within_one_ulp16(backend K, const char *what, const void *dev, const uint16_t *ref, size_t n) {
+    backend_ok(K, what);
+    uint16_t *got = host_copy(K, dev, n * 2);
+    for (size_t i = 0; i < n; i++)
+        if (abs((int)got[i] - (int)ref[i]) > 1)
+            fail_msg("%s, %s: element %zu is 0x%04x, the CPU's 0x%04x", K->name, what, i, got[i], ref[i]);
+    free(got);
+}
+
+static void summary(backend K, const char *group, double worst) {
+    if (K != ht_kernels()) printf("backend %s, %s: within %.2g of the CPU's\n", K->name, group, worst);
+}
+
+static float *normal(size_t n, uint64_t seed, float std) {
+    float *x = malloc(n * sizeof(float));
+    assert_non_null(x);
+    fill_normal(x, n, seed, std);
+    return x;
+}
+
+/* The memory entries: alloc zeroed, upload and download, copy, zero. */
+static void test_backend_memory(void **state) {
+    (void)state;
+    enum { N = 4097 };
+    unsigned char a[N], back[N], zeros[N] = {0};
+    for (int i = 0; i < N; i++) a[i] = (unsigned char)(i * 37 + 11);
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        unsigned char *d = dev_new(K, N), *e = dev_new(K, N);
+        K->download(back, d, N);
+        assert_memory_equal(back, zeros, N);
+        K->upload(d, a, N);
+        K->copy(e, d, N);
+        K->zero(d + 100, 1000);
+        K->download(back, e, N);
+        assert_memory_equal(back, a, N);
+        K->download(back, d, N);
+        assert_memory_equal(back, a, 100);
+        assert_memory_equal(back + 100, zeros, 1000);
+        assert_memory_equal(back + 1100, a + 1100, N - 1100);
+        backend_ok(K, "memory");
+        assert_true(K->host_memory == (K == ht_kernels()));
+        K->free(d), K->free(e);
+    }
+}
+
+/* The products on odd shapes, every transposition, padded strides, each
+ * dtype, beta 0 over a C full of NaN (ignored) and beta 0.5; one ragged,
+ * one batched, one large enough for the tensor cores' tiles. Products of
+ * 16-bit values are exact in FP32: the backends differ only in summation
+ * order, K · 2^-24 of the terms' magnitudes at most. */
+typedef struct gemm_test {
+    bool ta, tb;
+    int64_t M, N, K, pad, batch;
+    float beta;
+} gemm_test;
+
+static double check_gemm(backend K, const gemm_test *t, ht_dtype dtype, bool ragged) {
+    const int64_t lda = (t->ta ? t->M : t->K) + t->pad, ldb = (t->tb ? t->K : t->N) + t->pad, ldc = t->N + t->pad;
+    const int64_t arows = t->ta ? t->K : t->M, brows = t->tb ? t->N : t->K;
+    const int64_t sa = arows * lda, sb = brows * ldb, sc = t->M * ldc, es = (int64_t)ht_dtype_size(dtype);
+    float *a = normal((size_t)(t->batch * sa), 71 + t->M, 1.0f), *bm = normal((size_t)(t->batch * sb), 72 + t->N, 1.0f);
+    float *c = normal((size_t)(t->batch * sc), 73, 1.0f), *ref = malloc((size_t)(t->batch * sc) * sizeof(float));
+    if (t->beta == 0)
+        for (int64_t i = 0; i < t->batch * sc; i++) c[i] = NAN;
+    void *a16 = malloc((size_t)(t->batch * sa * es)), *b16 = malloc((size_t)(t->batch * sb * es));
+    ht_convert(a16, dtype, a, HT_DTYPE_F32, (size_t)(t->batch * sa));
+    ht_convert(b16, dtype, bm, HT_DTYPE_F32, (size_t)(t->batch * sb));
+    memcpy(ref, c, (size_t)(t->batch * sc) * sizeof(float));
+    const ht_kernel_ops *cpu = ht_kernels();
+    if (t->batch > 1)
+        cpu->gemm_batched(t->batch, t->ta, t->tb, t->M, t->N, t->K, 0.75f, a16, lda, sa, b16, ldb, sb, dtype, t->beta,
+                          ref, ldc, sc);
+    else
+        (ragged ? cpu->gemm_ragged : cpu->gemm)(t->ta, t->tb, t->M, t->N, t->K, 0.75f, a16, lda, b16, ldb, dtype,
+                                                t->beta, ref, ldc);
+    void *da = dev_copy(K, a16, (size_t)(t->batch * sa * es)), *db = dev_copy(K, b16, (size_t)(t->batch * sb * es));
+    float *dc = dev_copy(K, c, (size_t)(t->batch * sc) * sizeof(float));
+    if (t->batch > 1)
+        K->gemm_batched(t->batch, t->ta, t->tb, t->M, t->N, t->K, 0.75f, da, lda, sa, db, ldb, sb, dtype, t->beta, dc,
+                        ldc, sc);
+    else
+        (ragged ? K->gemm_ragged : K->gemm)(t->ta, t->tb, t->M, t->N, t->K, 0.75f, da, lda, db, ldb, dtype, t->beta, dc,
+                                            ldc);
+    /* the padding columns of C keep what they held: compare every element */
+    for (int64_t i = 0; i < t->batch * sc; i++)
+        if (t->beta == 0 && i % ldc >= t->N) ref[i] = 0; /* NaN in both, unread */
+    float *got = host_copy(K, dc, (size_t)(t->batch * sc) * sizeof(float));
+    for (int64_t i = 0; i < t->batch * sc; i++)
+        if (t->beta == 0 && i % ldc >= t->N) got[i] = 0;
+    K->upload(dc, got, (size_t)(t->batch * sc) * sizeof(float));
+    char what[128];
+    snprintf(what, sizeof(what), "%s%s %s M%lld N%lld K%lld %c%c beta %g", t->batch > 1 ? "gemm_batched" : "gemm",
+             ragged ? "_ragged" : "", ht_dtype_name(dtype), (long long)t->M, (long long)t->N, (long long)t->K,
+             t->ta ? 'T' : 'N', t->tb ? 'T' : 'N', (double)t->beta);
+    double e = against_cpu(K, what, dc, ref, (size_t)(t->batch * sc), 2e-5);
+    K->free(da), K->free(db), K->free(dc);
+    free(a), free(bm), free(c), free(ref), free(a16), free(b16), free(got);
+    return e;
+}
+
+static void test_backend_gemm(void **state) {
+    (void)state;
+    static const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int b = 0; b < nbackends; b++) {
+        double worst = 0;
+        for (int d = 0; d < 3; d++) {
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    gemm_test t = {ta, tb, 37, 53, 71, 0, 1, 0.0f};
+                    worst = fmax(worst, check_gemm(backends[b], &t, dtypes[d], false));
+                    t.pad = 3, t.beta = 0.5f;
+                    worst = fmax(worst, check_gemm(backends[b], &t, dtypes[d], false));
+                }
+            gemm_test ragged = {false, true, 13, 64, 96, 0, 1, 0.0f}, weight = {true, false, 64, 96, 13, 0, 1, 1.0f};
+            worst = fmax(worst, check_gemm(backends[b], &ragged, dtypes[d], true));
+            worst = fmax(worst, check_gemm(backends[b], &weight, dtypes[d], true));
+            gemm_test batched = {false, true, 24, 40, 40, 0, 3, 0.0f}, big = {false, true, 256, 384, 512, 0, 1, 0.0f};
+            worst = fmax(worst, check_gemm(backends[b], &batched, dtypes[d], false));
+            batched.ta = true, batched.tb = false, batched.beta = 1.0f;
+            worst = fmax(worst, check_gemm(backends[b], &batched, dtypes[d], false));
+            worst = fmax(worst, check_gemm(backends[b], &big, dtypes[d], false));
+        }
+        summary(backends[b], "gemm, gemm_ragged, gemm_batched (f32, bf16, f16)", worst);
+    }
+}
+
+/* convert between every pair of float dtypes and round_to, on normal
+ * values, ties, subnormals, overflow, infinities and NaNs: the same bits. */
+static void test_backend_dtypes(void **state) {
+    (void)state;
+    enum { N = 1000 };
+    float x[N];
+    fill_normal(x, N, 81, 3.0f);
+    static const float special[] = {
+        0.0f,   -0.0f,   INFINITY,       -INFINITY,       NAN,   65504.0f, 65519.0f, 65520.0f, 1e-8f,
+        -3e-7f, 6.1e-5f, 1.0f + 0x1p-8f, 1.0f + 0x1p-11f, 1e38f, 3.4e38f,  1e-40f};
+    memcpy(x, special, sizeof(special));
+    for (int i = 16; i < 64; i++) x[i] = ldexpf(x[i], (i % 40) - 30); /* a spread of exponents */
+    static const ht_dtype dt[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        float *dx = dev_copy(K, x, sizeof(x));
+        for (int s = 0; s < 3; s++) {
+            /* the source in dtype s, from x */
+            uint32_t src[N], ref[N];
+            ht_convert(src, dt[s], x, HT_DTYPE_F32, N);
+            void *dsrc = dev_copy(K, src, N * ht_dtype_size(dt[s]));
+            for (int d = 0; d < 3; d++) {
+                if (d == s) continue;
+                ht_convert(ref, dt[d], src, dt[s], N);
+                void *ddst = dev_new(K, N * ht_dtype_size(dt[d]));
+                K->convert(ddst, dt[d], dsrc, dt[s], N);
+                char what[64];
+                snprintf(what, sizeof(what), "convert %s -> %s", ht_dtype_name(dt[s]), ht_dtype_name(dt[d]));
+                same_bytes(K, what, ddst, ref, N * ht_dtype_size(dt[d]));
+                K->free(ddst);
+            }
+            K->free(dsrc);
+        }
+        for (int p = 1; p < 3; p++) {
+            float r[N];
+            memcpy(r, x, sizeof(x));
+            ht_round_to(r, N, dt[p]);
+            K->upload(dx, x, sizeof(x));
+            K->round_to(dx, N, dt[p]);
+            same_bytes(K, dt[p] == HT_DTYPE_BF16 ? "round_to bfloat16" : "round_to float16", dx, r, sizeof(r));
+        }
+        K->free(dx);
+        summary(K, "convert, round_to", 0);
+    }
+}
+
+/* RMSNorm, bias, rotary embedding and SwiGLU with FP32 and bf16 weights and
+ * outputs. A row's sums (mean(x²), the backward's dot) are FP32 in another
+ * order on each backend, typically sqrt(C) 2^-24 apart (2e-6 for a row of
+ * 1029): RMSNorm's bound, 1e-5, is five times that. */
+static void test_backend_decoder(void **state) {
+    (void)state;
+    const int64_t N = 37, C = 1029; /* a row wider than a block of threads */
+    const size_t nc = (size_t)(N * C);
+    const ht_kernel_ops *cpu = ht_kernels();
+    float *x = normal(nc, 91, 2.0f), *w = normal((size_t)C, 92, 0.5f), *dy = normal(nc, 93, 1.0f);
+    float *dx0 = normal(nc, 94, 0.1f), *dw0 = normal((size_t)C, 95, 0.1f);
+    uint16_t *w16 = malloc((size_t)C * 2);
+    ht_convert(w16, HT_DTYPE_BF16, w, HT_DTYPE_F32, (size_t)C);
+    /* the CPU's */
+    float *y = malloc(nc * 4), *rstd = malloc((size_t)N * 4), *dx = malloc(nc * 4), *dw = malloc((size_t)C * 4);
+    uint16_t *y16 = malloc(nc * 2);
+    cpu->rmsnorm_forward(y, HT_DTYPE_F32, rstd, x, w, HT_DTYPE_F32, N, C, 1e-6f);
+    cpu->rmsnorm_forward(y16, HT_DTYPE_BF16, rstd, x, w16, HT_DTYPE_BF16, N, C, 1e-6f);
+    memcpy(dx, dx0, nc * 4), memcpy(dw, dw0, (size_t)C * 4);
+    cpu->rmsnorm_backward(dx, dw, dy, x, w16, HT_DTYPE_BF16, rstd, N, C);
+    float *yb = malloc(nc * 4), *db = malloc((size_t)C * 4);
+    memcpy(yb, x, nc * 4), memcpy(db, dw0, (size_t)C * 4);
+    cpu->add_bias(yb, w16, HT_DTYPE_BF16, N, C);
+    cpu->bias_backward(db, dy, N, C);
+    /* rotary embedding on 2 x 7 token rows of 3 heads, 98 rotary dimensions from the same x: plain (B, T, H,
+     * D), within wider heads at an offset in wider rows (Multi-Latent Attention's), and interleaved pairs */
+    const int64_t B = 2, T = 7, H = 3, D = 98, half = D / 2, nr = B * T * (H * 160 + 30);
+    const ht_rope_layout layouts[3] = {
+        {H * D, D, 0, H, D, false}, {H * 160 + 30, 160, 62, H, D, false}, {H * D, D, 0, H, D, true}};
+    float *cs = malloc((size_t)(T * half) * 4), *sn = malloc((size_t)(T * half) * 4);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            cs[t * half + i] = (float)cos(t * pow(10000.0, -2.0 * i / D));
+            sn[t * half + i] = (float)sin(t * pow(10000.0, -2.0 * i / D));
+        }
+    float *rf = malloc((size_t)(3 * nr) * 4), *rb = malloc((size_t)(3 * nr) * 4);
+    for (int l = 0; l < 3; l++) {
+        memcpy(rf + l * nr, x, (size_t)nr * 4), memcpy(rb + l * nr, dy, (size_t)nr * 4);
+        cpu->rope_forward(rf + l * nr, cs, sn, B, T, &layouts[l]);
+        cpu->rope_backward(rb + l * nr, cs, sn, B, T, &layouts[l]);
+    }
+    /* SwiGLU on x (gate) and dy (up), dx0 as dh */
+    float *h = malloc(nc * 4), *dg = malloc(nc * 4), *du = malloc(nc * 4);
+    uint16_t *h16 = malloc(nc * 2);
+    cpu->swiglu_forward(h, HT_DTYPE_F32, x, dy, (int64_t)nc);
+    cpu->swiglu_forward(h16, HT_DTYPE_BF16, x, dy, (int64_t)nc);
+    cpu->swiglu_backward(dg, du, dx0, x, dy, (int64_t)nc);
+
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        double worst = 0;
+        float *kx = dev_copy(K, x, nc * 4), *kw = dev_copy(K, w, (size_t)C * 4), *kdy = dev_copy(K, dy, nc * 4);
+        uint16_t *kw16 = dev_copy(K, w16, (size_t)C * 2), *k16 = dev_new(K, nc * 2);
+        float *ky = dev_new(K, nc * 4), *krstd = dev_new(K, (size_t)N * 4), *kdx = dev_copy(K, dx0, nc * 4);
+        float *kdw = dev_copy(K, dw0, (size_t)C * 4);
+        K->rmsnorm_forward(ky, HT_DTYPE_F32, krstd, kx, kw, HT_DTYPE_F32, N, C, 1e-6f);
+        worst = fmax(worst, against_cpu(K, "rmsnorm_forward f32", ky, y, nc, 1e-5));
+        K->rmsnorm_forward(k16, HT_DTYPE_BF16, krstd, kx, kw16, HT_DTYPE_BF16, N, C, 1e-6f);
+        within_one_ulp16(K, "rmsnorm_forward bf16", k16, y16, nc);
+        worst = fmax(worst, against_cpu(K, "rmsnorm_forward rstd", krstd, rstd, (size_t)N, 1e-5));
+        K->upload(krstd, rstd, (size_t)N * 4); /* backward from the CPU's rstd */
+        K->rmsnorm_backward(kdx, kdw, kdy, kx, kw16, HT_DTYPE_BF16, krstd, N, C);
+        worst = fmax(worst, against_cpu(K, "rmsnorm_backward dx", kdx, dx, nc, 1e-5));
+        worst = fmax(worst, against_cpu(K, "rmsnorm_backward dweight", kdw, dw, (size_t)C, 1e-5));
+        K->upload(kdx, dx0, nc * 4);
+        K->rmsnorm_backward(kdx, NULL, kdy, kx, kw16, HT_DTYPE_BF16, krstd, N, C); /* a frozen weight */
+        worst = fmax(worst, against_cpu(K, "rmsnorm_backward dx (frozen weight)", kdx, dx, nc, 1e-5));
+
+        K->upload(ky, x, nc * 4);
+        K->add_bias(ky, kw16, HT_DTYPE_BF16, N, C);
+        against_cpu(K, "add_bias", ky, yb, nc, 0);
+        K->upload(kdw, dw0, (size_t)C * 4);
+        K->bias_backward(kdw, kdy, N, C);
+        worst = fmax(worst, against_cpu(K, "bias_backward", kdw, db, (size_t)C, 1e-5));
+
+        float *kcs = dev_copy(K, cs, (size_t)(T * half) * 4), *ksn = dev_copy(K, sn, (size_t)(T * half) * 4);
+        static const char *const rope_names[3][2] = {{"rope_forward", "rope_backward"},
+                                                     {"rope_forward at an offset", "rope_backward at an offset"},
+                                                     {"rope_forward interleaved", "rope_backward interleaved"}};
+        for (int l = 0; l < 3; l++) {
+            K->upload(ky, x, (size_t)nr * 4);
+            K->rope_forward(ky, kcs, ksn, B, T, &layouts[l]);
+            worst = fmax(worst, against_cpu(K, rope_names[l][0], ky, rf + l * nr, (size_t)nr, 1e-6));
+            K->upload(ky, dy, (size_t)nr * 4);
+            K->rope_backward(ky, kcs, ksn, B, T, &layouts[l]);
+            worst = fmax(worst, against_cpu(K, rope_names[l][1], ky, rb + l * nr, (size_t)nr, 1e-6));
+        }
+
+        float *kdh = dev_copy(K, dx0, nc * 4), *kdg = dev_new(K, nc * 4);
+        K->swiglu_forward(ky, HT_DTYPE_F32, kx, kdy, (int64_t)nc);
+        worst = fmax(worst, against_cpu(K, "swiglu_forward f32", ky, h, nc, 1e-6));
+        K->swiglu_forward(k16, HT_DTYPE_BF16, kx, kdy, (int64_t)nc);
+        within_one_ulp16(K, "swiglu_forward bf16", k16, h16, nc);
+        K->swiglu_backward(kdg, kdx, kdh, kx, kdy, (int64_t)nc);
+        worst = fmax(worst, against_cpu(K, "swiglu_backward dgate", kdg, dg, nc, 1e-6));
+        worst = fmax(worst, against_cpu(K, "swiglu_backward dup", kdx, du, nc, 1e-6));
+        summary(K, "rmsnorm, bias, rope, swiglu", worst);
+        K->free(kx), K->free(kw), K->free(kdy), K->free(kw16), K->free(k16), K->free(ky), K->free(krstd);
+        K->free(kdx), K->free(kdw), K->free(kcs), K->free(ksn), K->free(kdh), K->free(kdg);
+    }
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(w16), free(y), free(rstd), free(dx), free(dw), free(y16);
+    free(yb), free(db), free(cs), free(sn), free(rf), free(rb), free(h), free(dg), free(du), free(h16);
+}
+
+/* The cross-entropy over a chunk of rows (some ignored), forward with its
+ * statistics and backward from them or finding them again. */
+static void test_backend_cross_entropy(void **state) {
+    (void)state;
+    const int64_t N = 29, V = 5003;
+    const size_t nv = (size_t)(N * V);
+    const ht_kernel_ops *cpu = ht_kernels();
+    float *logits = normal(nv, 101, 4.0f), *grad = malloc(nv * 4);
+    int32_t targets[29];
+    for (int64_t n = 0; n < N; n++) targets[n] = n % 7 == 3 ? -1 : (int32_t)((n * 131) % V);
+    ht_softmax_row rows[29];
+    memset(rows, 0, sizeof(rows));
+    int64_t count;
+    const double loss = cpu->cross_entropy_forward(logits, targets, N, V, &count, rows);
+    memcpy(grad, logits, nv * 4);
+    cpu->cross_entropy_backward(grad, targets, N, V, 0.5f, rows);
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        float *kl = dev_copy(K, logits, nv * 4), *kl2 = dev_copy(K, logits, nv * 4);
+        int32_t *kt = dev_copy(K, targets, sizeof(targets));
+        ht_softmax_row *kr = dev_new(K, sizeof(rows));
+        int64_t kcount = -1;
+        const double kloss = K->cross_entropy_forward(kl, kt, N, V, &kcount, kr);
+        assert_int_equal(kcount, count);
+        double worst = fabs(kloss - loss) / fabs(loss);
+        if (!(worst <= 1e-6)) fail_msg("%s, cross_entropy_forward: loss %.12g, the CPU's %.12g", K->name, kloss, loss);
+        ht_softmax_row got[29];
+        backend_ok(K, "cross_entropy_forward");
+        K->download(got, kr, sizeof(got));
+        for (int64_t n = 0; n < N; n++) {
+            if (targets[n] < 0) continue;
+            if (got[n].max != rows[n].max || !(fabs(got[n].sum - rows[n].sum) <= 1e-6 * rows[n].sum))
+                fail_msg("%s, cross_entropy_forward row %lld: max %.9g sum %.12g, the CPU's %.9g %.12g", K->name,
+                         (long long)n, (double)got[n].max, got[n].sum, (double)rows[n].max, rows[n].sum);
+        }
+        K->cross_entropy_backward(kl, kt, N, V, 0.5f, kr);
+        worst = fmax(worst, against_cpu(K, "cross_entropy_backward", kl, grad, nv, 1e-5));
+        /* finding the statistics again: the same bits as from the forward's */
+        K->cross_entropy_backward(kl2, kt, N, V, 0.5f, NULL);
+        float *a = host_copy(K, kl, nv * 4), *c = host_copy(K, kl2, nv * 4);
+        assert_memory_equal(a, c, nv * 4);
+        free(a), free(c);
+        summary(K, "cross_entropy_forward/backward", worst);
+        K->free(kl), K->free(kl2), K->free(kt), K->free(kr);
+    }
+    free(logits), free(grad);
+}
+
+/* The embedding (repeated ids), moving rows (4-byte and 2-byte rows),
+ * dropout, add, accumulate, scale and the sum of squares. */
+static void test_backend_rows_and_elementwise(void **state) {
+    (void)state;
+    enum { V = 11, C = 37, N = 31 };
+    const ht_kernel_ops *cpu = ht_kernels();
+    float *table = normal(V * C, 111, 1.0f), *dx = normal(N * C, 112, 1.0f), *a = normal(N * C, 113, 1.0f);
+    uint16_t table16[V * C];
+    ht_convert(table16, HT_DTYPE_BF16, table, HT_DTYPE_F32, V * C);
+    int32_t ids[N], perm[N];
+    for (int n = 0; n < N; n++) ids[n] = (n * 4) % V, perm[n] = (n * 5 + 3) % N;
+    float x[N * C], dtable[V * C], moved[N * C], drop[N * C], sum[N * C], acc[N * C], scaled[N * C];
+    uint16_t moved16[N * 3];
+    cpu->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C);
+    memcpy(dtable, table, sizeof(dtable));
+    cpu->embedding_backward(dtable, dx, ids, N, C);
+    cpu->gather_rows(moved, dx, perm, N, C * 4);
+    cpu->scatter_rows(moved16, table16, perm, N, 3 * 2); /* 6-byte rows */
+    memcpy(drop, dx, sizeof(drop));
+    cpu->dropout(drop, N, C, 0.3f, 99, 5ull << 48, 7);
+    cpu->add(sum, dx, a, N * C);
+    memcpy(acc, dx, sizeof(acc));
+    cpu->accumulate(acc, a, N * C);
+    memcpy(scaled, dx, sizeof(scaled));
+    cpu->scale(scaled, N * C, 0.37f);
+    const size_t big = 3000017;
+    float *many = normal(big, 114, 1.0f);
+    const double squares = cpu->sum_squares(many, (int64_t)big);
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        uint16_t *kt16 = dev_copy(K, table16, sizeof(table16)), *km16 = dev_new(K, sizeof(moved16));
+        int32_t *kids = dev_copy(K, ids, sizeof(ids)), *kperm = dev_copy(K, perm, sizeof(perm));
+        float *kx = dev_new(K, sizeof(x)), *kdt = dev_copy(K, table, sizeof(dtable)), *kdx = dev_copy(K, dx, sizeof(x));
+        float *ka = dev_copy(K, a, sizeof(x)), *ky = dev_new(K, sizeof(x));
+        K->embedding_forward(kx, kt16, HT_DTYPE_BF16, kids, N, C);
+        against_cpu(K, "embedding_forward", kx, x, N * C, 0);
+        K->embedding_backward(kdt, kdx, kids, N, C);
+        against_cpu(K, "embedding_backward", kdt, dtable, V * C, 0); /* token order: the same sums */
+        K->gather_rows(ky, kdx, kperm, N, C * 4);
+        against_cpu(K, "gather_rows", ky, moved, N * C, 0);
+        K->scatter_rows(km16, kt16, kperm, N, 3 * 2);
+        same_bytes(K, "scatter_rows (6-byte rows)", km16, moved16, sizeof(moved16));
+        K->copy(ky, kdx, sizeof(x));
+        K->dropout(ky, N, C, 0.3f, 99, 5ull << 48, 7);
+        against_cpu(K, "dropout", ky, drop, N * C, 0);
+        K->add(ky, kdx, ka, N * C);
+        against_cpu(K, "add", ky, sum, N * C, 0);
+        K->copy(ky, kdx, sizeof(x));
+        K->accumulate(ky, ka, N * C);
+        against_cpu(K, "accumulate", ky, acc, N * C, 0);
+        K->copy(ky, kdx, sizeof(x));
+        K->scale(ky, N * C, 0.37f);
+        against_cpu(K, "scale", ky, scaled, N * C, 0);
+        float *kmany = dev_copy(K, many, big * 4);
+        const double ks = K->sum_squares(kmany, (int64_t)big);
+        backend_ok(K, "sum_squares");
+        if (!(fabs(ks - squares) <= 1e-12 * squares))
+            fail_msg("%s, sum_squares: %.17g, the CPU's %.17g", K->name, ks, squares);
+        summary(K, "embedding, rows, dropout, add, accumulate, scale, sum_squares", fabs(ks - squares) / squares);
+        K->free(kt16), K->free(km16), K->free(kids), K->free(kperm), K->free(kx), K->free(kdt), K->free(kdx);
+        K->free(ka), K->free(ky), K->free(kmany);
+    }
+    free(table), free(dx), free(a), free(many);
+}
+
+/* Qwen2-MoE's entries: route, combine and their backward, scatter-add. */
+static void test_backend_moe(void **state) {
+    (void)state;
+    enum { N = 23, E = 7, k = 3, C = 130, A = N * k };
+    const ht_kernel_ops *cpu = ht_kernels();
+    float *logits = normal(N * E, 121, 1.5f), *ye = normal(A * C, 122, 1.0f), *so = normal(N * C, 123, 1.0f);
+    float *z = normal(N, 124, 1.0f), *dy = normal(N * C, 125, 1.0f), *aux = normal(E, 126, 0.3f);
+    float *dxs = normal(A * C, 127, 1.0f), *dx0 = normal(N * C, 128, 1.0f);
+    int32_t pos[A];
+    for (int i = 0; i < A; i++) pos[i] = (int32_t)((i * 7 + 2) % A);
+    float probs[N * E], weight[N * k], psum[N], y[N * C], dp[N * E];
+    float *dso = malloc(N * C * 4), *dz = malloc(N * 4), *dw = malloc(A * 4), *dye = malloc(A * C * 4);
+    float *dx = malloc(N * C * 4);
+    int32_t sel[A];
+    memcpy(probs, logits, sizeof(probs));
+    cpu->moe_route(probs, sel, weight, psum, N, E, k, true);
+    cpu->moe_combine(y, ye, pos, sel, weight, z, so, N, k, C);
+    cpu->moe_combine_backward(dso, dz, dw, dye, dy, ye, so, z, pos, weight, N, k, C);
+    cpu->moe_route_backward(dp, probs, sel, weight, dw, psum, aux, N, E, k, true);
+    memcpy(dx, dx0, N * C * 4);
+    cpu->moe_scatter_add(dx, dxs, pos, N, k, C);
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        double worst = 0;
+        float *kp = dev_copy(K, logits, sizeof(probs)), *kw = dev_new(K, sizeof(weight)),
+              *ks = dev_new(K, sizeof(psum));
+        int32_t *ksel = dev_new(K, sizeof(sel)), *kpos = dev_copy(K, pos, sizeof(pos));
+        K->moe_route(kp, ksel, kw, ks, N, E, k, true);
+        worst = fmax(worst, against_cpu(K, "moe_route probs", kp, probs, N * E, 1e-6));
+        same_bytes(K, "moe_route sel", ksel, sel, sizeof(sel));
+        worst = fmax(worst, against_cpu(K, "moe_route weight", kw, weight, A, 1e-6));
+        worst = fmax(worst, against_cpu(K, "moe_route psum", ks, psum, N, 1e-6));
+        K->upload(kp, probs, sizeof(probs)), K->upload(kw, weight, sizeof(weight)), K->upload(ks, psum, sizeof(psum));
+        float *kye = dev_copy(K, ye, A * C * 4), *kso = dev_copy(K, so, N * C * 4), *kz = dev_copy(K, z, N * 4);
+        float *ky = dev_new(K, N * C * 4), *kdy = dev_copy(K, dy, N * C * 4), *kdso = dev_new(K, N * C * 4);
+        float *kdz = dev_new(K, N * 4), *kdw = dev_new(K, A * 4), *kdye = dev_new(K, A * C * 4);
+        float *kaux = dev_copy(K, aux, E * 4), *kdp = dev_new(K, sizeof(dp)), *kdxs = dev_copy(K, dxs, A * C * 4);
+        K->moe_combine(ky, kye, kpos, ksel, kw, kz, kso, N, k, C);
+        worst = fmax(worst, against_cpu(K, "moe_combine", ky, y, N * C, 1e-5));
+        K->moe_combine_backward(kdso, kdz, kdw, kdye, kdy, kye, kso, kz, kpos, kw, N, k, C);
+        worst = fmax(worst, against_cpu(K, "moe_combine_backward dso", kdso, dso, N * C, 1e-6));
+        worst = fmax(worst, against_cpu(K, "moe_combine_backward dz", kdz, dz, N, 1e-5));
+        worst = fmax(worst, against_cpu(K, "moe_combine_backward dw", kdw, dw, A, 1e-5));
+        worst = fmax(worst, against_cpu(K, "moe_combine_backward dye", kdye, dye, A * C, 1e-6));
+        K->upload(kdw, dw, A * 4);
+        K->moe_route_backward(kdp, kp, ksel, kw, kdw, ks, kaux, N, E, k, true);
+        worst = fmax(worst, against_cpu(K, "moe_route_backward", kdp, dp, N * E, 1e-5));
+        K->upload(ky, dx0, N * C * 4);
+        K->moe_scatter_add(ky, kdxs, kpos, N, k, C);
+        against_cpu(K, "moe_scatter_add", ky, dx, N * C, 0); /* the choices in order: the same sums */
+        summary(K, "moe_route, moe_combine, their backward, moe_scatter_add", worst);
+        K->free(kp), K->free(kw), K->free(ks), K->free(ksel), K->free(kpos), K->free(kye), K->free(kso), K->free(kz);
+        K->free(ky), K->free(kdy), K->free(kdso), K->free(kdz), K->free(kdw), K->free(kdye), K->free(kaux);
+        K->free(kdp), K->free(kdxs);
+    }
+    free(logits), free(ye), free(so), free(z), free(dy), free(aux), free(dxs), free(dx0);
+    free(dso), free(dz), free(dw), free(dye), free(dx);
+}
+
+/* AdamW on every path (FP32 main param alone; with a bf16 / f16 copy
+ * rounded to nearest or stochastically; the copy alone), the same bits as
+ * the CPU's; Muon's momentum and update; Newton-Schulz, FP32 and bf16. */
+static void test_backend_optimizers(void **state) {
+    (void)state;
+    enum { N = 5000 };
+    const ht_kernel_ops *cpu = ht_kernels();
+    float *p0 = normal(N, 131, 1.0f), *g = normal(N, 132, 0.1f), *m0 = normal(N, 133, 0.01f);
+    float *v0 = malloc(N * 4);
+    for (int i = 0; i < N; i++) v0[i] = 1e-4f * fabsf(g[i]) + 1e-6f;
+    const ht_adamw_hparams h = {.step = 7, .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    struct {
+        bool main;
+        ht_dtype model;
+        bool stochastic;
+    } paths[] = {{true, HT_DTYPE_F32, false},   {true, HT_DTYPE_BF16, false}, {true, HT_DTYPE_F16, true},
+                 {false, HT_DTYPE_BF16, false}, {false, HT_DTYPE_BF16, true}, {false, HT_DTYPE_F16, false}};
+    float p[N], m[N], v[N], B[N], u[N];
+    uint16_t model[N], model0[N];
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        double worst = 0;
+        float *kp = dev_new(K, N * 4), *kg = dev_copy(K, g, N * 4), *km = dev_new(K, N * 4), *kv = dev_new(K, N * 4);
+        uint16_t *kmodel = dev_new(K, N * 2);
+        for (size_t t = 0; t < sizeof(paths) / sizeof(paths[0]); t++) {
+            const bool half = paths[t].model != HT_DTYPE_F32;
+            memcpy(p, p0, sizeof(p)), memcpy(m, m0, sizeof(m)), memcpy(v, v0, sizeof(v));
+            if (half) ht_convert(model0, paths[t].model, p0, HT_DTYPE_F32, N);
+            memcpy(model, model0, sizeof(model));
+            cpu->adamw(paths[t].main ? p : NULL, g, m, v, N, &h, half ? model : NULL, paths[t].model,
+                       paths[t].stochastic, 1234);
+            K->upload(kp, p0, N * 4), K->upload(km, m0, N * 4), K->upload(kv, v0, N * 4);
+            K->upload(kmodel, model0, sizeof(model0));
+            K->adamw(paths[t].main ? kp : NULL, kg, km, kv, N, &h, half ? kmodel : NULL, paths[t].model,
+                     paths[t].stochastic, 1234);
+            char what[96];
+            snprintf(what, sizeof(what), "adamw (%s main param, %s copy%s)", paths[t].main ? "an FP32" : "no",
+                     half ? ht_dtype_name(paths[t].model) : "no", paths[t].stochastic ? ", stochastic" : "");
+            if (paths[t].main) against_cpu(K, what, kp, p, N, 0);
+            against_cpu(K, what, km, m, N, 0);
+            against_cpu(K, what, kv, v, N, 0);
+            if (half) same_bytes(K, what, kmodel, model, sizeof(model));
+        }
+        /* Muon: momentum with and without Nesterov, then the update on each path */
+        for (int nesterov = 0; nesterov < 2; nesterov++) {
+            memcpy(B, m0, sizeof(B));
+            cpu->muon_momentum(B, g, u, N, 0.95f, 1.0f, nesterov);
+            K->upload(km, m0, N * 4);
+            K->muon_momentum(km, kg, kv, N, 0.95f, 1.0f, nesterov);
+            worst = fmax(worst, against_cpu(K, "muon_momentum B", km, B, N, 1e-6));
+            if (nesterov) worst = fmax(worst, against_cpu(K, "muon_momentum u", kv, u, N, 1e-6));
+        }
+        for (size_t t = 1; t < sizeof(paths) / sizeof(paths[0]); t++) {
+            memcpy(p, p0, sizeof(p)), memcpy(u, g, sizeof(u));
+            ht_convert(model0, paths[t].model, p0, HT_DTYPE_F32, N);
+            memcpy(model, model0, sizeof(model));
+            cpu->muon_apply(paths[t].main ? p : NULL, u, N, 0.999f, 0.02f, model, paths[t].model, paths[t].stochastic,
+                            77, 1000);
+            K->upload(kp, p0, N * 4), K->upload(kv, g, N * 4), K->upload(kmodel, model0, sizeof(model0));
+            K->muon_apply(paths[t].main ? kp : NULL, kv, N, 0.999f, 0.02f, kmodel, paths[t].model, paths[t].stochastic,
+                          77, 1000);
+            if (paths[t].main) worst = fmax(worst, against_cpu(K, "muon_apply p", kp, p, N, 1e-6));
+            within_one_ulp16(K, "muon_apply model copy", kmodel, model, N);
+        }
+        K->upload(kp, p0, N * 4);
+        cpu->muon_apply(memcpy(p, p0, sizeof(p)), u, N, 0.999f, 0.02f, NULL, HT_DTYPE_F32, false, 0, 0);
+        K->upload(kv, u, N * 4);
+        K->muon_apply(kp, kv, N, 0.999f, 0.02f, NULL, HT_DTYPE_F32, false, 0, 0);
+        worst = fmax(worst, against_cpu(K, "muon_apply (no model copy)", kp, p, N, 1e-6));
+        K->free(kp), K->free(kg), K->free(km), K->free(kv), K->free(kmodel);
+
+        /* Newton-Schulz: two wide and two tall matrices, five steps of the legacy quintic */
+        static const double coeffs[5][3] = {{3.4445, -4.7750, 2.0315},
+                                            {3.4445, -4.7750, 2.0315},
+                                            {3.4445, -4.7750, 2.0315},
+                                            {3.4445, -4.7750, 2.0315},
+                                            {3.4445, -4.7750, 2.0315}};
+        static const int64_t shapes[2][2] = {{24, 40}, {48, 20}};
+        for (int s = 0; s < 2; s++)
+            for (int d = 0; d < 2; d++) {
+                const ht_dtype ns = d ? HT_DTYPE_BF16 : HT_DTYPE_F32;
+                const int64_t rows = shapes[s][0], cols = shapes[s][1], count = 2, all = count * rows * cols;
+                float *G = normal((size_t)all, 141 + s, 1.0f), *O = malloc((size_t)all * 4);
+                float *work = malloc(cpu->ns_workspace_floats(count, rows, cols, ns) * 4);
+                cpu->newton_schulz(G, O, count, rows, cols, coeffs, 5, 1e-7, ns, work);
+                float *kG = dev_copy(K, G, (size_t)all * 4), *kO = dev_new(K, (size_t)all * 4);
+                float *kwork = dev_new(K, K->ns_workspace_floats(count, rows, cols, ns) * 4);
+                K->newton_schulz(kG, kO, count, rows, cols, coeffs, 5, 1e-7, ns, kwork);
+                char what[64];
+                snprintf(what, sizeof(what), "newton_schulz %s %lldx%lld", ht_dtype_name(ns), (long long)rows,
+                         (long long)cols);
+                /* FP32: summation order alone, grown by five steps of a = 3.4; bf16: two iterations each
+                 * within 5e-2 of float64 (test_muon.c's bound) are within 1e-1 of each other */
+                worst = fmax(worst, against_cpu(K, what, kO, O, (size_t)all, d ? 1e-1 : 1e-3));
+                K->free(kG), K->free(kO), K->free(kwork);
+                free(G), free(O), free(work);
+            }
+        summary(K, "adamw (the same bits), muon_momentum, muon_apply, newton_schulz", worst);
+    }
+    free(p0), free(g), free(m0), free(v0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_kernels_against_reference),
@@ -692,7 +1327,16 @@ int main(void) {
         cmocka_unit_test(test_rope_against_reference),
         cmocka_unit_test(test_rope_layouts),
         cmocka_unit_test(test_cross_entropy_against_reference),
+        cmocka_unit_test(test_backend_memory),
+        cmocka_unit_test(test_backend_gemm),
+        cmocka_unit_test(test_backend_dtypes),
+        cmocka_unit_test(test_backend_decoder),
+        cmocka_unit_test(test_backend_cross_entropy),
+        cmocka_unit_test(test_backend_rows_and_elementwise),
+        cmocka_unit_test(test_backend_moe),
+        cmocka_unit_test(test_backend_optimizers),
     };
+    find_backends();
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* The math layer: one GEMM entry point over oneDNN, and the elementwise and
- * reduction kernels of the decoder. All of it is OpenMP-parallel. */
+ * reduction kernels of the decoder, all OpenMP-parallel; and the table of
+ * kernels the layers above call, with its CPU and CUDA backends. */
 #ifndef HYPERTRAIN_KERNELS_H
 #define HYPERTRAIN_KERNELS_H
 
@@ -132,13 +133,36 @@ typedef struct ht_attention_shape {
 } ht_attention_shape;
 
 typedef struct ht_kernel_ops {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "cuda" */
+    /* Whether the backend's memory is the host's: the CPU's is, so a caller
+     * may read and write it directly; a GPU's is not, and is reached only
+     * through the entries below (upload, download). */
+    bool host_memory;
     /* memory: what the kernels read and write apart from the parameters
      * (activations, the rotary tables, optimizer state, workspaces),
-     * zeroed and 64-byte aligned. The CPU's is ht_alloc / ht_free; a GPU's
-     * would be the device's. */
+     * zeroed and 64-byte aligned. The CPU's is ht_alloc / ht_free; the
+     * CUDA backend's is the device's (cudaMalloc). Every array an entry
+     * of this table takes is memory of this backend; scalars, the
+     * hyper-parameter structs, Newton-Schulz's coefficients and the
+     * cross-entropy's row count are host values. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    /* Moving bytes, ggml's buffer interface (memset_tensor, set_tensor,
+     * get_tensor, cpy_tensor): zero `bytes` of the backend's memory; upload
+     * from host memory into it, download from it into host memory; copy
+     * within it (dst and src apart). On the CPU these are memset and
+     * memcpy. A backend that queues its work (CUDA: one stream) runs them
+     * in order with the kernels; download returns once the host holds the
+     * bytes, upload once the host buffer may be reused. */
+    void (*zero)(void *dst, size_t bytes);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Waits for every entry called so far and returns HT_OK, or the first
+     * failure since the process started (a product or a kernel that could
+     * not run; the entries themselves return nothing, as ht_gemm). The
+     * CPU's runs synchronously: its failure is ht_gemm_status's. */
+    ht_status (*synchronize)(ht_error *err);
     /* products: ht_gemm, ht_gemm_ragged, ht_gemm_batched */
     void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                  const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
@@ -190,6 +214,12 @@ typedef struct ht_kernel_ops {
     void (*moe_route_backward)(float *dp, const float *probs, const int32_t *sel, const float *weight, const float *dw,
                                const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
     void (*moe_scatter_add)(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
+    /* DeepSeek-V3's: ht_moe_route_grouped, ht_moe_route_grouped_backward */
+    void (*moe_route_grouped)(float *scores, int32_t *sel, float *weight, float *psum, const float *bias, int64_t N,
+                              int E, int k, int n_group, int topk_group, bool norm, float scaling);
+    void (*moe_route_grouped_backward)(float *dz, const float *scores, const int32_t *sel, const float *weight,
+                                       const float *dw, const float *psum, int64_t N, int E, int k, bool norm,
+                                       float scaling);
     /* LoRA's dropout: ht_dropout */
     void (*dropout)(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
     /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_scale */
@@ -210,6 +240,15 @@ typedef struct ht_kernel_ops {
 
 /* The kernels in use: the CPU's (kernels/table.c). */
 const ht_kernel_ops *ht_kernels(void);
+
+/* The CUDA backend's table (kernels/cuda/, built with cmake -DHT_CUDA=ON):
+ * the same entries on the process's current CUDA device, or NULL with the
+ * reason in err when this build has no CUDA backend or no device and
+ * driver answer (cudaGetDeviceCount fails or finds none), so that a caller
+ * on a machine without a GPU goes on with the CPU's. Its entries are
+ * called from one host thread at a time and queue their work on one
+ * stream; attention_* are NULL (not yet written for the device). */
+const ht_kernel_ops *ht_kernels_cuda(ht_error *err);
 
 #ifdef __cplusplus
 }

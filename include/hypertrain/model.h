@@ -266,6 +266,11 @@ struct ht_model {
     uint64_t dropout_seed;
     int64_t dropout_first_sequence;
     void *impl; /* the builder's own state */
+    /* deepseek_v3: (sparse layers, E), the rows each routed expert of each
+     * sparse layer (in layer order) was given by this rank's forwards since
+     * the last ht_model_reset_expert_tokens: the counts the aux-loss-free
+     * bias update sums over the ranks. NULL: no DeepSeekMoE routing. */
+    int64_t *expert_tokens;
 };
 
 static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {
@@ -353,6 +358,26 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
  * that name has an adapter, otherwise each adapted module's path; sorted.
  * *out is malloc'ed (free it); returns the count, -1 when out of memory. */
 int ht_lora_target_names(const ht_param_store *params, char (**out)[HT_PARAM_NAME_MAX]);
+
+/* ------------------------------------------------------------------ DeepSeekMoE's aux-loss-free balancing */
+
+/* The sparse layers of cfg (their count: the rows of ht_model.expert_tokens). */
+int ht_model_config_sparse_layers(const ht_model_config *cfg);
+/* Whether cfg's param `name` is held in FP32 whatever the model dtype
+ * (ht_param.keep_fp32): deepseek_v3's routers and correction biases, as
+ * transformers' _keep_in_fp32_modules_strict keeps them, so that saves and
+ * exports of a 16-bit model write them in FP32 as save_pretrained does. */
+bool ht_model_config_keeps_fp32(const ht_model_config *cfg, const char *name);
+/* Zeroes m->expert_tokens (nothing without it): the trainer, as each step starts. */
+void ht_model_reset_expert_tokens(ht_model *m);
+/* Megatron-Core's get_updated_expert_bias, once per global batch, on every
+ * sparse layer: given `tokens` (sparse layers, E), the counts of the whole
+ * batch (every rank's expert_tokens summed), each expert's
+ * model.layers.N.mlp.gate.e_score_correction_bias moves by
+ * rate · sign(mean − tokens_e) in FP32, mean = Σ_e tokens_e / E: the rows of
+ * it this rank holds (its FP32 data is its main param and what forward
+ * reads), so every layout of the same batch ends on the same bits. */
+void ht_model_update_expert_bias(ht_model *m, const double *tokens, double rate);
 
 #ifdef __cplusplus
 }

@@ -41,6 +41,9 @@ typedef struct ht_param {
     void *compute_rows; /* this rank's rows in the compute dtype: `data` when the dtypes agree */
     ht_dtype compute_dtype;
     ht_dtype compute_precision; /* the values' precision: compute_dtype, or bf16/f16 held in FP32 */
+    /* FP32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict: DeepSeek-V3's routers and
+     * their correction biases): ht_params_convert leaves it FP32, and forward and backward read it in FP32. */
+    bool keep_fp32;
 } ht_param;
 
 typedef struct ht_param_store {
@@ -87,8 +90,9 @@ void ht_params_set_rows(ht_param_store *store, int rank, int world);
  * changes nothing. */
 ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *err);
 static inline bool ht_param_is_sharded(const ht_param *p) { return p->sharded; }
-/* Converts every float param's data to `dtype` in place of the old storage:
- * the ht_param structs (their identity) and shard layout do not change. */
+/* Converts every float param's data to `dtype` (but those that keep_fp32) in
+ * place of the old storage: the ht_param structs (their identity) and shard
+ * layout do not change. */
 ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err);
 /* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
  * an F32 param's main_param is its data pointer: no extra bytes. */
@@ -96,7 +100,8 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
 /* Makes forward and backward read every float param stored in `dtype` with
  * values of `precision` (its own precision or a coarser one: FP32 storage of
  * bf16 values runs bf16 numerics on FP32 GEMM kernels). Params already in that
- * form are read in place, the others through a cast (and rounded) copy. */
+ * form are read in place, the others through a cast (and rounded) copy; a
+ * keep_fp32 param is read in place, in FP32. */
 ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err);
 /* Re-casts data into the compute copies (after the weights changed); for a
  * sharded param its compute_rows, which parallel/ gathers when they are used. */

@@ -166,7 +166,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        ht_dtype to = ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+        ht_dtype to = ht_dtype_is_float(p->dtype) && !p->keep_fp32 ? dtype : p->dtype;
         bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
     }
     char *block = ht_alloc(bytes);
@@ -176,7 +176,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        ht_dtype to = ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+        ht_dtype to = ht_dtype_is_float(p->dtype) && !p->keep_fp32 ? dtype : p->dtype;
         size_t n = (size_t)ht_param_local_numel(p);
         ht_convert(block + off, to, p->data, p->dtype, n);
         bool main_was_data = p->main_param == p->data;
@@ -212,7 +212,7 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        if (ht_dtype_is_float(p->dtype) && !reads_in_place(p->dtype, dtype, precision))
+        if (ht_dtype_is_float(p->dtype) && !p->keep_fp32 && !reads_in_place(p->dtype, dtype, precision))
             bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
     char *block = bytes ? ht_alloc(bytes) : NULL;
@@ -225,7 +225,7 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         reset_views(p);
-        if (!ht_dtype_is_float(p->dtype) || reads_in_place(p->dtype, dtype, precision)) continue;
+        if (!ht_dtype_is_float(p->dtype) || p->keep_fp32 || reads_in_place(p->dtype, dtype, precision)) continue;
         p->compute_rows = block + off;
         if (!p->sharded) p->compute = p->compute_rows;
         p->compute_dtype = dtype;

@@ -53,8 +53,8 @@ static bool has_adapter(const ht_checkpoint *ck, const char *fqn) {
  * checkpoint's), the adapters and the weights they adapt in FP32 for the
  * merge (or, adapters_only, the adapters alone). For a float32 export every
  * tensor comes from the FP32 main params where the checkpoint has them. */
-static ht_status read_store(const ht_checkpoint *ck, ht_dtype *dtype, bool adapters_only, ht_param_store *store,
-                            int *adapters, ht_error *err) {
+static ht_status read_store(const ht_checkpoint *ck, const ht_model_config *cfg, ht_dtype *dtype, bool adapters_only,
+                            ht_param_store *store, int *adapters, ht_error *err) {
     ht_status s = HT_OK;
     *adapters = 0;
     for (int k = 0; s == HT_OK && k < ck->nkeys; k++) {
@@ -67,11 +67,14 @@ static ht_status read_store(const ht_checkpoint *ck, ht_dtype *dtype, bool adapt
         if (adapters_only && !adapter) continue;
         ht_dtype dt = adapter || has_adapter(ck, fqn) ? HT_DTYPE_F32 : *dtype;
         if (adapters_only) dt = *dtype;
-        ht_param *p = ht_params_add(store, fqn, key->ndim, key->shape, dt);
-        if (!p)
+        const bool keep = cfg && ht_model_config_keeps_fp32(cfg, fqn); /* FP32 whatever the export's dtype */
+        ht_param *p = ht_params_add(store, fqn, key->ndim, key->shape, keep ? HT_DTYPE_F32 : dt);
+        if (!p) {
             s = ht_fail(err, HT_ERR_OOM, "export: cannot add %s", key->name);
-        else
+        } else {
             p->trainable = false;
+            p->keep_fp32 = keep;
+        }
     }
     if (s == HT_OK) s = ht_params_allocate(store, err);
     for (int i = 0; s == HT_OK && i < store->count; i++) {
@@ -98,7 +101,7 @@ ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dty
     if (s == HT_OK) s = ht_hf_read_config(ck->dir, &cfg, err);
     ht_param_store store = {0}, merged = {0};
     int adapters = 0;
-    if (s == HT_OK) s = read_store(ck, &dtype, false, &store, &adapters, err);
+    if (s == HT_OK) s = read_store(ck, &cfg, &dtype, false, &store, &adapters, err);
     const ht_param_store *out = &store;
     char base[HT_CONFIG_STR_MAX];
     if (s == HT_OK && adapters) { /* model.lora: W + scale B A, so that transformers loads it as it is */
@@ -125,7 +128,7 @@ ht_status ht_ckpt_export_adapter(const char *ckpt_dir, const char *out_dir, ht_d
     int adapters = 0;
     ht_lora_config lc;
     char base[HT_CONFIG_STR_MAX];
-    s = read_store(ck, &dtype, true, &store, &adapters, err);
+    s = read_store(ck, NULL, &dtype, true, &store, &adapters, err);
     if (s == HT_OK && adapters == 0)
         s = ht_fail(err, HT_ERR_FORMAT, "%s holds no LoRA adapters (a run with model.lora.rank > 0 saves them)",
                     ck->dir);

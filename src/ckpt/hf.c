@@ -614,14 +614,18 @@ static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix,
     return HT_OK;
 }
 
-/* Tensors of the files that no param asked for; lm_head.weight of a tied model is expected. */
+/* Tensors of the files that no param asked for; lm_head.weight of a tied
+ * model is expected, and so are empty tensors (transformers' DeepSeek-V3
+ * with n_shared_experts 0 saves its shared experts as (0, C) and (C, 0)). */
 static void warn_unused(const hf_files *fs, const ht_param_store *params, const char *dir) {
     char list[1024] = "";
     int unused = 0, left_out = 0;
     for (int f = 0; f < fs->count; f++) {
         for (int i = 0; i < ht_safetensors_count(fs->files[f]); i++) {
-            const char *name = ht_safetensors_tensor(fs->files[f], i)->name;
-            if (ht_params_find(params, name) || strcmp(name, "lm_head.weight") == 0 || is_expert_tensor(name, params))
+            const ht_st_tensor *t = ht_safetensors_tensor(fs->files[f], i);
+            const char *name = t->name;
+            if (ht_params_find(params, name) || strcmp(name, "lm_head.weight") == 0 || is_expert_tensor(name, params) ||
+                t->nbytes == 0)
                 continue;
             unused++;
             list_append(list, sizeof(list), name, &left_out);
@@ -712,7 +716,11 @@ static ht_status make_dirs(const char *dir, ht_error *err) {
     return HT_OK;
 }
 
-static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) { return ht_dtype_is_float(p->dtype) ? dtype : p->dtype; }
+/* A keep_fp32 param (DeepSeek-V3's routers and correction biases) is written in FP32 whatever the dtype, as
+ * transformers' save_pretrained writes its _keep_in_fp32_modules_strict. */
+static ht_dtype save_dtype(const ht_param *p, ht_dtype dtype) {
+    return p->keep_fp32 ? HT_DTYPE_F32 : ht_dtype_is_float(p->dtype) ? dtype : p->dtype;
+}
 
 /* One tensor of the files: a whole param, or one expert's matrix of a 3-D expert param. */
 typedef struct hf_tensor {

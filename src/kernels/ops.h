@@ -114,7 +114,7 @@ size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtyp
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
                    int steps, double eps, ht_dtype ns_dtype, float *work);
 
-/* ---------------------------------------------------------------- Qwen2-MoE (kernels/moe.c) */
+/* ---------------------------------------------------------------- the sparse blocks (kernels/moe.c) */
 
 /* probs (N, E) in place from the router's logits (softmax as torch computes
  * it, exp(x - max) / sum), then each row's k largest (ties to the lower
@@ -126,11 +126,13 @@ void ht_gather_rows(void *dst, const void *src, const int32_t *idx, int64_t rows
 /* dst row idx[r] = src row r. */
 void ht_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
 /* y (N, C) = the sum of weight[n, j] ye[pos[n, j]], added in increasing
- * expert order (sel), plus sigmoid(z[n]) so[n]. */
+ * expert order (sel), plus sigmoid(z[n]) so[n]; z NULL: plus so[n]
+ * (ungated); so NULL: no shared expert. */
 void ht_moe_combine(float *y, const float *ye, const int32_t *pos, const int32_t *sel, const float *weight,
                     const float *z, const float *so, int64_t N, int k, int64_t C);
-/* Its backward given dy (N, C): dso = sigmoid(z) dy, dz = the gate logit's
- * gradient, dw[n, j] = dy · ye[pos], dye[pos] = weight dy. */
+/* Its backward given dy (N, C): dso = sigmoid(z) dy (z NULL: dy), dz = the
+ * gate logit's gradient (z NULL: untouched), dw[n, j] = dy · ye[pos],
+ * dye[pos] = weight dy; so NULL: neither dso nor dz. */
 void ht_moe_combine_backward(float *dso, float *dz, float *dw, float *dye, const float *dy, const float *ye,
                              const float *so, const float *z, const int32_t *pos, const float *weight, int64_t N, int k,
                              int64_t C);
@@ -141,5 +143,21 @@ void ht_moe_route_backward(float *dp, const float *probs, const int32_t *sel, co
                            const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
 /* dx[n] += dxs[pos[n, j]] for every choice j. */
 void ht_moe_scatter_add(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
+/* DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): scores (N, E)
+ * in place from the logits, sigmoid; the choice on scores + bias (E; NULL:
+ * none): each of n_group groups of E / n_group consecutive experts scored by
+ * the sum of its two largest biased scores, the topk_group best groups kept
+ * (ties to the lower group), the k largest biased scores of their experts
+ * (ties to the lower expert, in decreasing order): sel (N, k); weight (N, k)
+ * the chosen experts' unbiased scores, divided by psum (N) = their sum +
+ * 1e-20 when norm (psum: their sum otherwise), times scaling. */
+void ht_moe_route_grouped(float *scores, int32_t *sel, float *weight, float *psum, const float *bias, int64_t N, int E,
+                          int k, int n_group, int topk_group, bool norm, float scaling);
+/* dz (N, E): the router logits' gradient from the chosen weights' dw,
+ * through the scaling, the normalisation when norm and the sigmoid; 0 for
+ * the experts not chosen. */
+void ht_moe_route_grouped_backward(float *dz, const float *scores, const int32_t *sel, const float *weight,
+                                   const float *dw, const float *psum, int64_t N, int E, int k, bool norm,
+                                   float scaling);
 
 #endif

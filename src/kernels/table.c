@@ -1,12 +1,30 @@
 /* The CPU's entries of the kernel table (include/hypertrain/kernels.h): the
- * functions of kernels/ (and base's dtype conversions) as they are. */
+ * functions of kernels/ (and base's dtype conversions) as they are, and
+ * host memory moved with memset and memcpy. */
 #include "hypertrain/kernels.h"
 #include "kernels/ops.h"
 
+#include <string.h>
+
+static void cpu_zero(void *dst, size_t bytes) {
+    if (bytes) memset(dst, 0, bytes);
+}
+/* upload, download and copy alike: host memory to host memory */
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+}
+static ht_status cpu_synchronize(ht_error *err) { return ht_gemm_status(err); }
+
 static const ht_kernel_ops cpu = {
     .name = "cpu",
+    .host_memory = true,
     .alloc = ht_alloc,
     .free = ht_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
     .gemm = ht_gemm,
     .gemm_ragged = ht_gemm_ragged,
     .gemm_batched = ht_gemm_batched,
@@ -34,6 +52,8 @@ static const ht_kernel_ops cpu = {
     .moe_combine_backward = ht_moe_combine_backward,
     .moe_route_backward = ht_moe_route_backward,
     .moe_scatter_add = ht_moe_scatter_add,
+    .moe_route_grouped = ht_moe_route_grouped,
+    .moe_route_grouped_backward = ht_moe_route_grouped_backward,
     .dropout = ht_dropout,
     .sum_squares = ht_sum_squares,
     .add = ht_add,
@@ -47,3 +67,11 @@ static const ht_kernel_ops cpu = {
 };
 
 const ht_kernel_ops *ht_kernels(void) { return &cpu; }
+
+#ifndef HT_CUDA
+/* A build without the CUDA backend (kernels/cuda/backend.cu defines it otherwise). */
+const ht_kernel_ops *ht_kernels_cuda(ht_error *err) {
+    ht_fail(err, HT_ERR_INVALID, "this build has no CUDA backend (cmake -DHT_CUDA=ON, make build-cuda)");
+    return NULL;
+}
+#endif

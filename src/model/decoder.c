@@ -366,7 +366,8 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) module_add(mod, all[i]);
         if (p->sparse >= 0) {
             const ht_moe_params *e = ht_moe_params_of(d->moe, p->sparse);
-            ht_param *experts[] = {e->router, e->gate_up, e->down, e->sh_gate, e->sh_up, e->sh_down, e->sh_expert_gate};
+            ht_param *experts[] = {e->router,  e->bias,  e->gate_up, e->down,
+                                   e->sh_gate, e->sh_up, e->sh_down, e->sh_expert_gate};
             for (size_t i = 0; i < sizeof(experts) / sizeof(experts[0]); i++) module_add(mod, experts[i]);
         }
         for (int lin = 0; lin < LIN_COUNT; lin++) { /* the adapters travel with their layer (FSDP units) */
@@ -1202,14 +1203,8 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     int sparse = 0;
     for (int l = 0; l < d->L; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
     if (sparse) d->moe = ht_moe_new(cfg, sparse);
+    m->expert_tokens = ht_moe_expert_tokens(d->moe);
     ht_status s = HT_OK;
-    if (sparse && ht_model_config_is_deepseek(cfg)) {
-        decoder_free(m);
-        return ht_fail(err, HT_ERR_CONFIG,
-                       "model.name deepseek_v3: DeepSeekMoE's routing is not built yet; set "
-                       "model.first_k_dense_replace to model.num_hidden_layers (%d) for a dense model",
-                       cfg->num_hidden_layers);
-    }
     if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);

@@ -98,6 +98,7 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
             break;
         }
         q->trainable = false;
+        q->keep_fp32 = p->keep_fp32;
         q->data = p->data;
         char a_name[HT_PARAM_NAME_MAX + 16], b_name[HT_PARAM_NAME_MAX + 16];
         size_t stem = strlen(p->name) - (ends_with(p->name, ".weight") ? strlen(".weight") : 0);

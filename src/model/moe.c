@@ -1,11 +1,25 @@
-/* Qwen2-MoE's sparse MLP block, as transformers' Qwen2MoeSparseMoeBlock
- * computes it, with a hand-written backward.
+/* The sparse MLP block as transformers' Qwen2MoeSparseMoeBlock and
+ * DeepseekV3MoE compute it, with a hand-written backward.
  *
+ *   qwen2_moe:
  *   p    = softmax(x Wrᵀ)                     (N, E) FP32, the router
  *   sel  = the k largest p of each token, w their probabilities
  *          (divided by their sum with norm_topk_prob)
  *   y    = Σ_j w_j · down_e(silu(gate_e x) · up_e x)    e = sel_j, summed in expert order
  *        + sigmoid(x wsᵀ) · shared(x)
+ *
+ *   deepseek_v3 (DeepseekV3TopkRouter; Wr and the bias b are FP32 whatever
+ *   the model dtype, x widened to FP32 for the router's product):
+ *   s    = sigmoid(x Wrᵀ)                     (N, E) FP32
+ *   sel  = the k largest s + b among the experts of the topk_group best of
+ *          n_group groups (a group scored by its two largest s + b)
+ *   w_j  = s_sel_j (unbiased), / (Σ_j s_sel_j + 1e-20) with norm_topk_prob,
+ *          × routed_scaling_factor
+ *   y    = Σ_j w_j · expert_e(x) + shared_experts(x)    (ungated; none when n_shared_experts is 0)
+ *
+ *   Backward reaches Wr and x through the chosen weights only (see
+ *   ht_moe_route_grouped_backward): the choice, and so b, has no gradient
+ *   (docs/NUMERICS.md, "DeepSeekMoE routing and the aux-loss-free bias update").
  *
  * The routed part runs as grouped GEMMs: every (token, choice) pair is a
  * row, the rows are sorted by expert (a stable counting sort, tokens in
@@ -52,6 +66,11 @@ typedef struct moe_acts {
 struct ht_moe {
     int E, k, I, S, C, layers;
     bool norm_topk;
+    /* deepseek_v3: grouped sigmoid routing with the correction bias, the weights scaled, ungated shared experts */
+    bool deepseek;
+    int n_group, topk_group;
+    float scaling;
+    int64_t *tokens;        /* (layers, E) deepseek_v3: rows routed to each expert since last zeroed */
     ht_moe_params *params;  /* (layers) */
     moe_acts *acts;         /* (layers) */
     ht_expert_parallel *ep; /* NULL: every expert here */
@@ -76,6 +95,7 @@ struct ht_moe {
     float *dsh, *dsg;  /* (N, S) */
     float *dsu;        /* (N, S) */
     float *dz;         /* (N) */
+    float *xr;         /* (N, C) x widened to the router's dtype (deepseek_v3's FP32 router; NULL: x as it is) */
     float *stage;      /* (cap, C) rows in received order (exchange) */
     void *op_a, *op_b; /* (max(cap, N) · max(C, I, S, E)) cd: gradients as GEMM operands */
 };
@@ -84,27 +104,57 @@ static bool parallel(const ht_moe *moe) { return moe->P > 1; }
 
 /* ------------------------------------------------------------------ params */
 
+/* The shared expert's width: Qwen2-MoE's own, DeepSeek-V3's n_shared_experts experts side by side. */
+static int64_t shared_width(const ht_model_config *cfg) {
+    const ht_moe_config *mc = &cfg->moe;
+    return ht_model_config_is_deepseek(cfg) ? (int64_t)mc->n_shared_experts * mc->moe_intermediate_size
+                                            : mc->shared_expert_intermediate_size;
+}
+
 bool ht_moe_declare(ht_param_store *ps, const char *module, const ht_model_config *cfg, ht_dtype dtype) {
     const ht_moe_config *mc = &cfg->moe;
-    const int64_t E = mc->num_experts, C = cfg->hidden_size, I = mc->moe_intermediate_size,
-                  S = mc->shared_expert_intermediate_size;
-    const struct {
+    const int64_t E = mc->num_experts, C = cfg->hidden_size, I = mc->moe_intermediate_size, S = shared_width(cfg);
+    typedef struct {
         const char *suffix;
         int ndim;
         int64_t shape[3];
-    } list[] = {
-        {"mlp.gate.weight", 2, {E, C}},
-        {"mlp.experts.gate_up_proj", 3, {E, 2 * I, C}},
-        {"mlp.experts.down_proj", 3, {E, C, I}},
-        {"mlp.shared_expert.gate_proj.weight", 2, {S, C}},
-        {"mlp.shared_expert.up_proj.weight", 2, {S, C}},
-        {"mlp.shared_expert.down_proj.weight", 2, {C, S}},
-        {"mlp.shared_expert_gate.weight", 2, {1, C}},
+        bool fixed; /* never trained: no gradient, main param or optimizer state */
+    } decl;
+    const decl qwen[] = {
+        {"mlp.gate.weight", 2, {E, C}, false},
+        {"mlp.experts.gate_up_proj", 3, {E, 2 * I, C}, false},
+        {"mlp.experts.down_proj", 3, {E, C, I}, false},
+        {"mlp.shared_expert.gate_proj.weight", 2, {S, C}, false},
+        {"mlp.shared_expert.up_proj.weight", 2, {S, C}, false},
+        {"mlp.shared_expert.down_proj.weight", 2, {C, S}, false},
+        {"mlp.shared_expert_gate.weight", 2, {1, C}, false},
     };
+    /* transformers' DeepseekV3MoE in state_dict() order. The router and its
+     * correction bias (a persistent buffer, zeros at init) are FP32 whatever
+     * the model dtype (ht_model_config_keeps_fp32); the bias moves only by the
+     * aux-loss-free update (ht_model_update_expert_bias). n_shared_experts 0:
+     * transformers builds (0, C) shared experts that compute nothing; none here. */
+    const decl deepseek[] = {
+        {"mlp.experts.gate_up_proj", 3, {E, 2 * I, C}, false},
+        {"mlp.experts.down_proj", 3, {E, C, I}, false},
+        {"mlp.gate.weight", 2, {E, C}, false},
+        {"mlp.gate.e_score_correction_bias", 1, {E}, true},
+        {"mlp.shared_experts.gate_proj.weight", 2, {S, C}, false},
+        {"mlp.shared_experts.up_proj.weight", 2, {S, C}, false},
+        {"mlp.shared_experts.down_proj.weight", 2, {C, S}, false},
+    };
+    const bool ds = ht_model_config_is_deepseek(cfg);
+    const decl *list = ds ? deepseek : qwen;
+    const size_t n = ds ? sizeof(deepseek) / sizeof(deepseek[0]) : sizeof(qwen) / sizeof(qwen[0]);
     char name[HT_PARAM_NAME_MAX + 64];
-    for (size_t i = 0; i < sizeof(list) / sizeof(list[0]); i++) {
+    for (size_t i = 0; i < n; i++) {
+        if (S == 0 && strstr(list[i].suffix, "shared_expert")) continue;
         snprintf(name, sizeof(name), "%s.%s", module, list[i].suffix);
-        if (!ht_params_add(ps, name, list[i].ndim, list[i].shape, dtype)) return false;
+        const bool keep = ht_model_config_keeps_fp32(cfg, name);
+        ht_param *p = ht_params_add(ps, name, list[i].ndim, list[i].shape, keep ? HT_DTYPE_F32 : dtype);
+        if (!p) return false;
+        p->keep_fp32 = keep;
+        p->trainable = !list[i].fixed;
     }
     return true;
 }
@@ -117,12 +167,18 @@ static ht_param *find(ht_param_store *ps, const char *module, const char *suffix
 
 void ht_moe_bind(ht_moe *moe, int index, ht_param_store *ps, const char *module) {
     ht_moe_params *p = &moe->params[index];
+    const char *shared = moe->deepseek ? "mlp.shared_experts" : "mlp.shared_expert";
+    char name[64];
     p->router = find(ps, module, "mlp.gate.weight");
+    p->bias = find(ps, module, "mlp.gate.e_score_correction_bias");
     p->gate_up = find(ps, module, "mlp.experts.gate_up_proj");
     p->down = find(ps, module, "mlp.experts.down_proj");
-    p->sh_gate = find(ps, module, "mlp.shared_expert.gate_proj.weight");
-    p->sh_up = find(ps, module, "mlp.shared_expert.up_proj.weight");
-    p->sh_down = find(ps, module, "mlp.shared_expert.down_proj.weight");
+    snprintf(name, sizeof(name), "%s.gate_proj.weight", shared);
+    p->sh_gate = find(ps, module, name);
+    snprintf(name, sizeof(name), "%s.up_proj.weight", shared);
+    p->sh_up = find(ps, module, name);
+    snprintf(name, sizeof(name), "%s.down_proj.weight", shared);
+    p->sh_down = find(ps, module, name);
     p->sh_expert_gate = find(ps, module, "mlp.shared_expert_gate.weight");
 }
 
@@ -135,14 +191,19 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
     moe->E = mc->num_experts;
     moe->k = mc->num_experts_per_tok;
     moe->I = mc->moe_intermediate_size;
-    moe->S = mc->shared_expert_intermediate_size;
+    moe->S = (int)shared_width(cfg);
     moe->C = cfg->hidden_size;
     moe->norm_topk = mc->norm_topk_prob;
+    moe->deepseek = ht_model_config_is_deepseek(cfg);
+    moe->n_group = mc->n_group;
+    moe->topk_group = mc->topk_group;
+    moe->scaling = (float)mc->routed_scaling_factor; /* torch multiplies an FP32 tensor by it in FP32 */
     moe->layers = layers;
     moe->params = ht_alloc((size_t)(layers ? layers : 1) * sizeof(ht_moe_params));
     moe->acts = ht_alloc((size_t)(layers ? layers : 1) * sizeof(moe_acts));
     moe->count = ht_alloc((size_t)moe->E * 2 * sizeof(double) + 64);
-    if (!moe->params || !moe->acts || !moe->count) {
+    if (moe->deepseek) moe->tokens = ht_alloc((size_t)(layers ? layers : 1) * (size_t)moe->E * sizeof(int64_t));
+    if (!moe->params || !moe->acts || !moe->count || (moe->deepseek && !moe->tokens)) {
         ht_moe_free(moe);
         return NULL;
     }
@@ -156,10 +217,13 @@ void ht_moe_free(ht_moe *moe) {
     ht_free(moe->params);
     ht_free(moe->acts);
     ht_free(moe->count);
+    ht_free(moe->tokens);
     ht_free(moe);
 }
 
 size_t ht_moe_activation_bytes(const ht_moe *moe) { return moe ? moe->bytes : 0; }
+
+int64_t *ht_moe_expert_tokens(ht_moe *moe) { return moe ? moe->tokens : NULL; }
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -176,8 +240,11 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     moe->ep = P > 1 ? ep : NULL;
     moe->El = moe->E / P;
     moe->e0 = P > 1 ? ep->rank * moe->El : 0;
-    const size_t cd = ht_dtype_size(moe->params[0].router->compute_dtype);
-    if (moe->block && moe->N == N && moe->cd == cd && moe->P == P) return HT_OK;
+    /* The compute dtype is the experts' (deepseek_v3's router is FP32 whatever it is). */
+    const ht_dtype cdt = moe->params[0].gate_up->compute_dtype, rdt = moe->params[0].router->compute_dtype;
+    const size_t cd = ht_dtype_size(cdt);
+    const bool widen = rdt != cdt; /* the router reads x in its own dtype */
+    if (moe->block && moe->N == N && moe->cd == cd && moe->P == P && (moe->xr != NULL) == widen) return HT_OK;
     moe->P = P;
     ht_kernels()->free(moe->block);
     moe->block = NULL;
@@ -227,6 +294,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
         (size_t)(N * S) * 4,
         (size_t)(N * S) * 4,
         (size_t)N * 4,
+        widen ? (size_t)(N * C) * ht_dtype_size(rdt) : 0,
         own ? (size_t)(cap * C) * 4 : 0,
         op,
         op,
@@ -279,9 +347,10 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     moe->dsg = ht_arena_take(&arena, scratch[10]);
     moe->dsu = ht_arena_take(&arena, scratch[11]);
     moe->dz = ht_arena_take(&arena, scratch[12]);
-    moe->stage = own ? ht_arena_take(&arena, scratch[13]) : NULL;
-    moe->op_a = ht_arena_take(&arena, scratch[14]);
-    moe->op_b = ht_arena_take(&arena, scratch[15]);
+    moe->xr = widen ? ht_arena_take(&arena, scratch[13]) : NULL;
+    moe->stage = own ? ht_arena_take(&arena, scratch[14]) : NULL;
+    moe->op_a = ht_arena_take(&arena, scratch[15]);
+    moe->op_b = ht_arena_take(&arena, scratch[16]);
     moe->N = N;
     moe->cap = cap;
     moe->cd = cd;
@@ -411,19 +480,36 @@ static void combine(ht_moe *moe, const moe_acts *a, const void *src, void *dst, 
 
 /* ------------------------------------------------------------------ forward */
 
+/* x as the router reads it: in its own dtype (deepseek_v3's FP32 router
+ * widens the compute dtype's values, exactly, as transformers'
+ * hidden_states.type(torch.float32) does). */
+static const void *router_input(ht_moe *moe, const ht_param *router, const void *x, ht_dtype cd, int64_t N) {
+    if (!moe->xr) return x;
+    ht_kernels()->convert(moe->xr, router->compute_dtype, x, cd, (size_t)(N * moe->C));
+    return moe->xr;
+}
+
 void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, ht_dtype round) {
     const ht_moe_params *p = &moe->params[index];
     moe_acts *a = &moe->acts[index];
     const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
-    const ht_dtype cd = p->router->compute_dtype;
+    const ht_dtype cd = p->gate_up->compute_dtype;
     const size_t cds = ht_dtype_size(cd);
 
-    /* The router and its load-balancing sums. */
-    linear(a->probs, x, p->router, N);
-    ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
+    /* The router and its load-balancing sums (deepseek_v3: the tokens each
+     * expert was routed, for the aux-loss-free bias update). */
+    linear(a->probs, router_input(moe, p->router, x, cd, N), p->router, N);
+    if (moe->deepseek) {
+        ht_kernels()->moe_route_grouped(a->probs, a->sel, a->weight, a->psum, p->bias->compute, N, moe->E, moe->k,
+                                        moe->n_group, moe->topk_group, moe->norm_topk, moe->scaling);
+        int64_t *tokens = moe->tokens + (size_t)index * (size_t)E;
+        for (int64_t i = 0; i < N * k; i++) tokens[a->sel[i]]++;
+    } else {
+        ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
+    }
     for (int64_t i = 0; i < N * k; i++) moe->count[a->sel[i]] += 1.0;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
     moe->rows += N;
 
     /* Routed experts: the rows in expert order, to the experts' ranks, one
@@ -455,17 +541,20 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     }
     if (parallel(moe)) combine(moe, a, a->eye, a->ye, (size_t)C * sizeof(float));
 
-    /* The shared expert and its gate. */
-    linear(a->z, x, p->sh_expert_gate, N);
-    linear(a->sg, x, p->sh_gate, N);
-    linear(a->su, x, p->sh_up, N);
-    ht_kernels()->swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
-    ht_kernels()->round_to(a->sh, (size_t)(N * S), round);
-    linear(a->so, a->sh, p->sh_down, N);
+    /* The shared expert(s) and (qwen2_moe) its gate. */
+    if (p->sh_expert_gate) linear(a->z, x, p->sh_expert_gate, N);
+    if (S > 0) {
+        linear(a->sg, x, p->sh_gate, N);
+        linear(a->su, x, p->sh_up, N);
+        ht_kernels()->swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
+        ht_kernels()->round_to(a->sh, (size_t)(N * S), round);
+        linear(a->so, a->sh, p->sh_down, N);
+    }
 
     /* y = the weighted expert outputs, added in expert order as transformers
-     * does (index_add_ per expert), plus the gated shared output. */
-    ht_kernels()->moe_combine(y, a->ye, a->pos, a->sel, a->weight, a->z, a->so, N, k, C);
+     * does (index_add_ per expert), plus the (gated) shared output. */
+    ht_kernels()->moe_combine(y, a->ye, a->pos, a->sel, a->weight, p->sh_expert_gate ? a->z : NULL,
+                              S > 0 ? a->so : NULL, N, k, C);
 }
 
 double ht_moe_aux_loss(const ht_moe *moe) {
@@ -493,30 +582,49 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
     const ht_moe_params *p = &moe->params[index];
     moe_acts *a = &moe->acts[index];
     const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
-    const ht_dtype cd = p->router->compute_dtype;
+    const ht_dtype cd = p->gate_up->compute_dtype;
+    const float *z = p->sh_expert_gate ? a->z : NULL, *so = S > 0 ? a->so : NULL;
 
-    /* The combination y = sum of w_j ye_j + s so, s = sigmoid(z): dso, dz,
-     * d w_j = dy · ye_j and each row's output gradient w_j dy. */
-    ht_kernels()->moe_combine_backward(moe->dso, moe->dz, moe->dw, moe->dye, dy, a->ye, a->so, a->z, a->pos, a->weight,
-                                       N, k, C);
-    const void *op = operand(moe->op_a, moe->dso, N * C, cd, round);
-    if (p->sh_down->grad)
-        ht_kernels()->gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
-    ht_kernels()->gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
-    ht_kernels()->swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
-    linear_backward(dx, 0.0f, operand(moe->op_a, moe->dsg, N * S, cd, round), x, p->sh_gate, N);
-    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dsu, N * S, cd, round), x, p->sh_up, N);
-    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dz, N, cd, round), x, p->sh_expert_gate, N);
+    /* The combination y = sum of w_j ye_j + s so, s = sigmoid(z) (1 when
+     * ungated): dso, dz, d w_j = dy · ye_j and each row's output gradient w_j dy. */
+    ht_kernels()->moe_combine_backward(moe->dso, moe->dz, moe->dw, moe->dye, dy, a->ye, so, z, a->pos, a->weight, N, k,
+                                       C);
+    float beta = 0.0f; /* dx is written by its first product, then added to */
+    if (S > 0) {
+        const void *op = operand(moe->op_a, moe->dso, N * C, cd, round);
+        if (p->sh_down->grad)
+            ht_kernels()->gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
+        ht_kernels()->gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
+        ht_kernels()->swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
+        linear_backward(dx, 0.0f, operand(moe->op_a, moe->dsg, N * S, cd, round), x, p->sh_gate, N);
+        linear_backward(dx, 1.0f, operand(moe->op_a, moe->dsu, N * S, cd, round), x, p->sh_up, N);
+        beta = 1.0f;
+    }
+    if (z) {
+        linear_backward(dx, beta, operand(moe->op_a, moe->dz, N, cd, round), x, p->sh_expert_gate, N);
+        beta = 1.0f;
+    }
 
-    /* The router: the chosen probabilities' gradient (through the
+    /* The router. qwen2_moe: the chosen probabilities' gradient (through the
      * normalisation), the load-balancing loss's on every probability
-     * (E · count_e / R² per unit of aux), then the softmax. */
-    const double R = (double)moe->rows;
-    float aux_grad[E];
-    for (int64_t e = 0; e < E; e++) aux_grad[e] = (float)(aux_scale * (double)E * moe->count[e] / (R * R));
-    ht_kernels()->moe_route_backward(moe->dp, a->probs, a->sel, a->weight, moe->dw, a->psum,
-                                     aux_scale != 0.0f ? aux_grad : NULL, N, (int)E, (int)k, moe->norm_topk);
-    linear_backward(dx, 1.0f, operand(moe->op_a, moe->dp, N * E, cd, round), x, p->router, N);
+     * (E · count_e / R² per unit of aux), then the softmax. deepseek_v3: the
+     * chosen weights' through the scaling, the normalisation and the sigmoid,
+     * in FP32 against the FP32 router and x widened (its operands are not
+     * rounded: the router's precision is FP32). */
+    if (moe->deepseek) {
+        ht_kernels()->moe_route_grouped_backward(moe->dp, a->probs, a->sel, a->weight, moe->dw, a->psum, N, (int)E,
+                                                 (int)k, moe->norm_topk, moe->scaling);
+    } else {
+        const double R = (double)moe->rows;
+        float aux_grad[E];
+        for (int64_t e = 0; e < E; e++) aux_grad[e] = (float)(aux_scale * (double)E * moe->count[e] / (R * R));
+        ht_kernels()->moe_route_backward(moe->dp, a->probs, a->sel, a->weight, moe->dw, a->psum,
+                                         aux_scale != 0.0f ? aux_grad : NULL, N, (int)E, (int)k, moe->norm_topk);
+    }
+    const ht_param *r = p->router;
+    const ht_dtype rround = r->compute_precision == HT_DTYPE_F32 ? HT_DTYPE_F32 : round;
+    linear_backward(dx, beta, operand(moe->op_a, moe->dp, N * E, r->compute_dtype, rround),
+                    router_input(moe, r, x, cd, N), r, N);
 
     /* Routed experts: the output gradients to the experts' ranks, one GEMM
      * per local expert and product, the input gradients back. */
@@ -560,4 +668,66 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
     }
     if (parallel(moe)) combine(moe, a, moe->dexs, moe->dxs, (size_t)C * sizeof(float));
     ht_kernels()->moe_scatter_add(dx, moe->dxs, a->pos, N, k, C);
+}
+
+/* ------------------------------------------------------------------ the aux-loss-free bias update */
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+bool ht_model_config_keeps_fp32(const ht_model_config *cfg, const char *name) {
+    return ht_model_config_is_deepseek(cfg) &&
+           (ends_with(name, ".mlp.gate.weight") || ends_with(name, ".mlp.gate.e_score_correction_bias"));
+}
+
+int ht_model_config_sparse_layers(const ht_model_config *cfg) {
+    int n = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) n += ht_model_config_layer_is_sparse(cfg, l);
+    return n;
+}
+
+void ht_model_reset_expert_tokens(ht_model *m) {
+    if (!m->expert_tokens) return;
+    memset(m->expert_tokens, 0,
+           (size_t)ht_model_config_sparse_layers(&m->config) * (size_t)m->config.moe.num_experts * sizeof(int64_t));
+}
+
+/* docs/NUMERICS.md, "DeepSeekMoE routing and the aux-loss-free bias update".
+ * As Megatron-Core computes it (megatron/core/transformer/moe/moe_utils.py,
+ * get_updated_expert_bias, called once per global batch by
+ * finalize_model_grads' _update_router_expert_bias with
+ * moe_router_bias_update_rate; the counts all-reduced over TP x CP x DP, the
+ * bias an FP32 buffer):
+ *
+ *   average_tokens = tokens_per_expert.sum(-1, keepdim=True) / E
+ *   offset         = average_tokens - tokens_per_expert
+ *   expert_bias    = expert_bias + sign(offset) * rate        (sign(0) = 0)
+ *
+ * Megatron holds the counts in FP32; here they are exact integers, and
+ * sign(Σ/E − c) is taken as sign(Σ − E·c), which is the same sign wherever
+ * Megatron's FP32 arithmetic is exact (Σ < 2^24 routed rows a step). The
+ * update itself is Megatron's FP32 operations: bias + (±1 · (float)rate). */
+void ht_model_update_expert_bias(ht_model *m, const double *tokens, double rate) {
+    const ht_model_config *cfg = &m->config;
+    const int E = cfg->moe.num_experts;
+    const float step = (float)rate;
+    int sparse = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+        if (!ht_model_config_layer_is_sparse(cfg, l)) continue;
+        const double *t = tokens + (size_t)sparse++ * (size_t)E;
+        char name[HT_PARAM_NAME_MAX];
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        ht_param *p = ht_params_find(&m->params, name);
+        if (!p || p->dtype != HT_DTYPE_F32) continue;
+        double total = 0.0;
+        for (int e = 0; e < E; e++) total += t[e];
+        float *b = p->data;
+        for (int64_t e = p->row0; e < p->row1; e++) {
+            const double offset = total - (double)E * t[e]; /* E x (mean - count) */
+            const float sign = offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f;
+            b[e - p->row0] = b[e - p->row0] + sign * step;
+        }
+    }
 }

@@ -1,6 +1,8 @@
-/* Qwen2-MoE's sparse MLP block (internal to the model layer): the router,
- * the routed experts as grouped GEMMs (the tokens sorted by expert, one GEMM
- * per expert over its rows), the gated shared expert and the
+/* The sparse MLP block of Qwen2-MoE and DeepSeek-V3 (internal to the model
+ * layer): the router (softmax top-k, or DeepSeekMoE's grouped sigmoid
+ * routing with its correction bias), the routed experts as grouped GEMMs
+ * (the tokens sorted by expert, one GEMM per expert over its rows), the
+ * shared expert (gated, or DeepSeek's ungated shared experts) and the
  * load-balancing loss, forward and hand-written backward. The decoder calls
  * it in place of the dense MLP of its sparse layers. */
 #ifndef HT_MODEL_MOE_H
@@ -10,10 +12,11 @@
 
 /* One sparse layer's params (Hugging Face names under model.layers.N.mlp). */
 typedef struct ht_moe_params {
-    ht_param *router;                    /* gate.weight (E, C) */
+    ht_param *router;                    /* gate.weight (E, C); deepseek_v3: FP32 (keep_fp32) */
+    ht_param *bias;                      /* deepseek_v3: gate.e_score_correction_bias (E) FP32, never trained */
     ht_param *gate_up, *down;            /* experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I) */
-    ht_param *sh_gate, *sh_up, *sh_down; /* shared_expert.{gate,up}_proj (S, C), down_proj (C, S) */
-    ht_param *sh_expert_gate;            /* shared_expert_gate.weight (1, C) */
+    ht_param *sh_gate, *sh_up, *sh_down; /* shared_expert(s).{gate,up}_proj (S, C), down_proj (C, S); NULL: S = 0 */
+    ht_param *sh_expert_gate;            /* qwen2_moe: shared_expert_gate.weight (1, C); NULL: ungated */
 } ht_moe_params;
 
 typedef struct ht_moe ht_moe;
@@ -45,5 +48,9 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
                      ht_dtype round);
 /* The bytes the block keeps for backward and its scratch. */
 size_t ht_moe_activation_bytes(const ht_moe *moe);
+/* deepseek_v3: (sparse layers, E) the rows each expert of each sparse layer
+ * was routed in the forwards since they were last zeroed (the decoder points
+ * ht_model.expert_tokens at them); NULL for Qwen2-MoE. */
+int64_t *ht_moe_expert_tokens(ht_moe *moe);
 
 #endif

@@ -198,6 +198,15 @@ int ht_model_config_head_dim(const ht_model_config *cfg) {
     return cfg->num_attention_heads > 0 ? cfg->hidden_size / cfg->num_attention_heads : 0;
 }
 
+/* The width of a sparse layer's shared experts: Qwen2-MoE's
+ * shared_expert_intermediate_size, DeepSeek-V3's n_shared_experts x
+ * moe_intermediate_size. */
+static int64_t shared_width(const ht_model_config *cfg) {
+    const ht_moe_config *mc = &cfg->moe;
+    return ht_model_config_is_deepseek(cfg) ? (int64_t)mc->n_shared_experts * mc->moe_intermediate_size
+                                            : (int64_t)mc->shared_expert_intermediate_size;
+}
+
 /* Every tensor's element count and the whole model's, overflow-checked in
  * int64, against HT_MODEL_MAX_PARAMS: a typo of a few digits in a size is a
  * sentence naming the sizes, not an allocation of exabytes. */
@@ -233,9 +242,7 @@ static ht_status check_model_size(const ht_model_config *cfg, int head_dim, ht_e
         mc->num_experts > 0 &&
         (__builtin_mul_overflow((int64_t)mc->num_experts * 3, (int64_t)mc->moe_intermediate_size, &experts) ||
          __builtin_mul_overflow(experts, C, &experts) ||
-         __builtin_add_overflow(
-             layer, experts + 3 * (int64_t)mc->shared_expert_intermediate_size * C + (int64_t)mc->num_experts * C + C,
-             &layer));
+         __builtin_add_overflow(layer, experts + 3 * shared_width(cfg) * C + (int64_t)mc->num_experts * C + C, &layer));
     over = over || __builtin_mul_overflow(layer, (int64_t)cfg->num_hidden_layers, &total) ||
            __builtin_add_overflow(total, V * C * (cfg->tie_word_embeddings ? 1 : 2) + C, &total) ||
            total > HT_MODEL_MAX_PARAMS;
@@ -377,7 +384,7 @@ static ht_status check_memory(const ht_model_config *cfg, ht_dtype dtype, int wo
     for (int l = 0; l < cfg->num_hidden_layers; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
     const double attention = 2 * q * C + 2 * kv * C + 2 * C; /* q, o, k, v and the two norms */
     const double experts =
-        mc->num_experts * (3.0 * mc->moe_intermediate_size * C + C) + 3.0 * mc->shared_expert_intermediate_size * C + C;
+        mc->num_experts * (3.0 * mc->moe_intermediate_size * C + C) + 3.0 * (double)shared_width(cfg) * C + C;
     const double layers = L * attention + (L - sparse) * 3 * F * C + sparse * experts;
     const double outer = V * C * (cfg->tie_word_embeddings ? 1 : 2) + C;
     const double tables = 2.0 * cfg->max_position_embeddings * (D / 2) * sizeof(float);
@@ -462,8 +469,7 @@ double ht_model_flops_per_token(const ht_model_config *cfg, int T) {
      * the shared experts (and Qwen2-MoE's gate of them). */
     const ht_moe_config *mc = &cfg->moe;
     const bool deepseek = ht_model_config_is_deepseek(cfg);
-    const double shared = deepseek ? (double)mc->n_shared_experts * mc->moe_intermediate_size
-                                   : (double)mc->shared_expert_intermediate_size;
+    const double shared = (double)shared_width(cfg);
     for (int l = 0; l < cfg->num_hidden_layers; l++)
         matmul += ht_model_config_layer_is_sparse(cfg, l)
                       ? C * mc->num_experts + 3.0 * C * mc->moe_intermediate_size * mc->num_experts_per_tok +

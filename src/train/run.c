@@ -296,6 +296,7 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
             return ht_fail(err, HT_ERR_OOM, "cannot gather %s", p->name);
         }
         q->trainable = false;
+        q->keep_fp32 = p->keep_fp32; /* saved FP32 in a 16-bit model's final weights */
     }
     /* Every rank of the group learns whether rank 0 could hold the model before anyone sends. */
     int64_t ok = root ? ht_params_allocate(whole, err) == HT_OK : 1;

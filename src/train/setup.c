@@ -183,6 +183,23 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                 a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
                 a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
                 a->tie_word_embeddings ? "yes" : "no");
+    if (ht_model_config_has_mla(a)) {
+        const ht_mla_config *mla = &a->mla;
+        char q[48];
+        snprintf(q, sizeof(q), mla->q_lora_rank > 0 ? "query latent %d" : "q_proj", mla->q_lora_rank);
+        ht_log_info("Multi-Latent Attention: %s, key/value latent %d, per head q/k %d + %d rotary (%s), v %d; "
+                    "softmax scale %.6g%s",
+                    q, mla->kv_lora_rank, mla->qk_nope_head_dim, mla->qk_rope_head_dim,
+                    mla->rope_interleave ? "interleaved pairs" : "halves", mla->v_head_dim,
+                    ht_model_config_attention_scale(a), ht_rope_is_yarn(&a->rope_scaling) ? " (YaRN)" : "");
+    }
+    if (ht_model_config_is_deepseek(a) && a->moe.num_experts > 0)
+        ht_log_info(
+            "DeepSeekMoE: %d routed experts in %d groups (%d kept), top %d, %d shared, width %d, weights x %g%s; "
+            "the first %d layer(s) dense (first_k_dense_replace)",
+            a->moe.num_experts, a->moe.n_group, a->moe.topk_group, a->moe.num_experts_per_tok, a->moe.n_shared_experts,
+            a->moe.moe_intermediate_size, a->moe.routed_scaling_factor,
+            a->moe.norm_topk_prob ? " after normalising" : "", a->moe.first_k_dense_replace);
     if (t->sharded)
         ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
                     "each rank holds its rows of every parameter, %smain_grad and optimizer state "
@@ -648,16 +665,36 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
      * are classifiers, not hidden transforms: AdamW, as the other systems
      * train them. The 3-D experts go to Muon (each expert's matrix on its
      * own) unless optimizer.muon_config.adamw_include matches them. */
+    const bool deepseek = ht_model_config_is_deepseek(&t->model->config);
     if (oc.use_muon && t->model->config.moe.num_experts > 0) {
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.gate.weight";
         t->adamw_include[oc.adamw_include_count++] = "*.mlp.shared_expert_gate.weight";
         if (t->comm->rank == 0)
-            ht_log_info("%s: the routers (*.mlp.gate.weight)%s go to AdamW; the experts' 3-D weights to Muon, one "
+            ht_log_info("%s: the routers (*.mlp.gate.weight)%s go to AdamW%s; the experts' 3-D weights to Muon, one "
                         "matrix per expert, unless optimizer.muon_config.adamw_include matches them",
                         t->model->config.name,
+                        ht_model_config_is_deepseek(&t->model->config) ? "" : " and shared expert gates",
                         ht_model_config_is_deepseek(&t->model->config)
-                            ? " (their e_score_correction_bias to no optimizer: it is not trained by gradients)"
-                            : " and shared expert gates");
+                            ? ", their e_score_correction_bias to no optimizer (it is not trained by gradients)"
+                            : "");
+    }
+    /* DeepSeek-V3's aux-loss-free balancing (ht_trainer_step's update_expert_bias). */
+    const bool balanced = deepseek && ht_model_config_sparse_layers(&t->model->config) > 0;
+    if (balanced && t->model->config.moe.bias_update_rate > 0 && !t->model->expert_tokens)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "model.moe_router_bias_update_rate %g: model '%s' does not count the tokens each expert is "
+                       "routed (ht_model.expert_tokens), which the bias update needs",
+                       t->model->config.moe.bias_update_rate, t->model->config.name);
+    if (balanced && t->comm->rank == 0) {
+        if (t->model->config.moe.bias_update_rate > 0)
+            ht_log_info("deepseek_v3: aux-loss-free balancing, rate %g, over the global batch: after every step each "
+                        "sparse layer's e_score_correction_bias moves by +rate for the experts that got fewer tokens "
+                        "than the mean over all %d rank(s), -rate for those that got more (Megatron-Core's "
+                        "get_updated_expert_bias)",
+                        t->model->config.moe.bias_update_rate, t->comm->size);
+        else
+            ht_log_info("deepseek_v3: the correction biases stay as loaded (%s 0)",
+                        ht_config_key_spelling(c, "model.moe_router_bias_update_rate"));
     }
     if (oc.use_muon && ht_model_config_has_mla(&t->model->config) && t->comm->rank == 0)
         ht_log_info("deepseek_v3: Multi-Latent Attention's projections (%s, kv_a_proj_with_mqa, kv_b_proj, "

@@ -1,6 +1,7 @@
 /* One training step (the micro-batches with gradient accumulation into FP32
  * main_grad, the sums over the ranks, the chained Muon + AdamW step, QK-clip,
- * training.dump_state's tensors) and the evaluation on the validation split. */
+ * DeepSeekMoE's aux-loss-free bias update, training.dump_state's tensors) and
+ * the evaluation on the validation split. */
 #include "hypertrain/train.h"
 
 #include <math.h>
@@ -62,6 +63,25 @@ static ht_status write_dump(ht_trainer *t, state_dump *d, ht_error *err) {
     return s == HT_OK ? ht_st_writer_write(&d->w, path, err) : s;
 }
 
+/* deepseek_v3 with model.moe_router_bias_update_rate: the step's counts of
+ * the tokens each routed expert of each sparse layer was given, summed over
+ * every rank of the world (the global batch: each rank routes its own
+ * tokens, before any expert-parallel exchange, so each token is counted
+ * once; a double sum of integers, exact), then every rank moves the rows of
+ * the correction biases it holds by the rule (ht_model_update_expert_bias),
+ * so that every layout of the batch ends on the same bits. */
+static ht_status update_expert_bias(ht_trainer *t, ht_error *err) {
+    ht_model *m = t->model;
+    const size_t n = (size_t)ht_model_config_sparse_layers(&m->config) * (size_t)m->config.moe.num_experts;
+    double *tokens = malloc((n ? n : 1) * sizeof(double));
+    if (!tokens) return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' token counts");
+    for (size_t i = 0; i < n; i++) tokens[i] = (double)m->expert_tokens[i];
+    ht_all_reduce_f64(t->comm, tokens, (int64_t)n, HT_REDUCE_SUM);
+    ht_model_update_expert_bias(m, tokens, m->config.moe.bias_update_rate);
+    free(tokens);
+    return HT_OK;
+}
+
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_model *m = t->model;
@@ -70,6 +90,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
                                ((double)t->grad_accum * t->comm->size));
     ht_model_reset_attn_max(m);
+    ht_model_reset_expert_tokens(m); /* this step's tokens alone (evaluation forwards counted too) */
     double loss_sum = 0.0;
     /* model.lora.dropout: this step's masks, drawn from (seed, step) and each
      * sequence's place in the global batch: a resumed run, and any split of
@@ -124,6 +145,14 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         for (int l = 0; l < a->num_hidden_layers; l++)
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
+    }
+    /* Whether or not the optimizer stepped (an fp16 overflow skips it): the
+     * routing of the step's tokens happened, and Megatron-Core updates the
+     * bias in finalize_model_grads, before the optimizer looks at the grads. */
+    if (m->expert_tokens && m->config.moe.bias_update_rate > 0) s = update_expert_bias(t, err);
+    if (s != HT_OK) {
+        dump_free(dump);
+        return s;
     }
     ht_fsdp_weights_changed(t->fsdp);
     t->step++;

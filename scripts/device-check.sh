@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The CUDA backend's check on a machine with an NVIDIA GPU (issue 24): builds
+# the kernel layers with the CUDA backend for sm_90a, runs test_kernels (every
+# table entry of the CUDA backend against the CPU's), then bench_kernels
+# (cuBLASLt GEMM TFLOP/s on the decoder's shapes, the fused passes' GB/s) and
+# PyTorch's bf16 matmul on the same GPU as the yardstick. Everything it
+# writes goes into $OUT (six files); under 8 minutes, each step with its own
+# time limit, a failed step logged and the next run anyway.
+#
+# The GPU machine has nvcc, CMake, PyTorch and no Debian packages: the build
+# is HT_KERNELS_ONLY (the base and kernel layers, test_kernels and
+# bench_kernels: no MPI, libyaml or pkg-config), with the Debian 12 packages
+# it still needs carried in .device-deps/ and unpacked under /tmp:
+#   libdnnl2, libdnnl-dev   oneDNN (the CPU's GEMM, the reference), ~7 MB
+#   ocl-icd-libopencl1      libOpenCL.so.1, which libdnnl.so.2 links to
+#   libxxhash0, libxxhash-dev   XXH64 (base/hash.c)
+#   libcmocka0, libcmocka-dev   the test framework
+# OpenMP is the machine's gcc's (libgomp). The whole trainer (MPI, libyaml)
+# is not built there: Open MPI's closure is some twenty packages more.
+# Warnings are not errors there (-DHT_WERROR=OFF: its gcc is not the one CI
+# checks with); build.log keeps them.
+#
+#   scripts/device-check.sh --fetch    # here, on Debian 12: the .debs into .device-deps/
+#   scripts/device-check.sh --dry-run  # here: every step that needs no GPU, into $OUT or a temp folder
+#   scripts/device-check.sh            # there: OUT set, .device-deps carried
+# From a session with a device: run(command="scripts/device-check.sh",
+# carry=[".device-deps"], timeout_s=540).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+deps_dir=.device-deps
+packages=(libdnnl2 libdnnl-dev ocl-icd-libopencl1 libxxhash0 libxxhash-dev libcmocka0 libcmocka-dev)
+started=$SECONDS
+log() { printf '[device-check %s +%3ds] %s\n' "$(date +%H:%M:%S)" $((SECONDS - started)) "$*"; }
+
+if [ "${1:-}" = "--fetch" ]; then
+    set -e
+    mkdir -p "$deps_dir"
+    for p in "${packages[@]}"; do
+        # the apt cache's copy when it has the installed version, else apt-get download
+        v=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || true)
+        cached=$(ls /var/cache/apt/archives/"${p}"_"${v//:/%3a}"_*.deb 2>/dev/null | head -1 || true)
+        if [ -n "$v" ] && [ -n "$cached" ]; then
+            cp "$cached" "$deps_dir/"
+        else
+            (cd "$deps_dir" && apt-get download "$p")
+        fi
+    done
+    ls -l "$deps_dir"
+    du -sh "$deps_dir"
+    exit 0
+fi
+
+dry=false
+[ "${1:-}" = "--dry-run" ] && dry=true
+if [ -z "${OUT:-}" ]; then
+    $dry || {
+        echo "device-check: OUT is not set (the folder everything is written to)" >&2
+        exit 2
+    }
+    OUT=$(mktemp -d /tmp/device-check-out.XXXXXX)
+fi
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+note() { log "$*" | tee -a "$summary"; }
+
+# ------------------------------------------------------------ the machine
+{
+    date -u +"%Y-%m-%d %H:%M:%S UTC"
+    uname -a
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
+    nvidia-smi 2>&1 | head -15
+    command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+    nvcc --version 2>&1 | tail -2
+    cmake --version 2>&1 | head -1
+    gcc --version 2>&1 | head -1
+    command -v ninja make 2>&1
+    nproc
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1
+    git -C "$repo" log -1 --format='commit %H %s' 2>&1
+} >"$OUT/env.txt" 2>&1
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+note "machine: $(head -4 "$OUT/env.txt" | tail -1)"
+
+# ------------------------------------------------------------ the carried packages
+prefix=/tmp/ht-deps
+rm -rf "$prefix"
+mkdir -p "$prefix"
+if ls "$deps_dir"/*.deb >/dev/null 2>&1; then
+    for f in "$deps_dir"/*.deb; do
+        if command -v dpkg-deb >/dev/null; then
+            dpkg-deb -x "$f" "$prefix"
+        else # ar + tar: what any machine with binutils has
+            tmp=$(mktemp -d)
+            (cd "$tmp" && ar x "$repo/$f" && tar -xf data.tar.* -C "$prefix")
+            rm -rf "$tmp"
+        fi
+    done
+    note "unpacked $(ls "$deps_dir"/*.deb | wc -l) packages from $deps_dir into $prefix"
+else
+    note "no $deps_dir/*.deb: the build takes this machine's own oneDNN, xxhash and cmocka (scripts/device-check.sh --fetch)"
+fi
+libdir=$prefix/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# cuBLASLt from the CUDA toolkit, or else from the Python wheel PyTorch uses
+cmake_extra=()
+if ! ls /usr/local/cuda*/lib*/libcublasLt.so* /usr/local/cuda*/targets/*/lib/libcublasLt.so* >/dev/null 2>&1; then
+    # nvidia/cublas/lib (CUDA 12's wheels) or nvidia/cu13/lib (13's): wherever libcublasLt.so.* lies
+    lt=""
+    for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        [ -d "$sp/nvidia" ] && lt=$(find "$sp/nvidia" -name 'libcublasLt.so.*' 2>/dev/null | sort | head -1)
+        [ -n "$lt" ] && break
+    done
+    inc=$(dirname "$(dirname "$lt")")/include
+    if [ -n "$lt" ] && [ -f "$inc/cublasLt.h" ]; then
+        cmake_extra+=("-DCUDA_cublasLt_LIBRARY=$lt" "-DCMAKE_CUDA_FLAGS=-I$inc")
+        export LD_LIBRARY_PATH=$(dirname "$lt"):$LD_LIBRARY_PATH
+        note "cuBLASLt from the Python wheel: $lt, headers $inc"
+    else
+        note "no libcublasLt (with cublasLt.h) in /usr/local/cuda* nor in python's nvidia wheels: the build will fail"
+    fi
+fi
+
+# ------------------------------------------------------------ build
+build=build/device
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+rm -rf "$build"
+log "build: cmake -DHT_KERNELS_ONLY=ON -DHT_CUDA=ON for 90a"
+t0=$SECONDS
+{
+    timeout 90 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_KERNELS_ONLY=ON -DHT_CUDA=ON \
+        -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" \
+        "${cmake_extra[@]}" &&
+        timeout 240 cmake --build "$build" -j"$(nproc)"
+} >"$OUT/build.log" 2>&1
+build_rc=$?
+note "build: rc $build_rc in $((SECONDS - t0)) s (build.log)"
+if [ $build_rc -ne 0 ]; then
+    tail -30 "$OUT/build.log"
+    exit 1
+fi
+grep -E "DNNL_LIBRARY|XXHASH_LIBRARY|CMOCKA_LIBRARY|CUDA_cublasLt_LIBRARY|CMAKE_CUDA_COMPILER:" "$build/CMakeCache.txt" \
+    >>"$OUT/env.txt"
+
+# ------------------------------------------------------------ test_kernels: every entry against the CPU
+t0=$SECONDS
+OMP_NUM_THREADS=$(nproc) timeout 180 "$build/test_kernels" >"$OUT/test_kernels.log" 2>&1
+test_rc=$?
+note "test_kernels: rc $test_rc in $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_kernels.log" | tr '\n' ' ')"
+grep -E "^backend|CUDA backend not present" "$OUT/test_kernels.log" | tee -a "$summary"
+if ! $dry && grep -q "CUDA backend not present" "$OUT/test_kernels.log"; then
+    note "FAIL: the CUDA backend was not present on this machine: nothing of it was tested"
+    test_rc=1
+fi
+grep -B2 -A3 "FAILED\|Failure\|error" "$OUT/test_kernels.log" | head -40 | tee -a "$summary"
+
+# ------------------------------------------------------------ benchmarks
+t0=$SECONDS
+if $dry; then
+    OMP_NUM_THREADS=$(nproc) timeout 120 "$build/bench_kernels" --backend cpu --small >"$OUT/bench_kernels.log" 2>&1
+else
+    timeout 200 "$build/bench_kernels" --backend cuda >"$OUT/bench_kernels.log" 2>&1
+fi
+note "bench_kernels: rc $? in $((SECONDS - t0)) s"
+tee -a "$summary" <"$OUT/bench_kernels.log"
+
+# The yardstick in the same call: PyTorch's matmul (cuBLAS) on the 8192³ product, Llama-3.2-1B's MLP up
+# and Qwen2.5-0.5B's LM head at 8192 tokens, the mean of ten after three warm-ups (as the device
+# machine's notes measured 788 TFLOP/s in bf16 on random data).
+t0=$SECONDS
+PYTHONUNBUFFERED=1 timeout 90 python3 - >"$OUT/torch_gemm.log" 2>&1 <<'EOF'
+import torch
+if not torch.cuda.is_available():
+    print("torch: no CUDA device")
+    raise SystemExit(0)
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())
+for (m, n, k) in [(8192, 8192, 8192), (8192, 8192, 2048), (8192, 151936, 896)]:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.rand(m, k, device="cuda", dtype=dtype) * 2 - 1
+        b = torch.rand(n, k, device="cuda", dtype=dtype) * 2 - 1
+        torch.backends.cuda.matmul.allow_tf32 = False
+        for _ in range(3):
+            c = a @ b.t()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            c = a @ b.t()
+        end.record()
+        torch.cuda.synchronize()
+        s = start.elapsed_time(end) / 1e3 / 10
+        print(f"torch matmul {str(dtype):15s} M {m} N {n} K {k} NT: {s*1e3:8.3f} ms {2*m*n*k/s/1e12:7.1f} TFLOP/s")
+        del a, b, c
+EOF
+note "torch matmul: rc $? in $((SECONDS - t0)) s"
+tee -a "$summary" <"$OUT/torch_gemm.log"
+note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exit $test_rc

@@ -1,0 +1,215 @@
+/* The CUDA backend of the kernel table (include/hypertrain/kernels.h): its
+ * context (the current device, one stream, cuBLASLt's handle and workspace),
+ * its memory entries, the first failure, and the table ht_kernels_cuda()
+ * returns. The kernels are in gemm.cu, ops.cu, moe.cu and optim.cu. */
+#include "kernels/cuda/cuda.cuh"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The only global state of the backend: made once, as kernels/gemm.c's. */
+static struct {
+    pthread_once_t once;
+    bool ready;
+    char why_not[HT_ERROR_MSG_MAX]; /* when not ready */
+    cuda_context ctx;
+    ht_kernel_ops table;
+    pthread_mutex_t fail_lock;
+    bool failed;
+    char failure[HT_ERROR_MSG_MAX];
+} g_cuda = {PTHREAD_ONCE_INIT, false, "", {}, {}, PTHREAD_MUTEX_INITIALIZER, false, ""};
+
+bool cuda_fail(const char *what, const char *detail) {
+    pthread_mutex_lock(&g_cuda.fail_lock);
+    bool first = !g_cuda.failed;
+    if (first) {
+        snprintf(g_cuda.failure, sizeof(g_cuda.failure), "%s: %s", what, detail);
+        g_cuda.failed = true;
+    }
+    pthread_mutex_unlock(&g_cuda.fail_lock);
+    if (first) ht_log(HT_LOG_ERROR, "cuda: %s: %s", what, detail);
+    return false;
+}
+
+bool cuda_ok(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    return cuda_fail(what, cudaGetErrorString(e));
+}
+
+void cuda_check_launch(const char *what) { cuda_ok(cudaGetLastError(), what); }
+
+ht_status cuda_status(ht_error *err) {
+    pthread_mutex_lock(&g_cuda.fail_lock);
+    bool failed = g_cuda.failed;
+    char msg[sizeof(g_cuda.failure)];
+    memcpy(msg, g_cuda.failure, sizeof(msg));
+    pthread_mutex_unlock(&g_cuda.fail_lock);
+    return failed ? ht_fail(err, HT_ERR_INVALID, "a CUDA kernel or product could not run: %s", msg) : HT_OK;
+}
+
+cuda_context *cuda_ctx(void) { return &g_cuda.ctx; }
+
+void *cuda_scratch(size_t bytes) {
+    cuda_context *c = &g_cuda.ctx;
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    /* cudaFree waits for the device: no queued kernel still reads the old block. */
+    if (c->scratch) cudaFree(c->scratch);
+    size_t want = bytes < ((size_t)1 << 20) ? (size_t)1 << 20 : bytes;
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    if (!cuda_ok(cudaMalloc(&c->scratch, want), "cudaMalloc (scratch)")) return NULL;
+    c->scratch_bytes = want;
+    return c->scratch;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation that fails is the caller's NULL, not a failed kernel */
+        return NULL;
+    }
+    /* zeroed, as ht_alloc's; cudaMalloc's blocks are 256-byte aligned */
+    if (!cuda_ok(cudaMemsetAsync(p, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync (alloc)")) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(void *p) {
+    if (p) cuda_ok(cudaFree(p), "cudaFree");
+}
+
+static void cuda_zero(void *dst, size_t bytes) {
+    if (bytes) cuda_ok(cudaMemsetAsync(dst, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync");
+}
+
+static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+    if (!bytes) return;
+    cuda_ok(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, g_cuda.ctx.stream), "upload");
+    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "upload (synchronize)");
+}
+
+static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cuda_ok(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, g_cuda.ctx.stream), "download");
+    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "download (synchronize)");
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_cuda.ctx.stream), "copy");
+}
+
+static ht_status cuda_synchronize(ht_error *err) {
+    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "synchronize");
+    return cuda_status(err);
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                             int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
+                             int64_t ldc) {
+    /* cuBLASLt takes every size at run time: ht_gemm's path (one plan per row count, cached) */
+    cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
+}
+
+static void fill_table(ht_kernel_ops *t) {
+    t->name = "cuda";
+    t->host_memory = false;
+    t->alloc = cuda_alloc;
+    t->free = cuda_free;
+    t->zero = cuda_zero;
+    t->upload = cuda_upload;
+    t->download = cuda_download;
+    t->copy = cuda_copy;
+    t->synchronize = cuda_synchronize;
+    t->gemm = cuda_gemm;
+    t->gemm_ragged = cuda_gemm_ragged;
+    t->gemm_batched = cuda_gemm_batched;
+    t->convert = cuda_convert;
+    t->round_to = cuda_round_to;
+    t->rmsnorm_forward = cuda_rmsnorm_forward;
+    t->rmsnorm_backward = cuda_rmsnorm_backward;
+    t->add_bias = cuda_add_bias;
+    t->bias_backward = cuda_bias_backward;
+    t->rope_forward = cuda_rope_forward;
+    t->rope_backward = cuda_rope_backward;
+    t->swiglu_forward = cuda_swiglu_forward;
+    t->swiglu_backward = cuda_swiglu_backward;
+    t->cross_entropy_forward = cuda_cross_entropy_forward;
+    t->cross_entropy_backward = cuda_cross_entropy_backward;
+    /* attention: no device kernel yet (a flash-attention kernel over ht_attention_shape) */
+    t->attention_workspace_floats = NULL;
+    t->attention_forward = NULL;
+    t->attention_backward = NULL;
+    t->embedding_forward = cuda_embedding_forward;
+    t->embedding_backward = cuda_embedding_backward;
+    t->gather_rows = cuda_gather_rows;
+    t->scatter_rows = cuda_scatter_rows;
+    t->moe_route = cuda_moe_route;
+    t->moe_combine = cuda_moe_combine;
+    t->moe_combine_backward = cuda_moe_combine_backward;
+    t->moe_route_backward = cuda_moe_route_backward;
+    t->moe_scatter_add = cuda_moe_scatter_add;
+    t->dropout = cuda_dropout;
+    t->sum_squares = cuda_sum_squares;
+    t->add = cuda_add;
+    t->accumulate = cuda_accumulate;
+    t->scale = cuda_scale;
+    t->adamw = cuda_adamw;
+    t->muon_momentum = cuda_muon_momentum;
+    t->muon_apply = cuda_muon_apply;
+    t->ns_workspace_floats = cuda_ns_workspace_floats;
+    t->newton_schulz = cuda_newton_schulz;
+}
+
+/* cuBLASLt's workspace: 32 MiB, what NVIDIA advises for Hopper. */
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+
+static bool init_step(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    snprintf(g_cuda.why_not, sizeof(g_cuda.why_not), "%s: %s", what, cudaGetErrorString(e));
+    cudaGetLastError();
+    return false;
+}
+
+static void cuda_init_once(void) {
+    cuda_context *c = &g_cuda.ctx;
+    int count = 0;
+    if (!init_step(cudaGetDeviceCount(&count), "cudaGetDeviceCount")) return;
+    if (count == 0) {
+        snprintf(g_cuda.why_not, sizeof(g_cuda.why_not), "cudaGetDeviceCount found no CUDA device");
+        return;
+    }
+    if (!init_step(cudaGetDevice(&c->device), "cudaGetDevice")) return;
+    cudaDeviceProp prop;
+    if (!init_step(cudaGetDeviceProperties(&prop, c->device), "cudaGetDeviceProperties")) return;
+    snprintf(c->name, sizeof(c->name), "%.200s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
+             (double)prop.totalGlobalMem / (double)(1 << 30));
+    if (!init_step(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate")) return;
+    cublasStatus_t s = cublasLtCreate(&c->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(g_cuda.why_not, sizeof(g_cuda.why_not), "cublasLtCreate: %s", cublasLtGetStatusString(s));
+        return;
+    }
+    if (!init_step(cudaMalloc(&c->lt_workspace, LT_WORKSPACE_BYTES), "cudaMalloc (cuBLASLt workspace)")) return;
+    c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+    fill_table(&g_cuda.table);
+    g_cuda.ready = true;
+    ht_log_debug("cuda: %s, cuBLASLt %zu", c->name, cublasLtGetVersion());
+}
+
+cuda_context *cuda_context_get(ht_error *err) {
+    pthread_once(&g_cuda.once, cuda_init_once);
+    if (!g_cuda.ready) {
+        ht_fail(err, HT_ERR_INVALID, "no CUDA backend here: %s", g_cuda.why_not);
+        return NULL;
+    }
+    return &g_cuda.ctx;
+}
+
+extern "C" const ht_kernel_ops *ht_kernels_cuda(ht_error *err) { return cuda_context_get(err) ? &g_cuda.table : NULL; }
