@@ -7,7 +7,8 @@
 # (configs/seeds/mindformers_muon_deepseek_v3.yaml: Muon + AdamW, QK-clip,
 # bf16 with FP32 main params, byte corpus) on one rank, for the optimizer's
 # share of its step, with Newton-Schulz in float32 (the recipe's) and in
-# bfloat16. MODEL dsv3-dense: every layer's MLP dense (MLA alone).
+# bfloat16, and with AdamW alone for the optimizer's cost without Muon.
+# MODEL dsv3-dense: every layer's MLP dense (MLA alone).
 # Needs torch + transformers for the peer.
 # usage: bench/run_dsv3.sh [STEPS] [dsv3|dsv3-dense]
 set -euo pipefail
@@ -46,19 +47,20 @@ model="--set model.vocab_size=8192 --set model.hidden_size=512 --set model.inter
   --set training.steps=$((steps + 2)) --set training.log_interval=$((steps + 2)) --set training.eval_interval=0
   --set checkpoint.save_interval=0 --set training.local_batch_size=$batch --set training.global_batch_size=$batch"
 out=$(mktemp -d)
-for ns in float32 bfloat16; do
+for run in "Muon float32" "Muon bfloat16" "AdamW float32"; do
+  set -- $run
   log=$(OMP_NUM_THREADS=2 "$bin/hypertrain" train configs/seeds/mindformers_muon_deepseek_v3.yaml $model \
-        --set optimizer.muon_config.muon_ns_dtype=$ns --set checkpoint.output_dir="$out/$ns" 2>&1)
-  python3 - "$log" "$ns" <<'PY'
+        --set optimizer.type=$1 --set optimizer.muon_config.muon_ns_dtype=$2 --set checkpoint.output_dir="$out/$1$2" 2>&1)
+  python3 - "$log" "$1" "$2" <<'PY'
 import re, sys
-log, ns = sys.argv[1], sys.argv[2]
+log, opt_type, ns = sys.argv[1:]
 if "time a step" not in log:
     sys.exit("the trainer did not finish:\n" + log[-3000:])
 speed = re.findall(r"(\d+) tok/s \| MFU +([0-9.]+)%", log)[-1]
 fb, opt = (float(x) for x in re.search(r"forward \+ backward ([0-9.]+) s.*optimizer ([0-9.]+) s", log).groups())
-print(f"trainer, MindFormers recipe 4.2 (Muon + AdamW, QK-clip), bf16 + FP32 main params, Newton-Schulz in {ns}, "
-      f"1 rank: {speed[0]} tok/s, MFU {speed[1]}%; forward + backward {fb:.3f} s, optimizer {opt:.3f} s: "
-      f"{100 * opt / (fb + opt):.0f}% of the step")
+what = f"Muon + AdamW, Newton-Schulz in {ns}" if opt_type == "Muon" else "AdamW alone"
+print(f"trainer, MindFormers recipe 4.2, {what}, 1 rank: {speed[0]} tok/s, MFU {speed[1]}%; "
+      f"forward + backward {fb:.3f} s, optimizer {opt:.3f} s: {100 * opt / (fb + opt):.0f}% of the step")
 PY
 done
 rm -rf "$out"
