@@ -3,6 +3,7 @@
 #ifndef HT_BENCH_MODELS_H
 #define HT_BENCH_MODELS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "hypertrain/model.h"
@@ -79,6 +80,39 @@ static inline ht_model_config bench_model_moe(void) {
                             .shared_expert_intermediate_size = 704,
                             .decoder_sparse_step = 1,
                             .router_aux_loss_coef = 0.001};
+    return c;
+}
+
+/* A DeepSeek-V3 in small (transformers' DeepseekV3ForCausalLM): vocab 8192,
+ * hidden 512, 8 layers, 8 heads, untied. Multi-Latent Attention with a query
+ * latent of 192, a key/value latent of 128, per-head q/k of 64 + 32 rotary
+ * (interleaved pairs) and v of 64; no YaRN (it changes no cost). Layer 0
+ * dense (intermediate 1408); layers 1-7 DeepSeekMoE: 32 routed experts of
+ * width 352 in 4 groups, the top 4 from the best 2 groups, sigmoid scores
+ * normalised and scaled by 2.5, one shared expert of 352 (active width 1760).
+ * 141M parameters, 31M of them active per token. dense: every layer keeps
+ * the dense MLP (first_k_dense_replace 8), for MLA alone. As
+ * bench/peers/torch_train_step.py --model dsv3 / dsv3-dense. */
+static inline ht_model_config bench_model_dsv3(bool dense) {
+    ht_model_config c = bench_model_31m();
+    snprintf(c.name, sizeof(c.name), "deepseek_v3");
+    c.num_key_value_heads = c.num_attention_heads;
+    c.attention_bias = false;
+    c.mla = (ht_mla_config){.q_lora_rank = 192,
+                            .kv_lora_rank = 128,
+                            .qk_nope_head_dim = 64,
+                            .qk_rope_head_dim = 32,
+                            .v_head_dim = 64,
+                            .rope_interleave = true};
+    c.moe = (ht_moe_config){.num_experts = 32,
+                            .num_experts_per_tok = 4,
+                            .moe_intermediate_size = 352,
+                            .norm_topk_prob = true,
+                            .n_shared_experts = 1,
+                            .n_group = 4,
+                            .topk_group = 2,
+                            .routed_scaling_factor = 2.5,
+                            .first_k_dense_replace = dense ? c.num_hidden_layers : 1};
     return c;
 }
 

@@ -6,7 +6,8 @@
  * formula predicts (weights, FP32 main params, main_grad, AdamW's two
  * moments, the activations the model sized, compute copies).
  * usage: bench_train_step [--dtype float32|bfloat16] [--steps N]
- *                         [--model 31m|qwen2.5-0.5b] [--batch B] [--seq T]
+ *                         [--model 31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense]
+ *                         [--batch B] [--seq T]
  *                         [--recompute]: every layer recomputes its activations in backward
  * --steps 0 builds and initialises the model only and prints how long that took. */
 #include <omp.h>
@@ -55,12 +56,18 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "moe") == 0) {
             cfg = bench_model_moe();
             i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dsv3") == 0) {
+            cfg = bench_model_dsv3(false);
+            i++;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dsv3-dense") == 0) {
+            cfg = bench_model_dsv3(true);
+            i++;
         } else {
-            fprintf(
-                stderr,
-                "usage: %s [--dtype float32|bfloat16] [--steps N] [--model 31m|qwen2.5-0.5b|llama-1b|moe] [--batch B] "
-                "[--seq T] [--recompute] [--head-chunk-mib M]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--dtype float32|bfloat16] [--steps N] [--model "
+                    "31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] "
+                    "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -105,11 +112,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
+    /* deepseek_v3's correction biases are params of the store that no gradient trains (transformers' buffers). */
     ht_param *list[m->params.count];
-    for (int i = 0; i < m->params.count; i++) list[i] = &m->params.items[i];
+    int trained = 0;
+    int64_t trained_numel = 0;
+    for (int i = 0; i < m->params.count; i++)
+        if (m->params.items[i].trainable) {
+            list[trained++] = &m->params.items[i];
+            trained_numel += ht_param_numel(&m->params.items[i]);
+        }
     ht_adamw opt;
     ht_adamw_config ac = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
-    if (ht_adamw_init(&opt, &ac, list, m->params.count, NULL, 0, &err) != HT_OK) {
+    if (ht_adamw_init(&opt, &ac, list, trained, NULL, 0, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -145,7 +159,7 @@ int main(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const ht_param_store *ps = &m->params;
-    size_t moments = 2 * sizeof(float) * (size_t)ht_params_total_numel(ps);
+    size_t moments = 2 * sizeof(float) * (size_t)trained_numel;
     double formula =
         (double)(ps->data_bytes + ps->main_bytes + ps->grad_bytes + ps->compute_bytes + moments + m->activation_bytes);
     double flops = ht_model_flops_per_token(&cfg, T), rate = dtype == HT_DTYPE_F32    ? choice.f32_rate
@@ -153,14 +167,14 @@ int main(int argc, char **argv) {
                                                                                       : choice.f16_rate[choice.f16];
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
            "\"forward_ms\": %.1f, \"backward_ms\": %.1f, \"update_ms\": %.1f, \"init_s\": %.3f, \"params\": %lld, "
-           "\"loss\": %.4f, "
+           "\"trained_params\": %lld, \"loss\": %.4f, "
            "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"batch\": %d, \"seq\": %d, "
            "\"recompute\": %s, \"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": "
            "\"%s\", "
            "\"choice\": \"%s\"}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
-           upd / steps * 1e3, init_s, (long long)ht_params_total_numel(&m->params), loss, flops / 1e9, rate,
-           rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
+           upd / steps * 1e3, init_s, (long long)ht_params_total_numel(&m->params), (long long)trained_numel, loss,
+           flops / 1e9, rate, rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
            ru.ru_maxrss / 1024.0, formula / (1 << 20), m->activation_bytes / (double)(1 << 20),
            ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
     ht_adamw_free(&opt);

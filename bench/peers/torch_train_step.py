@@ -17,10 +17,13 @@ batch. The JSON line also has the process's peak RSS.
 
 Usage: python3 bench/peers/torch_train_step.py [--dtype float32|bfloat16]
            [--threads 2] [--steps 10] [--warmup 2] [--attn sdpa|eager]
-           [--model 31m|qwen2.5-0.5b|llama-1b|moe] [--batch 8] [--seq 256] [--recompute]
+           [--model 31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] [--batch 8] [--seq 256] [--recompute]
 
 --model llama-1b: Llama 3.2 1B's shapes (vocab 128256, hidden 2048, 16 layers,
 32 heads, 8 KV heads, intermediate 8192, tied, no biases), random init.
+--model dsv3: a small DeepSeek-V3 (DeepseekV3ForCausalLM, 141M params: MLA,
+DeepSeekMoE with 32 routed experts, top-4 in 2 of 4 groups, a shared expert,
+layer 0 dense); dsv3-dense: every layer dense. Run it with --attn eager.
 --recompute: activation checkpointing of every decoder layer, as
 bench_train_step --recompute.
 """
@@ -34,7 +37,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM)
 
 MODELS = {
@@ -54,7 +57,18 @@ MODELS = {
                 num_key_value_heads=2, intermediate_size=1408, max_position_embeddings=256, rope_theta=10000.0,
                 tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704,
                 shared_expert_intermediate_size=704, norm_topk_prob=False, qkv_bias=True),
+    # hypertrain's bench_model_dsv3: MLA (q latent 192, kv latent 128, q/k 64 + 32 interleaved rotary, v 64),
+    # layer 0 dense, layers 1-7 32 experts of 352 in 4 groups (top-4 from 2 groups) and a shared one
+    "dsv3": dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                 num_key_value_heads=8, intermediate_size=1408, max_position_embeddings=256,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+                 q_lora_rank=192, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
+                 rope_interleave=True, n_routed_experts=32, num_experts_per_tok=4, moe_intermediate_size=352,
+                 n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                 first_k_dense_replace=1, attention_bias=False, num_nextn_predict_layers=0),
 }
+# the same with every layer's dense MLP: Multi-Latent Attention alone
+MODELS["dsv3-dense"] = dict(MODELS["dsv3"], first_k_dense_replace=8)
 
 
 def build_model(attn, name, seq):
@@ -62,6 +76,12 @@ def build_model(attn, name, seq):
     sizes["max_position_embeddings"] = max(sizes["max_position_embeddings"], seq)
     sizes.setdefault("rms_norm_eps", 1e-6)
     moe = "num_experts" in sizes
+    if name.startswith("dsv3"):
+        cfg = DeepseekV3Config(**sizes, use_cache=False)
+        cfg._attn_implementation = attn
+        model = DeepseekV3ForCausalLM(cfg).to(torch.float32)
+        assert model.config._attn_implementation == attn
+        return model, cfg
     if name.startswith("llama"):
         cfg = LlamaConfig(**sizes, attention_bias=False, mlp_bias=False, use_cache=False)
         cfg._attn_implementation = attn
