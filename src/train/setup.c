@@ -177,12 +177,16 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     t->model->keep_logits = false; /* the loss is all a run reads of them */
     t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
     const ht_model_config *a = &t->model->config;
-    ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%d KV, dim %d), "
+    char heads[64];
+    if (ht_model_config_has_mla(a))
+        snprintf(heads, sizeof(heads), "Multi-Latent Attention, below");
+    else
+        snprintf(heads, sizeof(heads), "%d KV, dim %d", a->num_key_value_heads, ht_model_config_head_dim(a));
+    ht_log_info("Model config: %s, vocab %d, hidden %d, intermediate %d, %d layers, %d heads (%s), "
                 "max positions %d, rope theta %g, rms eps %g, attention bias %s, tied embeddings %s",
                 a->name, a->vocab_size, a->hidden_size, a->intermediate_size, a->num_hidden_layers,
-                a->num_attention_heads, a->num_key_value_heads, ht_model_config_head_dim(a), a->max_position_embeddings,
-                a->rope_theta, a->rms_norm_eps, a->attention_bias ? "yes" : "no",
-                a->tie_word_embeddings ? "yes" : "no");
+                a->num_attention_heads, heads, a->max_position_embeddings, a->rope_theta, a->rms_norm_eps,
+                a->attention_bias ? "yes" : "no", a->tie_word_embeddings ? "yes" : "no");
     if (ht_model_config_has_mla(a)) {
         const ht_mla_config *mla = &a->mla;
         char q[48];
