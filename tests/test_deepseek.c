@@ -280,6 +280,8 @@ static void test_bad_config_json(void **s) {
         {"\"rope_type\": \"yarn\"", "\"rope_type\": \"longrope\"", "type longrope is not supported"},
         {"\"q_lora_rank\": 24", "\"q_lora_rank\": 0", "\"q_lora_rank\" must be positive or null"},
         {"\"kv_lora_rank\": 16", "\"kv_lora_rank\": \"16\"", "\"kv_lora_rank\" must be a non-negative integer"},
+        {"\"kv_lora_rank\": 16", "\"kv_lora_rank\": 16, \"quantization_config\": {\"quant_method\": \"fp8\"}",
+         "quantization_config (fp8): quantized weights are not supported"},
     };
     const char *dir = scratch_dir("dsv3_bad_config");
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -205,6 +205,17 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     if (act && (act->type != HT_JSON_STRING || strcmp(act->string, "silu") != 0))
         return ht_fail(err, HT_ERR_CONFIG, "%s: hidden_act %s is not supported (only \"silu\")", path,
                        act->type == HT_JSON_STRING ? act->string : json_type_name(act));
+    /* Quantized checkpoints (DeepSeek-V3's own is FP8 with block scales) hold other tensors than the model's. */
+    const ht_json *quant = field(root, "quantization_config");
+    if (quant) {
+        const ht_json *method = quant->type == HT_JSON_OBJECT ? field(quant, "quant_method") : NULL;
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "%s: quantization_config%s%s%s: quantized weights are not supported; convert the checkpoint "
+                       "to bfloat16 or float32 first (for DeepSeek-V3's FP8 release, its fp8_cast_bf16 script)",
+                       path, method && method->type == HT_JSON_STRING ? " (" : "",
+                       method && method->type == HT_JSON_STRING ? method->string : "",
+                       method && method->type == HT_JSON_STRING ? ")" : "");
+    }
     bool sliding = false;
     ht_status s;
     if ((s = get_bool(path, root, "use_sliding_window", false, &sliding, err)) != HT_OK) return s;
