@@ -56,7 +56,8 @@ int main(int argc, char **argv) {
     ht_rng_seed(&rng, 1);
     for (size_t i = 0; i < nq; i++) q[i] = ht_rng_normal(&rng), dout[i] = ht_rng_normal(&rng);
     for (size_t i = 0; i < nk; i++) k[i] = ht_rng_normal(&rng), v[i] = ht_rng_normal(&rng);
-    const ht_attention_shape shape = {B, T, H, KV, D, D, 1.0f / sqrtf((float)D)};
+    const ht_attention_shape shape = {
+        .B = B, .T = T, .H = H, .KV = KV, .Dk = D, .Dv = D, .scale = 1.0f / sqrtf((float)D)};
     double fwd = 1e30, bwd = 1e30;
     for (int r = 0; r < reps; r++) {
         double t0 = ht_time_seconds();

@@ -103,7 +103,8 @@ static double rel_err_double(const float *a, int64_t stride_a, const double *ref
 
 /* scale 0: 1/sqrt(Dk), as plain attention has it. */
 static void check_attention_shape(int B, int T, int H, int KV, int Dk, int Dv, float scale) {
-    const ht_attention_shape a = {B, T, H, KV, Dk, Dv, scale > 0 ? scale : 1.0f / sqrtf((float)Dk)};
+    const ht_attention_shape a = {
+        .B = B, .T = T, .H = H, .KV = KV, .Dk = Dk, .Dv = Dv, .scale = scale > 0 ? scale : 1.0f / sqrtf((float)Dk)};
     int64_t qs = (int64_t)H * Dk, ks = (int64_t)KV * Dk, vs = (int64_t)KV * Dv, os = (int64_t)H * Dv;
     int64_t nq = (int64_t)B * T * qs, nk = (int64_t)B * T * ks, nv = (int64_t)B * T * vs, no = (int64_t)B * T * os;
     float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nv * sizeof(float));
@@ -206,6 +207,112 @@ static double rel_err_float(const float *a, const float *ref, size_t n) {
     return den > 0 ? num / den : num;
 }
 
+/* Attention over blocks of keys at position offsets, as ring attention
+ * runs it: the queries [q0, q0 + Tq) of a sequence of T against its keys cut
+ * into blocks [k0, k0 + Tk); each block's partial output and lse merged
+ * (ht_attention_merge) must be the whole causal attention of those queries,
+ * and each block's backward (given the merged out and lse) its keys' dk, dv
+ * and a share of dq that sums to the whole's. A query that sees no key of a
+ * block gets out 0, lse -inf from it, and no share of the gradient. */
+static void check_key_blocks(int B, int T, int H, int KV, int D, int q0, int Tq, const int *cuts, int ncuts) {
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)KV * D;
+    const size_t nq = (size_t)B * T * qs, nk = (size_t)B * T * ks;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    fill_normal(q, nq, 51 + T, 1.5f);
+    fill_normal(k, nk, 52 + T, 1.5f);
+    fill_normal(v, nk, 53 + T, 1.0f);
+    fill_normal(dout, nq, 54 + T, 1.0f);
+    /* The whole attention of all T positions: the reference rows q0 .. q0 + Tq. */
+    const ht_attention_shape whole = {.B = B, .T = T, .H = H, .KV = KV, .Dk = D, .Dv = D, .scale = 1.0f / sqrtf(D)};
+    float *out = malloc(nq * 4), *lse = malloc((size_t)B * H * T * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4),
+          *dv = malloc(nk * 4);
+    float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D, D) * 4);
+    ht_attention_forward(out, lse, NULL, q, k, v, &whole, HT_DTYPE_F32, work);
+    ht_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &whole, HT_DTYPE_F32, work);
+    /* The query block, and each key block, copied out as a rank would hold them. */
+    const size_t bq = (size_t)B * Tq * qs;
+    float *qb = malloc(bq * 4), *doutb = malloc(bq * 4), *ob = malloc(bq * 4), *lb = malloc((size_t)B * H * Tq * 4);
+    float *o2 = malloc(bq * 4), *l2 = malloc((size_t)B * H * Tq * 4), *dqb = calloc(bq, 4), *dq2 = malloc(bq * 4);
+    for (int b = 0; b < B; b++) {
+        memcpy(qb + (size_t)b * Tq * qs, q + ((size_t)b * T + q0) * qs, (size_t)Tq * qs * 4);
+        memcpy(doutb + (size_t)b * Tq * qs, dout + ((size_t)b * T + q0) * qs, (size_t)Tq * qs * 4);
+    }
+    double worst_out = 0, worst_dkv = 0;
+    for (int pass = 0; pass < 2; pass++) { /* forward and merge, then backward with the merged out and lse */
+        for (int c = 0; c < ncuts; c++) {
+            const int k0 = cuts[c], Tk = (c + 1 < ncuts ? cuts[c + 1] : T) - k0;
+            const size_t blk = (size_t)B * Tk * ks;
+            float *kb = malloc(blk * 4), *vb = malloc(blk * 4), *dkb = malloc(blk * 4), *dvb = malloc(blk * 4);
+            for (int b = 0; b < B; b++) {
+                memcpy(kb + (size_t)b * Tk * ks, k + ((size_t)b * T + k0) * ks, (size_t)Tk * ks * 4);
+                memcpy(vb + (size_t)b * Tk * ks, v + ((size_t)b * T + k0) * ks, (size_t)Tk * ks * 4);
+            }
+            const ht_attention_shape a = {.B = B,
+                                          .T = Tq,
+                                          .H = H,
+                                          .KV = KV,
+                                          .Dk = D,
+                                          .Dv = D,
+                                          .scale = 1.0f / sqrtf(D),
+                                          .Tk = Tk,
+                                          .q0 = q0,
+                                          .k0 = k0};
+            if (pass == 0) {
+                ht_attention_forward(c == 0 ? ob : o2, c == 0 ? lb : l2, NULL, qb, kb, vb, &a, HT_DTYPE_F32, work);
+                if (c > 0) ht_attention_merge(ob, lb, o2, l2, B, Tq, H, D);
+            } else {
+                ht_attention_backward(dq2, dkb, dvb, doutb, ob, lb, qb, kb, vb, &a, HT_DTYPE_F32, work);
+                for (size_t i = 0; i < bq; i++) dqb[i] += dq2[i];
+                /* The block's keys get every query's gradient, the ones outside the query block excepted: compare
+                 * where the query block is the whole sequence's tail (all later queries are in it). */
+                if (q0 + Tq == T && q0 <= k0)
+                    for (int b = 0; b < B; b++)
+                        worst_dkv =
+                            fmax(worst_dkv, fmax(rel_err_float(dkb + (size_t)b * Tk * ks,
+                                                               dk + ((size_t)b * T + k0) * ks, (size_t)Tk * ks),
+                                                 rel_err_float(dvb + (size_t)b * Tk * ks,
+                                                               dv + ((size_t)b * T + k0) * ks, (size_t)Tk * ks)));
+            }
+            free(kb), free(vb), free(dkb), free(dvb);
+        }
+        if (pass == 0)
+            for (int b = 0; b < B; b++) {
+                worst_out = fmax(worst_out, rel_err_float(ob + (size_t)b * Tq * qs, out + ((size_t)b * T + q0) * qs,
+                                                          (size_t)Tq * qs));
+                for (int h = 0; h < H; h++)
+                    for (int t = 0; t < Tq; t++) {
+                        float got = lb[((size_t)b * H + h) * Tq + t], want = lse[((size_t)b * H + h) * T + q0 + t];
+                        if (!(fabsf(got - want) <= 1e-5f * fmaxf(1.0f, fabsf(want))))
+                            fail_msg("key blocks: lse of query %d head %d: %.9g, whole %.9g", q0 + t, h, got, want);
+                    }
+            }
+    }
+    double worst_dq = 0;
+    for (int b = 0; b < B; b++)
+        worst_dq =
+            fmax(worst_dq, rel_err_float(dqb + (size_t)b * Tq * qs, dq + ((size_t)b * T + q0) * qs, (size_t)Tq * qs));
+    if (!(worst_out <= 1e-6) || !(worst_dq <= 1e-5) || !(worst_dkv <= 1e-5))
+        fail_msg("key blocks T%d q0 %d Tq %d: out %.3g (bound 1e-6), dq %.3g, dk/dv %.3g (bound 1e-5) off the whole", T,
+                 q0, Tq, worst_out, worst_dq, worst_dkv);
+    printf("attention key blocks T%-3d queries [%d, %d) in %d key blocks: out %.2g, dq %.2g, dk/dv %.2g of the whole\n",
+           T, q0, q0 + Tq, ncuts, worst_out, worst_dq, worst_dkv);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(work);
+    free(qb), free(doutb), free(ob), free(lb), free(o2), free(l2), free(dqb), free(dq2);
+}
+
+static void test_attention_key_blocks(void **state) {
+    (void)state;
+    const int two[] = {0, 77}, ring4[] = {0, 40, 80, 120}, uneven[] = {0, 3, 130};
+    check_key_blocks(2, 150, 4, 2, 32, 0, 150, two, 2);    /* every query against two key blocks */
+    check_key_blocks(1, 160, 3, 3, 16, 120, 40, ring4, 4); /* the last chunk against all four (ring) */
+    check_key_blocks(2, 160, 4, 1, 24, 40, 40, ring4, 4);  /* a middle chunk: blocks after it unseen */
+    check_key_blocks(1, 140, 2, 2, 8, 0, 140, uneven, 3);  /* a block of 3 keys, tiles cut mid-block */
+    /* The merge of a block no query saw leaves the other's result as it was. */
+    float o[4] = {1, 2, 3, 4}, l[2] = {0.5f, -1.0f}, o2[4] = {9, 9, 9, 9}, l2[2] = {-INFINITY, -INFINITY};
+    ht_attention_merge(o, l, o2, l2, 1, 2, 1, 2);
+    assert_true(o[0] == 1 && o[1] == 2 && o[2] == 3 && o[3] == 4 && l[0] == 0.5f && l[1] == -1.0f);
+}
+
 /* A 16-bit model's attention: its products take q, k, v, dout and the
  * probability tiles (P, then dS) rounded to `dtype`. Against the FP32
  * attention (checked above against double) on the same rounded q, k, v and
@@ -225,7 +332,7 @@ static void check_attention_16bit(int B, int T, int H, int KV, int D, ht_dtype d
     }
     for (int i = 0; i < 5; i++) ref[i] = malloc(n[i] * sizeof(float)), got[i] = malloc(n[i] * sizeof(float));
     float *work = malloc((size_t)omp_get_max_threads() * ht_attention_workspace_floats(T, D, D) * sizeof(float));
-    const ht_attention_shape a = {B, T, H, KV, D, D, 1.0f / sqrtf((float)D)};
+    const ht_attention_shape a = {.B = B, .T = T, .H = H, .KV = KV, .Dk = D, .Dv = D, .scale = 1.0f / sqrtf((float)D)};
     float **o[2] = {ref, got};
     for (int r = 0; r < 2; r++) {
         ht_dtype dt = r == 0 ? HT_DTYPE_F32 : dtype;
@@ -1326,6 +1433,7 @@ int main(void) {
         cmocka_unit_test(test_bias_and_swiglu_against_reference),
         cmocka_unit_test(test_rope_against_reference),
         cmocka_unit_test(test_rope_layouts),
+        cmocka_unit_test(test_attention_key_blocks),
         cmocka_unit_test(test_cross_entropy_against_reference),
         cmocka_unit_test(test_backend_memory),
         cmocka_unit_test(test_backend_gemm),

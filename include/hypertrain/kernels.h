@@ -124,12 +124,18 @@ typedef struct ht_rope_layout {
     bool interleave;
 } ht_rope_layout;
 
-/* One attention call: q (B, T, H, Dk), k (B, T, KV, Dk), v (B, T, KV, Dv),
+/* One attention call: q (B, T, H, Dk), k (B, Tk, KV, Dk), v (B, Tk, KV, Dv),
  * out (B, T, H, Dv); the logits are scale x q·k (1/sqrt(Dk) for plain
- * attention). */
+ * attention). The queries sit at positions q0 .. q0 + T - 1 of the sequence
+ * and the keys at k0 .. k0 + Tk - 1; key j is seen by query i when
+ * k0 + j <= q0 + i (causal). Zero Tk, q0, k0: the keys are the queries'
+ * own positions, Tk = T. A block of keys at other positions gives a partial
+ * result (a query that sees none of them: out 0, lse -inf) that
+ * attention_merge folds into another. */
 typedef struct ht_attention_shape {
     int64_t B, T, H, KV, Dk, Dv;
     float scale;
+    int64_t Tk, q0, k0;
 } ht_attention_shape;
 
 typedef struct ht_kernel_ops {
@@ -198,6 +204,8 @@ typedef struct ht_kernel_ops {
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, const ht_attention_shape *shape,
                                ht_dtype dtype, float *work);
+    void (*attention_merge)(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T,
+                            int64_t H, int64_t Dv);
     /* the embedding: ht_embedding_forward, ht_embedding_backward */
     void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
     void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);

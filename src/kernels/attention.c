@@ -91,17 +91,27 @@ static strides strides_of(const ht_attention_shape *a) {
     return (strides){a->H * a->Dk, a->KV * a->Dk, a->KV * a->Dv, a->H * a->Dv};
 }
 
+/* The keys of a call (Tk 0: the queries' count). */
+static int64_t keys_of(const ht_attention_shape *a) { return a->Tk > 0 ? a->Tk : a->T; }
+
+/* How many of the block's keys query i sees: keys j with k0 + j <= q0 + i,
+ * clamped to [0, Tk]. */
+static int64_t seen_keys(const ht_attention_shape *a, int64_t i) {
+    int64_t n = a->q0 + i - a->k0 + 1, Tk = keys_of(a);
+    return n < 0 ? 0 : n > Tk ? Tk : n;
+}
+
 /* One (batch, head). The products take their operands in `dtype`, accumulate in FP32. */
 static void forward_head(float *out, float *lse, float *head_max, const float *q32, const float *k32, const float *v32,
                          const ht_attention_shape *a, strides st, ht_dtype dtype, scratch w) {
-    const int64_t T = a->T, Dk = a->Dk, D = a->Dv;
+    const int64_t T = a->T, Tk = keys_of(a), Dk = a->Dk, D = a->Dv;
     float *s = w.s, *acc = w.acc, *m = w.m, *l = w.l;
-    const operand q = head_operand(q32, T, Dk, st.qs, dtype, w.q), k = head_operand(k32, T, Dk, st.ks, dtype, w.k),
-                  v = head_operand(v32, T, D, st.vs, dtype, w.v);
+    const operand q = head_operand(q32, T, Dk, st.qs, dtype, w.q), k = head_operand(k32, Tk, Dk, st.ks, dtype, w.k),
+                  v = head_operand(v32, Tk, D, st.vs, dtype, w.v);
     const float scale = a->scale;
     float hmax = -INFINITY;
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-        int64_t bq = min64(BQ, T - i0), keys = i0 + bq; /* the keys any query of the block sees */
+        int64_t bq = min64(BQ, T - i0), keys = seen_keys(a, i0 + bq - 1); /* the keys any query of the block sees */
         for (int64_t r = 0; r < bq; r++) m[r] = -INFINITY, l[r] = 0.0f;
         for (int64_t j0 = 0; j0 < keys; j0 += BK) {
             int64_t bk = min64(BK, keys - j0);
@@ -112,7 +122,7 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
             }
             for (int64_t r = 0; r < bq; r++) {
                 float *row = s + r * BK, *arow = acc + r * D;
-                int64_t valid = min64(bk, i0 + r - j0 + 1); /* keys j <= i */
+                int64_t valid = min64(bk, seen_keys(a, i0 + r) - j0); /* keys j with k0 + j <= q0 + i */
                 float mx = max_of(row, valid, m[r]);
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -121,8 +131,8 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
                     sum += row[c];
                 }
                 for (int64_t c = valid < 0 ? 0 : valid; c < bk; c++) row[c] = 0.0f;
-                /* The running sums were taken against the old maximum. */
-                float corr = j0 == 0 ? 0.0f : exp_nonpositive(m[r] - mx);
+                /* The running sums were taken against the old maximum (none while the row saw no key). */
+                float corr = j0 == 0 || m[r] == -INFINITY ? 0.0f : exp_nonpositive(m[r] - mx);
                 if (j0 > 0 && corr != 1.0f)
                     for (int64_t c = 0; c < D; c++) arow[c] *= corr;
                 l[r] = l[r] * corr + sum;
@@ -133,13 +143,19 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
                     D);
         }
         for (int64_t r = 0; r < bq; r++) {
-            float inv = 1.0f / l[r], *orow = out + (i0 + r) * st.os;
+            float *orow = out + (i0 + r) * st.os;
+            if (!(l[r] > 0)) { /* no key of this block is seen: nothing, merged as nothing */
+                memset(orow, 0, (size_t)D * sizeof(float));
+                lse[i0 + r] = -INFINITY;
+                continue;
+            }
+            float inv = 1.0f / l[r];
             for (int64_t c = 0; c < D; c++) orow[c] = acc[r * D + c] * inv;
             lse[i0 + r] = m[r] + logf(l[r]);
         }
         /* QK-clip's maximum also counts the keys above the diagonal. */
-        for (int64_t j0 = keys; head_max && j0 < T; j0 += BK) {
-            int64_t bk = min64(BK, T - j0);
+        for (int64_t j0 = keys; head_max && j0 < Tk; j0 += BK) {
+            int64_t bk = min64(BK, Tk - j0);
             ht_gemm(false, true, bq, bk, Dk, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, s, BK);
             float t = tile_max(s, bq, bk, BK);
             hmax = t > hmax ? t : hmax;
@@ -150,16 +166,17 @@ static void forward_head(float *out, float *lse, float *head_max, const float *q
 
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
                           const ht_attention_shape *a, ht_dtype dtype, float *work) {
-    const int64_t B = a->B, T = a->T, H = a->H, group = a->H / a->KV, Dk = a->Dk, Dv = a->Dv;
+    const int64_t B = a->B, T = a->T, Tk = keys_of(a), H = a->H, group = a->H / a->KV, Dk = a->Dk, Dv = a->Dv;
+    const int64_t longest = T > Tk ? T : Tk;
     const strides st = strides_of(a);
-    size_t per_thread = ht_attention_workspace_floats(T, Dk, Dv);
+    size_t per_thread = ht_attention_workspace_floats(longest, Dk, Dv);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             int64_t g = h / group;
             forward_head(out + b * T * st.os + h * Dv, lse + (b * H + h) * T, head_max ? head_max + b * H + h : NULL,
-                         q + b * T * st.qs + h * Dk, k + b * T * st.ks + g * Dk, v + b * T * st.vs + g * Dv, a, st,
-                         dtype, scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, Dk, Dv));
+                         q + b * T * st.qs + h * Dk, k + b * Tk * st.ks + g * Dk, v + b * Tk * st.vs + g * Dv, a, st,
+                         dtype, scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, longest, Dk, Dv));
         }
 }
 
@@ -173,7 +190,11 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
     const operand q = head_operand(q32, T, Dk, qs, dtype, w.q), dout = head_operand(dout32, T, D, st.os, dtype, w.dout);
     const float scale = a->scale;
     for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-        int64_t bq = min64(BQ, T - i0), keys = i0 + bq;
+        int64_t bq = min64(BQ, T - i0), keys = seen_keys(a, i0 + bq - 1);
+        if (keys == 0) { /* the block's keys are all after these queries: no share of their gradient */
+            for (int64_t r = 0; r < bq; r++) memset(dq + (i0 + r) * qs, 0, (size_t)Dk * sizeof(float));
+            continue;
+        }
         /* delta_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term,
          * from the dO the dP product reads: with dO rounded for it and delta
          * not, every dS row would be shifted by dO's rounding error · O_i, and
@@ -195,7 +216,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
             ht_gemm(false, true, bq, bk, Dk, scale, row_at(q, i0), q.ld, row_at(k, j0), k.ld, dtype, 0.0f, p, BK);
             for (int64_t r = 0; r < bq; r++) {
                 float *row = p + r * BK, li = lse[i0 + r];
-                int64_t valid = min64(bk, i0 + r - j0 + 1);
+                int64_t valid = min64(bk, seen_keys(a, i0 + r) - j0);
 #pragma omp simd
                 for (int64_t c = 0; c < valid; c++) row[c] = exp_nonpositive(row[c] - li);
                 for (int64_t c = valid < 0 ? 0 : valid; c < bk; c++) row[c] = 0.0f;
@@ -220,21 +241,39 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout32, 
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, const ht_attention_shape *a, ht_dtype dtype,
                            float *work) {
-    const int64_t B = a->B, T = a->T, H = a->H, KV = a->KV, group = H / KV, Dk = a->Dk, Dv = a->Dv;
+    const int64_t B = a->B, T = a->T, Tk = keys_of(a), H = a->H, KV = a->KV, group = H / KV, Dk = a->Dk, Dv = a->Dv;
+    const int64_t longest = T > Tk ? T : Tk;
     const strides st = strides_of(a);
-    size_t per_thread = ht_attention_workspace_floats(T, Dk, Dv);
-    memset(dk, 0, (size_t)(B * T * st.ks) * sizeof(float));
-    memset(dv, 0, (size_t)(B * T * st.vs) * sizeof(float));
+    size_t per_thread = ht_attention_workspace_floats(longest, Dk, Dv);
+    memset(dk, 0, (size_t)(B * Tk * st.ks) * sizeof(float));
+    memset(dv, 0, (size_t)(B * Tk * st.vs) * sizeof(float));
     /* A task owns one key head, so the query heads sharing it add into its dk and dv without races. */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < KV; g++) {
-            scratch w = scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, T, Dk, Dv);
-            const float *kb = k + b * T * st.ks + g * Dk, *vb = v + b * T * st.vs + g * Dv;
-            operand ko = head_operand(kb, T, Dk, st.ks, dtype, w.k), vo = head_operand(vb, T, Dv, st.vs, dtype, w.v);
+            scratch w = scratch_carve(work + (size_t)omp_get_thread_num() * per_thread, longest, Dk, Dv);
+            const float *kb = k + b * Tk * st.ks + g * Dk, *vb = v + b * Tk * st.vs + g * Dv;
+            operand ko = head_operand(kb, Tk, Dk, st.ks, dtype, w.k), vo = head_operand(vb, Tk, Dv, st.vs, dtype, w.v);
             for (int64_t h = g * group; h < (g + 1) * group; h++)
-                backward_head(dq + b * T * st.qs + h * Dk, dk + b * T * st.ks + g * Dk, dv + b * T * st.vs + g * Dv,
+                backward_head(dq + b * T * st.qs + h * Dk, dk + b * Tk * st.ks + g * Dk, dv + b * Tk * st.vs + g * Dv,
                               dout + b * T * st.os + h * Dv, out + b * T * st.os + h * Dv, lse + (b * H + h) * T,
                               q + b * T * st.qs + h * Dk, ko, vo, a, st, w);
         }
+}
+
+void ht_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T, int64_t H,
+                        int64_t Dv) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                float *l1 = lse + (b * H + h) * T + t, l2 = lse2[(b * H + h) * T + t];
+                const float mx = *l1 > l2 ? *l1 : l2;
+                if (mx == -INFINITY) continue; /* neither block had a key for it */
+                const float w1 = expf(*l1 - mx), w2 = expf(l2 - mx), sum = w1 + w2;
+                float *o = out + ((b * T + t) * H + h) * Dv;
+                const float *o2 = out2 + ((b * T + t) * H + h) * Dv;
+                for (int64_t c = 0; c < Dv; c++) o[c] = (w1 * o[c] + w2 * o2[c]) / sum;
+                *l1 = mx + logf(sum);
+            }
 }

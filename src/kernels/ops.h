@@ -52,15 +52,25 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
  * their operands in `dtype` (q, k, v, dout and the probability tiles rounded
  * to it; float32: as they are) and accumulate in FP32; the softmax, out, lse
  * and every gradient are FP32. work: the threads' scratch,
- * omp_get_max_threads() x ht_attention_workspace_floats(T, Dk, Dv). */
+ * omp_get_max_threads() x ht_attention_workspace_floats(T, Dk, Dv), T the
+ * longer of the query and key blocks. */
 size_t ht_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv);
 void ht_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
                           const ht_attention_shape *a, ht_dtype dtype, float *work);
 /* dq, dk, dv (the shapes of q, k, v) = the gradients (overwritten) given
- * dout and the forward's out and lse, recomputing the probabilities tile by tile. */
+ * dout and the forward's out and lse, recomputing the probabilities tile by
+ * tile. For a block of keys (a->Tk, q0, k0) pass the whole attention's out
+ * and lse (merged over every block): dk, dv are the block's keys' gradients,
+ * dq the block's share of the queries' (sum the blocks' shares). */
 void ht_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, const ht_attention_shape *a, ht_dtype dtype,
                            float *work);
+/* Folds a second block's partial result (out2 (B, T, H, Dv), lse2 (B, H, T))
+ * into the first, in place: out = (e^lse out + e^lse2 out2) / (e^lse +
+ * e^lse2), lse = log(e^lse + e^lse2), taken against the larger of the two
+ * (a row that saw no key in either stays out 0, lse -inf). */
+void ht_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T, int64_t H,
+                        int64_t Dv);
 
 /* Σ x² in double, with each thread's share summed in thread order: the same
  * bits on every run with the same thread count (an OpenMP reduction combines

@@ -43,6 +43,7 @@ static const ht_kernel_ops cpu = {
     .attention_workspace_floats = ht_attention_workspace_floats,
     .attention_forward = ht_attention_forward,
     .attention_backward = ht_attention_backward,
+    .attention_merge = ht_attention_merge,
     .embedding_forward = ht_embedding_forward,
     .embedding_backward = ht_embedding_backward,
     .gather_rows = ht_gather_rows,

@@ -784,7 +784,8 @@ static ht_dtype operand_precision(const ht_model *m, const decoder *d) {
 
 /* The shape of every layer's attention call. */
 static ht_attention_shape attention_shape(const decoder *d) {
-    return (ht_attention_shape){d->B, d->T, d->H, d->KVh, d->Dk, d->Dv, d->attn_scale};
+    return (ht_attention_shape){
+        .B = d->B, .T = d->T, .H = d->H, .KV = d->KVh, .Dk = d->Dk, .Dv = d->Dv, .scale = d->attn_scale};
 }
 
 /* Where each head's rotary dims lie: q (N, H, Dk) and k (N, KVh, Dk) have
