@@ -146,6 +146,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->attention_workspace_floats = NULL;
     t->attention_forward = NULL;
     t->attention_backward = NULL;
+    t->attention_merge = NULL;
     t->embedding_forward = cuda_embedding_forward;
     t->embedding_backward = cuda_embedding_backward;
     t->gather_rows = cuda_gather_rows;
