@@ -1437,8 +1437,57 @@ static void test_deepseek_bias_update(void **state) {
     for (int i = 0; i < 3; i++) free(text[i]);
 }
 
+/* One rank of test_ring_shift: P - 1 shifts by +1 (after s of them rank r
+ * holds rank r - s's block), then one by -1, each step's block checked to be
+ * the one the ring should have brought; one rank: a copy to itself. Prints
+ * "ring ok" on rank 0. */
+static int ring_shift_rank(void) {
+    ht_comm *comm;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const int P = comm->size, R = comm->rank, n = 1000;
+    float *block = malloc(n * sizeof(float)), *next = malloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) block[i] = (float)(R * n + i);
+    int bad = 0, holder = R; /* whose block this rank holds */
+    for (int step = 0; step < P; step++) {
+        const int offset = step + 1 < P ? 1 : -1, from = step + 1 < P ? (holder - 1 + P) % P : (holder + 1) % P;
+        ht_wait(comm, ht_start_shift(comm, block, next, n * (int64_t)sizeof(float), offset), NULL);
+        holder = from;
+        for (int i = 0; i < n; i++) bad += next[i] != (float)(holder * n + i);
+        float *t = block;
+        block = next, next = t;
+    }
+    double total = bad;
+    ht_all_reduce_f64(comm, &total, 1, HT_REDUCE_SUM);
+    if (R == 0) printf(total == 0 ? "ring ok on %d ranks\n" : "ring: %d ranks, wrong floats\n", P);
+    free(block), free(next);
+    ht_comm_free(comm);
+    return total == 0 ? 0 : 1;
+}
+
+/* ht_start_shift, context parallelism's ring step, on 1 to 4 ranks. */
+static void test_ring_shift(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ring_shift");
+    char exe[1024], cmd[3072], out[1300], *log;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(len > 0);
+    exe[len] = '\0';
+    for (int P = 1; P <= 4; P++) {
+        snprintf(out, sizeof(out), "%s/ring%d.log", dir, P);
+        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' --ring-shift-rank > '%s' 2>&1", P, exe, out);
+        int rc = run_logged(cmd, out, &log);
+        if (rc != 0 || !strstr(log, "ring ok")) fail_msg("%d ranks:\n%s", P, log);
+        free(log);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
+    if (argc == 2 && strcmp(argv[1], "--ring-shift-rank") == 0) return ring_shift_rank();
     if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
     const struct CMUnitTest tests[] = {
@@ -1449,6 +1498,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_recompute_on_3_ranks),
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
+        cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_deepseek_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),

@@ -120,6 +120,12 @@ static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
 static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
     return c->ops->start_exchange(c, send, recv);
 }
+/* Starts one step of a ring (context parallelism's key/value blocks going
+ * round): `bytes` of send go to rank (rank + offset) mod size and recv gets
+ * `bytes` from rank (rank - offset) mod size, every rank of c calling it
+ * with the same bytes and offset; wait with ht_wait. An exchange with one
+ * peer each way. */
+ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t bytes, int offset);
 static inline void ht_wait(ht_comm *c, ht_request *r, double *seconds) { c->ops->wait(c, r, seconds); }
 
 #ifdef __cplusplus

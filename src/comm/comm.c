@@ -49,6 +49,16 @@ static void single_wait(ht_comm *c, ht_request *r, double *seconds) {
 }
 static void single_free(ht_comm *c) { (void)c; }
 
+ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t bytes, int offset) {
+    const int P = c->size, to = ((c->rank + offset) % P + P) % P, from = ((c->rank - offset) % P + P) % P;
+    /* first[q] = 0 up to the peer, 1 after it: the one span is the peer's, every other rank's list is empty. */
+    int first[2 * (P + 1)];
+    for (int q = 0; q <= P; q++) first[q] = q > to, first[P + 1 + q] = q > from;
+    const ht_span out = {(void *)send, bytes}, in = {recv, bytes};
+    const ht_spans s = {&out, first}, r = {&in, first + P + 1};
+    return ht_start_exchange(c, &s, &r); /* the span lists may go once it is started */
+}
+
 static const ht_comm_ops single_ops = {
     .all_reduce_f64 = single_all_reduce_f64,
     .all_reduce_f32 = single_all_reduce_f32,
