@@ -349,3 +349,19 @@ double model_loss(ht_model *m, const int32_t *in, const int32_t *tg, int B, int 
     assert_ht_ok(ht_model_forward(m, in, tg, B, T, &loss, &err), &err);
     return loss;
 }
+
+const char *export_with_logits(const char *name, const ht_model *m, const int32_t *inputs, int B, int T) {
+    char sub[128], path[1200];
+    ht_error err;
+    snprintf(sub, sizeof(sub), "export_%s", name);
+    const char *dir = scratch_dir(sub);
+    assert_ht_ok(ht_hf_save(dir, &m->config, &m->params, HT_DTYPE_F32, 0, &err), &err);
+    ht_st_writer w = {0};
+    int64_t in_shape[2] = {B, T}, lg_shape[3] = {B, T, m->config.vocab_size};
+    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, in_shape, inputs, HT_DTYPE_I32, &err), &err);
+    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
+    snprintf(path, sizeof(path), "%s/hypertrain_logits.safetensors", dir);
+    assert_ht_ok(ht_st_writer_write(&w, path, &err), &err);
+    ht_st_writer_free(&w);
+    return dir;
+}

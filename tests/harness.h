@@ -15,6 +15,12 @@
 #include "hypertrain/kernels.h"
 #include "hypertrain/param.h"
 
+struct ht_model;
+/* The model as Hugging Face weights (FP32) and its last forward's logits of `inputs` (B, T) as
+ * hypertrain_logits.safetensors, in the build tree's scratch/export_<name>/ (returned):
+ * tools/reference/check_hypertrain_exports.sh has transformers load it and compare the logits. */
+const char *export_with_logits(const char *name, const struct ht_model *m, const int32_t *inputs, int B, int T);
+
 /* Absolute path of a file under tests/fixtures/ (static buffer, rotating x8). */
 const char *fixture_path(const char *rel);
 /* A fresh empty directory under the build tree for this test; returns its path. */

@@ -39,19 +39,7 @@ static ht_model *load_model(const char *dir, ht_dtype dtype) {
  * tools/reference/check_hypertrain_exports.sh has transformers load it and
  * compare the logits. */
 static void export_for_transformers(const char *name, ht_model *m, const ht_st_tensor *inputs) {
-    char sub[128], path[1200];
-    ht_error err;
-    snprintf(sub, sizeof(sub), "export_%s", name);
-    const char *dir = scratch_dir(sub);
-    assert_ht_ok(ht_hf_save(dir, &m->config, &m->params, HT_DTYPE_F32, 0, &err), &err);
-    ht_st_writer w = {0};
-    int64_t lg_shape[3] = {inputs->shape[0], inputs->shape[1], m->config.vocab_size};
-    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, inputs->shape, inputs->data, HT_DTYPE_I32, &err),
-                 &err);
-    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
-    snprintf(path, sizeof(path), "%s/hypertrain_logits.safetensors", dir);
-    assert_ht_ok(ht_st_writer_write(&w, path, &err), &err);
-    ht_st_writer_free(&w);
+    const char *dir = export_with_logits(name, m, inputs->data, (int)inputs->shape[0], (int)inputs->shape[1]);
     /* What was written reads back as the same model, weights and all. */
     ht_model *back = load_model(dir, HT_DTYPE_F32);
     assert_int_equal(back->params.count, m->params.count);

@@ -61,18 +61,8 @@ static ht_model *load_model(const char *name, ht_dtype dtype, bool set_compute) 
  * check_hypertrain_exports.sh then has transformers load the folder and
  * compare its logits with ours. Here the folder must at least load back. */
 static void export_for_transformers(const char *name, ht_model *m, const reference *r) {
-    char sub[128], path[1200];
     ht_error err;
-    snprintf(sub, sizeof(sub), "export_%s", name);
-    const char *dir = scratch_dir(sub);
-    assert_ht_ok(ht_hf_save(dir, &m->config, &m->params, HT_DTYPE_F32, 0, &err), &err);
-    ht_st_writer w = {0};
-    int64_t in_shape[2] = {r->B, r->T}, lg_shape[3] = {r->B, r->T, m->config.vocab_size};
-    assert_ht_ok(ht_st_writer_add(&w, "inputs", HT_DTYPE_I32, 2, in_shape, r->inputs, HT_DTYPE_I32, &err), &err);
-    assert_ht_ok(ht_st_writer_add(&w, "logits", HT_DTYPE_F32, 3, lg_shape, m->logits, HT_DTYPE_F32, &err), &err);
-    snprintf(path, sizeof(path), "%s/hypertrain_logits.safetensors", dir);
-    assert_ht_ok(ht_st_writer_write(&w, path, &err), &err);
-    ht_st_writer_free(&w);
+    const char *dir = export_with_logits(name, m, r->inputs, r->B, r->T);
     ht_model_config cfg;
     assert_ht_ok(ht_hf_read_config(dir, &cfg, &err), &err);
     assert_int_equal(cfg.hidden_size, m->config.hidden_size);
