@@ -1289,6 +1289,47 @@ static void test_mindspeed_dialect(void **state) {
                       "data.path and data.dataset", "give one", NULL);
 }
 
+/* Context parallelism (parallel.ulysses_parallel_size x ring_attention_size):
+ * the mesh it makes with the ranks, and every refusal naming its sizes. */
+static void test_context_parallel_mesh(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *model = "model:\n  num_attention_heads: 4\n  num_key_value_heads: 2\n  hidden_size: 32\n"
+                        "data:\n  seq_len: 16\ntraining:\n  local_batch_size: 1\n  global_batch_size: 4\n";
+    char text[1024];
+    snprintf(text, sizeof(text), "%sparallel:\n  ring_attention_size: 2\n  ulysses_parallel_size: 2\n", model);
+    assert_ht_ok(load_text("cp.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err); /* DP 1 */
+    assert_int_equal(ht_config_data_parallel_size(&cfg, 4), 1);
+    assert_ht_ok(ht_config_validate(&cfg, 8, &err), &err); /* DP 2 */
+    assert_int_equal(ht_config_data_parallel_size(&cfg, 8), 2);
+    /* The global batch splits over the data-parallel ranks only: 4 over DP 4 of 16 ranks, not over 16. */
+    assert_ht_ok(ht_config_validate(&cfg, 16, &err), &err);
+    expect_invalid("cp_batch.yaml", text, 32, "training.global_batch_size", "1 x 8 = 8", NULL);
+    expect_invalid("cp_world.yaml", text, 6, "context parallel 2 x 2 = 4 does not divide the 6 ranks",
+                   "a multiple of 4", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  ring_attention_size: 4\n", model);
+    /* 16 tokens in 8 chunks: fine; 12 are not. */
+    assert_ht_ok(load_text("cp4.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err);
+    char shorter[1100];
+    snprintf(shorter, sizeof(shorter), "%s", text);
+    memcpy(strstr(shorter, "seq_len: 16") + 9, "12", 2);
+    expect_invalid("cp_seq.yaml", shorter, 4, "data.seq_len",
+                   "12 does not cut into 2 x parallel.ring_attention_size = 8", "chunks r and 7 - r", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 4\n", model);
+    expect_invalid("cp_heads.yaml", text, 4, "parallel.ulysses_parallel_size", "4 does not divide",
+                   "(4) and the key/value heads (2)", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 0\n", model);
+    expect_invalid("cp_zero.yaml", text, 1, "parallel.ulysses_parallel_size", ">= 1", NULL);
+    snprintf(text, sizeof(text),
+             "model:\n  name: qwen2_moe\n  num_experts: 4\n  output_router_logits: true\ndata:\n  seq_len: 16\n"
+             "training:\n  local_batch_size: 1\n  global_batch_size: 2\nparallel:\n  ring_attention_size: 2\n");
+    expect_invalid("cp_moe.yaml", text, 2, "model.output_router_logits", "not supported with context parallelism",
+                   NULL);
+}
+
 /* The two dialect examples describe one run: every key loads to the same value,
  * except those the dialects spell differently (listed, and checked by hand). */
 static void test_dialect_examples(void **state) {
@@ -1927,6 +1968,7 @@ int main(void) {
         cmocka_unit_test(test_log),
         cmocka_unit_test(test_log_section),
         cmocka_unit_test(test_mindspeed_shard_size),
+        cmocka_unit_test(test_context_parallel_mesh),
         cmocka_unit_test(test_size_and_nesting_caps),
         cmocka_unit_test(test_config_that_is_not_a_file),
         cmocka_unit_test(test_config_size_checked_before_reading),

@@ -469,6 +469,113 @@ static void test_recompute_on_3_ranks(void **state) {
     printf("recompute on 3 ranks: all %d final tensors bitwise those of stored activations\n", n);
 }
 
+/* Context parallelism on one dense model in float32, 3 steps, against one
+ * process: the ring on 2 and 4 ranks, Ulysses on 2, Ulysses 2 x ring 2, and
+ * with data-parallel replicas (DP 2 x ring 2, DP 2 x Ulysses 2), fully
+ * sharded and under HSDP. Every step's loss, step 1's main_grads within
+ * 1e-6 (one step from the same state: summation order only) and the final
+ * weights within 1e-5 or FLOOR_FACTOR x the noise floor, as check_ranks. */
+static void check_context(const char *name, bool attention_bias, bool all) {
+    const char *dir = scratch_dir(name);
+    const int steps = 3;
+    write_config(dir, "float32", steps, attention_bias);
+    const char *base = "--set training.dump_state=true";
+    char *one, *log, set[2048];
+    if (run_ranks(dir, 0, base, &one) != 0) fail_msg("one process failed:\n%s", one);
+    double l1[8];
+    assert_int_equal(losses(one, l1, 8), steps);
+    free(one);
+    tensor_errors *floor = calloc(1, sizeof(tensor_errors)), *seen = calloc(1, sizeof(tensor_errors));
+    run_floor(dir, base);
+    floor_of(dir, "final/model.safetensors", "", floor);
+    static const struct {
+        int ranks;
+        bool all; /* only in the full list */
+        const char *name, *set, *says;
+    } runs[] = {
+        {2, false, "ring2", "parallel.ring_attention_size=2", "(Ulysses 1 x ring 2)"},
+        {4, true, "ring4", "parallel.ring_attention_size=4", "(Ulysses 1 x ring 4)"},
+        {2, true, "ulysses2", "parallel.ulysses_parallel_size=2", "(Ulysses 2 x ring 1)"},
+        {4, false, "hybrid", "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2",
+         "(Ulysses 2 x ring 2)"},
+        {4, true, "dp2_ring2", "parallel.ring_attention_size=2", "data parallel 2 x context parallel 2"},
+        {4, false, "hsdp_ring2", "parallel.ring_attention_size=2 --set fsdp_config.shard_size=2",
+         "hybrid sharded (HSDP)"},
+        {4, true, "hsdp_ulysses2", "parallel.ulysses_parallel_size=2 --set fsdp_config.shard_size=2",
+         "hybrid sharded (HSDP)"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        if (runs[i].all && !all) continue;
+        snprintf(set, sizeof(set), "%s --set %s", base, runs[i].set);
+        int rc = run_in(dir, runs[i].name, runs[i].ranks, set, &log);
+        if (rc != 0) fail_msg("%s failed (%d):\n%s", runs[i].name, rc, log);
+        if (!strstr(log, runs[i].says)) fail_msg("%s: no \"%s\" in its log:\n%s", runs[i].name, runs[i].says, log);
+        check_losses(runs[i].name, log, l1, steps);
+        check_validation(dir, runs[i].name, 1e-5);
+        seen->count = 0;
+        double g1,
+            e = compare_run(dir, runs[i].name, "out0", 1, 1e-6, &g1, noise_driven(attention_bias), 1e-5, floor, seen);
+        const char *which = "-";
+        double near = nearest_bound(seen, floor, 1e-5, &which);
+        printf("%s, %s on %d ranks: step 1's main_grads within %.3g of one process (bound 1e-6), final weights "
+               "within %.3g (bound 1e-5 or 2 x the noise floor; the nearest %s at %.0f%% of its bound); losses "
+               "match\n",
+               name, runs[i].name, runs[i].ranks, g1, e, which, 100 * near);
+        free(log);
+    }
+    free(seen);
+    free(floor);
+}
+
+static void test_context_parallel_llama_float32(void **state) {
+    (void)state;
+    check_context("dist_cp_llama", false, true);
+}
+
+static void test_context_parallel_qwen2_float32(void **state) {
+    (void)state;
+    check_context("dist_cp_qwen2", true, false);
+}
+
+/* A checkpoint saved after step 1 on DP 2 x ring 2 (4 rank files) restored
+ * on the same mesh (bitwise the run that went on), on one process and on
+ * Ulysses 2 (within float32's bounds): the same global samples follow. */
+static void test_context_parallel_checkpoint_across_meshes(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_cp_ckpt");
+    write_config(dir, "float32", 3, false);
+    char *log, extra[1600];
+    int rc = run_in(dir, "cont", 4,
+                    "--set parallel.ring_attention_size=2 --set checkpoint.save_interval=1 --set "
+                    "checkpoint.keep_last=0 --set training.dump_state=true",
+                    &log);
+    if (rc != 0) fail_msg("DP 2 x ring 2 failed:\n%s", log);
+    free(log);
+    static const struct {
+        int ranks;
+        const char *name, *set;
+        double tol;
+    } to[] = {{4, "same_mesh", "--set parallel.ring_attention_size=2", 0.0},
+              {0, "one_process", "", 1e-5},
+              {2, "ulysses2", "--set parallel.ulysses_parallel_size=2", 1e-5}};
+    for (size_t i = 0; i < sizeof(to) / sizeof(to[0]); i++) {
+        snprintf(extra, sizeof(extra),
+                 "--set checkpoint.restore_from='%s/cont/step_00000001' --set training.dump_state=true %s", dir,
+                 to[i].set);
+        rc = run_in(dir, to[i].name, to[i].ranks, extra, &log);
+        if (rc != 0) fail_msg("%s failed:\n%s", to[i].name, log);
+        assert_non_null(strstr(log, "saved on 4 rank(s)"));
+        assert_null(strstr(log, "step     1/3"));
+        assert_non_null(strstr(log, "step     3/3"));
+        double g2,
+            e = compare_run(dir, to[i].name, "cont", 2, to[i].tol > 0 ? 1e-6 : 0.0, &g2, NULL, to[i].tol, NULL, NULL);
+        printf("DP 2 x ring 2's checkpoint restored as %s: step 2's main_grads within %.3g, final weights within "
+               "%.3g of the run that went on\n",
+               to[i].name, g2, e);
+        free(log);
+    }
+}
+
 /* A global batch that 3 ranks cannot split: the error, on every rank, before any collective. */
 static void test_config_error_on_every_rank(void **state) {
     (void)state;
@@ -479,6 +586,12 @@ static void test_config_error_on_every_rank(void **state) {
     printf("%s", log);
     assert_true(rc != 0 && rc != 124); /* failed, and did not hang until the timeout */
     assert_non_null(strstr(log, "training.global_batch_size"));
+    free(log);
+    /* A context-parallel size that does not divide the world: the same, naming every size. */
+    rc = run_ranks(dir, 4, "--set parallel.ring_attention_size=3", &log);
+    printf("%s", log);
+    assert_true(rc != 0 && rc != 124);
+    assert_non_null(strstr(log, "context parallel 1 x 3 = 3 does not divide the 4 ranks"));
     free(log);
 }
 
@@ -1499,6 +1612,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
+        cmocka_unit_test(test_context_parallel_llama_float32),
+        cmocka_unit_test(test_context_parallel_qwen2_float32),
+        cmocka_unit_test(test_context_parallel_checkpoint_across_meshes),
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_deepseek_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),

@@ -295,9 +295,12 @@ ht_status ht_config_load(const char *path, int n_overrides, char *const *overrid
  * sequence for list keys; "null" or empty for null). Source: command line. */
 ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err);
 
-/* The cross-field rules of docs/CONFIG.md; lists every violation, one per line.
- * Never changes a value. */
-ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err);
+/* The cross-field rules of docs/CONFIG.md for a run on `world` ranks (the
+ * data-parallel size is world / (ulysses x ring)); lists every violation,
+ * one per line. Never changes a value. */
+ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err);
+/* The data-parallel size of a valid config on `world` ranks. */
+int ht_config_data_parallel_size(const ht_config *cfg, int world);
 
 /* model.from_pretrained: the architecture in force is the folder's
  * config.json (`arch`, as ht_hf_read_config reads it), not the file's or the

@@ -165,6 +165,51 @@ typedef struct ht_expert_parallel {
     double seconds; /* in exchange since it was last zeroed */
 } ht_expert_parallel;
 
+/* Context parallelism (parallel.ulysses_parallel_size U x
+ * parallel.ring_attention_size R; docs/DESIGN.md, Context parallelism): the
+ * U x R ranks of a context-parallel group hold different tokens of the same
+ * sequences, Tc = T / (U R) of each, and everything but attention is
+ * token-wise. The ring cuts a sequence into 2R chunks of T / 2R and ring
+ * rank r holds chunks r and 2R - 1 - r (the causal work balanced); Ulysses
+ * cuts a ring rank's two chunks into U equal pieces, Ulysses rank u holding
+ * piece u. Attention: one all-to-all over the Ulysses group turns q, k, v
+ * into whole (ring-local) sequences of H / U heads, and the key/value
+ * blocks go round the ring, the partial results merged by their
+ * log-sum-exp; the output takes the same way back. parallel/ provides the
+ * exchanges. ulysses and ring <= 1: the model sees whole sequences. */
+typedef struct ht_context_parallel {
+    int ulysses, ring;           /* U, R */
+    int ulysses_rank, ring_rank; /* this rank's place on each axis */
+    /* Over the Ulysses group: U blocks of `bytes` each, block r of send to
+     * rank r and block r of recv from it. */
+    void (*all_to_all)(void *ctx, const void *send, void *recv, int64_t bytes);
+    void *ulysses_ctx;
+    /* Over the ring: starts sending `bytes` of send to the next ring rank
+     * and receiving as many from the previous one into recv; wait ends it
+     * (*seconds: the time it was in flight). */
+    void *(*start_shift)(void *ctx, const void *send, void *recv, int64_t bytes);
+    void (*wait)(void *ctx, void *request, double *seconds);
+    void *ring_ctx;
+    /* Since last zeroed: the all-to-alls' seconds; the ring steps' seconds in
+     * flight, and the part of them attention stood waiting (the rest was
+     * hidden behind the block in hand). */
+    double all_to_all_seconds, ring_seconds, ring_waited_seconds;
+} ht_context_parallel;
+
+/* The ranks of a context-parallel group (1: none). */
+static inline int ht_context_size(const ht_context_parallel *cp) {
+    return (cp->ulysses > 1 ? cp->ulysses : 1) * (cp->ring > 1 ? cp->ring : 1);
+}
+
+/* The position in its sequence of token t of the Tc this rank holds of it. */
+static inline int64_t ht_context_position(const ht_context_parallel *cp, int64_t Tc, int64_t t) {
+    const int64_t i = (cp->ulysses > 1 ? cp->ulysses_rank : 0) * Tc + t; /* in the ring rank's two chunks */
+    if (cp->ring <= 1) return i;
+    const int64_t c = Tc * (cp->ulysses > 1 ? cp->ulysses : 1) / 2,
+                  chunk = i < c ? cp->ring_rank : 2 * cp->ring - 1 - cp->ring_rank;
+    return chunk * c + i % c;
+}
+
 /* Parameters a model may have, and elements any one tensor may have: 2^40
  * (1.1 trillion), past every dense model this engine could hold in memory.
  * ht_model_config_validate refuses a config beyond it, naming the sizes. */
@@ -248,10 +293,12 @@ struct ht_model {
      * loss, before router_aux_loss_coef (the loss forward returns includes
      * coef x aux_loss); NAN otherwise. */
     float aux_loss;
-    ht_expert_parallel experts; /* zero: none */
-    int B, T;                   /* the shapes of the last forward */
-    size_t activation_bytes;    /* what forward keeps for backward, and backward's scratch, for (B, T) */
-    ht_module *modules;         /* (module_count) in forward order */
+    ht_expert_parallel experts;  /* zero: none */
+    ht_context_parallel context; /* zero: none; set only on a model whose builder can (context_capable) */
+    bool context_capable;        /* the builder's forward takes a context-parallel share of each sequence */
+    int B, T;                    /* the shapes of the last forward */
+    size_t activation_bytes;     /* what forward keeps for backward, and backward's scratch, for (B, T) */
+    ht_module *modules;          /* (module_count) in forward order */
     int module_count;
     ht_module_hook hook; /* fn NULL: none */
     /* (module_count) or NULL: modules whose forward keeps only their input,

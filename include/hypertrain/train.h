@@ -50,6 +50,14 @@ typedef struct ht_trainer {
      * ranks of the same place in each, which split the experts between them
      * and exchange the tokens' rows. NULL: no expert parallelism. */
     ht_comm *expert_comm, *ep_comm;
+    /* The mesh (docs/DESIGN.md, The mesh): the world is DP data-parallel
+     * replicas x CP = U x R context-parallel ranks, consecutive (Ulysses
+     * innermost). The ranks of a context-parallel group read the same
+     * sequences and hold Tc = T / CP tokens of each (ht_context_position);
+     * ulysses_comm joins the U ranks that split the heads, ring_comm the R
+     * ranks the key/value blocks go round. One process: both single. */
+    ht_comm *ulysses_comm, *ring_comm;
+    int dp_rank, dp_size, cp_size;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;
     ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */
@@ -62,14 +70,16 @@ typedef struct ht_trainer {
     const char
         *adamw_include[HT_CONFIG_LIST_MAX + 4]; /* and the adapters' names when LoRA goes to AdamW, the routers' */
     const char *wd_include[HT_CONFIG_LIST_MAX], *wd_exclude[HT_CONFIG_LIST_MAX];
-    int64_t step;              /* optimizer steps taken */
-    char resumed_from[4096];   /* the checkpoint restored from another directory than output_dir, or "" */
-    int grad_accum;            /* micro-batches per step */
-    int B, T;                  /* local micro-batch */
-    int eval_B;                /* validation windows a forward takes (B); 0: no evaluation */
-    int32_t *batch;            /* (B, T+1) */
-    int32_t *inputs, *targets; /* (B, T) */
-    FILE *metrics;             /* output_dir/metrics.jsonl */
+    int64_t step;                          /* optimizer steps taken */
+    char resumed_from[4096];               /* the checkpoint restored from another directory than output_dir, or "" */
+    int grad_accum;                        /* micro-batches per step */
+    int B, T;                              /* local micro-batch: B sequences of T tokens (data.seq_len) */
+    int Tc;                                /* the tokens of each this rank holds: T / cp_size */
+    int eval_B;                            /* validation windows a forward takes (B); 0: no evaluation */
+    int32_t *batch;                        /* (B, T+1) */
+    int32_t *inputs, *targets;             /* (B, T) */
+    int32_t *share_inputs, *share_targets; /* (B, Tc) this rank's tokens of them (context parallelism; else NULL) */
+    FILE *metrics;                         /* output_dir/metrics.jsonl */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
     double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */

@@ -14,7 +14,7 @@ typedef struct report {
     char msg[HT_ERROR_MSG_MAX];
     size_t used;
     int count;
-    int world; /* the data-parallel size (ranks) */
+    int world; /* the ranks of the run */
 } report;
 
 /* "f.yaml:12: training.max_norm", "training.max_norm (--set)" or "training.max_norm (default)";
@@ -77,6 +77,53 @@ static bool same_strings(const ht_config_strings *a, const ht_config_strings *b)
     return true;
 }
 
+/* The mesh (docs/DESIGN.md, The mesh): the world is data parallel x context
+ * parallel (parallel.ulysses_parallel_size U x parallel.ring_attention_size
+ * R) x tensor parallel (1). Returns the data-parallel size, 0 when the world
+ * does not factor. */
+static int check_mesh(report *r, int world) {
+    const ht_config *cfg = r->cfg;
+    const int U = cfg->parallel.ulysses_parallel_size, R = cfg->parallel.ring_attention_size, T = cfg->data.seq_len;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    check(r, U >= 1, "parallel.ulysses_parallel_size", "an integer >= 1");
+    check(r, R >= 1, "parallel.ring_attention_size", "an integer >= 1");
+    if (U < 1 || R < 1 || world < 1) return 0;
+    const int cp = U * R;
+    if (world % cp != 0) {
+        add(r,
+            "%s x %s: context parallel %d x %d = %d does not divide the %d ranks: the world is data parallel x "
+            "context parallel x tensor parallel (1), so expected a world that is a multiple of %d",
+            at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)),
+            at(cfg, "parallel.ring_attention_size", b, sizeof(b)), U, R, cp, world, cp);
+        return 0;
+    }
+    if (cp == 1) return world;
+    if (R > 1 && T > 0 && T % (2 * R) != 0)
+        add(r,
+            "%s: %d does not cut into 2 x parallel.ring_attention_size = %d chunks (ring attention's balanced layout: "
+            "ring rank r holds chunks r and %d - r); expected a multiple of %d",
+            at(cfg, "data.seq_len", a, sizeof(a)), T, 2 * R, 2 * R - 1, 2 * R);
+    if (T > 0 && T % cp != 0)
+        add(r,
+            "%s: %d: each of the %d ranks of a context-parallel group (Ulysses %d x ring %d) holds as many tokens of "
+            "every sequence; expected a multiple of %d",
+            at(cfg, "data.seq_len", a, sizeof(a)), T, cp, U, R, cp);
+    const ht_model_config *m = &cfg->model.arch;
+    const int H = m->num_attention_heads, KV = ht_model_config_has_mla(m) ? H : m->num_key_value_heads;
+    if (U > 1 && !cfg->model.from_pretrained[0] && (H % U != 0 || KV % U != 0))
+        add(r,
+            "%s: %d does not divide model.num_attention_heads (%d) and the key/value heads (%d): Ulysses gives each "
+            "rank whole heads of every sequence",
+            at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)), U, H, KV);
+    if (m->moe.output_router_logits && strcmp(m->name, "qwen2_moe") == 0)
+        add(r,
+            "%s: not supported with context parallelism (Ulysses %d x ring %d): the load-balancing loss multiplies "
+            "fractions of the whole batch's tokens, which the ranks of a context-parallel group hold parts of; "
+            "set it false or both sizes to 1",
+            at(cfg, "model.output_router_logits", a, sizeof(a)), U, R);
+    return world / cp;
+}
+
 /* MindSpeed-MM's keys whose other values ask for what hypertrain does not do
  * (yet): each refusal says why. docs/DIALECTS.md lists them. */
 static void check_mindspeed(report *r) {
@@ -89,10 +136,6 @@ static void check_mindspeed(report *r) {
     } ones[] = {
         {"parallel.tensor_parallel_size", cfg->parallel.tensor_parallel_size,
          "hypertrain has no tensor parallelism (MindSpeed-MM's plugin FSDP2 trainer requires 1 as well)"},
-        {"parallel.ring_attention_size", cfg->parallel.ring_attention_size,
-         "hypertrain has no context parallelism (ring attention)"},
-        {"parallel.ulysses_parallel_size", cfg->parallel.ulysses_parallel_size,
-         "hypertrain has no context parallelism (Ulysses)"},
     };
     for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
         if (ones[i].value != 1)
@@ -274,11 +317,13 @@ static void check_ns_coefficients(report *r) {
             at(cfg, key, a, sizeof(a)), cfg->optimizer.muon.ns_steps, at(cfg, steps_key, b, sizeof(b)), length);
 }
 
-ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_error *err) {
+ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     static report zero;
     report r = zero;
     r.cfg = cfg;
-    r.world = data_parallel_size;
+    r.world = world;
+    /* The global batch is split over the data-parallel ranks. */
+    const int data_parallel_size = check_mesh(&r, world);
     char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
 
     /* FP32 main params take their gradients from the reduce-scatter: anything
@@ -348,8 +393,10 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     check(&r, cfg->training.steps > 0, "training.steps", pos);
     check(&r, cfg->training.local_batch_size > 0, "training.local_batch_size", pos);
     check(&r, cfg->training.global_batch_size > 0, "training.global_batch_size", pos);
-    if (data_parallel_size < 1) {
-        add(&r, "data_parallel_size: expected an integer > 0, found %d", data_parallel_size);
+    if (world < 1) {
+        add(&r, "the ranks: expected an integer > 0, found %d", world);
+    } else if (data_parallel_size < 1) {
+        /* the mesh's error says why */
     } else if (cfg->training.gradient_accumulation_steps > 0) {
         /* MindSpeed-MM's way: the global batch is what micro batch x accumulation x data parallel make. */
         long long global =
@@ -482,4 +529,9 @@ ht_status ht_config_validate(const ht_config *cfg, int data_parallel_size, ht_er
     }
     if (r.count > 1) return ht_fail(err, HT_ERR_CONFIG, "%d configuration errors:\n%s", r.count, r.msg);
     return ht_fail(err, HT_ERR_CONFIG, "%s", r.msg);
+}
+
+int ht_config_data_parallel_size(const ht_config *cfg, int world) {
+    const int cp = cfg->parallel.ulysses_parallel_size * cfg->parallel.ring_attention_size;
+    return cp > 0 ? world / cp : world;
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
+#include "model/context.h"
 #include "model/moe.h"
 
 /* A layer's linear layers by their Hugging Face module names: the plain
@@ -81,6 +82,15 @@ typedef struct decoder {
     layer_params *layers;          /* (L) */
     ht_moe *moe;                   /* the sparse layers (NULL: none) */
     float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
+    /* The rows of the rotary tables this forward's tokens take: cos_t and
+     * sin_t, or under context parallelism their rows at the positions this
+     * rank's tokens hold (cp_cos, cp_sin: (T, D/2), for cp_T tokens). */
+    const float *rope_cos, *rope_sin;
+    float *cp_cos, *cp_sin;
+    int cp_T;
+    ht_cp_attention *cp;                /* context parallelism's attention scratch (NULL: none) */
+    const ht_context_parallel *context; /* the model's, and the size of its group */
+    int cp_size;
 
     int B, T;                     /* the shapes the buffers below were sized for */
     size_t activation_bytes;      /* the block's */
@@ -719,7 +729,17 @@ static void apply_dropout(const decoder *d, float *x, int64_t N, int64_t in, int
     const uint64_t site = lin < LIN_PLAIN
                               ? (uint64_t)(l * LIN_PLAIN + lin) << 48
                               : (uint64_t)(l * (LIN_COUNT - LIN_PLAIN) + lin - LIN_PLAIN) << 48 | 1ull << 47;
-    ht_kernels()->dropout(x, N, in, d->lora_dropout, d->dropout_seed, site, d->dropout_first * d->T);
+    if (!d->cp) {
+        ht_kernels()->dropout(x, N, in, d->lora_dropout, d->dropout_seed, site, d->dropout_first * d->T);
+        return;
+    }
+    /* Context parallelism: row n is token position(t) of sequence b of a sequence length cp_T x the group's size. */
+    const int64_t Tg = (int64_t)d->T * d->cp_size;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t b = n / d->T, t = n % d->T, pos = ht_context_position(d->context, d->T, t);
+        ht_kernels()->dropout(x + n * in, 1, in, d->lora_dropout, d->dropout_seed, site,
+                              (d->dropout_first + b) * Tg + pos);
+    }
 }
 
 static bool dropout_on(const decoder *d) { return d->lora_dropout > 0 && d->dropout_seed != 0; }
@@ -801,13 +821,19 @@ static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
     return (ht_rope_layout){ld, 0, offset, 1, d->Dr, d->rope_interleave};
 }
 
-/* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/attention.c).
+/* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/attention.c);
+ * under context parallelism over every key of the sequences (model/context.c),
+ * a->q, a->k, a->v and a->lse then left in its attention layout for backward.
  * max_logit (H) is raised to each head's largest logit (before masking). */
 static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit) {
     const int H = d->H, B = d->B;
     const ht_attention_shape shape = attention_shape(d);
-    ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
-                                    operand_precision(m, d), d->att_work);
+    if (d->cp)
+        ht_cp_attention_forward(d->cp, &m->context, &shape, a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k,
+                                a->v, operand_precision(m, d));
+    else
+        ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
+                                        operand_precision(m, d), d->att_work);
     for (int h = 0; max_logit && h < H; h++)
         for (int b = 0; b < B; b++)
             max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
@@ -850,8 +876,8 @@ static void mla_forward(decoder *d, int l, layer_acts *a, int64_t N, ht_dtype cd
     linear_forward(d->kvb, a->kv_ln, p->kvb_w, NULL, N);
     lora_forward(d, l, LIN_KVB, d->kvb, a->kv_ln, N);
     const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Rkv + Dr, Rkv);
-    ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, d->B, d->T, &lq);
-    ht_kernels()->rope_forward(d->kva, d->cos_t, d->sin_t, d->B, d->T, &lk);
+    ht_kernels()->rope_forward(a->q, d->rope_cos, d->rope_sin, d->B, d->T, &lq);
+    ht_kernels()->rope_forward(d->kva, d->rope_cos, d->rope_sin, d->B, d->T, &lk);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         for (int64_t h = 0; h < H; h++) {
@@ -869,7 +895,7 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
     const layer_params *p = &d->layers[l];
     const int64_t H = d->H, Rq = d->Rq, Rkv = d->Rkv, Dn = d->Dn, Dr = d->Dr, Dk = d->Dk, Dv = d->Dv;
     const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Dr, 0);
-    ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, d->B, d->T, &lq);
+    ht_kernels()->rope_backward(d->dq, d->rope_cos, d->rope_sin, d->B, d->T, &lq);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *pe = d->dkpe + n * Dr;
@@ -882,7 +908,7 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
             for (int64_t i = 0; i < Dr; i++) pe[i] += dk[Dn + i];
         }
     }
-    ht_kernels()->rope_backward(d->dkpe, d->cos_t, d->sin_t, d->B, d->T, &lk);
+    ht_kernels()->rope_backward(d->dkpe, d->rope_cos, d->rope_sin, d->B, d->T, &lk);
     const void *dy = linear_backward(d, d->dlat, 0.0f, d->kvb, a->kv_ln, p->kvb_w, NULL, N);
     lora_backward(d, l, LIN_KVB, d->dlat, dy, a->kv_ln, N);
     memset(d->dlat2, 0, (size_t)(N * Rkv) * sizeof(float));
@@ -928,8 +954,8 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
         linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
         lora_forward(d, l, LIN_V, a->v, a->ln1, N);
         const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
-        ht_kernels()->rope_forward(a->q, d->cos_t, d->sin_t, B, T, &lq);
-        ht_kernels()->rope_forward(a->k, d->cos_t, d->sin_t, B, T, &lk);
+        ht_kernels()->rope_forward(a->q, d->rope_cos, d->rope_sin, B, T, &lq);
+        ht_kernels()->rope_forward(a->k, d->rope_cos, d->rope_sin, B, T, &lk);
     }
     attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL);
     ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
@@ -975,13 +1001,49 @@ static void cast_input(const ht_model *m, int module, float *x, int64_t n) {
         ht_kernels()->round_to(x, (size_t)n, m->input_dtype[module]);
 }
 
+/* Context parallelism (m->context): the attention's scratch, and this
+ * forward's rotary rows at the positions of the T tokens this rank holds of
+ * each sequence. Without it, the tables themselves. */
+static ht_status prepare_context(ht_model *m, decoder *d, int T, ht_error *err) {
+    d->context = &m->context;
+    d->cp_size = ht_context_size(&m->context);
+    d->rope_cos = d->cos_t, d->rope_sin = d->sin_t;
+    if (d->cp_size <= 1) {
+        ht_cp_attention_free(d->cp);
+        d->cp = NULL;
+        return HT_OK;
+    }
+    const ht_attention_shape shape = attention_shape(d);
+    ht_status s = ht_cp_attention_size(&d->cp, &m->context, &shape, err);
+    if (s != HT_OK) return s;
+    const int64_t half = d->rope_dim / 2;
+    const size_t row = (size_t)half * sizeof(float);
+    if (d->cp_T < T) {
+        ht_kernels()->free(d->cp_cos);
+        ht_kernels()->free(d->cp_sin);
+        d->cp_cos = ht_kernels()->alloc((size_t)T * row);
+        d->cp_sin = ht_kernels()->alloc((size_t)T * row);
+        d->cp_T = d->cp_cos && d->cp_sin ? T : 0;
+        if (!d->cp_T) return ht_fail(err, HT_ERR_OOM, "cannot allocate the rotary rows of %d tokens", T);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t pos = ht_context_position(&m->context, T, t);
+        ht_kernels()->copy(d->cp_cos + t * half, d->cos_t + pos * half, row);
+        ht_kernels()->copy(d->cp_sin + t * half, d->sin_t + pos * half, row);
+    }
+    d->rope_cos = d->cp_cos, d->rope_sin = d->cp_sin;
+    return HT_OK;
+}
+
 static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss,
                                  ht_error *err) {
     decoder *d = m->impl;
     if (B <= 0 || T <= 0) return ht_fail(err, HT_ERR_INVALID, "forward: batch %d x %d is empty", B, T);
-    if (T > m->config.max_position_embeddings)
-        return ht_fail(err, HT_ERR_INVALID, "sequence length %d is longer than model.max_position_embeddings (%d)", T,
-                       m->config.max_position_embeddings);
+    /* Under context parallelism the sequences are the group's size times the T tokens this rank holds. */
+    const int64_t Tg = (int64_t)T * ht_context_size(&m->context);
+    if (Tg > m->config.max_position_embeddings)
+        return ht_fail(err, HT_ERR_INVALID, "sequence length %lld is longer than model.max_position_embeddings (%d)",
+                       (long long)Tg, m->config.max_position_embeddings);
     int64_t N = (int64_t)B * T, C = d->C, V = d->V;
     for (int64_t n = 0; n < N; n++) {
         if (inputs[n] < 0 || inputs[n] >= V)
@@ -992,9 +1054,11 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                            targets[n], (long long)n, (long long)V);
     }
     ht_status s = size_activations(m, d, B, T, err);
+    if (s == HT_OK) s = prepare_context(m, d, T, err);
     if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, N, &m->experts, err);
     if (s != HT_OK) return s;
-    m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe);
+    m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe) + ht_cp_attention_bytes(d->cp) +
+                          (d->cp ? 2 * (size_t)d->cp_T * (size_t)(d->rope_dim / 2) * sizeof(float) : 0);
     d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */
     d->dropout_first = m->dropout_first_sequence;
     ht_dtype cd = d->embed->compute_dtype;
@@ -1106,14 +1170,18 @@ static void decoder_backward(ht_model *m, float scale) {
         dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
         const ht_attention_shape shape = attention_shape(d);
-        ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, &shape,
-                                         operand_precision(m, d), d->att_work);
+        if (d->cp)
+            ht_cp_attention_backward(d->cp, &m->context, &shape, d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k,
+                                     a->v, operand_precision(m, d));
+        else
+            ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, &shape,
+                                             operand_precision(m, d), d->att_work);
         if (d->mla) {
             mla_backward(d, l, a, N);
         } else {
             const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
-            ht_kernels()->rope_backward(d->dq, d->cos_t, d->sin_t, B, T, &lq);
-            ht_kernels()->rope_backward(d->dk, d->cos_t, d->sin_t, B, T, &lk);
+            ht_kernels()->rope_backward(d->dq, d->rope_cos, d->rope_sin, B, T, &lq);
+            ht_kernels()->rope_backward(d->dk, d->rope_cos, d->rope_sin, B, T, &lk);
             dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
             lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
             dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
@@ -1142,6 +1210,9 @@ static void decoder_free(ht_model *m) {
         ht_free(d->layers);
         ht_kernels()->free(d->cos_t);
         ht_kernels()->free(d->sin_t);
+        ht_kernels()->free(d->cp_cos);
+        ht_kernels()->free(d->cp_sin);
+        ht_cp_attention_free(d->cp);
         ht_free(d);
     }
     ht_free(m->modules);
@@ -1172,6 +1243,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     m->track_attn_max = true;
     m->keep_logits = true;
     m->head_chunk_bytes = (int64_t)64 << 20;
+    m->context_capable = true;
     m->config = *cfg;
     m->impl = d;
     d->L = cfg->num_hidden_layers;
@@ -1216,6 +1288,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     }
     ht_model_reset_attn_max(m);
     fill_rope_tables(d, cfg);
+    d->rope_cos = d->cos_t, d->rope_sin = d->sin_t;
     *out = m;
     return HT_OK;
 }

@@ -141,6 +141,13 @@ static long long saved_int(const ht_checkpoint *ck, const char *key) {
     return v ? strtoll(v, NULL, 10) : 0;
 }
 
+/* The data-parallel ranks a checkpoint was written by: its ranks over its
+ * context-parallel size (1 where its config has none). */
+static long long saved_data_parallel(const ht_checkpoint *ck) {
+    long long u = saved_int(ck, "parallel.ulysses_parallel_size"), r = saved_int(ck, "parallel.ring_attention_size");
+    return ht_ckpt_world_size(ck) / ((u > 0 ? u : 1) * (r > 0 ? r : 1));
+}
+
 /* The global batch, in sequences per step, and what sets it: the
  * accumulation count when given (MindSpeed-MM's: it follows the ranks), else
  * training.global_batch_size. */
@@ -163,10 +170,10 @@ static void warn_changed_batch(const ht_trainer *t, const ht_checkpoint *ck, con
     const ht_config *c = &t->config;
     char then_how[256], now_how[256], data[256];
     long long then = describe_batch(saved_int(ck, "training.local_batch_size"),
-                                    saved_int(ck, "training.gradient_accumulation_steps"), ht_ckpt_world_size(ck),
+                                    saved_int(ck, "training.gradient_accumulation_steps"), saved_data_parallel(ck),
                                     saved_int(ck, "training.global_batch_size"), then_how, sizeof(then_how));
-    long long now = describe_batch(t->B, c->training.gradient_accumulation_steps, t->comm->size,
-                                   (long long)t->B * t->grad_accum * t->comm->size, now_how, sizeof(now_how));
+    long long now = describe_batch(t->B, c->training.gradient_accumulation_steps, t->dp_size,
+                                   (long long)t->B * t->grad_accum * t->dp_size, now_how, sizeof(now_how));
     if (then <= 0 || then == now) return;
     if (st->no_rng || c->training.no_load_rng)
         snprintf(data, sizeof(data), "starts again from its beginning (no data position is restored)");

@@ -205,12 +205,13 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
             a->moe.moe_intermediate_size, a->moe.routed_scaling_factor,
             a->moe.norm_topk_prob ? " after normalising" : "", a->moe.first_k_dense_replace);
     if (t->sharded)
-        ht_log_info("Data parallel over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
+        ht_log_info("%s over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
                     "each rank holds its rows of every parameter, %smain_grad and optimizer state "
                     "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
                     "modules and sums its FP32 gradients into each rank's rows%s",
-                    t->comm->size, t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded",
-                    t->shard_comm->size, t->comm->size / t->shard_comm->size, t->replica_comm->size,
+                    t->cp_size > 1 ? "Data x context parallel" : "Data parallel", t->comm->size,
+                    t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded", t->shard_comm->size,
+                    t->comm->size / t->shard_comm->size, t->replica_comm->size,
                     c->optimizer.fp32_main_params ? "FP32 main param, " : "",
                     (double)local_numel(&t->model->params) / 1e6,
                     (double)ht_params_total_numel(&t->model->params) / 1e6,
@@ -328,6 +329,36 @@ static ht_status check_experts(const ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* Context parallelism: the model's attention exchanges over the Ulysses
+ * and ring groups, once the architecture in force (model.from_pretrained's
+ * too) is known to split: Ulysses gives each rank whole heads. */
+static ht_status attach_context(ht_trainer *t, ht_error *err) {
+    const ht_model_config *a = &t->model->config;
+    const int U = t->ulysses_comm->size, R = t->ring_comm->size, T = t->T;
+    const int H = a->num_attention_heads, KV = ht_model_config_has_mla(a) ? H : a->num_key_value_heads;
+    if (H % U != 0 || KV % U != 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.ulysses_parallel_size %d does not divide the model's %d attention heads and %d "
+                       "key/value heads (%s): Ulysses gives each rank whole heads of every sequence",
+                       U, H, KV, a->name);
+    ht_status s = ht_context_parallel_attach(t->model, t->ulysses_comm, t->ring_comm, err);
+    if (s != HT_OK || t->comm->rank != 0) return s;
+    char ring[160] = "";
+    if (R > 1)
+        snprintf(ring, sizeof(ring),
+                 "; ring: each sequence in %d chunks of %d, ring rank r holding chunks r and %d - r, the key/value "
+                 "blocks going round %d ranks",
+                 2 * R, T / (2 * R), 2 * R - 1, R);
+    ht_log_info("Context parallelism over %d ranks (Ulysses %d x ring %d): each holds %d of every sequence's %d "
+                "tokens, rotated at their global positions%s",
+                U * R, U, R, T / (U * R), T, ring);
+    if (U > 1)
+        ht_log_info("  Ulysses: q, k, v all-to-all into the %d tokens of each ring rank's chunks, %d heads and %d "
+                    "key/value heads a rank, the output back",
+                    T / R, H / U, KV / U);
+    return HT_OK;
+}
+
 /* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
 static ht_status set_compute(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
@@ -381,6 +412,10 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                         "consecutive ones) shard them and reduce their gradients",
                         t->ep_comm->size, mc->num_experts, mc->num_experts / t->ep_comm->size, t->expert_comm->size);
     }
+    if (t->cp_size > 1) {
+        s = attach_context(t, err);
+        if (s != HT_OK) return s;
+    }
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
                 (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
@@ -397,7 +432,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
 static ht_status check_memory(const ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
-    const double acts = ht_model_activation_bytes(t->model, t->B, t->T, c->fsdp.param_dtype);
+    const double acts = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype);
     const double model = (double)(ps->data_bytes + ps->grad_bytes), have = (double)ht_physical_memory();
     if (acts + model <= have) return HT_OK;
     char took[64];
@@ -448,8 +483,11 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     }
     t->B = c->training.local_batch_size;
     t->T = c->data.seq_len;
-    /* Every rank takes its own local batches of each global batch (the loader's rank split). */
-    int world = t->comm->size, rank = t->comm->rank;
+    t->Tc = t->T / t->cp_size;
+    /* Every data-parallel replica takes its own local batches of each global
+     * batch (the loader's rank split); the ranks of a context-parallel group
+     * read the same ones. */
+    int world = t->dp_size, rank = t->dp_rank;
     size_t train_tokens = ht_dataset_split_tokens(t->data, HT_SPLIT_TRAIN);
     size_t windows = train_tokens > 0 ? (train_tokens - 1) / (size_t)t->T : 0, wanted = (size_t)world * (size_t)t->B;
     if (windows < wanted)
@@ -488,6 +526,11 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     t->inputs = ht_alloc(n * sizeof(int32_t));
     t->targets = ht_alloc(n * sizeof(int32_t));
     if (!t->batch || !t->inputs || !t->targets) return ht_fail(err, HT_ERR_OOM, "cannot allocate batch buffers");
+    if (t->cp_size > 1) {
+        t->share_inputs = ht_alloc((size_t)t->B * (size_t)t->Tc * sizeof(int32_t));
+        t->share_targets = ht_alloc((size_t)t->B * (size_t)t->Tc * sizeof(int32_t));
+        if (!t->share_inputs || !t->share_targets) return ht_fail(err, HT_ERR_OOM, "cannot allocate batch buffers");
+    }
     return HT_OK;
 }
 
@@ -775,18 +818,41 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
 }
 
-/* fsdp_config.shard_size S (auto: the world) splits the world W into W / S
- * shard groups of S consecutive ranks and S replicate groups (HSDP). */
+/* The mesh, every group of it in one place (docs/DESIGN.md, The mesh): the
+ * world W = DP x CP x TP (TP 1), Megatron's order: the CP = U x R ranks of
+ * a context-parallel group consecutive, the U of a Ulysses group innermost.
+ * FSDP shards over DP x CP (the CP ranks' gradients sum like data-parallel
+ * ones): fsdp_config.shard_size S (auto: the world) splits the world into
+ * W / S shard groups of S consecutive ranks and S replicate groups (HSDP).
+ * Expert parallelism is carved out of DP x CP too: P groups of W / P
+ * consecutive ranks hold the same experts. */
 static ht_status make_groups(ht_trainer *t, ht_error *err) {
-    int W = t->comm->size, S = t->config.fsdp.shard_size == 0 ? W : t->config.fsdp.shard_size;
-    ht_status s = ht_comm_split(t->comm, t->comm->rank / S, t->comm->rank % S, &t->shard_comm, err);
-    if (s == HT_OK) s = ht_comm_split(t->comm, t->comm->rank % S, t->comm->rank / S, &t->replica_comm, err);
+    const ht_config *c = &t->config;
+    const int W = t->comm->size, r = t->comm->rank, S = c->fsdp.shard_size == 0 ? W : c->fsdp.shard_size;
+    const int U = c->parallel.ulysses_parallel_size, R = c->parallel.ring_attention_size, CP = U * R;
+    t->cp_size = CP;
+    t->dp_size = W / CP;
+    t->dp_rank = r / CP;
+    ht_status s = ht_comm_split(t->comm, r / S, r % S, &t->shard_comm, err);
+    if (s == HT_OK) s = ht_comm_split(t->comm, r % S, r / S, &t->replica_comm, err);
     t->sharded = S > 1;
+    if (s == HT_OK) s = ht_comm_split(t->comm, r / U, r % U, &t->ulysses_comm, err);
+    if (s == HT_OK) s = ht_comm_split(t->comm, r / CP * U + r % U, r % CP / U, &t->ring_comm, err);
     /* Expert parallelism (validated: P divides W, no HSDP). */
-    const int P = t->config.parallel.expert_parallel_size, D = W / (P > 0 ? P : 1), r = t->comm->rank;
+    const int P = c->parallel.expert_parallel_size, D = W / (P > 0 ? P : 1);
     if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r / D, r % D, &t->expert_comm, err);
     if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r % D, r / D, &t->ep_comm, err);
-    return s;
+    if (s != HT_OK || r != 0 || W == 1) return s;
+    /* Said once, by rank 0: the sizes, every rank's coordinates and the groups. */
+    ht_log_info("Mesh: %d ranks = data parallel %d x context parallel %d (Ulysses %d x ring %d) x tensor parallel 1; "
+                "expert parallel %d over data x context; FSDP shard groups of %d, %d replica(s)",
+                W, W / CP, CP, U, R, P > 1 ? P : 1, S, W / S);
+    const int shown = W < 64 ? W : 64;
+    for (int q = 0; q < shown; q++)
+        ht_log_info("  rank %d: dp %d, cp %d (ulysses %d, ring %d), tp 0, ep %d; shard group %d (rank %d of %d)", q,
+                    q / CP, q % CP, q % U, q % CP / U, P > 1 ? q / D : 0, q / S, q % S, S);
+    if (shown < W) ht_log_info("  ... and %d more ranks, by the same rule", W - shown);
+    return HT_OK;
 }
 
 /* Keys a seed system has that change nothing here, by the nature of a CPU
@@ -815,7 +881,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
     t->comm = comm;
-    t->shard_comm = t->replica_comm = ht_comm_single();
+    t->shard_comm = t->replica_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
+    t->dp_size = t->cp_size = 1;
     t->last_eval_loss = NAN;
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
@@ -855,6 +922,10 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);
+    if (t->ring_comm) ht_comm_free(t->ring_comm);
+    if (t->ulysses_comm) ht_comm_free(t->ulysses_comm);
+    ht_free(t->share_inputs);
+    ht_free(t->share_targets);
     if (t->ep_comm) ht_comm_free(t->ep_comm);
     if (t->expert_comm) ht_comm_free(t->expert_comm);
     if (t->replica_comm) ht_comm_free(t->replica_comm);

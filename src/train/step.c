@@ -82,6 +82,22 @@ static ht_status update_expert_bias(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* The B sequences of t->inputs and t->targets as the model takes them: whole,
+ * or under context parallelism the Tc tokens of each this rank holds (at
+ * ht_context_position), into the share buffers. */
+static void take_share(ht_trainer *t, int B, const int32_t **inputs, const int32_t **targets) {
+    *inputs = t->inputs, *targets = t->targets;
+    if (t->cp_size <= 1) return;
+    const ht_context_parallel *cp = &t->model->context;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < t->Tc; i++) {
+            const int64_t from = (int64_t)b * t->T + ht_context_position(cp, t->Tc, i), to = (int64_t)b * t->Tc + i;
+            t->share_inputs[to] = t->inputs[from];
+            t->share_targets[to] = t->targets[from];
+        }
+    *inputs = t->share_inputs, *targets = t->share_targets;
+}
+
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_model *m = t->model;
@@ -102,11 +118,13 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     for (int micro = 0; micro < t->grad_accum; micro++) {
         ht_loader_next(&t->train_loader, t->batch);
         ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+        const int32_t *inputs, *targets;
+        take_share(t, t->B, &inputs, &targets);
         m->dropout_seed = dropout;
-        m->dropout_first_sequence = ((int64_t)micro * t->comm->size + t->comm->rank) * t->B;
+        m->dropout_first_sequence = ((int64_t)micro * t->dp_size + t->dp_rank) * t->B;
         float loss;
         double f0 = ht_time_seconds();
-        ht_status s = ht_model_forward(m, t->inputs, t->targets, t->B, t->T, &loss, err);
+        ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
         if (s != HT_OK) return s;
         t->forward_seconds += ht_time_seconds() - f0;
         ht_model_backward(m, grad_scale);
@@ -177,7 +195,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->skipped = r.skipped;
         stats->qk_clipped_heads = clipped;
         stats->seconds = dt;
-        stats->tokens_per_s = (double)t->grad_accum * t->comm->size * t->B * t->T / dt;
+        stats->tokens_per_s = (double)t->grad_accum * t->dp_size * t->B * t->T / dt;
         if (t->gemm_gflops > 0)
             stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
                          (t->gemm_gflops * 1e9);
@@ -194,7 +212,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
      * on any rank count, so its loss (and a load-balancing term, which is the
      * forward's) is the same computation: only the double sum's order
      * depends on the rank count. */
-    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->comm->size, rank = (uint64_t)t->comm->rank;
+    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->dp_size, rank = (uint64_t)t->dp_rank;
     uint64_t n = (uint64_t)t->config.training.eval_batches * B;
     if (n > t->valid_loader.n_windows) n = t->valid_loader.n_windows;
     const uint64_t groups = (n + B - 1) / B, rounds = (groups + world - 1) / world;
@@ -208,13 +226,18 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         ht_loader_resume(&t->valid_loader, (ht_loader_pos){.epoch = 0, .index = first}, NULL);
         for (int b = 0; b < count; b++) ht_loader_next(&t->valid_loader, t->batch + (size_t)b * (size_t)(t->T + 1));
         ht_batch_split(t->batch, count, t->T, t->inputs, t->targets);
+        const int32_t *inputs, *targets;
+        take_share(t, count, &inputs, &targets);
         float l;
-        ht_status s = ht_model_forward(t->model, t->inputs, t->targets, count, t->T, &l, err);
+        ht_status s = ht_model_forward(t->model, inputs, targets, count, t->Tc, &l, err);
         if (s == HT_OK) s = ht_gemm_status(err);
         if (s != HT_OK) return s;
-        if (g < groups) sum += (double)l * count; /* every window has T targets: the mean over its tokens */
+        /* Every window has T targets: the mean over its tokens (context
+         * parallelism: each rank's share of them, the shares of one size). */
+        if (g < groups) sum += (double)l * count;
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
+    sum /= (double)t->cp_size;
     if (n) *loss = sum / (double)n;
     return HT_OK;
 }
