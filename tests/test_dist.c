@@ -576,6 +576,43 @@ static void test_context_parallel_checkpoint_across_meshes(void **state) {
     }
 }
 
+/* MindSpeed-MM's seed config as written, with parallel.ring_attention_size 2
+ * and with parallel.ulysses_parallel_size 2, trains on 4 ranks (DP 2 x CP
+ * 2): the same global batches as its data-parallel run on 2 ranks, so the
+ * same losses within bf16's noise (its params compute in bf16). */
+static void test_mindspeed_seed_with_context_parallelism(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_cp_mindspeed");
+    static const struct {
+        int ranks;
+        const char *name, *set;
+    } runs[] = {{2, "dp2", ""},
+                {4, "ring2", "--set parallel.ring_attention_size=2"},
+                {4, "ulysses2", "--set parallel.ulysses_parallel_size=2"}};
+    double l2[8];
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char launcher[512], args[2048], out[1300], *log;
+        snprintf(launcher, sizeof(launcher), "cd '%s' && " MPIRUN "-np %d ", HT_SOURCE_DIR, runs[i].ranks);
+        snprintf(args, sizeof(args),
+                 "train configs/seeds/mindspeed_mm_fsdp2.yaml --set training.steps=3 --set training.log_interval=1 "
+                 "--set checkpoint.output_dir='%s/%s' "
+                 "%s",
+                 dir, runs[i].name, runs[i].set);
+        snprintf(out, sizeof(out), "%s/%s.log", dir, runs[i].name);
+        int rc = run_hypertrain(launcher, args, out, false, &log);
+        if (rc != 0) fail_msg("%s failed (%d):\n%s", runs[i].name, rc, log);
+        double ln[8];
+        assert_int_equal(losses(log, ln, 8), 3);
+        for (int k = 0; k < 3 && i > 0; k++)
+            if (fabs(ln[k] - l2[k]) > 2e-3 * l2[k])
+                fail_msg("%s, step %d: loss %.4f, data parallel on 2 ranks %.4f", runs[i].name, k + 1, ln[k], l2[k]);
+        if (i == 0) memcpy(l2, ln, sizeof(l2));
+        printf("MindSpeed-MM's seed config, %s on %d ranks: losses %.4f %.4f %.4f\n", runs[i].name, runs[i].ranks,
+               ln[0], ln[1], ln[2]);
+        free(log);
+    }
+}
+
 /* A global batch that 3 ranks cannot split: the error, on every rank, before any collective. */
 static void test_config_error_on_every_rank(void **state) {
     (void)state;
@@ -929,15 +966,32 @@ static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, 
 
 /* The runs set against one process: the seed's 2 data-parallel x 2
  * expert-parallel with FSDP on 4 ranks, 4 x EP 4, 2 x EP 2, and FSDP alone
- * on 2, 3 and 4 ranks. */
-static const struct { int ranks, ep; } moe_runs[] = {{4, 2}, {4, 4}, {2, 2}, {2, 1}, {3, 1}, {4, 1}};
+ * on 2, 3 and 4 ranks; and (DeepSeek-V3: Qwen2-MoE's load-balancing loss
+ * refuses context parallelism) EP 2 with ring 2, and with Ulysses 2, on 4
+ * ranks (the experts split over data x context parallel). */
+static const struct {
+    int ranks, ep;
+    const char *cp; /* the context-parallel setting, NULL: none */
+} moe_runs[] = {{4, 2, NULL},
+                {4, 4, NULL},
+                {2, 2, NULL},
+                {2, 1, NULL},
+                {3, 1, NULL},
+                {4, 1, NULL},
+                {4, 2, "parallel.ring_attention_size=2"},
+                {4, 2, "parallel.ulysses_parallel_size=2"}};
 enum { MOE_RUNS = sizeof(moe_runs) / sizeof(moe_runs[0]), MOE_STEPS = 20 };
 
 /* Runs moe_runs[k] in dir; its log's losses and grad norms. */
 static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss, double *norm) {
-    char set[128], *log;
-    snprintf(out, cap, "ep%d_of_%d", moe_runs[k].ep, moe_runs[k].ranks);
-    snprintf(set, sizeof(set), "--set parallel.expert_parallel_size=%d", moe_runs[k].ep);
+    char set[256], *log;
+    const char *cp = moe_runs[k].cp;
+    snprintf(out, cap, "ep%d_of_%d%s", moe_runs[k].ep, moe_runs[k].ranks,
+             !cp                  ? ""
+             : strstr(cp, "ring") ? "_ring2"
+                                  : "_ulysses2");
+    snprintf(set, sizeof(set), "--set parallel.expert_parallel_size=%d%s%s", moe_runs[k].ep, cp ? " --set " : "",
+             cp ? cp : "");
     int rc = run_in(dir, out, moe_runs[k].ranks, set, &log);
     if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
     if (moe_runs[k].ep > 1 && !strstr(log, "Expert parallelism: groups of"))
@@ -1012,6 +1066,7 @@ static void moe_float32_against_one_process(const char *name, bool deepseek, int
            model, floor10, floor20, MOE_STEPS);
     for (int k = 0; k < MOE_RUNS; k++) {
         if (deepseek && moe_runs[k].ranks == 4 && moe_runs[k].ep != 2) continue; /* 2 x EP 2, EP 2 and FSDP on 2, 3 */
+        if (!deepseek && moe_runs[k].cp) continue; /* the load-balancing loss refuses context parallelism */
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst10 = 0, worst = 0, nearest = 0, grad1 = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
@@ -1077,6 +1132,7 @@ static void test_moe_expert_parallel_bf16(void **state) {
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
     moe_reference(dir, "bfloat16", false, true, l1, g1);
     for (int k = 0; k < MOE_RUNS; k++) {
+        if (moe_runs[k].cp) continue; /* Qwen2-MoE's load-balancing loss refuses context parallelism */
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst_loss = 0, worst_norm = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
@@ -1615,6 +1671,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),
         cmocka_unit_test(test_context_parallel_checkpoint_across_meshes),
+        cmocka_unit_test(test_mindspeed_seed_with_context_parallelism),
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_deepseek_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),
