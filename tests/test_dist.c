@@ -469,18 +469,34 @@ static void test_recompute_on_3_ranks(void **state) {
     printf("recompute on 3 ranks: all %d final tensors bitwise those of stored activations\n", n);
 }
 
+/* The heads QK-clip rescaled at each step, from DIR/<out>/metrics.jsonl: "8 6 4". */
+static const char *clipped_heads(const char *dir, const char *out) {
+    static char bufs[2][64];
+    static int next;
+    char *b = bufs[next++ % 2], path[1300];
+    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
+    char *text = read_text(path);
+    size_t n = 0;
+    b[0] = '\0';
+    for (const char *at = strstr(text, "\"qk_clipped_heads\": "); at && n + 8 < sizeof(bufs[0]);
+         at = strstr(at + 1, "\"qk_clipped_heads\": "))
+        n += (size_t)snprintf(b + n, sizeof(bufs[0]) - n, "%s%d", n ? " " : "", atoi(at + 20));
+    free(text);
+    return b;
+}
+
 /* Context parallelism on one dense model in float32, 3 steps, against one
  * process: the ring on 2 and 4 ranks, Ulysses on 2, Ulysses 2 x ring 2, and
  * with data-parallel replicas (DP 2 x ring 2, DP 2 x Ulysses 2), fully
  * sharded and under HSDP. Every step's loss, step 1's main_grads within
  * 1e-6 (one step from the same state: summation order only) and the final
  * weights within 1e-5 or FLOOR_FACTOR x the noise floor, as check_ranks. */
-static void check_context(const char *name, bool attention_bias, bool all) {
+static void check_context(const char *name, bool attention_bias, bool all, const char *extra) {
     const char *dir = scratch_dir(name);
     const int steps = 3;
     write_config(dir, "float32", steps, attention_bias);
-    const char *base = "--set training.dump_state=true";
-    char *one, *log, set[2048];
+    char base[1024], *one, *log, set[2048];
+    snprintf(base, sizeof(base), "--set training.dump_state=true %s", extra ? extra : "");
     if (run_ranks(dir, 0, base, &one) != 0) fail_msg("one process failed:\n%s", one);
     double l1[8];
     assert_int_equal(losses(one, l1, 8), steps);
@@ -512,6 +528,9 @@ static void check_context(const char *name, bool attention_bias, bool all) {
         if (!strstr(log, runs[i].says)) fail_msg("%s: no \"%s\" in its log:\n%s", runs[i].name, runs[i].says, log);
         check_losses(runs[i].name, log, l1, steps);
         check_validation(dir, runs[i].name, 1e-5);
+        if (extra && strcmp(clipped_heads(dir, runs[i].name), clipped_heads(dir, "out0")) != 0)
+            fail_msg("%s: QK-clip rescaled heads %s, one process %s", runs[i].name, clipped_heads(dir, runs[i].name),
+                     clipped_heads(dir, "out0"));
         seen->count = 0;
         double g1,
             e = compare_run(dir, runs[i].name, "out0", 1, 1e-6, &g1, noise_driven(attention_bias), 1e-5, floor, seen);
@@ -529,12 +548,26 @@ static void check_context(const char *name, bool attention_bias, bool all) {
 
 static void test_context_parallel_llama_float32(void **state) {
     (void)state;
-    check_context("dist_cp_llama", false, true);
+    check_context("dist_cp_llama", false, true, NULL);
 }
 
 static void test_context_parallel_qwen2_float32(void **state) {
     (void)state;
-    check_context("dist_cp_qwen2", true, false);
+    check_context("dist_cp_qwen2", true, false, NULL);
+}
+
+/* QK-clip under context parallelism, with a threshold some heads pass and
+ * others not (8, 6 and 8 of the 8 rescaled in steps 1-3; no warmup, so that
+ * a head clipped to the threshold is moved off it by the next update, not
+ * left on it for rounding to decide): each head's
+ * largest logit is over every key of the sequences, whichever rank (ring)
+ * or head shard (Ulysses) computed it, so the same heads are rescaled as on
+ * one process, step by step. */
+static void test_context_parallel_qk_clip(void **state) {
+    (void)state;
+    check_context("dist_cp_qk", false, false,
+                  "--set optimizer.muon_config.qk_clip_enabled=true --set optimizer.muon_config.qk_clip_threshold=0.02 "
+                  "--set lr_scheduler.warmup_steps=0");
 }
 
 /* A checkpoint saved after step 1 on DP 2 x ring 2 (4 rank files) restored
@@ -1670,6 +1703,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),
+        cmocka_unit_test(test_context_parallel_qk_clip),
         cmocka_unit_test(test_context_parallel_checkpoint_across_meshes),
         cmocka_unit_test(test_mindspeed_seed_with_context_parallelism),
         cmocka_unit_test(test_moe_expert_parallel_float32),
