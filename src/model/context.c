@@ -16,7 +16,8 @@
  * skipped, the one equal to it is the causal diagonal, every other is seen
  * whole. Each query chunk's partial results merge by their log-sum-exp.
  * Backward goes round again with the key/value blocks, their gradient
- * accumulators travelling with them and arriving home after R steps. */
+ * accumulators travelling a step behind them and arriving home after R
+ * steps. */
 #include "model/context.h"
 
 #include <math.h>
@@ -33,8 +34,10 @@ struct ht_cp_attention {
      * (backward), dout, dq, dk, dv in the attention layout */
     float *send, *recv, *o_att, *dout_att, *dq_att, *dk_att, *dv_att;
     float *hm; /* (B, H/U) the attention layout's head maxima */
-    /* the ring: the key/value block in hand [k | v] and the next, their gradients' likewise */
-    float *kv, *kv_next, *dkv, *dkv_next;
+    /* the ring: the key/value block in hand [k | v] and the next; backward's
+     * block gradients (two: one computed while the other travels) and the
+     * accumulators arriving (two likewise) */
+    float *kv, *kv_next, *dkv[2], *dkv_in[2];
     /* one block's partial out, lse and head maxima; each query chunk's lse (B, 2, H/U, c); one block's gradients */
     float *blk_out, *blk_lse, *blk_max, *acc_lse, *blk_dq, *blk_dk, *blk_dv;
     float *work; /* (threads, the attention kernel's workspace) */
@@ -68,8 +71,10 @@ static void carve(ht_cp_attention *a, ht_arena *ar) {
     a->hm = ht_arena_take(ar, (size_t)(s.B * s.H) * f);
     a->kv = ht_arena_take(ar, ring * (k + v) * f);
     a->kv_next = ht_arena_take(ar, ring * (k + v) * f);
-    a->dkv = ht_arena_take(ar, ring * (k + v) * f);
-    a->dkv_next = ht_arena_take(ar, ring * (k + v) * f);
+    for (int i = 0; i < 2; i++) {
+        a->dkv[i] = ht_arena_take(ar, ring * (k + v) * f);
+        a->dkv_in[i] = ht_arena_take(ar, ring * (k + v) * f);
+    }
     a->blk_out = ht_arena_take(ar, ring * (size_t)(c * s.H * s.Dv) * f);
     a->blk_lse = ht_arena_take(ar, ring * (size_t)(c * s.H) * f);
     a->blk_max = ht_arena_take(ar, ring * (size_t)s.H * f);
@@ -234,21 +239,28 @@ static void ring_forward(ht_cp_attention *a, ht_context_parallel *cp, const ht_a
                         (size_t)c * sizeof(float));
 }
 
+/* Step s computes the gradients of block src(s) into dkv[s % 2] while the
+ * accumulator of that block (the gradients ranks r - s .. r - 1 found for
+ * it) travels from rank r - 1, then adds the two and sends the sum on while
+ * step s + 1 computes; the last sum's trip brings each block's whole
+ * gradient home. */
 static void ring_backward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *s, float *dq,
                           float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
                           const float *k, const float *v, ht_dtype dtype) {
     const int R = a->R, r = cp->ring_rank;
     const int64_t B = s->B, Tr = s->T, c = Tr / 2, H = s->H, KV = s->KV, Dk = s->Dk, Dv = s->Dv;
-    const int64_t kz = B * Tr * KV * Dk, vz = B * Tr * KV * Dv;
+    const int64_t kz = B * Tr * KV * Dk, vz = B * Tr * KV * Dv, bytes = (kz + vz) * (int64_t)sizeof(float);
     const ht_kernel_ops *K = ht_kernels();
-    float *cur = a->kv, *next = a->kv_next, *dcur = a->dkv, *dnext = a->dkv_next;
+    float *cur = a->kv, *next = a->kv_next;
     K->copy(cur, k, (size_t)kz * sizeof(float));
     K->copy(cur + kz, v, (size_t)vz * sizeof(float));
-    K->zero(dcur, (size_t)(kz + vz) * sizeof(float));
     K->zero(dq, (size_t)(B * Tr * H * Dk) * sizeof(float));
+    void *travelling = NULL; /* the accumulator sent at the end of the last step */
     for (int step = 0; step < R; step++) {
         const int src = (r - step + R) % R;
-        void *req = step + 1 < R ? cp->start_shift(cp->ring_ctx, cur, next, (kz + vz) * (int64_t)sizeof(float)) : NULL;
+        float *g = a->dkv[step % 2];
+        void *req = step + 1 < R ? cp->start_shift(cp->ring_ctx, cur, next, bytes) : NULL;
+        K->zero(g, (size_t)bytes);
         for (int64_t b = 0; b < B; b++)
             for (int qh = 0; qh < 2; qh++) {
                 /* The merged lse of the query chunk, (H, c). */
@@ -263,19 +275,23 @@ static void ring_backward(ht_cp_attention *a, ht_context_parallel *cp, const ht_
                                           a->blk_lse, q + qrow * H * Dk, cur + krow * KV * Dk,
                                           cur + kz + krow * KV * Dv, &blk, dtype, a->work);
                     K->accumulate(dq + qrow * H * Dk, a->blk_dq, c * H * Dk);
-                    K->accumulate(dcur + krow * KV * Dk, a->blk_dk, c * KV * Dk);
-                    K->accumulate(dcur + kz + krow * KV * Dv, a->blk_dv, c * KV * Dv);
+                    K->accumulate(g + krow * KV * Dk, a->blk_dk, c * KV * Dk);
+                    K->accumulate(g + kz + krow * KV * Dv, a->blk_dv, c * KV * Dv);
                 }
             }
-        /* The block's gradient goes on with it: after R steps each comes home. */
-        ring_wait(cp, cp->start_shift(cp->ring_ctx, dcur, dnext, (kz + vz) * (int64_t)sizeof(float)));
+        if (travelling) { /* the block's accumulator so far, from rank r - 1 */
+            ring_wait(cp, travelling);
+            K->accumulate(g, a->dkv_in[(step - 1) % 2], kz + vz);
+        }
+        travelling = cp->start_shift(cp->ring_ctx, g, a->dkv_in[step % 2], bytes);
         ring_wait(cp, req);
         float *t = cur;
         cur = next, next = t;
-        t = dcur, dcur = dnext, dnext = t;
     }
-    K->copy(dk, dcur, (size_t)kz * sizeof(float));
-    K->copy(dv, dcur + kz, (size_t)vz * sizeof(float));
+    ring_wait(cp, travelling); /* this rank's own block, summed over every query chunk of the ring */
+    const float *home = a->dkv_in[(R - 1) % 2];
+    K->copy(dk, home, (size_t)kz * sizeof(float));
+    K->copy(dv, home + kz, (size_t)vz * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ forward and backward */

@@ -479,6 +479,15 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     (long long)(t->step - first_step), t->forward_backward_seconds / n, a2a, t->sync_seconds / n,
                     t->optimizer_seconds / n);
     }
+    if (t->cp_size > 1 && t->step > first_step) {
+        /* This rank's (rank 0's) exchanges, evaluation forwards included. */
+        const ht_context_parallel *cp = &t->model->context;
+        const double n = (double)(t->step - first_step), flight = cp->ring_seconds;
+        ht_log_info("context parallelism a step: Ulysses all-to-all %.3f s; ring traffic %.3f s in flight, %.0f%% of "
+                    "it hidden behind the attention of the block in hand",
+                    cp->all_to_all_seconds / n, flight / n,
+                    flight > 0 ? 100.0 * fmax(0.0, 1.0 - cp->ring_waited_seconds / flight) : 0.0);
+    }
     if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
     log_memory(t);
     if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0 && t->step != saved_step) {
