@@ -10,6 +10,7 @@
 
 #include "hypertrain/model.h"
 #include "hypertrain/optim.h"
+#include "hypertrain/parallel.h"
 
 #include <omp.h>
 
@@ -268,6 +269,46 @@ static void test_sequence_too_long(void **state) {
     ht_model_free(m);
 }
 
+/* Context parallelism's layout (docs/DESIGN.md, Context parallelism): the
+ * positions each rank holds, and what a model refuses before any exchange. */
+static void test_context_parallel_layout(void **state) {
+    (void)state;
+    /* Ring 2 over 16 tokens: 4 chunks of 4, rank 0 holding chunks 0 and 3, rank 1 chunks 1 and 2. */
+    const int64_t ring2[2][8] = {{0, 1, 2, 3, 12, 13, 14, 15}, {4, 5, 6, 7, 8, 9, 10, 11}};
+    /* Ulysses 2 x ring 2: each ring rank's 8 tokens in two pieces of 4. */
+    const int64_t hybrid[4][4] = {{0, 1, 2, 3}, {12, 13, 14, 15}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 8; t++) {
+            ht_context_parallel cp = {.ulysses = 1, .ring = 2, .ring_rank = r};
+            assert_int_equal(ht_context_position(&cp, 8, t), ring2[r][t]);
+        }
+    for (int w = 0; w < 4; w++)
+        for (int t = 0; t < 4; t++) {
+            ht_context_parallel cp = {.ulysses = 2, .ring = 2, .ulysses_rank = w % 2, .ring_rank = w / 2};
+            assert_int_equal(ht_context_position(&cp, 4, t), hybrid[w][t]);
+        }
+    ht_context_parallel ulysses = {.ulysses = 4, .ring = 1, .ulysses_rank = 3};
+    assert_int_equal(ht_context_position(&ulysses, 4, 1), 13);
+
+    ht_model_config cfg = tiny_config("qwen2", true, false);
+    ht_model *m;
+    ht_error err;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
+    ht_comm two = {.rank = 1, .size = 2, .name = "a group of two"}; /* sizes only: nothing is exchanged */
+    assert_ht_ok(ht_context_parallel_attach(m, ht_comm_single(), &two, &err), &err);
+    assert_int_equal(ht_context_size(&m->context), 2);
+    /* 9 tokens a rank are sequences of 18, past the model's 16 positions. */
+    int32_t in[9] = {0}, tg[9] = {0};
+    float loss;
+    assert_int_equal(ht_model_forward(m, in, tg, 1, 9, &loss, &err), HT_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "sequence length 18 is longer than model.max_position_embeddings (16)"));
+    /* A model whose builder does not declare it cannot be split. */
+    m->context_capable = false;
+    assert_int_equal(ht_context_parallel_attach(m, &two, ht_comm_single(), &err), HT_ERR_CONFIG);
+    assert_non_null(strstr(err.msg, "cannot split its sequences"));
+    ht_model_free(m);
+}
+
 /* fsdp_config.mix_precision.output_dtype: bf16 logits are the FP32 logits rounded. */
 static void test_output_dtype_rounds_logits(void **state) {
     (void)state;
@@ -394,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_grad_llama_tied),
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_sequence_too_long),
+        cmocka_unit_test(test_context_parallel_layout),
         cmocka_unit_test(test_init_is_the_same_on_every_world),
         cmocka_unit_test(test_model_size_caps),
         cmocka_unit_test(test_sizes_checked_before_allocating),
