@@ -1323,11 +1323,6 @@ static void test_context_parallel_mesh(void **state) {
                    "(4) and the key/value heads (2)", NULL);
     snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 0\n", model);
     expect_invalid("cp_zero.yaml", text, 1, "parallel.ulysses_parallel_size", ">= 1", NULL);
-    snprintf(text, sizeof(text),
-             "model:\n  name: qwen2_moe\n  num_experts: 4\n  output_router_logits: true\ndata:\n  seq_len: 16\n"
-             "training:\n  local_batch_size: 1\n  global_batch_size: 2\nparallel:\n  ring_attention_size: 2\n");
-    expect_invalid("cp_moe.yaml", text, 2, "model.output_router_logits", "not supported with context parallelism",
-                   NULL);
 }
 
 /* The two dialect examples describe one run: every key loads to the same value,

@@ -123,15 +123,19 @@ static int val_losses(const char *dir, const char *out, double *v, int max) {
  * the weights are the same too, so the validation loss can differ only by
  * the order of its double sum, below the 6 decimals metrics.jsonl keeps;
  * after it, as the losses of training steps do. */
-static void check_validation(const char *dir, const char *out, double loss_rtol) {
+static void check_validation_within(const char *dir, const char *out, double before, double loss_rtol) {
     double v1[4], vn[4];
     assert_int_equal(val_losses(dir, "out0", v1, 4), 2);
     assert_int_equal(val_losses(dir, out, vn, 4), 2);
-    if (fabs(vn[0] - v1[0]) > 1.5e-6)
+    if (fabs(vn[0] - v1[0]) > before)
         fail_msg("%s: validation loss before training %.6f, one process %.6f", out, vn[0], v1[0]);
     if (fabs(vn[1] - v1[1]) > loss_rtol * v1[1])
         fail_msg("%s: validation loss after training %.6f, one process %.6f (bound %g relative)", out, vn[1], v1[1],
                  loss_rtol);
+}
+
+static void check_validation(const char *dir, const char *out, double loss_rtol) {
+    check_validation_within(dir, out, 1.5e-6, loss_rtol);
 }
 
 /* The loss of each step, from a run's log: "step     3/6 | loss 4.5429 | ...". */
@@ -491,19 +495,28 @@ static const char *clipped_heads(const char *dir, const char *out) {
  * sharded and under HSDP. Every step's loss, step 1's main_grads within
  * 1e-6 (one step from the same state: summation order only) and the final
  * weights within 1e-5 or FLOOR_FACTOR x the noise floor, as check_ranks. */
-static void check_context(const char *name, bool attention_bias, bool all, const char *extra) {
+static void check_context(const char *name, const char *dtype, bool attention_bias, bool all, const char *extra) {
     const char *dir = scratch_dir(name);
     const int steps = 3;
-    write_config(dir, "float32", steps, attention_bias);
+    const bool f32 = strcmp(dtype, "float32") == 0;
+    /* float32: docs/NUMERICS.md's bounds. bf16 (docs/NUMERICS.md, Context parallelism): Ulysses runs the
+     * one-process kernel call on each head, the same bits, so step 1 differs by summation order (5e-5, as
+     * expert parallelism's bf16 runs); the ring rounds its probabilities against each block's maximum, another
+     * bf16 computation of the same attention: 4u = 2^-7 (measured 0.0046, 2.3u); the final weights as
+     * check_ranks' bf16 runs (1e-2; the ring's 2e-2: measured 0.010 after 3 steps on ring 4). */
+    const double u = 0x1p-9;
+    write_config(dir, dtype, steps, attention_bias);
     char base[1024], *one, *log, set[2048];
     snprintf(base, sizeof(base), "--set training.dump_state=true %s", extra ? extra : "");
     if (run_ranks(dir, 0, base, &one) != 0) fail_msg("one process failed:\n%s", one);
     double l1[8];
     assert_int_equal(losses(one, l1, 8), steps);
     free(one);
-    tensor_errors *floor = calloc(1, sizeof(tensor_errors)), *seen = calloc(1, sizeof(tensor_errors));
-    run_floor(dir, base);
-    floor_of(dir, "final/model.safetensors", "", floor);
+    tensor_errors *floor = f32 ? calloc(1, sizeof(tensor_errors)) : NULL, *seen = calloc(1, sizeof(tensor_errors));
+    if (f32) {
+        run_floor(dir, base);
+        floor_of(dir, "final/model.safetensors", "", floor);
+    }
     static const struct {
         int ranks;
         bool all; /* only in the full list */
@@ -527,19 +540,23 @@ static void check_context(const char *name, bool attention_bias, bool all, const
         if (rc != 0) fail_msg("%s failed (%d):\n%s", runs[i].name, rc, log);
         if (!strstr(log, runs[i].says)) fail_msg("%s: no \"%s\" in its log:\n%s", runs[i].name, runs[i].says, log);
         check_losses(runs[i].name, log, l1, steps);
-        check_validation(dir, runs[i].name, 1e-5);
+        /* bf16: the ring's attention rounds its probabilities against each block's own maximum, not the
+         * running one, so even the untrained model's loss is another bf16 computation: 2e-4 of its ~5.5 */
+        check_validation_within(dir, runs[i].name, f32 ? 1.5e-6 : 1e-3, f32 ? 1e-5 : 2e-4);
         if (extra && strcmp(clipped_heads(dir, runs[i].name), clipped_heads(dir, "out0")) != 0)
             fail_msg("%s: QK-clip rescaled heads %s, one process %s", runs[i].name, clipped_heads(dir, runs[i].name),
                      clipped_heads(dir, "out0"));
         seen->count = 0;
-        double g1,
-            e = compare_run(dir, runs[i].name, "out0", 1, 1e-6, &g1, noise_driven(attention_bias), 1e-5, floor, seen);
+        const bool ring = strstr(runs[i].set, "ring") != NULL;
+        const double grad_tol = f32 ? 1e-6 : ring ? 4 * u : 5e-5, tol = f32 ? 1e-5 : ring ? 2e-2 : 1e-2;
+        double g1, e = compare_run(dir, runs[i].name, "out0", 1, grad_tol, &g1, noise_driven(attention_bias), tol,
+                                   floor, seen);
         const char *which = "-";
-        double near = nearest_bound(seen, floor, 1e-5, &which);
-        printf("%s, %s on %d ranks: step 1's main_grads within %.3g of one process (bound 1e-6), final weights "
-               "within %.3g (bound 1e-5 or 2 x the noise floor; the nearest %s at %.0f%% of its bound); losses "
-               "match\n",
-               name, runs[i].name, runs[i].ranks, g1, e, which, 100 * near);
+        double near = nearest_bound(seen, floor, tol, &which);
+        printf("%s, %s on %d ranks: step 1's main_grads within %.3g of one process (bound %g), final weights "
+               "within %.3g (bound %g%s; the nearest %s at %.0f%% of its bound); losses match\n",
+               name, runs[i].name, runs[i].ranks, g1, grad_tol, e, tol, f32 ? " or 2 x the noise floor" : "", which,
+               100 * near);
         free(log);
     }
     free(seen);
@@ -548,12 +565,17 @@ static void check_context(const char *name, bool attention_bias, bool all, const
 
 static void test_context_parallel_llama_float32(void **state) {
     (void)state;
-    check_context("dist_cp_llama", false, true, NULL);
+    check_context("dist_cp_llama", "float32", false, true, NULL);
 }
 
 static void test_context_parallel_qwen2_float32(void **state) {
     (void)state;
-    check_context("dist_cp_qwen2", true, false, NULL);
+    check_context("dist_cp_qwen2", "float32", true, false, NULL);
+}
+
+static void test_context_parallel_bf16(void **state) {
+    (void)state;
+    check_context("dist_cp_bf16", "bfloat16", true, true, NULL);
 }
 
 /* QK-clip under context parallelism, with a threshold some heads pass and
@@ -565,7 +587,7 @@ static void test_context_parallel_qwen2_float32(void **state) {
  * one process, step by step. */
 static void test_context_parallel_qk_clip(void **state) {
     (void)state;
-    check_context("dist_cp_qk", false, false,
+    check_context("dist_cp_qk", "float32", false, false,
                   "--set optimizer.muon_config.qk_clip_enabled=true --set optimizer.muon_config.qk_clip_threshold=0.02 "
                   "--set lr_scheduler.warmup_steps=0");
 }
@@ -999,9 +1021,9 @@ static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, 
 
 /* The runs set against one process: the seed's 2 data-parallel x 2
  * expert-parallel with FSDP on 4 ranks, 4 x EP 4, 2 x EP 2, and FSDP alone
- * on 2, 3 and 4 ranks; and (DeepSeek-V3: Qwen2-MoE's load-balancing loss
- * refuses context parallelism) EP 2 with ring 2, and with Ulysses 2, on 4
- * ranks (the experts split over data x context parallel). */
+ * on 2, 3 and 4 ranks; and EP 2 with ring 2, and with Ulysses 2, on 4
+ * ranks (the experts split over data x context parallel; the load-balancing
+ * sums over the context-parallel group). */
 static const struct {
     int ranks, ep;
     const char *cp; /* the context-parallel setting, NULL: none */
@@ -1099,7 +1121,6 @@ static void moe_float32_against_one_process(const char *name, bool deepseek, int
            model, floor10, floor20, MOE_STEPS);
     for (int k = 0; k < MOE_RUNS; k++) {
         if (deepseek && moe_runs[k].ranks == 4 && moe_runs[k].ep != 2) continue; /* 2 x EP 2, EP 2 and FSDP on 2, 3 */
-        if (!deepseek && moe_runs[k].cp) continue; /* the load-balancing loss refuses context parallelism */
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst10 = 0, worst = 0, nearest = 0, grad1 = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
@@ -1165,7 +1186,6 @@ static void test_moe_expert_parallel_bf16(void **state) {
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
     moe_reference(dir, "bfloat16", false, true, l1, g1);
     for (int k = 0; k < MOE_RUNS; k++) {
-        if (moe_runs[k].cp) continue; /* Qwen2-MoE's load-balancing loss refuses context parallelism */
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst_loss = 0, worst_norm = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
@@ -1185,10 +1205,17 @@ static void test_moe_expert_parallel_bf16(void **state) {
          * expert's GEMM takes its rows in another batch (rows of several ranks at once), oneDNN's sums depend
          * on the row count, and a bf16 activation on a rounding boundary may round the other way: one bf16
          * unit (2^-8) of one row's share of a gradient. Measured: 8.5e-6 on 4 x EP 4, 2.1e-7 elsewhere. */
-        double grad1 = compare_tensors(a, b, "main_grad.", 5e-5, 0, NULL);
+        /* Ring attention is another bf16 computation of the same attention (docs/NUMERICS.md, Context
+         * parallelism): a token's router logits move by a bf16 unit, one near a tie changes experts, and that
+         * expert's gradient moves by the token's share (measured 0.11 of experts.down_proj's largest): its
+         * step 1 is printed, its losses and grad norms bound as every run's. Ulysses runs the same kernel
+         * call on each head: the same bits, the bound above. */
+        const bool ring = moe_runs[k].cp && strstr(moe_runs[k].cp, "ring");
+        double grad1 = compare_tensors(a, b, "main_grad.", ring ? INFINITY : 5e-5, 0, NULL);
         double flips = 0;
-        compare_tensors(a, b, "param.", 0x1p-7, &flips, NULL); /* one bf16 unit of the largest magnitude, at most */
-        if (!(flips <= 1e-3)) fail_msg("%s, step 1: %.3g of the bf16 params differ from one process", out, flips);
+        compare_tensors(a, b, "param.", ring ? INFINITY : 0x1p-7, &flips, NULL);
+        if (!ring && !(flips <= 1e-3))
+            fail_msg("%s, step 1: %.3g of the bf16 params differ from one process", out, flips);
         state_files(dir, out, MOE_STEPS, a, b, sizeof(a));
         double grad20 = compare_tensors(a, b, "main_grad.", INFINITY, 0, NULL);
         double param20 = compare_tensors(a, b, "param.", INFINITY, 0, NULL);
@@ -1704,6 +1731,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),
         cmocka_unit_test(test_context_parallel_qk_clip),
+        cmocka_unit_test(test_context_parallel_bf16),
         cmocka_unit_test(test_context_parallel_checkpoint_across_meshes),
         cmocka_unit_test(test_mindspeed_seed_with_context_parallelism),
         cmocka_unit_test(test_moe_expert_parallel_float32),

@@ -295,7 +295,7 @@ static void test_context_parallel_layout(void **state) {
     ht_error err;
     assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err), &err);
     ht_comm two = {.rank = 1, .size = 2, .name = "a group of two"}; /* sizes only: nothing is exchanged */
-    assert_ht_ok(ht_context_parallel_attach(m, ht_comm_single(), &two, &err), &err);
+    assert_ht_ok(ht_context_parallel_attach(m, &two, ht_comm_single(), &two, &err), &err);
     assert_int_equal(ht_context_size(&m->context), 2);
     /* 9 tokens a rank are sequences of 18, past the model's 16 positions. */
     int32_t in[9] = {0}, tg[9] = {0};
@@ -304,7 +304,7 @@ static void test_context_parallel_layout(void **state) {
     assert_non_null(strstr(err.msg, "sequence length 18 is longer than model.max_position_embeddings (16)"));
     /* A model whose builder does not declare it cannot be split. */
     m->context_capable = false;
-    assert_int_equal(ht_context_parallel_attach(m, &two, ht_comm_single(), &err), HT_ERR_CONFIG);
+    assert_int_equal(ht_context_parallel_attach(m, &two, &two, ht_comm_single(), &err), HT_ERR_CONFIG);
     assert_non_null(strstr(err.msg, "cannot split its sequences"));
     ht_model_free(m);
 }

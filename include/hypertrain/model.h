@@ -190,6 +190,11 @@ typedef struct ht_context_parallel {
     void *(*start_shift)(void *ctx, const void *send, void *recv, int64_t bytes);
     void (*wait)(void *ctx, void *request, double *seconds);
     void *ring_ctx;
+    /* Over the whole context-parallel group: buf (n) <- its sum over the
+     * ranks, in rank order (the same bits on every rank): Qwen2-MoE's
+     * load-balancing sums, which are the sequences', not one rank's share's. */
+    void (*sum)(void *ctx, double *buf, int64_t n);
+    void *group_ctx;
     /* Since last zeroed: the all-to-alls' seconds; the ring steps' seconds in
      * flight, and the part of them attention stood waiting (the rest was
      * hidden behind the block in hand). */

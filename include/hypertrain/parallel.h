@@ -98,10 +98,11 @@ void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
 /* Context parallelism: the model's attention exchanges over `ulysses` (the
  * ranks that split the heads, parallel.ulysses_parallel_size) and `ring`
  * (parallel.ring_attention_size), their ranks being this rank's place on
- * each axis (ht_context_parallel). Both of size 1: none. A model whose
- * builder cannot split its sequences is an error. The groups must outlive
- * the model's use of them. */
-ht_status ht_context_parallel_attach(ht_model *m, ht_comm *ulysses, ht_comm *ring, ht_error *err);
+ * each axis (ht_context_parallel), and its sums over `group`, the whole
+ * context-parallel group (ulysses x ring ranks). All of size 1: none. A
+ * model whose builder cannot split its sequences is an error. The groups
+ * must outlive the model's use of them. */
+ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulysses, ht_comm *ring, ht_error *err);
 
 /* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
 void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);

@@ -55,8 +55,9 @@ typedef struct ht_trainer {
      * innermost). The ranks of a context-parallel group read the same
      * sequences and hold Tc = T / CP tokens of each (ht_context_position);
      * ulysses_comm joins the U ranks that split the heads, ring_comm the R
-     * ranks the key/value blocks go round. One process: both single. */
-    ht_comm *ulysses_comm, *ring_comm;
+     * ranks the key/value blocks go round, cp_comm the whole group. One
+     * process: all single. */
+    ht_comm *cp_comm, *ulysses_comm, *ring_comm;
     int dp_rank, dp_size, cp_size;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;

@@ -115,12 +115,6 @@ static int check_mesh(report *r, int world) {
             "%s: %d does not divide model.num_attention_heads (%d) and the key/value heads (%d): Ulysses gives each "
             "rank whole heads of every sequence",
             at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)), U, H, KV);
-    if (m->moe.output_router_logits && strcmp(m->name, "qwen2_moe") == 0)
-        add(r,
-            "%s: not supported with context parallelism (Ulysses %d x ring %d): the load-balancing loss multiplies "
-            "fractions of the whole batch's tokens, which the ranks of a context-parallel group hold parts of; "
-            "set it false or both sizes to 1",
-            at(cfg, "model.output_router_logits", a, sizeof(a)), U, R);
     return world / cp;
 }
 

@@ -1106,6 +1106,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     if (loss) *loss = targets ? (float)mean : NAN;
     m->aux_loss = NAN;
     if (d->moe && m->config.moe.output_router_logits) {
+        if (d->cp) ht_moe_sum_routing(d->moe, &m->context); /* the sequences' sums, not this rank's share's */
         m->aux_loss = (float)ht_moe_aux_loss(d->moe);
         if (loss && targets) *loss = (float)(*loss + m->config.moe.router_aux_loss_coef * m->aux_loss);
     }
@@ -1121,7 +1122,13 @@ static void decoder_backward(ht_model *m, float scale) {
     float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
     const ht_moe_config *mc = &m->config.moe;
     /* The load-balancing loss counts every token, targets or not. */
-    const float aux_scale = d->moe && mc->output_router_logits ? (float)(mc->router_aux_loss_coef * scale) : 0.0f;
+    /* Context parallelism: every rank of the group has the whole sequences'
+     * load-balancing loss, and its tokens' share of its gradient is summed
+     * over the group with the cross-entropy's, whose each rank's is the
+     * mean over its share: the group's size restores its weight. */
+    const float aux_scale = d->moe && mc->output_router_logits
+                                ? (float)(mc->router_aux_loss_coef * scale * (d->cp ? d->cp_size : 1))
+                                : 0.0f;
     const ht_dtype round = d->embed->compute_dtype == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
 
     /* Loss -> logits -> final norm. */

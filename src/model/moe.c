@@ -557,6 +557,17 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
                               S > 0 ? a->so : NULL, N, k, C);
 }
 
+void ht_moe_sum_routing(ht_moe *moe, const ht_context_parallel *cp) {
+    const int E = moe->E;
+    double *sums = moe->count; /* count (E), then prob_sum (E), then the rows */
+    double buf[2 * E + 1];
+    memcpy(buf, sums, (size_t)(2 * E) * sizeof(double));
+    buf[2 * E] = (double)moe->rows;
+    cp->sum(cp->group_ctx, buf, 2 * E + 1);
+    memcpy(sums, buf, (size_t)(2 * E) * sizeof(double));
+    moe->rows = (int64_t)buf[2 * E];
+}
+
 double ht_moe_aux_loss(const ht_moe *moe) {
     if (moe->rows == 0) return 0.0;
     double sum = 0.0, R = (double)moe->rows;

@@ -34,6 +34,11 @@ const ht_moe_params *ht_moe_params_of(const ht_moe *moe, int index);
  * zeroed. ep: the model's expert parallelism (every expert here when its
  * size is <= 1). */
 ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error *err);
+/* Context parallelism: the load-balancing loss's sums (each expert's routed
+ * rows and router probabilities, and the rows) over the context-parallel
+ * group, after the last sparse layer's forward: the loss and its gradient
+ * are then the whole sequences', the same on every rank of the group. */
+void ht_moe_sum_routing(ht_moe *moe, const ht_context_parallel *cp);
 /* y (N, C) FP32 = the block of sparse layer `index` applied to x (N, C) in
  * the compute dtype (x as the GEMMs read it); keeps what backward reads.
  * `round` is the precision FP32 operands are rounded to (F32: none). */

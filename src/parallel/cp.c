@@ -25,7 +25,9 @@ static void *start_shift(void *ctx, const void *send, void *recv, int64_t bytes)
 
 static void wait(void *ctx, void *request, double *seconds) { ht_wait(ctx, request, seconds); }
 
-ht_status ht_context_parallel_attach(ht_model *m, ht_comm *ulysses, ht_comm *ring, ht_error *err) {
+static void sum(void *ctx, double *buf, int64_t n) { ht_all_reduce_f64(ctx, buf, n, HT_REDUCE_SUM); }
+
+ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulysses, ht_comm *ring, ht_error *err) {
     if (ulysses->size * ring->size > 1 && !m->context_capable)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.ulysses_parallel_size %d x parallel.ring_attention_size %d: model %s cannot split its "
@@ -39,6 +41,8 @@ ht_status ht_context_parallel_attach(ht_model *m, ht_comm *ulysses, ht_comm *rin
                                        .ulysses_ctx = ulysses,
                                        .start_shift = start_shift,
                                        .wait = wait,
-                                       .ring_ctx = ring};
+                                       .ring_ctx = ring,
+                                       .sum = sum,
+                                       .group_ctx = group};
     return HT_OK;
 }

@@ -341,7 +341,7 @@ static ht_status attach_context(ht_trainer *t, ht_error *err) {
                        "parallel.ulysses_parallel_size %d does not divide the model's %d attention heads and %d "
                        "key/value heads (%s): Ulysses gives each rank whole heads of every sequence",
                        U, H, KV, a->name);
-    ht_status s = ht_context_parallel_attach(t->model, t->ulysses_comm, t->ring_comm, err);
+    ht_status s = ht_context_parallel_attach(t->model, t->cp_comm, t->ulysses_comm, t->ring_comm, err);
     if (s != HT_OK || t->comm->rank != 0) return s;
     char ring[160] = "";
     if (R > 1)
@@ -836,6 +836,7 @@ static ht_status make_groups(ht_trainer *t, ht_error *err) {
     ht_status s = ht_comm_split(t->comm, r / S, r % S, &t->shard_comm, err);
     if (s == HT_OK) s = ht_comm_split(t->comm, r % S, r / S, &t->replica_comm, err);
     t->sharded = S > 1;
+    if (s == HT_OK) s = ht_comm_split(t->comm, r / CP, r % CP, &t->cp_comm, err);
     if (s == HT_OK) s = ht_comm_split(t->comm, r / U, r % U, &t->ulysses_comm, err);
     if (s == HT_OK) s = ht_comm_split(t->comm, r / CP * U + r % U, r % CP / U, &t->ring_comm, err);
     /* Expert parallelism (validated: P divides W, no HSDP). */
@@ -881,7 +882,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
     t->comm = comm;
-    t->shard_comm = t->replica_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
+    t->shard_comm = t->replica_comm = t->cp_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
     t->dp_size = t->cp_size = 1;
     t->last_eval_loss = NAN;
     t->rss_at_start = rss_now();
@@ -924,6 +925,7 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->targets);
     if (t->ring_comm) ht_comm_free(t->ring_comm);
     if (t->ulysses_comm) ht_comm_free(t->ulysses_comm);
+    if (t->cp_comm) ht_comm_free(t->cp_comm);
     ht_free(t->share_inputs);
     ht_free(t->share_targets);
     if (t->ep_comm) ht_comm_free(t->ep_comm);
