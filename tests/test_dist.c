@@ -1021,9 +1021,10 @@ static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, 
 
 /* The runs set against one process: the seed's 2 data-parallel x 2
  * expert-parallel with FSDP on 4 ranks, 4 x EP 4, 2 x EP 2, and FSDP alone
- * on 2, 3 and 4 ranks; and EP 2 with ring 2, and with Ulysses 2, on 4
- * ranks (the experts split over data x context parallel; the load-balancing
- * sums over the context-parallel group). */
+ * on 2, 3 and 4 ranks; EP 2 with ring 2, and with Ulysses 2, on 4 ranks
+ * (the experts split over data x context parallel; the load-balancing sums
+ * over the context-parallel group); and the seed's 8-rank mesh but tensor
+ * parallelism: DP 2 x Ulysses 2 x ring 2, EP 2, FSDP over all 8. */
 static const struct {
     int ranks, ep;
     const char *cp; /* the context-parallel setting, NULL: none */
@@ -1034,7 +1035,8 @@ static const struct {
                 {3, 1, NULL},
                 {4, 1, NULL},
                 {4, 2, "parallel.ring_attention_size=2"},
-                {4, 2, "parallel.ulysses_parallel_size=2"}};
+                {4, 2, "parallel.ulysses_parallel_size=2"},
+                {8, 2, "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2"}};
 enum { MOE_RUNS = sizeof(moe_runs) / sizeof(moe_runs[0]), MOE_STEPS = 20 };
 
 /* Runs moe_runs[k] in dir; its log's losses and grad norms. */
@@ -1042,9 +1044,10 @@ static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss,
     char set[256], *log;
     const char *cp = moe_runs[k].cp;
     snprintf(out, cap, "ep%d_of_%d%s", moe_runs[k].ep, moe_runs[k].ranks,
-             !cp                  ? ""
-             : strstr(cp, "ring") ? "_ring2"
-                                  : "_ulysses2");
+             !cp                     ? ""
+             : !strstr(cp, "ring")   ? "_ulysses2"
+             : strstr(cp, "ulysses") ? "_ulysses2_ring2"
+                                     : "_ring2");
     snprintf(set, sizeof(set), "--set parallel.expert_parallel_size=%d%s%s", moe_runs[k].ep, cp ? " --set " : "",
              cp ? cp : "");
     int rc = run_in(dir, out, moe_runs[k].ranks, set, &log);
