@@ -268,9 +268,9 @@ typedef struct merged_key {
     int *ranks, *index, count; /* (rank, chunk index) of every chunk, in rank order */
 } merged_key;
 
-static void write_list(FILE *f, int ndim, const int64_t *shape) {
+static void write_list(FILE *f, int ndim, const int64_t *v) {
     fputc('[', f);
-    for (int d = 0; d < ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)shape[d]);
+    for (int d = 0; d < ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)v[d]);
     fputc(']', f);
 }
 
