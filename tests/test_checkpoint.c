@@ -6,8 +6,10 @@
  * missing name; restore_optimizer false loads the model only; a run without
  * FP32 main params saves none and resumes exactly, and main params are built
  * for it or left unread when the next run keeps them or not. Also N ranks
- * -> M ranks for N, M in {1, 2, 3, 4}, keep_last and `latest`, every
- * integrity error, export (library and CLI) and inspect. */
+ * -> M ranks for N, M in {1, 2, 3, 4}, params sharded as 2-D and 3-D boxes
+ * in six layouts loading into every other, format 1 (row) checkpoints,
+ * chunks that overlap, leave a hole or lie outside the shape, keep_last and
+ * `latest`, every integrity error, export (library and CLI) and inspect. */
 #include "harness.h"
 
 #include <fcntl.h>
