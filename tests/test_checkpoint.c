@@ -6,8 +6,10 @@
  * missing name; restore_optimizer false loads the model only; a run without
  * FP32 main params saves none and resumes exactly, and main params are built
  * for it or left unread when the next run keeps them or not. Also N ranks
- * -> M ranks for N, M in {1, 2, 3, 4}, keep_last and `latest`, every
- * integrity error, export (library and CLI) and inspect. */
+ * -> M ranks for N, M in {1, 2, 3, 4}, params sharded as 2-D and 3-D boxes
+ * in six layouts loading into every other, format 1 (row) checkpoints,
+ * chunks that overlap, leave a hole or lie outside the shape, keep_last and
+ * `latest`, every integrity error, export (library and CLI) and inspect. */
 #include "harness.h"
 
 #include <fcntl.h>
@@ -946,8 +948,7 @@ static void shard_init(shard *sh, const ht_param_store *full, int r, int w) {
     for (int i = 0; i < full->count; i++) {
         const ht_param *p = &full->items[i];
         ht_param *q = ht_params_add(&sh->ps, p->name, p->ndim, p->shape, p->dtype);
-        q->row0 = p->shape[0] * r / w;
-        q->row1 = p->shape[0] * (r + 1) / w;
+        ht_param_set_rows(q, p->shape[0] * r / w, p->shape[0] * (r + 1) / w);
     }
     assert_ht_ok(ht_params_allocate(&sh->ps, &err), &err);
     assert_ht_ok(ht_params_create_main(&sh->ps, &err), &err);
@@ -1309,7 +1310,7 @@ static void test_integrity_errors(void **state) {
     expect_edit_refused(good, bad, "\"schedule_step\": 1", "\"schedule_step\": 9",
                         "trainer_state step 1, schedule_step 9", NULL);
     /* A format version from the future. */
-    expect_edit_refused(good, bad, "\"format_version\": 1", "\"format_version\": 2", "metadata.json",
+    expect_edit_refused(good, bad, "\"format_version\": 2", "\"format_version\": 3", "metadata.json",
                         "from the future");
     /* A key whose shape does not fit the run's model. */
     const char *wider[] = {"model.intermediate_size=64"};
@@ -1400,6 +1401,276 @@ static void test_metadata_messages(void **state) {
     expect_edit_refused(good, bad, "\"world_size\": 1", "\"world_sizes\": 1", "\"world_size\" missing", NULL);
     trainer_delete(t);
     free(cfg);
+}
+
+/* ------------------------------------------------------------------ N-D boxes */
+
+/* A layout of boxes: dim d of every param split into split[d] balanced
+ * blocks (ht_param_rows_of), one rank a block, dim 0 fastest (or slowest,
+ * so that rank order is not offset order). Of a dim a param lacks, the
+ * first block's ranks hold its boxes, the others none. */
+typedef struct box_layout {
+    const char *name;
+    int split[3];
+    bool dim0_slowest;
+} box_layout;
+
+static const box_layout box_layouts[] = {
+    {"whole", {1, 1, 1}, false},
+    {"3 row-blocks x 2 column-blocks", {3, 2, 1}, false},
+    {"2 column-blocks x 3 row-blocks, column-major ranks", {3, 2, 1}, true},
+    {"4 column-blocks (dim 1)", {1, 4, 1}, false},
+    {"7 row-blocks (FSDP's rows, some empty)", {7, 1, 1}, false},
+    {"2 x 1 x 3 (dim 2 of the 3-D tensor)", {2, 1, 3}, false},
+};
+
+/* The params: a 6x8 f32 matrix, an uneven 5x7 bf16 one and a 4x6x5 f32 tensor. */
+static const struct {
+    const char *name;
+    int ndim;
+    int64_t shape[3];
+    ht_dtype dtype;
+} box_params[] = {
+    {"m.weight", 2, {6, 8, 0}, HT_DTYPE_F32},
+    {"b.weight", 2, {5, 7, 0}, HT_DTYPE_BF16},
+    {"t.weight", 3, {4, 6, 5}, HT_DTYPE_F32},
+};
+#define BOX_PARAMS 3
+
+static int layout_ranks(const box_layout *l) { return l->split[0] * l->split[1] * l->split[2]; }
+
+/* Rank r's box of a param under l. */
+static ht_box layout_box(const box_layout *l, int r, int ndim, const int64_t *shape) {
+    int idx[3];
+    for (int d = 0, stride = 1; d < 3; d++) {
+        int dd = l->dim0_slowest ? 2 - d : d;
+        idx[dd] = r / stride % l->split[dd];
+        stride *= l->split[dd];
+    }
+    ht_box b = {{0}, {0}};
+    for (int d = ndim; d < 3; d++)
+        if (idx[d] != 0) return b; /* a block of a dim the param lacks: this rank holds none of it */
+    for (int d = 0; d < ndim; d++) {
+        int64_t lo, hi;
+        ht_param_rows_of(shape[d], idx[d], l->split[d], &lo, &hi);
+        b.offset[d] = lo;
+        b.length[d] = hi - lo;
+    }
+    return b;
+}
+
+/* The value of param i at global row-major element k. */
+static float box_value(int i, int64_t k) { return (float)(i + 1) * 1000.0f + 0.37f * (float)k + 1e-6f; }
+
+/* The global row-major index of element j of a box. */
+static int64_t box_global(int ndim, const int64_t *shape, const ht_box *b, int64_t j) {
+    int64_t g = 0, stride = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        g += (b->offset[d] + j % b->length[d]) * stride;
+        j /= b->length[d];
+        stride *= shape[d];
+    }
+    return g;
+}
+
+/* Rank r's store under l, holding its boxes (filled with box_value when fill). */
+static void box_store(ht_param_store *ps, const box_layout *l, int r, bool fill) {
+    memset(ps, 0, sizeof(*ps));
+    for (int i = 0; i < BOX_PARAMS; i++) {
+        ht_param *p =
+            ht_params_add(ps, box_params[i].name, box_params[i].ndim, box_params[i].shape, box_params[i].dtype);
+        ht_box b = layout_box(l, r, p->ndim, p->shape);
+        ht_param_set_box(p, &b);
+    }
+    ht_error err;
+    assert_ht_ok(ht_params_allocate(ps, &err), &err);
+    for (int i = 0; fill && i < ps->count; i++) {
+        ht_param *p = &ps->items[i];
+        for (int64_t j = 0; j < ht_param_local_numel(p); j++) {
+            float v = box_value(i, box_global(p->ndim, p->shape, &p->box, j));
+            ht_convert((char *)p->data + j * ht_dtype_size(p->dtype), p->dtype, &v, HT_DTYPE_F32, 1);
+        }
+    }
+}
+
+/* Checks that the values of dtype at data are box_value of param i at a
+ * box's elements (rounded as the param's dtype holds them), bit for bit. */
+static void box_expect(int i, const ht_box *b, const void *data, ht_dtype dtype, const char *what) {
+    const int ndim = box_params[i].ndim;
+    for (int64_t j = 0; j < ht_box_numel(ndim, b); j++) {
+        float v = box_value(i, box_global(ndim, box_params[i].shape, b, j));
+        if (box_params[i].dtype == HT_DTYPE_BF16) v = ht_bf16_to_f32(ht_f32_to_bf16(v));
+        bool same = dtype == HT_DTYPE_F32 ? memcmp((const float *)data + j, &v, sizeof(v)) == 0
+                                          : ((const uint16_t *)data)[j] == ht_f32_to_bf16(v);
+        if (!same) fail_msg("%s: %s element %lld differs", what, box_params[i].name, (long long)j);
+    }
+}
+
+/* Saves layout l as layout_ranks(l) rank files under dir/<tag>; the checkpoint's path into ckdir. */
+static void box_save(const char *dir, const char *tag, const box_layout *l, char *ckdir, size_t n) {
+    char out[1200], tmp[HT_CKPT_PATH_MAX];
+    snprintf(out, sizeof(out), "%s/%s", dir, tag);
+    ht_error err;
+    ht_ckpt_save_options o = {0};
+    int w = layout_ranks(l);
+    ht_ckpt_rank_file files[8];
+    ht_param_store ps[8];
+    assert_ht_ok(ht_ckpt_begin(out, 3, tmp, sizeof(tmp), &err), &err);
+    for (int r = 0; r < w; r++) {
+        box_store(&ps[r], l, r, true);
+        ht_ckpt_view v = {.params = &ps[r]};
+        v.state.step = 3;
+        assert_ht_ok(ht_ckpt_write_rank(tmp, r, &v, &o, &files[r], &err), &err);
+    }
+    ht_ckpt_view v0 = {.params = &ps[0]};
+    v0.state.step = 3;
+    assert_ht_ok(ht_ckpt_commit(out, w, files, &v0, &o, &err), &err);
+    for (int r = 0; r < w; r++) {
+        ht_ckpt_rank_file_free(&files[r]);
+        ht_params_free(&ps[r]);
+    }
+    snprintf(ckdir, n, "%s/step_00000003", out);
+}
+
+static char *box_metadata(const char *ckdir) {
+    char path[1500];
+    snprintf(path, sizeof(path), "%s/metadata.json", ckdir);
+    return read_text(path);
+}
+
+/* Loads ckdir in every layout, rank by rank, and reads every whole tensor
+ * (m.weight also as bf16): each value bit for bit. Returns the loads. */
+static int box_load_everywhere(const char *ckdir) {
+    ht_checkpoint *ck;
+    ht_error err;
+    assert_ht_ok(ht_ckpt_open(ckdir, &ck, &err), &err);
+    int loads = 0;
+    for (size_t t = 0; t < sizeof(box_layouts) / sizeof(box_layouts[0]); t++)
+        for (int r = 0; r < layout_ranks(&box_layouts[t]); r++) {
+            ht_param_store ps;
+            box_store(&ps, &box_layouts[t], r, false);
+            ht_ckpt_view v = {.params = &ps};
+            assert_ht_ok(ht_ckpt_load(ck, &v, false, &err), &err);
+            for (int i = 0; i < ps.count; i++)
+                box_expect(i, &ps.items[i].box, ps.items[i].data, ps.items[i].dtype, box_layouts[t].name);
+            ht_params_free(&ps);
+            loads++;
+        }
+    float whole[4 * 6 * 5];
+    uint16_t half[6 * 8];
+    char key[64];
+    for (int i = 0; i < BOX_PARAMS; i++) {
+        ht_box b = {{0}, {0}};
+        for (int d = 0; d < box_params[i].ndim; d++) b.length[d] = box_params[i].shape[d];
+        snprintf(key, sizeof(key), "model.%s", box_params[i].name);
+        assert_ht_ok(ht_ckpt_read_box(ck, key, &b, whole, HT_DTYPE_F32, &err), &err);
+        box_expect(i, &b, whole, HT_DTYPE_F32, "the whole tensor");
+        if (i == 0) {
+            assert_ht_ok(ht_ckpt_read_box(ck, key, &b, half, HT_DTYPE_BF16, &err), &err);
+            box_expect(i, &b, half, HT_DTYPE_BF16, "the whole tensor as bf16");
+        }
+    }
+    ht_ckpt_close(ck);
+    return loads;
+}
+
+/* Params sharded as 2-D and 3-D boxes in six layouts (row-blocks x
+ * column-blocks in either rank order, dim-1 blocks, FSDP's rows with empty
+ * ranks, a split of dim 2), each saved and loaded in every layout and whole,
+ * bit for bit. */
+static void test_box_layouts_load_into_any_other(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_boxes");
+    int loads = 0, per_load = 0;
+    for (size_t t = 0; t < sizeof(box_layouts) / sizeof(box_layouts[0]); t++) per_load += layout_ranks(&box_layouts[t]);
+    for (size_t s = 0; s < sizeof(box_layouts) / sizeof(box_layouts[0]); s++) {
+        char tag[32], ckdir[1400];
+        snprintf(tag, sizeof(tag), "layout_%zu", s);
+        box_save(dir, tag, &box_layouts[s], ckdir, sizeof(ckdir));
+        char *meta = box_metadata(ckdir);
+        assert_non_null(strstr(meta, "\"format_version\": 2"));
+        assert_non_null(strstr(meta, "\"offsets\": ["));
+        free(meta);
+        loads += box_load_everywhere(ckdir);
+    }
+    assert_int_equal(loads, 6 * per_load);
+}
+
+/* A format 1 checkpoint (chunks as row_offset/rows of whole rows), as the
+ * code before boxes wrote it: metadata.json rewritten so, re-sealed. */
+static void rewrite_as_format_1(const char *ckdir) {
+    char path[1500];
+    snprintf(path, sizeof(path), "%s/metadata.json", ckdir);
+    char *text = read_text(path), *out = malloc(strlen(text) + 1), *w = out;
+    const char *at = text, *hit;
+    while ((hit = strstr(at, "\"offsets\": [")) != NULL) {
+        long long row0 = 0, rows = 0;
+        const char *lengths = strstr(hit, "\"lengths\": [");
+        assert_non_null(lengths);
+        assert_int_equal(sscanf(hit, "\"offsets\": [%lld", &row0), 1);
+        assert_int_equal(sscanf(lengths, "\"lengths\": [%lld", &rows), 1);
+        memcpy(w, at, (size_t)(hit - at));
+        w += hit - at;
+        w += sprintf(w, "\"row_offset\": %lld, \"rows\": %lld", row0, rows);
+        at = strchr(lengths, ']') + 1;
+    }
+    strcpy(w, at);
+    write_file(path, out, strlen(out));
+    free(text);
+    free(out);
+    edit_metadata(ckdir, "\"format_version\": 2", "\"format_version\": 1"); /* and re-sealed */
+}
+
+/* Checkpoints of the row format (format_version 1) still load, into boxes too. */
+static void test_format_1_checkpoint_loads(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_format_1");
+    char ckdir[1400];
+    box_save(dir, "rows", &box_layouts[4], ckdir, sizeof(ckdir));
+    rewrite_as_format_1(ckdir);
+    char *meta = box_metadata(ckdir);
+    assert_null(strstr(meta, "\"offsets\""));
+    assert_non_null(strstr(meta, "\"row_offset\": 4, \"rows\": 1}"));
+    free(meta);
+    int per_load = 0;
+    for (size_t t = 0; t < sizeof(box_layouts) / sizeof(box_layouts[0]); t++) per_load += layout_ranks(&box_layouts[t]);
+    assert_int_equal(box_load_everywhere(ckdir), per_load);
+}
+
+/* Chunks that overlap, leave a hole or lie outside the shape are refused at
+ * open, naming the key, the file and the chunk's box. */
+static void test_box_tiling_errors(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("ckpt_box_errors");
+    char good[1400], bad[1400];
+    box_save(dir, "grid", &box_layouts[1], good, sizeof(good));
+    snprintf(bad, sizeof(bad), "%s/bad", dir);
+    /* Rank 1 holds rows [2, 4) x columns [0, 4) of m.weight: moved up a row, it overlaps rank 0's. */
+    const char *r1 = "{\"file\": \"rank_00001.safetensors\", \"offsets\": [2, 0], \"lengths\": [2, 4]}";
+    expect_edit_refused(good, bad, r1,
+                        "{\"file\": \"rank_00001.safetensors\", \"offsets\": [1, 0], \"lengths\": [2, 4]}",
+                        "key model.m.weight: chunk 1 (rank_00001.safetensors, offsets [1, 0], lengths [2, 4]) "
+                        "overlaps chunk 0 (rank_00000.safetensors, offsets [0, 0], lengths [2, 4])",
+                        NULL);
+    /* One row shorter: row 3 of columns [0, 4) is in no chunk. */
+    expect_edit_refused(
+        good, bad, r1, "{\"file\": \"rank_00001.safetensors\", \"offsets\": [2, 0], \"lengths\": [1, 4]}",
+        "key model.m.weight: its chunks hold 44 of its 48 elements, leaving a hole", "element [3, 0] is in none");
+    /* Rank 5's block of columns [4, 8) moved right: past the 8 columns. */
+    expect_edit_refused(good, bad, "{\"file\": \"rank_00005.safetensors\", \"offsets\": [4, 4]",
+                        "{\"file\": \"rank_00005.safetensors\", \"offsets\": [4, 5]",
+                        "key model.m.weight: chunk 5 (rank_00005.safetensors, offsets [4, 5], lengths [2, 4]) lies "
+                        "outside the shape [6, 8]",
+                        NULL);
+    /* A chunk of no element. */
+    expect_edit_refused(good, bad, r1,
+                        "{\"file\": \"rank_00001.safetensors\", \"offsets\": [2, 0], \"lengths\": [0, 4]}",
+                        "chunk 1 (rank_00001.safetensors, offsets [2, 0], lengths [0, 4]) holds no element of the "
+                        "shape [6, 8]",
+                        NULL);
+    /* offsets of another rank than the shape's. */
+    expect_edit_refused(good, bad, r1, "{\"file\": \"rank_00001.safetensors\", \"offsets\": [2], \"lengths\": [2, 4]}",
+                        "key model.m.weight: chunk 1 names no listed rank file or has no offsets/lengths", NULL);
 }
 
 /* ------------------------------------------------------------------ export and inspect */
@@ -1590,6 +1861,9 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_without_main_params),
         cmocka_unit_test(test_main_params_not_loaded_without_fp32_main_params),
         cmocka_unit_test(test_n_ranks_to_m_ranks),
+        cmocka_unit_test(test_box_layouts_load_into_any_other),
+        cmocka_unit_test(test_format_1_checkpoint_loads),
+        cmocka_unit_test(test_box_tiling_errors),
         cmocka_unit_test(test_latest_and_keep_last),
         cmocka_unit_test(test_integrity_errors),
         cmocka_unit_test(test_checkpoint_files_that_are_not_files),

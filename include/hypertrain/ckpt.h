@@ -150,7 +150,7 @@ ht_status ht_peft_save_adapter(const char *dir, const ht_param_store *params, co
 /* ---------------------------------------------------------------- training checkpoints */
 
 /* A checkpoint is a directory output_dir/step_XXXXXXXX/ (docs/DESIGN.md, Checkpoints):
- *   rank_RRRRR.safetensors  one per rank: that rank's rows of every key
+ *   rank_RRRRR.safetensors  one per rank: that rank's box of every key
  *   config.json             the model architecture (what export writes)
  *   metadata.json           written last: the commit point
  * Keys: model.<fqn> (model dtype), optimizer.state.<fqn>.exp_avg / .exp_avg_sq
@@ -158,9 +158,10 @@ ht_status ht_peft_save_adapter(const char *dir, const ht_param_store *params, co
  * (int64 scalar, rank 0), _mixed_precision_optimizer.fp32_from_fp16_params.<fqn>
  * (FP32, only for params whose model dtype is not float32). metadata.json
  * holds the format version, step, world size, the trainer state, the
- * effective config, every key's global shape, dtype and chunks (file, row
- * offset, rows), the size and XXH64 of every file, and its own XXH64. */
-#define HT_CKPT_FORMAT_VERSION 1
+ * effective config, every key's global shape, dtype and chunks (file, and
+ * the N-D box: offsets, lengths; version 1 had row_offset, rows), the size
+ * and XXH64 of every file, and its own XXH64. */
+#define HT_CKPT_FORMAT_VERSION 2
 #define HT_CKPT_HASH "xxh64"
 #define HT_CKPT_KEY_MAX (HT_PARAM_NAME_MAX + 64)
 #define HT_CKPT_PATH_MAX 4096
@@ -184,7 +185,7 @@ typedef struct ht_ckpt_trainer_state {
 
 /* One rank's view of what a save reads and a load fills. */
 typedef struct ht_ckpt_view {
-    ht_param_store *params;       /* this rank's rows [row0, row1) of every param */
+    ht_param_store *params;       /* this rank's box of every param (ht_param_box) */
     ht_optimizer *optimizer;      /* its muon/adamw slots; NULL: no optimizer state */
     ht_ckpt_trainer_state state;  /* saved from rank 0's view; filled by a load */
     const ht_config *config;      /* saved as the effective config; NULL: none */
@@ -205,13 +206,13 @@ typedef struct ht_ckpt_save_options {
     int exclude_count;
 } ht_ckpt_save_options;
 
-/* One chunk of one key that a rank wrote: rows [row0, row0 + rows) of the global tensor. */
+/* One chunk of one key that a rank wrote: the box of the global tensor it holds. */
 typedef struct ht_ckpt_chunk {
     char key[HT_CKPT_KEY_MAX];
     ht_dtype dtype;
-    int ndim;                         /* 0 for a scalar (one "row") */
+    int ndim;                         /* 0 for a scalar (one element, an empty box) */
     int64_t shape[HT_PARAM_MAX_DIMS]; /* global */
-    int64_t row0, rows;
+    ht_box box;                       /* the param's box (ht_param_box) */
 } ht_ckpt_chunk;
 
 /* What one rank wrote: rank 0 gathers these to write metadata.json. */
@@ -268,8 +269,14 @@ const char *ht_ckpt_dir(const ht_checkpoint *ck);
  * (ht_config_format_value); NULL if the checkpoint holds no such key. */
 const char *ht_ckpt_config_value(const ht_checkpoint *ck, const char *key);
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck);
-/* Rows [row0, row1) of a key into dst, converted to dst_dtype (float <-> float
- * only): the planner reads the overlap of every saved chunk with them. */
+/* A box of a key (inside its shape; ndim the key's) into dst, laid out
+ * row-major as the box, converted to dst_dtype (float <-> float only): the
+ * planner copies the overlap of every saved chunk with it, so a checkpoint
+ * saved in one layout of boxes loads into any other. */
+ht_status ht_ckpt_read_box(const ht_checkpoint *ck, const char *key, const ht_box *box, void *dst, ht_dtype dst_dtype,
+                           ht_error *err);
+/* Rows [row0, row1) of dim 0 of a key, every other dim whole (a scalar: rows
+ * [0, 1)): ht_ckpt_read_box of that box. */
 ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *key, int64_t row0, int64_t row1, void *dst,
                             ht_dtype dst_dtype, ht_error *err);
 /* Fills a rank's view: model weights (converted to each param's dtype, so

@@ -104,10 +104,9 @@ void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
  * must outlive the model's use of them. */
 ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulysses, ht_comm *ring, ht_error *err);
 
-/* The bytes of each rank's rows of p (bytes[world]), elements of elem_size. */
-void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);
 /* A param's full tensor from its rows on every rank (`rows` holds this
- * rank's (row1 - row0) x row_numel values; full gets the whole tensor). */
+ * rank's (row1 - row0) x row_numel values; full gets the whole tensor): an
+ * all-gather of ht_param_row_bytes (param.h) over comm. */
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);
 
 #ifdef __cplusplus

@@ -13,15 +13,29 @@ extern "C" {
 #define HT_PARAM_NAME_MAX 160
 #define HT_PARAM_MAX_DIMS 4
 
+/* A box of a tensor: elements [offset[d], offset[d] + length[d]) of every dim
+ * d < ndim, the ndim being the tensor's (PyTorch DCP's chunk offsets and
+ * lengths). A box's values are laid out row-major, as a tensor of shape
+ * length[0..ndim). */
+typedef struct ht_box {
+    int64_t offset[HT_PARAM_MAX_DIMS];
+    int64_t length[HT_PARAM_MAX_DIMS];
+} ht_box;
+
 typedef struct ht_param {
     char name[HT_PARAM_NAME_MAX]; /* "model.layers.3.self_attn.q_proj.weight" */
     int ndim;
     int64_t shape[HT_PARAM_MAX_DIMS]; /* global shape */
     ht_dtype dtype;                   /* the model dtype of `data` */
     int64_t row0, row1;               /* this rank's shard: rows [row0, row1) of dim 0 */
+    /* The region of the global tensor that `data` holds: box.offset[0] and
+     * box.length[0] are always row0 and row1 - row0; the other dims are whole
+     * today (tensor parallelism will slice dim 0 or 1 first, then FSDP's rows
+     * of that slice). Set both through ht_param_set_rows or ht_param_set_box. */
+    ht_box box;
     bool sharded; /* the rows are spread over the ranks of a group (even where this one holds all) */
     bool trainable;
-    void *data;       /* (row1 - row0, shape[1:]) in dtype: the model's weights */
+    void *data;       /* (box.length[0..ndim)) in dtype: the model's weights; today (row1 - row0, shape[1:]) */
     float *main_grad; /* same layout in FP32: this rank's rows of the step's gradient, never rounded to dtype */
     /* The full (global shape) FP32 gradient that backward accumulates into.
      * Unsharded it IS main_grad; sharded, it is NULL except while parallel/'s
@@ -81,6 +95,12 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
 /* Rows [row0, row1) of a dim-0 size for rank `rank` of `world`: balanced, a
  * rank may hold none. */
 void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1);
+/* This rank holds rows [row0, row1) of dim 0 of p, every other dim whole:
+ * row0, row1 and the box. */
+void ht_param_set_rows(ht_param *p, int64_t row0, int64_t row1);
+/* This rank holds `box` of p (inside its shape): the box, row0 and row1. */
+void ht_param_set_box(ht_param *p, const ht_box *box);
+static inline ht_box ht_param_box(const ht_param *p) { return p->box; }
 /* Declares that this store holds only rank `rank`'s rows of every param (of
  * `world`), before ht_params_allocate: storage is then for those rows only. */
 void ht_params_set_rows(ht_param_store *store, int rank, int world);
@@ -126,8 +146,23 @@ void ht_params_free(ht_param_store *store);
 
 int64_t ht_param_numel(const ht_param *p);       /* global element count */
 int64_t ht_param_row_numel(const ht_param *p);   /* elements per dim-0 row */
-int64_t ht_param_local_numel(const ht_param *p); /* (row1 - row0) * row_numel */
+int64_t ht_param_local_numel(const ht_param *p); /* the box's: (row1 - row0) * row_numel today */
 int64_t ht_params_total_numel(const ht_param_store *store);
+/* The bytes of each rank's rows of p (bytes[world]) over `world` ranks
+ * (ht_param_rows_of), elements of elem_size: what FSDP's and Muon's gathers
+ * of whole tensors receive from each rank. */
+void ht_param_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size);
+
+/* Elements of a box of an ndim tensor. */
+int64_t ht_box_numel(int ndim, const ht_box *box);
+/* The overlap of a and b into *out; false when they share no element. */
+bool ht_box_intersect(int ndim, const ht_box *a, const ht_box *b, ht_box *out);
+/* Copies the elements that the boxes `dst_box` and `src_box` of one ndim
+ * tensor share from src (src_box's values, row-major) to their places in dst
+ * (dst_box's), converting src_dtype to dst_dtype (ht_convert). Returns the
+ * elements copied: 0 when the boxes do not overlap. */
+int64_t ht_box_copy(int ndim, void *dst, ht_dtype dst_dtype, const ht_box *dst_box, const void *src, ht_dtype src_dtype,
+                    const ht_box *src_box);
 
 #ifdef __cplusplus
 }

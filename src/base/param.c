@@ -14,7 +14,7 @@ int64_t ht_param_row_numel(const ht_param *p) {
 
 int64_t ht_param_numel(const ht_param *p) { return p->ndim == 0 ? 1 : p->shape[0] * ht_param_row_numel(p); }
 
-int64_t ht_param_local_numel(const ht_param *p) { return (p->row1 - p->row0) * ht_param_row_numel(p); }
+int64_t ht_param_local_numel(const ht_param *p) { return ht_box_numel(p->ndim, &p->box); }
 
 int64_t ht_params_total_numel(const ht_param_store *store) {
     int64_t n = 0;
@@ -66,8 +66,7 @@ ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const
     p->ndim = ndim;
     for (int d = 0; d < ndim; d++) p->shape[d] = shape[d];
     p->dtype = dtype;
-    p->row0 = 0;
-    p->row1 = shape[0];
+    ht_param_set_rows(p, 0, shape[0]);
     p->trainable = true;
     slot_insert(store, store->count - 1);
     return p;
@@ -120,7 +119,9 @@ void ht_params_set_rows(ht_param_store *store, int rank, int world) {
     store->shard_world = world;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        ht_param_rows_of(p->shape[0], rank, world, &p->row0, &p->row1);
+        int64_t r0, r1;
+        ht_param_rows_of(p->shape[0], rank, world, &r0, &r1);
+        ht_param_set_rows(p, r0, r1);
         p->sharded = world > 1;
     }
 }

@@ -47,7 +47,7 @@ typedef struct ck_file {
 
 typedef struct ck_chunk {
     int file;
-    int64_t row0, rows;
+    ht_box box; /* of the key's global shape; a format 1 chunk's rows of whole rows */
     const ht_st_tensor *t;
 } ck_chunk;
 

@@ -616,8 +616,7 @@ static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix,
             view.ndim = 2;
             view.shape[0] = rows;
             view.shape[1] = cols;
-            view.row0 = 0;
-            view.row1 = rows;
+            ht_param_set_rows(&view, 0, rows);
             view.data = (char *)p->data + (size_t)(((e - p->row0) * p->shape[1] + part * rows) * cols) * esize;
             ht_status s = ht_hf_copy_rows(&view, t, ht_safetensors_path(in), err);
             if (s != HT_OK) return s;

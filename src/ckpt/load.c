@@ -1,33 +1,43 @@
-/* Loading a training checkpoint into a model and optimizer: the row-overlap
- * planner that reads N ranks' chunks on M ranks, the FP32 main-param branches
- * and the optimizer state (docs/DESIGN.md, Checkpoints). */
+/* Loading a training checkpoint into a model and optimizer: the box-overlap
+ * planner that reads the chunks of N ranks' boxes into any other layout of
+ * boxes, the FP32 main-param branches and the optimizer state
+ * (docs/DESIGN.md, Checkpoints). */
 #include "ckpt/checkpoint_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *name, int64_t row0, int64_t row1, void *dst,
-                            ht_dtype dst_dtype, ht_error *err) {
+ht_status ht_ckpt_read_box(const ht_checkpoint *ck, const char *name, const ht_box *box, void *dst, ht_dtype dst_dtype,
+                           ht_error *err) {
     const ck_key *k = ht_ckpt_find_key(ck, name);
     if (!k) return ht_fail(err, HT_ERR_INVALID, "%s: key %s: not in the checkpoint", ck->dir, name);
     if (k->dtype != dst_dtype && !(ht_dtype_is_float(k->dtype) && ht_dtype_is_float(dst_dtype)))
         return ht_fail(err, HT_ERR_FORMAT, "%s: key %s: saved as %s, cannot be read as %s", ck->dir, name,
                        ht_dtype_name(k->dtype), ht_dtype_name(dst_dtype));
-    int64_t row_numel = 1;
-    for (int d = 1; d < k->ndim; d++) row_numel *= k->shape[d];
-    size_t ssize = ht_dtype_size(k->dtype), dsize = ht_dtype_size(dst_dtype);
-    /* The planner: the overlap of each saved chunk with the rows asked for. */
-    for (int j = 0; j < k->nchunks; j++) {
-        const ck_chunk *c = &k->chunks[j];
-        int64_t a = row0 > c->row0 ? row0 : c->row0;
-        int64_t b = row1 < c->row0 + c->rows ? row1 : c->row0 + c->rows;
-        if (a >= b) continue;
-        const char *src = (const char *)c->t->data + (size_t)((a - c->row0) * row_numel) * ssize;
-        char *out = (char *)dst + (size_t)((a - row0) * row_numel) * dsize;
-        ht_convert(out, dst_dtype, src, k->dtype, (size_t)((b - a) * row_numel));
-    }
+    for (int d = 0; d < k->ndim; d++)
+        if (box->offset[d] < 0 || box->length[d] < 0 || box->offset[d] + box->length[d] > k->shape[d])
+            return ht_fail(err, HT_ERR_INVALID, "%s: key %s: [%lld, %lld) of dim %d asked for, beyond its %lld",
+                           ck->dir, name, (long long)box->offset[d], (long long)(box->offset[d] + box->length[d]), d,
+                           (long long)k->shape[d]);
+    /* The planner: the overlap of each saved chunk with the box asked for
+     * (open checked that the chunks tile the shape, so every element is found once). */
+    for (int j = 0; j < k->nchunks; j++)
+        ht_box_copy(k->ndim, dst, dst_dtype, box, k->chunks[j].t->data, k->dtype, &k->chunks[j].box);
     return HT_OK;
+}
+
+ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *name, int64_t row0, int64_t row1, void *dst,
+                            ht_dtype dst_dtype, ht_error *err) {
+    const ck_key *k = ht_ckpt_find_key(ck, name);
+    ht_box box = {{0}, {0}};
+    for (int d = 1; k && d < k->ndim; d++) box.length[d] = k->shape[d];
+    box.offset[0] = row0;
+    box.length[0] = row1 - row0;
+    if (k && k->ndim == 0 && (row0 != 0 || row1 != 1))
+        return ht_fail(err, HT_ERR_INVALID, "%s: key %s: a scalar, read as rows [%lld, %lld)", ck->dir, name,
+                       (long long)row0, (long long)row1);
+    return ht_ckpt_read_box(ck, name, &box, dst, dst_dtype, err);
 }
 
 /* The key must exist with the param's global shape (and be FP32 unless a model key). */
@@ -142,7 +152,7 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_ckpt_view *v, bool a
             continue;
         }
         if (k)
-            s = ht_ckpt_read_rows(ck, k->name, p->row0, p->row1, e->data, HT_DTYPE_F32, err);
+            s = ht_ckpt_read_box(ck, k->name, &p->box, e->data, HT_DTYPE_F32, err);
         else /* the saved optimizer never stepped: as fresh */
             memset(e->data, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
         *loaded += k != NULL;
@@ -252,7 +262,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         char name[HT_CKPT_KEY_MAX];
         ht_ckpt_key_name(name, KIND_MODEL, p->name);
         if (!ht_ckpt_find_key(ck, name)) continue; /* load_strict false: kept */
-        ht_status s = ht_ckpt_read_rows(ck, name, p->row0, p->row1, p->data, p->dtype, err);
+        ht_status s = ht_ckpt_read_box(ck, name, &p->box, p->data, p->dtype, err);
         if (s != HT_OK) return s;
     }
     /* The FP32 main params. A run without them (optimizer.fp32_main_params
@@ -284,7 +294,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             mk = ht_ckpt_find_key(ck, name);
         }
         if (restore_optimizer && mk && mk->dtype == HT_DTYPE_F32) {
-            ht_status s = ht_ckpt_read_rows(ck, mk->name, p->row0, p->row1, p->main_param, HT_DTYPE_F32, err);
+            ht_status s = ht_ckpt_read_box(ck, mk->name, &p->box, p->main_param, HT_DTYPE_F32, err);
             if (s != HT_OK) return s;
         } else {
             ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));

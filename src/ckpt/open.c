@@ -99,6 +99,175 @@ int ht_ckpt_find_file(const ht_checkpoint *ck, const char *name) {
     return -1;
 }
 
+/* "[0, 4]": ndim ints, appended to buf at *used. */
+static void format_list(char *buf, size_t n, size_t *used, int ndim, const int64_t *v) {
+    const char *sep = "[";
+    for (int d = 0; d < ndim && *used < n; d++, sep = ", ")
+        *used += (size_t)snprintf(buf + *used, n - *used, "%s%lld", sep, (long long)v[d]);
+    if (*used < n) *used += (size_t)snprintf(buf + *used, n - *used, ndim ? "]" : "[]");
+}
+
+/* "offsets [0, 4], lengths [3, 4]" of a chunk's box. */
+static void format_box(char *buf, size_t n, int ndim, const ht_box *b) {
+    size_t used = (size_t)snprintf(buf, n, "offsets ");
+    format_list(buf, n, &used, ndim, b->offset);
+    if (used < n) used += (size_t)snprintf(buf + used, n - used, ", lengths ");
+    format_list(buf, n, &used, ndim, b->length);
+}
+
+/* A chunk's box: format 2's "offsets" and "lengths" (one per dim), or format
+ * 1's "row_offset" and "rows" of whole rows (a scalar: row 0 of 1). */
+static bool parse_box(const ht_json *c, const ck_key *k, ht_box *b) {
+    const ht_json *offsets = ht_json_get(c, "offsets"), *lengths = ht_json_get(c, "lengths");
+    *b = (ht_box){{0}, {0}};
+    if (offsets || lengths) {
+        if (!offsets || !lengths || offsets->type != HT_JSON_ARRAY || lengths->type != HT_JSON_ARRAY ||
+            offsets->count != (size_t)k->ndim || lengths->count != (size_t)k->ndim)
+            return false;
+        for (int d = 0; d < k->ndim; d++)
+            if (!json_int(&offsets->items[d], &b->offset[d]) || !json_int(&lengths->items[d], &b->length[d]))
+                return false;
+        return true;
+    }
+    int64_t row0, rows;
+    if (!json_int(ht_json_get(c, "row_offset"), &row0) || !json_int(ht_json_get(c, "rows"), &rows)) return false;
+    if (k->ndim == 0) return row0 == 0 && rows == 1;
+    for (int d = 1; d < k->ndim; d++) b->length[d] = k->shape[d];
+    b->offset[0] = row0;
+    b->length[0] = rows;
+    return true;
+}
+
+/* One element of the key's shape that no chunk holds, when the search is
+ * small enough. Every coordinate of some uncovered element can be taken
+ * from {0} and the chunks' ends in that dim (lowering one to the nearest
+ * such value below keeps it uncovered), so only that grid is searched. */
+static bool find_hole(const ck_key *k, int64_t *at) {
+    int64_t *cand = malloc(((size_t)k->nchunks + 1) * HT_PARAM_MAX_DIMS * sizeof(int64_t));
+    int count[HT_PARAM_MAX_DIMS], idx[HT_PARAM_MAX_DIMS] = {0};
+    double points = 1;
+    if (!cand) return false;
+    for (int d = 0; d < k->ndim; d++) {
+        int64_t *c = cand + (size_t)d * ((size_t)k->nchunks + 1);
+        count[d] = 0;
+        c[count[d]++] = 0;
+        for (int j = 0; j < k->nchunks; j++) {
+            int64_t e = k->chunks[j].box.offset[d] + k->chunks[j].box.length[d];
+            if (e < k->shape[d]) c[count[d]++] = e;
+        }
+        points *= count[d];
+    }
+    bool found = false;
+    while (!found && points * k->nchunks <= 1e8) {
+        ht_box p = {{0}, {0}};
+        for (int d = 0; d < k->ndim; d++) {
+            p.offset[d] = cand[(size_t)d * ((size_t)k->nchunks + 1) + (size_t)idx[d]];
+            p.length[d] = 1;
+        }
+        ht_box o;
+        found = true;
+        for (int j = 0; found && j < k->nchunks; j++) found = !ht_box_intersect(k->ndim, &p, &k->chunks[j].box, &o);
+        if (found) memcpy(at, p.offset, sizeof(p.offset));
+        int d = k->ndim - 1;
+        while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    free(cand);
+    return found;
+}
+
+typedef struct chunk_start {
+    int64_t at; /* offset in dim 0 */
+    int chunk;
+} chunk_start;
+
+static int cmp_start(const void *a, const void *b) {
+    const chunk_start *x = a, *y = b;
+    return x->at != y->at ? (x->at < y->at ? -1 : 1) : x->chunk - y->chunk;
+}
+
+/* The chunks of a key tile its shape exactly: each inside it and not empty,
+ * no two overlapping, and together as many elements as the shape (so no
+ * hole). Checked before anything is read, so the planner can trust every
+ * overlap it computes. */
+static ht_status check_tiling(const ht_checkpoint *ck, const ck_key *k, ht_error *err) {
+    char msg[HT_ERROR_MSG_MAX / 2], box[256], other[256];
+    int64_t total = 1;
+    for (int d = 0; d < k->ndim; d++) {
+        if (k->shape[d] != 0 && total > INT64_MAX / k->shape[d]) {
+            snprintf(msg, sizeof(msg), "key %.200s: its shape has more than 2^63 elements", k->name);
+            return bad_meta(ck, msg, err);
+        }
+        total *= k->shape[d];
+    }
+    for (int j = 0; j < k->nchunks; j++) {
+        const ht_box *b = &k->chunks[j].box;
+        bool empty = false, inside = true;
+        for (int d = 0; d < k->ndim; d++) {
+            empty = empty || b->length[d] < 1;
+            inside = inside && b->offset[d] >= 0 && b->length[d] <= k->shape[d] &&
+                     b->offset[d] <= k->shape[d] - b->length[d];
+        }
+        if (empty || !inside) {
+            size_t used = 0;
+            format_box(box, sizeof(box), k->ndim, b);
+            format_list(other, sizeof(other), &used, k->ndim, k->shape);
+            snprintf(msg, sizeof(msg), "key %.200s: chunk %d (%s, %s) %s the shape %s", k->name, j,
+                     ck->files[k->chunks[j].file].name, box, empty ? "holds no element of" : "lies outside", other);
+            return bad_meta(ck, msg, err);
+        }
+    }
+    /* Overlaps: a sweep along dim 0 in offset order, each chunk against
+     * those still open there (one for FSDP's rows; a row of TP blocks). */
+    chunk_start *order = malloc((size_t)k->nchunks * sizeof(chunk_start));
+    int *open = malloc((size_t)k->nchunks * sizeof(int)), nopen = 0;
+    if (!order || !open) {
+        free(order);
+        free(open);
+        return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
+    }
+    for (int j = 0; j < k->nchunks; j++) order[j] = (chunk_start){k->ndim ? k->chunks[j].box.offset[0] : 0, j};
+    qsort(order, (size_t)k->nchunks, sizeof(chunk_start), cmp_start);
+    int64_t covered = 0;
+    for (int i = 0; i < k->nchunks; i++) {
+        const ck_chunk *c = &k->chunks[order[i].chunk];
+        int kept = 0;
+        for (int j = 0; j < nopen; j++) {
+            const ck_chunk *o = &k->chunks[open[j]];
+            if (k->ndim > 0 && o->box.offset[0] + o->box.length[0] <= c->box.offset[0]) continue; /* closed */
+            ht_box both;
+            if (ht_box_intersect(k->ndim, &c->box, &o->box, &both)) {
+                format_box(box, sizeof(box), k->ndim, &c->box);
+                format_box(other, sizeof(other), k->ndim, &o->box);
+                snprintf(msg, sizeof(msg), "key %.200s: chunk %d (%s, %s) overlaps chunk %d (%s, %s)", k->name,
+                         order[i].chunk, ck->files[c->file].name, box, open[j], ck->files[o->file].name, other);
+                free(order);
+                free(open);
+                return bad_meta(ck, msg, err);
+            }
+            open[kept++] = open[j];
+        }
+        nopen = kept;
+        open[nopen++] = order[i].chunk;
+        covered += ht_box_numel(k->ndim, &c->box); /* disjoint and inside: at most total */
+    }
+    free(order);
+    free(open);
+    if (covered != total) {
+        int64_t at[HT_PARAM_MAX_DIMS];
+        char where[160] = "";
+        if (find_hole(k, at)) {
+            size_t used = (size_t)snprintf(where, sizeof(where), ": element ");
+            format_list(where, sizeof(where), &used, k->ndim, at);
+            if (used < sizeof(where)) snprintf(where + used, sizeof(where) - used, " is in none");
+        }
+        snprintf(msg, sizeof(msg), "key %.200s: its chunks hold %lld of its %lld elements, leaving a hole%s", k->name,
+                 (long long)covered, (long long)total, where);
+        return bad_meta(ck, msg, err);
+    }
+    return HT_OK;
+}
+
 static ht_status parse_key(ht_checkpoint *ck, const ht_json *e, ck_key *k, ht_error *err) {
     char msg[HT_ERROR_MSG_MAX / 2];
     k->name = e->key;
@@ -117,35 +286,26 @@ static ht_status parse_key(ht_checkpoint *ck, const ht_json *e, ck_key *k, ht_er
             snprintf(msg, sizeof(msg), "key %.200s: shape is not a list of sizes", e->key);
             return bad_meta(ck, msg, err);
         }
-    int64_t total_rows = k->ndim ? k->shape[0] : 1;
+    if (chunks->count > INT_MAX / 2) {
+        snprintf(msg, sizeof(msg), "key %.200s: %zu chunks, more than a checkpoint can hold", e->key, chunks->count);
+        return bad_meta(ck, msg, err);
+    }
     k->chunks = calloc(chunks->count, sizeof(ck_chunk));
     if (!k->chunks) return ht_fail(err, HT_ERR_OOM, "checkpoint: out of memory");
     k->nchunks = (int)chunks->count;
-    int64_t next = 0;
     for (int j = 0; j < k->nchunks; j++) {
         const ht_json *c = &chunks->items[j], *file = ht_json_get(c, "file");
         ck_chunk *ch = &k->chunks[j];
         ch->file = file && file->type == HT_JSON_STRING ? ht_ckpt_find_file(ck, file->string) : -1;
-        if (ch->file < 0 || !ck->files[ch->file].is_rank || !json_int(ht_json_get(c, "row_offset"), &ch->row0) ||
-            !json_int(ht_json_get(c, "rows"), &ch->rows)) {
-            snprintf(msg, sizeof(msg), "key %.200s: chunk %d names no listed rank file or has no row_offset/rows",
+        if (ch->file < 0 || !ck->files[ch->file].is_rank || !parse_box(c, k, &ch->box)) {
+            snprintf(msg, sizeof(msg),
+                     "key %.200s: chunk %d names no listed rank file or has no offsets/lengths (one per dim of the "
+                     "shape) nor row_offset/rows",
                      e->key, j);
             return bad_meta(ck, msg, err);
         }
-        /* Chunks tile the rows in order: the planner can then trust any overlap it computes. */
-        if (ch->row0 != next || ch->rows <= 0 || ch->row0 + ch->rows > total_rows) {
-            snprintf(msg, sizeof(msg), "key %.200s: chunk %d (rows %lld + %lld) does not continue at row %lld of %lld",
-                     e->key, j, (long long)ch->row0, (long long)ch->rows, (long long)next, (long long)total_rows);
-            return bad_meta(ck, msg, err);
-        }
-        next = ch->row0 + ch->rows;
     }
-    if (next != total_rows) {
-        snprintf(msg, sizeof(msg), "key %.200s: chunks cover %lld of %lld rows", e->key, (long long)next,
-                 (long long)total_rows);
-        return bad_meta(ck, msg, err);
-    }
-    return HT_OK;
+    return check_tiling(ck, k, err);
 }
 
 /* Reads and checks metadata.json into ck (files listed, keys parsed; nothing opened). */
@@ -302,13 +462,15 @@ ht_status ht_ckpt_bind_chunks(ht_checkpoint *ck, ht_error *err) {
             if (t->dtype != key->dtype)
                 return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: dtype %s in the file, metadata.json says %s",
                                ck->dir, file, key->name, ht_dtype_name(t->dtype), ht_dtype_name(key->dtype));
-            bool same = t->ndim == key->ndim && (key->ndim == 0 || t->shape[0] == c->rows);
-            for (int d = 1; same && d < key->ndim; d++) same = t->shape[d] == key->shape[d];
-            if (!same)
+            bool same = t->ndim == key->ndim;
+            for (int d = 0; same && d < key->ndim; d++) same = t->shape[d] == c->box.length[d];
+            if (!same) {
+                char box[256];
+                format_box(box, sizeof(box), key->ndim, &c->box);
                 return ht_fail(err, HT_ERR_FORMAT,
-                               "%s/%s: key %s: shape in the file does not match %lld rows of the global shape in "
-                               "metadata.json",
-                               ck->dir, file, key->name, (long long)c->rows);
+                               "%s/%s: key %s: shape in the file does not match its chunk in metadata.json (%s)",
+                               ck->dir, file, key->name, box);
+            }
             c->t = t;
         }
     }

@@ -191,27 +191,26 @@ ht_status ht_ckpt_optimizer_state(const ht_optimizer *opt, ht_opt_state **out, i
     return HT_OK;
 }
 
-/* Adds rows [p->row0, p->row1) of a param-shaped tensor (or a scalar when
- * scalar != NULL) to the writer and the rank's chunk list. */
+/* Adds this rank's box of a param-shaped tensor (a scalar for the step) to
+ * the writer and the rank's chunk list. */
 static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt_save_options *o, key_kind kind,
                            const ht_param *p, ht_dtype dtype, const void *src, ht_error *err) {
     ht_ckpt_chunk c = {0};
     ht_ckpt_key_name(c.key, kind, p->name);
     if (excluded(o, c.key)) return HT_OK;
     c.dtype = dtype;
-    int64_t local[HT_PARAM_MAX_DIMS];
-    if (kind == KIND_STEP) {
-        c.ndim = 0;
-        c.row0 = 0;
-        c.rows = 1;
-    } else {
+    if (kind != KIND_STEP) {
         c.ndim = p->ndim;
         memcpy(c.shape, p->shape, sizeof(c.shape));
-        c.row0 = p->row0;
-        c.rows = p->row1 - p->row0;
-        if (c.rows == 0) return HT_OK; /* this rank holds none of it */
-        memcpy(local, p->shape, sizeof(local));
-        local[0] = c.rows;
+        c.box = ht_param_box(p);
+        /* A param whose rows were set without its box would save the wrong region. */
+        if (c.box.offset[0] != p->row0 || c.box.offset[0] + c.box.length[0] != p->row1)
+            return ht_fail(err, HT_ERR_INVALID,
+                           "checkpoint: %s holds rows [%lld, %lld) but its box rows [%lld, %lld) (set them with "
+                           "ht_param_set_rows or ht_param_set_box)",
+                           p->name, (long long)p->row0, (long long)p->row1, (long long)c.box.offset[0],
+                           (long long)(c.box.offset[0] + c.box.length[0]));
+        if (ht_box_numel(c.ndim, &c.box) == 0) return HT_OK; /* this rank holds none of it */
     }
     if (rf->count == rf->capacity) {
         int cap = rf->capacity ? 2 * rf->capacity : 64;
@@ -221,7 +220,7 @@ static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt
         rf->capacity = cap;
     }
     rf->chunks[rf->count++] = c;
-    return ht_st_writer_add(w, c.key, dtype, c.ndim, local, src, dtype, err);
+    return ht_st_writer_add(w, c.key, dtype, c.ndim, c.box.length, src, dtype, err);
 }
 
 ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *v, const ht_ckpt_save_options *o,
@@ -269,9 +268,9 @@ typedef struct merged_key {
     int *ranks, *index, count; /* (rank, chunk index) of every chunk, in rank order */
 } merged_key;
 
-static void write_shape(FILE *f, int ndim, const int64_t *shape) {
+static void write_list(FILE *f, int ndim, const int64_t *v) {
     fputc('[', f);
-    for (int d = 0; d < ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)shape[d]);
+    for (int d = 0; d < ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)v[d]);
     fputc(']', f);
 }
 
@@ -337,13 +336,16 @@ static ht_status write_keys(FILE *f, int world, const ht_ckpt_rank_file *ranks, 
         fputs(k ? ",\n    " : "\n    ", f);
         ht_json_write_string(f, c0->key);
         fprintf(f, ": {\"dtype\": \"%s\", \"shape\": ", ht_dtype_name(c0->dtype));
-        write_shape(f, c0->ndim, c0->shape);
+        write_list(f, c0->ndim, c0->shape);
         fputs(", \"chunks\": [", f);
         for (int j = 0; j < keys[k].count; j++) {
             const ht_ckpt_rank_file *rf = &ranks[keys[k].ranks[j]];
             const ht_ckpt_chunk *c = &rf->chunks[keys[k].index[j]];
-            fprintf(f, "%s{\"file\": \"%s\", \"row_offset\": %lld, \"rows\": %lld}", j ? ", " : "", rf->file,
-                    (long long)c->row0, (long long)c->rows);
+            fprintf(f, "%s{\"file\": \"%s\", \"offsets\": ", j ? ", " : "", rf->file);
+            write_list(f, c->ndim, c->box.offset);
+            fputs(", \"lengths\": ", f);
+            write_list(f, c->ndim, c->box.length);
+            fputc('}', f);
         }
         fputs("]}", f);
     }

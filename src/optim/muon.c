@@ -265,7 +265,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
             if (opt->owner[i] < 0) continue;
             update_rows(s, c, opt->work); /* every replica keeps its own momentum */
             if (opt->owner_replica[i] != my_replica) continue;
-            ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
+            ht_param_row_bytes(p, comm->size, bytes, sizeof(float));
             ht_gather(comm, opt->work, opt->owned[i], bytes, opt->owner[i]);
         }
     /* Phase 2: each owner orthogonalizes its matrices in place, a batch of
@@ -339,7 +339,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
             const int64_t local = (p->row1 - p->row0) * s->cols;
             float *mine = opt->work;
             if (opt->owner_replica[i] == my_replica) {
-                ht_fsdp_row_bytes(p, comm->size, bytes, sizeof(float));
+                ht_param_row_bytes(p, comm->size, bytes, sizeof(float));
                 ht_scatter(comm, opt->owned[i], mine, bytes, opt->owner[i]);
             }
             if (opt->replicas) /* the computing replica's rows to the others */

@@ -703,17 +703,8 @@ void ht_fsdp_free(ht_fsdp *f) {
 
 /* ------------------------------------------------------------------ whole tensors */
 
-void ht_fsdp_row_bytes(const ht_param *p, int world, int64_t *counts, size_t elem_size) {
-    int64_t row = ht_param_row_numel(p);
-    for (int r = 0; r < world; r++) {
-        int64_t r0, r1;
-        ht_param_rows_of(p->shape[0], r, world, &r0, &r1);
-        counts[r] = (r1 - r0) * row * (int64_t)elem_size;
-    }
-}
-
 void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size) {
     int64_t bytes[comm->size];
-    ht_fsdp_row_bytes(p, comm->size, bytes, elem_size);
+    ht_param_row_bytes(p, comm->size, bytes, elem_size);
     ht_all_gather(comm, rows, full, bytes);
 }

@@ -308,7 +308,7 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     int64_t bytes[t->shard_comm->size];
     for (int i = 0; i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
-        ht_fsdp_row_bytes(p, t->shard_comm->size, bytes, ht_dtype_size(p->dtype));
+        ht_param_row_bytes(p, t->shard_comm->size, bytes, ht_dtype_size(p->dtype));
         ht_gather(t->shard_comm, p->data, root ? whole->items[i].data : NULL, bytes, 0);
     }
     return HT_OK;
