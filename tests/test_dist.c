@@ -430,28 +430,38 @@ static void test_lora_on_1_to_4_ranks(void **state) {
         fail_msg("no model.lora line in the log:\n%s", one);
     double l1[8];
     assert_int_equal(losses(one, l1, 8), 4);
-    static const char *const sets[] = {"", "--set fsdp_config.shard_size=1"};
-    for (int mode = 0; mode < 2; mode++)
-        for (int ranks = mode ? 2 : 1; ranks <= (mode ? 2 : 4); ranks++) {
-            char out[32], extra[1024], a[1300], b[1300];
-            snprintf(out, sizeof(out), "lora%s%d", mode ? "_replicated" : "", ranks);
-            snprintf(extra, sizeof(extra), "%s %s", lora, sets[mode]);
-            if (run_in(dir, out, ranks, extra, &log) != 0) fail_msg("%s failed:\n%s", out, log);
-            check_losses(out, log, l1, 4);
-            double e = compare_final(dir, out, "out0", 1e-5);
-            snprintf(a, sizeof(a), "%s/%s/final/adapter/adapter_model.safetensors", dir, out);
-            snprintf(b, sizeof(b), "%s/out0/final/adapter/adapter_model.safetensors", dir);
-            /* AdamW's first steps move lora_B (from zero) by about lr · m / sqrt(v) whatever the gradient's
-             * size, so an element with a small gradient carries its sum-order noise at the scale of the
-             * largest: the adapters alone get 5e-5 (measured 8e-6 on 4 ranks), their merged weights 1e-5. */
-            double ea = compare_files(a, b, 5e-5, 12);
-            assert_int_equal(tensors_identical(dir, out, "out0", "k_proj.weight"), 2);
-            assert_int_equal(tensors_identical(dir, out, "out0", "up_proj"), 2);
-            assert_int_equal(tensors_identical(dir, out, "out0", "embed_tokens"), 1);
-            printf("%s: merged weights within %.3g, adapters within %.3g of one process; untargeted ones bitwise\n",
-                   out, e, ea);
-            free(log);
-        }
+    /* Sharded on 1-4 ranks, replicated on 2; and context parallel (ring 2, Ulysses 2 x ring 2): dropout
+     * draws from each token's global index, whichever rank holds it. */
+    static const struct {
+        const char *name, *set;
+        int ranks;
+    } runs[] = {{"lora1", "", 1},
+                {"lora2", "", 2},
+                {"lora3", "", 3},
+                {"lora4", "", 4},
+                {"lora_replicated2", "--set fsdp_config.shard_size=1", 2},
+                {"lora_ring2", "--set parallel.ring_attention_size=2", 2},
+                {"lora_hybrid", "--set parallel.ring_attention_size=2 --set parallel.ulysses_parallel_size=2", 4}};
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        const char *out = runs[i].name;
+        char extra[1024], a[1300], b[1300];
+        snprintf(extra, sizeof(extra), "%s %s", lora, runs[i].set);
+        if (run_in(dir, out, runs[i].ranks, extra, &log) != 0) fail_msg("%s failed:\n%s", out, log);
+        check_losses(out, log, l1, 4);
+        double e = compare_final(dir, out, "out0", 1e-5);
+        snprintf(a, sizeof(a), "%s/%s/final/adapter/adapter_model.safetensors", dir, out);
+        snprintf(b, sizeof(b), "%s/out0/final/adapter/adapter_model.safetensors", dir);
+        /* AdamW's first steps move lora_B (from zero) by about lr · m / sqrt(v) whatever the gradient's
+         * size, so an element with a small gradient carries its sum-order noise at the scale of the
+         * largest: the adapters alone get 5e-5 (measured 8e-6 on 4 ranks), their merged weights 1e-5. */
+        double ea = compare_files(a, b, 5e-5, 12);
+        assert_int_equal(tensors_identical(dir, out, "out0", "k_proj.weight"), 2);
+        assert_int_equal(tensors_identical(dir, out, "out0", "up_proj"), 2);
+        assert_int_equal(tensors_identical(dir, out, "out0", "embed_tokens"), 1);
+        printf("%s: merged weights within %.3g, adapters within %.3g of one process; untargeted ones bitwise\n", out, e,
+               ea);
+        free(log);
+    }
     free(one);
 }
 
@@ -532,6 +542,10 @@ static void check_context(const char *name, const char *dtype, bool attention_bi
          "hybrid sharded (HSDP)"},
         {4, true, "hsdp_ulysses2", "parallel.ulysses_parallel_size=2 --set fsdp_config.shard_size=2",
          "hybrid sharded (HSDP)"},
+        /* model.recompute: the layers' forward again in backward, its exchanges too: the same bits as hybrid */
+        {4, true, "hybrid_recompute",
+         "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2 --set model.recompute=true",
+         "model.recompute: 2 of 2 decoder layers"},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         if (runs[i].all && !all) continue;
@@ -557,6 +571,10 @@ static void check_context(const char *name, const char *dtype, bool attention_bi
                "within %.3g (bound %g%s; the nearest %s at %.0f%% of its bound); losses match\n",
                name, runs[i].name, runs[i].ranks, g1, grad_tol, e, tol, f32 ? " or 2 x the noise floor" : "", which,
                100 * near);
+        if (strstr(runs[i].name, "recompute")) {
+            compare_final(dir, runs[i].name, "hybrid", 0.0);
+            printf("%s, %s: bitwise the run that stored its activations\n", name, runs[i].name);
+        }
         free(log);
     }
     free(seen);
@@ -1204,10 +1222,10 @@ static void test_moe_expert_parallel_bf16(void **state) {
                          l1[s], g1[s]);
         }
         state_files(dir, out, 1, a, b, sizeof(a));
-        /* docs/NUMERICS.md's 1e-6 for FP32 state holds where forward is the same bits (the FP32 test: 2.3e-7). Here an
-         * expert's GEMM takes its rows in another batch (rows of several ranks at once), oneDNN's sums depend
-         * on the row count, and a bf16 activation on a rounding boundary may round the other way: one bf16
-         * unit (2^-8) of one row's share of a gradient. Measured: 8.5e-6 on 4 x EP 4, 2.1e-7 elsewhere. */
+        /* docs/NUMERICS.md's 1e-6 for FP32 state holds where forward is the same bits (the FP32 test: 2.3e-7). Here
+         * an expert's GEMM takes its rows in another batch (rows of several ranks at once), oneDNN's sums depend on
+         * the row count, and a bf16 activation on a rounding boundary may round the other way: one bf16 unit (2^-8)
+         * of one row's share of a gradient. Measured: 8.5e-6 on 4 x EP 4, 2.1e-7 elsewhere. */
         /* Ring attention is another bf16 computation of the same attention (docs/NUMERICS.md, Context
          * parallelism): a token's router logits move by a bf16 unit, one near a tie changes experts, and that
          * expert's gradient moves by the token's share (measured 0.11 of experts.down_proj's largest): its
