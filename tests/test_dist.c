@@ -12,6 +12,8 @@
  * with the global counts. */
 #include "harness.h"
 
+#include <stddef.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
+#include "hypertrain/parallel.h"
 #include "hypertrain/train.h"
 
 /* A tiny byte-level Qwen2 (Llama without attention biases) on the corpus 40
@@ -684,6 +687,87 @@ static void test_mindspeed_seed_with_context_parallelism(void **state) {
                ln[0], ln[1], ln[2]);
         free(log);
     }
+}
+
+/* Every group of a mesh: `size` ranks of each color, keyed 0 .. size - 1. */
+static void check_groups(const ht_mesh_sizes *sizes, size_t offset, const char *what) {
+    int count[64] = {0}, seen[64][64] = {{0}};
+    for (int r = 0; r < sizes->world; r++) {
+        ht_mesh m;
+        ht_mesh_of(sizes, r, &m);
+        const ht_mesh_group *g = (const ht_mesh_group *)((const char *)&m + offset);
+        assert_true(g->color >= 0 && g->color < 64 && g->key >= 0 && g->key < g->size);
+        count[g->color]++;
+        if (seen[g->color][g->key]++) fail_msg("%s: two ranks with color %d, key %d", what, g->color, g->key);
+    }
+    for (int r = 0; r < sizes->world; r++) {
+        ht_mesh m;
+        ht_mesh_of(sizes, r, &m);
+        const ht_mesh_group *g = (const ht_mesh_group *)((const char *)&m + offset);
+        if (count[g->color] != g->size)
+            fail_msg("%s: %d ranks of color %d, size %d", what, count[g->color], g->color, g->size);
+    }
+}
+
+/* The mesh's layout (docs/DESIGN.md, The mesh): Megatron's order, every
+ * group whole, and the layouts of tensor parallelism 1 those the runs above
+ * were checked with. */
+static void test_mesh_layout(void **state) {
+    (void)state;
+    /* DP 2 x CP 2 x TP 2 on 8 ranks: tensor parallel innermost, then context, then data. */
+    const ht_mesh_sizes seed = {.world = 8, .tp = 2, .ulysses = 1, .ring = 2, .ep = 2};
+    ht_mesh m;
+    ht_mesh_of(&seed, 5, &m);
+    assert_int_equal(m.tp, 1);
+    assert_int_equal(m.cp, 0);
+    assert_int_equal(m.dp, 1);
+    assert_int_equal(m.ring, 0);
+    assert_int_equal(m.dp_size, 2);
+    ht_mesh_of(&seed, 3, &m);
+    assert_int_equal(m.tp, 1);
+    assert_int_equal(m.cp, 1);
+    assert_int_equal(m.dp, 0);
+    /* Ranks 1 and 3 (tp 1, dp 0) share a ring; 1 and 5 an FSDP shard group of 4 with 3 and 7. */
+    ht_mesh a, b;
+    ht_mesh_of(&seed, 1, &a);
+    ht_mesh_of(&seed, 3, &b);
+    assert_int_equal(a.ring_group.color, b.ring_group.color);
+    assert_int_equal(a.shard_group.size, 4);
+    ht_mesh_of(&seed, 0, &b);
+    assert_int_not_equal(a.shard_group.color, b.shard_group.color); /* another tensor-parallel place */
+    const ht_mesh_sizes layouts[] = {
+        seed,
+        {.world = 8, .tp = 1, .ulysses = 2, .ring = 2, .ep = 2},
+        {.world = 8, .tp = 2, .ulysses = 2, .ring = 1, .ep = 1, .shard = 2},
+        {.world = 12, .tp = 3, .ulysses = 1, .ring = 2, .ep = 2},
+        {.world = 4, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 2},
+    };
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++) {
+        check_groups(&layouts[i], offsetof(ht_mesh, tp_group), "tp");
+        check_groups(&layouts[i], offsetof(ht_mesh, cp_group), "cp");
+        check_groups(&layouts[i], offsetof(ht_mesh, ulysses_group), "ulysses");
+        check_groups(&layouts[i], offsetof(ht_mesh, ring_group), "ring");
+        check_groups(&layouts[i], offsetof(ht_mesh, shard_group), "shard");
+        check_groups(&layouts[i], offsetof(ht_mesh, replica_group), "replica");
+        check_groups(&layouts[i], offsetof(ht_mesh, expert_group), "expert");
+        check_groups(&layouts[i], offsetof(ht_mesh, ep_group), "ep");
+    }
+    /* Tensor parallel 1: HSDP's consecutive shard groups, Ulysses inside the ring. */
+    const ht_mesh_sizes hsdp = {.world = 4, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 2};
+    for (int r = 0; r < 4; r++) {
+        ht_mesh_of(&hsdp, r, &m);
+        assert_int_equal(m.shard_group.color, r / 2);
+        assert_int_equal(m.replica_group.color, r % 2);
+    }
+    const ht_mesh_sizes hybrid = {.world = 8, .tp = 1, .ulysses = 2, .ring = 2, .ep = 2};
+    for (int r = 0; r < 8; r++) {
+        ht_mesh_of(&hybrid, r, &m);
+        assert_int_equal(m.ulysses_group.color, r / 2);
+        assert_int_equal(m.ring_group.color, r / 4 * 2 + r % 2);
+        assert_int_equal(m.ring, r % 4 / 2);
+        assert_int_equal(m.ep, r / 4);
+    }
+    printf("mesh: Megatron's order, every group whole in 5 layouts\n");
 }
 
 /* A global batch that 3 ranks cannot split: the error, on every rank, before any collective. */
@@ -1749,6 +1833,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
+        cmocka_unit_test(test_mesh_layout),
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),
         cmocka_unit_test(test_context_parallel_qk_clip),

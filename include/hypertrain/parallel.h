@@ -95,6 +95,35 @@ void ht_fsdp_free(ht_fsdp *f);
  * [q·E/size, (q + 1)·E/size)). The group must outlive the model's use of it. */
 void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
 
+/* The mesh (docs/DESIGN.md, The mesh): world = DP x CP x TP in Megatron's
+ * order, tensor parallel innermost (consecutive ranks), then the CP =
+ * ulysses x ring ranks of a context-parallel group (Ulysses innermost), then
+ * data parallel. FSDP shards over DP x CP (groups of `shard` of those
+ * ranks, 0: all of them; the rest replicate: HSDP), and the expert-parallel
+ * groups are carved out of DP x CP: `ep` groups of DP·CP / ep consecutive
+ * ones hold the same experts. */
+typedef struct ht_mesh_sizes {
+    int world, tp, ulysses, ring, ep, shard;
+} ht_mesh_sizes;
+
+/* One group of the mesh as ht_comm_split makes it: the ranks of the same
+ * color, ordered by key; `size` of them. */
+typedef struct ht_mesh_group {
+    int color, key, size;
+} ht_mesh_group;
+
+typedef struct ht_mesh {
+    int dp, cp, tp, ulysses, ring, ep; /* this rank's coordinates */
+    int dp_size, cp_size;
+    ht_mesh_group tp_group, cp_group, ulysses_group, ring_group;
+    ht_mesh_group shard_group, replica_group; /* FSDP's, over DP x CP */
+    ht_mesh_group expert_group;               /* the ranks holding the same experts (FSDP over them) */
+    ht_mesh_group ep_group;                   /* the ranks splitting the experts (the tokens' all-to-all) */
+} ht_mesh;
+
+/* Rank `rank`'s place in a mesh of valid sizes (each divides what it must). */
+void ht_mesh_of(const ht_mesh_sizes *sizes, int rank, ht_mesh *mesh);
+
 /* Context parallelism: the model's attention exchanges over `ulysses` (the
  * ranks that split the heads, parallel.ulysses_parallel_size) and `ring`
  * (parallel.ring_attention_size), their ranks being this rank's place on

@@ -818,40 +818,53 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
 }
 
-/* The mesh, every group of it in one place (docs/DESIGN.md, The mesh): the
- * world W = DP x CP x TP (TP 1), Megatron's order: the CP = U x R ranks of
- * a context-parallel group consecutive, the U of a Ulysses group innermost.
+static ht_status split(ht_trainer *t, ht_mesh_group g, ht_comm **out, ht_error *err) {
+    return ht_comm_split(t->comm, g.color, g.key, out, err);
+}
+
+/* The mesh, every group of it in one place (docs/DESIGN.md, The mesh;
+ * ht_mesh_of): the world W = DP x CP x TP (TP 1 for now), Megatron's order.
  * FSDP shards over DP x CP (the CP ranks' gradients sum like data-parallel
- * ones): fsdp_config.shard_size S (auto: the world) splits the world into
- * W / S shard groups of S consecutive ranks and S replicate groups (HSDP).
- * Expert parallelism is carved out of DP x CP too: P groups of W / P
- * consecutive ranks hold the same experts. */
+ * ones): fsdp_config.shard_size S (auto: all of them) splits them into
+ * shard groups of S consecutive ones and S replicate groups (HSDP). Expert
+ * parallelism is carved out of DP x CP too. */
 static ht_status make_groups(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    const int W = t->comm->size, r = t->comm->rank, S = c->fsdp.shard_size == 0 ? W : c->fsdp.shard_size;
-    const int U = c->parallel.ulysses_parallel_size, R = c->parallel.ring_attention_size, CP = U * R;
-    t->cp_size = CP;
-    t->dp_size = W / CP;
-    t->dp_rank = r / CP;
-    ht_status s = ht_comm_split(t->comm, r / S, r % S, &t->shard_comm, err);
-    if (s == HT_OK) s = ht_comm_split(t->comm, r % S, r / S, &t->replica_comm, err);
-    t->sharded = S > 1;
-    if (s == HT_OK) s = ht_comm_split(t->comm, r / CP, r % CP, &t->cp_comm, err);
-    if (s == HT_OK) s = ht_comm_split(t->comm, r / U, r % U, &t->ulysses_comm, err);
-    if (s == HT_OK) s = ht_comm_split(t->comm, r / CP * U + r % U, r % CP / U, &t->ring_comm, err);
+    const int W = t->comm->size, r = t->comm->rank;
+    const ht_mesh_sizes sizes = {.world = W,
+                                 .tp = c->parallel.tensor_parallel_size,
+                                 .ulysses = c->parallel.ulysses_parallel_size,
+                                 .ring = c->parallel.ring_attention_size,
+                                 .ep = c->parallel.expert_parallel_size,
+                                 .shard = c->fsdp.shard_size};
+    ht_mesh m;
+    ht_mesh_of(&sizes, r, &m);
+    t->cp_size = m.cp_size;
+    t->dp_size = m.dp_size;
+    t->dp_rank = m.dp;
+    ht_status s = split(t, m.shard_group, &t->shard_comm, err);
+    if (s == HT_OK) s = split(t, m.replica_group, &t->replica_comm, err);
+    t->sharded = m.shard_group.size > 1;
+    if (s == HT_OK) s = split(t, m.cp_group, &t->cp_comm, err);
+    if (s == HT_OK) s = split(t, m.ulysses_group, &t->ulysses_comm, err);
+    if (s == HT_OK) s = split(t, m.ring_group, &t->ring_comm, err);
     /* Expert parallelism (validated: P divides W, no HSDP). */
-    const int P = c->parallel.expert_parallel_size, D = W / (P > 0 ? P : 1);
-    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r / D, r % D, &t->expert_comm, err);
-    if (s == HT_OK && P > 1) s = ht_comm_split(t->comm, r % D, r / D, &t->ep_comm, err);
+    if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.expert_group, &t->expert_comm, err);
+    if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.ep_group, &t->ep_comm, err);
     if (s != HT_OK || r != 0 || W == 1) return s;
     /* Said once, by rank 0: the sizes, every rank's coordinates and the groups. */
-    ht_log_info("Mesh: %d ranks = data parallel %d x context parallel %d (Ulysses %d x ring %d) x tensor parallel 1; "
+    ht_log_info("Mesh: %d ranks = data parallel %d x context parallel %d (Ulysses %d x ring %d) x tensor parallel %d; "
                 "expert parallel %d over data x context; FSDP shard groups of %d, %d replica(s)",
-                W, W / CP, CP, U, R, P > 1 ? P : 1, S, W / S);
+                W, m.dp_size, m.cp_size, m.ulysses_group.size, m.ring_group.size, m.tp_group.size, m.ep_group.size,
+                m.shard_group.size, m.replica_group.size);
     const int shown = W < 64 ? W : 64;
-    for (int q = 0; q < shown; q++)
-        ht_log_info("  rank %d: dp %d, cp %d (ulysses %d, ring %d), tp 0, ep %d; shard group %d (rank %d of %d)", q,
-                    q / CP, q % CP, q % U, q % CP / U, P > 1 ? q / D : 0, q / S, q % S, S);
+    for (int q = 0; q < shown; q++) {
+        ht_mesh o;
+        ht_mesh_of(&sizes, q, &o);
+        ht_log_info("  rank %d: dp %d, cp %d (ulysses %d, ring %d), tp %d, ep %d; shard group %d (rank %d of %d)", q,
+                    o.dp, o.cp, o.ulysses, o.ring, o.tp, o.ep, o.shard_group.color, o.shard_group.key,
+                    o.shard_group.size);
+    }
     if (shown < W) ht_log_info("  ... and %d more ranks, by the same rule", W - shown);
     return HT_OK;
 }

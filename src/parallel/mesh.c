@@ -1,0 +1,30 @@
+/* The mesh (docs/DESIGN.md, The mesh): a rank's coordinates on every axis
+ * and the ht_comm_split of every group it joins, from the sizes alone. */
+#include "hypertrain/parallel.h"
+
+void ht_mesh_of(const ht_mesh_sizes *s, int rank, ht_mesh *m) {
+    const int T = s->tp > 0 ? s->tp : 1, U = s->ulysses > 0 ? s->ulysses : 1, R = s->ring > 0 ? s->ring : 1;
+    const int CP = U * R, X = s->world / T; /* the data x context ranks of one tensor-parallel place */
+    const int S = s->shard > 0 ? s->shard : X, P = s->ep > 1 ? s->ep : 1, D = X / P;
+    const int x = rank / T, tp = rank % T;
+    *m = (ht_mesh){.tp = tp,
+                   .dp = x / CP,
+                   .cp = x % CP,
+                   .ulysses = x % U,
+                   .ring = x % CP / U,
+                   .ep = x / D,
+                   .dp_size = X / CP,
+                   .cp_size = CP};
+    /* A group of ranks with the same tensor-parallel place: colors
+     * interleave the places, so no two places share a color. */
+#define GROUP(c, k, n) ((ht_mesh_group){.color = (c)*T + tp, .key = (k), .size = (n)})
+    m->tp_group = (ht_mesh_group){.color = x, .key = tp, .size = T};
+    m->cp_group = GROUP(x / CP, x % CP, CP);
+    m->ulysses_group = GROUP(x / U, x % U, U);
+    m->ring_group = GROUP(x / CP * U + x % U, x % CP / U, R);
+    m->shard_group = GROUP(x / S, x % S, S);
+    m->replica_group = GROUP(x % S, x / S, X / S);
+    m->expert_group = GROUP(x / D, x % D, D);
+    m->ep_group = GROUP(x % D, x / D, P);
+#undef GROUP
+}
