@@ -694,7 +694,7 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
         ht_kernels()->convert(d->dy_cd, w->compute_dtype, dy, HT_DTYPE_F32, (size_t)(N * out));
         dy_cd = d->dy_cd;
     } else if (w->compute_precision != HT_DTYPE_F32) { /* FP32 operands of bf16/f16 precision */
-        memcpy(d->dy_cd, dy, (size_t)(N * out) * sizeof(float));
+        ht_kernels()->copy(d->dy_cd, dy, (size_t)(N * out) * sizeof(float));
         ht_kernels()->round_to(d->dy_cd, (size_t)(N * out), w->compute_precision);
         dy_cd = d->dy_cd;
     }
@@ -716,7 +716,7 @@ static void to_operand(void *dst, const float *src, size_t n, ht_dtype cd, ht_dt
         ht_kernels()->convert(dst, cd, src, HT_DTYPE_F32, n);
         return;
     }
-    if (dst != src) memcpy(dst, src, n * sizeof(float));
+    if (dst != src) ht_kernels()->copy(dst, src, n * sizeof(float));
     ht_kernels()->round_to(dst, n, precision);
 }
 
@@ -911,7 +911,7 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
     ht_kernels()->rope_backward(d->dkpe, d->rope_cos, d->rope_sin, d->B, d->T, &lk);
     const void *dy = linear_backward(d, d->dlat, 0.0f, d->kvb, a->kv_ln, p->kvb_w, NULL, N);
     lora_backward(d, l, LIN_KVB, d->dlat, dy, a->kv_ln, N);
-    memset(d->dlat2, 0, (size_t)(N * Rkv) * sizeof(float));
+    ht_kernels()->zero(d->dlat2, (size_t)(N * Rkv) * sizeof(float));
     ht_kernels()->rmsnorm_backward(d->dlat2, p->kva_ln->grad, d->dlat, a->kv_lat, p->kva_ln->compute,
                                    p->kva_ln->compute_dtype, a->rstd_kv, N, Rkv);
     for (int64_t n = 0; n < N; n++) {
@@ -923,7 +923,7 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
     if (p->qa_w) {
         dy = linear_backward(d, d->dqa, 0.0f, d->dq, a->qa_ln, p->qb_w, NULL, N);
         lora_backward(d, l, LIN_QB, d->dqa, dy, a->qa_ln, N);
-        memset(d->dqa2, 0, (size_t)(N * Rq) * sizeof(float));
+        ht_kernels()->zero(d->dqa2, (size_t)(N * Rq) * sizeof(float));
         ht_kernels()->rmsnorm_backward(d->dqa2, p->qa_ln->grad, d->dqa, a->qa, p->qa_ln->compute,
                                        p->qa_ln->compute_dtype, a->rstd_qa, N, Rq);
         dy = linear_backward(d, d->dln, 1.0f, d->dqa2, a->ln1, p->qa_w, NULL, N);
@@ -1083,8 +1083,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                                   eps);
     ht_kernels()->round_to(d->lnf, (size_t)(N * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
-    memcpy(d->inputs, inputs, (size_t)N * sizeof(int32_t));
-    if (targets) memcpy(d->targets, targets, (size_t)N * sizeof(int32_t));
+    ht_kernels()->upload(d->inputs, inputs, (size_t)N * sizeof(int32_t)); /* the caller's, host memory */
+    if (targets) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
     d->target_count = 0;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     double sum = 0.0, mean = NAN;
@@ -1145,7 +1145,7 @@ static void decoder_backward(ht_model *m, float scale) {
     }
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
-    memset(d->dresid, 0, (size_t)(N * C) * sizeof(float));
+    ht_kernels()->zero(d->dresid, (size_t)(N * C) * sizeof(float));
     ht_kernels()->rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute,
                                    d->norm->compute_dtype, d->rstdf, N, C);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_BACKWARD);

@@ -378,7 +378,7 @@ static const void *operand(void *dst, const float *src, int64_t n, ht_dtype cd, 
         return dst;
     }
     if (round == HT_DTYPE_F32) return src;
-    memcpy(dst, src, (size_t)n * sizeof(float));
+    ht_kernels()->copy(dst, src, (size_t)n * sizeof(float));
     ht_kernels()->round_to(dst, (size_t)n, round);
     return dst;
 }
