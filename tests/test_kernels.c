@@ -1197,7 +1197,7 @@ static void test_backend_cross_entropy(void **state) {
 }
 
 /* The embedding (repeated ids), moving rows (4-byte and 2-byte rows),
- * dropout, add, accumulate, scale and the sum of squares. */
+ * dropout, add, accumulate, strided rows, scale and the sum of squares. */
 static void test_backend_rows_and_elementwise(void **state) {
     (void)state;
     enum { V = 11, C = 37, N = 31 };
@@ -1221,6 +1221,17 @@ static void test_backend_rows_and_elementwise(void **state) {
     cpu->accumulate(acc, a, N * C);
     memcpy(scaled, dx, sizeof(scaled));
     cpu->scale(scaled, N * C, 0.37f);
+    /* columns [3, 3 + 20) of dx's rows into columns [5, 25) of a's, then added once more */
+    float strided[N * C];
+    memcpy(strided, a, sizeof(strided));
+    cpu->copy_rows(strided + 5, C, dx + 3, C, N, 20, false);
+    cpu->copy_rows(strided + 5, C, dx + 3, C, N, 20, true);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            const float want = c >= 5 && c < 25 ? dx[n * C + c - 2] + dx[n * C + c - 2] : a[n * C + c];
+            if (strided[n * C + c] != want)
+                fail_msg("copy_rows: (%d, %d) is %g, expected %g", n, c, strided[n * C + c], want);
+        }
     const size_t big = 3000017;
     float *many = normal(big, 114, 1.0f);
     const double squares = cpu->sum_squares(many, (int64_t)big);
@@ -1249,12 +1260,17 @@ static void test_backend_rows_and_elementwise(void **state) {
         K->copy(ky, kdx, sizeof(x));
         K->scale(ky, N * C, 0.37f);
         against_cpu(K, "scale", ky, scaled, N * C, 0);
+        K->copy(ky, ka, sizeof(x));
+        K->copy_rows(ky + 5, C, kdx + 3, C, N, 20, false);
+        K->copy_rows(ky + 5, C, kdx + 3, C, N, 20, true);
+        against_cpu(K, "copy_rows", ky, strided, N * C, 0);
         float *kmany = dev_copy(K, many, big * 4);
         const double ks = K->sum_squares(kmany, (int64_t)big);
         backend_ok(K, "sum_squares");
         if (!(fabs(ks - squares) <= 1e-12 * squares))
             fail_msg("%s, sum_squares: %.17g, the CPU's %.17g", K->name, ks, squares);
-        summary(K, "embedding, rows, dropout, add, accumulate, scale, sum_squares", fabs(ks - squares) / squares);
+        summary(K, "embedding, rows, dropout, add, accumulate, copy_rows, scale, sum_squares",
+                fabs(ks - squares) / squares);
         K->free(kt16), K->free(km16), K->free(kids), K->free(kperm), K->free(kx), K->free(kdt), K->free(kdx);
         K->free(ka), K->free(ky), K->free(kmany);
     }

@@ -230,10 +230,13 @@ typedef struct ht_kernel_ops {
                                        float scaling);
     /* LoRA's dropout: ht_dropout */
     void (*dropout)(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
-    /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_scale */
+    /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_copy_rows, ht_scale */
     double (*sum_squares)(const float *x, int64_t n);
     void (*add)(float *y, const float *x, const float *a, int64_t n);
     void (*accumulate)(float *y, const float *x, int64_t n);
+    /* rows of floats between strided layouts: ht_copy_rows */
+    void (*copy_rows)(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                      bool accumulate);
     void (*scale)(float *x, int64_t n, float k);
     /* the optimizers': ht_adamw_pass, ht_muon_momentum, ht_muon_apply, ht_ns_* */
     void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,

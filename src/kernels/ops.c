@@ -272,6 +272,21 @@ void ht_accumulate(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+void ht_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                  bool accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dst + r * dst_ld;
+        const float *s = src + r * src_ld;
+        if (accumulate) {
+#pragma omp simd
+            for (int64_t c = 0; c < cols; c++) d[c] += s[c];
+        } else {
+            memcpy(d, s, (size_t)cols * sizeof(float));
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ embedding */
 
 void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C) {

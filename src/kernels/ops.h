@@ -81,6 +81,10 @@ double ht_sum_squares(const float *x, int64_t n);
 void ht_add(float *y, const float *x, const float *a, int64_t n);
 /* y += x elementwise (n). */
 void ht_accumulate(float *y, const float *x, int64_t n);
+/* dst[r·dst_ld + c] = src[r·src_ld + c] (accumulate: +=) for r < rows, c < cols:
+ * a column block of one row-major tensor into another's (dst and src apart). */
+void ht_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                  bool accumulate);
 
 /* x (N, C) FP32 = rows ids[n] of table (V, C) in dtype. */
 void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);

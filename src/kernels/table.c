@@ -59,6 +59,7 @@ static const ht_kernel_ops cpu = {
     .sum_squares = ht_sum_squares,
     .add = ht_add,
     .accumulate = ht_accumulate,
+    .copy_rows = ht_copy_rows,
     .scale = ht_scale,
     .adamw = ht_adamw_pass,
     .muon_momentum = ht_muon_momentum,

@@ -869,7 +869,8 @@ static void mla_forward(decoder *d, int l, layer_acts *a, int64_t N, ht_dtype cd
     }
     linear_forward(d->kva, a->ln1, p->kva_w, NULL, N);
     lora_forward(d, l, LIN_KVA, d->kva, a->ln1, N);
-    for (int64_t n = 0; n < N; n++) memcpy(a->kv_lat + n * Rkv, d->kva + n * (Rkv + Dr), (size_t)Rkv * sizeof(float));
+    const ht_kernel_ops *K = ht_kernels();
+    K->copy_rows(a->kv_lat, Rkv, d->kva, Rkv + Dr, N, Rkv, false); /* the latent, the first Rkv of each row */
     ht_kernels()->rmsnorm_forward(a->kv_ln, cd, a->rstd_kv, a->kv_lat, p->kva_ln->compute, p->kva_ln->compute_dtype, N,
                                   Rkv, MLA_NORM_EPS);
     ht_kernels()->round_to(a->kv_ln, (size_t)(N * Rkv), round);
@@ -878,15 +879,10 @@ static void mla_forward(decoder *d, int l, layer_acts *a, int64_t N, ht_dtype cd
     const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Rkv + Dr, Rkv);
     ht_kernels()->rope_forward(a->q, d->rope_cos, d->rope_sin, d->B, d->T, &lq);
     ht_kernels()->rope_forward(d->kva, d->rope_cos, d->rope_sin, d->B, d->T, &lk);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t h = 0; h < H; h++) {
-            const float *kv = d->kvb + (n * H + h) * (Dn + Dv);
-            float *k = a->k + (n * H + h) * Dk;
-            memcpy(k, kv, (size_t)Dn * sizeof(float));
-            memcpy(k + Dn, d->kva + n * (Rkv + Dr) + Rkv, (size_t)Dr * sizeof(float));
-            memcpy(a->v + (n * H + h) * Dv, kv + Dn, (size_t)Dv * sizeof(float));
-        }
+    /* Each head's k = [its k_nope | the shared rotary key], v its own. */
+    K->copy_rows(a->k, Dk, d->kvb, Dn + Dv, N * H, Dn, false);
+    for (int64_t h = 0; h < H; h++) K->copy_rows(a->k + h * Dk + Dn, H * Dk, d->kva + Rkv, Rkv + Dr, N, Dr, false);
+    K->copy_rows(a->v, Dv, d->kvb + Dn, Dn + Dv, N * H, Dv, false);
 }
 
 /* The gradients of mla_forward's params and ln1 (into dln, overwritten) from
@@ -895,29 +891,20 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
     const layer_params *p = &d->layers[l];
     const int64_t H = d->H, Rq = d->Rq, Rkv = d->Rkv, Dn = d->Dn, Dr = d->Dr, Dk = d->Dk, Dv = d->Dv;
     const ht_rope_layout lq = rope_q(d), lk = rope_kpe(d, Dr, 0);
-    ht_kernels()->rope_backward(d->dq, d->rope_cos, d->rope_sin, d->B, d->T, &lq);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float *pe = d->dkpe + n * Dr;
-        memset(pe, 0, (size_t)Dr * sizeof(float));
-        for (int64_t h = 0; h < H; h++) {
-            const float *dk = d->dk + (n * H + h) * Dk;
-            float *dkv = d->kvb + (n * H + h) * (Dn + Dv);
-            memcpy(dkv, dk, (size_t)Dn * sizeof(float));
-            memcpy(dkv + Dn, d->dv + (n * H + h) * Dv, (size_t)Dv * sizeof(float));
-            for (int64_t i = 0; i < Dr; i++) pe[i] += dk[Dn + i];
-        }
-    }
+    const ht_kernel_ops *K = ht_kernels();
+    K->rope_backward(d->dq, d->rope_cos, d->rope_sin, d->B, d->T, &lq);
+    /* kv_b_proj's output gradient [dk_nope | dv] per head; the shared key's, summed over the heads in order. */
+    K->copy_rows(d->kvb, Dn + Dv, d->dk, Dk, N * H, Dn, false);
+    K->copy_rows(d->kvb + Dn, Dn + Dv, d->dv, Dv, N * H, Dv, false);
+    for (int64_t h = 0; h < H; h++) K->copy_rows(d->dkpe, Dr, d->dk + h * Dk + Dn, H * Dk, N, Dr, h > 0);
     ht_kernels()->rope_backward(d->dkpe, d->rope_cos, d->rope_sin, d->B, d->T, &lk);
     const void *dy = linear_backward(d, d->dlat, 0.0f, d->kvb, a->kv_ln, p->kvb_w, NULL, N);
     lora_backward(d, l, LIN_KVB, d->dlat, dy, a->kv_ln, N);
     ht_kernels()->zero(d->dlat2, (size_t)(N * Rkv) * sizeof(float));
     ht_kernels()->rmsnorm_backward(d->dlat2, p->kva_ln->grad, d->dlat, a->kv_lat, p->kva_ln->compute,
                                    p->kva_ln->compute_dtype, a->rstd_kv, N, Rkv);
-    for (int64_t n = 0; n < N; n++) {
-        memcpy(d->kva + n * (Rkv + Dr), d->dlat2 + n * Rkv, (size_t)Rkv * sizeof(float));
-        memcpy(d->kva + n * (Rkv + Dr) + Rkv, d->dkpe + n * Dr, (size_t)Dr * sizeof(float));
-    }
+    K->copy_rows(d->kva, Rkv + Dr, d->dlat2, Rkv, N, Rkv, false);
+    K->copy_rows(d->kva + Rkv, Rkv + Dr, d->dkpe, Dr, N, Dr, false);
     dy = linear_backward(d, d->dln, 0.0f, d->kva, a->ln1, p->kva_w, NULL, N);
     lora_backward(d, l, LIN_KVA, d->dln, dy, a->ln1, N);
     if (p->qa_w) {

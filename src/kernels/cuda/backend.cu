@@ -160,6 +160,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->sum_squares = cuda_sum_squares;
     t->add = cuda_add;
     t->accumulate = cuda_accumulate;
+    t->copy_rows = cuda_copy_rows;
     t->scale = cuda_scale;
     t->adamw = cuda_adamw;
     t->muon_momentum = cuda_muon_momentum;

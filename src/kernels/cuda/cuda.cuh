@@ -90,6 +90,8 @@ void cuda_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uin
 double cuda_sum_squares(const float *x, int64_t n);
 void cuda_add(float *y, const float *x, const float *a, int64_t n);
 void cuda_accumulate(float *y, const float *x, int64_t n);
+void cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                    bool accumulate);
 void cuda_scale(float *x, int64_t n, float k);
 /* Σ x² in double into *out (device memory), queued: no wait (Newton-Schulz's norms). */
 void cuda_sum_squares_into(double *out, const float *x, int64_t n);

@@ -408,6 +408,20 @@ void cuda_add(float *y, const float *x, const float *a, int64_t n) {
 void cuda_accumulate(float *y, const float *x, int64_t n) {
     if (n > 0) LAUNCH("accumulate", accumulate_kernel, cuda_blocks(n), CUDA_THREADS, y, x, n);
 }
+__global__ void copy_rows_kernel(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                                 int64_t cols, bool accumulate) {
+    CUDA_FOR(i, rows * cols) {
+        const int64_t r = i / cols, c = i % cols;
+        const float v = src[r * src_ld + c];
+        dst[r * dst_ld + c] = accumulate ? dst[r * dst_ld + c] + v : v;
+    }
+}
+void cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                    bool accumulate) {
+    if (rows > 0 && cols > 0)
+        LAUNCH("copy_rows", copy_rows_kernel, cuda_blocks(rows * cols), CUDA_THREADS, dst, dst_ld, src, src_ld, rows,
+               cols, accumulate);
+}
 void cuda_scale(float *x, int64_t n, float k) {
     if (n > 0) LAUNCH("scale", scale_kernel, cuda_blocks(n), CUDA_THREADS, x, n, k);
 }
