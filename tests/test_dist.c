@@ -1810,6 +1810,67 @@ static int ring_shift_rank(void) {
     return total == 0 ? 0 : 1;
 }
 
+/* One rank of test_started_all_reduce: two started all-reduces in flight
+ * at once (and a ring step between them), each bitwise the blocking
+ * ht_all_reduce_f32 of the same values; lengths that do not split evenly,
+ * and shorter than the ranks. Prints "all-reduce ok" on rank 0. */
+static int all_reduce_rank(void) {
+    ht_comm *comm;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const int P = comm->size, R = comm->rank;
+    int bad = 0;
+    const int64_t lengths[] = {1003, 3, 1};
+    for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
+        const int64_t n = lengths[k];
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *a2 = malloc(n * sizeof(float)),
+              *b2 = malloc(n * sizeof(float)), ring[8], back[8];
+        for (int64_t i = 0; i < n; i++) {
+            a[i] = a2[i] = sinf((float)(R * 7919 + i)) * powf(10.0f, (float)((i + R) % 9) - 4); /* order matters */
+            b[i] = b2[i] = cosf((float)(R * 104729 + 3 * i)) * 1e3f;
+        }
+        for (int i = 0; i < 8; i++) ring[i] = (float)(R * 8 + i);
+        ht_all_reduce *ra = ht_start_all_reduce_f32(comm, a, n);
+        ht_request *shift = ht_start_shift(comm, ring, back, sizeof(ring), 1);
+        ht_all_reduce *rb = ht_start_all_reduce_f32(comm, b, n);
+        ht_all_reduce_f32(comm, a2, n, HT_REDUCE_SUM); /* a blocking one after them */
+        ht_all_reduce_f32(comm, b2, n, HT_REDUCE_SUM);
+        ht_wait_all_reduce(ra, NULL);
+        ht_wait(comm, shift, NULL);
+        ht_wait_all_reduce(rb, NULL);
+        bad += memcmp(a, a2, n * sizeof(float)) != 0;
+        bad += memcmp(b, b2, n * sizeof(float)) != 0;
+        for (int i = 0; i < 8; i++) bad += back[i] != (float)(((R - 1 + P) % P) * 8 + i);
+        free(a), free(b), free(a2), free(b2);
+    }
+    double total = bad;
+    ht_all_reduce_f64(comm, &total, 1, HT_REDUCE_SUM);
+    if (R == 0) printf(total == 0 ? "all-reduce ok on %d ranks\n" : "all-reduce: %d ranks, wrong sums\n", P);
+    ht_comm_free(comm);
+    return total == 0 ? 0 : 1;
+}
+
+/* ht_start_all_reduce_f32 on 1 to 4 ranks: the bits of the blocking one. */
+static void test_started_all_reduce(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("started_all_reduce");
+    char exe[1024], cmd[3072], out[1300], *log;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(len > 0);
+    exe[len] = '\0';
+    for (int P = 1; P <= 4; P++) {
+        snprintf(out, sizeof(out), "%s/all_reduce%d.log", dir, P);
+        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' --all-reduce-rank > '%s' 2>&1", P, exe, out);
+        int rc = run_logged(cmd, out, &log);
+        if (rc != 0 || !strstr(log, "all-reduce ok")) fail_msg("%d ranks:\n%s", P, log);
+        printf("%s", strstr(log, "all-reduce ok"));
+        free(log);
+    }
+}
+
 /* ht_start_shift, context parallelism's ring step, on 1 to 4 ranks. */
 static void test_ring_shift(void **state) {
     (void)state;
@@ -1830,6 +1891,7 @@ static void test_ring_shift(void **state) {
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     if (argc == 2 && strcmp(argv[1], "--ring-shift-rank") == 0) return ring_shift_rank();
+    if (argc == 2 && strcmp(argv[1], "--all-reduce-rank") == 0) return all_reduce_rank();
     if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
     const struct CMUnitTest tests[] = {
@@ -1841,6 +1903,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
+        cmocka_unit_test(test_started_all_reduce),
         cmocka_unit_test(test_mesh_layout),
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),

@@ -128,6 +128,20 @@ static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, co
 ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t bytes, int offset);
 static inline void ht_wait(ht_comm *c, ht_request *r, double *seconds) { c->ops->wait(c, r, seconds); }
 
+/* A started FP32 all-reduce (tensor parallelism's, overlapped with compute). */
+typedef struct ht_all_reduce ht_all_reduce;
+/* Starts buf (n) <- its sum over the ranks of c, every rank of c calling it
+ * in the same order as its other collectives: the slices of buf go to the
+ * ranks that sum them (one started exchange, in flight until the wait);
+ * buf must stay untouched until ht_wait_all_reduce. The result is the bits
+ * of ht_all_reduce_f32's (each element the sum in rank order). Out of
+ * memory to start it: summed at once, blocking, and NULL (nothing to wait
+ * for). */
+ht_all_reduce *ht_start_all_reduce_f32(ht_comm *c, float *buf, int64_t n);
+/* Completes it: this rank's slice summed, then every rank's sums gathered
+ * into buf. *seconds (if not NULL): the exchange's time in flight. */
+void ht_wait_all_reduce(ht_all_reduce *a, double *seconds);
+
 #ifdef __cplusplus
 }
 #endif

@@ -59,6 +59,63 @@ ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t byt
     return ht_start_exchange(c, &s, &r); /* the span lists may go once it is started */
 }
 
+struct ht_all_reduce {
+    ht_comm *c;
+    float *buf;
+    int64_t n;
+    float *slices;   /* (P, this rank's count): every rank's values of this rank's slice */
+    ht_request *req; /* their exchange, in flight */
+};
+
+/* Rank r's slice of n: [n·r/P, n·(r+1)/P). */
+static int64_t slice_at(int64_t n, int r, int P) { return n * r / P; }
+
+ht_all_reduce *ht_start_all_reduce_f32(ht_comm *c, float *buf, int64_t n) {
+    const int P = c->size, me = c->rank;
+    ht_all_reduce *a = calloc(1, sizeof(*a));
+    const int64_t mine = slice_at(n, me + 1, P) - slice_at(n, me, P);
+    if (a) a->slices = malloc((size_t)(P * mine + 1) * sizeof(float));
+    if (!a || !a->slices) { /* no memory to start it with: summed now, blocking, nothing to wait for */
+        free(a);
+        ht_all_reduce_f32(c, buf, n, HT_REDUCE_SUM);
+        return NULL;
+    }
+    a->c = c, a->buf = buf, a->n = n;
+    ht_span out[P], in[P];
+    int first[P + 1];
+    for (int q = 0; q < P; q++) {
+        out[q] = (ht_span){buf + slice_at(n, q, P), (slice_at(n, q + 1, P) - slice_at(n, q, P)) * 4};
+        in[q] = (ht_span){a->slices + q * mine, mine * 4};
+        first[q] = q;
+    }
+    first[P] = P;
+    const ht_spans s = {out, first}, r = {in, first};
+    a->req = ht_start_exchange(c, &s, &r);
+    return a;
+}
+
+void ht_wait_all_reduce(ht_all_reduce *a, double *seconds) {
+    if (seconds) *seconds = 0.0;
+    if (!a) return;
+    ht_comm *c = a->c;
+    const int P = c->size, me = c->rank;
+    const int64_t n = a->n, lo = slice_at(n, me, P), mine = slice_at(n, me + 1, P) - lo;
+    double flight = 0.0;
+    ht_wait(c, a->req, &flight);
+    /* The sums of this rank's slice in rank order, as ht_all_reduce_f32 adds them. */
+    for (int64_t i = 0; i < mine; i++) {
+        float sum = a->slices[i];
+        for (int r = 1; r < P; r++) sum += a->slices[r * mine + i];
+        a->buf[lo + i] = sum;
+    }
+    int64_t bytes[P];
+    for (int q = 0; q < P; q++) bytes[q] = (slice_at(n, q + 1, P) - slice_at(n, q, P)) * 4;
+    ht_all_gather(c, a->buf + lo, a->buf, bytes);
+    if (seconds) *seconds = flight;
+    free(a->slices);
+    free(a);
+}
+
 static const ht_comm_ops single_ops = {
     .all_reduce_f64 = single_all_reduce_f64,
     .all_reduce_f32 = single_all_reduce_f32,
