@@ -53,7 +53,7 @@ run() { # label ranks cp T extra...
   shift 4
   [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $label "* ]] && return 0
   local launcher=() threads=2
-  [ "$ranks" -gt 1 ] && launcher=(mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp -np "$ranks") threads=1
+  [ "$ranks" -gt 1 ] && launcher=(mpirun --oversubscribe --allow-run-as-root --mca btl "self,tcp" -np "$ranks") threads=1
   local log=$work/$label.$T.log
   OMP_NUM_THREADS=$threads timeout 1500 "${launcher[@]}" "$bin" train "$work/run.yaml" --set data.seq_len="$T" \
     --set checkpoint.output_dir="$work/out" "$@" > "$log" 2>&1 || { tail -20 "$log"; echo "$label T=$T failed"; return 0; }
