@@ -568,7 +568,8 @@ static void check_context(const char *name, const char *dtype, bool attention_bi
         /* (another local batch evaluates other windows: eval_batches x local_batch_size of them) */
         if (!strstr(runs[i].set, "local_batch_size"))
             check_validation_within(dir, runs[i].name, f32 ? 1.5e-6 : 1e-3, f32 ? 1e-5 : 2e-4);
-        if (extra && strcmp(clipped_heads(dir, runs[i].name), clipped_heads(dir, "out0")) != 0)
+        if (extra && strstr(extra, "qk_clip") &&
+            strcmp(clipped_heads(dir, runs[i].name), clipped_heads(dir, "out0")) != 0)
             fail_msg("%s: QK-clip rescaled heads %s, one process %s", runs[i].name, clipped_heads(dir, runs[i].name),
                      clipped_heads(dir, "out0"));
         seen->count = 0;
@@ -597,9 +598,15 @@ static void test_context_parallel_llama_float32(void **state) {
     check_context("dist_cp_llama", "float32", false, true, NULL);
 }
 
+/* Qwen2's q/k/v biases under AdamW: as test_float32_qwen2_with_biases_on_1_to_4_ranks, full lr from the
+ * first step (no warmup) so that the floor runs measure what the biases do with summation-order noise (with
+ * warmup the floor stays small while a bias element whose gradient changes sign still carries the noise:
+ * v_proj.bias at 1.08e-5 against a floor of at most 5e-6, clang x86-64-v3). */
 static void test_context_parallel_qwen2_float32(void **state) {
     (void)state;
-    check_context("dist_cp_qwen2", "float32", true, false, NULL);
+    check_context("dist_cp_qwen2", "float32", true, false,
+                  "--set model.hidden_size=64 --set model.intermediate_size=96 --set training.global_batch_size=24 "
+                  "--set lr_scheduler.warmup_steps=0");
 }
 
 static void test_context_parallel_bf16(void **state) {
@@ -1300,6 +1307,21 @@ static void test_moe_expert_parallel_bf16(void **state) {
     char out[32], a[1300], b[1300];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
     moe_reference(dir, "bfloat16", false, true, l1, g1);
+    /* The grad norm's noise floor: the one process's floor runs (run_floor), each step's largest relative
+     * departure of their grad norms from out0's. A grad norm rising to a spike (steps 8-10 here) is where a
+     * routing flip shows: the clang x86-64-v3 build's floor runs part by 0.08%, 0.37% and 0.71% at step 10,
+     * and Ulysses 2 x EP 2 there by 1.1%. */
+    double floor_norm[MOE_STEPS + 1] = {0};
+    run_floor(dir, NULL);
+    for (int f = 0; f < FLOOR_RUNS; f++) {
+        char path[1300], *flog;
+        double gf[MOE_STEPS + 1];
+        snprintf(path, sizeof(path), "%s/floor%d.log", dir, f);
+        flog = read_text(path);
+        assert_int_equal(grad_norms(flog, gf, MOE_STEPS + 1), MOE_STEPS);
+        for (int s = 0; s < MOE_STEPS; s++) floor_norm[s] = fmax(floor_norm[s], fabs(gf[s] - g1[s]) / g1[s]);
+        free(flog);
+    }
     for (int k = 0; k < MOE_RUNS; k++) {
         run_moe(dir, k, out, sizeof(out), ln, gn);
         double worst_loss = 0, worst_norm = 0;
@@ -1309,8 +1331,9 @@ static void test_moe_expert_parallel_bf16(void **state) {
             /* The grad norm: the seed's rtol 1e-2 over docs/NUMERICS.md's 10-step horizon for a bf16 model;
              * past it, routing flips (below) move it further, the same with FSDP alone as with experts
              * split: the gcc build measured at most 0.93% over 20 steps (FSDP on 3 ranks), the clang build
-             * 1.25% at step 13 (2 x EP 2). 3e-2 there. The loss stays within 1e-4 throughout. */
-            const double norm_bound = s < 10 ? 1e-2 : 3e-2;
+             * 1.25% at step 13 (2 x EP 2). 3e-2 there. Or FLOOR_FACTOR x the floor above, where that is
+             * larger, as the float32 tests bound their tensors. The loss stays within 1e-4 throughout. */
+            const double norm_bound = fmax(s < 10 ? 1e-2 : 3e-2, FLOOR_FACTOR * floor_norm[s]);
             if (fabs(ln[s] - l1[s]) > 2e-4 * l1[s] + 1e-4 || fabs(gn[s] - g1[s]) > norm_bound * g1[s])
                 fail_msg("%s, step %d: loss %.4f grad norm %.4f; one process %.4f, %.4f", out, s + 1, ln[s], gn[s],
                          l1[s], g1[s]);
