@@ -1878,39 +1878,34 @@ static int all_reduce_rank(void) {
     return total == 0 ? 0 : 1;
 }
 
-/* ht_start_all_reduce_f32 on 1 to 4 ranks: the bits of the blocking one. */
-static void test_started_all_reduce(void **state) {
-    (void)state;
-    const char *dir = scratch_dir("started_all_reduce");
+/* This test binary in rank mode `mode` (its main's --...-rank) under mpirun
+ * on 1 to 4 ranks: each run must exit 0 and print `ok`. */
+static void run_rank_mode(const char *name, const char *mode, const char *ok) {
+    const char *dir = scratch_dir(name);
     char exe[1024], cmd[3072], out[1300], *log;
     ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     assert_true(len > 0);
     exe[len] = '\0';
     for (int P = 1; P <= 4; P++) {
-        snprintf(out, sizeof(out), "%s/all_reduce%d.log", dir, P);
-        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' --all-reduce-rank > '%s' 2>&1", P, exe, out);
+        snprintf(out, sizeof(out), "%s/%d.log", dir, P);
+        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' %s > '%s' 2>&1", P, exe, mode, out);
         int rc = run_logged(cmd, out, &log);
-        if (rc != 0 || !strstr(log, "all-reduce ok")) fail_msg("%d ranks:\n%s", P, log);
-        printf("%s", strstr(log, "all-reduce ok"));
+        if (rc != 0 || !strstr(log, ok)) fail_msg("%s, %d ranks:\n%s", mode, P, log);
+        printf("%s", strstr(log, ok));
         free(log);
     }
+}
+
+/* ht_start_all_reduce_f32 on 1 to 4 ranks: the bits of the blocking one. */
+static void test_started_all_reduce(void **state) {
+    (void)state;
+    run_rank_mode("started_all_reduce", "--all-reduce-rank", "all-reduce ok");
 }
 
 /* ht_start_shift, context parallelism's ring step, on 1 to 4 ranks. */
 static void test_ring_shift(void **state) {
     (void)state;
-    const char *dir = scratch_dir("ring_shift");
-    char exe[1024], cmd[3072], out[1300], *log;
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    assert_true(len > 0);
-    exe[len] = '\0';
-    for (int P = 1; P <= 4; P++) {
-        snprintf(out, sizeof(out), "%s/ring%d.log", dir, P);
-        snprintf(cmd, sizeof(cmd), MPIRUN "-np %d '%s' --ring-shift-rank > '%s' 2>&1", P, exe, out);
-        int rc = run_logged(cmd, out, &log);
-        if (rc != 0 || !strstr(log, "ring ok")) fail_msg("%d ranks:\n%s", P, log);
-        free(log);
-    }
+    run_rank_mode("ring_shift", "--ring-shift-rank", "ring ok");
 }
 
 int main(int argc, char **argv) {

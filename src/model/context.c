@@ -296,9 +296,8 @@ static void ring_backward(ht_cp_attention *a, ht_context_parallel *cp, const ht_
 
 /* ------------------------------------------------------------------ forward and backward */
 
-void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *local, float *out,
-                             float *lse, float *head_max, float *q, float *k, float *v, ht_dtype dtype) {
-    (void)local; /* sized for it (ht_cp_attention_size) */
+void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, float *out, float *lse, float *head_max,
+                             float *q, float *k, float *v, ht_dtype dtype) {
     const ht_attention_shape s = attention_layout(a);
     const int64_t H = a->shape.H, KV = a->shape.KV, Dk = a->shape.Dk, Dv = a->shape.Dv;
     float *o = a->U > 1 ? a->o_att : out, *hm = head_max ? a->hm : NULL;
@@ -324,10 +323,9 @@ void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, const 
         for (int64_t h = 0; h < Hu; h++) head_max[b * H + h0 + h] = hm[b * Hu + h];
 }
 
-void ht_cp_attention_backward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *local, float *dq,
-                              float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v, ht_dtype dtype) {
-    (void)local;
+void ht_cp_attention_backward(ht_cp_attention *a, ht_context_parallel *cp, float *dq, float *dk, float *dv,
+                              const float *dout, const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, ht_dtype dtype) {
     const ht_attention_shape s = attention_layout(a);
     const int64_t H = a->shape.H, KV = a->shape.KV, Dk = a->shape.Dk, Dv = a->shape.Dv;
     const bool U = a->U > 1;

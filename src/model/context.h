@@ -22,20 +22,21 @@ ht_status ht_cp_attention_size(ht_cp_attention **a, const ht_context_parallel *c
 size_t ht_cp_attention_bytes(const ht_cp_attention *a);
 void ht_cp_attention_free(ht_cp_attention *a);
 
-/* out (B, Tc, H, Dv) = causal attention of the queries q (B, Tc, H, Dk)
+/* In the shape `a` was sized for (ht_cp_attention_size):
+ * out (B, Tc, H, Dv) = causal attention of the queries q (B, Tc, H, Dk)
  * over every key of their sequences, k and v (B, Tc, KV, Dk / Dv) being this
  * rank's share of them (rotated at their global positions). Afterwards q,
  * k, v and lse (B·H·Tc floats) hold what ht_cp_attention_backward reads:
  * under Ulysses, the whole ring-local sequences of this rank's H / U heads.
  * head_max (B, H), if not NULL: each head's largest logit over every key
  * (masked ones too), -inf for heads another Ulysses rank computes. */
-void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *local, float *out,
-                             float *lse, float *head_max, float *q, float *k, float *v, ht_dtype dtype);
+void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, float *out, float *lse, float *head_max,
+                             float *q, float *k, float *v, ht_dtype dtype);
 /* dq, dk, dv (this rank's tokens, as q, k, v came into the forward) from
  * dout (B, Tc, H, Dv) and what the forward left: out (its output, as it
  * returned it), lse, q, k, v. */
-void ht_cp_attention_backward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *local, float *dq,
-                              float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v, ht_dtype dtype);
+void ht_cp_attention_backward(ht_cp_attention *a, ht_context_parallel *cp, float *dq, float *dk, float *dv,
+                              const float *dout, const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, ht_dtype dtype);
 
 #endif

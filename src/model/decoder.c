@@ -829,8 +829,8 @@ static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max
     const int H = d->H, B = d->B;
     const ht_attention_shape shape = attention_shape(d);
     if (d->cp)
-        ht_cp_attention_forward(d->cp, &m->context, &shape, a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k,
-                                a->v, operand_precision(m, d));
+        ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v,
+                                operand_precision(m, d));
     else
         ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
                                         operand_precision(m, d), d->att_work);
@@ -1165,8 +1165,8 @@ static void decoder_backward(ht_model *m, float scale) {
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
         const ht_attention_shape shape = attention_shape(d);
         if (d->cp)
-            ht_cp_attention_backward(d->cp, &m->context, &shape, d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k,
-                                     a->v, operand_precision(m, d));
+            ht_cp_attention_backward(d->cp, &m->context, d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v,
+                                     operand_precision(m, d));
         else
             ht_kernels()->attention_backward(d->dq, d->dk, d->dv, d->datt, a->o, a->lse, a->q, a->k, a->v, &shape,
                                              operand_precision(m, d), d->att_work);
