@@ -3,8 +3,8 @@
  * (Nehalem), and one with AVX2 but no AVX-512 (Haswell; qemu emulates no
  * AVX-512 at all). Each must get one sentence naming what is missing, never
  * an illegal-instruction crash; a binary built for x86-64-v3 must run on
- * Haswell. This test is compiled with the binary's flags, so __AVX512F__
- * tells whether the binary uses AVX-512. */
+ * Haswell. This test is compiled with the binary's flags, so __AVX512F__,
+ * __VAES__ and the like tell whether the binary uses what Haswell lacks. */
 #include "harness.h"
 
 #include <stdio.h>
@@ -51,11 +51,20 @@ static void test_avx2_cpu(void **state) {
     char out[4096];
     int rc = run_on("Haswell-v4", out, sizeof(out));
     printf("Haswell: rc %d: %.600s\n", rc, out);
-#ifdef __AVX512F__
-    /* Built for this machine's AVX-512: refused, naming the extensions and the way out. */
+#if defined(__AVX512F__) || defined(__VAES__) || defined(__VPCLMULQDQ__) || defined(__GFNI__) || defined(__SHA__) ||   \
+    defined(__ADX__) || defined(__RDSEED__)
+    /* Built for this machine's extensions that Haswell lacks (AVX-512, or
+     * on an AVX2 machine of a later generation VAES, GFNI, SHA, ...):
+     * refused, naming them and the way out. */
     assert_int_equal(rc, 1);
-    assert_non_null(strstr(out, "this CPU lacks avx512f"));
+    assert_non_null(strstr(out, "this CPU lacks "));
     assert_non_null(strstr(out, "HT_MARCH=x86-64-v3"));
+#ifdef __AVX512F__
+    assert_non_null(strstr(out, "avx512f"));
+#endif
+#ifdef __VAES__
+    assert_non_null(strstr(out, "vaes"));
+#endif
 #else
     /* A portable build runs. */
     assert_int_equal(rc, 0);

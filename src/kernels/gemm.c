@@ -434,8 +434,19 @@ static void gemm_run(ht_gemm_path path, bool ragged, gemm_batch bt, bool trans_a
         }
         return;
     }
-    if (!gemm_matmul(ragged, bt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc))
-        for (int64_t e = 0; e < bt.count; e++) fill_nan(C + e * bt.c, M, N, ldc);
+    /* One product at a time here too. oneDNN's matmul over a batch dimension
+     * plans its work for the batch: on an AVX2 CPU without AVX-512 (an AMD
+     * EPYC, 2026-12-02) a product's sums then ran in another order than the
+     * same product alone, so a Muon matrix's update depended on which
+     * matrices shared its shape (tests/test_muon.c); one batch-1 primitive,
+     * cached, runs each of them as it would run alone. */
+    const size_t esize = ht_dtype_size(dtype);
+    for (int64_t e = 0; e < bt.count; e++) {
+        float *c = C + e * bt.c;
+        if (!gemm_matmul(ragged, ONE, trans_a, trans_b, M, N, K, alpha, (const char *)A + (size_t)(e * bt.a) * esize,
+                         lda, (const char *)B + (size_t)(e * bt.b) * esize, ldb, dtype, beta, c, ldc))
+            fill_nan(c, M, N, ldc);
+    }
 }
 
 void ht_gemm_on_path(ht_gemm_path path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
