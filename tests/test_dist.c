@@ -1878,6 +1878,126 @@ static int all_reduce_rank(void) {
     return total == 0 ? 0 : 1;
 }
 
+/* 1-D params (norms at 1, biases at 0 when built) moved by a function of
+ * their global element index, the same on every layout, so that their
+ * gradients and the norms' scaling take part. */
+static void perturb_vectors(ht_model *m) {
+    for (int i = 0; i < m->params.count; i++) {
+        ht_param *p = &m->params.items[i];
+        if (p->ndim != 1) continue;
+        float *w = p->data;
+        for (int64_t k = 0; k < ht_param_local_numel(p); k++)
+            w[k] += 0.3f * sinf((float)(p->box.offset[0] + k) + (float)i);
+    }
+}
+
+/* One rank of test_tensor_parallel_decoder: Llama (GQA, untied) and Qwen2
+ * (biases, tied embeddings, the LM head over chunks of tokens) of odd
+ * widths (vocabulary 97 and MLP width 50, split unevenly) built as this
+ * rank's tensor-parallel share and as one process: every param's values
+ * are its slice of the whole model's, bit for bit; one forward and
+ * backward of the same batch (ignored targets among them) give the loss
+ * and every gradient slice within float32's 1e-5 of the tensor's largest
+ * magnitude (docs/NUMERICS.md: the slices' partial sums add in another
+ * order). Prints "tensor parallel ok" on rank 0. */
+static int tensor_parallel_rank(void) {
+    ht_comm *comm;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const int P = comm->size, R = comm->rank;
+    enum { B = 2, T = 16 };
+    double worst_loss = 0, worst_grad = 0;
+    int bad = 0;
+    for (int variant = 0; variant < 2; variant++) {
+        ht_model_config c = {0};
+        snprintf(c.name, sizeof(c.name), "%s", variant ? "qwen2" : "llama");
+        c.vocab_size = 97;
+        c.hidden_size = 48;
+        c.intermediate_size = 50;
+        c.num_hidden_layers = 2;
+        c.num_attention_heads = 12;
+        c.num_key_value_heads = P > 1 ? P : 2;
+        c.head_dim = 8;
+        c.max_position_embeddings = 32;
+        c.rope_theta = 10000.0;
+        c.rms_norm_eps = 1e-6;
+        c.attention_bias = variant == 1;
+        c.tie_word_embeddings = variant == 1;
+        c.initializer_range = 0.2;
+        ht_model *one, *tp;
+        const ht_model_placement at = {.tp_rank = R, .tp_size = P};
+        if (ht_model_build(&c, HT_DTYPE_F32, 77, &one, &err) != HT_OK ||
+            ht_model_build_parallel(&c, HT_DTYPE_F32, 77, &at, &tp, &err) != HT_OK ||
+            ht_tensor_parallel_attach(tp, comm, &err) != HT_OK) {
+            fprintf(stderr, "rank %d: %s\n", R, err.msg);
+            return 1;
+        }
+        perturb_vectors(one);
+        perturb_vectors(tp);
+        if (variant == 1) { /* the LM head and the loss over chunks of 5 tokens */
+            for (int k = 0; k < 2; k++) {
+                ht_model *m = k ? tp : one;
+                m->keep_logits = false;
+                m->head_chunk_bytes = (int64_t)5 * (m == tp ? m->params.items[0].shape[0] : c.vocab_size) * 4;
+            }
+        }
+        int32_t inputs[B * T], targets[B * T];
+        for (int n = 0; n < B * T; n++) {
+            inputs[n] = (n * 37 + 11 * variant) % c.vocab_size;
+            targets[n] = n % 9 == 4 ? -1 : (n * 53 + 7) % c.vocab_size;
+        }
+        float loss_one, loss_tp;
+        if (ht_model_forward(one, inputs, targets, B, T, &loss_one, &err) != HT_OK ||
+            ht_model_forward(tp, inputs, targets, B, T, &loss_tp, &err) != HT_OK) {
+            fprintf(stderr, "rank %d: %s\n", R, err.msg);
+            return 1;
+        }
+        ht_model_backward(one, 1.0f);
+        ht_model_backward(tp, 1.0f);
+        worst_loss = fmax(worst_loss, fabs((double)loss_tp - loss_one) / fabs((double)loss_one));
+        for (int i = 0; i < tp->params.count; i++) {
+            const ht_param *p = &tp->params.items[i], *q = ht_params_find(&one->params, p->name);
+            const int64_t n = ht_param_local_numel(p);
+            float *slice = malloc((size_t)n * sizeof(float));
+            ht_box_copy(p->ndim, slice, HT_DTYPE_F32, &p->box, q->data, HT_DTYPE_F32, &q->box);
+            if (memcmp(slice, p->data, (size_t)n * sizeof(float)) != 0) {
+                fprintf(stderr, "rank %d, %s %s: the values are not the whole model's slice\n", R, c.name, p->name);
+                bad++;
+            }
+            ht_box_copy(p->ndim, slice, HT_DTYPE_F32, &p->box, q->main_grad, HT_DTYPE_F32, &q->box);
+            double top = 0, diff = 0;
+            for (int64_t k = 0; k < ht_param_numel(q); k++) top = fmax(top, fabs(q->main_grad[k]));
+            for (int64_t k = 0; k < n; k++) diff = fmax(diff, fabs((double)p->main_grad[k] - slice[k]));
+            const double rel = top > 0 ? diff / top : diff;
+            worst_grad = fmax(worst_grad, rel);
+            if (!(rel <= 1e-5)) {
+                fprintf(stderr, "rank %d, %s %s: gradient %.3g of its largest magnitude from the whole model's\n", R,
+                        c.name, p->name, rel);
+                bad++;
+            }
+            free(slice);
+        }
+        if (!(worst_loss <= 1e-6)) {
+            fprintf(stderr, "rank %d, %s: loss %.9g, one process %.9g\n", R, c.name, (double)loss_tp, (double)loss_one);
+            bad++;
+        }
+        ht_model_free(one);
+        ht_model_free(tp);
+    }
+    double total[3] = {bad, worst_loss, worst_grad};
+    ht_all_reduce_f64(comm, total, 1, HT_REDUCE_SUM);
+    ht_all_reduce_f64(comm, total + 1, 2, HT_REDUCE_MAX);
+    if (R == 0)
+        printf(total[0] == 0 ? "tensor parallel ok on %d ranks: loss within %.2g, gradients within %.2g\n"
+                             : "tensor parallel: %d ranks, %.2g %.2g, wrong values\n",
+               P, total[1], total[2]);
+    ht_comm_free(comm);
+    return total[0] == 0 ? 0 : 1;
+}
+
 /* This test binary in rank mode `mode` (its main's --...-rank) under mpirun
  * on 1 to 4 ranks: each run must exit 0 and print `ok`. */
 static void run_rank_mode(const char *name, const char *mode, const char *ok) {
@@ -1902,6 +2022,12 @@ static void test_started_all_reduce(void **state) {
     run_rank_mode("started_all_reduce", "--all-reduce-rank", "all-reduce ok");
 }
 
+/* The decoder's tensor-parallel share on 1 to 4 ranks against one process. */
+static void test_tensor_parallel_decoder(void **state) {
+    (void)state;
+    run_rank_mode("tensor_parallel", "--tensor-parallel-rank", "tensor parallel ok");
+}
+
 /* ht_start_shift, context parallelism's ring step, on 1 to 4 ranks. */
 static void test_ring_shift(void **state) {
     (void)state;
@@ -1912,6 +2038,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     if (argc == 2 && strcmp(argv[1], "--ring-shift-rank") == 0) return ring_shift_rank();
     if (argc == 2 && strcmp(argv[1], "--all-reduce-rank") == 0) return all_reduce_rank();
+    if (argc == 2 && strcmp(argv[1], "--tensor-parallel-rank") == 0) return tensor_parallel_rank();
     if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
     const struct CMUnitTest tests[] = {
@@ -1924,6 +2051,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),
+        cmocka_unit_test(test_tensor_parallel_decoder),
         cmocka_unit_test(test_mesh_layout),
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),

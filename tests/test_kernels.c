@@ -597,9 +597,46 @@ static void test_cross_entropy_against_reference(void **state) {
     /* Backward from the forward's statistics, and finding them itself: the same bits. */
     float *again = malloc((size_t)(N * V) * sizeof(float));
     memcpy(again, logits, (size_t)(N * V) * sizeof(float));
-    ht_cross_entropy_backward(logits, targets, N, V, scale, rows);
+    /* The vocabulary-parallel form over three uneven slices of the columns:
+     * each slice's statistics and target logit, combined as the ranks of a
+     * tensor-parallel group combine them (max, then the rescaled sums), give
+     * the loss, and each slice's backward from the combined statistics its
+     * columns of the gradient. */
+    const int64_t cuts[4] = {0, 1700, 1701, V};
+    float *slice = malloc((size_t)(N * V) * sizeof(float)), *sgrad = malloc((size_t)(N * V) * sizeof(float));
+    ht_softmax_row *part = malloc((size_t)N * sizeof(ht_softmax_row)),
+                   *whole = malloc((size_t)N * sizeof(ht_softmax_row));
+    float picked[29], total_picked[29] = {0};
+    for (int64_t n = 0; n < N; n++) whole[n] = (ht_softmax_row){.sum = 0.0, .max = -INFINITY};
+    for (int k = 0; k < 3; k++) {
+        const int64_t v0 = cuts[k], w = cuts[k + 1] - v0;
+        for (int64_t n = 0; n < N; n++) memcpy(slice + n * w, logits + n * V + v0, (size_t)w * sizeof(float));
+        ht_softmax_partial(slice, targets, N, w, v0, part, picked);
+        for (int64_t n = 0; n < N; n++) {
+            total_picked[n] += picked[n];
+            if (targets[n] < 0) continue;
+            const float mx = fmaxf(whole[n].max, part[n].max);
+            whole[n].sum = whole[n].sum * exp((double)whole[n].max - mx) + part[n].sum * exp((double)part[n].max - mx);
+            whole[n].max = mx;
+        }
+    }
+    double tp_loss = 0;
+    for (int64_t n = 0; n < N; n++)
+        if (targets[n] >= 0) tp_loss += log(whole[n].sum) + whole[n].max - total_picked[n];
+    tp_loss /= (double)counted;
+    if (!(fabs(tp_loss - loss) <= 1e-6 * fabs(loss)))
+        fail_msg("vocabulary-parallel cross-entropy %.9g, reference %.9g", tp_loss, loss);
+    for (int k = 0; k < 3; k++) {
+        const int64_t v0 = cuts[k], w = cuts[k + 1] - v0;
+        for (int64_t n = 0; n < N; n++) memcpy(slice + n * w, logits + n * V + v0, (size_t)w * sizeof(float));
+        ht_cross_entropy_backward(slice, targets, N, w, v0, scale, whole);
+        for (int64_t n = 0; n < N; n++) memcpy(sgrad + n * V + v0, slice + n * w, (size_t)w * sizeof(float));
+    }
+    EXPECT_CLOSE("vocabulary-parallel cross-entropy backward", sgrad, rgrad, (size_t)(N * V), 1e-5);
+    free(slice), free(sgrad), free(part), free(whole);
+    ht_cross_entropy_backward(logits, targets, N, V, 0, scale, rows);
     EXPECT_CLOSE("cross-entropy backward", logits, rgrad, (size_t)(N * V), 1e-5);
-    ht_cross_entropy_backward(again, targets, N, V, scale, NULL);
+    ht_cross_entropy_backward(again, targets, N, V, 0, scale, NULL);
     assert_memory_equal(again, logits, (size_t)(N * V) * sizeof(float));
     free(again);
     free(rows);
@@ -758,13 +795,28 @@ static void test_embedding_dropout_scale(void **state) {
     fill_normal(dx, N * C, 62, 1.0f);
     for (int n = 0; n < N; n++) ids[n] = (n * 4) % V; /* repeated ids */
     ht_convert(table16, HT_DTYPE_BF16, table, HT_DTYPE_F32, V * C);
-    K->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C);
+    K->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C, 0, V);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) assert_true(x[n * C + c] == ht_bf16_to_f32(table16[ids[n] * C + c]));
-    K->embedding_backward(dtable, dx, ids, N, C);
+    K->embedding_backward(dtable, dx, ids, N, C, 0, V);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) want[ids[n] * C + c] += dx[n * C + c];
     assert_memory_equal(dtable, want, sizeof(want)); /* token order: the same sums */
+    /* A vocabulary slice, rows [4, 9) of the table (tensor parallelism's):
+     * the tokens it holds get their rows, the others zeros, and only its
+     * rows take gradients. */
+    float sx[N * C], sd[5 * C] = {0};
+    for (int i = 0; i < N * C; i++) sx[i] = 7.0f;
+    K->embedding_forward(sx, table16 + 4 * C, HT_DTYPE_BF16, ids, N, C, 4, 5);
+    K->embedding_backward(sd, dx, ids, N, C, 4, 5);
+    for (int n = 0; n < N; n++) {
+        const bool here = ids[n] >= 4 && ids[n] < 9;
+        for (int c = 0; c < C; c++)
+            if (sx[n * C + c] != (here ? x[n * C + c] : 0.0f))
+                fail_msg("embedding_forward of rows [4, 9): token %d (id %d), column %d is %g", n, ids[n], c,
+                         (double)sx[n * C + c]);
+    }
+    assert_memory_equal(sd, want + 4 * C, sizeof(sd));
     /* Dropout: p 0.3 drops about 30%, scales the rest by 1 / 0.7, and redraws the same mask. */
     float a[N * C], b[N * C];
     for (int i = 0; i < N * C; i++) a[i] = b[i] = 1.0f;
@@ -1163,7 +1215,15 @@ static void test_backend_cross_entropy(void **state) {
     int64_t count;
     const double loss = cpu->cross_entropy_forward(logits, targets, N, V, &count, rows);
     memcpy(grad, logits, nv * 4);
-    cpu->cross_entropy_backward(grad, targets, N, V, 0.5f, rows);
+    cpu->cross_entropy_backward(grad, targets, N, V, 0, 0.5f, rows);
+    /* a vocabulary slice: columns [1000, 3000) of every row, as its own (N, 2000) logits */
+    const int64_t v0 = 1000, W = 2000;
+    float *slice = malloc((size_t)(N * W) * 4), *sgrad = malloc((size_t)(N * W) * 4), picked[29];
+    for (int64_t n = 0; n < N; n++) memcpy(slice + n * W, logits + n * V + v0, (size_t)W * 4);
+    ht_softmax_row part[29];
+    cpu->softmax_partial(slice, targets, N, W, v0, part, picked);
+    memcpy(sgrad, slice, (size_t)(N * W) * 4);
+    cpu->cross_entropy_backward(sgrad, targets, N, W, v0, 0.5f, rows);
     for (int b = 0; b < nbackends; b++) {
         backend K = backends[b];
         float *kl = dev_copy(K, logits, nv * 4), *kl2 = dev_copy(K, logits, nv * 4);
@@ -1183,17 +1243,34 @@ static void test_backend_cross_entropy(void **state) {
                 fail_msg("%s, cross_entropy_forward row %lld: max %.9g sum %.12g, the CPU's %.9g %.12g", K->name,
                          (long long)n, (double)got[n].max, got[n].sum, (double)rows[n].max, rows[n].sum);
         }
-        K->cross_entropy_backward(kl, kt, N, V, 0.5f, kr);
+        K->cross_entropy_backward(kl, kt, N, V, 0, 0.5f, kr);
         worst = fmax(worst, against_cpu(K, "cross_entropy_backward", kl, grad, nv, 1e-5));
         /* finding the statistics again: the same bits as from the forward's */
-        K->cross_entropy_backward(kl2, kt, N, V, 0.5f, NULL);
+        K->cross_entropy_backward(kl2, kt, N, V, 0, 0.5f, NULL);
         float *a = host_copy(K, kl, nv * 4), *c = host_copy(K, kl2, nv * 4);
         assert_memory_equal(a, c, nv * 4);
         free(a), free(c);
         summary(K, "cross_entropy_forward/backward", worst);
+        /* the vocabulary slice: its statistics, its target logits, its backward from the whole rows' statistics */
+        float *ks = dev_copy(K, slice, (size_t)(N * W) * 4), *kp = dev_new(K, sizeof(picked));
+        ht_softmax_row *kpart = dev_new(K, sizeof(part)), gpart[29];
+        K->softmax_partial(ks, kt, N, W, v0, kpart, kp);
+        backend_ok(K, "softmax_partial");
+        K->download(gpart, kpart, sizeof(gpart));
+        for (int64_t n = 0; n < N; n++)
+            if (targets[n] >= 0 &&
+                (gpart[n].max != part[n].max || !(fabs(gpart[n].sum - part[n].sum) <= 1e-6 * part[n].sum)))
+                fail_msg("%s, softmax_partial row %lld: max %.9g sum %.12g, the CPU's %.9g %.12g", K->name,
+                         (long long)n, (double)gpart[n].max, gpart[n].sum, (double)part[n].max, part[n].sum);
+        same_bytes(K, "softmax_partial (target logits)", kp, picked, sizeof(picked));
+        K->upload(kr, rows, sizeof(rows));
+        K->cross_entropy_backward(ks, kt, N, W, v0, 0.5f, kr);
+        summary(K, "softmax_partial, cross_entropy_backward of a slice",
+                against_cpu(K, "cross_entropy_backward (a vocabulary slice)", ks, sgrad, (size_t)(N * W), 1e-5));
+        K->free(ks), K->free(kp), K->free(kpart);
         K->free(kl), K->free(kl2), K->free(kt), K->free(kr);
     }
-    free(logits), free(grad);
+    free(logits), free(grad), free(slice), free(sgrad);
 }
 
 /* The embedding (repeated ids), moving rows (4-byte and 2-byte rows),
@@ -1209,9 +1286,14 @@ static void test_backend_rows_and_elementwise(void **state) {
     for (int n = 0; n < N; n++) ids[n] = (n * 4) % V, perm[n] = (n * 5 + 3) % N;
     float x[N * C], dtable[V * C], moved[N * C], drop[N * C], sum[N * C], acc[N * C], scaled[N * C];
     uint16_t moved16[N * 3];
-    cpu->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C);
+    cpu->embedding_forward(x, table16, HT_DTYPE_BF16, ids, N, C, 0, V);
     memcpy(dtable, table, sizeof(dtable));
-    cpu->embedding_backward(dtable, dx, ids, N, C);
+    cpu->embedding_backward(dtable, dx, ids, N, C, 0, V);
+    /* a vocabulary slice, rows [3, 8) */
+    float sx[N * C], sdt[5 * C];
+    cpu->embedding_forward(sx, table16 + 3 * C, HT_DTYPE_BF16, ids, N, C, 3, 5);
+    memcpy(sdt, table + 3 * C, sizeof(sdt));
+    cpu->embedding_backward(sdt, dx, ids, N, C, 3, 5);
     cpu->gather_rows(moved, dx, perm, N, C * 4);
     cpu->scatter_rows(moved16, table16, perm, N, 3 * 2); /* 6-byte rows */
     memcpy(drop, dx, sizeof(drop));
@@ -1241,10 +1323,15 @@ static void test_backend_rows_and_elementwise(void **state) {
         int32_t *kids = dev_copy(K, ids, sizeof(ids)), *kperm = dev_copy(K, perm, sizeof(perm));
         float *kx = dev_new(K, sizeof(x)), *kdt = dev_copy(K, table, sizeof(dtable)), *kdx = dev_copy(K, dx, sizeof(x));
         float *ka = dev_copy(K, a, sizeof(x)), *ky = dev_new(K, sizeof(x));
-        K->embedding_forward(kx, kt16, HT_DTYPE_BF16, kids, N, C);
+        K->embedding_forward(kx, kt16, HT_DTYPE_BF16, kids, N, C, 0, V);
         against_cpu(K, "embedding_forward", kx, x, N * C, 0);
-        K->embedding_backward(kdt, kdx, kids, N, C);
+        K->embedding_backward(kdt, kdx, kids, N, C, 0, V);
         against_cpu(K, "embedding_backward", kdt, dtable, V * C, 0); /* token order: the same sums */
+        K->embedding_forward(kx, kt16 + 3 * C, HT_DTYPE_BF16, kids, N, C, 3, 5);
+        against_cpu(K, "embedding_forward (a vocabulary slice)", kx, sx, N * C, 0);
+        K->upload(kdt, table + 3 * C, sizeof(sdt));
+        K->embedding_backward(kdt, kdx, kids, N, C, 3, 5);
+        against_cpu(K, "embedding_backward (a vocabulary slice)", kdt, sdt, 5 * C, 0);
         K->gather_rows(ky, kdx, kperm, N, C * 4);
         against_cpu(K, "gather_rows", ky, moved, N * C, 0);
         K->scatter_rows(km16, kt16, kperm, N, 3 * 2);

@@ -30,9 +30,9 @@ void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 
 /* ht_gemm on `batch` products of one shape: product e reads A + e·stride_a
  * and B + e·stride_b (in elements of dtype) and writes C + e·stride_c, the
- * outputs apart (stride_c >= M·ldc). One oneDNN matmul over a batch
- * dimension runs them all, so many small products (Muon's matrices of one
- * shape) pay one call's overhead and keep every thread busy. */
+ * outputs apart (stride_c >= M·ldc). Each product gives the bits it gives
+ * alone (the CPU runs them one by one, on one cached primitive: oneDNN's
+ * batched matmul orders its sums by the batch on some CPUs). */
 void ht_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
                      ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);
@@ -180,7 +180,8 @@ typedef struct ht_kernel_ops {
     /* dtypes: ht_convert, ht_round_to */
     void (*convert)(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
     void (*round_to)(float *x, size_t n, ht_dtype precision);
-    /* the decoder's: ht_rmsnorm_*, ht_add_bias, ht_bias_backward, ht_rope_*, ht_swiglu_*, ht_cross_entropy_* */
+    /* the decoder's: ht_rmsnorm_*, ht_add_bias, ht_bias_backward, ht_rope_*, ht_swiglu_*, ht_cross_entropy_*,
+     * ht_softmax_partial */
     void (*rmsnorm_forward)(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight,
                             ht_dtype wdtype, int64_t N, int64_t C, float eps);
     void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
@@ -195,8 +196,10 @@ typedef struct ht_kernel_ops {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
     double (*cross_entropy_forward)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
                                     ht_softmax_row *rows);
-    void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+    void (*cross_entropy_backward)(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                    const ht_softmax_row *rows);
+    void (*softmax_partial)(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
+                            ht_softmax_row *rows, float *picked);
     /* attention: ht_attention_* */
     size_t (*attention_workspace_floats)(int64_t T, int64_t Dk, int64_t Dv);
     void (*attention_forward)(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
@@ -207,8 +210,10 @@ typedef struct ht_kernel_ops {
     void (*attention_merge)(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T,
                             int64_t H, int64_t Dv);
     /* the embedding: ht_embedding_forward, ht_embedding_backward */
-    void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
-    void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);
+    void (*embedding_forward)(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
+                              int64_t v0, int64_t V);
+    void (*embedding_backward)(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
+                               int64_t V);
     /* moving rows by an index: ht_gather_rows, ht_scatter_rows */
     void (*gather_rows)(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
     void (*scatter_rows)(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);

@@ -201,6 +201,27 @@ typedef struct ht_context_parallel {
     double all_to_all_seconds, ring_seconds, ring_waited_seconds;
 } ht_context_parallel;
 
+/* Tensor parallelism (parallel.tensor_parallel_size T; docs/DESIGN.md,
+ * Tensor parallelism): the T ranks of a tensor-parallel group see the same
+ * tokens and each holds a slice of the weights, Megatron's layout: q, k, v
+ * (whole heads), gate and up column-parallel (a slice of their output
+ * rows), o_proj and down row-parallel (a slice of their input columns), the
+ * embedding and the LM head a slice of the vocabulary; the norms whole. A
+ * row-parallel product, the embedding's rows and the gradient of a
+ * column-parallel input are partial sums that `sum` completes; the loss is
+ * the vocabulary-parallel cross-entropy (`max` and `sum_f64` combine each
+ * row's statistics), so no rank holds a token's whole row of logits.
+ * parallel/ provides the collectives. size <= 1: none. */
+typedef struct ht_tensor_parallel {
+    int size, rank;
+    /* Over the tensor-parallel group, in rank order (the same bits on every
+     * rank): buf (n) <- its elementwise sum, or max, over the ranks. */
+    void (*sum)(void *ctx, float *buf, int64_t n);
+    void (*max)(void *ctx, float *buf, int64_t n);
+    void (*sum_f64)(void *ctx, double *buf, int64_t n);
+    void *ctx;
+} ht_tensor_parallel;
+
 /* The ranks of a context-parallel group (1: none). */
 static inline int ht_context_size(const ht_context_parallel *cp) {
     return (cp->ulysses > 1 ? cp->ulysses : 1) * (cp->ring > 1 ? cp->ring : 1);
@@ -265,6 +286,12 @@ typedef struct ht_model_ops {
      * with matmul operands of `operand_bytes`, as the model is set (+inf:
      * beyond 64 bits). NULL: the model cannot tell. */
     double (*activation_bytes)(const ht_model *m, int B, int T, size_t operand_bytes);
+    /* Optional, the model's tensor-parallel plan: makes the declared (not yet
+     * allocated) model the share of rank `rank` of a tensor-parallel group of
+     * `size` (ht_tensor_parallel): each param its slice (ht_param_split) and
+     * the model's own sizes those of the slices. An error naming the sizes
+     * when they do not divide. NULL: the model has no tensor-parallel plan. */
+    ht_status (*set_tensor_parallel)(ht_model *m, int size, int rank, ht_error *err);
 } ht_model_ops;
 
 struct ht_model {
@@ -300,6 +327,7 @@ struct ht_model {
     float aux_loss;
     ht_expert_parallel experts;  /* zero: none */
     ht_context_parallel context; /* zero: none; set only on a model whose builder can (context_capable) */
+    ht_tensor_parallel tensor;   /* size and rank from ht_model_build_parallel; parallel/ attaches the rest */
     bool context_capable;        /* the builder's forward takes a context-parallel share of each sequence */
     int B, T;                    /* the shapes of the last forward */
     size_t activation_bytes;     /* what forward keeps for backward, and backward's scratch, for (B, T) */
@@ -345,6 +373,17 @@ ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t se
  * are those rows of ht_model_build's (FSDP's meta-device init). */
 ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
                                ht_model **out, ht_error *err);
+/* Where a rank's model sits: FSDP's rows (shard_rank of shard_world) of its
+ * tensor-parallel slices (tp_rank of tp_size). World or size <= 1: whole. */
+typedef struct ht_model_placement {
+    int shard_rank, shard_world;
+    int tp_rank, tp_size;
+} ht_model_placement;
+/* ht_model_build_shard's with tensor parallelism: the model is the share of
+ * tp_rank (ht_model_ops.set_tensor_parallel; an error for a model without
+ * the plan), its values those slices of ht_model_build's. */
+ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
+                                  const ht_model_placement *at, ht_model **out, ht_error *err);
 /* Model FLOPs of one training token (forward and backward) at sequence
  * length T, counted the standard way: 6 per weight of every matmul (the LM
  * head included, the embedding lookup not) plus attention's two products,

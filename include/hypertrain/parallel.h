@@ -133,6 +133,21 @@ void ht_mesh_of(const ht_mesh_sizes *sizes, int rank, ht_mesh *mesh);
  * must outlive the model's use of them. */
 ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulysses, ht_comm *ring, ht_error *err);
 
+/* Tensor parallelism: the model's sums and maxima over `group`, the ranks
+ * of its tensor-parallel group, which must be the size and this rank's
+ * place the model was built for (ht_model_build_parallel); an error
+ * otherwise. The group must outlive the model's use of it. */
+ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err);
+
+/* A param's global tensor (global_shape, in dtype) from every rank's box:
+ * its FSDP rows over `shard` (`rows`: this rank's, in dtype), then its
+ * tensor-parallel slices over `tp` (NULL or size 1, or a param not split:
+ * none). to_root: only rank 0 of both groups gets it (global may be NULL
+ * elsewhere); otherwise every rank does. Every rank of both groups takes
+ * part. */
+ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
+                                 void *global, bool to_root, ht_error *err);
+
 /* A param's full tensor from its rows on every rank (`rows` holds this
  * rank's (row1 - row0) x row_numel values; full gets the whole tensor): an
  * all-gather of ht_param_row_bytes (param.h) over comm. */

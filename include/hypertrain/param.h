@@ -25,13 +25,22 @@ typedef struct ht_box {
 typedef struct ht_param {
     char name[HT_PARAM_NAME_MAX]; /* "model.layers.3.self_attn.q_proj.weight" */
     int ndim;
-    int64_t shape[HT_PARAM_MAX_DIMS]; /* global shape */
-    ht_dtype dtype;                   /* the model dtype of `data` */
-    int64_t row0, row1;               /* this rank's shard: rows [row0, row1) of dim 0 */
-    /* The region of the global tensor that `data` holds: box.offset[0] and
-     * box.length[0] are always row0 and row1 - row0; the other dims are whole
-     * today (tensor parallelism will slice dim 0 or 1 first, then FSDP's rows
-     * of that slice). Set both through ht_param_set_rows or ht_param_set_box. */
+    /* The tensor this rank's model computes with: the global tensor, or
+     * under tensor parallelism its slice [tp_offset, tp_offset +
+     * shape[tp_dim]) of dim tp_dim (tp_dim -1: whole, the same on every rank
+     * of the tensor-parallel group). Everything below the model (FSDP's
+     * rows, gradients, the optimizers' state) is of that tensor;
+     * global_shape is what checkpoints and Hugging Face files hold. */
+    int64_t shape[HT_PARAM_MAX_DIMS];
+    int64_t global_shape[HT_PARAM_MAX_DIMS];
+    int tp_dim;
+    int64_t tp_offset;
+    ht_dtype dtype;     /* the model dtype of `data` */
+    int64_t row0, row1; /* this rank's shard: rows [row0, row1) of dim 0 of `shape` */
+    /* The region of the global tensor that `data` holds: the tensor-parallel
+     * slice, then FSDP's rows [row0, row1) of it (box.length[0] is always
+     * row1 - row0; box.offset[0] is row0 plus tp_offset when tp_dim is 0).
+     * Set both through ht_param_set_rows or ht_param_set_box. */
     ht_box box;
     bool sharded; /* the rows are spread over the ranks of a group (even where this one holds all) */
     bool trainable;
@@ -86,12 +95,17 @@ typedef struct ht_param_store {
 bool ht_path_match(const char *pattern, const char *path);
 bool ht_path_covers(const char *pattern, const char *name);
 
-/* Declares a parameter (no storage yet). Shard is the whole tensor until set. */
+/* Declares a parameter (no storage yet). Shard is the whole tensor until
+ * set; tp_dim -1 (no tensor-parallel slice) until ht_param_split. */
 ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype);
 /* The first param of that name, or NULL: a hash lookup, constant time in the count. */
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
 /* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
+/* Tensor parallelism, before storage: p's model tensor becomes slice `rank`
+ * of `size` of dim `dim` of the global tensor (ht_param_rows_of's balanced
+ * split of that dim), and its shard the whole slice. */
+void ht_param_split(ht_param *p, int dim, int rank, int size);
 /* Rows [row0, row1) of a dim-0 size for rank `rank` of `world`: balanced, a
  * rank may hold none. */
 void ht_param_rows_of(int64_t rows, int rank, int world, int64_t *row0, int64_t *row1);
@@ -144,9 +158,10 @@ void ht_params_zero_grad(ht_param_store *store);
 ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err);
 void ht_params_free(ht_param_store *store);
 
-int64_t ht_param_numel(const ht_param *p);       /* global element count */
-int64_t ht_param_row_numel(const ht_param *p);   /* elements per dim-0 row */
-int64_t ht_param_local_numel(const ht_param *p); /* the box's: (row1 - row0) * row_numel today */
+int64_t ht_param_numel(const ht_param *p);        /* the model tensor's elements (shape) */
+int64_t ht_param_global_numel(const ht_param *p); /* the global tensor's (global_shape) */
+int64_t ht_param_row_numel(const ht_param *p);    /* elements per dim-0 row */
+int64_t ht_param_local_numel(const ht_param *p);  /* the box's: (row1 - row0) * row_numel today */
 int64_t ht_params_total_numel(const ht_param_store *store);
 /* The bytes of each rank's rows of p (bytes[world]) over `world` ranks
  * (ht_param_rows_of), elements of elem_size: what FSDP's and Muon's gathers

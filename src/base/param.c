@@ -14,6 +14,12 @@ int64_t ht_param_row_numel(const ht_param *p) {
 
 int64_t ht_param_numel(const ht_param *p) { return p->ndim == 0 ? 1 : p->shape[0] * ht_param_row_numel(p); }
 
+int64_t ht_param_global_numel(const ht_param *p) {
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= p->global_shape[d];
+    return n;
+}
+
 int64_t ht_param_local_numel(const ht_param *p) { return ht_box_numel(p->ndim, &p->box); }
 
 int64_t ht_params_total_numel(const ht_param_store *store) {
@@ -64,7 +70,8 @@ ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const
     memset(p, 0, sizeof(*p));
     strcpy(p->name, name);
     p->ndim = ndim;
-    for (int d = 0; d < ndim; d++) p->shape[d] = shape[d];
+    for (int d = 0; d < ndim; d++) p->shape[d] = p->global_shape[d] = shape[d];
+    p->tp_dim = -1;
     p->dtype = dtype;
     ht_param_set_rows(p, 0, shape[0]);
     p->trainable = true;

@@ -1,16 +1,16 @@
-/* A param's shard as a box of its global tensor: setting a rank's rows or
- * box, the bytes of each rank's rows, and the N-D box arithmetic that copies
+/* A param's shard as a box of its global tensor: its tensor-parallel slice,
+ * setting a rank's rows or box, the bytes of each rank's rows, and the N-D box arithmetic that copies
  * the overlap of two boxes (the checkpoint's load planner reads any box from
  * whatever saved boxes overlap it). */
 #include "hypertrain/param.h"
 
 void ht_param_set_rows(ht_param *p, int64_t row0, int64_t row1) {
-    ht_box box;
+    ht_box box = {{0}, {0}};
     for (int d = 0; d < p->ndim; d++) {
-        box.offset[d] = 0;
+        box.offset[d] = d == p->tp_dim ? p->tp_offset : 0;
         box.length[d] = p->shape[d];
     }
-    box.offset[0] = row0;
+    box.offset[0] += row0;
     box.length[0] = row1 - row0;
     ht_param_set_box(p, &box);
 }
@@ -21,8 +21,17 @@ void ht_param_set_box(ht_param *p, const ht_box *box) {
         p->box.offset[d] = box->offset[d];
         p->box.length[d] = box->length[d];
     }
-    p->row0 = box->offset[0];
-    p->row1 = box->offset[0] + box->length[0];
+    p->row0 = box->offset[0] - (p->tp_dim == 0 ? p->tp_offset : 0);
+    p->row1 = p->row0 + box->length[0];
+}
+
+void ht_param_split(ht_param *p, int dim, int rank, int size) {
+    int64_t first, end;
+    ht_param_rows_of(p->global_shape[dim], rank, size, &first, &end);
+    p->tp_dim = dim;
+    p->tp_offset = first;
+    p->shape[dim] = end - first;
+    ht_param_set_rows(p, 0, p->shape[0]);
 }
 
 void ht_param_row_bytes(const ht_param *p, int world, int64_t *bytes, size_t elem_size) {

@@ -50,11 +50,12 @@ static ht_status check_key(const ht_checkpoint *ck, const ck_key *k, const ht_pa
         return HT_OK;
     }
     bool same = k->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = k->shape[d] == p->shape[d];
+    for (int d = 0; same && d < p->ndim; d++) same = k->shape[d] == p->global_shape[d];
     if (!same) {
         char want[96] = "", got[96] = "";
         for (int d = 0; d < p->ndim; d++)
-            snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", d ? "x" : "", (long long)p->shape[d]);
+            snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", d ? "x" : "",
+                     (long long)p->global_shape[d]);
         for (int d = 0; d < k->ndim; d++)
             snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", d ? "x" : "", (long long)k->shape[d]);
         return ht_fail(err, HT_ERR_FORMAT, "%s/%s: key %s: shape %s in the checkpoint, the model's %s is %s", ck->dir,

@@ -201,10 +201,11 @@ static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt
     c.dtype = dtype;
     if (kind != KIND_STEP) {
         c.ndim = p->ndim;
-        memcpy(c.shape, p->shape, sizeof(c.shape));
+        memcpy(c.shape, p->global_shape, sizeof(c.shape));
         c.box = ht_param_box(p);
         /* A param whose rows were set without its box would save the wrong region. */
-        if (c.box.offset[0] != p->row0 || c.box.offset[0] + c.box.length[0] != p->row1)
+        const int64_t first = c.box.offset[0] - (p->tp_dim == 0 ? p->tp_offset : 0);
+        if (first != p->row0 || first + c.box.length[0] != p->row1)
             return ht_fail(err, HT_ERR_INVALID,
                            "checkpoint: %s holds rows [%lld, %lld) but its box rows [%lld, %lld) (set them with "
                            "ht_param_set_rows or ht_param_set_box)",

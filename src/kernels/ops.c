@@ -245,7 +245,7 @@ double ht_sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                const ht_softmax_row *rows) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -258,7 +258,19 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
         const float mx = r.max, k = (float)(scale / r.sum);
 #pragma omp simd
         for (int64_t v = 0; v < V; v++) row[v] = exp_nonpositive(row[v] - mx) * k;
-        row[targets[n]] -= scale;
+        const int64_t t = (int64_t)targets[n] - v0;
+        if (t >= 0 && t < V) row[t] -= scale;
+    }
+}
+
+void ht_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
+                        ht_softmax_row *rows, float *picked) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = logits + n * V;
+        const int64_t t = (int64_t)targets[n] - v0;
+        rows[n] = targets[n] < 0 ? (ht_softmax_row){.sum = 0.0, .max = -INFINITY} : softmax_row(row, V);
+        picked[n] = targets[n] >= 0 && t >= 0 && t < V ? row[t] : 0.0f;
     }
 }
 
@@ -289,21 +301,30 @@ void ht_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, 
 
 /* ------------------------------------------------------------------ embedding */
 
-void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C) {
+void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
+                          int64_t v0, int64_t V) {
     const size_t row = (size_t)C * ht_dtype_size(dtype);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        ht_convert(x + n * C, HT_DTYPE_F32, (const char *)table + (size_t)ids[n] * row, dtype, (size_t)C);
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t id = (int64_t)ids[n] - v0;
+        if (id >= 0 && id < V)
+            ht_convert(x + n * C, HT_DTYPE_F32, (const char *)table + (size_t)id * row, dtype, (size_t)C);
+        else
+            memset(x + n * C, 0, (size_t)C * sizeof(float));
+    }
 }
 
 /* Threads split the columns, so that no two write the same float (ids repeat). */
-void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C) {
+void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
+                           int64_t V) {
 #pragma omp parallel
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
         for (int64_t n = 0; n < N; n++) {
-            float *dst = dtable + (int64_t)ids[n] * C;
+            const int64_t row = (int64_t)ids[n] - v0;
+            if (row < 0 || row >= V) continue;
+            float *dst = dtable + row * C;
             const float *src = dx + n * C;
             for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
         }

@@ -37,10 +37,19 @@ void ht_swiglu_backward(float *dgate, float *dup, const float *dh, const float *
 double ht_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
                                 ht_softmax_row *rows);
 /* In place: logits (N, V) becomes dlogits = scale * (softmax - onehot), rows
- * with target < 0 become 0. rows: the forward's statistics of these logits
- * (each row then read and written once), or NULL to find them again. */
-void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+ * with target < 0 become 0. The columns are the vocabulary's [v0, v0 + V)
+ * (tensor parallelism's slice; v0 0 and the whole vocabulary otherwise): a
+ * target outside them has its one-hot on another rank. rows: the
+ * statistics of the whole row (the forward's: each row then read and
+ * written once), or NULL to find them again from these logits. */
+void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                const ht_softmax_row *rows);
+/* The vocabulary-parallel cross-entropy's local part over logits (N, V),
+ * the vocabulary's columns [v0, v0 + V): each row's softmax statistics of
+ * these columns (rows[n]; {0, -inf} for a target < 0) and the logit of its
+ * target where this slice holds it (picked[n], else 0). */
+void ht_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
+                        ht_softmax_row *rows, float *picked);
 
 /* Causal self-attention, tiled (kernels/attention.c), of the shape a says:
  * out (B, T, H, Dv) = softmax(scale q kᵀ, causal) v over q (B, T, H, Dk),
@@ -86,10 +95,16 @@ void ht_accumulate(float *y, const float *x, int64_t n);
 void ht_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
                   bool accumulate);
 
-/* x (N, C) FP32 = rows ids[n] of table (V, C) in dtype. */
-void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
-/* dtable rows ids[n] += dx (N, C), every row in token order (the same sums whatever the thread count). */
-void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);
+/* x (N, C) FP32 = rows ids[n] of table in dtype, which holds the
+ * vocabulary's rows [v0, v0 + V) (all of it: v0 0; tensor parallelism's
+ * slice otherwise): a token outside them gets a row of zeros (its row is
+ * another rank's). */
+void ht_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
+                          int64_t v0, int64_t V);
+/* dtable rows ids[n] - v0 += dx (N, C) for the tokens of [v0, v0 + V), every
+ * row in token order (the same sums whatever the thread count). */
+void ht_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
+                           int64_t V);
 
 /* Inverted dropout (torch.nn.Dropout's scaling 1 / (1 - p)) on x (N, cols)
  * FP32 in place: element (n, c) is dropped when a 24-bit uniform drawn from

@@ -40,6 +40,7 @@ static const ht_kernel_ops cpu = {
     .swiglu_backward = ht_swiglu_backward,
     .cross_entropy_forward = ht_cross_entropy_forward,
     .cross_entropy_backward = ht_cross_entropy_backward,
+    .softmax_partial = ht_softmax_partial,
     .attention_workspace_floats = ht_attention_workspace_floats,
     .attention_forward = ht_attention_forward,
     .attention_backward = ht_attention_backward,

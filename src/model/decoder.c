@@ -88,7 +88,13 @@ typedef struct decoder {
     const float *rope_cos, *rope_sin;
     float *cp_cos, *cp_sin;
     int cp_T;
-    ht_cp_attention *cp;                /* context parallelism's attention scratch (NULL: none) */
+    ht_cp_attention *cp; /* context parallelism's attention scratch (NULL: none) */
+    /* Tensor parallelism (m->tensor; size 1: none): V and F above are this
+     * rank's slices of the vocabulary and of the MLP width, H and KV its
+     * heads; v0 the first token id of its vocabulary slice. */
+    const ht_tensor_parallel *tp;
+    int tp_size;
+    int64_t v0;
     const ht_context_parallel *context; /* the model's, and the size of its group */
     int cp_size;
 
@@ -124,6 +130,10 @@ typedef struct decoder {
     void *dy_cd;         /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
     float *att_work;     /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
     float *head_max;     /* (B, H) the largest logit of each head in one layer's forward */
+    /* tensor parallelism's cross-entropy, per head chunk: the rows' maxima,
+     * then their sums of exponentials and target logits (2 x head_rows) */
+    float *tp_max, *tp_picked;
+    double *tp_sums;
     int threads;
     /* model.lora */
     int lora_rank;
@@ -468,7 +478,7 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 /* The bytes of every activation buffer for (B, T) with matmul operands of
  * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
  * scratch. The total is what size_activations allocates. */
-enum { NPL = 21, NTAIL = 26, NLORA = 4 };
+enum { NPL = 21, NTAIL = 29, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
     bool shared; /* model.recompute: the recomputed layers share one set of buffers */
@@ -522,6 +532,9 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * Rkv * 4,
         N * Rq * 4,
         N * Rq * 4, /* MLA: kva .. dqa2 */
+        (size_t)head_rows * 4 * (d->tp_size > 1),
+        (size_t)head_rows * 4 * (d->tp_size > 1),
+        (size_t)head_rows * 16 * (d->tp_size > 1), /* tensor parallelism: tp_max, tp_picked, tp_sums */
     };
     memcpy(p->per_layer, per_layer, sizeof(per_layer));
     memcpy(p->tail, tail, sizeof(tail));
@@ -659,6 +672,9 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dlat2 = ht_arena_take(&arena, tail[23]);
     d->dqa = ht_arena_take(&arena, tail[24]);
     d->dqa2 = ht_arena_take(&arena, tail[25]);
+    d->tp_max = ht_arena_take(&arena, tail[26]);
+    d->tp_picked = ht_arena_take(&arena, tail[27]);
+    d->tp_sums = ht_arena_take(&arena, tail[28]);
     d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
     d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
     d->lora_x = ht_arena_take(&arena, lora_tail[2]);
@@ -705,6 +721,13 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
         ht_kernels()->gemm(false, false, N, in, out, 1.0f, dy_cd, out, w->compute, in, w->compute_dtype, dx_beta, dx,
                            in);
     return dy_cd;
+}
+
+/* Tensor parallelism: x (n) <- its sum over the group (a row-parallel
+ * product, the embedding's rows, a column-parallel input's gradient).
+ * Nothing without it. */
+static void tp_sum(const decoder *d, float *x, int64_t n) {
+    if (d->tp_size > 1) d->tp->sum(d->tp->ctx, x, n);
 }
 
 /* ------------------------------------------------------------------ LoRA */
@@ -949,6 +972,7 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
     lora_forward(d, l, LIN_O, d->dln, a->att, N);
+    tp_sum(d, d->dln, N * C);
     ht_kernels()->add(a->resid_mid, a->resid, d->dln, N * C);
     ht_kernels()->rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C,
                                   eps);
@@ -966,6 +990,7 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     ht_kernels()->round_to(a->h, (size_t)(N * F), round);
     linear_forward(d->dln, a->h, p->down_w, NULL, N);
     lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
+    tp_sum(d, d->dln, N * C);
     if (next) ht_kernels()->add(next, a->resid_mid, d->dln, N * C);
 }
 
@@ -978,6 +1003,35 @@ static void head_forward(const ht_model *m, decoder *d, int64_t r0, int64_t n) {
     linear_forward(d->logits, (const char *)d->lnf + (size_t)r0 * row, d->head, NULL, n);
     if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16)
         ht_kernels()->round_to(d->logits, (size_t)(n * V), m->output_dtype);
+}
+
+/* The vocabulary-parallel cross-entropy of the n rows of d->logits (this
+ * rank's slice of each row): each rank's row maxima, their max over the
+ * group, then each rank's sums of exponentials rescaled to it and the
+ * target logits (from the rank whose slice holds the target, 0 elsewhere)
+ * summed over the group. rows get the whole rows' statistics, for
+ * backward; returns the sum of the counted rows' losses, *count their count. */
+static double tp_cross_entropy(decoder *d, const int32_t *targets, int64_t n, int64_t *count, ht_softmax_row *rows) {
+    const ht_tensor_parallel *tp = d->tp;
+    ht_kernels()->softmax_partial(d->logits, targets, n, d->V, d->v0, rows, d->tp_picked);
+    for (int64_t i = 0; i < n; i++) d->tp_max[i] = rows[i].max;
+    tp->max(tp->ctx, d->tp_max, n);
+    for (int64_t i = 0; i < n; i++) {
+        const double mx = d->tp_max[i];
+        d->tp_sums[i] = rows[i].sum > 0 ? rows[i].sum * exp((double)rows[i].max - mx) : 0.0;
+        d->tp_sums[n + i] = d->tp_picked[i];
+    }
+    tp->sum_f64(tp->ctx, d->tp_sums, 2 * n);
+    double total = 0.0;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; i++) {
+        rows[i] = (ht_softmax_row){.sum = d->tp_sums[i], .max = d->tp_max[i]};
+        if (targets[i] < 0) continue;
+        total += log(d->tp_sums[i]) + (double)d->tp_max[i] - d->tp_sums[n + i];
+        counted++;
+    }
+    *count = counted;
+    return total;
 }
 
 /* m->input_dtype: a module's FP32 input (the hidden states, n values)
@@ -1031,14 +1085,19 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     if (Tg > m->config.max_position_embeddings)
         return ht_fail(err, HT_ERR_INVALID, "sequence length %lld is longer than model.max_position_embeddings (%d)",
                        (long long)Tg, m->config.max_position_embeddings);
-    int64_t N = (int64_t)B * T, C = d->C, V = d->V;
+    int64_t N = (int64_t)B * T, C = d->C, V = d->V, Vg = m->config.vocab_size;
+    if (d->tp_size > 1 && !d->tp->sum)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "forward: the model is rank %d of a tensor-parallel group of %d, but no collectives are "
+                       "attached (ht_tensor_parallel_attach)",
+                       d->tp->rank, d->tp_size);
     for (int64_t n = 0; n < N; n++) {
-        if (inputs[n] < 0 || inputs[n] >= V)
+        if (inputs[n] < 0 || inputs[n] >= Vg)
             return ht_fail(err, HT_ERR_INVALID, "input token %d at position %lld is outside the vocabulary [0, %lld)",
-                           inputs[n], (long long)n, (long long)V);
-        if (targets && targets[n] >= V)
+                           inputs[n], (long long)n, (long long)Vg);
+        if (targets && targets[n] >= Vg)
             return ht_fail(err, HT_ERR_INVALID, "target token %d at position %lld is outside the vocabulary [0, %lld)",
-                           targets[n], (long long)n, (long long)V);
+                           targets[n], (long long)n, (long long)Vg);
     }
     ht_status s = size_activations(m, d, B, T, err);
     if (s == HT_OK) s = prepare_context(m, d, T, err);
@@ -1055,7 +1114,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
 
     /* Token embedding into the FP32 residual stream. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
-    ht_kernels()->embedding_forward(d->acts[0].resid, d->embed->compute, cd, inputs, N, C);
+    ht_kernels()->embedding_forward(d->acts[0].resid, d->embed->compute, cd, inputs, N, C, d->v0, V);
+    tp_sum(d, d->acts[0].resid, N * C); /* each token's row is on the rank of its vocabulary slice */
     ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
 
     for (int l = 0; l < d->L; l++) {
@@ -1080,13 +1140,18 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         head_forward(m, d, r0, n);
         if (!targets) continue;
         int64_t count = 0;
-        mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count, d->softmax_rows + r0);
-        if (count) sum += mean * (double)count;
+        if (d->tp_size > 1) {
+            sum += tp_cross_entropy(d, targets + r0, n, &count, d->softmax_rows + r0);
+        } else {
+            mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count, d->softmax_rows + r0);
+            if (count) sum += mean * (double)count;
+        }
         d->target_count += count;
     }
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
-    /* One chunk: its mean as it is; several: their sum over every target. */
-    if (d->head_rows < N) mean = d->target_count ? sum / (double)d->target_count : NAN;
+    /* One chunk: its mean as it is; several (or a vocabulary split over
+     * ranks): their sum over every target. */
+    if (d->head_rows < N || d->tp_size > 1) mean = d->target_count ? sum / (double)d->target_count : NAN;
     m->logits = d->head_rows == N ? d->logits : NULL;
     m->B = B;
     m->T = T;
@@ -1125,11 +1190,12 @@ static void decoder_backward(ht_model *m, float scale) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
         if (d->head_rows < N) head_forward(m, d, r0, n); /* chunks: the logits again, the same bits */
         /* dlogits (n, V), from the forward's row statistics (the same logits, bit for bit). */
-        ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, loss_scale,
+        ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, d->v0, loss_scale,
                                              d->target_count ? d->softmax_rows + r0 : NULL);
         (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)d->lnf + (size_t)r0 * lnf_row, d->head,
                               NULL, n);
     }
+    tp_sum(d, d->dln, N * C); /* every vocabulary slice's share of the final norm's gradient */
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
     ht_kernels()->zero(d->dresid, (size_t)(N * C) * sizeof(float));
@@ -1157,6 +1223,7 @@ static void decoder_backward(ht_model *m, float scale) {
             lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
             dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
             lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
+            tp_sum(d, d->dln, N * C);
         }
         ht_kernels()->rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute,
                                        p->ln2->compute_dtype, a->rstd2, N, C);
@@ -1182,6 +1249,7 @@ static void decoder_backward(ht_model *m, float scale) {
             lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
             dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
             lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
+            tp_sum(d, d->dln, N * C);
         }
         ht_kernels()->rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute,
                                        p->ln1->compute_dtype, a->rstd1, N, C);
@@ -1190,7 +1258,7 @@ static void decoder_backward(ht_model *m, float scale) {
 
     /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
-    if (d->embed->grad) ht_kernels()->embedding_backward(d->embed->grad, d->dresid, d->inputs, N, C);
+    if (d->embed->grad) ht_kernels()->embedding_backward(d->embed->grad, d->dresid, d->inputs, N, C, d->v0, V);
     ht_model_event(m, MOD_EMBED, HT_AFTER_BACKWARD);
 }
 
@@ -1216,11 +1284,66 @@ static void decoder_free(ht_model *m) {
     ht_free(m);
 }
 
+/* The tensor-parallel plan (ht_tensor_parallel, Megatron's layout): which
+ * dim of each weight a rank holds a slice of, by the end of its name; the
+ * rest (the norms) whole on every rank. */
+static const struct {
+    const char *suffix;
+    int dim;
+} TP_PLAN[] = {
+    {"embed_tokens.weight", 0}, {"lm_head.weight", 0},   {"q_proj.weight", 0},  {"q_proj.bias", 0},
+    {"k_proj.weight", 0},       {"k_proj.bias", 0},      {"v_proj.weight", 0},  {"v_proj.bias", 0},
+    {"o_proj.weight", 1},       {"gate_proj.weight", 0}, {"up_proj.weight", 0}, {"down_proj.weight", 1},
+};
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht_error *err) {
+    decoder *d = m->impl;
+    const ht_model_config *c = &m->config;
+    const char *unsupported = d->mla             ? "Multi-Latent Attention (deepseek_v3)"
+                              : d->moe           ? "the sparse MLP (experts; use parallel.expert_parallel_size)"
+                              : d->lora_rank > 0 ? "LoRA adapters (model.lora)"
+                                                 : NULL;
+    if (unsupported)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.tensor_parallel_size %d: tensor parallelism of %s is not supported yet; expected 1",
+                       size, unsupported);
+    if (c->num_attention_heads % size || c->num_key_value_heads % size)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.tensor_parallel_size %d must divide model.num_attention_heads (%d) and "
+                       "model.num_key_value_heads (%d): each rank holds whole heads",
+                       size, c->num_attention_heads, c->num_key_value_heads);
+    if (c->vocab_size < size || c->intermediate_size < size)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.tensor_parallel_size %d is larger than model.vocab_size (%d) or "
+                       "model.intermediate_size (%d): every rank needs a slice of both",
+                       size, c->vocab_size, c->intermediate_size);
+    for (int i = 0; i < m->params.count; i++) {
+        ht_param *p = &m->params.items[i];
+        for (size_t k = 0; k < sizeof(TP_PLAN) / sizeof(TP_PLAN[0]); k++)
+            if (ends_with(p->name, TP_PLAN[k].suffix)) ht_param_split(p, TP_PLAN[k].dim, rank, size);
+    }
+    d->H /= size;
+    d->KV /= size;
+    d->KVh = d->KV;
+    d->F = (int)d->layers[0].gate_w->shape[0]; /* every dense layer's slice: the same split of the same width */
+    d->V = (int)d->embed->shape[0];
+    d->v0 = d->embed->tp_offset;
+    d->tp = &m->tensor;
+    d->tp_size = size;
+    return HT_OK;
+}
+
 static const ht_model_ops decoder_ops = {
     .forward = decoder_forward,
     .backward = decoder_backward,
     .free = decoder_free,
     .activation_bytes = decoder_activation_bytes,
+    .set_tensor_parallel = decoder_set_tensor_parallel,
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
@@ -1258,6 +1381,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
         d->rope_interleave = a->rope_interleave;
         d->attn_scale = (float)ht_model_config_attention_scale(cfg);
     }
+    d->tp_size = 1;
     d->lora_rank = cfg->lora.rank > 0 ? cfg->lora.rank : 0;
     d->lora_scale = (float)ht_lora_scale(&cfg->lora);
     d->lora_dropout = d->lora_rank ? (float)cfg->lora.dropout : 0.0f;

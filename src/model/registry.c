@@ -336,32 +336,62 @@ ht_status ht_model_config_validate(const ht_model_config *cfg, ht_error *err) {
  * a float32 param's are drawn in place. */
 #define INIT_CHUNK ((int64_t)1 << 20)
 
+/* The runs of p's local values that are contiguous in the global tensor:
+ * the whole box unless tensor parallelism cut a dim after the first (then
+ * one run per index of the dims before it). init_runs: their count, each
+ * *len values (the local ones from r x len); init_run_first: where run r
+ * starts in the global tensor. */
+static int64_t init_runs(const ht_param *p, int64_t *len) {
+    const int cut = p->tp_dim > 0 ? p->tp_dim : 0;
+    int64_t runs = 1;
+    *len = 1;
+    for (int d = 0; d < p->ndim; d++) *(d < cut ? &runs : len) *= p->box.length[d];
+    return runs;
+}
+
+static int64_t init_run_first(const ht_param *p, int64_t r) {
+    const int cut = p->tp_dim > 0 ? p->tp_dim : 0;
+    int64_t idx[HT_PARAM_MAX_DIMS] = {0};
+    for (int d = cut - 1; d >= 0; d--) {
+        idx[d] = p->box.offset[d] + r % p->box.length[d];
+        r /= p->box.length[d];
+    }
+    for (int d = cut; d < p->ndim; d++) idx[d] = p->box.offset[d];
+    int64_t first = 0;
+    for (int d = 0; d < p->ndim; d++) first = first * p->global_shape[d] + idx[d];
+    return first;
+}
+
 static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
     float *chunk = NULL;
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
-        int64_t first = p->row0 * ht_param_row_numel(p), n = ht_param_local_numel(p);
+        int64_t len;
+        const int64_t runs = init_runs(p, &len);
         uint64_t key = seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT);
         char lora = ht_lora_kind(p->name);
         if (p->dtype != HT_DTYPE_F32 && !chunk && !(chunk = ht_alloc((size_t)INIT_CHUNK * sizeof(float))))
             return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
                            (double)INIT_CHUNK * sizeof(float) / (1 << 20), p->name);
-        for (int64_t c = 0; c < n; c += INIT_CHUNK) {
-            int64_t m = n - c < INIT_CHUNK ? n - c : INIT_CHUNK;
-            float *vals = p->dtype == HT_DTYPE_F32 ? (float *)p->data + c : chunk;
-            if (lora == 'A' && p->ndim == 2) {
-                float bound = (float)(1.0 / sqrt((double)p->shape[1]));
-                ht_random_uniform(vals, m, key, first + c);
-                for (int64_t k = 0; k < m; k++) vals[k] = bound * (2.0f * vals[k] - 1.0f);
-            } else if (lora != 'B' && p->ndim >= 2) {
-                ht_random_normal(vals, m, key, first + c, (float)std);
-            } else {
-                float v = lora != 'B' && strstr(p->name, "norm") ? 1.0f : 0.0f;
-                for (int64_t k = 0; k < m; k++) vals[k] = v;
+        for (int64_t r = 0; r < runs; r++) {
+            const int64_t first = init_run_first(p, r), base = r * len;
+            for (int64_t c = 0; c < len; c += INIT_CHUNK) {
+                int64_t m = len - c < INIT_CHUNK ? len - c : INIT_CHUNK;
+                float *vals = p->dtype == HT_DTYPE_F32 ? (float *)p->data + base + c : chunk;
+                if (lora == 'A' && p->ndim == 2) {
+                    float bound = (float)(1.0 / sqrt((double)p->global_shape[1]));
+                    ht_random_uniform(vals, m, key, first + c);
+                    for (int64_t k = 0; k < m; k++) vals[k] = bound * (2.0f * vals[k] - 1.0f);
+                } else if (lora != 'B' && p->ndim >= 2) {
+                    ht_random_normal(vals, m, key, first + c, (float)std);
+                } else {
+                    float v = lora != 'B' && strstr(p->name, "norm") ? 1.0f : 0.0f;
+                    for (int64_t k = 0; k < m; k++) vals[k] = v;
+                }
+                if (vals == chunk)
+                    ht_convert((char *)p->data + (size_t)(base + c) * ht_dtype_size(p->dtype), p->dtype, chunk,
+                               HT_DTYPE_F32, (size_t)m);
             }
-            if (vals == chunk)
-                ht_convert((char *)p->data + (size_t)c * ht_dtype_size(p->dtype), p->dtype, chunk, HT_DTYPE_F32,
-                           (size_t)m);
         }
     }
     ht_free(chunk);
@@ -409,8 +439,8 @@ static ht_status check_memory(const ht_model_config *cfg, ht_dtype dtype, int wo
     return HT_OK;
 }
 
-ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
-                               ht_model **out, ht_error *err) {
+ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
+                                  const ht_model_placement *at, ht_model **out, ht_error *err) {
     *out = NULL;
     ht_model_builder builder = (ht_model_builder)ht_registry_find(&models, cfg->name);
     if (!builder)
@@ -421,28 +451,47 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
     if (!ht_dtype_is_float(dtype))
         return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
                        ht_dtype_name(dtype));
-    s = check_memory(cfg, dtype, world > 1 ? world : 1, err);
+    const int rank = at->shard_rank, world = at->shard_world > 1 ? at->shard_world : 1;
+    const int tp = at->tp_size > 1 ? at->tp_size : 1;
+    s = check_memory(cfg, dtype, world * tp, err);
     if (s != HT_OK) return s;
     s = builder(cfg, dtype, out, err);
     if (s != HT_OK) return s;
-    ht_param_store *ps = &(*out)->params;
-    if (!ps->data_block) { /* declared only: storage for this rank's rows */
+    ht_model *m = *out;
+    ht_param_store *ps = &m->params;
+    if (tp > 1) {
+        if (!m->ops->set_tensor_parallel)
+            s = ht_fail(err, HT_ERR_CONFIG,
+                        "parallel.tensor_parallel_size %d: model %s declares no tensor-parallel plan (which dim of "
+                        "which weight each rank holds); expected 1",
+                        tp, cfg->name);
+        else if (ps->data_block)
+            s = ht_fail(err, HT_ERR_CONFIG,
+                        "parallel.tensor_parallel_size %d: model %s allocates its weights as it builds them, so "
+                        "they cannot be sliced; expected 1",
+                        tp, cfg->name);
+        else
+            s = m->ops->set_tensor_parallel(m, tp, at->tp_rank, err);
+        m->tensor = (ht_tensor_parallel){.size = tp, .rank = at->tp_rank};
+    }
+    if (s == HT_OK && !ps->data_block) { /* declared only: storage for this rank's rows */
         if (world > 1) ht_params_set_rows(ps, rank, world);
         s = ht_params_allocate(ps, err);
-    } else {
+    } else if (s == HT_OK) {
         s = ht_params_shard(ps, rank, world, err);
     }
+    if (s == HT_OK) s = init_weights(ps, cfg->initializer_range, seed, err);
     if (s != HT_OK) {
-        ht_model_free(*out);
-        *out = NULL;
-        return s;
-    }
-    s = init_weights(ps, cfg->initializer_range, seed, err);
-    if (s != HT_OK) {
-        ht_model_free(*out);
+        ht_model_free(m);
         *out = NULL;
     }
     return s;
+}
+
+ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, int rank, int world,
+                               ht_model **out, ht_error *err) {
+    const ht_model_placement at = {.shard_rank = rank, .shard_world = world};
+    return ht_model_build_parallel(cfg, dtype, seed, &at, out, err);
 }
 
 ht_status ht_model_build(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed, ht_model **out, ht_error *err) {

@@ -142,6 +142,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->swiglu_backward = cuda_swiglu_backward;
     t->cross_entropy_forward = cuda_cross_entropy_forward;
     t->cross_entropy_backward = cuda_cross_entropy_backward;
+    t->softmax_partial = cuda_softmax_partial;
     /* attention: no device kernel yet (a flash-attention kernel over ht_attention_shape) */
     t->attention_workspace_floats = NULL;
     t->attention_forward = NULL;

@@ -80,10 +80,14 @@ void cuda_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const floa
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
 double cuda_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
                                   ht_softmax_row *rows);
-void cuda_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+void cuda_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                  const ht_softmax_row *rows);
-void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C);
-void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C);
+void cuda_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
+                          ht_softmax_row *rows, float *picked);
+void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
+                            int64_t v0, int64_t V);
+void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
+                             int64_t V);
 void cuda_gather_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
 void cuda_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
 void cuda_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);

@@ -291,8 +291,9 @@ double cuda_cross_entropy_forward(const float *logits, const int32_t *targets, i
     return counted ? host[0] / (double)counted : 0.0;
 }
 
-/* In place, one block per row: scale (softmax - onehot), ignored rows 0. */
-__global__ void cross_entropy_backward_kernel(float *logits, const int32_t *targets, int64_t V, float scale,
+/* In place, one block per row: scale (softmax - onehot), ignored rows 0;
+ * the columns are the vocabulary's [v0, v0 + V). */
+__global__ void cross_entropy_backward_kernel(float *logits, const int32_t *targets, int64_t V, int64_t v0, float scale,
                                               const ht_softmax_row *rows) {
     const int64_t n = blockIdx.x;
     float *row = logits + n * V;
@@ -304,41 +305,77 @@ __global__ void cross_entropy_backward_kernel(float *logits, const int32_t *targ
     const ht_softmax_row r = rows ? rows[n] : row_softmax(row, V);
     __syncthreads(); /* every thread has read the row before any writes it */
     const float mx = r.max, k = (float)((double)scale / r.sum);
+    const int64_t t = (int64_t)target - v0;
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         const float p = __fmul_rn(dev_exp_nonpositive(row[v] - mx), k);
-        row[v] = v == target ? __fsub_rn(p, scale) : p;
+        row[v] = v == t ? __fsub_rn(p, scale) : p;
     }
 }
 
-void cuda_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, float scale,
+void cuda_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                  const ht_softmax_row *rows) {
     if (N <= 0) return;
-    LAUNCH("cross_entropy_backward", cross_entropy_backward_kernel, (unsigned)N, CE_THREADS, logits, targets, V, scale,
-           rows);
+    LAUNCH("cross_entropy_backward", cross_entropy_backward_kernel, (unsigned)N, CE_THREADS, logits, targets, V, v0,
+           scale, rows);
+}
+
+/* One block per row: the statistics of its columns, and its target's logit where they hold it. */
+__global__ void softmax_partial_kernel(const float *logits, const int32_t *targets, int64_t V, int64_t v0,
+                                       ht_softmax_row *rows, float *picked) {
+    const int64_t n = blockIdx.x;
+    const int32_t target = targets[n];
+    const float *row = logits + n * V;
+    if (target < 0) {
+        if (threadIdx.x == 0) rows[n].sum = 0.0, rows[n].max = -INFINITY, picked[n] = 0.0f;
+        return;
+    }
+    const ht_softmax_row r = row_softmax(row, V);
+    if (threadIdx.x == 0) {
+        const int64_t t = (int64_t)target - v0;
+        rows[n] = r;
+        picked[n] = t >= 0 && t < V ? row[t] : 0.0f;
+    }
+}
+
+void cuda_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
+                          ht_softmax_row *rows, float *picked) {
+    if (N <= 0) return;
+    LAUNCH("softmax_partial", softmax_partial_kernel, (unsigned)N, CE_THREADS, logits, targets, V, v0, rows, picked);
 }
 
 /* ---------------------------------------------------------------- embedding, rows */
 
+/* A token outside the table's rows [v0, v0 + V) gets zeros. */
 __global__ void embedding_forward_kernel(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N,
-                                         int64_t C) {
-    CUDA_FOR(i, N * C) x[i] = dev_load(table, dtype, (int64_t)ids[i / C] * C + i % C);
-}
-
-void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C) {
-    if (N * C <= 0) return;
-    LAUNCH("embedding_forward", embedding_forward_kernel, cuda_blocks(N * C), CUDA_THREADS, x, table, dtype, ids, N, C);
-}
-
-/* A thread per column, the tokens in order (ids repeat): the CPU's sums, bit for bit. */
-__global__ void embedding_backward_kernel(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C) {
-    CUDA_FOR(c, C) {
-        for (int64_t n = 0; n < N; n++) dtable[(int64_t)ids[n] * C + c] += dx[n * C + c];
+                                         int64_t C, int64_t v0, int64_t V) {
+    CUDA_FOR(i, N * C) {
+        const int64_t id = (int64_t)ids[i / C] - v0;
+        x[i] = id >= 0 && id < V ? dev_load(table, dtype, id * C + i % C) : 0.0f;
     }
 }
 
-void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C) {
+void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
+                            int64_t v0, int64_t V) {
     if (N * C <= 0) return;
-    LAUNCH("embedding_backward", embedding_backward_kernel, cuda_blocks(C), CUDA_THREADS, dtable, dx, ids, N, C);
+    LAUNCH("embedding_forward", embedding_forward_kernel, cuda_blocks(N * C), CUDA_THREADS, x, table, dtype, ids, N, C,
+           v0, V);
+}
+
+/* A thread per column, the tokens in order (ids repeat): the CPU's sums, bit for bit. */
+__global__ void embedding_backward_kernel(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C,
+                                          int64_t v0, int64_t V) {
+    CUDA_FOR(c, C) {
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t id = (int64_t)ids[n] - v0;
+            if (id >= 0 && id < V) dtable[id * C + c] += dx[n * C + c];
+        }
+    }
+}
+
+void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
+                             int64_t V) {
+    if (N * C <= 0) return;
+    LAUNCH("embedding_backward", embedding_backward_kernel, cuda_blocks(C), CUDA_THREADS, dtable, dx, ids, N, C, v0, V);
 }
 
 /* Row r of dst <- row idx[r] of src (gather), or row idx[r] of dst <- row r of src (scatter). */

@@ -1,0 +1,88 @@
+/* Tensor parallelism's collectives: the model's ht_tensor_parallel sums and
+ * maxima over its tensor-parallel group, on the ordered all-reduce (every
+ * rank sums in rank order, so the group's ranks hold the same bits). */
+#include "hypertrain/model.h"
+#include "hypertrain/parallel.h"
+
+#include <stdlib.h>
+
+static void sum(void *ctx, float *buf, int64_t n) { ht_all_reduce_f32(ctx, buf, n, HT_REDUCE_SUM); }
+static void max(void *ctx, float *buf, int64_t n) { ht_all_reduce_f32(ctx, buf, n, HT_REDUCE_MAX); }
+static void sum_f64(void *ctx, double *buf, int64_t n) { ht_all_reduce_f64(ctx, buf, n, HT_REDUCE_SUM); }
+
+ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err) {
+    const int size = m->tensor.size > 1 ? m->tensor.size : 1;
+    if (group->size != size || (size > 1 && group->rank != m->tensor.rank))
+        return ht_fail(err, HT_ERR_INVALID,
+                       "tensor parallelism: the model was built as rank %d of a group of %d, the group given is "
+                       "rank %d of %d",
+                       size > 1 ? m->tensor.rank : 0, size, group->rank, group->size);
+    if (size <= 1) return HT_OK;
+    m->tensor.sum = sum;
+    m->tensor.max = max;
+    m->tensor.sum_f64 = sum_f64;
+    m->tensor.ctx = group;
+    return HT_OK;
+}
+
+/* The bytes of each tensor-parallel rank's slice of p (elements of
+ * elem_size): the global shape with dim tp_dim cut as ht_param_split cuts it. */
+static void slice_bytes(const ht_param *p, int size, int64_t *bytes, size_t elem_size) {
+    const int64_t whole = ht_param_global_numel(p), along = p->global_shape[p->tp_dim];
+    for (int r = 0; r < size; r++) {
+        int64_t first, end;
+        ht_param_rows_of(along, r, size, &first, &end);
+        bytes[r] = whole / along * (end - first) * (int64_t)elem_size;
+    }
+}
+
+ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
+                                 void *global, bool to_root, ht_error *err) {
+    const size_t elem = ht_dtype_size(dtype);
+    const bool split = tp && tp->size > 1 && p->tp_dim >= 0;
+    int64_t bytes[shard->size > (tp ? tp->size : 1) ? shard->size : (tp ? tp->size : 1)];
+    void *slice = global, *stage = NULL;
+    if (split) {
+        slice = malloc((size_t)ht_param_numel(p) * elem + 1);
+        stage = p->tp_dim == 0 ? global : malloc((size_t)ht_param_global_numel(p) * elem + 1);
+        if (!slice || !stage) {
+            free(slice);
+            if (stage != global) free(stage);
+            return ht_fail(err, HT_ERR_OOM, "cannot gather %s's %lld values", p->name,
+                           (long long)ht_param_global_numel(p));
+        }
+    }
+    ht_param_row_bytes(p, shard->size, bytes, elem);
+    if (to_root)
+        ht_gather(shard, rows, shard->rank == 0 ? slice : NULL, bytes, 0);
+    else
+        ht_all_gather(shard, rows, slice, bytes);
+    /* The shard groups' first ranks of one data x context place are one
+     * tensor-parallel group: they gather the slices. */
+    const bool receives = !to_root || (shard->rank == 0 && (!split || tp->rank == 0));
+    if (split && (!to_root || shard->rank == 0)) {
+        slice_bytes(p, tp->size, bytes, elem);
+        if (to_root)
+            ht_gather(tp, slice, tp->rank == 0 ? stage : NULL, bytes, 0);
+        else
+            ht_all_gather(tp, slice, stage, bytes);
+    }
+    if (split && receives && stage != global) { /* slices of dim 1 side by side: each into its columns */
+        ht_box whole = {{0}, {0}}, part = {{0}, {0}};
+        for (int d = 0; d < p->ndim; d++) whole.length[d] = part.length[d] = p->global_shape[d];
+        const char *at = stage;
+        for (int r = 0; r < tp->size; r++) {
+            int64_t first, end;
+            ht_param_rows_of(p->global_shape[p->tp_dim], r, tp->size, &first, &end);
+            part.offset[p->tp_dim] = first;
+            part.length[p->tp_dim] = end - first;
+            ht_box_copy(p->ndim, global, dtype, &whole, at, dtype, &part);
+            at += (size_t)ht_box_numel(p->ndim, &part) * elem;
+        }
+    }
+    if (split) {
+        free(slice);
+        if (stage != global) free(stage);
+    }
+    return HT_OK;
+}
