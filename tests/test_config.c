@@ -1257,7 +1257,8 @@ static void test_mindspeed_dialect(void **state) {
     static const struct {
         const char *yaml, *want1, *want2;
     } bad[] = {
-        {"parallel:\n  tensor_parallel_size: 2\n", "parallel.tensor_parallel_size: not supported: 2", "tensor"},
+        {"parallel:\n  tensor_parallel_size: 2\n", "tensor parallel 2 = 2 does not divide the 1 ranks",
+         "parallel.tensor_parallel_size"},
         {"parallel:\n  expert_parallel_size: 4\n",
          "parallel.expert_parallel_size: 4, but model.name qwen2 has no experts", "4 does not divide the 1 ranks"},
         {"parallel:\n  fsdp_plan:\n    apply_modules: [\"model.layers.{*}\"]\n    hook_modules: [model.norm]\n",
@@ -1307,8 +1308,9 @@ static void test_context_parallel_mesh(void **state) {
     /* The global batch splits over the data-parallel ranks only: 4 over DP 4 of 16 ranks, not over 16. */
     assert_ht_ok(ht_config_validate(&cfg, 16, &err), &err);
     expect_invalid("cp_batch.yaml", text, 32, "training.global_batch_size", "1 x 8 = 8", NULL);
-    expect_invalid("cp_world.yaml", text, 6, "context parallel 2 x 2 = 4 does not divide the 6 ranks",
-                   "a multiple of 4", NULL);
+    expect_invalid("cp_world.yaml", text, 6,
+                   "context parallel 2 x 2 times tensor parallel 1 = 4 does not divide the 6 ranks", "a multiple of 4",
+                   NULL);
     snprintf(text, sizeof(text), "%sparallel:\n  ring_attention_size: 4\n", model);
     /* 16 tokens in 8 chunks: fine; 12 are not. */
     assert_ht_ok(load_text("cp4.yaml", text, &cfg, &err), &err);
@@ -1320,7 +1322,22 @@ static void test_context_parallel_mesh(void **state) {
                    "12 does not cut into 2 x parallel.ring_attention_size = 8", "chunks r and 7 - r", NULL);
     snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 4\n", model);
     expect_invalid("cp_heads.yaml", text, 4, "parallel.ulysses_parallel_size", "4 does not divide",
-                   "(4) and the key/value heads (2)", NULL);
+                   "the 4 attention heads and 2 key/value heads (model.num_attention_heads", NULL);
+    /* Tensor parallelism: the world is DP x CP x TP; TP divides the heads, and Ulysses a TP rank's. */
+    snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 2\n  ring_attention_size: 2\n", model);
+    assert_ht_ok(load_text("tp.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 8, &err), &err); /* DP 2 */
+    assert_int_equal(ht_config_data_parallel_size(&cfg, 8), 2);
+    expect_invalid("tp_world.yaml", text, 6, "context parallel 1 x 2 times tensor parallel 2 = 4 does not divide the 6",
+                   "parallel.tensor_parallel_size", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 4\n", model);
+    expect_invalid("tp_heads.yaml", text, 4, "parallel.tensor_parallel_size", "4 does not divide",
+                   "model.num_key_value_heads (2)", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 2\n  ulysses_parallel_size: 2\n", model);
+    expect_invalid("tp_ulysses.yaml", text, 4, "parallel.ulysses_parallel_size",
+                   "2 does not divide the 2 attention heads and 1 key/value heads of a tensor-parallel rank", NULL);
+    snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 0\n", model);
+    expect_invalid("tp_zero.yaml", text, 1, "parallel.tensor_parallel_size", ">= 1", NULL);
     snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 0\n", model);
     expect_invalid("cp_zero.yaml", text, 1, "parallel.ulysses_parallel_size", ">= 1", NULL);
 }

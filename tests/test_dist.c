@@ -502,13 +502,20 @@ static const char *clipped_heads(const char *dir, const char *out) {
     return b;
 }
 
-/* Context parallelism on one dense model in float32, 3 steps, against one
- * process: the ring on 2 and 4 ranks, Ulysses on 2, Ulysses 2 x ring 2, and
- * with data-parallel replicas (DP 2 x ring 2, DP 2 x Ulysses 2), fully
- * sharded and under HSDP. Every step's loss, step 1's main_grads within
- * 1e-6 (one step from the same state: summation order only) and the final
- * weights within 1e-5 or FLOOR_FACTOR x the noise floor, as check_ranks. */
-static void check_context(const char *name, const char *dtype, bool attention_bias, bool all, const char *extra) {
+/* One run of check_meshes: on `ranks` ranks, with `set` (--set's), its log
+ * saying `says`; bitwise the final weights of the run named `same_as` when set. */
+typedef struct mesh_run {
+    int ranks;
+    bool all; /* only in the full list */
+    const char *name, *set, *says, *same_as;
+} mesh_run;
+
+/* Runs of one dense model on other meshes, 3 steps, against one process:
+ * every step's loss, step 1's main_grads within 1e-6 (one step from the
+ * same state: summation order only) and the final weights within 1e-5 or
+ * FLOOR_FACTOR x the noise floor, as check_ranks (bf16: the bounds below). */
+static void check_meshes(const char *name, const char *dtype, bool attention_bias, bool all, const char *extra,
+                         const mesh_run *runs, size_t count) {
     const char *dir = scratch_dir(name);
     const int steps = 3;
     const bool f32 = strcmp(dtype, "float32") == 0;
@@ -530,33 +537,7 @@ static void check_context(const char *name, const char *dtype, bool attention_bi
         run_floor(dir, base);
         floor_of(dir, "final/model.safetensors", "", floor);
     }
-    static const struct {
-        int ranks;
-        bool all; /* only in the full list */
-        const char *name, *set, *says;
-    } runs[] = {
-        {2, false, "ring2", "parallel.ring_attention_size=2", "(Ulysses 1 x ring 2)"},
-        {4, true, "ring4", "parallel.ring_attention_size=4", "(Ulysses 1 x ring 4)"},
-        {2, true, "ulysses2", "parallel.ulysses_parallel_size=2", "(Ulysses 2 x ring 1)"},
-        {4, false, "hybrid", "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2",
-         "(Ulysses 2 x ring 2)"},
-        {4, true, "dp2_ring2", "parallel.ring_attention_size=2", "data parallel 2 x context parallel 2"},
-        {4, false, "hsdp_ring2", "parallel.ring_attention_size=2 --set fsdp_config.shard_size=2",
-         "hybrid sharded (HSDP)"},
-        {4, true, "hsdp_ulysses2", "parallel.ulysses_parallel_size=2 --set fsdp_config.shard_size=2",
-         "hybrid sharded (HSDP)"},
-        /* micro-batches of several sequences: the same global batch, split otherwise */
-        {2, true, "ring2_b2", "parallel.ring_attention_size=2 --set training.local_batch_size=2",
-         "(Ulysses 1 x ring 2)"},
-        {4, true, "hybrid_b3",
-         "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2 --set training.local_batch_size=3",
-         "(Ulysses 2 x ring 2)"},
-        /* model.recompute: the layers' forward again in backward, its exchanges too: the same bits as hybrid */
-        {4, true, "hybrid_recompute",
-         "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2 --set model.recompute=true",
-         "model.recompute: 2 of 2 decoder layers"},
-    };
-    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    for (size_t i = 0; i < count; i++) {
         if (runs[i].all && !all) continue;
         snprintf(set, sizeof(set), "%s --set %s", base, runs[i].set);
         int rc = run_in(dir, runs[i].name, runs[i].ranks, set, &log);
@@ -583,14 +564,81 @@ static void check_context(const char *name, const char *dtype, bool attention_bi
                "within %.3g (bound %g%s; the nearest %s at %.0f%% of its bound); losses match\n",
                name, runs[i].name, runs[i].ranks, g1, grad_tol, e, tol, f32 ? " or 2 x the noise floor" : "", which,
                100 * near);
-        if (strstr(runs[i].name, "recompute")) {
-            compare_final(dir, runs[i].name, "hybrid", 0.0);
-            printf("%s, %s: bitwise the run that stored its activations\n", name, runs[i].name);
+        if (runs[i].same_as) {
+            compare_final(dir, runs[i].name, runs[i].same_as, 0.0);
+            printf("%s, %s: bitwise %s's final weights\n", name, runs[i].name, runs[i].same_as);
         }
         free(log);
     }
     free(seen);
     free(floor);
+}
+
+/* Context parallelism on one dense model in float32, 3 steps, against one
+ * process: the ring on 2 and 4 ranks, Ulysses on 2, Ulysses 2 x ring 2, and
+ * with data-parallel replicas (DP 2 x ring 2, DP 2 x Ulysses 2), fully
+ * sharded and under HSDP (check_meshes). */
+static void check_context(const char *name, const char *dtype, bool attention_bias, bool all, const char *extra) {
+    static const mesh_run runs[] = {
+        {2, false, "ring2", "parallel.ring_attention_size=2", "(Ulysses 1 x ring 2)", NULL},
+        {4, true, "ring4", "parallel.ring_attention_size=4", "(Ulysses 1 x ring 4)", NULL},
+        {2, true, "ulysses2", "parallel.ulysses_parallel_size=2", "(Ulysses 2 x ring 1)", NULL},
+        {4, false, "hybrid", "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2",
+         "(Ulysses 2 x ring 2)", NULL},
+        {4, true, "dp2_ring2", "parallel.ring_attention_size=2", "data parallel 2 x context parallel 2", NULL},
+        {4, false, "hsdp_ring2", "parallel.ring_attention_size=2 --set fsdp_config.shard_size=2",
+         "hybrid sharded (HSDP)", NULL},
+        {4, true, "hsdp_ulysses2", "parallel.ulysses_parallel_size=2 --set fsdp_config.shard_size=2",
+         "hybrid sharded (HSDP)", NULL},
+        /* micro-batches of several sequences: the same global batch, split otherwise */
+        {2, true, "ring2_b2", "parallel.ring_attention_size=2 --set training.local_batch_size=2",
+         "(Ulysses 1 x ring 2)", NULL},
+        {4, true, "hybrid_b3",
+         "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2 --set training.local_batch_size=3",
+         "(Ulysses 2 x ring 2)", NULL},
+        /* model.recompute: the layers' forward again in backward, its exchanges too: the same bits as hybrid */
+        {4, true, "hybrid_recompute",
+         "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2 --set model.recompute=true",
+         "model.recompute: 2 of 2 decoder layers", "hybrid"},
+    };
+    check_meshes(name, dtype, attention_bias, all, extra, runs, sizeof(runs) / sizeof(runs[0]));
+}
+
+/* Tensor parallelism (Megatron's layout, no sequence parallelism) on one
+ * dense model in float32, 3 steps, against one process: TP 2 and 4, with
+ * data-parallel replicas fully sharded and under HSDP, with the ring;
+ * Muon's Newton-Schulz (the default optimizer) must see each matrix whole,
+ * not this rank's slice (check_meshes). */
+static void check_tensor(const char *name, bool attention_bias, bool all, const char *extra) {
+    static const mesh_run runs[] = {
+        {2, false, "tp2", "parallel.tensor_parallel_size=2", "Tensor parallel 2", NULL},
+        {4, true, "tp4", "parallel.tensor_parallel_size=4", "Tensor parallel 4", NULL},
+        {4, false, "dp2_tp2", "parallel.tensor_parallel_size=2", "data parallel 2", NULL},
+        {4, true, "hsdp_tp2", "parallel.tensor_parallel_size=2 --set fsdp_config.shard_size=1", "Tensor parallel 2",
+         NULL},
+        {4, false, "tp2_ring2", "parallel.tensor_parallel_size=2 --set parallel.ring_attention_size=2",
+         "(Ulysses 1 x ring 2)", NULL},
+        {2, true, "tp2_recompute", "parallel.tensor_parallel_size=2 --set model.recompute=true",
+         "model.recompute: 2 of 2 decoder layers", "tp2"},
+    };
+    check_meshes(name, "float32", attention_bias, all, extra, runs, sizeof(runs) / sizeof(runs[0]));
+}
+
+static void test_tensor_parallel_llama_float32(void **state) {
+    (void)state;
+    check_tensor("dist_tp_llama", false, true, "--set model.num_key_value_heads=4");
+}
+
+/* Qwen2's biases (column-parallel, sliced with their rows) and grouped-query heads (2 KV heads, one a rank). */
+static void test_tensor_parallel_qwen2_float32(void **state) {
+    (void)state;
+    check_tensor("dist_tp_qwen2", true, false, "--set lr_scheduler.warmup_steps=0");
+}
+
+/* AdamW alone under tensor parallelism (the runs above are Muon's, the default). */
+static void test_tensor_parallel_adamw(void **state) {
+    (void)state;
+    check_tensor("dist_tp_adamw", false, false, "--set model.num_key_value_heads=4 --set optimizer.type=AdamW");
 }
 
 static void test_context_parallel_llama_float32(void **state) {
@@ -628,43 +676,71 @@ static void test_context_parallel_qk_clip(void **state) {
                   "--set lr_scheduler.warmup_steps=0");
 }
 
-/* A checkpoint saved after step 1 on DP 2 x ring 2 (4 rank files) restored
- * on the same mesh (bitwise the run that went on), on one process and on
- * Ulysses 2 (within float32's bounds): the same global samples follow. */
-static void test_context_parallel_checkpoint_across_meshes(void **state) {
-    (void)state;
-    const char *dir = scratch_dir("dist_cp_ckpt");
+/* A checkpoint restore on another mesh: on `ranks` ranks (0: one process) with `set`. */
+typedef struct restore_run {
+    int ranks;
+    const char *name, *set;
+    double tol; /* 0: bitwise the run that went on */
+} restore_run;
+
+/* A checkpoint saved after step 1 of 3 by a run on `ranks` ranks with
+ * `set` (its log saying `says` rank files), restored on each of `to`: the
+ * same global samples follow, step 2's main_grads and the final weights
+ * bitwise the run that went on or within to[i].tol (and 1e-6 for the
+ * gradients). `extra` (may be NULL) goes to every run. */
+static void check_restores(const char *name, int ranks, const char *set, const char *says, const restore_run *to,
+                           size_t count, const char *extra) {
+    const char *dir = scratch_dir(name);
     write_config(dir, "float32", 3, false);
-    char *log, extra[1600];
-    int rc = run_in(dir, "cont", 4,
-                    "--set parallel.ring_attention_size=2 --set checkpoint.save_interval=1 --set "
-                    "checkpoint.keep_last=0 --set training.dump_state=true",
-                    &log);
-    if (rc != 0) fail_msg("DP 2 x ring 2 failed:\n%s", log);
+    char *log, args[1600];
+    snprintf(args, sizeof(args),
+             "%s --set checkpoint.save_interval=1 --set checkpoint.keep_last=0 --set training.dump_state=true %s", set,
+             extra ? extra : "");
+    int rc = run_in(dir, "cont", ranks, args, &log);
+    if (rc != 0) fail_msg("%s (%s) failed:\n%s", name, set, log);
     free(log);
-    static const struct {
-        int ranks;
-        const char *name, *set;
-        double tol;
-    } to[] = {{4, "same_mesh", "--set parallel.ring_attention_size=2", 0.0},
-              {0, "one_process", "", 1e-5},
-              {2, "ulysses2", "--set parallel.ulysses_parallel_size=2", 1e-5}};
-    for (size_t i = 0; i < sizeof(to) / sizeof(to[0]); i++) {
-        snprintf(extra, sizeof(extra),
-                 "--set checkpoint.restore_from='%s/cont/step_00000001' --set training.dump_state=true %s", dir,
-                 to[i].set);
-        rc = run_in(dir, to[i].name, to[i].ranks, extra, &log);
+    for (size_t i = 0; i < count; i++) {
+        snprintf(args, sizeof(args),
+                 "--set checkpoint.restore_from='%s/cont/step_00000001' --set training.dump_state=true %s %s", dir,
+                 to[i].set, extra ? extra : "");
+        rc = run_in(dir, to[i].name, to[i].ranks, args, &log);
         if (rc != 0) fail_msg("%s failed:\n%s", to[i].name, log);
-        assert_non_null(strstr(log, "saved on 4 rank(s)"));
+        if (!strstr(log, says)) fail_msg("%s: no \"%s\" in its log:\n%s", to[i].name, says, log);
         assert_null(strstr(log, "step     1/3"));
         assert_non_null(strstr(log, "step     3/3"));
         double g2,
             e = compare_run(dir, to[i].name, "cont", 2, to[i].tol > 0 ? 1e-6 : 0.0, &g2, NULL, to[i].tol, NULL, NULL);
-        printf("DP 2 x ring 2's checkpoint restored as %s: step 2's main_grads within %.3g, final weights within "
-               "%.3g of the run that went on\n",
-               to[i].name, g2, e);
+        printf("%s's checkpoint restored as %s: step 2's main_grads within %.3g, final weights within %.3g of the "
+               "run that went on\n",
+               set[0] ? set : "one process", to[i].name, g2, e);
         free(log);
     }
+}
+
+/* DP 2 x ring 2 (4 rank files) restored on the same mesh, on one process and on Ulysses 2. */
+static void test_context_parallel_checkpoint_across_meshes(void **state) {
+    (void)state;
+    static const restore_run to[] = {{4, "same_mesh", "--set parallel.ring_attention_size=2", 0.0},
+                                     {0, "one_process", "", 1e-5},
+                                     {2, "ulysses2", "--set parallel.ulysses_parallel_size=2", 1e-5}};
+    check_restores("dist_cp_ckpt", 4, "--set parallel.ring_attention_size=2", "saved on 4 rank(s)", to,
+                   sizeof(to) / sizeof(to[0]), NULL);
+}
+
+/* DP 2 x TP 2 (4 rank files, each a box: a tensor-parallel slice, then FSDP's
+ * rows of it) restored on the same mesh, on one process, on TP 4 and on TP 2
+ * x ring 2; and one process's checkpoint restored on TP 2 x DP 2. */
+static void test_tensor_parallel_checkpoint_across_meshes(void **state) {
+    (void)state;
+    static const restore_run to[] = {
+        {4, "same_mesh", "--set parallel.tensor_parallel_size=2", 0.0},
+        {0, "one_process", "", 1e-5},
+        {4, "tp4", "--set parallel.tensor_parallel_size=4", 1e-5},
+        {4, "tp2_ring2", "--set parallel.tensor_parallel_size=2 --set parallel.ring_attention_size=2", 1e-5}};
+    check_restores("dist_tp_ckpt", 4, "--set parallel.tensor_parallel_size=2", "saved on 4 rank(s)", to,
+                   sizeof(to) / sizeof(to[0]), "--set model.num_key_value_heads=4");
+    static const restore_run back[] = {{4, "dp2_tp2", "--set parallel.tensor_parallel_size=2", 1e-5}};
+    check_restores("dist_tp_ckpt_from_one", 0, "", "saved on 1 rank(s)", back, 1, "--set model.num_key_value_heads=4");
 }
 
 /* MindSpeed-MM's seed config as written, with parallel.ring_attention_size 2
@@ -766,6 +842,15 @@ static void test_mesh_layout(void **state) {
         check_groups(&layouts[i], offsetof(ht_mesh, replica_group), "replica");
         check_groups(&layouts[i], offsetof(ht_mesh, expert_group), "expert");
         check_groups(&layouts[i], offsetof(ht_mesh, ep_group), "ep");
+        check_groups(&layouts[i], offsetof(ht_mesh, model_group), "model");
+        /* The first replica's ranks over every tensor-parallel place are world ranks 0 .. S x T - 1, in order. */
+        for (int r = 0; r < layouts[i].world; r++) {
+            ht_mesh_of(&layouts[i], r, &m);
+            const int first = m.shard_group.size * m.tp_group.size;
+            if ((m.model_group.color == 0) != (r < first) || (r < first && m.model_group.key != r))
+                fail_msg("layout %zu, rank %d: model group color %d key %d (%d ranks hold the model once)", i, r,
+                         m.model_group.color, m.model_group.key, first);
+        }
     }
     /* Tensor parallel 1: HSDP's consecutive shard groups, Ulysses inside the ring. */
     const ht_mesh_sizes hsdp = {.world = 4, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 2};
@@ -2052,6 +2137,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),
         cmocka_unit_test(test_tensor_parallel_decoder),
+        cmocka_unit_test(test_tensor_parallel_llama_float32),
+        cmocka_unit_test(test_tensor_parallel_qwen2_float32),
+        cmocka_unit_test(test_tensor_parallel_adamw),
+        cmocka_unit_test(test_tensor_parallel_checkpoint_across_meshes),
         cmocka_unit_test(test_mesh_layout),
         cmocka_unit_test(test_context_parallel_llama_float32),
         cmocka_unit_test(test_context_parallel_qwen2_float32),

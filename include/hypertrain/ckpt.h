@@ -204,6 +204,10 @@ typedef struct ht_ckpt_save_options {
      * mixed-precision block is "_mixed_precision_optimizer.*"). */
     const char *const *exclude;
     int exclude_count;
+    /* Tensor parallelism: this rank's place in its group. A param the group
+     * holds whole on every place (ht_param.tp_dim < 0), and its state, is
+     * written by place 0 alone: the boxes of a checkpoint never overlap. */
+    int tp_rank;
 } ht_ckpt_save_options;
 
 /* One chunk of one key that a rank wrote: the box of the global tensor it holds. */

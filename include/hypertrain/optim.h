@@ -201,6 +201,13 @@ typedef struct ht_muon {
      * other replicas receive its rows over `replicas`. */
     ht_comm *replicas;
     int *owner_replica;
+    /* Tensor parallelism (NULL: none): a matrix split over it (tp_dim) is
+     * gathered whole, its FSDP rows and then its slices (ht_param_gather_
+     * global), before Newton-Schulz, and each rank keeps its own box of the
+     * result: the iteration is of the whole matrix, never of a slice.
+     * tp_box holds a box's update, tp_scratch the gather's staging. */
+    ht_comm *tp;
+    float *tp_box, *tp_scratch;
     ht_rounding rounding; /* into bf16/f16 params; the wrapper sets it before each step */
 } ht_muon;
 
@@ -225,6 +232,10 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
  * the world, one shard group computes each matrix and its replicas receive
  * the result rows instead of repeating the work. */
 ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_error *err);
+/* Tensor parallelism: the ranks holding the other slices of the split
+ * matrices (ht_muon.tp), after ht_muon_set_comm. The deredundancy strategy
+ * does not take them yet (an error saying so). */
+ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err);
 void ht_muon_step(ht_muon *opt, double lr);
 void ht_muon_free(ht_muon *opt);
 
@@ -281,8 +292,11 @@ double ht_lr_at(const ht_lr_schedule *sched, int64_t s);
  * gradient in `bad` (when not NULL). */
 double ht_grad_norm(const ht_param_store *params, const char **bad);
 /* The sum of squares behind it, of this rank's rows only (a sharded store's
- * norm all-reduces it), in double. */
-double ht_grad_sum_squares(const ht_param_store *params, const char **bad);
+ * norm all-reduces it), in double. split_only: of the params tensor
+ * parallelism splits alone (a rank of a tensor-parallel group but its
+ * first leaves out the params every rank of it holds whole); `bad` still
+ * looks at all of them. */
+double ht_grad_sum_squares(const ht_param_store *params, bool split_only, const char **bad);
 /* Scales every main_grad by max_norm / (norm + 1e-6) when norm > max_norm. */
 void ht_clip_grads(ht_param_store *params, double norm, double max_norm);
 

@@ -56,6 +56,10 @@ typedef struct ht_optimizer_config {
     uint64_t seed;            /* its random stream */
     ht_comm *comm;            /* the ranks a sharded store is spread over; NULL: one process */
     ht_comm *replicas;        /* HSDP: the ranks holding the same rows as this one (Muon splits its work over them) */
+    /* Tensor parallelism: the ranks holding the other slices of the split
+     * params (ht_param.tp_dim; NULL: none). The gradient norm sums over them
+     * (a param not split counted once), Muon gathers each split matrix whole. */
+    ht_comm *tp;
 } ht_optimizer_config;
 
 typedef struct ht_optimizer {
@@ -76,7 +80,7 @@ typedef struct ht_optimizer {
     bool stochastic_rounding;
     uint64_t seed;
     int64_t step; /* successful steps: the schedules' step index */
-    ht_comm *comm;
+    ht_comm *comm, *tp;
 } ht_optimizer;
 
 typedef struct ht_step_result {

@@ -119,6 +119,11 @@ typedef struct ht_mesh {
     ht_mesh_group shard_group, replica_group; /* FSDP's, over DP x CP */
     ht_mesh_group expert_group;               /* the ranks holding the same experts (FSDP over them) */
     ht_mesh_group ep_group;                   /* the ranks splitting the experts (the tokens' all-to-all) */
+    /* One replica's ranks over every tensor-parallel place (color: the
+     * replica): together they hold the model once, each rank a box of its
+     * own (the ranks that write a checkpoint, the first of them world ranks
+     * 0 .. shard x TP - 1). */
+    ht_mesh_group model_group;
 } ht_mesh;
 
 /* Rank `rank`'s place in a mesh of valid sizes (each divides what it must). */
@@ -144,9 +149,10 @@ ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err);
  * tensor-parallel slices over `tp` (NULL or size 1, or a param not split:
  * none). to_root: only rank 0 of both groups gets it (global may be NULL
  * elsewhere); otherwise every rank does. Every rank of both groups takes
- * part. */
+ * part. A split param passes through `scratch` (numel + global numel
+ * elements; NULL: allocated here, an error when it cannot be). */
 ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
-                                 void *global, bool to_root, ht_error *err);
+                                 void *global, bool to_root, void *scratch, ht_error *err);
 
 /* A param's full tensor from its rows on every rank (`rows` holds this
  * rank's (row1 - row0) x row_numel values; full gets the whole tensor): an

@@ -58,7 +58,13 @@ typedef struct ht_trainer {
      * ranks the key/value blocks go round, cp_comm the whole group. One
      * process: all single. */
     ht_comm *cp_comm, *ulysses_comm, *ring_comm;
-    int dp_rank, dp_size, cp_size;
+    /* parallel.tensor_parallel_size T: the T consecutive ranks of tp_comm
+     * hold the same tokens and each its slices of the weights (the shard
+     * and replica groups above join the ranks of one tensor-parallel place);
+     * model_comm joins one replica's ranks over every place, each holding a
+     * box of its own: the model once (its first replica writes checkpoints). */
+    ht_comm *tp_comm, *model_comm;
+    int dp_rank, dp_size, cp_size, tp_size;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
     ht_model *model;
     ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */

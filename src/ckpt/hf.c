@@ -519,8 +519,34 @@ void ht_hf_format_dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* A tensor-parallel slice (and FSDP's rows of it): the param's box of the
+ * whole tensor, converting to its dtype. */
+static ht_status copy_box(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err) {
+    const size_t esize = ht_dtype_size(t->dtype);
+    if (ht_param_local_numel(p) == 0) return HT_OK;
+    ht_box whole = {{0}, {0}};
+    for (int d = 0; d < p->ndim; d++) whole.length[d] = p->global_shape[d];
+    const void *src = t->data;
+    void *aligned = NULL;
+    if ((uintptr_t)src % esize != 0) { /* a writer that did not align its tensors */
+        aligned = malloc((size_t)ht_param_global_numel(p) * esize + 1);
+        if (!aligned) return ht_fail(err, HT_ERR_OOM, "%s: out of memory copying '%s'", file, t->name);
+        memcpy(aligned, src, (size_t)ht_param_global_numel(p) * esize);
+        src = aligned;
+    }
+    ht_box_copy(p->ndim, p->data, p->dtype, &p->box, src, t->dtype, &whole);
+    free(aligned);
+    return HT_OK;
+}
+
 /* Copies the param's local rows out of the tensor, converting to the param's dtype. */
 ht_status ht_hf_copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err) {
+    if (p->tp_dim >= 0) {
+        if (t->dtype != p->dtype && !(ht_dtype_is_float(t->dtype) && ht_dtype_is_float(p->dtype)))
+            return ht_fail(err, HT_ERR_FORMAT, "%s: tensor '%s' is %s and cannot be converted to the model's %s", file,
+                           t->name, ht_dtype_safetensors_name(t->dtype), ht_dtype_name(p->dtype));
+        return copy_box(p, t, file, err);
+    }
     int64_t row_numel = ht_param_row_numel(p);
     int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0]; /* rows past the end are shard padding */
     size_t n = r1 > p->row0 ? (size_t)((r1 - p->row0) * row_numel) : 0;
@@ -684,11 +710,11 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
             continue;
         }
         bool same = t->ndim == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->global_shape[d];
         if (!same) {
             char have[256], want[256];
             ht_hf_format_dims(have, sizeof(have), t->ndim, t->shape);
-            ht_hf_format_dims(want, sizeof(want), p->ndim, p->shape);
+            ht_hf_format_dims(want, sizeof(want), p->ndim, p->global_shape);
             s = ht_fail(err, HT_ERR_FORMAT,
                         "%s: tensor '%s' has shape %s but the model (from its config) expects %s; the weights "
                         "do not match config.json",

@@ -199,6 +199,7 @@ static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt
     ht_ckpt_key_name(c.key, kind, p->name);
     if (excluded(o, c.key)) return HT_OK;
     c.dtype = dtype;
+    if (kind != KIND_STEP && p->tp_dim < 0 && o->tp_rank > 0) return HT_OK; /* place 0 writes it */
     if (kind != KIND_STEP) {
         c.ndim = p->ndim;
         memcpy(c.shape, p->global_shape, sizeof(c.shape));

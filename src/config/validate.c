@@ -79,25 +79,36 @@ static bool same_strings(const ht_config_strings *a, const ht_config_strings *b)
 
 /* The mesh (docs/DESIGN.md, The mesh): the world is data parallel x context
  * parallel (parallel.ulysses_parallel_size U x parallel.ring_attention_size
- * R) x tensor parallel (1). Returns the data-parallel size, 0 when the world
- * does not factor. */
+ * R) x tensor parallel (parallel.tensor_parallel_size). Returns the
+ * data-parallel size, 0 when the world does not factor. */
 static int check_mesh(report *r, int world) {
     const ht_config *cfg = r->cfg;
     const int U = cfg->parallel.ulysses_parallel_size, R = cfg->parallel.ring_attention_size, T = cfg->data.seq_len;
-    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    const int TP = cfg->parallel.tensor_parallel_size;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160], c[HT_CONFIG_STR_MAX + 160];
     check(r, U >= 1, "parallel.ulysses_parallel_size", "an integer >= 1");
     check(r, R >= 1, "parallel.ring_attention_size", "an integer >= 1");
-    if (U < 1 || R < 1 || world < 1) return 0;
+    check(r, TP >= 1, "parallel.tensor_parallel_size", "an integer >= 1");
+    if (U < 1 || R < 1 || TP < 1 || world < 1) return 0;
     const int cp = U * R;
-    if (world % cp != 0) {
+    if (world % (cp * TP) != 0) {
         add(r,
-            "%s x %s: context parallel %d x %d = %d does not divide the %d ranks: the world is data parallel x "
-            "context parallel x tensor parallel (1), so expected a world that is a multiple of %d",
+            "%s x %s x %s: context parallel %d x %d times tensor parallel %d = %d does not divide the %d ranks: the "
+            "world is data parallel x context parallel x tensor parallel, so expected a world that is a multiple of "
+            "%d",
             at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)),
-            at(cfg, "parallel.ring_attention_size", b, sizeof(b)), U, R, cp, world, cp);
+            at(cfg, "parallel.ring_attention_size", b, sizeof(b)),
+            at(cfg, "parallel.tensor_parallel_size", c, sizeof(c)), U, R, TP, cp * TP, world, cp * TP);
         return 0;
     }
-    if (cp == 1) return world;
+    const ht_model_config *m = &cfg->model.arch;
+    const int H = m->num_attention_heads, KV = ht_model_config_has_mla(m) ? H : m->num_key_value_heads;
+    if (TP > 1 && !cfg->model.from_pretrained[0] && (H % TP != 0 || KV % TP != 0))
+        add(r,
+            "%s: %d does not divide model.num_attention_heads (%d) and model.num_key_value_heads (%d): tensor "
+            "parallelism gives each rank whole heads",
+            at(cfg, "parallel.tensor_parallel_size", a, sizeof(a)), TP, H, KV);
+    if (cp == 1) return world / TP;
     if (R > 1 && T > 0 && T % (2 * R) != 0)
         add(r,
             "%s: %d does not cut into 2 x parallel.ring_attention_size = %d chunks (ring attention's balanced layout: "
@@ -108,14 +119,15 @@ static int check_mesh(report *r, int world) {
             "%s: %d: each of the %d ranks of a context-parallel group (Ulysses %d x ring %d) holds as many tokens of "
             "every sequence; expected a multiple of %d",
             at(cfg, "data.seq_len", a, sizeof(a)), T, cp, U, R, cp);
-    const ht_model_config *m = &cfg->model.arch;
-    const int H = m->num_attention_heads, KV = ht_model_config_has_mla(m) ? H : m->num_key_value_heads;
-    if (U > 1 && !cfg->model.from_pretrained[0] && (H % U != 0 || KV % U != 0))
+    /* Ulysses splits the heads a tensor-parallel rank holds. */
+    if (U > 1 && !cfg->model.from_pretrained[0] && H % TP == 0 && KV % TP == 0 &&
+        ((H / TP) % U != 0 || (KV / TP) % U != 0))
         add(r,
-            "%s: %d does not divide model.num_attention_heads (%d) and the key/value heads (%d): Ulysses gives each "
-            "rank whole heads of every sequence",
-            at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)), U, H, KV);
-    return world / cp;
+            "%s: %d does not divide the %d attention heads and %d key/value heads %s: Ulysses gives each rank "
+            "whole heads of every sequence",
+            at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)), U, H / TP, KV / TP,
+            TP > 1 ? "of a tensor-parallel rank" : "(model.num_attention_heads, model.num_key_value_heads)");
+    return world / (cp * TP);
 }
 
 /* MindSpeed-MM's keys whose other values ask for what hypertrain does not do
@@ -123,18 +135,6 @@ static int check_mesh(report *r, int world) {
 static void check_mindspeed(report *r) {
     const ht_config *cfg = r->cfg;
     char a[HT_CONFIG_STR_MAX + 160];
-    const struct {
-        const char *key;
-        int value;
-        const char *why;
-    } ones[] = {
-        {"parallel.tensor_parallel_size", cfg->parallel.tensor_parallel_size,
-         "hypertrain has no tensor parallelism (MindSpeed-MM's plugin FSDP2 trainer requires 1 as well)"},
-    };
-    for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
-        if (ones[i].value != 1)
-            add(r, "%s: not supported: %d; expected 1: %s", at(cfg, ones[i].key, a, sizeof(a)), ones[i].value,
-                ones[i].why);
     /* Expert parallelism: P ranks split each sparse layer's experts; the
      * world is W / P groups of consecutive ranks holding the same experts. */
     const int ep = cfg->parallel.expert_parallel_size, world = r->world;
@@ -145,9 +145,15 @@ static void check_mindspeed(report *r) {
             strcmp(cfg->model.arch.name, "deepseek_v3") != 0)
             add(r, "%s: %d, but model.name %s has no experts (model.name qwen2_moe and deepseek_v3 have)",
                 at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, cfg->model.arch.name);
-        if (world % ep != 0)
+        const int tp = cfg->parallel.tensor_parallel_size > 0 ? cfg->parallel.tensor_parallel_size : 1;
+        if ((world / tp) % ep != 0 && tp == 1)
             add(r, "%s: %d does not divide the %d ranks: each group of %d ranks splits the experts",
                 at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, world, ep);
+        else if ((world / tp) % ep != 0)
+            add(r,
+                "%s: %d does not divide the %d data x context-parallel ranks (%d ranks over tensor parallel %d): "
+                "each group of %d of them splits the experts",
+                at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep, world / tp, world, tp, ep);
         if (cfg->fsdp.shard_size != 0 && cfg->fsdp.shard_size != world)
             add(r,
                 "%s: not supported with parallel.expert_parallel_size %d: expert parallelism here shards over "
@@ -526,6 +532,7 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
 }
 
 int ht_config_data_parallel_size(const ht_config *cfg, int world) {
-    const int cp = cfg->parallel.ulysses_parallel_size * cfg->parallel.ring_attention_size;
-    return cp > 0 ? world / cp : world;
+    const int cp = cfg->parallel.ulysses_parallel_size * cfg->parallel.ring_attention_size,
+              tp = cfg->parallel.tensor_parallel_size;
+    return cp > 0 && tp > 0 ? world / (cp * tp) : world;
 }

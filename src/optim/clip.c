@@ -6,9 +6,11 @@
 
 #include "hypertrain/kernels.h"
 
-double ht_grad_norm(const ht_param_store *params, const char **bad) { return sqrt(ht_grad_sum_squares(params, bad)); }
+double ht_grad_norm(const ht_param_store *params, const char **bad) {
+    return sqrt(ht_grad_sum_squares(params, false, bad));
+}
 
-double ht_grad_sum_squares(const ht_param_store *params, const char **bad) {
+double ht_grad_sum_squares(const ht_param_store *params, bool split_only, const char **bad) {
     double total = 0.0;
     if (bad) *bad = NULL;
     for (int i = 0; i < params->count; i++) {
@@ -16,6 +18,7 @@ double ht_grad_sum_squares(const ht_param_store *params, const char **bad) {
         if (!p->trainable || !p->main_grad) continue;
         double s = ht_kernels()->sum_squares(p->main_grad, ht_param_local_numel(p));
         if (!isfinite(s) && bad && !*bad) *bad = p->name;
+        if (split_only && p->tp_dim < 0) continue;
         total += s;
     }
     return total;

@@ -115,7 +115,9 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
     for (int i = 0; i < count; i++) {
         if ((st = check_param(params[i], err)) != HT_OK) return st;
         const ht_param *p = params[i];
-        size_t need = matrix_floats(p->shape[p->ndim - 2], p->shape[p->ndim - 1], cfg->ns_dtype);
+        /* A matrix's global shape: a tensor-parallel slice is orthogonalized whole. */
+        const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
+        size_t need = matrix_floats(dims[p->ndim - 2], dims[p->ndim - 1], cfg->ns_dtype);
         if (need > work) work = need;
         total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
         floats += (size_t)ht_param_local_numel(p);
@@ -139,8 +141,9 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
         ht_muon_slot *s = &opt->slots[opt->count++];
         s->param = p;
         s->matrices = p->ndim == 3 ? p->shape[0] : 1;
-        s->rows = p->shape[p->ndim - 2];
-        s->cols = p->shape[p->ndim - 1];
+        const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
+        s->rows = dims[p->ndim - 2];
+        s->cols = dims[p->ndim - 1];
         s->scale = ht_muon_update_scale(s->rows, s->cols, cfg->matched_adamw_rms);
         s->momentum_buffer = next;
         next += ht_param_local_numel(p);
@@ -240,11 +243,40 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
     return HT_OK;
 }
 
+ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err) {
+    if (!tp || tp->size <= 1) return HT_OK;
+    size_t box = 0, stage = 0;
+    int split = 0;
+    for (int i = 0; i < opt->count; i++) {
+        const ht_param *p = opt->slots[i].param;
+        if (p->ndim != 2 || p->tp_dim < 0) continue;
+        split++;
+        if ((size_t)ht_param_local_numel(p) > box) box = (size_t)ht_param_local_numel(p);
+        const size_t n = (size_t)(ht_param_numel(p) + ht_param_global_numel(p));
+        if (n > stage) stage = n;
+    }
+    if (split && opt->owner)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "optimizer.muon_config.comm_strategy deredundancy: not supported yet with "
+                       "parallel.tensor_parallel_size %d (its owners would have to span the tensor-parallel group); "
+                       "expected allgather",
+                       tp->size);
+    opt->tp = tp;
+    opt->tp_box = ht_kernels()->alloc((box ? box : 1) * sizeof(float));
+    opt->tp_scratch = ht_kernels()->alloc((stage ? stage : 1) * sizeof(float));
+    if (!opt->tp_box || !opt->tp_scratch)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's tensor-parallel gather (%zu floats)", box + stage);
+    return HT_OK;
+}
+
+/* Whether p is a matrix tensor parallelism split over opt->tp. */
+static bool tp_split(const ht_muon *opt, const ht_param *p) { return opt->tp && p->ndim == 2 && p->tp_dim >= 0; }
+
 /* This rank's rows of a sharded matrix's update: the momentum step on its
- * rows of B and g, and u (nesterov) or B itself in `mine` ((row1 - row0) x cols). */
+ * rows of B and g, and u (nesterov) or B itself in `mine` (its box's values). */
 static void update_rows(const ht_muon_slot *s, const ht_muon_config *c, float *mine) {
     const ht_param *p = s->param;
-    const int64_t local = (p->row1 - p->row0) * s->cols;
+    const int64_t local = ht_param_local_numel(p);
     momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
     if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
 }
@@ -294,6 +326,12 @@ void ht_muon_step(ht_muon *opt, double lr) {
         for (int j = 0; j < nb; j++) {
             ht_muon_slot *s = &opt->slots[list[k + j]];
             float *u = opt->work + j * n, *mine = u + s->param->row0 * cols;
+            if (tp_split(opt, s->param)) { /* its box, gathered over the shard group and the slices */
+                update_rows(s, c, opt->tp_box);
+                (void)ht_param_gather_global(s->param, comm, opt->tp, opt->tp_box, HT_DTYPE_F32, u, false,
+                                             opt->tp_scratch, NULL);
+                continue;
+            }
             update_rows(s, c, mine);
             ht_fsdp_gather_rows(s->param, comm, mine, u, sizeof(float));
         }
@@ -302,9 +340,15 @@ void ht_muon_step(ht_muon *opt, double lr) {
         for (int j = 0; j < nb; j++) {
             ht_muon_slot *s = &opt->slots[list[k + j]];
             ht_param *p = s->param;
-            ht_kernels()->muon_apply(p->main_param, opt->work + j * n + p->row0 * cols, (p->row1 - p->row0) * cols,
-                                     decay, (float)(lr * s->scale), (void *)p->main_param != p->data ? p->data : NULL,
-                                     p->dtype, opt->rounding.stochastic,
+            float *update = opt->work + j * n + p->row0 * cols;
+            if (tp_split(opt, p)) { /* this rank's box of the whole matrix's result */
+                ht_box whole = {{0, 0}, {rows, cols}};
+                ht_box_copy(2, opt->tp_box, HT_DTYPE_F32, &p->box, opt->work + j * n, HT_DTYPE_F32, &whole);
+                update = opt->tp_box;
+            }
+            ht_kernels()->muon_apply(p->main_param, update, ht_param_local_numel(p), decay, (float)(lr * s->scale),
+                                     (void *)p->main_param != p->data ? p->data : NULL, p->dtype,
+                                     opt->rounding.stochastic,
                                      opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
         }
     }
@@ -357,6 +401,8 @@ void ht_muon_free(ht_muon *opt) {
     free(opt->owned);
     free(opt->order);
     ht_kernels()->free(opt->owned_block);
+    ht_kernels()->free(opt->tp_box);
+    ht_kernels()->free(opt->tp_scratch);
     ht_kernels()->free(opt->work);
     ht_kernels()->free(opt->state_block);
     ht_free(opt->slots);

@@ -103,6 +103,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
     opt->stochastic_rounding = cfg->stochastic_rounding;
     opt->seed = cfg->seed;
     opt->comm = cfg->comm ? cfg->comm : ht_comm_single();
+    opt->tp = cfg->tp ? cfg->tp : ht_comm_single();
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (p->trainable && !ht_dtype_is_float(p->dtype))
@@ -154,6 +155,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         s = opt->muon ? ht_muon_init(opt->muon, &cfg->muon, to_muon, n_muon, err)
                       : ht_fail(err, HT_ERR_OOM, "cannot allocate Muon");
         if (s == HT_OK) s = ht_muon_set_comm(opt->muon, opt->comm, cfg->replicas, err);
+        if (s == HT_OK) s = ht_muon_set_tensor_parallel(opt->muon, opt->tp, err);
     }
     if (s == HT_OK && n_adamw > 0) {
         opt->adamw = calloc(1, sizeof(ht_adamw));
@@ -214,10 +216,14 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
 
     /* Prepare the gradients: with loss scaling they carry the scale. */
     if (opt->loss_scaling) scale_grads(ps, (float)(1.0 / opt->scaler.scale));
-    /* One all-reduce of the ranks' sums of squares (rank order: every rank gets the same norm). */
+    /* One all-reduce of the ranks' sums of squares (rank order: every rank
+     * gets the same norm), then one over the tensor-parallel slices, where a
+     * param not split (the same gradient on every rank of the group) is
+     * counted by the group's first rank alone. */
     const char *bad = NULL;
-    double squares = ht_grad_sum_squares(ps, &bad);
+    double squares = ht_grad_sum_squares(ps, opt->tp->size > 1 && opt->tp->rank > 0, &bad);
     ht_all_reduce_f64(opt->comm, &squares, 1, HT_REDUCE_SUM);
+    if (opt->tp->size > 1) ht_all_reduce_f64(opt->tp, &squares, 1, HT_REDUCE_SUM);
     double norm = sqrt(squares);
     r->grad_norm = norm;
     if (!isfinite(norm)) {

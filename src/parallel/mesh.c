@@ -27,4 +27,5 @@ void ht_mesh_of(const ht_mesh_sizes *s, int rank, ht_mesh *m) {
     m->expert_group = GROUP(x / D, x % D, D);
     m->ep_group = GROUP(x % D, x / D, P);
 #undef GROUP
+    m->model_group = (ht_mesh_group){.color = x / S, .key = x % S * T + tp, .size = S * T};
 }

@@ -37,20 +37,20 @@ static void slice_bytes(const ht_param *p, int size, int64_t *bytes, size_t elem
 }
 
 ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
-                                 void *global, bool to_root, ht_error *err) {
+                                 void *global, bool to_root, void *scratch, ht_error *err) {
     const size_t elem = ht_dtype_size(dtype);
     const bool split = tp && tp->size > 1 && p->tp_dim >= 0;
     int64_t bytes[shard->size > (tp ? tp->size : 1) ? shard->size : (tp ? tp->size : 1)];
-    void *slice = global, *stage = NULL;
-    if (split) {
-        slice = malloc((size_t)ht_param_numel(p) * elem + 1);
-        stage = p->tp_dim == 0 ? global : malloc((size_t)ht_param_global_numel(p) * elem + 1);
-        if (!slice || !stage) {
-            free(slice);
-            if (stage != global) free(stage);
+    /* A param every place holds whole: the first place's rows are the tensor. */
+    if (to_root && !split && tp && tp->size > 1 && tp->rank != 0) return HT_OK;
+    void *slice = global, *stage = NULL, *owned = NULL;
+    if (split) { /* the slice, then (dim 1) the slices side by side */
+        owned = scratch ? NULL : malloc((size_t)(ht_param_numel(p) + ht_param_global_numel(p)) * elem + 1);
+        if (!scratch && !owned)
             return ht_fail(err, HT_ERR_OOM, "cannot gather %s's %lld values", p->name,
                            (long long)ht_param_global_numel(p));
-        }
+        slice = scratch ? scratch : owned;
+        stage = p->tp_dim == 0 ? global : (char *)slice + (size_t)ht_param_numel(p) * elem;
     }
     ht_param_row_bytes(p, shard->size, bytes, elem);
     if (to_root)
@@ -80,9 +80,6 @@ ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp,
             at += (size_t)ht_box_numel(p->ndim, &part) * elem;
         }
     }
-    if (split) {
-        free(slice);
-        if (stage != global) free(stage);
-    }
+    free(owned);
     return HT_OK;
 }

@@ -80,17 +80,20 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
-    ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer, .keep_last = c->checkpoint.keep_last};
+    ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer,
+                              .keep_last = c->checkpoint.keep_last,
+                              .tp_rank = t->tp_comm->rank};
     double t0 = ht_time_seconds();
     ht_comm *comm = t->comm;
     const bool root = comm->rank == 0;
-    /* The first shard group writes (its replicas hold the same rows; with
-     * shard_size 1 that is rank 0 alone, holding everything). Rank 0 opens
+    /* The first replica writes: its shard group of every tensor-parallel
+     * place (the other replicas hold the same boxes; with shard_size 1 and
+     * no tensor parallelism that is rank 0 alone, holding everything). Rank 0 opens
      * step_X.tmp/, every rank of the group writes its rows into its own file,
      * rank 0 writes metadata.json from every rank's chunk list and commits,
      * and the other ranks wait until it is complete. A rank that fails ends
      * the world (CLI), and the .tmp is never loaded. */
-    ht_comm *group = t->shard_comm;
+    ht_comm *group = t->model_comm;
     if (comm->rank < group->size) {
         char tmp[HT_CKPT_PATH_MAX] = "";
         ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
@@ -141,11 +144,12 @@ static long long saved_int(const ht_checkpoint *ck, const char *key) {
     return v ? strtoll(v, NULL, 10) : 0;
 }
 
-/* The data-parallel ranks a checkpoint was written by: its ranks over its
- * context-parallel size (1 where its config has none). */
+/* The data-parallel ranks a checkpoint was written by: its writers over its
+ * context- and tensor-parallel sizes (1 where its config has none). */
 static long long saved_data_parallel(const ht_checkpoint *ck) {
-    long long u = saved_int(ck, "parallel.ulysses_parallel_size"), r = saved_int(ck, "parallel.ring_attention_size");
-    return ht_ckpt_world_size(ck) / ((u > 0 ? u : 1) * (r > 0 ? r : 1));
+    long long u = saved_int(ck, "parallel.ulysses_parallel_size"), r = saved_int(ck, "parallel.ring_attention_size"),
+              tp = saved_int(ck, "parallel.tensor_parallel_size");
+    return ht_ckpt_world_size(ck) / ((u > 0 ? u : 1) * (r > 0 ? r : 1) * (tp > 0 ? tp : 1));
 }
 
 /* The global batch, in sequences per step, and what sets it: the

@@ -282,15 +282,15 @@ static void log_memory(ht_trainer *t) {
 }
 
 /* A whole, unsharded copy of the model's weights on rank 0, from the rows of
- * the first shard group's ranks (the others hold the same rows). The other
- * ranks send theirs and hold nothing more. */
+ * the first shard group's ranks (the others hold the same rows) of every
+ * tensor-parallel place. The other ranks send theirs and hold nothing more. */
 static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
     const ht_param_store *ps = &t->model->params;
     bool root = t->comm->rank == 0;
-    if (t->comm->rank >= t->shard_comm->size) return HT_OK; /* not the first shard group */
+    if (t->comm->rank >= t->model_comm->size) return HT_OK; /* not the first replica */
     for (int i = 0; root && i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
-        ht_param *q = ht_params_add(whole, p->name, p->ndim, p->shape, p->dtype);
+        ht_param *q = ht_params_add(whole, p->name, p->ndim, p->global_shape, p->dtype);
         if (!q) {
             ht_params_free(whole);
             return ht_fail(err, HT_ERR_OOM, "cannot gather %s", p->name);
@@ -300,16 +300,16 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     }
     /* Every rank of the group learns whether rank 0 could hold the model before anyone sends. */
     int64_t ok = root ? ht_params_allocate(whole, err) == HT_OK : 1;
-    ht_broadcast(t->shard_comm, &ok, (int64_t)sizeof(ok), 0);
+    ht_broadcast(t->model_comm, &ok, (int64_t)sizeof(ok), 0);
     if (!ok) {
         ht_params_free(whole);
         return root ? HT_ERR_OOM : ht_fail(err, HT_ERR_OOM, "rank 0 cannot hold the whole model to save it");
     }
-    int64_t bytes[t->shard_comm->size];
     for (int i = 0; i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
-        ht_param_row_bytes(p, t->shard_comm->size, bytes, ht_dtype_size(p->dtype));
-        ht_gather(t->shard_comm, p->data, root ? whole->items[i].data : NULL, bytes, 0);
+        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, p->data, p->dtype,
+                                             root ? whole->items[i].data : NULL, true, NULL, err);
+        if (s != HT_OK) return s;
     }
     return HT_OK;
 }
@@ -502,7 +502,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     /* The final weights, whole: a sharded run gathers every param's rows first. */
     ht_param_store gathered = {0};
     const ht_param_store *model = &t->model->params;
-    if (t->sharded) {
+    if (t->sharded || t->tp_size > 1) {
         s = gather_whole_model(t, &gathered, err);
         if (s != HT_OK) return s;
         model = &gathered;

@@ -148,8 +148,14 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
      * and loads only those rows; otherwise it builds the whole model first. */
     int rank = t->shard_comm->rank, world = t->shard_comm->size;
     bool meta = c->training.init_model_with_meta_device;
-    s = ht_model_build_shard(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, meta ? rank : 0, meta ? world : 1,
-                             &t->model, err);
+    /* parallel.tensor_parallel_size: this rank's slices of the weights (ht_tensor_parallel), then FSDP's rows of them.
+     */
+    const ht_model_placement at = {.shard_rank = meta ? rank : 0,
+                                   .shard_world = meta ? world : 1,
+                                   .tp_rank = t->tp_comm->rank,
+                                   .tp_size = t->tp_comm->size};
+    s = ht_model_build_parallel(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, &at, &t->model, err);
+    if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->tp_comm, err);
     if (s != HT_OK) return s;
     if (c->model.from_pretrained[0]) {
         s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
@@ -204,22 +210,34 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
             a->moe.num_experts, a->moe.n_group, a->moe.topk_group, a->moe.num_experts_per_tok, a->moe.n_shared_experts,
             a->moe.moe_intermediate_size, a->moe.routed_scaling_factor,
             a->moe.norm_topk_prob ? " after normalising" : "", a->moe.first_k_dense_replace);
+    const int X = t->comm->size / t->tp_size; /* the data x context-parallel ranks FSDP spans */
+    if (t->tp_size > 1) {
+        double global = 0;
+        for (int i = 0; i < t->model->params.count; i++)
+            global += (double)ht_param_global_numel(&t->model->params.items[i]);
+        ht_log_info("Tensor parallel %d (Megatron's layout; no sequence parallelism: every rank of the group "
+                    "holds the whole hidden states): q/k/v, gate and up split by output rows (whole heads, %d of "
+                    "%d here), o_proj and down by input columns, the embedding and the LM head by vocabulary (a "
+                    "vocabulary-parallel cross-entropy), the norms whole on every rank; this rank's slices hold "
+                    "%.2fM of the model's %.2fM values",
+                    t->tp_size, a->num_attention_heads / t->tp_size, a->num_attention_heads,
+                    (double)ht_params_total_numel(&t->model->params) / 1e6, global / 1e6);
+    }
     if (t->sharded)
-        ht_log_info("%s over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
-                    "each rank holds its rows of every parameter, %smain_grad and optimizer state "
-                    "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
-                    "modules and sums its FP32 gradients into each rank's rows%s",
-                    t->cp_size > 1 ? "Data x context parallel" : "Data parallel", t->comm->size,
-                    t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded", t->shard_comm->size,
-                    t->comm->size / t->shard_comm->size, t->replica_comm->size,
-                    c->optimizer.fp32_main_params ? "FP32 main param, " : "",
-                    (double)local_numel(&t->model->params) / 1e6,
-                    (double)ht_params_total_numel(&t->model->params) / 1e6,
-                    t->replica_comm->size > 1 ? ", then over the replicas" : "");
-    else if (t->comm->size > 1)
+        ht_log_info(
+            "%s over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
+            "each rank holds its rows of every parameter, %smain_grad and optimizer state "
+            "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
+            "modules and sums its FP32 gradients into each rank's rows%s",
+            t->cp_size > 1 ? "Data x context parallel" : "Data parallel", X,
+            t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded", t->shard_comm->size,
+            X / t->shard_comm->size, t->replica_comm->size, c->optimizer.fp32_main_params ? "FP32 main param, " : "",
+            (double)local_numel(&t->model->params) / 1e6, (double)ht_params_total_numel(&t->model->params) / 1e6,
+            t->replica_comm->size > 1 ? ", then over the replicas" : "");
+    else if (X > 1)
         ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
-                    "model and optimizer state; the FP32 gradients are summed over the ranks before each step",
-                    t->comm->size);
+                    "model%s and optimizer state; the FP32 gradients are summed over the ranks before each step",
+                    X, t->tp_size > 1 ? " (its tensor-parallel slices)" : "");
     return HT_OK;
 }
 
@@ -648,8 +666,9 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
                            "optimizer.muon_config.qk_clip_enabled: layer %d's query/key projection weights are "
                            "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
                            l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
-        t->qk_layers[l].num_heads = a->num_attention_heads;
-        t->qk_layers[l].num_kv_heads = a->num_key_value_heads;
+        /* Tensor parallelism: this rank's heads, whose rows its slices of the projections hold. */
+        t->qk_layers[l].num_heads = a->num_attention_heads / t->tp_size;
+        t->qk_layers[l].num_kv_heads = a->num_key_value_heads / t->tp_size;
         t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
     }
     return HT_OK;
@@ -683,6 +702,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
     oc.comm = t->shard_comm; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
     oc.replicas = t->sharded ? t->replica_comm : NULL;
+    oc.tp = t->tp_comm;
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
@@ -823,7 +843,7 @@ static ht_status split(ht_trainer *t, ht_mesh_group g, ht_comm **out, ht_error *
 }
 
 /* The mesh, every group of it in one place (docs/DESIGN.md, The mesh;
- * ht_mesh_of): the world W = DP x CP x TP (TP 1 for now), Megatron's order.
+ * ht_mesh_of): the world W = DP x CP x TP, Megatron's order.
  * FSDP shards over DP x CP (the CP ranks' gradients sum like data-parallel
  * ones): fsdp_config.shard_size S (auto: all of them) splits them into
  * shard groups of S consecutive ones and S replicate groups (HSDP). Expert
@@ -842,12 +862,15 @@ static ht_status make_groups(ht_trainer *t, ht_error *err) {
     t->cp_size = m.cp_size;
     t->dp_size = m.dp_size;
     t->dp_rank = m.dp;
+    t->tp_size = m.tp_group.size;
     ht_status s = split(t, m.shard_group, &t->shard_comm, err);
     if (s == HT_OK) s = split(t, m.replica_group, &t->replica_comm, err);
     t->sharded = m.shard_group.size > 1;
     if (s == HT_OK) s = split(t, m.cp_group, &t->cp_comm, err);
     if (s == HT_OK) s = split(t, m.ulysses_group, &t->ulysses_comm, err);
     if (s == HT_OK) s = split(t, m.ring_group, &t->ring_comm, err);
+    if (s == HT_OK) s = split(t, m.tp_group, &t->tp_comm, err);
+    if (s == HT_OK) s = split(t, m.model_group, &t->model_comm, err);
     /* Expert parallelism (validated: P divides W, no HSDP). */
     if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.expert_group, &t->expert_comm, err);
     if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.ep_group, &t->ep_comm, err);
@@ -896,7 +919,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     t->config = *cfg;
     t->comm = comm;
     t->shard_comm = t->replica_comm = t->cp_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
-    t->dp_size = t->cp_size = 1;
+    t->tp_comm = t->model_comm = ht_comm_single();
+    t->dp_size = t->cp_size = t->tp_size = 1;
     t->last_eval_loss = NAN;
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
@@ -937,6 +961,8 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->inputs);
     ht_free(t->targets);
     if (t->ring_comm) ht_comm_free(t->ring_comm);
+    if (t->tp_comm) ht_comm_free(t->tp_comm);
+    if (t->model_comm) ht_comm_free(t->model_comm);
     if (t->ulysses_comm) ht_comm_free(t->ulysses_comm);
     if (t->cp_comm) ht_comm_free(t->cp_comm);
     ht_free(t->share_inputs);

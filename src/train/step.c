@@ -29,8 +29,8 @@ static void dump_free(state_dump *d) {
 }
 
 /* Every param's whole main_grad ("main_grad.") or model values ("param."),
- * gathered from the shard group's rows, added to the dump on rank 0. Every
- * rank takes part. */
+ * gathered from the shard group's rows and the tensor-parallel slices,
+ * added to the dump on rank 0. Every rank takes part. */
 static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, ht_error *err) {
     const bool grads = prefix[0] == 'm';
     ht_param_store *ps = &t->model->params;
@@ -38,17 +38,20 @@ static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, 
         ht_param *p = &ps->items[i];
         if (grads && !p->main_grad) continue; /* frozen */
         const size_t elem = grads ? sizeof(float) : ht_dtype_size(p->dtype);
-        void *whole = ht_alloc((size_t)ht_param_numel(p) * elem + 64);
+        void *whole = ht_alloc((size_t)ht_param_global_numel(p) * elem + 64);
         if (!whole || d->count == 2 * HT_MAX_DUMPED) {
             ht_free(whole);
             return ht_fail(err, HT_ERR_OOM, "training.dump_state: cannot hold %s", p->name);
         }
         d->bufs[d->count++] = whole;
-        ht_fsdp_gather_rows(p, t->shard_comm, grads ? (void *)p->main_grad : p->data, whole, elem);
+        ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
+        (void)elem;
+        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, grads ? (void *)p->main_grad : p->data, dt,
+                                             whole, true, NULL, err);
+        if (s != HT_OK) return s;
         char name[HT_PARAM_NAME_MAX + 16];
         snprintf(name, sizeof(name), "%s%s", prefix, p->name);
-        ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
-        ht_status s = t->comm->rank == 0 ? ht_st_writer_add(&d->w, name, dt, p->ndim, p->shape, whole, dt, err) : HT_OK;
+        s = t->comm->rank == 0 ? ht_st_writer_add(&d->w, name, dt, p->ndim, p->global_shape, whole, dt, err) : HT_OK;
         if (s != HT_OK) return s;
     }
     return HT_OK;
@@ -102,9 +105,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_model *m = t->model;
     /* The loss scale multiplies the gradients; 1/(accumulation × ranks)
-     * averages the global batch's micro-batches, once, before the sum over ranks. */
+     * averages the global batch's micro-batches, once, before the sum over
+     * the ranks (data x context parallel: the ranks of a tensor-parallel
+     * group hold the same tokens, each its slices' whole gradient). */
     float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
-                               ((double)t->grad_accum * t->comm->size));
+                               ((double)t->grad_accum * t->comm->size / t->tp_size));
     ht_model_reset_attn_max(m);
     ht_model_reset_expert_tokens(m); /* this step's tokens alone (evaluation forwards counted too) */
     double loss_sum = 0.0;
@@ -141,9 +146,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, m->params.grad_block,
                             (int64_t)(m->params.grad_bytes / sizeof(float)));
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
-    if (t->qk_layers)
-        ht_all_reduce_f32(t->comm, m->attn_max_logit,
-                          (int64_t)m->config.num_hidden_layers * m->config.num_attention_heads, HT_REDUCE_MAX);
+    if (t->qk_layers) { /* over the ranks holding the same heads: a tensor-parallel place's */
+        const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
+        ht_all_reduce_f32(t->shard_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
+        ht_all_reduce_f32(t->replica_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
+    }
     double t2 = ht_time_seconds();
     ht_step_result r;
     state_dump *dump = t->config.training.dump_state ? calloc(1, sizeof(state_dump)) : NULL;
@@ -161,7 +168,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     if (t->qk_layers && !r.skipped) {
         const ht_model_config *a = &m->config;
         for (int l = 0; l < a->num_hidden_layers; l++)
-            clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * a->num_attention_heads,
+            clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
     }
     /* Whether or not the optimizer stepped (an fp16 overflow skips it): the
@@ -237,7 +244,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         if (g < groups) sum += (double)l * count;
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
-    sum /= (double)t->cp_size;
+    sum /= (double)t->cp_size * t->tp_size; /* a tensor-parallel group's ranks hold the same loss */
     if (n) *loss = sum / (double)n;
     return HT_OK;
 }
