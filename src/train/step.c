@@ -170,6 +170,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         for (int l = 0; l < a->num_hidden_layers; l++)
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
+        if (t->tp_size > 1) { /* each rank rescaled its own heads: the count is the group's */
+            double heads = clipped;
+            ht_all_reduce_f64(t->tp_comm, &heads, 1, HT_REDUCE_SUM);
+            clipped = (int)heads;
+        }
     }
     /* Whether or not the optimizer stepped (an fp16 overflow skips it): the
      * routing of the step's tokens happened, and Megatron-Core updates the
