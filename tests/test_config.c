@@ -341,8 +341,9 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "  bf16_gemm: fp32_rounded\n"                  /* 144 */
                           "  f16_gemm: widened\n"                        /* 145 */
                           "  lm_head_chunk_mib: 0\n"
-                          "parallel:\n"                                     /* 146 */
-                          "  tensor_parallel_size: 1\n"                     /* 147 */
+                          "parallel:\n"                 /* 146 */
+                          "  tensor_parallel_size: 1\n" /* 147 */
+                          "  sequence_parallel: false\n"
                           "  ring_attention_size: 1\n"                      /* 148 */
                           "  ulysses_parallel_size: 1\n"                    /* 149 */
                           "  expert_parallel_size: 1\n"                     /* 150 */
@@ -357,6 +358,7 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "qwen2_moe");
     assert_string_equal(cfg->model.from_pretrained, "/models/tiny");
+    assert_false(cfg->parallel.sequence_parallel); /* its default is true */
     const ht_moe_config *mc = &cfg->model.arch.moe;
     assert_int_equal(mc->num_experts, 4);
     assert_int_equal(mc->num_experts_per_tok, 1);
@@ -661,7 +663,7 @@ static void test_full_file(void **state) {
         if (strcmp(key, "lr_scheduler.total_steps") == 0 || is_deepseek_key(key)) continue;
         int line = 0;
         if (ht_config_key_source(&cfg, key, &line) != HT_CONFIG_SOURCE_FILE) fail_msg("%s not from the file", key);
-        assert_true(line >= 3 && line <= 168);
+        assert_true(line >= 3 && line <= 169);
     }
     assert_source(&cfg, "model.name", HT_CONFIG_SOURCE_FILE, full_line("  name: qwen2_moe"));
     assert_source(&cfg, "optimizer.muon_config.muon_ns_coefficients", HT_CONFIG_SOURCE_FILE,
@@ -1336,6 +1338,14 @@ static void test_context_parallel_mesh(void **state) {
     snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 2\n  ulysses_parallel_size: 2\n", model);
     expect_invalid("tp_ulysses.yaml", text, 4, "parallel.ulysses_parallel_size",
                    "2 does not divide the 2 attention heads and 1 key/value heads of a tensor-parallel rank", NULL);
+    /* Sequence parallelism: a tensor-parallel rank's tokens of each sequence split over the group. */
+    snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 2\n", model);
+    memcpy(strstr(text, "seq_len: 16") + 9, "15", 2);
+    expect_invalid("tp_sp.yaml", text, 2, "data.seq_len", "15: under sequence parallelism",
+                   "expected a multiple of 2, or parallel.sequence_parallel false", NULL);
+    snprintf(text + strlen(text), sizeof(text) - strlen(text), "  sequence_parallel: false\n");
+    assert_ht_ok(load_text("tp_no_sp.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 2, &err), &err);
     snprintf(text, sizeof(text), "%sparallel:\n  tensor_parallel_size: 0\n", model);
     expect_invalid("tp_zero.yaml", text, 1, "parallel.tensor_parallel_size", ">= 1", NULL);
     snprintf(text, sizeof(text), "%sparallel:\n  ulysses_parallel_size: 0\n", model);

@@ -623,6 +623,11 @@ static void check_tensor(const char *name, const char *dtype, bool attention_bia
          "(Ulysses 1 x ring 2)", NULL},
         {2, true, "tp2_recompute", "parallel.tensor_parallel_size=2 --set model.recompute=true",
          "model.recompute: 2 of 2 decoder layers", "tp2"},
+        /* without sequence parallelism: every rank of the group holds the whole hidden states */
+        {2, false, "tp2_no_sp", "parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false",
+         "no sequence parallelism", NULL},
+        {4, true, "dp2_tp2_no_sp", "parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false",
+         "no sequence parallelism", NULL},
     };
     check_meshes(name, dtype, attention_bias, all, extra, runs, sizeof(runs) / sizeof(runs[0]));
 }
@@ -2055,7 +2060,8 @@ static void perturb_vectors(ht_model *m) {
 /* One rank of test_tensor_parallel_decoder: Llama (GQA, untied) and Qwen2
  * (biases, tied embeddings, the LM head over chunks of tokens) of odd
  * widths (vocabulary 97 and MLP width 50, split unevenly) built as this
- * rank's tensor-parallel share and as one process: every param's values
+ * rank's tensor-parallel share, without and with sequence parallelism (the
+ * norms' gradients then summed over the group), and as one process: every param's values
  * are its slice of the whole model's, bit for bit; one forward and
  * backward of the same batch (ignored targets among them) give the loss
  * and every gradient slice within float32's 1e-5 of the tensor's largest
@@ -2069,10 +2075,13 @@ static int tensor_parallel_rank(void) {
         return 1;
     }
     const int P = comm->size, R = comm->rank;
-    enum { B = 2, T = 16 };
+    enum { B = 2, T = 24 }; /* 48 tokens: a whole share of them on each of 1 to 4 ranks */
     double worst_loss = 0, worst_grad = 0;
+    char worst_name[HT_PARAM_NAME_MAX + 64] = "";
     int bad = 0;
-    for (int variant = 0; variant < 2; variant++) {
+    for (int run = 0; run < 4; run++) {
+        const int variant = run % 2;
+        const bool sequence = run >= 2;
         ht_model_config c = {0};
         snprintf(c.name, sizeof(c.name), "%s", variant ? "qwen2" : "llama");
         c.vocab_size = 97;
@@ -2092,7 +2101,7 @@ static int tensor_parallel_rank(void) {
         const ht_model_placement at = {.tp_rank = R, .tp_size = P};
         if (ht_model_build(&c, HT_DTYPE_F32, 77, &one, &err) != HT_OK ||
             ht_model_build_parallel(&c, HT_DTYPE_F32, 77, &at, &tp, &err) != HT_OK ||
-            ht_tensor_parallel_attach(tp, comm, &err) != HT_OK) {
+            ht_tensor_parallel_attach(tp, comm, sequence, &err) != HT_OK) {
             fprintf(stderr, "rank %d: %s\n", R, err.msg);
             return 1;
         }
@@ -2133,10 +2142,13 @@ static int tensor_parallel_rank(void) {
             for (int64_t k = 0; k < ht_param_numel(q); k++) top = fmax(top, fabs(q->main_grad[k]));
             for (int64_t k = 0; k < n; k++) diff = fmax(diff, fabs((double)p->main_grad[k] - slice[k]));
             const double rel = top > 0 ? diff / top : diff;
+            if (rel > worst_grad)
+                snprintf(worst_name, sizeof(worst_name), "%s%s %s", c.name, sequence ? " (sequence parallel)" : "",
+                         p->name);
             worst_grad = fmax(worst_grad, rel);
             if (!(rel <= 1e-5)) {
-                fprintf(stderr, "rank %d, %s %s: gradient %.3g of its largest magnitude from the whole model's\n", R,
-                        c.name, p->name, rel);
+                fprintf(stderr, "rank %d, %s%s %s: gradient %.3g of its largest magnitude from the whole model's\n", R,
+                        c.name, sequence ? " (sequence parallel)" : "", p->name, rel);
                 bad++;
             }
             free(slice);
@@ -2151,6 +2163,7 @@ static int tensor_parallel_rank(void) {
     double total[3] = {bad, worst_loss, worst_grad};
     ht_all_reduce_f64(comm, total, 1, HT_REDUCE_SUM);
     ht_all_reduce_f64(comm, total + 1, 2, HT_REDUCE_MAX);
+    if (P > 1) printf("rank %d: largest gradient difference %.2g, %s\n", R, worst_grad, worst_name);
     if (R == 0)
         printf(total[0] == 0 ? "tensor parallel ok on %d ranks: loss within %.2g, gradients within %.2g\n"
                              : "tensor parallel: %d ranks, %.2g %.2g, wrong values\n",

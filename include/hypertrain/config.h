@@ -139,9 +139,10 @@ typedef struct ht_config {
         char dataset[HT_CONFIG_STR_MAX];
     } data;
 
-    /* MindSpeed-MM's parallel sizes that hypertrain does not split by (each must be 1). */
+    /* The mesh's axes beyond data (docs/DESIGN.md, The mesh): MindSpeed-MM's and Megatron's names. */
     struct {
         int tensor_parallel_size, ring_attention_size, ulysses_parallel_size, expert_parallel_size;
+        bool sequence_parallel;       /* with tensor_parallel_size > 1: the residual stream split over its ranks */
         ht_config_strings ep_modules; /* ep_plan.apply_modules: used with expert_parallel_size > 1 only */
     } parallel;
 

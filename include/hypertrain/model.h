@@ -219,6 +219,16 @@ typedef struct ht_tensor_parallel {
     void (*sum)(void *ctx, float *buf, int64_t n);
     void (*max)(void *ctx, float *buf, int64_t n);
     void (*sum_f64)(void *ctx, double *buf, int64_t n);
+    /* Sequence parallelism (parallel.sequence_parallel): the residual
+     * stream and the norms hold N / size of the N tokens on each rank (the
+     * ranks' rows in rank order); a norm's output is gathered to every token
+     * before a column-parallel product (all_gather: each rank's `bytes` of
+     * send side by side in recv), and a row-parallel product's partial sums
+     * are summed onto each rank's rows (reduce_scatter: send (size x n), recv
+     * (n) <- the sum over the ranks of their block `rank`, in rank order). */
+    bool sequence;
+    void (*all_gather)(void *ctx, const void *send, void *recv, int64_t bytes);
+    void (*reduce_scatter)(void *ctx, const float *send, float *recv, int64_t n);
     void *ctx;
 } ht_tensor_parallel;
 

@@ -138,11 +138,12 @@ void ht_mesh_of(const ht_mesh_sizes *sizes, int rank, ht_mesh *mesh);
  * must outlive the model's use of them. */
 ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulysses, ht_comm *ring, ht_error *err);
 
-/* Tensor parallelism: the model's sums and maxima over `group`, the ranks
- * of its tensor-parallel group, which must be the size and this rank's
- * place the model was built for (ht_model_build_parallel); an error
- * otherwise. The group must outlive the model's use of it. */
-ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err);
+/* Tensor parallelism: the model's collectives over `group`, the ranks of
+ * its tensor-parallel group, which must be the size and this rank's place
+ * the model was built for (ht_model_build_parallel); an error otherwise.
+ * sequence: sequence parallelism too (ht_tensor_parallel.sequence). The
+ * group must outlive the model's use of it. */
+ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, ht_error *err);
 
 /* A param's global tensor (global_shape, in dtype) from every rank's box:
  * its FSDP rows over `shard` (`rows`: this rank's, in dtype), then its

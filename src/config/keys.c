@@ -193,6 +193,7 @@ const key_desc ht_config_keys[] = {
     STR_OR_NULL("data.dataset", data.dataset, "null"),
 
     INT("parallel.tensor_parallel_size", parallel.tensor_parallel_size, "1"),
+    BOOL("parallel.sequence_parallel", parallel.sequence_parallel, "true"),
     INT("parallel.ring_attention_size", parallel.ring_attention_size, "1"),
     INT("parallel.ulysses_parallel_size", parallel.ulysses_parallel_size, "1"),
     INT("parallel.expert_parallel_size", parallel.expert_parallel_size, "1"),

@@ -108,6 +108,12 @@ static int check_mesh(report *r, int world) {
             "%s: %d does not divide model.num_attention_heads (%d) and model.num_key_value_heads (%d): tensor "
             "parallelism gives each rank whole heads",
             at(cfg, "parallel.tensor_parallel_size", a, sizeof(a)), TP, H, KV);
+    if (TP > 1 && cfg->parallel.sequence_parallel && T > 0 && (T % cp != 0 || (T / cp) % TP != 0))
+        add(r,
+            "%s: %d: under sequence parallelism each of the %d ranks of a tensor-parallel group holds as many of "
+            "the %d tokens of every sequence a rank computes (data.seq_len / context parallel %d); expected a "
+            "multiple of %d, or parallel.sequence_parallel false",
+            at(cfg, "data.seq_len", a, sizeof(a)), T, TP, cp > 0 ? T / cp : T, cp, cp * TP);
     if (cp == 1) return world / TP;
     if (R > 1 && T > 0 && T % (2 * R) != 0)
         add(r,

@@ -95,6 +95,11 @@ typedef struct decoder {
     const ht_tensor_parallel *tp;
     int tp_size;
     int64_t v0;
+    /* Sequence parallelism (m->tensor.sequence): the residual stream, the
+     * norms and their outputs hold this rank's Ns = N / TP rows of the
+     * tokens, the group's ranks the rows in rank order; without it Ns = N. */
+    bool sp;
+    int64_t Ns;
     const ht_context_parallel *context; /* the model's, and the size of its group */
     int cp_size;
 
@@ -134,6 +139,11 @@ typedef struct decoder {
      * then their sums of exponentials and target logits (2 x head_rows) */
     float *tp_max, *tp_picked;
     double *tp_sums;
+    /* sequence parallelism: a norm's output gathered to every row (N, C) cd,
+     * the residual stream's gradient gathered (N, C), a row-parallel
+     * product's rows of this rank (Ns, C), a norm weight's partial gradient (C) */
+    void *ln_full;
+    float *d_full, *red, *dnorm;
     int threads;
     /* model.lora */
     int lora_rank;
@@ -465,6 +475,9 @@ static bool lora_in_any(const decoder *d, int l, int lin) {
     return false;
 }
 
+/* Whether the residual stream is split over the tensor-parallel group. */
+static bool sequence_parallel(const ht_model *m, const decoder *d) { return d->tp_size > 1 && m->tensor.sequence; }
+
 /* The LM head and the loss over chunks of tokens (m->keep_logits false):
  * no (N, V) logits, nor their gradient, exist at once. Only where they
  * would be large: below m->head_chunk_bytes of FP32 logits the whole batch
@@ -478,7 +491,7 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 /* The bytes of every activation buffer for (B, T) with matmul operands of
  * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
  * scratch. The total is what size_activations allocates. */
-enum { NPL = 21, NTAIL = 29, NLORA = 4 };
+enum { NPL = 21, NTAIL = 33, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
     bool shared; /* model.recompute: the recomputed layers share one set of buffers */
@@ -488,6 +501,8 @@ typedef struct act_plan {
 static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
+    const bool sp = sequence_parallel(m, d);
+    const int64_t Ns = sp ? N / d->tp_size : N; /* the residual stream's rows */
     int64_t QD = (int64_t)d->H * d->Dk, KD = (int64_t)d->KVh * d->Dk, VD = (int64_t)d->KVh * d->Dv,
             OD = (int64_t)d->H * d->Dv;
     int64_t Rq = d->Rq, Rkv = d->mla ? d->Rkv : 0, KVA = d->mla ? d->Rkv + d->Dr : 0,
@@ -498,21 +513,21 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
     for (size_t i = 0; i < sizeof(outs) / sizeof(outs[0]); i++) widest = outs[i] > widest ? outs[i] : widest;
     const int64_t dy_cd_elems = N * widest > head_rows * V ? N * widest : head_rows * V;
     const size_t per_layer[NPL] = {
-        N * C * 4,        N * 4,       N * C * cd,  N * QD * 4,
+        Ns * C * 4,       Ns * 4,      Ns * C * cd, N * QD * 4,
         N * KD * 4,       N * VD * 4,  N * OD * 4,  (size_t)B * d->H * T * 4,
-        N * OD * cd,      N * C * 4,   N * 4,       N * C * cd,
+        N * OD * cd,      Ns * C * 4,  Ns * 4,      Ns * C * cd,
         N * F * 4,        N * F * 4,   N * F * cd,  N * Rq * 4,
         N * 4 * (Rq > 0), N * Rq * cd, N * Rkv * 4, N * 4 * (Rkv > 0),
         N * Rkv * cd,
     };
     const size_t tail[NTAIL] = {
-        N * C * 4,
-        N * 4,
-        N * C * cd,
+        Ns * C * 4,
+        Ns * 4,
+        Ns * C * cd,
         (size_t)(head_rows * V) * 4,
         N * 4,
         N * 4, /* resid_final .. logits, inputs, targets */
-        N * C * 4,
+        Ns * C * 4,
         N * C * 4,
         N * OD * 4,
         N * QD * 4,
@@ -535,6 +550,10 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         (size_t)head_rows * 4 * (d->tp_size > 1),
         (size_t)head_rows * 4 * (d->tp_size > 1),
         (size_t)head_rows * 16 * (d->tp_size > 1), /* tensor parallelism: tp_max, tp_picked, tp_sums */
+        N * C * cd * sp,
+        N * C * 4 * sp,
+        Ns * C * 4 * sp,
+        C * 4 * sp, /* sequence parallelism: ln_full, d_full, red, dnorm */
     };
     memcpy(p->per_layer, per_layer, sizeof(per_layer));
     memcpy(p->tail, tail, sizeof(tail));
@@ -597,8 +616,9 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
      * and sized again when it changes (ht_model_set_compute). */
     const size_t cd = ht_dtype_size(d->embed->compute_dtype);
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
+    const bool sp = sequence_parallel(m, d);
     if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
-        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows)
+        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows && d->sp == sp)
         return HT_OK;
     ht_kernels()->free(d->act_block);
     d->act_block = NULL;
@@ -675,6 +695,10 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->tp_max = ht_arena_take(&arena, tail[26]);
     d->tp_picked = ht_arena_take(&arena, tail[27]);
     d->tp_sums = ht_arena_take(&arena, tail[28]);
+    d->ln_full = ht_arena_take(&arena, tail[29]);
+    d->d_full = ht_arena_take(&arena, tail[30]);
+    d->red = ht_arena_take(&arena, tail[31]);
+    d->dnorm = ht_arena_take(&arena, tail[32]);
     d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
     d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
     d->lora_x = ht_arena_take(&arena, lora_tail[2]);
@@ -685,6 +709,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->sized_generation = m->recompute_generation;
     d->sized_cd = cd;
     d->head_rows = head_rows;
+    d->sp = sp;
     d->activation_bytes = plan.total;
     return HT_OK;
 }
@@ -723,11 +748,51 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
     return dy_cd;
 }
 
-/* Tensor parallelism: x (n) <- its sum over the group (a row-parallel
- * product, the embedding's rows, a column-parallel input's gradient).
- * Nothing without it. */
-static void tp_sum(const decoder *d, float *x, int64_t n) {
-    if (d->tp_size > 1) d->tp->sum(d->tp->ctx, x, n);
+/* Tensor parallelism's three exchanges (docs/DESIGN.md, Tensor
+ * parallelism), each nothing without it. tp_gather_input: a column-parallel
+ * product's input, a norm's output of the residual stream's rows (cd), at
+ * every token: under sequence parallelism gathered over the group into
+ * ln_full, otherwise x itself. tp_reduce: a row-parallel product's partial
+ * sums y (N, C), and a column-parallel input's gradient, completed: summed
+ * over the group in place (returns y), or under sequence parallelism
+ * reduce-scattered to this rank's Ns rows (returns red). tp_gather_grad:
+ * the residual stream's gradient (Ns, C) at every token (d_full), or g itself. */
+static const void *tp_gather_input(const decoder *d, const void *x) {
+    if (!d->sp) return x;
+    const size_t bytes = (size_t)(d->Ns * d->C) * ht_dtype_size(d->embed->compute_dtype);
+    d->tp->all_gather(d->tp->ctx, x, d->ln_full, (int64_t)bytes);
+    return d->ln_full;
+}
+
+static float *tp_reduce(const decoder *d, float *y) {
+    if (d->tp_size <= 1) return y;
+    if (!d->sp) {
+        d->tp->sum(d->tp->ctx, y, d->Ns * d->C);
+        return y;
+    }
+    d->tp->reduce_scatter(d->tp->ctx, y, d->red, d->Ns * d->C);
+    return d->red;
+}
+
+static const float *tp_gather_grad(const decoder *d, const float *g) {
+    if (!d->sp) return g;
+    d->tp->all_gather(d->tp->ctx, g, d->d_full, d->Ns * d->C * (int64_t)sizeof(float));
+    return d->d_full;
+}
+
+/* rmsnorm_backward over the residual stream's rows into dx, and w's
+ * gradient: under sequence parallelism each rank's rows give a part of it,
+ * summed over the group (in rank order) before it is added. */
+static void norm_backward(const decoder *d, float *dx, const ht_param *w, const float *dout, const float *x,
+                          const float *rstd) {
+    const ht_kernel_ops *K = ht_kernels();
+    float *dw = d->sp && w->grad ? d->dnorm : w->grad;
+    if (dw && dw != w->grad) K->zero(dw, (size_t)d->C * sizeof(float));
+    K->rmsnorm_backward(dx, dw, dout, x, w->compute, w->compute_dtype, rstd, d->Ns, d->C);
+    if (dw && dw != w->grad) {
+        d->tp->sum(d->tp->ctx, dw, d->C);
+        K->accumulate(w->grad, dw, d->C);
+    }
 }
 
 /* ------------------------------------------------------------------ LoRA */
@@ -952,17 +1017,19 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     const float eps = (float)m->config.rms_norm_eps;
     layer_params *p = &d->layers[l];
     layer_acts *a = &d->acts[l];
-    ht_kernels()->rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, N, C, eps);
-    ht_kernels()->round_to(a->ln1, (size_t)(N * C), round);
+    const int64_t Ns = d->Ns; /* the residual stream's rows: N, or this rank's share (sequence parallelism) */
+    ht_kernels()->rmsnorm_forward(a->ln1, cd, a->rstd1, a->resid, p->ln1->compute, p->ln1->compute_dtype, Ns, C, eps);
+    ht_kernels()->round_to(a->ln1, (size_t)(Ns * C), round);
     if (d->mla) {
         mla_forward(d, l, a, N, cd, round);
     } else {
-        linear_forward(a->q, a->ln1, p->q_w, p->q_b, N);
-        lora_forward(d, l, LIN_Q, a->q, a->ln1, N);
-        linear_forward(a->k, a->ln1, p->k_w, p->k_b, N);
-        lora_forward(d, l, LIN_K, a->k, a->ln1, N);
-        linear_forward(a->v, a->ln1, p->v_w, p->v_b, N);
-        lora_forward(d, l, LIN_V, a->v, a->ln1, N);
+        const void *x = tp_gather_input(d, a->ln1);
+        linear_forward(a->q, x, p->q_w, p->q_b, N);
+        lora_forward(d, l, LIN_Q, a->q, x, N);
+        linear_forward(a->k, x, p->k_w, p->k_b, N);
+        lora_forward(d, l, LIN_K, a->k, x, N);
+        linear_forward(a->v, x, p->v_w, p->v_b, N);
+        lora_forward(d, l, LIN_V, a->v, x, N);
         const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
         ht_kernels()->rope_forward(a->q, d->rope_cos, d->rope_sin, B, T, &lq);
         ht_kernels()->rope_forward(a->k, d->rope_cos, d->rope_sin, B, T, &lk);
@@ -972,35 +1039,35 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
     lora_forward(d, l, LIN_O, d->dln, a->att, N);
-    tp_sum(d, d->dln, N * C);
-    ht_kernels()->add(a->resid_mid, a->resid, d->dln, N * C);
-    ht_kernels()->rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, N, C,
+    ht_kernels()->add(a->resid_mid, a->resid, tp_reduce(d, d->dln), Ns * C);
+    ht_kernels()->rmsnorm_forward(a->ln2, cd, a->rstd2, a->resid_mid, p->ln2->compute, p->ln2->compute_dtype, Ns, C,
                                   eps);
-    ht_kernels()->round_to(a->ln2, (size_t)(N * C), round);
-    if (p->sparse >= 0) {
-        ht_moe_forward(d->moe, p->sparse, d->dln, a->ln2, N, round);
-        if (next) ht_kernels()->add(next, a->resid_mid, d->dln, N * C);
+    ht_kernels()->round_to(a->ln2, (size_t)(Ns * C), round);
+    if (p->sparse >= 0) { /* token by token: on the residual stream's rows */
+        ht_moe_forward(d->moe, p->sparse, d->dln, a->ln2, Ns, round);
+        if (next) ht_kernels()->add(next, a->resid_mid, d->dln, Ns * C);
         return;
     }
-    linear_forward(a->gate, a->ln2, p->gate_w, NULL, N);
-    lora_forward(d, l, LIN_GATE, a->gate, a->ln2, N);
-    linear_forward(a->up, a->ln2, p->up_w, NULL, N);
-    lora_forward(d, l, LIN_UP, a->up, a->ln2, N);
+    const void *x = tp_gather_input(d, a->ln2);
+    linear_forward(a->gate, x, p->gate_w, NULL, N);
+    lora_forward(d, l, LIN_GATE, a->gate, x, N);
+    linear_forward(a->up, x, p->up_w, NULL, N);
+    lora_forward(d, l, LIN_UP, a->up, x, N);
     ht_kernels()->swiglu_forward(a->h, cd, a->gate, a->up, N * F);
     ht_kernels()->round_to(a->h, (size_t)(N * F), round);
     linear_forward(d->dln, a->h, p->down_w, NULL, N);
     lora_forward(d, l, LIN_DOWN, d->dln, a->h, N);
-    tp_sum(d, d->dln, N * C);
-    if (next) ht_kernels()->add(next, a->resid_mid, d->dln, N * C);
+    const float *y = tp_reduce(d, d->dln);
+    if (next) ht_kernels()->add(next, a->resid_mid, y, Ns * C);
 }
 
-/* The logits of tokens [r0, r0 + n) into d->logits. fsdp_config.mix_precision.output_dtype:
+/* The logits of tokens [r0, r0 + n) of lnf (every token's) into d->logits. fsdp_config.mix_precision.output_dtype:
  * they leave the model in that precision; the loss reads them in FP32 (the
  * backward pass treats the rounding as the identity). */
-static void head_forward(const ht_model *m, decoder *d, int64_t r0, int64_t n) {
+static void head_forward(const ht_model *m, decoder *d, const void *lnf, int64_t r0, int64_t n) {
     const int64_t C = d->C, V = d->V;
     const size_t row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
-    linear_forward(d->logits, (const char *)d->lnf + (size_t)r0 * row, d->head, NULL, n);
+    linear_forward(d->logits, (const char *)lnf + (size_t)r0 * row, d->head, NULL, n);
     if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16)
         ht_kernels()->round_to(d->logits, (size_t)(n * V), m->output_dtype);
 }
@@ -1099,9 +1166,15 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
             return ht_fail(err, HT_ERR_INVALID, "target token %d at position %lld is outside the vocabulary [0, %lld)",
                            targets[n], (long long)n, (long long)Vg);
     }
+    if (sequence_parallel(m, d) && N % d->tp_size != 0)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "forward: %lld tokens (batch %d x %d) do not split over the %d ranks of sequence parallelism",
+                       (long long)N, B, T, d->tp_size);
+    d->Ns = sequence_parallel(m, d) ? N / d->tp_size : N;
+    const int64_t Ns = d->Ns;
     ht_status s = size_activations(m, d, B, T, err);
     if (s == HT_OK) s = prepare_context(m, d, T, err);
-    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, N, &m->experts, err);
+    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, err);
     if (s != HT_OK) return s;
     m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe) + ht_cp_attention_bytes(d->cp) +
                           (d->cp ? 2 * (size_t)d->cp_T * (size_t)(d->rope_dim / 2) * sizeof(float) : 0);
@@ -1113,31 +1186,37 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     const float eps = (float)m->config.rms_norm_eps;
 
     /* Token embedding into the FP32 residual stream. */
+    /* Token embedding into the FP32 residual stream: each token's row is on
+     * the rank of its vocabulary slice (tensor parallelism), summed over the
+     * group into the residual stream's rows. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
-    ht_kernels()->embedding_forward(d->acts[0].resid, d->embed->compute, cd, inputs, N, C, d->v0, V);
-    tp_sum(d, d->acts[0].resid, N * C); /* each token's row is on the rank of its vocabulary slice */
+    float *embedded = d->sp ? d->dln : d->acts[0].resid;
+    ht_kernels()->embedding_forward(embedded, d->embed->compute, cd, inputs, N, C, d->v0, V);
+    const float *rows = tp_reduce(d, embedded);
+    if (rows != d->acts[0].resid) ht_kernels()->copy(d->acts[0].resid, rows, (size_t)(Ns * C) * sizeof(float));
     ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
 
     for (int l = 0; l < d->L; l++) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_FORWARD);
-        cast_input(m, MOD_LAYER(l), d->acts[l].resid, N * C);
+        cast_input(m, MOD_LAYER(l), d->acts[l].resid, Ns * C);
         layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
-    cast_input(m, MOD_NORM(d), d->resid_final, N * C);
-    ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, N, C,
+    cast_input(m, MOD_NORM(d), d->resid_final, Ns * C);
+    ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, Ns, C,
                                   eps);
-    ht_kernels()->round_to(d->lnf, (size_t)(N * C), round);
+    ht_kernels()->round_to(d->lnf, (size_t)(Ns * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
     ht_kernels()->upload(d->inputs, inputs, (size_t)N * sizeof(int32_t)); /* the caller's, host memory */
     if (targets) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
     d->target_count = 0;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     double sum = 0.0, mean = NAN;
+    const void *lnf = tp_gather_input(d, d->lnf); /* every token's final norm */
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
-        head_forward(m, d, r0, n);
+        head_forward(m, d, lnf, r0, n);
         if (!targets) continue;
         int64_t count = 0;
         if (d->tp_size > 1) {
@@ -1186,21 +1265,21 @@ static void decoder_backward(ht_model *m, float scale) {
     /* Loss -> logits -> final norm. */
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
     const size_t lnf_row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
+    const void *lnf = tp_gather_input(d, d->lnf); /* every token's final norm again */
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
-        if (d->head_rows < N) head_forward(m, d, r0, n); /* chunks: the logits again, the same bits */
+        if (d->head_rows < N) head_forward(m, d, lnf, r0, n); /* chunks: the logits again, the same bits */
         /* dlogits (n, V), from the forward's row statistics (the same logits, bit for bit). */
         ht_kernels()->cross_entropy_backward(d->logits, d->targets + r0, n, V, d->v0, loss_scale,
                                              d->target_count ? d->softmax_rows + r0 : NULL);
-        (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)d->lnf + (size_t)r0 * lnf_row, d->head,
+        (void)linear_backward(d, d->dln + r0 * C, 0.0f, d->logits, (const char *)lnf + (size_t)r0 * lnf_row, d->head,
                               NULL, n);
     }
-    tp_sum(d, d->dln, N * C); /* every vocabulary slice's share of the final norm's gradient */
+    const float *dnorm_out = tp_reduce(d, d->dln); /* every vocabulary slice's share of the final norm's gradient */
     ht_model_event(m, MOD_HEAD(d), HT_AFTER_BACKWARD);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_BACKWARD);
-    ht_kernels()->zero(d->dresid, (size_t)(N * C) * sizeof(float));
-    ht_kernels()->rmsnorm_backward(d->dresid, d->norm->grad, d->dln, d->resid_final, d->norm->compute,
-                                   d->norm->compute_dtype, d->rstdf, N, C);
+    ht_kernels()->zero(d->dresid, (size_t)(d->Ns * C) * sizeof(float));
+    norm_backward(d, d->dresid, d->norm, dnorm_out, d->resid_final, d->rstdf);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_BACKWARD);
 
     for (int l = d->L - 1; l >= 0; l--) {
@@ -1213,22 +1292,23 @@ static void decoder_backward(ht_model *m, float scale) {
         layer_acts *a = &d->acts[l];
         /* MLP block: next = resid_mid + down(silu(gate) * up). dresid flows to resid_mid unchanged. */
         const void *dy;
-        if (p->sparse >= 0) {
-            ht_moe_backward(d->moe, p->sparse, d->dln, d->dresid, a->ln2, N, aux_scale, round);
+        const float *dx = d->dln;
+        if (p->sparse >= 0) { /* token by token: on the residual stream's rows */
+            ht_moe_backward(d->moe, p->sparse, d->dln, d->dresid, a->ln2, d->Ns, aux_scale, round);
         } else {
-            dy = linear_backward(d, d->dh, 0.0f, d->dresid, a->h, p->down_w, NULL, N);
+            dy = linear_backward(d, d->dh, 0.0f, tp_gather_grad(d, d->dresid), a->h, p->down_w, NULL, N);
             lora_backward(d, l, LIN_DOWN, d->dh, dy, a->h, N);
             ht_kernels()->swiglu_backward(d->dgate, d->dup, d->dh, a->gate, a->up, N * d->F);
-            dy = linear_backward(d, d->dln, 0.0f, d->dgate, a->ln2, p->gate_w, NULL, N);
-            lora_backward(d, l, LIN_GATE, d->dln, dy, a->ln2, N);
-            dy = linear_backward(d, d->dln, 1.0f, d->dup, a->ln2, p->up_w, NULL, N);
-            lora_backward(d, l, LIN_UP, d->dln, dy, a->ln2, N);
-            tp_sum(d, d->dln, N * C);
+            const void *x = tp_gather_input(d, a->ln2);
+            dy = linear_backward(d, d->dln, 0.0f, d->dgate, x, p->gate_w, NULL, N);
+            lora_backward(d, l, LIN_GATE, d->dln, dy, x, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dup, x, p->up_w, NULL, N);
+            lora_backward(d, l, LIN_UP, d->dln, dy, x, N);
+            dx = tp_reduce(d, d->dln);
         }
-        ht_kernels()->rmsnorm_backward(d->dresid, p->ln2->grad, d->dln, a->resid_mid, p->ln2->compute,
-                                       p->ln2->compute_dtype, a->rstd2, N, C);
+        norm_backward(d, d->dresid, p->ln2, dx, a->resid_mid, a->rstd2);
         /* Attention block: resid_mid = resid + o_proj(attention(q, k, v)). */
-        dy = linear_backward(d, d->datt, 0.0f, d->dresid, a->att, p->o_w, NULL, N);
+        dy = linear_backward(d, d->datt, 0.0f, tp_gather_grad(d, d->dresid), a->att, p->o_w, NULL, N);
         lora_backward(d, l, LIN_O, d->datt, dy, a->att, N);
         const ht_attention_shape shape = attention_shape(d);
         if (d->cp)
@@ -1243,22 +1323,23 @@ static void decoder_backward(ht_model *m, float scale) {
             const ht_rope_layout lq = rope_q(d), lk = rope_k(d);
             ht_kernels()->rope_backward(d->dq, d->rope_cos, d->rope_sin, B, T, &lq);
             ht_kernels()->rope_backward(d->dk, d->rope_cos, d->rope_sin, B, T, &lk);
-            dy = linear_backward(d, d->dln, 0.0f, d->dq, a->ln1, p->q_w, p->q_b, N);
-            lora_backward(d, l, LIN_Q, d->dln, dy, a->ln1, N);
-            dy = linear_backward(d, d->dln, 1.0f, d->dk, a->ln1, p->k_w, p->k_b, N);
-            lora_backward(d, l, LIN_K, d->dln, dy, a->ln1, N);
-            dy = linear_backward(d, d->dln, 1.0f, d->dv, a->ln1, p->v_w, p->v_b, N);
-            lora_backward(d, l, LIN_V, d->dln, dy, a->ln1, N);
-            tp_sum(d, d->dln, N * C);
+            const void *x = tp_gather_input(d, a->ln1);
+            dy = linear_backward(d, d->dln, 0.0f, d->dq, x, p->q_w, p->q_b, N);
+            lora_backward(d, l, LIN_Q, d->dln, dy, x, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dk, x, p->k_w, p->k_b, N);
+            lora_backward(d, l, LIN_K, d->dln, dy, x, N);
+            dy = linear_backward(d, d->dln, 1.0f, d->dv, x, p->v_w, p->v_b, N);
+            lora_backward(d, l, LIN_V, d->dln, dy, x, N);
         }
-        ht_kernels()->rmsnorm_backward(d->dresid, p->ln1->grad, d->dln, a->resid, p->ln1->compute,
-                                       p->ln1->compute_dtype, a->rstd1, N, C);
+        norm_backward(d, d->dresid, p->ln1, tp_reduce(d, d->dln), a->resid, a->rstd1);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_BACKWARD);
     }
 
-    /* Embedding: scatter-add rows. Threads split the columns so no two write the same float. */
+    /* Embedding: scatter-add rows (every token's gradient, into this rank's
+     * vocabulary slice). Threads split the columns so no two write the same float. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
-    if (d->embed->grad) ht_kernels()->embedding_backward(d->embed->grad, d->dresid, d->inputs, N, C, d->v0, V);
+    if (d->embed->grad)
+        ht_kernels()->embedding_backward(d->embed->grad, tp_gather_grad(d, d->dresid), d->inputs, N, C, d->v0, V);
     ht_model_event(m, MOD_EMBED, HT_AFTER_BACKWARD);
 }
 

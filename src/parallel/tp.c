@@ -10,7 +10,21 @@ static void sum(void *ctx, float *buf, int64_t n) { ht_all_reduce_f32(ctx, buf, 
 static void max(void *ctx, float *buf, int64_t n) { ht_all_reduce_f32(ctx, buf, n, HT_REDUCE_MAX); }
 static void sum_f64(void *ctx, double *buf, int64_t n) { ht_all_reduce_f64(ctx, buf, n, HT_REDUCE_SUM); }
 
-ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err) {
+static void all_gather(void *ctx, const void *send, void *recv, int64_t bytes) {
+    ht_comm *c = ctx;
+    int64_t each[c->size];
+    for (int r = 0; r < c->size; r++) each[r] = bytes;
+    ht_all_gather(c, send, recv, each);
+}
+
+static void reduce_scatter(void *ctx, const float *send, float *recv, int64_t n) {
+    ht_comm *c = ctx;
+    int64_t counts[c->size];
+    for (int r = 0; r < c->size; r++) counts[r] = n;
+    ht_reduce_scatter_f32(c, send, recv, counts);
+}
+
+ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, ht_error *err) {
     const int size = m->tensor.size > 1 ? m->tensor.size : 1;
     if (group->size != size || (size > 1 && group->rank != m->tensor.rank))
         return ht_fail(err, HT_ERR_INVALID,
@@ -21,6 +35,9 @@ ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, ht_error *err) 
     m->tensor.sum = sum;
     m->tensor.max = max;
     m->tensor.sum_f64 = sum_f64;
+    m->tensor.sequence = sequence;
+    m->tensor.all_gather = all_gather;
+    m->tensor.reduce_scatter = reduce_scatter;
     m->tensor.ctx = group;
     return HT_OK;
 }

@@ -155,7 +155,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                                    .tp_rank = t->tp_comm->rank,
                                    .tp_size = t->tp_comm->size};
     s = ht_model_build_parallel(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, &at, &t->model, err);
-    if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->tp_comm, err);
+    if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->tp_comm, c->parallel.sequence_parallel, err);
     if (s != HT_OK) return s;
     if (c->model.from_pretrained[0]) {
         s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
@@ -215,12 +215,17 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         double global = 0;
         for (int i = 0; i < t->model->params.count; i++)
             global += (double)ht_param_global_numel(&t->model->params.items[i]);
-        ht_log_info("Tensor parallel %d (Megatron's layout; no sequence parallelism: every rank of the group "
-                    "holds the whole hidden states): q/k/v, gate and up split by output rows (whole heads, %d of "
-                    "%d here), o_proj and down by input columns, the embedding and the LM head by vocabulary (a "
-                    "vocabulary-parallel cross-entropy), the norms whole on every rank; this rank's slices hold "
-                    "%.2fM of the model's %.2fM values",
-                    t->tp_size, a->num_attention_heads / t->tp_size, a->num_attention_heads,
+        ht_log_info("Tensor parallel %d (Megatron's layout; %s): q/k/v, gate and up split by output rows "
+                    "(whole heads, %d of %d here), o_proj and down by input columns, the embedding and the LM head "
+                    "by vocabulary (a vocabulary-parallel cross-entropy), the norms whole on every rank; this "
+                    "rank's slices hold %.2fM of the model's %.2fM values",
+                    t->tp_size,
+                    c->parallel.sequence_parallel
+                        ? "sequence parallel: the residual stream and the norms hold 1/TP of the tokens, gathered "
+                          "before each column-parallel pair and reduce-scattered after each row-parallel product"
+                        : "no sequence parallelism: every rank of the group holds the whole hidden states, "
+                          "all-reduced after each row-parallel product",
+                    a->num_attention_heads / t->tp_size, a->num_attention_heads,
                     (double)ht_params_total_numel(&t->model->params) / 1e6, global / 1e6);
     }
     if (t->sharded)
@@ -906,6 +911,8 @@ static void log_not_applicable(const ht_config *c) {
         {"parallel.ep_plan.apply_modules", c->parallel.expert_parallel_size > 1,
          "it applies with parallel.expert_parallel_size > 1 (1 here)"},
         {"model.recompute_plan.apply_modules", c->model.recompute, "it applies with model.recompute true"},
+        {"parallel.sequence_parallel", c->parallel.tensor_parallel_size > 1,
+         "it applies with parallel.tensor_parallel_size > 1 (1 here)"},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         int line;
