@@ -2127,6 +2127,12 @@ static int tensor_parallel_rank(void) {
         }
         ht_model_backward(one, 1.0f);
         ht_model_backward(tp, 1.0f);
+        /* Sequence parallelism: a param held whole has each rank's tokens' part of its gradient, which the
+         * trainer sums over the group after backward. */
+        for (int i = 0; sequence && i < tp->params.count; i++) {
+            ht_param *p = &tp->params.items[i];
+            if (p->tp_dim < 0) ht_all_reduce_f32(comm, p->main_grad, ht_param_local_numel(p), HT_REDUCE_SUM);
+        }
         worst_loss = fmax(worst_loss, fabs((double)loss_tp - loss_one) / fabs((double)loss_one));
         for (int i = 0; i < tp->params.count; i++) {
             const ht_param *p = &tp->params.items[i], *q = ht_params_find(&one->params, p->name);

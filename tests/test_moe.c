@@ -603,7 +603,7 @@ static void check_block(const ds_block *b, ht_dtype dtype, uint64_t seed, double
     assert_ptr_equal(mp->bias, bias);
     assert_null(mp->sh_expert_gate);
     assert_true((mp->sh_gate != NULL) == (b->shared > 0));
-    assert_ht_ok(ht_moe_begin(moe, N, NULL, &err), &err);
+    assert_ht_ok(ht_moe_begin(moe, N, NULL, NULL, &err), &err);
 
     /* x and dy; x as the compute dtype holds it. */
     const size_t es = ht_dtype_size(dtype);

@@ -225,11 +225,18 @@ typedef struct ht_tensor_parallel {
      * before a column-parallel product (all_gather: each rank's `bytes` of
      * send side by side in recv), and a row-parallel product's partial sums
      * are summed onto each rank's rows (reduce_scatter: send (size x n), recv
-     * (n) <- the sum over the ranks of their block `rank`, in rank order). */
+     * (n) <- the sum over the ranks of their block `rank`, in rank order).
+     * A param the group holds whole (ht_param.tp_dim < 0) then gets from
+     * each rank its tokens' part of its gradient: the caller sums them over
+     * the group after backward (the trainer does, once a step). */
     bool sequence;
     void (*all_gather)(void *ctx, const void *send, void *recv, int64_t bytes);
     void (*reduce_scatter)(void *ctx, const float *send, float *recv, int64_t n);
     void *ctx;
+    void *owned; /* parallel/'s state behind ctx (ht_alloc), freed with the model */
+    /* Since last zeroed: the seconds in those collectives (they block: the
+     * layers wait for them), and the bytes each rank sent in them. */
+    double seconds, bytes;
 } ht_tensor_parallel;
 
 /* The ranks of a context-parallel group (1: none). */

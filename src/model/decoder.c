@@ -141,9 +141,9 @@ typedef struct decoder {
     double *tp_sums;
     /* sequence parallelism: a norm's output gathered to every row (N, C) cd,
      * the residual stream's gradient gathered (N, C), a row-parallel
-     * product's rows of this rank (Ns, C), a norm weight's partial gradient (C) */
+     * product's rows of this rank (Ns, C) */
     void *ln_full;
-    float *d_full, *red, *dnorm;
+    float *d_full, *red;
     int threads;
     /* model.lora */
     int lora_rank;
@@ -491,7 +491,7 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 /* The bytes of every activation buffer for (B, T) with matmul operands of
  * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
  * scratch. The total is what size_activations allocates. */
-enum { NPL = 21, NTAIL = 33, NLORA = 4 };
+enum { NPL = 21, NTAIL = 32, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
     bool shared; /* model.recompute: the recomputed layers share one set of buffers */
@@ -552,8 +552,7 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         (size_t)head_rows * 16 * (d->tp_size > 1), /* tensor parallelism: tp_max, tp_picked, tp_sums */
         N * C * cd * sp,
         N * C * 4 * sp,
-        Ns * C * 4 * sp,
-        C * 4 * sp, /* sequence parallelism: ln_full, d_full, red, dnorm */
+        Ns * C * 4 * sp, /* sequence parallelism: ln_full, d_full, red */
     };
     memcpy(p->per_layer, per_layer, sizeof(per_layer));
     memcpy(p->tail, tail, sizeof(tail));
@@ -698,7 +697,6 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->ln_full = ht_arena_take(&arena, tail[29]);
     d->d_full = ht_arena_take(&arena, tail[30]);
     d->red = ht_arena_take(&arena, tail[31]);
-    d->dnorm = ht_arena_take(&arena, tail[32]);
     d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
     d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
     d->lora_x = ht_arena_take(&arena, lora_tail[2]);
@@ -781,18 +779,11 @@ static const float *tp_gather_grad(const decoder *d, const float *g) {
 }
 
 /* rmsnorm_backward over the residual stream's rows into dx, and w's
- * gradient: under sequence parallelism each rank's rows give a part of it,
- * summed over the group (in rank order) before it is added. */
+ * gradient: under sequence parallelism this rank's tokens' part of it (the
+ * group's parts are summed above the model: ht_tensor_parallel). */
 static void norm_backward(const decoder *d, float *dx, const ht_param *w, const float *dout, const float *x,
                           const float *rstd) {
-    const ht_kernel_ops *K = ht_kernels();
-    float *dw = d->sp && w->grad ? d->dnorm : w->grad;
-    if (dw && dw != w->grad) K->zero(dw, (size_t)d->C * sizeof(float));
-    K->rmsnorm_backward(dx, dw, dout, x, w->compute, w->compute_dtype, rstd, d->Ns, d->C);
-    if (dw && dw != w->grad) {
-        d->tp->sum(d->tp->ctx, dw, d->C);
-        K->accumulate(w->grad, dw, d->C);
-    }
+    ht_kernels()->rmsnorm_backward(dx, w->grad, dout, x, w->compute, w->compute_dtype, rstd, d->Ns, d->C);
 }
 
 /* ------------------------------------------------------------------ LoRA */
@@ -1174,7 +1165,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     const int64_t Ns = d->Ns;
     ht_status s = size_activations(m, d, B, T, err);
     if (s == HT_OK) s = prepare_context(m, d, T, err);
-    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, err);
+    if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, d->tp_size > 1 ? d->tp : NULL, err);
     if (s != HT_OK) return s;
     m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe) + ht_cp_attention_bytes(d->cp) +
                           (d->cp ? 2 * (size_t)d->cp_T * (size_t)(d->rope_dim / 2) * sizeof(float) : 0);
@@ -1237,7 +1228,9 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     if (loss) *loss = targets ? (float)mean : NAN;
     m->aux_loss = NAN;
     if (d->moe && m->config.moe.output_router_logits) {
-        if (d->cp) ht_moe_sum_routing(d->moe, &m->context); /* the sequences' sums, not this rank's share's */
+        /* the sequences' sums, not this rank's share's */
+        if (d->cp) ht_moe_sum_routing(d->moe, m->context.sum, m->context.group_ctx);
+        if (d->sp) ht_moe_sum_routing(d->moe, d->tp->sum_f64, d->tp->ctx);
         m->aux_loss = (float)ht_moe_aux_loss(d->moe);
         if (loss && targets) *loss = (float)(*loss + m->config.moe.router_aux_loss_coef * m->aux_loss);
     }
@@ -1411,7 +1404,9 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
     d->H /= size;
     d->KV /= size;
     d->KVh = d->KV;
-    d->F = (int)d->layers[0].gate_w->shape[0]; /* every dense layer's slice: the same split of the same width */
+    int64_t f0, f1; /* every dense layer's slice of the MLP width: ht_param_split's */
+    ht_param_rows_of(c->intermediate_size, rank, size, &f0, &f1);
+    d->F = (int)(f1 - f0);
     d->V = (int)d->embed->shape[0];
     d->v0 = d->embed->tp_offset;
     d->tp = &m->tensor;

@@ -47,8 +47,8 @@ typedef struct moe_acts {
     void *xs;       /* (A, C) cd each row's input */
     float *ye;      /* (A, C) each row's expert output, before its weight */
     float *z;       /* (N) the shared expert gate's logit */
-    float *sg, *su; /* (N, S) the shared expert's gate and up products */
-    void *sh;       /* (N, S) cd */
+    float *sg, *su; /* (Nall, S) the shared expert's gate and up products (every token's: Nall) */
+    void *sh;       /* (Nall, S) cd */
     float *so;      /* (N, C) the shared expert's output, before its gate */
     /* the experts' side: the R rows this rank's experts receive, by local
      * expert, then by source rank (without expert parallelism: the rows
@@ -76,7 +76,20 @@ struct ht_moe {
     ht_expert_parallel *ep; /* NULL: every expert here */
     int P, El, e0;          /* the group's size, the experts per rank, this rank's first */
     int64_t N, cap;         /* the tokens the buffers hold, and the most rows the experts can receive */
-    size_t cd;              /* the compute dtype's size they were carved for */
+    /* Tensor parallelism (NULL: none): the shared expert is a dense MLP in
+     * Megatron's layout (S above is this rank's slice of its width), the
+     * router and the routed experts whole, token by token on the rows the
+     * block is given. Under sequence parallelism those are this rank's
+     * N of the group's Nall tokens: the shared expert's input is gathered
+     * to every token (x_all) and its output reduce-scattered back; without
+     * it Nall = N and the output is summed over the group. */
+    const ht_tensor_parallel *tp;
+    int64_t Nall;
+    void *x_all;    /* (Nall, C) cd (sequence parallelism) */
+    float *so_all;  /* (Nall, C) the shared expert's partial output (sequence parallelism) */
+    float *dso_all; /* (Nall, C) its output's gradient at every token (sequence parallelism) */
+    float *dx_sh;   /* (Nall, C) the partial gradient of its input (tensor parallelism) */
+    size_t cd;      /* the compute dtype's size they were carved for */
     void *block;
     size_t bytes;
     /* this forward's load-balancing sums over every sparse layer */
@@ -227,7 +240,7 @@ int64_t *ht_moe_expert_tokens(ht_moe *moe) { return moe ? moe->tokens : NULL; }
 
 /* ------------------------------------------------------------------ buffers */
 
-ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error *err) {
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_tensor_parallel *tp, ht_error *err) {
     memset(moe->count, 0, (size_t)moe->E * 2 * sizeof(double));
     moe->rows = 0;
     if (moe->layers == 0) return HT_OK;
@@ -244,17 +257,24 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     const ht_dtype cdt = moe->params[0].gate_up->compute_dtype, rdt = moe->params[0].router->compute_dtype;
     const size_t cd = ht_dtype_size(cdt);
     const bool widen = rdt != cdt; /* the router reads x in its own dtype */
-    if (moe->block && moe->N == N && moe->cd == cd && moe->P == P && (moe->xr != NULL) == widen) return HT_OK;
+    moe->tp = tp && tp->size > 1 ? tp : NULL;
+    const bool split = moe->tp != NULL, sp = split && moe->tp->sequence;
+    const int64_t Nall = sp ? N * moe->tp->size : N;
+    /* The shared expert's width here: its slice under tensor parallelism. */
+    if (moe->params[0].sh_gate) moe->S = (int)moe->params[0].sh_gate->shape[0];
+    if (moe->block && moe->N == N && moe->Nall == Nall && moe->cd == cd && moe->P == P && (moe->xr != NULL) == widen &&
+        (moe->dx_sh != NULL) == split)
+        return HT_OK;
     moe->P = P;
     ht_kernels()->free(moe->block);
     moe->block = NULL;
     const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
     /* Every rank of the group may send all its rows to one rank's experts. */
-    const int64_t cap = A * P;
+    const int64_t cap = A * P, rows = cap > Nall ? cap : Nall;
     int64_t wide = C > I ? C : I;
     wide = wide > S ? wide : S;
     wide = wide > E ? wide : E;
-    const size_t op = (size_t)((cap > N ? cap : N) * wide) * cd;
+    const size_t op = (size_t)(rows * wide) * cd;
     const bool own = P > 1; /* the experts' side has its own rows */
     const size_t per_layer[] = {
         (size_t)(N * E) * 4,
@@ -267,9 +287,9 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
         (size_t)(A * C) * cd,
         (size_t)(A * C) * 4,
         (size_t)N * 4,
-        (size_t)(N * S) * 4,
-        (size_t)(N * S) * 4,
-        (size_t)(N * S) * cd,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * cd,
         (size_t)(N * C) * 4, /* probs .. so */
         (size_t)(El + 1) * 8,
         (size_t)(P * El) * 8,
@@ -290,14 +310,18 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
         (size_t)(cap * C) * 4,
         own ? (size_t)(A * C) * 4 : 0,
         (size_t)(N * C) * 4,
-        (size_t)(N * S) * 4,
-        (size_t)(N * S) * 4,
-        (size_t)(N * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
         (size_t)N * 4,
         widen ? (size_t)(N * C) * ht_dtype_size(rdt) : 0,
         own ? (size_t)(cap * C) * 4 : 0,
         op,
         op,
+        sp ? (size_t)(Nall * C) * cd : 0,
+        sp ? (size_t)(Nall * C) * 4 : 0,
+        sp ? (size_t)(Nall * C) * 4 : 0,
+        split ? (size_t)(Nall * C) * 4 : 0, /* tensor parallelism: x_all, so_all, dso_all, dx_sh */
     };
     enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]), NS = sizeof(scratch) / sizeof(scratch[0]) };
     size_t total = 0;
@@ -351,7 +375,12 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error 
     moe->stage = own ? ht_arena_take(&arena, scratch[14]) : NULL;
     moe->op_a = ht_arena_take(&arena, scratch[15]);
     moe->op_b = ht_arena_take(&arena, scratch[16]);
+    moe->x_all = sp ? ht_arena_take(&arena, scratch[17]) : NULL;
+    moe->so_all = sp ? ht_arena_take(&arena, scratch[18]) : NULL;
+    moe->dso_all = sp ? ht_arena_take(&arena, scratch[19]) : NULL;
+    moe->dx_sh = split ? ht_arena_take(&arena, scratch[20]) : NULL;
     moe->N = N;
+    moe->Nall = Nall;
     moe->cap = cap;
     moe->cd = cd;
     moe->bytes = total;
@@ -489,6 +518,26 @@ static const void *router_input(ht_moe *moe, const ht_param *router, const void 
     return moe->xr;
 }
 
+/* The shared expert's input at every token: x, or (sequence parallelism) x gathered over the group. */
+static const void *shared_input(const ht_moe *moe, const void *x) {
+    if (!moe->x_all) return x;
+    const size_t bytes = (size_t)(moe->N * moe->C) * moe->cd;
+    moe->tp->all_gather(moe->tp->ctx, x, moe->x_all, (int64_t)bytes);
+    return moe->x_all;
+}
+
+/* Tensor parallelism: the shared expert's partial sums part (Nall, C)
+ * completed into out (N, C): summed over the group (part is out), or
+ * reduce-scattered onto this rank's rows. */
+static void shared_reduce(const ht_moe *moe, float *part, float *out) {
+    if (!moe->tp) return;
+    if (moe->tp->sequence)
+        moe->tp->reduce_scatter(moe->tp->ctx, part, out, moe->N * moe->C);
+    else
+        moe->tp->sum(moe->tp->ctx, part, moe->N * moe->C);
+    if (!moe->tp->sequence && part != out) ht_kernels()->copy(out, part, (size_t)(moe->N * moe->C) * sizeof(float));
+}
+
 void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, ht_dtype round) {
     const ht_moe_params *p = &moe->params[index];
     moe_acts *a = &moe->acts[index];
@@ -541,14 +590,19 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     }
     if (parallel(moe)) combine(moe, a, a->eye, a->ye, (size_t)C * sizeof(float));
 
-    /* The shared expert(s) and (qwen2_moe) its gate. */
+    /* The shared expert(s) (at every token, tensor parallelism's slice of
+     * their width) and (qwen2_moe) its gate (on this rank's rows). */
     if (p->sh_expert_gate) linear(a->z, x, p->sh_expert_gate, N);
     if (S > 0) {
-        linear(a->sg, x, p->sh_gate, N);
-        linear(a->su, x, p->sh_up, N);
-        ht_kernels()->swiglu_forward(a->sh, cd, a->sg, a->su, N * S);
-        ht_kernels()->round_to(a->sh, (size_t)(N * S), round);
-        linear(a->so, a->sh, p->sh_down, N);
+        const int64_t Na = moe->Nall;
+        const void *xa = shared_input(moe, x);
+        linear(a->sg, xa, p->sh_gate, Na);
+        linear(a->su, xa, p->sh_up, Na);
+        ht_kernels()->swiglu_forward(a->sh, cd, a->sg, a->su, Na * S);
+        ht_kernels()->round_to(a->sh, (size_t)(Na * S), round);
+        float *part = moe->so_all ? moe->so_all : a->so;
+        linear(part, a->sh, p->sh_down, Na);
+        shared_reduce(moe, part, a->so);
     }
 
     /* y = the weighted expert outputs, added in expert order as transformers
@@ -557,13 +611,13 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
                               S > 0 ? a->so : NULL, N, k, C);
 }
 
-void ht_moe_sum_routing(ht_moe *moe, const ht_context_parallel *cp) {
+void ht_moe_sum_routing(ht_moe *moe, void (*sum)(void *ctx, double *buf, int64_t n), void *ctx) {
     const int E = moe->E;
     double *sums = moe->count; /* count (E), then prob_sum (E), then the rows */
     double buf[2 * E + 1];
     memcpy(buf, sums, (size_t)(2 * E) * sizeof(double));
     buf[2 * E] = (double)moe->rows;
-    cp->sum(cp->group_ctx, buf, 2 * E + 1);
+    sum(ctx, buf, 2 * E + 1);
     memcpy(sums, buf, (size_t)(2 * E) * sizeof(double));
     moe->rows = (int64_t)buf[2 * E];
 }
@@ -601,14 +655,23 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
     ht_kernels()->moe_combine_backward(moe->dso, moe->dz, moe->dw, moe->dye, dy, a->ye, so, z, a->pos, a->weight, N, k,
                                        C);
     float beta = 0.0f; /* dx is written by its first product, then added to */
-    if (S > 0) {
-        const void *op = operand(moe->op_a, moe->dso, N * C, cd, round);
+    if (S > 0) {       /* at every token (Nall), the partial gradient of x completed over the group */
+        const int64_t Na = moe->Nall;
+        const float *dso = moe->dso;
+        if (moe->dso_all) {
+            moe->tp->all_gather(moe->tp->ctx, moe->dso, moe->dso_all, N * C * (int64_t)sizeof(float));
+            dso = moe->dso_all;
+        }
+        const void *op = operand(moe->op_a, dso, Na * C, cd, round);
         if (p->sh_down->grad)
-            ht_kernels()->gemm(true, false, C, S, N, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
-        ht_kernels()->gemm(false, false, N, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
-        ht_kernels()->swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, N * S);
-        linear_backward(dx, 0.0f, operand(moe->op_a, moe->dsg, N * S, cd, round), x, p->sh_gate, N);
-        linear_backward(dx, 1.0f, operand(moe->op_a, moe->dsu, N * S, cd, round), x, p->sh_up, N);
+            ht_kernels()->gemm(true, false, C, S, Na, 1.0f, op, C, a->sh, S, cd, 1.0f, p->sh_down->grad, S);
+        ht_kernels()->gemm(false, false, Na, S, C, 1.0f, op, C, p->sh_down->compute, S, cd, 0.0f, moe->dsh, S);
+        ht_kernels()->swiglu_backward(moe->dsg, moe->dsu, moe->dsh, a->sg, a->su, Na * S);
+        const void *xa = shared_input(moe, x);
+        float *dxa = moe->dx_sh ? moe->dx_sh : dx;
+        linear_backward(dxa, 0.0f, operand(moe->op_a, moe->dsg, Na * S, cd, round), xa, p->sh_gate, Na);
+        linear_backward(dxa, 1.0f, operand(moe->op_a, moe->dsu, Na * S, cd, round), xa, p->sh_up, Na);
+        shared_reduce(moe, dxa, dx);
         beta = 1.0f;
     }
     if (z) {

@@ -32,13 +32,15 @@ void ht_moe_bind(ht_moe *moe, int index, ht_param_store *ps, const char *module)
 const ht_moe_params *ht_moe_params_of(const ht_moe *moe, int index);
 /* Starts a forward of N tokens: buffers sized, the load-balancing sums
  * zeroed. ep: the model's expert parallelism (every expert here when its
- * size is <= 1). */
-ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, ht_error *err);
-/* Context parallelism: the load-balancing loss's sums (each expert's routed
- * rows and router probabilities, and the rows) over the context-parallel
- * group, after the last sparse layer's forward: the loss and its gradient
- * are then the whole sequences', the same on every rank of the group. */
-void ht_moe_sum_routing(ht_moe *moe, const ht_context_parallel *cp);
+ * size is <= 1). tp: the model's tensor parallelism (NULL or size <= 1:
+ * none): the shared expert a dense MLP in Megatron's layout, under
+ * sequence parallelism over every token of the group (N of them here). */
+ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_tensor_parallel *tp, ht_error *err);
+/* Context and sequence parallelism: the load-balancing loss's sums (each
+ * expert's routed rows and router probabilities, and the rows) summed over
+ * a group with `sum` (in rank order) after the last sparse layer's forward:
+ * the loss is then the whole sequences', the same on every rank of it. */
+void ht_moe_sum_routing(ht_moe *moe, void (*sum)(void *ctx, double *buf, int64_t n), void *ctx);
 /* y (N, C) FP32 = the block of sparse layer `index` applied to x (N, C) in
  * the compute dtype (x as the GEMMs read it); keeps what backward reads.
  * `round` is the precision FP32 operands are rounded to (F32: none). */

@@ -604,5 +604,7 @@ void ht_model_reset_attn_max(ht_model *m) {
 }
 
 void ht_model_free(ht_model *m) {
-    if (m) m->ops->free(m);
+    if (!m) return;
+    ht_free(m->tensor.owned);
+    m->ops->free(m);
 }

@@ -488,6 +488,15 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     cp->all_to_all_seconds / n, flight / n,
                     flight > 0 ? 100.0 * fmax(0.0, 1.0 - cp->ring_waited_seconds / flight) : 0.0);
     }
+    if (t->tp_size > 1 && t->step > first_step) {
+        /* Rank 0's, evaluation forwards included; they block the layers, nothing overlaps them yet. */
+        const ht_tensor_parallel *tp = &t->model->tensor;
+        const double n = (double)(t->step - first_step);
+        ht_log_info("tensor parallelism a step: %.3f s in its collectives (%.0f%% of forward + backward; none of it "
+                    "overlapped), %.1f MiB sent a rank",
+                    tp->seconds / n, 100.0 * tp->seconds / fmax(t->forward_backward_seconds, 1e-12),
+                    tp->bytes / n / (1 << 20));
+    }
     if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
     log_memory(t);
     if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0 && t->step != saved_step) {

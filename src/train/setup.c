@@ -333,7 +333,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
  * expert param must be whole experts of its group's share (E a multiple of W). */
 static ht_status check_experts(const ht_trainer *t, ht_error *err) {
     const ht_model_config *a = &t->model->config;
-    const int P = t->ep_comm->size, W = t->comm->size, E = a->moe.num_experts;
+    const int P = t->ep_comm->size, W = t->comm->size / t->tp_size, E = a->moe.num_experts; /* FSDP's ranks */
     if (E <= 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.expert_parallel_size is %d, but the model (%s) has no experts (model.num_experts %d)",
@@ -405,7 +405,8 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
         if (s != HT_OK) return s;
         for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
         fo.expert_group = t->expert_comm;
-        fo.expert_first = t->comm->rank / t->expert_comm->size * t->expert_comm->size;
+        /* in the shard group's numbering (expert parallelism shards over all the data x context ranks) */
+        fo.expert_first = t->shard_comm->rank / t->expert_comm->size * t->expert_comm->size;
         fo.expert_modules = ep_modules;
         fo.expert_count = c->parallel.ep_modules.count;
     }

@@ -145,6 +145,16 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_fsdp_finish_backward(t->fsdp);
     ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, m->params.grad_block,
                             (int64_t)(m->params.grad_bytes / sizeof(float)));
+    /* Sequence parallelism: a param the tensor-parallel group holds whole
+     * (the norms, a router, routed experts) got from each rank its tokens'
+     * part of its gradient: summed over the group, in rank order (as
+     * Megatron's finalize_model_grads sums the norms'). */
+    if (t->tp_size > 1 && t->config.parallel.sequence_parallel)
+        for (int i = 0; i < m->params.count; i++) {
+            ht_param *p = &m->params.items[i];
+            if (p->trainable && p->main_grad && p->tp_dim < 0)
+                ht_all_reduce_f32(t->tp_comm, p->main_grad, ht_param_local_numel(p), HT_REDUCE_SUM);
+        }
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
     if (t->qk_layers) { /* over the ranks holding the same heads: a tensor-parallel place's */
         const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
