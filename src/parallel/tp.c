@@ -22,25 +22,26 @@ static void done(tp_ctx *c, double t0, double bytes) {
     c->tp->bytes += bytes;
 }
 
-static void sum(void *ctx, float *buf, int64_t n) {
-    tp_ctx *c = ctx;
-    const double t0 = started();
-    ht_all_reduce_f32(c->group, buf, n, HT_REDUCE_SUM);
-    done(c, t0, 2.0 * (double)n * sizeof(float) * (c->group->size - 1) / c->group->size);
+/* An all-reduce's share of bytes a rank sends: about twice the buffer's (size - 1) / size. */
+static double all_reduce_bytes(const tp_ctx *c, int64_t n, size_t elem) {
+    return 2.0 * (double)n * (double)elem * (c->group->size - 1) / c->group->size;
 }
 
-static void max(void *ctx, float *buf, int64_t n) {
+static void all_reduce_f32(void *ctx, float *buf, int64_t n, ht_reduce_op op) {
     tp_ctx *c = ctx;
     const double t0 = started();
-    ht_all_reduce_f32(c->group, buf, n, HT_REDUCE_MAX);
-    done(c, t0, 2.0 * (double)n * sizeof(float) * (c->group->size - 1) / c->group->size);
+    ht_all_reduce_f32(c->group, buf, n, op);
+    done(c, t0, all_reduce_bytes(c, n, sizeof(float)));
 }
+
+static void sum(void *ctx, float *buf, int64_t n) { all_reduce_f32(ctx, buf, n, HT_REDUCE_SUM); }
+static void max(void *ctx, float *buf, int64_t n) { all_reduce_f32(ctx, buf, n, HT_REDUCE_MAX); }
 
 static void sum_f64(void *ctx, double *buf, int64_t n) {
     tp_ctx *c = ctx;
     const double t0 = started();
     ht_all_reduce_f64(c->group, buf, n, HT_REDUCE_SUM);
-    done(c, t0, 2.0 * (double)n * sizeof(double) * (c->group->size - 1) / c->group->size);
+    done(c, t0, all_reduce_bytes(c, n, sizeof(double)));
 }
 
 static void all_gather(void *ctx, const void *send, void *recv, int64_t bytes) {

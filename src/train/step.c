@@ -45,7 +45,6 @@ static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, 
         }
         d->bufs[d->count++] = whole;
         ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
-        (void)elem;
         ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, grads ? (void *)p->main_grad : p->data, dt,
                                              whole, true, NULL, err);
         if (s != HT_OK) return s;
