@@ -952,9 +952,14 @@ static void test_config_error_on_every_rank(void **state) {
     } refused[] = {
         {"--set parallel.tensor_parallel_size=2 --set model.lora.rank=4 --set model.lora.target_modules=[q_proj]",
          "tensor parallelism of LoRA adapters (model.lora) is not supported yet"},
+        {"--set parallel.tensor_parallel_size=2 --set model.name=deepseek_v3 --set model.attention_bias=false "
+         "--set model.q_lora_rank=16 --set model.kv_lora_rank=16 --set model.qk_nope_head_dim=8 "
+         "--set model.qk_rope_head_dim=4 --set model.v_head_dim=8",
+         "tensor parallelism of Multi-Latent Attention (deepseek_v3) is not supported yet"},
         {"--set parallel.tensor_parallel_size=2 --set model.name=qwen2_moe --set model.num_experts=4 "
-         "--set model.num_experts_per_tok=2 --set model.moe_intermediate_size=16",
-         "tensor parallelism of the sparse MLP"},
+         "--set model.num_experts_per_tok=2 --set model.moe_intermediate_size=16 "
+         "--set model.shared_expert_intermediate_size=1",
+         "parallel.tensor_parallel_size 2 is larger than model.shared_expert_intermediate_size (1)"},
         {plugin_set, "model plugin_llama allocates its weights as it builds them"},
     };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
@@ -1306,33 +1311,45 @@ static void write_moe_config(const char *dir, const char *dtype, bool qkv_bias, 
  * expert-parallel with FSDP on 4 ranks, 4 x EP 4, 2 x EP 2, and FSDP alone
  * on 2, 3 and 4 ranks; EP 2 with ring 2, and with Ulysses 2, on 4 ranks
  * (the experts split over data x context parallel; the load-balancing sums
- * over the context-parallel group); and the seed's 8-rank mesh but tensor
- * parallelism: DP 2 x Ulysses 2 x ring 2, EP 2, FSDP over all 8. */
+ * over the context-parallel group); DP 2 x Ulysses 2 x ring 2, EP 2, FSDP
+ * over all 8; tensor parallel 2 alone, with DP 2 x EP 2, and without
+ * sequence parallelism (every rank of the group routing the same tokens);
+ * and the seed's own 8-rank mesh: DP 2 x ring 2 x TP 2, EP 2, FSDP over
+ * the 4 data x context ranks of each tensor-parallel place. */
 static const struct {
     int ranks, ep;
-    const char *cp; /* the context-parallel setting, NULL: none */
-} moe_runs[] = {{4, 2, NULL},
-                {4, 4, NULL},
-                {2, 2, NULL},
-                {2, 1, NULL},
-                {3, 1, NULL},
-                {4, 1, NULL},
-                {4, 2, "parallel.ring_attention_size=2"},
-                {4, 2, "parallel.ulysses_parallel_size=2"},
-                {8, 2, "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2"}};
+    const char *set;  /* the context- and tensor-parallel settings, NULL: none */
+    const char *name; /* the run's name after ep<EP>_of_<ranks> */
+} moe_runs[] = {{4, 2, NULL, ""},
+                {4, 4, NULL, ""},
+                {2, 2, NULL, ""},
+                {2, 1, NULL, ""},
+                {3, 1, NULL, ""},
+                {4, 1, NULL, ""},
+                {4, 2, "parallel.ring_attention_size=2", "_ring2"},
+                {4, 2, "parallel.ulysses_parallel_size=2", "_ulysses2"},
+                {8, 2, "parallel.ulysses_parallel_size=2 --set parallel.ring_attention_size=2", "_ulysses2_ring2"},
+                {2, 1, "parallel.tensor_parallel_size=2", "_tp2"},
+                {4, 2, "parallel.tensor_parallel_size=2", "_tp2"},
+                {4, 2, "parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false", "_tp2_no_sp"},
+                {8, 2, "parallel.ring_attention_size=2 --set parallel.tensor_parallel_size=2", "_ring2_tp2"}};
 enum { MOE_RUNS = sizeof(moe_runs) / sizeof(moe_runs[0]), MOE_STEPS = 20 };
 
-/* Runs moe_runs[k] in dir; its log's losses and grad norms. */
-static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss, double *norm) {
-    char set[256], *log;
-    const char *cp = moe_runs[k].cp;
-    snprintf(out, cap, "ep%d_of_%d%s", moe_runs[k].ep, moe_runs[k].ranks,
-             !cp                     ? ""
-             : !strstr(cp, "ring")   ? "_ulysses2"
-             : strstr(cp, "ulysses") ? "_ulysses2_ring2"
-                                     : "_ring2");
-    snprintf(set, sizeof(set), "--set parallel.expert_parallel_size=%d%s%s", moe_runs[k].ep, cp ? " --set " : "",
-             cp ? cp : "");
+static bool moe_run_has(int k, const char *key) { return moe_runs[k].set && strstr(moe_runs[k].set, key); }
+
+/* moe_runs[k]'s name in out; false if `only` (NULL: every run) names another. */
+static bool moe_run_name(int k, const char *only, char *out, size_t cap) {
+    snprintf(out, cap, "ep%d_of_%d%s", moe_runs[k].ep, moe_runs[k].ranks, moe_runs[k].name);
+    return !only || strcmp(only, out) == 0;
+}
+
+/* Runs moe_runs[k] in dir, with `base` settings too (NULL: none); its log's losses and grad norms. */
+static void run_moe(const char *dir, int k, const char *base, char *out, size_t cap, double *loss, double *norm) {
+    char set[512], *log;
+    const char *cp = moe_runs[k].set;
+    moe_run_name(k, NULL, out, cap);
+    snprintf(set, sizeof(set), "%s --set parallel.expert_parallel_size=%d%s%s", base ? base : "", moe_runs[k].ep,
+             cp ? " --set " : "", cp ? cp : "");
     int rc = run_in(dir, out, moe_runs[k].ranks, set, &log);
     if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
     if (moe_runs[k].ep > 1 && !strstr(log, "Expert parallelism: groups of"))
@@ -1345,12 +1362,13 @@ static void run_moe(const char *dir, int k, char *out, size_t cap, double *loss,
     free(log);
 }
 
-/* The config in dir and its one-process run (out0): its losses and grad norms. */
-static void moe_reference(const char *dir, const char *dtype, bool deepseek, bool qkv_bias, double *loss,
-                          double *norm) {
+/* The config in dir and its one-process run (out0) with `base` settings (NULL: none): its losses and grad
+ * norms. */
+static void moe_reference(const char *dir, const char *dtype, bool deepseek, bool qkv_bias, const char *base,
+                          double *loss, double *norm) {
     char *one;
     write_model_config(dir, dtype, deepseek, qkv_bias, MOE_STEPS);
-    if (run_ranks(dir, 0, NULL, &one) != 0) fail_msg("one process failed:\n%s", one);
+    if (run_ranks(dir, 0, base, &one) != 0) fail_msg("one process failed:\n%s", one);
     assert_int_equal(losses(one, loss, MOE_STEPS + 1), MOE_STEPS);
     assert_int_equal(grad_norms(one, norm, MOE_STEPS + 1), MOE_STEPS);
     free(one);
@@ -1383,16 +1401,18 @@ static void state_files(const char *dir, const char *out, int step, char *a, cha
  * micro-batches' as on one process, each token's expert outputs are added
  * in expert order on its own rank, and a routing flip would move an
  * expert's gradient by far more than 1e-5. (No q/k/v biases:
- * test_float32_qwen2_with_biases_on_1_to_4_ranks has them.) */
-static void moe_float32_against_one_process(const char *name, bool deepseek, int tensors) {
+ * test_float32_qwen2_with_biases_on_1_to_4_ranks has them.) `base`: settings of
+ * every run (NULL: none); `only`: the one run of moe_runs to make (NULL: all). */
+static void moe_float32_against_one_process(const char *name, bool deepseek, int tensors, const char *base,
+                                            const char *only) {
     const char *dir = scratch_dir(name);
     const char *model = deepseek ? "DeepSeek-V3" : "MoE";
     char out[32], a[1300], b[1300], file[64];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
-    moe_reference(dir, "float32", deepseek, false, l1, g1);
+    moe_reference(dir, "float32", deepseek, false, base, l1, g1);
     /* floor[s]: each tensor's largest error in the floor runs up to step s + 1. */
     tensor_errors *floor = calloc(MOE_STEPS, sizeof(tensor_errors)), *seen = calloc(1, sizeof(tensor_errors));
-    run_floor(dir, NULL);
+    run_floor(dir, base);
     double floor10 = 0, floor20 = 0;
     for (int s = 0; s < MOE_STEPS; s++) {
         if (s > 0) floor[s] = floor[s - 1];
@@ -1407,9 +1427,12 @@ static void moe_float32_against_one_process(const char *name, bool deepseek, int
            model, floor10, floor20, MOE_STEPS);
     for (int k = 0; k < MOE_RUNS; k++) {
         /* DeepSeek-V3: 2 x EP 2, EP 2 and FSDP on 2, 3, and EP 2 with ring 2 and with Ulysses 2 (the 8-rank
-         * mesh is Qwen2-MoE's, the seed's model) */
-        if (deepseek && ((moe_runs[k].ranks == 4 && moe_runs[k].ep != 2) || moe_runs[k].ranks == 8)) continue;
-        run_moe(dir, k, out, sizeof(out), ln, gn);
+         * meshes are Qwen2-MoE's, the seed's model; tensor parallelism refuses Multi-Latent Attention) */
+        if (deepseek && ((moe_runs[k].ranks == 4 && moe_runs[k].ep != 2) || moe_runs[k].ranks == 8 ||
+                         moe_run_has(k, "tensor_parallel")))
+            continue;
+        if (!moe_run_name(k, only, out, sizeof(out))) continue;
+        run_moe(dir, k, base, out, sizeof(out), ln, gn);
         double worst10 = 0, worst = 0, nearest = 0, grad1 = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
             /* the log's 4 decimals */
@@ -1442,7 +1465,7 @@ static void moe_float32_against_one_process(const char *name, bool deepseek, int
 
 static void test_moe_expert_parallel_float32(void **state) {
     (void)state;
-    moe_float32_against_one_process("moe_ep_f32", false, 38);
+    moe_float32_against_one_process("moe_ep_f32", false, 38, NULL, NULL);
 }
 
 /* The same for DeepSeek-V3 (moe_model_yaml): Multi-Latent Attention,
@@ -1454,7 +1477,7 @@ static void test_moe_expert_parallel_float32(void **state) {
  * and the head. */
 static void test_deepseek_expert_parallel_float32(void **state) {
     (void)state;
-    moe_float32_against_one_process("dsv3_ep_f32", true, 3 * 9 + 3 + 2 * 6 + 3);
+    moe_float32_against_one_process("dsv3_ep_f32", true, 3 * 9 + 3 + 2 * 6 + 3, NULL, NULL);
 }
 
 /* The same in bf16 with q/k/v biases, the seed's dtype. The first step
@@ -1466,19 +1489,19 @@ static void test_deepseek_expert_parallel_float32(void **state) {
  * router logits, a token near a tie changes experts, and Muon's update
  * (of unit size whatever the gradient's) carries that to every weight of the
  * expert. FSDP alone parts as far as expert parallelism does: the figures
- * are printed, the bound is the first step's. */
-static void test_moe_expert_parallel_bf16(void **state) {
-    (void)state;
-    const char *dir = scratch_dir("moe_ep_bf16");
+ * are printed, the bound is the first step's. `base` and `only` as
+ * moe_float32_against_one_process's. */
+static void moe_bf16_against_one_process(const char *name, const char *base, const char *only) {
+    const char *dir = scratch_dir(name);
     char out[32], a[1300], b[1300];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
-    moe_reference(dir, "bfloat16", false, true, l1, g1);
+    moe_reference(dir, "bfloat16", false, true, base, l1, g1);
     /* The grad norm's noise floor: the one process's floor runs (run_floor), each step's largest relative
      * departure of their grad norms from out0's. A grad norm rising to a spike (steps 8-10 here) is where a
      * routing flip shows: the clang x86-64-v3 build's floor runs part by 0.08%, 0.37% and 0.71% at step 10,
      * and Ulysses 2 x EP 2 there by 1.1%. */
     double floor_norm[MOE_STEPS + 1] = {0};
-    run_floor(dir, NULL);
+    run_floor(dir, base);
     /* The same runs' step-1 main_grads: bf16 rounding noise in one process, the floor of the bound below. */
     tensor_errors *grad_floor = calloc(1, sizeof(tensor_errors));
     double worst_floor = floor_of(dir, "state/step_00000001.safetensors", "main_grad.", grad_floor);
@@ -1494,7 +1517,8 @@ static void test_moe_expert_parallel_bf16(void **state) {
         free(flog);
     }
     for (int k = 0; k < MOE_RUNS; k++) {
-        run_moe(dir, k, out, sizeof(out), ln, gn);
+        if (!moe_run_name(k, only, out, sizeof(out))) continue;
+        run_moe(dir, k, base, out, sizeof(out), ln, gn);
         double worst_loss = 0, worst_norm = 0;
         for (int s = 0; s < MOE_STEPS; s++) {
             worst_loss = fmax(worst_loss, fabs(ln[s] - l1[s]) / l1[s]);
@@ -1527,11 +1551,9 @@ static void test_moe_expert_parallel_bf16(void **state) {
          * expert's gradient moves by the token's share (measured 0.11 of experts.down_proj's largest): its
          * step 1 is printed, its losses and grad norms bound as every run's. Ulysses runs the same kernel
          * call on each head: the same bits, the bound above. */
-        const bool ring = moe_runs[k].cp && strstr(moe_runs[k].cp, "ring");
-        tensor_check grad_check = {.prefix = "main_grad.",
-                                   .tol = ring ? INFINITY : 5e-5,
-                                   .floor = grad_floor,
-                                   .floor_factor = FLOOR_FACTOR};
+        const bool ring = moe_run_has(k, "ring");
+        tensor_check grad_check = {
+            .prefix = "main_grad.", .tol = ring ? INFINITY : 5e-5, .floor = grad_floor, .floor_factor = FLOOR_FACTOR};
         double grad1 = max_tensor_error(a, b, &grad_check);
         double flips = 0;
         compare_tensors(a, b, "param.", ring ? INFINITY : 0x1p-7, &flips, NULL);
@@ -1544,48 +1566,97 @@ static void test_moe_expert_parallel_bf16(void **state) {
                "within %.2g, grad norms %.2g; at step %d main_grads %.2g, bf16 params %.2g of one process\n",
                out, grad1, flips, MOE_STEPS, worst_loss, worst_norm, MOE_STEPS, grad20, param20);
     }
+    free(grad_floor);
+}
+
+static void test_moe_expert_parallel_bf16(void **state) {
+    (void)state;
+    moe_bf16_against_one_process("moe_ep_bf16", NULL, NULL);
     /* Bad input: experts that 3 ranks cannot split. */
+    const char *dir = scratch_dir("moe_ep_bf16");
     char *log;
     assert_int_not_equal(run_in(dir, "ep3", 3, "--set parallel.expert_parallel_size=3", &log), 0);
     if (!strstr(log, "model.num_experts (8) is not a multiple of parallel.expert_parallel_size (3)"))
         fail_msg("no clear error for 8 experts over 3 ranks:\n%s", log);
     free(log);
-    free(grad_floor);
 }
 
-/* A Qwen2-MoE checkpoint saved on 4 ranks as 2 x EP 2 (each rank's rows
- * whole experts of its group's): resumed on the same layout bit for bit,
- * and on 4 x EP 4, 2 x EP 2 and one process, which hold other experts, to
- * the FP32 sharded bound (float32 model). */
+/* The seed's system test once more with AdamW for every param (it runs it
+ * with Muon + AdamW and with AdamW): its 8-rank mesh, DP 2 x ring 2 x TP 2
+ * with EP 2 and FSDP, in float32 and in bf16, against one process with
+ * the same optimizer, within the bounds above. */
+static void test_moe_seed_mesh_adamw(void **state) {
+    (void)state;
+    const char *adamw = "--set optimizer._target_=AdamW";
+    moe_float32_against_one_process("moe_seed_adamw_f32", false, 38, adamw, "ep2_of_8_ring2_tp2");
+    moe_bf16_against_one_process("moe_seed_adamw_bf16", adamw, "ep2_of_8_ring2_tp2");
+    static const char *const runs[] = {"moe_seed_adamw_f32/out0.log", "moe_seed_adamw_bf16/ep2_of_8_ring2_tp2.log"};
+    for (int i = 0; i < 2; i++) { /* the optimizer the runs took: the config table's row */
+        char path[1300];
+        snprintf(path, sizeof(path), "scratch/%s", runs[i]); /* scratch_dir's, under the test's directory */
+        char *log = read_text(path), *row = strstr(log, "optimizer._target_ "), *end = row ? strchr(row, '\n') : NULL;
+        if (!end || !strstr(row, "AdamW") || strstr(row, "AdamW") > end) fail_msg("%s: not AdamW:\n%s", path, log);
+        free(log);
+    }
+}
+
+/* Qwen2-MoE checkpoints saved on 4 ranks as 2 x EP 2 (each rank's rows
+ * whole experts of its group's) and on the seed's 8-rank mesh (DP 2 x ring 2
+ * x TP 2, EP 2: boxes of TP slices and FSDP rows): each resumed on its own
+ * layout bit for bit, and on every other one (4 x EP 4, 2 x EP 2, one
+ * process, TP 2 alone, DP 2 x TP 2 without sequence parallelism), which
+ * hold other experts and other boxes, to the FP32 sharded bound (float32
+ * model). */
 static void test_moe_checkpoint_across_layouts(void **state) {
     (void)state;
     const char *dir = scratch_dir("moe_ckpt");
     write_moe_config(dir, "float32", false, 6);
-    char *log;
-    int rc =
-        run_in(dir, "cont", 4,
-               "--set parallel.expert_parallel_size=2 --set checkpoint.save_interval=3 --set checkpoint.keep_last=0 "
-               "--set training.dump_state=false",
-               &log);
-    if (rc != 0) fail_msg("4 ranks failed:\n%s", log);
-    free(log);
-    static const struct { int ranks, ep; } layouts[] = {{4, 2}, {4, 4}, {2, 2}, {0, 1}};
-    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++) {
-        char out[32], extra[1600];
-        snprintf(out, sizeof(out), "resumed%d_ep%d", layouts[i].ranks, layouts[i].ep);
+    static const struct {
+        int ranks;
+        const char *set, *name;
+    } layouts[] = {
+        {4, "parallel.expert_parallel_size=2", "4 ranks x EP 2"},
+        {4, "parallel.expert_parallel_size=4", "4 ranks x EP 4"},
+        {2, "parallel.expert_parallel_size=2", "2 ranks x EP 2"},
+        {0, "parallel.expert_parallel_size=1", "one process"},
+        {8,
+         "parallel.expert_parallel_size=2 --set parallel.ring_attention_size=2 --set parallel.tensor_parallel_size=2",
+         "DP 2 x ring 2 x TP 2, EP 2"},
+        {2, "parallel.tensor_parallel_size=2", "TP 2"},
+        {4,
+         "parallel.expert_parallel_size=2 --set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false",
+         "DP 2 x TP 2 (no sequence parallelism), EP 2"},
+    };
+    enum { LAYOUTS = sizeof(layouts) / sizeof(layouts[0]) };
+    static const int sources[] = {0, 4};
+    for (size_t si = 0; si < sizeof(sources) / sizeof(sources[0]); si++) {
+        const int from = sources[si];
+        char cont[32], extra[1600], *log;
+        snprintf(cont, sizeof(cont), "cont%d", from);
         snprintf(extra, sizeof(extra),
-                 "--set checkpoint.restore_from='%s/cont/step_00000003' --set parallel.expert_parallel_size=%d "
+                 "--set %s --set checkpoint.save_interval=3 --set checkpoint.keep_last=0 "
                  "--set training.dump_state=false",
-                 dir, layouts[i].ep);
-        rc = run_in(dir, out, layouts[i].ranks, extra, &log);
-        if (rc != 0) fail_msg("%s failed:\n%s", out, log);
-        assert_non_null(strstr(log, "saved on 4 rank(s)"));
-        assert_null(strstr(log, "step     3/6"));
-        assert_non_null(strstr(log, "step     6/6"));
-        double e = compare_final(dir, out, "cont", i == 0 ? 0.0 : 1e-5);
-        printf("MoE checkpoint of 4 ranks x EP 2 resumed on %d rank(s), EP %d: final weights within %.3g\n",
-               layouts[i].ranks ? layouts[i].ranks : 1, layouts[i].ep, e);
+                 layouts[from].set);
+        int rc = run_in(dir, cont, layouts[from].ranks, extra, &log);
+        if (rc != 0) fail_msg("%s failed:\n%s", layouts[from].name, log);
         free(log);
+        for (int i = 0; i < LAYOUTS; i++) {
+            char out[32], saved[64];
+            snprintf(out, sizeof(out), "resumed%d_%d", from, i);
+            snprintf(extra, sizeof(extra),
+                     "--set checkpoint.restore_from='%s/%s/step_00000003' --set %s --set training.dump_state=false",
+                     dir, cont, layouts[i].set);
+            rc = run_in(dir, out, layouts[i].ranks, extra, &log);
+            if (rc != 0) fail_msg("%s failed:\n%s", out, log);
+            snprintf(saved, sizeof(saved), "saved on %d rank(s)", layouts[from].ranks);
+            if (!strstr(log, saved)) fail_msg("%s: no \"%s\" in:\n%s", out, saved, log);
+            assert_null(strstr(log, "step     3/6"));
+            assert_non_null(strstr(log, "step     6/6"));
+            double e = compare_final(dir, out, cont, i == from ? 0.0 : 1e-5);
+            printf("MoE checkpoint of %s resumed on %s: final weights within %.3g\n", layouts[from].name,
+                   layouts[i].name, e);
+            free(log);
+        }
     }
 }
 
@@ -2085,6 +2156,115 @@ static void perturb_vectors(ht_model *m) {
  * and every gradient slice within float32's 1e-5 of the tensor's largest
  * magnitude (docs/NUMERICS.md: the slices' partial sums add in another
  * order). Prints "tensor parallel ok" on rank 0. */
+/* Muon on tensor_parallel_rank's gradients (the whole model's, and each
+ * rank its slices of them), three ways: the whole model's
+ * matrices; the tensor-parallel model's with ht_muon_set_tensor_parallel
+ * (each split matrix gathered whole for Newton-Schulz, the rank's box of the
+ * result kept), which must give each rank's slice of the same update bit
+ * for bit (the gathered matrix is the same bits, in the same place of a
+ * batch of the same shapes); and the slices taken as matrices of their own,
+ * the classic silent bug of Muon under tensor parallelism (a slice's
+ * orthogonalization is not the slice of the matrix's), which must part from
+ * it by 1e-3 of the largest update, 100 times Newton-Schulz's float32 bound
+ * (docs/NUMERICS.md), so any comparison with one process catches it. The
+ * errors relative to the matrix's largest update: *whole, the largest of
+ * the second; *slices, the smallest of the third over the split matrices.
+ * Returns the number of failures. */
+static int muon_under_tp(ht_model *one, ht_model *tp, ht_comm *comm, double *whole, double *slices) {
+    ht_error err;
+    ht_muon_config cfg = {.lr = 0.02,
+                          .weight_decay = 0.1,
+                          .momentum = 0.95,
+                          .nesterov = true,
+                          .momentum_style = HT_MUON_MOMENTUM_SUM,
+                          .ns_eps = 1e-7,
+                          .matched_adamw_rms = 0.2,
+                          .ns_dtype = HT_DTYPE_F32};
+    if (ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &cfg.schedule, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    enum { MAX = 64 };
+    ht_param *pw[MAX], *pt[MAX], *ps[MAX];
+    float *before_w[MAX], *before_t[MAX];
+    ht_param_store alone = {0}; /* the slices as matrices of their own */
+    int n = 0;
+    for (int i = 0; i < tp->params.count && n < MAX; i++) {
+        ht_param *p = &tp->params.items[i];
+        if (p->ndim != 2) continue;
+        pt[n] = p;
+        pw[n] = ht_params_find(&one->params, p->name);
+        ht_params_add(&alone, p->name, 2, p->shape, HT_DTYPE_F32);
+        n++;
+    }
+    if (ht_params_allocate(&alone, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    for (int k = 0; k < n; k++) {
+        const size_t wb = (size_t)ht_param_numel(pw[k]) * 4, tb = (size_t)ht_param_local_numel(pt[k]) * 4;
+        /* the same gradients (the whole model's slice of each): Muon is what is compared here */
+        ht_box_copy(2, pt[k]->main_grad, HT_DTYPE_F32, &pt[k]->box, pw[k]->main_grad, HT_DTYPE_F32, &pw[k]->box);
+        ps[k] = &alone.items[k];
+        memcpy(ps[k]->data, pt[k]->data, tb);
+        memcpy(ps[k]->main_grad, pt[k]->main_grad, tb);
+        before_w[k] = malloc(wb);
+        before_t[k] = malloc(tb);
+        memcpy(before_w[k], pw[k]->data, wb);
+        memcpy(before_t[k], pt[k]->data, tb);
+    }
+    ht_muon mw, mt, ms;
+    if (ht_muon_init(&mw, &cfg, pw, n, &err) != HT_OK || ht_muon_init(&mt, &cfg, pt, n, &err) != HT_OK ||
+        ht_muon_set_tensor_parallel(&mt, comm, &err) != HT_OK || ht_muon_init(&ms, &cfg, ps, n, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ht_muon_step(&mt, cfg.lr);
+    ht_muon_step(&mw, cfg.lr);
+    ht_muon_step(&ms, cfg.lr);
+    int bad = 0;
+    for (int k = 0; k < n; k++) {
+        const int64_t wn = ht_param_numel(pw[k]), tn = ht_param_local_numel(pt[k]);
+        float *u = malloc((size_t)wn * 4), *mine = malloc((size_t)tn * 4);
+        double top = 0, et = 0, es = 0;
+        for (int64_t i = 0; i < wn; i++) {
+            u[i] = ((float *)pw[k]->data)[i] - before_w[k][i];
+            top = fmax(top, fabs(u[i]));
+        }
+        ht_box_copy(2, mine, HT_DTYPE_F32, &pt[k]->box, u, HT_DTYPE_F32, &pw[k]->box);
+        for (int64_t i = 0; i < tn; i++) {
+            const float ut = ((float *)pt[k]->data)[i] - before_t[k][i],
+                        us = ((float *)ps[k]->data)[i] - before_t[k][i];
+            et = fmax(et, fabs((double)ut - mine[i]));
+            es = fmax(es, fabs((double)us - mine[i]));
+        }
+        et /= top, es /= top;
+        *whole = fmax(*whole, et);
+        if (et != 0) {
+            fprintf(stderr, "rank %d, %s: Muon's update %.3g of its largest from the whole matrix's\n", comm->rank,
+                    pt[k]->name, et);
+            bad++;
+        }
+        if (pt[k]->tp_dim >= 0) {
+            *slices = fmin(*slices, es);
+            if (!(es > 1e-3)) {
+                fprintf(stderr, "rank %d, %s: Newton-Schulz on the slice alone within %.3g of the whole's\n",
+                        comm->rank, pt[k]->name, es);
+                bad++;
+            }
+        }
+        free(u);
+        free(mine);
+        free(before_w[k]);
+        free(before_t[k]);
+    }
+    ht_muon_free(&mw);
+    ht_muon_free(&mt);
+    ht_muon_free(&ms);
+    ht_params_free(&alone);
+    return bad;
+}
+
 static int tensor_parallel_rank(void) {
     ht_comm *comm;
     ht_error err;
@@ -2094,7 +2274,7 @@ static int tensor_parallel_rank(void) {
     }
     const int P = comm->size, R = comm->rank;
     enum { B = 2, T = 24 }; /* 48 tokens: a whole share of them on each of 1 to 4 ranks */
-    double worst_loss = 0, worst_grad = 0;
+    double worst_loss = 0, worst_grad = 0, worst_muon = 0, slice_muon = INFINITY;
     char worst_name[HT_PARAM_NAME_MAX + 64] = "";
     int bad = 0;
     for (int run = 0; run < 4; run++) {
@@ -2181,17 +2361,19 @@ static int tensor_parallel_rank(void) {
             fprintf(stderr, "rank %d, %s: loss %.9g, one process %.9g\n", R, c.name, (double)loss_tp, (double)loss_one);
             bad++;
         }
+        bad += muon_under_tp(one, tp, comm, &worst_muon, &slice_muon);
         ht_model_free(one);
         ht_model_free(tp);
     }
-    double total[3] = {bad, worst_loss, worst_grad};
+    double total[5] = {bad, worst_loss, worst_grad, worst_muon, -slice_muon};
     ht_all_reduce_f64(comm, total, 1, HT_REDUCE_SUM);
-    ht_all_reduce_f64(comm, total + 1, 2, HT_REDUCE_MAX);
+    ht_all_reduce_f64(comm, total + 1, 4, HT_REDUCE_MAX);
     if (P > 1) printf("rank %d: largest gradient difference %.2g, %s\n", R, worst_grad, worst_name);
     if (R == 0)
-        printf(total[0] == 0 ? "tensor parallel ok on %d ranks: loss within %.2g, gradients within %.2g\n"
-                             : "tensor parallel: %d ranks, %.2g %.2g, wrong values\n",
-               P, total[1], total[2]);
+        printf(total[0] == 0 ? "tensor parallel ok on %d ranks: loss within %.2g, gradients within %.2g, Muon's "
+                               "updates within %.2g (Newton-Schulz on a slice alone: %.2g at least)\n"
+                             : "tensor parallel: %d ranks, %.2g %.2g %.2g %.2g, wrong values\n",
+               P, total[1], total[2], total[3], -total[4]);
     ht_comm_free(comm);
     return total[0] == 0 ? 0 : 1;
 }
@@ -2267,6 +2449,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_moe_expert_parallel_float32),
         cmocka_unit_test(test_deepseek_expert_parallel_float32),
         cmocka_unit_test(test_moe_expert_parallel_bf16),
+        cmocka_unit_test(test_moe_seed_mesh_adamw),
         cmocka_unit_test(test_moe_checkpoint_across_layouts),
         cmocka_unit_test(test_deepseek_bias_update),
         cmocka_unit_test(test_config_error_on_every_rank),

@@ -1359,8 +1359,11 @@ static void decoder_free(ht_model *m) {
 }
 
 /* The tensor-parallel plan (ht_tensor_parallel, Megatron's layout): which
- * dim of each weight a rank holds a slice of, by the end of its name; the
- * rest (the norms) whole on every rank. */
+ * dim of each weight a rank holds a slice of, by the end of its name (a
+ * sparse layer's shared expert is an MLP: its gate_proj, up_proj and
+ * down_proj split as the dense one's); the rest whole on every rank: the
+ * norms, a sparse layer's router, shared-expert gate and routed experts
+ * (Megatron-Core's: experts split by expert parallelism, not by TP). */
 static const struct {
     const char *suffix;
     int dim;
@@ -1379,7 +1382,6 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
     decoder *d = m->impl;
     const ht_model_config *c = &m->config;
     const char *unsupported = d->mla             ? "Multi-Latent Attention (deepseek_v3)"
-                              : d->moe           ? "the sparse MLP (experts; use parallel.expert_parallel_size)"
                               : d->lora_rank > 0 ? "LoRA adapters (model.lora)"
                                                  : NULL;
     if (unsupported)
@@ -1396,6 +1398,12 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
                        "parallel.tensor_parallel_size %d is larger than model.vocab_size (%d) or "
                        "model.intermediate_size (%d): every rank needs a slice of both",
                        size, c->vocab_size, c->intermediate_size);
+    const int shared = c->moe.shared_expert_intermediate_size; /* a sparse layer's shared expert, split as an MLP */
+    if (d->moe && shared > 0 && shared < size)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.tensor_parallel_size %d is larger than model.shared_expert_intermediate_size (%d): "
+                       "every rank needs a slice of the shared expert",
+                       size, shared);
     for (int i = 0; i < m->params.count; i++) {
         ht_param *p = &m->params.items[i];
         for (size_t k = 0; k < sizeof(TP_PLAN) / sizeof(TP_PLAN[0]); k++)

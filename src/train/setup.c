@@ -217,7 +217,7 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
             global += (double)ht_param_global_numel(&t->model->params.items[i]);
         ht_log_info("Tensor parallel %d (Megatron's layout; %s): q/k/v, gate and up split by output rows "
                     "(whole heads, %d of %d here), o_proj and down by input columns, the embedding and the LM head "
-                    "by vocabulary (a vocabulary-parallel cross-entropy), the norms whole on every rank; this "
+                    "by vocabulary (a vocabulary-parallel cross-entropy), the norms whole on every rank%s; this "
                     "rank's slices hold %.2fM of the model's %.2fM values",
                     t->tp_size,
                     c->parallel.sequence_parallel
@@ -226,6 +226,10 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                         : "no sequence parallelism: every rank of the group holds the whole hidden states, "
                           "all-reduced after each row-parallel product",
                     a->num_attention_heads / t->tp_size, a->num_attention_heads,
+                    a->moe.num_experts > 0 ? "; a sparse layer's shared expert split as an MLP, its router, "
+                                             "shared-expert gate and routed experts whole (each on the rank's "
+                                             "tokens; the experts split by expert parallelism)"
+                                           : "",
                     (double)ht_params_total_numel(&t->model->params) / 1e6, global / 1e6);
     }
     if (t->sharded)
