@@ -1490,8 +1490,8 @@ static void test_deepseek_expert_parallel_float32(void **state) {
  * (of unit size whatever the gradient's) carries that to every weight of the
  * expert. FSDP alone parts as far as expert parallelism does: the figures
  * are printed, the bound is the first step's. `base` and `only` as
- * moe_float32_against_one_process's. */
-static void moe_bf16_against_one_process(const char *name, const char *base, const char *only) {
+ * moe_float32_against_one_process's. Returns the scratch directory (its config the runs'). */
+static const char *moe_bf16_against_one_process(const char *name, const char *base, const char *only) {
     const char *dir = scratch_dir(name);
     char out[32], a[1300], b[1300];
     double l1[MOE_STEPS + 1], g1[MOE_STEPS + 1], ln[MOE_STEPS + 1], gn[MOE_STEPS + 1];
@@ -1567,13 +1567,13 @@ static void moe_bf16_against_one_process(const char *name, const char *base, con
                out, grad1, flips, MOE_STEPS, worst_loss, worst_norm, MOE_STEPS, grad20, param20);
     }
     free(grad_floor);
+    return dir;
 }
 
 static void test_moe_expert_parallel_bf16(void **state) {
     (void)state;
-    moe_bf16_against_one_process("moe_ep_bf16", NULL, NULL);
+    const char *dir = moe_bf16_against_one_process("moe_ep_bf16", NULL, NULL);
     /* Bad input: experts that 3 ranks cannot split. */
-    const char *dir = scratch_dir("moe_ep_bf16");
     char *log;
     assert_int_not_equal(run_in(dir, "ep3", 3, "--set parallel.expert_parallel_size=3", &log), 0);
     if (!strstr(log, "model.num_experts (8) is not a multiple of parallel.expert_parallel_size (3)"))
