@@ -1,7 +1,7 @@
 # The README's two commands, and the builds behind them. CMake does the work.
 JOBS ?= $(shell nproc)
 
-.PHONY: train test build build-asan build-clang build-cuda build-fuzz fuzz clean deps
+.PHONY: train test build build-asan build-clang build-cuda build-fuzz fuzz clean deps python
 
 deps:
 	@scripts/install-deps.sh
@@ -53,6 +53,12 @@ test: build build-asan build-clang build-fuzz
 	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 	cd build/clang && ctest --output-on-failure -j$(JOBS)
 	scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# The Python package (python/): hypertrain._C built with this CMake (-DHT_PYTHON=ON) and installed
+# with hypertrain.optim and hypertrain.lr_scheduler into PYTHON's environment (README, From Python).
+PYTHON ?= python3
+python: deps
+	$(PYTHON) -m pip install ./python
 
 clean:
 	rm -rf build

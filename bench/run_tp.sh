@@ -13,8 +13,14 @@
 # and the collectives a step: tensor parallelism's (none of it overlapped)
 # and FSDP's (all-gathers and reduce-scatters, their share hidden behind
 # compute: log_fsdp_stats).
+# The peer, in the same run where torch is importable: PyTorch's tensor
+# parallelism (bench/peers/torch_tp_step.py: transformers' Qwen2 with the same
+# shapes and the same plan, torch.distributed.tensor.parallel on gloo, 2 ranks
+# of 1 thread) with and without sequence parallelism, and whether torch's
+# context_parallel runs on CPU at all (bench/peers/torch_cp_probe.py).
 # LOGS=DIR keeps every run's log there.
-# usage: [RUNS="one_rank dp2 tp2 tp2_no_sp"] [LOGS=DIR] bench/run_tp.sh [STEPS] [T]   (defaults: 3 steps, T 1024)
+# usage: [RUNS="one_rank dp2 tp2 tp2_no_sp torch_tp2 torch_tp2_no_sp"] [LOGS=DIR] bench/run_tp.sh [STEPS] [T]
+#        (defaults: 3 steps, T 1024)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-3}
@@ -73,3 +79,32 @@ run one_rank 1 1
 run dp2 2 2
 run tp2 2 1 --set parallel.tensor_parallel_size=2
 run tp2_no_sp 2 1 --set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false
+
+peer() { # label extra...
+  local label=$1
+  shift
+  [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $label "* ]] && return 0
+  python3 -c 'import torch, transformers' 2> /dev/null || { echo "$label: torch or transformers not importable"; return 0; }
+  local log=$work/$label.log
+  OMP_NUM_THREADS=1 timeout 3000 torchrun --standalone --nproc_per_node=2 bench/peers/torch_tp_step.py --threads 1 \
+    --steps $((steps - 1)) --warmup 1 --batch 1 --seq "$T" "$@" > "$log" 2>&1 || true
+  [ -n "${LOGS:-}" ] && mkdir -p "$LOGS" && cp "$log" "$LOGS/"
+  python3 - "$log" "$label" <<'PY'
+import re, sys
+log, label = sys.argv[1], sys.argv[2]
+text = open(log).read()
+line = next((l for l in text.splitlines() if l.startswith("torch_tp ")), None)
+if line is None or "FAILED" in line:
+    print(f"{label}: {line or 'no result line'}")
+    sys.exit(0)
+tps = float(re.search(r"tokens_per_s=([0-9.]+)", line).group(1))
+step_s = float(re.search(r"step_s=([0-9.]+)", line).group(1))
+peak = max(int(x) for x in re.search(r"peak_rss_mib_per_rank=\[([0-9, ]+)\]", line).group(1).split(","))
+print(f"{label:<10} {2:>5} {1:>6} {tps:>8.0f} {step_s:>8.2f} {'-':>8} {peak:>9} {'-':>9} {'-':>9} {'-':>9} {'-':>7}")
+PY
+}
+peer torch_tp2 --sp
+peer torch_tp2_no_sp
+if [ -z "${RUNS:-}" ] && python3 -c 'import torch' 2> /dev/null; then
+  timeout 300 torchrun --standalone --nproc_per_node=2 bench/peers/torch_cp_probe.py 2>&1 | grep '^torch_cp rank 0' || true
+fi

@@ -1,0 +1,325 @@
+"""HyperParallel's optimizer API (seed 002) on PyTorch tensors, computed by
+hypertrain's C kernels: AdamW, Muon, ChainedOptimizer and get_hyper_optimizer.
+
+Each optimizer is a torch.optim.Optimizer: param_groups, state_dict() and
+load_state_dict() in torch's own layout (AdamW's state is torch.optim.AdamW's,
+Muon's torch.optim.Muon's), so torch.save, torch's schedulers and checkpoints
+written by torch's optimizers work with them. The arithmetic is hypertrain's
+(docs/NUMERICS.md): AdamW rounds as torch's fused kernel, bit for bit; Muon's
+Newton-Schulz runs in FP32 (or bf16 operands, ns_dtype="bfloat16"). The
+kernels read the tensors where they are (CPU, contiguous, float32): nothing
+is copied, and the GIL is released while they run.
+"""
+
+import math
+
+import torch
+
+from . import _C
+
+# torch.optim.Muon's default coefficients (Keller Jordan's), applied ns_steps times.
+_TORCH_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+
+
+def _require_cpu_fp32(who, index, p, g):
+    """p and its gradient g as the kernels read them, or an error naming the param."""
+    if p.device.type != "cpu":
+        raise ValueError(f"{who}: param {index} is on {p.device}; hypertrain's optimizers run on CPU tensors "
+                         "(its CUDA backend is not reachable from Python yet)")
+    if not p.is_floating_point():
+        raise TypeError(f"{who}: param {index} has dtype {p.dtype}; expected a floating-point param")
+    if p.dtype != torch.float32:
+        raise TypeError(f"{who}: param {index} has dtype {p.dtype}; these optimizers update float32 params "
+                        "(bf16/f16 params with FP32 main params are not supported from Python yet)")
+    if g.dtype != torch.float32 or g.device != p.device or g.shape != p.shape:
+        raise TypeError(f"{who}: param {index}'s gradient is {g.dtype} {tuple(g.shape)} on {g.device}; expected "
+                        f"float32 {tuple(p.shape)} on {p.device}")
+    if not p.is_contiguous() or not g.is_contiguous():
+        raise ValueError(f"{who}: param {index} or its gradient is not contiguous")
+
+
+def _check_params(who, groups):
+    """At construction: every param a floating-point CPU tensor."""
+    for i, p in enumerate(q for g in groups for q in g["params"]):
+        if not p.is_floating_point():
+            raise TypeError(f"{who}: param {i} has dtype {p.dtype}; expected a floating-point param")
+        if p.device.type != "cpu":
+            raise ValueError(f"{who}: param {i} is on {p.device}; hypertrain's optimizers run on CPU tensors "
+                             "(its CUDA backend is not reachable from Python yet)")
+
+
+def _float(x):
+    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's arguments, with torch's meaning; MindFormers' names too
+    (learning_rate, beta1, beta2). One fused pass a param: decoupled weight decay,
+    the moments, the bias-corrected step, rounded as torch's fused=True kernel;
+    the param groups say fused=True, so a state dict loaded into
+    torch.optim.AdamW goes on with that kernel. foreach=True, fused=False,
+    amsgrad, maximize, capturable and differentiable are not supported."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, **aliases):
+        lr = aliases.pop("learning_rate", lr)
+        b1, b2 = betas
+        b1, b2 = aliases.pop("beta1", b1), aliases.pop("beta2", b2)
+        if aliases:
+            raise TypeError(f"hypertrain.optim.AdamW: unexpected keyword argument(s) {sorted(aliases)}")
+        for flag, name in ((amsgrad, "amsgrad=True"), (maximize, "maximize=True"), (capturable, "capturable=True"),
+                           (differentiable, "differentiable=True"), (foreach, "foreach=True (torch's rounding "
+                                                                              "of the foreach path)"),
+                           (fused is False, "fused=False (the pass is the fused kernel's)")):
+            if flag:
+                raise ValueError(f"hypertrain.optim.AdamW: {name} is not supported")
+        if not _float(lr) >= 0.0:
+            raise ValueError(f"hypertrain.optim.AdamW: invalid learning rate {lr}")
+        if not 0.0 <= b1 < 1.0 or not 0.0 <= b2 < 1.0:
+            raise ValueError(f"hypertrain.optim.AdamW: invalid betas {(b1, b2)}; each in [0, 1)")
+        if not eps >= 0.0 or not weight_decay >= 0.0:
+            raise ValueError(f"hypertrain.optim.AdamW: invalid eps {eps} or weight_decay {weight_decay}")
+        defaults = dict(lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay, amsgrad=False, maximize=False,
+                        foreach=None, capturable=False, differentiable=False, fused=True)
+        super().__init__(params, defaults)
+        _check_params("hypertrain.optim.AdamW", self.param_groups)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = 0
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, eps, wd = _float(group["lr"]), group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                _require_cpu_fp32("hypertrain.optim.AdamW", index - 1, p, p.grad)
+                state = self.state[p]
+                if not state:  # torch.optim.AdamW's layout: a float32 step tensor and the two moments
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                _C.adamw(p.data_ptr(), p.grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(),
+                         int(state["step"].item()), lr, b1, b2, eps, wd)
+        return loss
+
+
+def _schedule(ns_coefficients, ns_steps, ns_variant):
+    """The Newton-Schulz triples, one per iteration: a named variant's, a triple
+    repeated ns_steps times (torch's), or a list of triples as given."""
+    if ns_variant is not None:
+        return _C.ns_schedule(str(ns_variant), int(ns_steps))
+    c = list(ns_coefficients)
+    if len(c) == 3 and all(isinstance(x, (int, float)) for x in c):
+        return [tuple(float(x) for x in c)] * int(ns_steps)
+    triples = [tuple(float(x) for x in t) for t in c]
+    if len(triples) < ns_steps:
+        raise ValueError(f"hypertrain.optim.Muon: {len(triples)} coefficient triples for ns_steps {ns_steps}")
+    return triples
+
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's arguments, with torch's meaning (momentum as torch's lerp,
+    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original" or
+    "match_rms_adamw"), and HyperParallel's and MindFormers' names:
+    momentum_style ("ema", torch's, or "sum": B <- mu B + g), ns_variant
+    ("legacy", "asym5", "polar_express", "deepseek_v4"), matched_adamw_rms (the
+    update scale rms * sqrt(max(A, B)); 0: sqrt(max(1, A / B))), ns_eps,
+    learning_rate, ns_dtype ("float32" or "bfloat16"). A param (A, B) is one
+    matrix; (E, A, B) is E matrices, each orthogonalized on its own with the
+    scale of an (A, B) one."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=_TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
+                 momentum_style="ema", ns_variant=None, matched_adamw_rms=None, ns_dtype="float32", **aliases):
+        lr = aliases.pop("learning_rate", lr)
+        eps = aliases.pop("ns_eps", eps)
+        if aliases:
+            raise TypeError(f"hypertrain.optim.Muon: unexpected keyword argument(s) {sorted(aliases)}")
+        if not _float(lr) >= 0.0 or not weight_decay >= 0.0:
+            raise ValueError(f"hypertrain.optim.Muon: invalid learning rate {lr} or weight_decay {weight_decay}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"hypertrain.optim.Muon: momentum {momentum}; expected [0, 1)")
+        if not eps > 0.0:
+            raise ValueError(f"hypertrain.optim.Muon: eps {eps}; expected > 0 (a zero matrix would divide by zero)")
+        if momentum_style not in ("ema", "sum"):
+            raise ValueError(f"hypertrain.optim.Muon: momentum_style {momentum_style!r}; expected 'ema' or 'sum'")
+        if ns_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"hypertrain.optim.Muon: ns_dtype {ns_dtype!r}; expected 'float32' or 'bfloat16'")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r}; expected None, 'original' or "
+                             "'match_rms_adamw'")
+        rms = {None: 0.0, "original": 0.0, "match_rms_adamw": 0.2}[adjust_lr_fn]
+        if matched_adamw_rms is not None:
+            if adjust_lr_fn is not None and float(matched_adamw_rms) != rms:
+                raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r} and matched_adamw_rms "
+                                 f"{matched_adamw_rms} disagree")
+            if not float(matched_adamw_rms) >= 0.0:
+                raise ValueError(f"hypertrain.optim.Muon: matched_adamw_rms {matched_adamw_rms}; expected >= 0")
+            rms = float(matched_adamw_rms)
+        schedule = _schedule(ns_coefficients, ns_steps, ns_variant)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                        momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=rms,
+                        ns_dtype=ns_dtype, schedule=schedule)
+        super().__init__(params, defaults)
+        _check_params("hypertrain.optim.Muon", self.param_groups)
+        for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
+            if p.ndim not in (2, 3):
+                raise ValueError(f"hypertrain.optim.Muon: param {i} has shape {tuple(p.shape)}; Muon takes "
+                                 "matrices (A, B) and stacks of them (E, A, B): give it to AdamW")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = 0
+        for group in self.param_groups:
+            lr, mu = _float(group["lr"]), float(group["momentum"])
+            gw = 1.0 - mu if group["momentum_style"] == "ema" else 1.0
+            nesterov = bool(group["nesterov"])
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                _require_cpu_fp32("hypertrain.optim.Muon", index - 1, p, p.grad)
+                state = self.state[p]
+                if not state:  # torch.optim.Muon's layout
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                buf, n = state["momentum_buffer"], p.numel()
+                A, B = p.shape[-2], p.shape[-1]
+                E = n // (A * B)
+                update = torch.empty_like(p)
+                _C.muon_momentum(buf.data_ptr(), p.grad.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
+                source = update if nesterov else buf
+                _C.newton_schulz(source.data_ptr(), update.data_ptr(), E, A, B, group["schedule"], group["eps"],
+                                 group["ns_dtype"])
+                rms = group["matched_adamw_rms"]
+                scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+                _C.muon_apply(p.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale)
+        return loss
+
+
+class _ChainedState(dict):
+    """The sub-optimizers' states as one mapping (their params are disjoint)."""
+
+
+class ChainedOptimizer(torch.optim.Optimizer):
+    """Several optimizers stepped as one (HyperParallel's Muon + AdamW): step(),
+    zero_grad(), param_groups (every sub-optimizer's groups, the same dicts, so a
+    scheduler reaches them all), state_dict() in torch's layout over all the
+    groups in order, and load_state_dict() handing each optimizer its groups."""
+
+    def __init__(self, optimizers):
+        self.optimizers = list(optimizers)
+        if not self.optimizers:
+            raise ValueError("hypertrain.optim.ChainedOptimizer: no optimizers")
+        seen = set()
+        for o in self.optimizers:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    if id(p) in seen:
+                        raise ValueError("hypertrain.optim.ChainedOptimizer: a param is in two of the optimizers")
+                    seen.add(id(p))
+        params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        self._building = True
+        super().__init__(params, {})
+        self._building = False
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+        self.defaults = {}
+
+    @property
+    def state(self):
+        merged = _ChainedState()
+        for o in getattr(self, "optimizers", []):
+            merged.update(o.state)
+        return merged
+
+    @state.setter
+    def state(self, value):  # torch.optim.Optimizer.__init__ assigns one; the sub-optimizers hold the state
+        pass
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for o in self.optimizers:
+            o.step()
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own call
+            return super().add_param_group(param_group)
+        raise NotImplementedError("hypertrain.optim.ChainedOptimizer: add the group to one of its optimizers")
+
+    def load_state_dict(self, state_dict):
+        groups, state, at = state_dict["param_groups"], state_dict["state"], 0
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"hypertrain.optim.ChainedOptimizer: the state dict has {len(groups)} param groups; "
+                             f"this optimizer has {len(self.param_groups)}")
+        for o in self.optimizers:
+            mine = groups[at:at + len(o.param_groups)]
+            ids = [i for g in mine for i in g["params"]]
+            o.load_state_dict({"state": {i: state[i] for i in ids if i in state}, "param_groups": mine})
+            at += len(o.param_groups)
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+
+
+def _named(model):
+    return {id(p): name for name, p in model.named_parameters()} if model is not None else {}
+
+
+def _flatten(params):
+    out = []
+    for x in params or []:
+        out.extend(x["params"] if isinstance(x, dict) else [x])
+    return out
+
+
+# HyperParallel's Muon (docs/NUMERICS.md's defaults): sum momentum, Nesterov, asym5, matched AdamW RMS 0.2.
+_HYPER_MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="sum",
+                   ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2)
+
+
+def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kwargs=None, adamw_kwargs=None):
+    """HyperParallel's factory: Muon on muon_params, AdamW on adamw_params (each a
+    list of tensors or of param-group dicts), chained. An empty group creates no
+    optimizer. muon_kwargs and adamw_kwargs pass straight to Muon and AdamW: over
+    HyperParallel's Muon defaults (lr 0.02, momentum 0.95 summed, Nesterov, asym5,
+    matched_adamw_rms 0.2, weight decay 0.1), torch's AdamW's."""
+    muon_params, adamw_params = list(muon_params or []), list(adamw_params or [])
+    names = _named(model)
+    muon_ids = {id(p) for p in _flatten(muon_params)}
+    for p in _flatten(adamw_params):
+        if id(p) in muon_ids:
+            raise ValueError(f"get_hyper_optimizer: param {names.get(id(p), '(unnamed)')} is in both muon_params "
+                             "and adamw_params")
+    optimizers = []
+    if muon_params:
+        kw = dict(_HYPER_MUON)
+        given = dict(muon_kwargs or {})
+        if "ns_coefficients" in given:
+            kw.pop("ns_variant")
+        if "adjust_lr_fn" in given:
+            kw.pop("matched_adamw_rms")
+        kw.update(given)
+        optimizers.append(Muon(muon_params, **kw))
+    if adamw_params:
+        optimizers.append(AdamW(adamw_params, **dict(adamw_kwargs or {})))
+    if not optimizers:
+        raise ValueError("get_hyper_optimizer: muon_params and adamw_params are both empty")
+    return ChainedOptimizer(optimizers)

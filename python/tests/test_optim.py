@@ -1,0 +1,338 @@
+"""hypertrain.optim and hypertrain.lr_scheduler against PyTorch's own optimizers
+and closed forms (docs/NUMERICS.md): AdamW bit for bit against
+torch.optim.AdamW(fused=True), Muon within 1e-6 of torch.optim.Muon with its
+Newton-Schulz in FP32 (as tools/reference/make_muon_fixtures.py runs it), the
+chained optimizer as its parts, state dicts across torch's optimizers and
+hypertrain's, the schedules' lrs, and bad input."""
+
+import math
+
+import pytest
+import torch
+import torch.optim._muon as torch_muon
+
+import hypertrain
+from hypertrain import optim
+from hypertrain.lr_scheduler import get_hyper_lr_scheduler, scheduler_types
+
+STEPS = 10
+
+
+def grads_for(shapes, steps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=gen) * (0.1 + t) for s in shapes] for t in range(steps)]
+
+
+def params_for(shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(0.05 * torch.randn(s, generator=gen)) for s in shapes]
+
+
+def rel(a, b):
+    return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+
+
+# ---------------------------------------------------------------- AdamW
+
+
+def run_adamw(make, shapes, lrs, wd=0.01, betas=(0.9, 0.999), eps=1e-8):
+    ps = params_for(shapes, 1)
+    opt = make(ps, lr=lrs[0], betas=betas, eps=eps, weight_decay=wd)
+    history = []
+    for t, gs in enumerate(grads_for(shapes, len(lrs), 2)):
+        for group in opt.param_groups:
+            group["lr"] = lrs[t]
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        opt.step()
+        history.append([(p.detach().clone(), opt.state[p]["exp_avg"].clone(), opt.state[p]["exp_avg_sq"].clone())
+                        for p in ps])
+    return ps, opt, history
+
+
+def torch_vector_floats():
+    """Floats in one of torch's CPU vectors (at::vec::Vectorized<float>::size())."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def test_adamw_bit_for_bit_against_torch_fused():
+    """Every element where torch's fused CPU kernel takes its vectorized path (FP32 throughout): shapes whose
+    element count is a multiple of 16 are that path alone."""
+    shapes = [(64, 64), (48,), (4, 8, 3), (1024,)]
+    lrs = [1e-3 * (1 + 0.1 * t) for t in range(STEPS)]
+    for wd, betas in ((0.01, (0.9, 0.999)), (0.1, (0.9, 0.95))):
+        _, _, ours = run_adamw(optim.AdamW, shapes, lrs, wd, betas)
+        _, _, torch_h = run_adamw(lambda ps, **kw: torch.optim.AdamW(ps, fused=True, **kw), shapes, lrs, wd, betas)
+        for t in range(STEPS):
+            for (p, m, v), (tp, tm, tv) in zip(ours[t], torch_h[t]):
+                assert torch.equal(p, tp), f"step {t + 1}: param differs by {rel(p, tp):.3g}"
+                assert torch.equal(m, tm) and torch.equal(v, tv), f"step {t + 1}: moments differ"
+
+
+def test_adamw_against_torch_fused_tails():
+    """torch's fused CPU kernel runs the last n mod V elements of each thread's chunk (V floats a vector)
+    through a scalar loop whose coefficients are doubles, so exp_avg_sq there is a double computation rounded
+    once (at::native's FusedAdamKernel.cpp). On one torch thread the chunk is the tensor: every other element
+    is bit for bit, and those within 4 ulps of exp_avg_sq and of the param (measured: 2 ulps of exp_avg_sq,
+    the param equal, over 10 steps on AVX2)."""
+    torch.set_num_threads(1)
+    V = torch_vector_floats()
+    shapes = [(33,), (7, 5, 3), (1001,), (4099,)]
+    lrs = [1e-3 * (1 + 0.1 * t) for t in range(STEPS)]
+    _, _, ours = run_adamw(optim.AdamW, shapes, lrs)
+    _, _, torch_h = run_adamw(lambda ps, **kw: torch.optim.AdamW(ps, fused=True, **kw), shapes, lrs)
+    for t in range(STEPS):
+        for shape, mine, theirs in zip(shapes, ours[t], torch_h[t]):
+            n = math.prod(shape)
+            tail = n - n % V
+            for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), mine, theirs):
+                a, b = a.flatten(), b.flatten()
+                assert torch.equal(a[:tail], b[:tail]), f"{shape} step {t + 1}: {name} differs in the vector part"
+                ulps = (a[tail:].view(torch.int32) - b[tail:].view(torch.int32)).abs().max().item() if n > tail else 0
+                assert ulps <= 4, f"{shape} step {t + 1}: {name}'s tail {ulps} ulps from torch's"
+
+
+def test_adamw_state_dict_crosses_torch_both_ways():
+    shapes = [(16, 8), (8,)]
+    lrs = [2e-3] * 6
+    for first, second in ((lambda ps, **kw: torch.optim.AdamW(ps, fused=True, **kw), optim.AdamW),
+                          (optim.AdamW, lambda ps, **kw: torch.optim.AdamW(ps, fused=True, **kw))):
+        ps, opt, _ = run_adamw(first, shapes, lrs[:3])
+        saved = opt.state_dict()
+        ref_ps, ref_opt, _ = run_adamw(first, shapes, lrs[:3])
+        cont = second([torch.nn.Parameter(p.detach().clone()) for p in ps], lr=lrs[0])
+        cont.load_state_dict(saved)
+        cont_ps = [p for g in cont.param_groups for p in g["params"]]
+        for t, gs in enumerate(grads_for(shapes, 6, 2)[3:]):
+            for p, q, g in zip(cont_ps, ref_ps, gs):
+                p.grad, q.grad = g.clone(), g.clone()
+            cont.step()
+            ref_opt.step()
+        for p, q in zip(cont_ps, ref_ps):
+            assert torch.equal(p, q), "a resumed AdamW parts from the run that went on"
+
+
+# ---------------------------------------------------------------- Muon
+
+
+def ns_fp32(G, coeffs, eps):
+    """docs/NUMERICS.md's Newton-Schulz in FP32 torch ops (tools/reference/make_muon_fixtures.py's)."""
+    X = G.to(torch.float32, copy=True)
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    X = X * float(1.0 / (X.double().norm().item() + eps))
+    for a, b, c in coeffs:
+        S = X @ X.T
+        T = torch.addmm(S, S, S, beta=b, alpha=c)
+        X = torch.addmm(X, T, X, beta=a)
+    return X.T.contiguous() if tall else X
+
+
+@pytest.fixture
+def torch_muon_fp32(monkeypatch):
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
+                        lambda grad, ns_coefficients, ns_steps, eps: ns_fp32(grad, [tuple(ns_coefficients)] * ns_steps,
+                                                                             eps))
+
+
+@pytest.mark.parametrize("nesterov,adjust", [(True, "original"), (False, "match_rms_adamw"), (True, None)])
+def test_muon_against_torch(torch_muon_fp32, nesterov, adjust):
+    shapes = [(96, 32), (32, 96), (64, 64), (3, 24, 40)]
+    ps = params_for(shapes, 3)
+    ref = [p.detach().clone() for p in ps[:3]] + [p.detach()[e].clone() for e in range(3) for p in ps[3:]]
+    ref = [torch.nn.Parameter(r) for r in ref]
+    ours = optim.Muon(ps, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=nesterov, adjust_lr_fn=adjust)
+    theirs = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=nesterov,
+                              adjust_lr_fn=adjust)
+    for gs in grads_for(shapes, STEPS, 4):
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        for r, g in zip(ref, gs[:3] + [gs[3][e] for e in range(3)]):
+            r.grad = g.clone()
+        ours.step()
+        theirs.step()
+        got = [p.detach() for p in ps[:3]] + [ps[3].detach()[e] for e in range(3)]
+        for a, b, name in zip(got, ref, ["tall", "wide", "square", "expert 0", "expert 1", "expert 2"]):
+            assert rel(a, b) <= 1e-6, f"{name}: {rel(a, b):.3g} from torch.optim.Muon"
+        mom = [ours.state[p]["momentum_buffer"] for p in ps[:3]]
+        for a, b in zip(mom, ref[:3]):
+            assert rel(a, theirs.state[b]["momentum_buffer"]) <= 1e-6
+
+
+def test_muon_hyperparallel_style():
+    """sum momentum, asym5, matched_adamw_rms 0.2 (get_hyper_optimizer's defaults) against the formulas."""
+    shape, lr, wd, mu = (40, 24), 0.02, 0.1, 0.95
+    (p,) = params_for([shape], 5)
+    ref = p.detach().clone()
+    opt = optim.get_hyper_optimizer(muon_params=[p], muon_kwargs={"lr": lr, "momentum": mu})
+    B = torch.zeros(shape)
+    coeffs = hypertrain._C.ns_schedule("asym5", 5)
+    for (g,) in grads_for([shape], STEPS, 6):
+        p.grad = g.clone()
+        opt.step()
+        B = mu * B + g
+        u = g + mu * B
+        ref = ref * (1 - lr * wd) - lr * 0.2 * math.sqrt(max(shape)) * ns_fp32(u, coeffs, 1e-7)
+        assert rel(p.detach(), ref) <= 1e-6
+
+
+def test_newton_schulz_on_a_slice_is_not_the_slice():
+    """Why tensor parallelism gathers a matrix whole before Newton-Schulz (docs/NUMERICS.md)."""
+    gen = torch.Generator().manual_seed(7)
+    G = torch.randn(64, 48, generator=gen)
+    coeffs = hypertrain._C.ns_schedule("asym5", 5)
+    whole, top = torch.empty_like(G), G[:32].contiguous()
+    part = torch.empty_like(top)
+    hypertrain._C.newton_schulz(G.data_ptr(), whole.data_ptr(), 1, 64, 48, coeffs, 1e-7, "float32")
+    hypertrain._C.newton_schulz(top.data_ptr(), part.data_ptr(), 1, 32, 48, coeffs, 1e-7, "float32")
+    assert rel(whole, ns_fp32(G, coeffs, 1e-7)) <= 1e-5
+    assert rel(part, whole[:32]) > 1e-2
+
+
+# ---------------------------------------------------------------- chained
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.q_proj = torch.nn.Linear(16, 16)
+        self.up_proj = torch.nn.Linear(16, 32, bias=False)
+        self.norm = torch.nn.LayerNorm(32)
+        self.head = torch.nn.Linear(32, 50, bias=False)
+
+    def forward(self, x):
+        return self.head(self.norm(torch.relu(self.up_proj(self.q_proj(self.embed(x))))))
+
+
+def split(model):
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        (muon if p.ndim == 2 and "proj" in name else adamw).append(p)
+    return muon, adamw
+
+
+def train(model, opt, steps, sched=None):
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(steps):
+        x = torch.randint(0, 50, (4, 8), generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if sched:
+            sched.step()
+
+
+def test_chained_optimizer_is_its_parts():
+    torch.manual_seed(0)
+    a = Tiny()
+    b = Tiny()
+    b.load_state_dict(a.state_dict())
+    muon, adamw = split(a)
+    chained = optim.get_hyper_optimizer(model=a, muon_params=muon, adamw_params=adamw,
+                                        muon_kwargs={"lr": 0.02, "momentum": 0.95},
+                                        adamw_kwargs={"lr": 3e-4, "weight_decay": 0.1})
+    assert [type(o).__name__ for o in chained.optimizers] == ["Muon", "AdamW"]
+    muon_b, adamw_b = split(b)
+    parts = [optim.Muon(muon_b, lr=0.02, momentum=0.95, weight_decay=0.1, momentum_style="sum",
+                        ns_variant="asym5", matched_adamw_rms=0.2),
+             optim.AdamW(adamw_b, lr=3e-4, weight_decay=0.1)]
+    train(a, chained, 3)
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        x = torch.randint(0, 50, (4, 8), generator=gen)
+        torch.nn.functional.cross_entropy(b(x).flatten(0, 1), x.flatten()).backward()
+        for o in parts:
+            o.step()
+            o.zero_grad()
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"{name}: the chained optimizer parts from Muon and AdamW stepped alone"
+
+
+def test_chained_state_dict_resumes_exactly(tmp_path):
+    torch.manual_seed(1)
+    model = Tiny()
+    muon, adamw = split(model)
+    make = lambda m: optim.get_hyper_optimizer(model=m, muon_params=split(m)[0], adamw_params=split(m)[1])
+    opt = make(model)
+    train(model, opt, 2)
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path / "ckpt.pt")
+    train(model, opt, 2)
+    resumed = Tiny()
+    saved = torch.load(tmp_path / "ckpt.pt")
+    resumed.load_state_dict(saved["model"])
+    ropt = make(resumed)
+    ropt.load_state_dict(saved["optim"])
+    train(resumed, ropt, 2)
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), f"{name}: the resumed run parts from the one that went on"
+
+
+def test_an_empty_group_creates_no_optimizer():
+    model = Tiny()
+    opt = optim.get_hyper_optimizer(model=model, muon_params=[], adamw_params=list(model.parameters()))
+    assert [type(o).__name__ for o in opt.optimizers] == ["AdamW"]
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_hyper_lr_scheduler_cosine_closed_form():
+    model = Tiny()
+    muon, adamw = split(model)
+    opt = optim.get_hyper_optimizer(muon_params=muon, adamw_params=adamw, muon_kwargs={"lr": 0.02},
+                                    adamw_kwargs={"lr": 3e-4})
+    T, W = 20, 5
+    sched = get_hyper_lr_scheduler(opt, scheduler_type="cosine", total_steps=T, warmup_steps=W)
+    for s in range(T):
+        for group, eta in zip(opt.param_groups, [0.02] * len(opt.optimizers[0].param_groups) + [3e-4]):
+            want = eta * s / W if s < W else eta * 0.5 * (1 + math.cos(math.pi * (s - W) / (T - W)))
+            assert abs(group["lr"] - want) <= 1e-12 * eta, f"step {s}: lr {group['lr']}, expected {want}"
+        opt.step()
+        sched.step()
+
+
+def test_mindformers_schedules_by_name():
+    for name in scheduler_types():
+        opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
+        extra = {"t_0": 4} if name == "CosineAnnealingWarmRestarts" else {}  # its default cycle is 1 step
+        sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=10, warmup_steps=2, **extra)
+        lrs = []
+        for _ in range(10):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert all(0 <= lr <= 1e-3 + 1e-15 for lr in lrs), f"{name}: {lrs}"
+        if not name.startswith("CosineAnnealing"):  # warmup from 0 over 2 steps; the two others have none
+            assert lrs[0] == 0 and abs(lrs[1] - 5e-4) <= 1e-15, f"{name} does not warm up: {lrs}"
+        else:
+            assert lrs[0] == 1e-3 and lrs[1] < lrs[0], f"{name}: {lrs}"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input():
+    model = Tiny()
+    p = model.q_proj.weight
+    with pytest.raises(ValueError, match="q_proj.weight is in both"):
+        optim.get_hyper_optimizer(model=model, muon_params=[p], adamw_params=[p])
+    with pytest.raises(ValueError, match="does not exist; expected one of cosine, linear, constant"):
+        get_hyper_lr_scheduler(optim.AdamW([p]), scheduler_type="cosine_annealing_typo", total_steps=10)
+    with pytest.raises(ValueError, match="Muon takes matrices"):
+        optim.Muon([model.q_proj.bias])
+    with pytest.raises(TypeError, match="expected a floating-point param"):
+        optim.AdamW([torch.zeros(4, 4, dtype=torch.int32)])
+    d = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
+    d.grad = torch.zeros_like(d)
+    with pytest.raises(TypeError, match="these optimizers update float32 params"):
+        optim.AdamW([d]).step()
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        optim.AdamW([p], amsgrad=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        optim.Muon([p], lrr=0.1)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="run on CPU tensors"):
+            optim.AdamW([torch.nn.Parameter(torch.zeros(4, 4, device="cuda"))])
