@@ -1,7 +1,8 @@
 /* The optimizer passes, kernels behind the table as the rest: AdamW's
- * fused update with its cast back to a bf16/f16 model copy (AVX-512 where
- * the build has it), Muon's momentum and update, the Newton-Schulz
- * iteration, and a scaling pass (gradient clipping). The optimizers in
+ * fused update with its cast back to a bf16/f16 model copy (AVX-512, or
+ * AVX2 with FMA and F16C, where the build has them), Muon's momentum and
+ * update, the Newton-Schulz iteration, and a scaling pass (gradient
+ * clipping). The optimizers in
  * optim/ decide what runs on which rows; the arithmetic is here. */
 #include "kernels/ops.h"
 
@@ -12,7 +13,7 @@
 
 #include "hypertrain/kernels.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
 #endif
 
@@ -266,6 +267,34 @@ static inline __m512 adamw_vec16(float *p, const float *g, float *m, float *v, c
     _mm512_storeu_ps(p, pi);
     return pi;
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ADAMW_AVX2 1
+/* ht_f32_to_bf16 on 8 lanes, as bf16_round16 above. */
+static inline __m128i bf16_round8(__m256 x) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000)); /* both non-negative as int32 */
+    __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i h = _mm256_blendv_epi8(r, q, nan); /* each lane <= 0xffff */
+    /* packus works within each 128-bit half: lanes 0-3 land in qword 0, lanes 4-7 in qword 2 */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
+}
+
+/* adamw_element on 8 lanes: the same operations in the same order. */
+static inline __m256 adamw_vec8(float *p, const float *g, float *m, float *v, const adamw_scalars *k) {
+    __m256 gi = _mm256_loadu_ps(g), mi = _mm256_loadu_ps(m), vi = _mm256_loadu_ps(v);
+    __m256 pd = _mm256_mul_ps(_mm256_loadu_ps(p), _mm256_set1_ps(k->decay));
+    mi = _mm256_fmadd_ps(_mm256_set1_ps(k->w1), _mm256_sub_ps(gi, mi), mi);
+    vi = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(k->c2), gi), gi, _mm256_mul_ps(vi, _mm256_set1_ps(k->b2)));
+    __m256 d = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), _mm256_set1_ps(k->bc2_sqrt)), _mm256_set1_ps(k->eps));
+    __m256 pi = _mm256_add_ps(pd, _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(k->neg_step), mi), d));
+    _mm256_storeu_ps(m, mi);
+    _mm256_storeu_ps(v, vi);
+    _mm256_storeu_ps(p, pi);
+    return pi;
+}
 #endif
 
 /* Model copies at least this large bypass the cache on the way out (they are
@@ -294,6 +323,27 @@ static void adamw_range(float *p, const float *g, float *m, float *v, int64_t lo
                 _mm256_stream_si256((__m256i *)(out + i), h);
             else
                 _mm256_storeu_si256((__m256i *)(out + i), h);
+        }
+        if (stream) _mm_sfence();
+    }
+#elif defined(ADAMW_AVX2)
+    if (!model) {
+        for (; i + 8 <= hi; i += 8) adamw_vec8(p + i, g + i, m + i, v + i, k);
+    } else if (dtype == HT_DTYPE_BF16 || dtype == HT_DTYPE_F16) {
+        uint16_t *out = model;
+        bool stream = (hi - lo) * 2 >= STREAM_MIN_BYTES;
+        /* Scalar head up to a 16-byte boundary of the model copy, for the streaming stores. */
+        if (stream)
+            for (; i < hi && ((uintptr_t)(out + i) & 15) != 0; i++)
+                store_model(model, dtype, i, adamw_element(&p[i], g[i], &m[i], &v[i], k));
+        for (; i + 8 <= hi; i += 8) {
+            __m256 x = adamw_vec8(p + i, g + i, m + i, v + i, k);
+            __m128i h = dtype == HT_DTYPE_BF16 ? bf16_round8(x)
+                                               : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (stream)
+                _mm_stream_si128((__m128i *)(out + i), h);
+            else
+                _mm_storeu_si128((__m128i *)(out + i), h);
         }
         if (stream) _mm_sfence();
     }
