@@ -44,7 +44,7 @@ YAML
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
      "$(grep -o -w -E 'avx512f|avx512_bf16|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | paste -sd' ' -)," \
      "load $(cut -d' ' -f1-3 /proc/loadavg); Qwen2.5-0.5B, float32, T $T, batch 1 a rank, $steps steps"
-printf '%-10s %5s %6s %8s %8s %8s %9s %9s %9s %9s %7s\n' run ranks global tok/s step_s fwd+bwd peakRSS acts \
+printf '%-15s %5s %6s %8s %8s %8s %9s %9s %9s %9s %7s\n' run ranks global tok/s step_s fwd+bwd peakRSS acts \
   tp_coll fsdp_coll hidden
 run() { # label ranks global extra...
   local label=$1 ranks=$2 global=$3
@@ -71,7 +71,7 @@ step_s = glob * int(re.search(r"seq_len: (\d+)", open(log.rsplit("/", 1)[0] + "/
 tp = re.search(r"tensor parallelism a step: ([0-9.]+) s", text)
 fsdp = re.search(r"collectives in flight ([0-9.]+) s, compute waited [0-9.]+ s of it \((\d+)% hidden", text)
 fs = fsdp.group(1) if fsdp else "-"
-print(f"{label:<10} {ranks:>5} {glob:>6} {tps:>8} {step_s:>8.2f} {float(fb):>8.2f} {peak:>9.0f} {acts:>9.0f} "
+print(f"{label:<15} {ranks:>5} {glob:>6} {tps:>8} {step_s:>8.2f} {float(fb):>8.2f} {peak:>9.0f} {acts:>9.0f} "
       f"{tp.group(1) if tp else '-':>9} {fs:>9} {fsdp.group(2) + '%' if fsdp else '-':>7}")
 PY
 }
@@ -100,11 +100,12 @@ if line is None or "FAILED" in line:
 tps = float(re.search(r"tokens_per_s=([0-9.]+)", line).group(1))
 step_s = float(re.search(r"step_s=([0-9.]+)", line).group(1))
 peak = max(int(x) for x in re.search(r"peak_rss_mib_per_rank=\[([0-9, ]+)\]", line).group(1).split(","))
-print(f"{label:<10} {2:>5} {1:>6} {tps:>8.0f} {step_s:>8.2f} {'-':>8} {peak:>9} {'-':>9} {'-':>9} {'-':>9} {'-':>7}")
+print(f"{label:<15} {2:>5} {1:>6} {tps:>8.0f} {step_s:>8.2f} {'-':>8} {peak:>9} {'-':>9} {'-':>9} {'-':>9} {'-':>7}")
 PY
 }
 peer torch_tp2 --sp
 peer torch_tp2_no_sp
 if [ -z "${RUNS:-}" ] && python3 -c 'import torch' 2> /dev/null; then
-  timeout 300 torchrun --standalone --nproc_per_node=2 bench/peers/torch_cp_probe.py 2>&1 | grep '^torch_cp rank 0' || true
+  timeout 300 torchrun --standalone --nproc_per_node=2 bench/peers/torch_cp_probe.py > "$work/cp_probe.log" 2>&1 || true
+  grep '^torch_cp rank 0' "$work/cp_probe.log" || { echo "torch_cp: the probe printed no result:"; tail -5 "$work/cp_probe.log"; }
 fi

@@ -196,20 +196,28 @@ static double compare_run(const char *dir, const char *out, const char *ref, int
 }
 
 /* The noise floor of a float32 run: the same one process with every
- * gradient times 1 + 2^-23, 1 + 2^-22 and 1 + 2^-21. Muon's normalization,
- * AdamW's m / sqrt(v) and the clipping undo the factor (but through their
- * eps terms, by less than 1e-12 of an update), while every product of
- * backward rounds otherwise: these runs part from the reference by float32
- * rounding carried through the steps, as another summation order (another
- * rank count) does. docs/NUMERICS.md, "Sharded runs against one process". */
+ * gradient times 1 + 2^-23, 1 + 2^-22, 1 + 2^-21 and 1 - 2^-23, 1 - 2^-22,
+ * 1 - 2^-21. Muon's normalization, AdamW's m / sqrt(v) and the clipping undo
+ * the factor (but through their eps terms, by less than 1e-12 of an update),
+ * while every product of backward rounds otherwise: these runs part from the
+ * reference by float32 rounding carried through the steps, as another
+ * summation order (another rank count) does. The floor is the largest of
+ * them, an estimate of the noise's reach from a sample: three were too few.
+ * DeepSeek-V3's layer-1 o_proj.weight main_grad at step 10 (ASan build,
+ * AMD EPYC): the three upward factors part by 3.3e-6 to 5.0e-6, eight more
+ * factors (1 +- 3, 5, 6, 7 x 2^-23, ...) by 3.2e-6 to 1.02e-5, FSDP on 2
+ * ranks by 1.05e-5. docs/NUMERICS.md, "Sharded runs against one process". */
 static const char *const floor_sets[] = {
     "--set training.gradient_scaling_factor=1.00000011920928955078125",
     "--set training.gradient_scaling_factor=1.0000002384185791015625",
     "--set training.gradient_scaling_factor=1.000000476837158203125",
+    "--set training.gradient_scaling_factor=0.99999988079071044921875",
+    "--set training.gradient_scaling_factor=0.9999997615814208984375",
+    "--set training.gradient_scaling_factor=0.999999523162841796875",
 };
 enum { FLOOR_RUNS = sizeof(floor_sets) / sizeof(floor_sets[0]) };
 
-/* The floor runs in dir: floor0 .. floor2, each with `base` settings too. */
+/* The floor runs in dir: floor0 .. floor5, each with `base` settings too. */
 static void run_floor(const char *dir, const char *base) {
     for (int k = 0; k < FLOOR_RUNS; k++) {
         char out[32], set[2048], *log;
@@ -263,7 +271,7 @@ static const char *check_ranks(const char *name, const char *dtype, bool attenti
         floor = calloc(1, sizeof(tensor_errors));
         run_floor(dir, base);
         double worst = floor_of(dir, "final/model.safetensors", "", floor);
-        printf("float32 noise floor (one process, gradients x (1 + 2^-23 .. 2^-21)): final weights within %.3g\n",
+        printf("float32 noise floor (one process, gradients x (1 +- 2^-23 .. 2^-21)): final weights within %.3g\n",
                worst);
         if (attention_bias)
             printf("  layers 0 and 1: q_proj.bias %.3g %.3g, k_proj.bias %.3g %.3g, v_proj.bias %.3g %.3g\n",
@@ -1422,7 +1430,7 @@ static void moe_float32_against_one_process(const char *name, bool deepseek, int
         if (s < 10) floor10 = fmax(floor10, f);
         floor20 = fmax(floor20, f);
     }
-    printf("%s float32 noise floor (one process, gradients x (1 + 2^-23 .. 2^-21)): every main_grad and param "
+    printf("%s float32 noise floor (one process, gradients x (1 +- 2^-23 .. 2^-21)): every main_grad and param "
            "within %.2g of the reference over 10 steps, %.2g over %d\n",
            model, floor10, floor20, MOE_STEPS);
     for (int k = 0; k < MOE_RUNS; k++) {
@@ -1505,7 +1513,7 @@ static const char *moe_bf16_against_one_process(const char *name, const char *ba
     /* The same runs' step-1 main_grads: bf16 rounding noise in one process, the floor of the bound below. */
     tensor_errors *grad_floor = calloc(1, sizeof(tensor_errors));
     double worst_floor = floor_of(dir, "state/step_00000001.safetensors", "main_grad.", grad_floor);
-    printf("bf16 noise floor (one process, gradients x (1 + 2^-23 .. 2^-21)): step 1's main_grads within %.3g\n",
+    printf("bf16 noise floor (one process, gradients x (1 +- 2^-23 .. 2^-21)): step 1's main_grads within %.3g\n",
            worst_floor);
     for (int f = 0; f < FLOOR_RUNS; f++) {
         char path[1300], *flog;
