@@ -52,6 +52,17 @@ def _float(x):
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
+def _model_copy(p):
+    """The low-precision model param whose FP32 main param p is (the FP32
+    main-param wrapper's), as the kernels' (pointer, dtype name) arguments: the
+    step writes it, rounded to nearest even, in the same pass; (None, None)
+    where p is its own model param."""
+    model = getattr(p, "_hypertrain_model_param", None)
+    if model is None:
+        return None, None
+    return model.data_ptr(), str(model.dtype).removeprefix("torch.")
+
+
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's arguments, with torch's meaning; MindFormers' names too
     (learning_rate, beta1, beta2). One fused pass a param: decoupled weight decay,
@@ -107,7 +118,7 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 _C.adamw(p.data_ptr(), p.grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(),
-                         int(state["step"].item()), lr, b1, b2, eps, wd)
+                         int(state["step"].item()), lr, b1, b2, eps, wd, *_model_copy(p))
         return loss
 
 
@@ -205,41 +216,36 @@ class Muon(torch.optim.Optimizer):
                                  group["ns_dtype"])
                 rms = group["matched_adamw_rms"]
                 scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
-                _C.muon_apply(p.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale)
+                _C.muon_apply(p.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
+                              *_model_copy(p))
         return loss
 
 
-class _ChainedState(dict):
-    """The sub-optimizers' states as one mapping (their params are disjoint)."""
+class _MergedState(dict):
+    """Several optimizers' states as one mapping (their params are disjoint)."""
 
 
-class ChainedOptimizer(torch.optim.Optimizer):
-    """Several optimizers stepped as one (HyperParallel's Muon + AdamW): step(),
-    zero_grad(), param_groups (every sub-optimizer's groups, the same dicts, so a
-    scheduler reaches them all), state_dict() in torch's layout over all the
-    groups in order, and load_state_dict() handing each optimizer its groups."""
+class _Delegating(torch.optim.Optimizer):
+    """An optimizer whose param groups and state are other optimizers' (the
+    same dicts, so a scheduler or a state dict reaches them all): the base of
+    ChainedOptimizer and of the FP32 main-param wrapper."""
 
-    def __init__(self, optimizers):
+    def _adopt(self, optimizers):
         self.optimizers = list(optimizers)
-        if not self.optimizers:
-            raise ValueError("hypertrain.optim.ChainedOptimizer: no optimizers")
-        seen = set()
-        for o in self.optimizers:
-            for g in o.param_groups:
-                for p in g["params"]:
-                    if id(p) in seen:
-                        raise ValueError("hypertrain.optim.ChainedOptimizer: a param is in two of the optimizers")
-                    seen.add(id(p))
         params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
         self._building = True
         super().__init__(params, {})
         self._building = False
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+        self._relink()
         self.defaults = {}
+
+    def _relink(self):
+        """The groups again after a sub-optimizer's load_state_dict (torch's makes new group dicts)."""
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
 
     @property
     def state(self):
-        merged = _ChainedState()
+        merged = _MergedState()
         for o in getattr(self, "optimizers", []):
             merged.update(o.state)
         return merged
@@ -247,6 +253,31 @@ class ChainedOptimizer(torch.optim.Optimizer):
     @state.setter
     def state(self, value):  # torch.optim.Optimizer.__init__ assigns one; the sub-optimizers hold the state
         pass
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own call
+            return super().add_param_group(param_group)
+        raise NotImplementedError(f"hypertrain.optim.{type(self).__name__}: add the group to one of its optimizers")
+
+
+class ChainedOptimizer(_Delegating):
+    """Several optimizers stepped as one (HyperParallel's Muon + AdamW): step(),
+    zero_grad(), param_groups (every sub-optimizer's groups, the same dicts, so a
+    scheduler reaches them all), state_dict() in torch's layout over all the
+    groups in order, and load_state_dict() handing each optimizer its groups."""
+
+    def __init__(self, optimizers):
+        optimizers = list(optimizers)
+        if not optimizers:
+            raise ValueError("hypertrain.optim.ChainedOptimizer: no optimizers")
+        seen = set()
+        for o in optimizers:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    if id(p) in seen:
+                        raise ValueError("hypertrain.optim.ChainedOptimizer: a param is in two of the optimizers")
+                    seen.add(id(p))
+        self._adopt(optimizers)
 
     def step(self, closure=None):
         loss = None
@@ -261,11 +292,6 @@ class ChainedOptimizer(torch.optim.Optimizer):
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
 
-    def add_param_group(self, param_group):
-        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own call
-            return super().add_param_group(param_group)
-        raise NotImplementedError("hypertrain.optim.ChainedOptimizer: add the group to one of its optimizers")
-
     def load_state_dict(self, state_dict):
         groups, state, at = state_dict["param_groups"], state_dict["state"], 0
         if len(groups) != len(self.param_groups):
@@ -276,7 +302,7 @@ class ChainedOptimizer(torch.optim.Optimizer):
             ids = [i for g in mine for i in g["params"]]
             o.load_state_dict({"state": {i: state[i] for i in ids if i in state}, "param_groups": mine})
             at += len(o.param_groups)
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+        self._relink()
 
 
 def _named(model):
@@ -295,13 +321,19 @@ _HYPER_MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, mome
                    ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2)
 
 
-def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kwargs=None, adamw_kwargs=None):
+def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kwargs=None, adamw_kwargs=None,
+                        fp32_main_params=False):
     """HyperParallel's factory: Muon on muon_params, AdamW on adamw_params (each a
     list of tensors or of param-group dicts), chained. An empty group creates no
     optimizer. muon_kwargs and adamw_kwargs pass straight to Muon and AdamW: over
     HyperParallel's Muon defaults (lr 0.02, momentum 0.95 summed, Nesterov, asym5,
-    matched_adamw_rms 0.2, weight decay 0.1), torch's AdamW's."""
+    matched_adamw_rms 0.2, weight decay 0.1), torch's AdamW's. fp32_main_params:
+    the AutoModels Trainer's FP32 main-param wrapper around the chain
+    (hypertrain.mixed_precision; needs model=, whose names key the main params)."""
     muon_params, adamw_params = list(muon_params or []), list(adamw_params or [])
+    if fp32_main_params and model is None:
+        raise ValueError("get_hyper_optimizer: fp32_main_params=True needs model= (the state dict keys the FP32 "
+                         "main params by parameter name)")
     names = _named(model)
     muon_ids = {id(p) for p in _flatten(muon_params)}
     for p in _flatten(adamw_params):
@@ -322,4 +354,64 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         optimizers.append(AdamW(adamw_params, **dict(adamw_kwargs or {})))
     if not optimizers:
         raise ValueError("get_hyper_optimizer: muon_params and adamw_params are both empty")
-    return ChainedOptimizer(optimizers)
+    chained = ChainedOptimizer(optimizers)
+    if not fp32_main_params:
+        return chained
+    from .mixed_precision import Float16OptimizerWithFloat16Params
+    return Float16OptimizerWithFloat16Params(chained, model)
+
+
+def _shard_groups(g):
+    """The process groups a DTensor's local sum of squares is summed over: its mesh's dims that shard it
+    (a Replicate dim holds the same values on each of its ranks)."""
+    mesh = g.device_mesh
+    return [mesh.get_group(d) for d, pl in enumerate(g.placements) if pl.is_shard()]
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    """torch.nn.utils.clip_grad_norm_ (the 2-norm) over each param's main_grad where it has one (the FP32
+    main-param wrapper's: its grad is None), else its grad. A DTensor gradient (FSDP2's shards) counts its
+    local shard, the sums of squares reduced over the mesh dims that shard it, as the seed's clip_grad does,
+    so every rank gets the whole model's norm. The sums of squares are double (hypertrain's kernel on float32
+    gradients), the norm their root rounded to float32; the scale is torch's: grads times the float32
+    max_norm / (norm + 1e-6) where that is < 1.
+    Returns the total norm, a float32 tensor."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    if float(norm_type) != 2.0:
+        raise ValueError(f"hypertrain.optim.clip_grad_norm_: norm_type {norm_type}; only the 2-norm is supported")
+    grads = []
+    for p in parameters:
+        g = getattr(p, "main_grad", None)
+        g = p.grad if g is None else g
+        if g is not None:
+            grads.append(g)
+    local, by_groups = 0.0, {}
+    for g in grads:
+        t = g.to_local() if hasattr(g, "to_local") else g
+        if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+            s = _C.sum_squares(t.data_ptr(), t.numel())
+        else:
+            s = float(t.double().square().sum())
+        if hasattr(g, "to_local"):
+            key = tuple(_shard_groups(g))
+            by_groups[key] = by_groups.get(key, 0.0) + s
+        else:
+            local += s
+    total = local
+    if by_groups:
+        import torch.distributed as dist
+        for key, s in by_groups.items():
+            t = torch.tensor([s], dtype=torch.float64)
+            for pg in key:
+                dist.all_reduce(t, group=pg)
+            total += float(t)
+    norm = torch.tensor(math.sqrt(total), dtype=torch.float32)
+    if error_if_nonfinite and not math.isfinite(total):
+        raise RuntimeError(f"hypertrain.optim.clip_grad_norm_: the total norm is {norm.item()}")
+    coef = max_norm / (norm + 1e-6)  # float32, as torch's
+    if coef.item() < 1.0:
+        for g in grads:
+            (g.to_local() if hasattr(g, "to_local") else g).mul_(coef)
+    return norm

@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
-import torch.optim._muon as torch_muon
 
 import hypertrain
+from conftest import ns_fp32
 from hypertrain import optim
 from hypertrain.lr_scheduler import get_hyper_lr_scheduler, scheduler_types
 
@@ -113,27 +113,6 @@ def test_adamw_state_dict_crosses_torch_both_ways():
 
 
 # ---------------------------------------------------------------- Muon
-
-
-def ns_fp32(G, coeffs, eps):
-    """docs/NUMERICS.md's Newton-Schulz in FP32 torch ops (tools/reference/make_muon_fixtures.py's)."""
-    X = G.to(torch.float32, copy=True)
-    tall = G.size(0) > G.size(1)
-    if tall:
-        X = X.T
-    X = X * float(1.0 / (X.double().norm().item() + eps))
-    for a, b, c in coeffs:
-        S = X @ X.T
-        T = torch.addmm(S, S, S, beta=b, alpha=c)
-        X = torch.addmm(X, T, X, beta=a)
-    return X.T.contiguous() if tall else X
-
-
-@pytest.fixture
-def torch_muon_fp32(monkeypatch):
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
-                        lambda grad, ns_coefficients, ns_steps, eps: ns_fp32(grad, [tuple(ns_coefficients)] * ns_steps,
-                                                                             eps))
 
 
 @pytest.mark.parametrize("nesterov,adjust", [(True, "original"), (False, "match_rms_adamw"), (True, None)])

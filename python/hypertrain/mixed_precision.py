@@ -1,0 +1,170 @@
+"""The FP32 main-param wrapper of the AutoModels Trainer (seed 000,
+fp32_main_params): a bf16/f16 model keeps an FP32 main param per low-precision
+param, gradients accumulate into param.main_grad in FP32, the optimizers update
+the main params, and the step writes them back to the model's dtype.
+
+    optimizer = get_hyper_optimizer(model=model, muon_params=..., adamw_params=..., fp32_main_params=True)
+    # or: Float16OptimizerWithFloat16Params(any_optimizer_over_model_params, model)
+
+- A bf16/f16 param p gets p.main_param, an FP32 Parameter with p's values; it
+  replaces p in the optimizer's groups (and takes over any state p had). A
+  float32 param is its own main param (p.main_param is p): no copy.
+- A hook on each low-precision param adds its gradient into p.main_grad
+  (float32, created at the first backward) and sets p.grad to None, so micro
+  batches accumulate in FP32, never in bf16.
+- step(): the main params' gradients are the main_grads (no copy); the inner
+  optimizer steps; hypertrain's AdamW and Muon write the rounded model params
+  in the same pass (round to nearest even: the model param equals
+  main_param.to(model dtype)), any other optimizer's params are copied back.
+- zero_grad() clears grad and main_grad.
+- state_dict() is the inner optimizer's plus
+  _mixed_precision_optimizer.fp32_from_fp16_params, {param name: FP32 main
+  param} over every low-precision trainable param (empty for a float32
+  model). load_state_dict() restores them exactly; a state dict without that
+  entry loads with a warning and main params refreshed from the model params;
+  one with some of them missing is an error naming them.
+"""
+
+import warnings
+
+import torch
+
+from .optim import AdamW, Muon, _Delegating
+
+_LOW = (torch.bfloat16, torch.float16)
+KEY = "_mixed_precision_optimizer"
+
+
+def _accumulate_main_grad(p):
+    """post-accumulate-grad hook: p.grad into p.main_grad (FP32), p.grad to None."""
+    if p.main_grad is None:
+        p.main_grad = p.grad.to(torch.float32)
+    else:
+        p.main_grad.add_(p.grad)
+    p.grad = None
+
+
+class Float16OptimizerWithFloat16Params(_Delegating):
+    """FP32 main params for a low-precision model's params, around an optimizer
+    built over the model's own params (a ChainedOptimizer, hypertrain's AdamW or
+    Muon, or any torch.optim.Optimizer); model names them in the state dict."""
+
+    def __init__(self, optimizer, model):
+        if model is None:
+            raise ValueError("Float16OptimizerWithFloat16Params: model= is needed (the state dict keys the FP32 "
+                             "main params by parameter name)")
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.inner = optimizer
+        self.pairs = []  # (name, model param, main param) of every low-precision param
+        self.fp32_params = []  # the float32 params, their own main params
+        self._hooks = []
+        leaves = getattr(optimizer, "optimizers", [optimizer])
+        for leaf in leaves:
+            for group in leaf.param_groups:
+                for i, p in enumerate(group["params"]):
+                    name = names.get(id(p))
+                    if name is None:
+                        raise ValueError("Float16OptimizerWithFloat16Params: an optimizer param is not one of the "
+                                         "model's parameters")
+                    if p.dtype == torch.float32:
+                        p.main_param = p
+                        self.fp32_params.append(p)
+                        continue
+                    if p.dtype not in _LOW:
+                        raise TypeError(f"Float16OptimizerWithFloat16Params: param {name} has dtype {p.dtype}; "
+                                        "expected float16, bfloat16 or float32")
+                    if p.device.type != "cpu" or not p.is_contiguous():
+                        raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
+                                         f"tensor (it is on {p.device})")
+                    main = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad)
+                    main._hypertrain_model_param = p  # hypertrain's kernels write p in the step's pass
+                    p.main_param, p.main_grad = main, None
+                    group["params"][i] = main
+                    if p in leaf.state:
+                        leaf.state[main] = leaf.state.pop(p)
+                    self.pairs.append((name, p, main))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_main_grad))
+        self.fused_writeback = all(isinstance(leaf, (AdamW, Muon)) for leaf in leaves)
+        self._adopt([optimizer])
+
+    def _relink(self):
+        self.param_groups = self.inner.param_groups
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for _, p, main in self.pairs:  # prepare the gradients: the main_grads, else an FP32 copy of a grad
+            g = p.main_grad if p.main_grad is not None else (None if p.grad is None else p.grad.to(torch.float32))
+            main.grad = g
+            p.grad = None
+        for p in self.fp32_params:
+            if getattr(p, "main_grad", None) is not None:
+                p.grad = p.main_grad
+        self.inner.step()
+        if not self.fused_writeback:
+            self.copy_main_params_to_model_params()
+        return loss
+
+    @torch.no_grad()
+    def copy_main_params_to_model_params(self):
+        for _, p, main in self.pairs:
+            p.copy_(main)
+
+    @torch.no_grad()
+    def reload_model_params(self):
+        """The main params from the model params (loses what only FP32 holds: for a state dict without them)."""
+        for _, p, main in self.pairs:
+            main.copy_(p)
+
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none=set_to_none)
+        for _, p, _ in self.pairs:
+            p.grad = None
+            if set_to_none:
+                p.main_grad = None
+            elif p.main_grad is not None:
+                p.main_grad.zero_()
+
+    def state_dict(self):
+        sd = self.inner.state_dict()
+        sd[KEY] = {"fp32_from_fp16_params": {name: main.detach() for name, _, main in self.pairs}}
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        mixed = state_dict.pop(KEY, None)
+        saved = None
+        if mixed is not None:
+            saved = mixed.get("fp32_from_fp16_params", {}) if isinstance(mixed, dict) else None
+            if not isinstance(saved, dict):
+                raise ValueError(f"Float16OptimizerWithFloat16Params: {KEY}.fp32_from_fp16_params is not a mapping")
+            missing = [name for name, _, _ in self.pairs if name not in saved]
+            if missing:
+                raise ValueError(f"Float16OptimizerWithFloat16Params: the state dict's {KEY}.fp32_from_fp16_params "
+                                 f"lacks {len(missing)} of the {len(self.pairs)} low-precision params: "
+                                 f"{', '.join(missing)} (a damaged checkpoint: not filled in from the model)")
+            extra = sorted(set(saved) - {name for name, _, _ in self.pairs})
+            if extra:
+                raise ValueError(f"Float16OptimizerWithFloat16Params: {KEY}.fp32_from_fp16_params has params this "
+                                 f"model does not hold in low precision: {', '.join(extra)}")
+            for name, p, main in self.pairs:
+                t = saved[name]
+                if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != main.shape:
+                    raise ValueError(f"Float16OptimizerWithFloat16Params: main param {name} in the state dict is "
+                                     f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}; expected "
+                                     f"torch.float32 {tuple(main.shape)}")
+        self.inner.load_state_dict(state_dict)
+        self._relink()
+        if saved is None and self.pairs:
+            warnings.warn("Float16OptimizerWithFloat16Params: the state dict has no "
+                          f"{KEY}.fp32_from_fp16_params; the FP32 main params start from the model's "
+                          f"{self.pairs[0][1].dtype} params (their FP32 tails are lost)",
+                          stacklevel=2)
+            self.reload_model_params()
+        elif saved is not None:
+            for name, p, main in self.pairs:
+                main.copy_(saved[name])

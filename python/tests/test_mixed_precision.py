@@ -1,0 +1,301 @@
+"""The FP32 main-param wrapper (seed 000's checks) on a bf16 transformers Qwen2:
+each low-precision param has its own FP32 main param, gradients reach it as
+float32 main_grads accumulated over micro batches, the model params are the
+bf16 of their main params after every step, the updates match a hand-written
+FP32 master-weight loop around torch's own optimizers (AdamW bit for bit, Muon
+within 1e-6), updates too small for bf16 survive, a save and load continues
+exactly, a float32 model gets no copies, and the seed's checkpoint cases."""
+
+import io
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from hypertrain import optim
+from hypertrain.mixed_precision import KEY, Float16OptimizerWithFloat16Params
+
+MATRICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def qwen2(dtype, seed=0):
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config).to(dtype)
+
+
+def groups(model):
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        (muon if any(k in name for k in MATRICES) and p.ndim == 2 else adamw).append(p)
+    return muon, adamw
+
+
+def batches(steps, micro, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randint(0, 96, (2, 12), generator=gen) for _ in range(micro)] for _ in range(steps)]
+
+
+def backward(model, micro_batches):
+    for x in micro_batches:
+        (model(input_ids=x, labels=x).loss / len(micro_batches)).backward()
+
+
+def wrapped(model, muon=True, **kw):
+    m, a = groups(model)
+    return optim.get_hyper_optimizer(model=model, muon_params=m if muon else [], adamw_params=a if muon else m + a,
+                                     muon_kwargs={"lr": 0.02, "momentum": 0.95},
+                                     adamw_kwargs={"lr": 3e-3, "weight_decay": 0.1}, fp32_main_params=True, **kw)
+
+
+def test_the_seeds_checks_on_a_bf16_model():
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model)
+    low = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert all(p.dtype == torch.bfloat16 for _, p in low)
+    stepped = {id(p) for g in opt.param_groups for p in g["params"]}
+    for name, p in low:  # every low-precision trainable param: its own FP32 main param, the one the optimizer holds
+        assert p.main_param is not p and p.main_param.dtype == torch.float32, name
+        assert p.main_param.data_ptr() != p.data_ptr() and torch.equal(p.main_param, p.float()), name
+        assert id(p.main_param) in stepped and id(p) not in stepped, f"{name}: the optimizer steps the bf16 param"
+    assert [type(o).__name__ for o in opt.inner.optimizers] == ["Muon", "AdamW"]
+    before = {n: p.main_param.clone() for n, p in low}
+    for micro_batches in batches(3, 2):
+        backward(model, micro_batches)
+        for name, p in low:
+            assert p.grad is None, f"{name}: a bf16 grad after backward"
+            assert p.main_grad is not None and p.main_grad.dtype == torch.float32, name
+        opt.step()
+        for name, p in low:  # the model params are the bf16 of their main params
+            assert torch.equal(p, p.main_param.to(torch.bfloat16)), f"{name}: not bf16(main_param)"
+        opt.zero_grad()
+        assert all(p.main_grad is None and p.main_param.grad is None for _, p in low)
+    for name, p in low:  # both groups stepped their main params
+        assert not torch.equal(p.main_param, before[name]), f"{name}: its main param never moved"
+
+
+def master_loop(model, make_opts, steps_batches):
+    """The reference: FP32 master copies of a bf16 model's params stepped by torch's optimizers, each micro
+    batch's bf16 grads summed in FP32, the masters cast back (torch's own copy_, round to nearest even)."""
+    names = [n for n, _ in model.named_parameters()]
+    masters = {n: torch.nn.Parameter(p.detach().float()) for n, p in model.named_parameters()}
+    opts = make_opts(masters)
+    for micro_batches in steps_batches:
+        acc = {n: torch.zeros_like(masters[n]) for n in names}
+        for x in micro_batches:
+            (model(input_ids=x, labels=x).loss / len(micro_batches)).backward()
+            for n, p in model.named_parameters():
+                acc[n] += p.grad.float()
+                p.grad = None
+        for n in names:
+            masters[n].grad = acc[n]
+        for o in opts:
+            o.step()
+            o.zero_grad()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(masters[n])
+    return masters
+
+
+def test_adamw_bit_for_bit_against_a_torch_master_loop():
+    data = batches(4, 2)
+    model = qwen2(torch.bfloat16)
+    ref = qwen2(torch.bfloat16)
+    opt = wrapped(model, muon=False)
+    for micro_batches in data:
+        backward(model, micro_batches)
+        opt.step()
+        opt.zero_grad()
+    masters = master_loop(ref, lambda ms: [torch.optim.AdamW(list(ms.values()), lr=3e-3, weight_decay=0.1,
+                                                             fused=True)], data)
+    for name, p in model.named_parameters():
+        # torch's fused kernel takes its vector path on tensors whose chunks are whole vectors; its scalar
+        # tail computes in double (test_optim: within 4 ulps): the biases of 32 and 16 are whole vectors
+        assert torch.equal(p.main_param, masters[name]), f"{name}: main param parts from torch's master loop"
+        assert torch.equal(p, dict(ref.named_parameters())[name]), name
+
+
+def test_muon_against_torch_on_the_same_main_grads(torch_muon_fp32):
+    """Muon + AdamW through the wrapper against torch.optim.Muon + torch.optim.AdamW(fused=True) stepping FP32
+    masters with the same main_grads, and against the same in float64 (the exact answer). The bf16 forward
+    cannot be shared: a main param 1e-7 away rounds a few bf16 weights the other way (10 of 26k after one
+    step, measured) and this small model's next gradients part by 1e-2. Bound: ours within max(1e-6, 2x
+    torch's own float32 distance) of the float64 run, per tensor. Measured over 3 steps: torch's float32 run
+    is up to 1.5e-6 from float64 (Newton-Schulz's five products at coefficients near 3.4 amplify float32
+    rounding), ours up to 1.46e-6 and never more than 1.3x torch's distance; ours to torch float32 1.1e-6."""
+    model = qwen2(torch.bfloat16)
+    m, a = groups(model)
+    opt = Float16OptimizerWithFloat16Params(
+        optim.ChainedOptimizer([optim.Muon(m, lr=0.02, weight_decay=0.1, momentum=0.95),
+                                optim.AdamW(a, lr=3e-3, weight_decay=0.1)]), model)
+    names = [n for n, _ in model.named_parameters()]
+    muon_names = {n for n, p in model.named_parameters() if any(k in n for k in MATRICES) and p.ndim == 2}
+    refs = []
+    for dtype in (torch.float32, torch.float64):
+        ms = {n: torch.nn.Parameter(p.detach().to(dtype)) for n, p in model.named_parameters()}
+        refs.append((dtype, ms, [torch.optim.Muon([ms[n] for n in names if n in muon_names], lr=0.02,
+                                                  weight_decay=0.1, momentum=0.95),
+                                 torch.optim.AdamW([ms[n] for n in names if n not in muon_names], lr=3e-3,
+                                                   weight_decay=0.1, fused=True)]))
+
+    def rel(x, y):
+        return (x.double() - y.double()).abs().max().item() / y.double().abs().max().item()
+
+    for step, micro_batches in enumerate(batches(3, 1)):
+        backward(model, micro_batches)
+        for dtype, ms, _ in refs:
+            for n, p in model.named_parameters():
+                ms[n].grad = p.main_grad.to(dtype)
+        opt.step()
+        opt.zero_grad()
+        for _, _, opts in refs:
+            for o in opts:
+                o.step()
+                o.zero_grad()
+        (_, f32, _), (_, f64, _) = refs
+        for name, p in model.named_parameters():
+            floor = rel(f32[name], f64[name])
+            d = rel(p.main_param, f64[name])
+            if name not in muon_names:
+                assert torch.equal(p.main_param, f32[name]), f"step {step + 1}: {name} parts from torch's AdamW"
+            assert d <= max(1e-6, 2 * floor), f"step {step + 1}: {name} {d:.3g} from float64, torch {floor:.3g}"
+            assert torch.equal(p, p.main_param.to(torch.bfloat16)), name
+
+
+def test_updates_below_bf16_resolution_survive():
+    """AdamW's first steps move each element by about lr: at lr 1e-5 that is under half a bf16 ulp of the
+    weights (~0.02: ulp 2^-13), so torch.optim.AdamW on the bf16 params themselves loses every one, while the
+    main params take them all and the bf16 params follow once they add up."""
+    data = batches(6, 1)
+    direct = qwen2(torch.bfloat16)
+    start = {n: p.detach().clone() for n, p in direct.named_parameters()}
+    plain = torch.optim.AdamW(direct.parameters(), lr=1e-5, weight_decay=0.0)
+    model = qwen2(torch.bfloat16)
+    opt = Float16OptimizerWithFloat16Params(optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0), model)
+    for micro_batches in data:
+        backward(direct, micro_batches)
+        plain.step()
+        plain.zero_grad()
+        backward(model, micro_batches)
+        opt.step()
+        opt.zero_grad()
+    w = dict(model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+    big = w.main_param.abs() > 0.01
+    lost = (dict(direct.named_parameters())["model.layers.0.mlp.down_proj.weight"] == start[
+        "model.layers.0.mlp.down_proj.weight"])[big].float().mean().item()
+    moved = (w.main_param != start["model.layers.0.mlp.down_proj.weight"].float())[big].float().mean().item()
+    assert lost > 0.9, f"bf16 AdamW kept {1 - lost:.0%} of its updates: the case does not test the loss"
+    assert moved > 0.99, f"only {moved:.0%} of the main params moved"
+
+
+def test_save_and_load_continue_exactly(tmp_path):
+    data = batches(4, 2)
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model)
+    for micro_batches in data[:2]:
+        backward(model, micro_batches)
+        opt.step()
+        opt.zero_grad()
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path / "ckpt.pt")
+    for micro_batches in data[2:]:
+        backward(model, micro_batches)
+        opt.step()
+        opt.zero_grad()
+    saved = torch.load(tmp_path / "ckpt.pt")
+    mains = saved["optim"][KEY]["fp32_from_fp16_params"]
+    names = [n for n, _ in model.named_parameters()]
+    assert sorted(mains) == sorted(names) and all(t.dtype == torch.float32 for t in mains.values())
+    tails = sum(int((t != t.to(torch.bfloat16).float()).any()) for t in mains.values())
+    assert tails == len(mains), "a saved main param holds no more than its bf16 (the FP32 tail is not saved)"
+    resumed = qwen2(torch.bfloat16, seed=7)
+    resumed.load_state_dict(saved["model"])
+    ropt = wrapped(resumed)
+    ropt.load_state_dict(saved["optim"])
+    for name, p in resumed.named_parameters():
+        assert torch.equal(p.main_param, mains[name]), f"{name}: the loaded main param is not the saved one"
+    for micro_batches in data[2:]:
+        backward(resumed, micro_batches)
+        ropt.step()
+        ropt.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(p.main_param, q.main_param) and torch.equal(p, q), f"{name}: the resumed run parts"
+
+
+def test_a_float32_model_is_its_own_main_params():
+    model = qwen2(torch.float32)
+    opt = wrapped(model)
+    for _, p in model.named_parameters():
+        assert p.main_param is p
+    ids = {id(p) for p in model.parameters()}
+    assert all(id(p) in ids for g in opt.param_groups for p in g["params"]), "a copy of a float32 param"
+    backward(model, batches(1, 1)[0])
+    opt.step()
+    sd = opt.state_dict()
+    assert sd[KEY]["fp32_from_fp16_params"] == {}
+    again = wrapped(qwen2(torch.float32))
+    again.load_state_dict(io_roundtrip(sd))
+
+
+def io_roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf)
+
+
+def test_the_seeds_checkpoint_cases():
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model)
+    backward(model, batches(1, 1)[0])
+    opt.step()
+    opt.zero_grad()
+    full = io_roundtrip(opt.state_dict())
+    plain = {k: v for k, v in full.items() if k != KEY}  # an ordinary optimizer checkpoint: loads, with a warning
+    other_model = qwen2(torch.bfloat16, seed=3)
+    other = wrapped(other_model)
+    stale = {name: main.clone() for name, _, main in other.pairs}
+    other_model.load_state_dict(model.state_dict())
+    with pytest.warns(UserWarning, match="FP32 main params start from the model"):
+        other.load_state_dict(plain)
+    for name, p, main in other.pairs:  # refreshed from the loaded model params
+        assert torch.equal(main, p.float()) and not torch.equal(main, stale[name]), name
+    assert torch.equal(other.inner.optimizers[1].state[other.pairs[-1][2]]["exp_avg"],
+                       opt.inner.optimizers[1].state[opt.pairs[-1][2]]["exp_avg"]), "AdamW's state not restored"
+    partial = dict(full)
+    partial[KEY] = {"fp32_from_fp16_params": dict(list(full[KEY]["fp32_from_fp16_params"].items())[2:])}
+    missing = list(full[KEY]["fp32_from_fp16_params"])[:2]
+    with pytest.raises(ValueError, match=f"lacks 2 of the .*{missing[0]}, {missing[1]}"):
+        wrapped(qwen2(torch.bfloat16)).load_state_dict(partial)
+
+
+def test_bad_input():
+    model = qwen2(torch.bfloat16)
+    with pytest.raises(ValueError, match="needs model="):
+        optim.get_hyper_optimizer(muon_params=groups(model)[0], fp32_main_params=True)
+    d = torch.nn.Linear(4, 4).to(torch.float64)
+    with pytest.raises(TypeError, match="has dtype torch.float64; expected float16, bfloat16 or float32"):
+        Float16OptimizerWithFloat16Params(torch.optim.SGD(d.parameters(), lr=0.1), d)
+
+
+def test_clip_grad_norm_reads_the_main_grads():
+    """The norm over main_grads (the bf16 params' grads are None) against torch.nn.utils.clip_grad_norm_ over
+    the same FP32 gradients: torch sums float32 norms, hypertrain squares in double, so the norms agree within
+    float32 rounding (2 ulps); the gradients are scaled as torch scales them, by the float32
+    max_norm / (norm + 1e-6), bit for bit."""
+    model = qwen2(torch.bfloat16)
+    wrapped(model)
+    backward(model, batches(1, 2)[0])
+    raw = [p.main_grad.clone() for p in model.parameters()]
+    copies = [torch.nn.Parameter(r.clone()) for r in raw]
+    for c in copies:
+        c.grad = c.detach().clone()
+    want = torch.nn.utils.clip_grad_norm_(copies, max_norm=0.05)
+    got = optim.clip_grad_norm_(model.parameters(), max_norm=0.05)
+    assert want.item() > 0.05, "the case does not clip"
+    assert abs(got.item() - want.item()) <= 2 * torch.finfo(torch.float32).eps * want.item()
+    coef = 0.05 / (got + 1e-6)
+    for (name, p), r in zip(model.named_parameters(), raw):
+        assert p.grad is None and torch.equal(p.main_grad, r * coef), f"{name}: not scaled as torch scales"
