@@ -273,6 +273,12 @@ const char *ht_ckpt_dir(const ht_checkpoint *ck);
  * (ht_config_format_value); NULL if the checkpoint holds no such key. */
 const char *ht_ckpt_config_value(const ht_checkpoint *ck, const char *key);
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck);
+/* The keys, sorted by name (model weights by their Hugging Face names, main
+ * params and optimizer state under theirs): key i's name, with its saved
+ * dtype, ndim and global shape (HT_PARAM_MAX_DIMS values at most) where the
+ * pointers are not NULL; NULL past the end. */
+int ht_ckpt_key_count(const ht_checkpoint *ck);
+const char *ht_ckpt_key(const ht_checkpoint *ck, int i, ht_dtype *dtype, int *ndim, int64_t *shape);
 /* A box of a key (inside its shape; ndim the key's) into dst, laid out
  * row-major as the box, converted to dst_dtype (float <-> float only): the
  * planner copies the overlap of every saved chunk with it, so a checkpoint

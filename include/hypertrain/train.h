@@ -148,6 +148,16 @@ ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, ht_comm *c
  * directory taking the lock made is removed with the lock file. */
 void ht_run_lock_release(ht_run_lock *lock, bool remove_created);
 
+/* A whole run of a loaded and validated config on the ranks of comm, as
+ * `hypertrain train` and hypertrain.train() run it: the run lock taken
+ * before anything in output_dir is read or written, training.plugin's
+ * libraries loaded, the trainer built and run (stop_request as
+ * ht_trainer's), the lock released (with the directory, where taking the
+ * lock made it and the run failed before writing). *stopped_by: the
+ * stop_request value that ended the run early, else 0. */
+ht_status ht_train(const ht_config *cfg, ht_comm *comm, volatile sig_atomic_t *stop_request, int *stopped_by,
+                   ht_error *err);
+
 /* Draws the train and validation loss of a metrics.jsonl file as an SVG picture. */
 ht_status ht_plot_metrics(const char *metrics_path, const char *svg_path, ht_error *err);
 

@@ -1,6 +1,7 @@
 /* hypertrain._C: the CPython binding of the kernels python/hypertrain/
  * computes with (the optimizers' passes, Newton-Schulz, the sum of squares,
- * the learning-rate schedules).
+ * the learning-rate schedules), of the trainer (one run in this process) and
+ * of checkpoint reading.
  *
  * Tensors arrive as their data pointers (torch.Tensor.data_ptr()) with
  * their element counts: the Python side has checked that each is a
@@ -9,13 +10,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/ckpt.h"
+#include "hypertrain/config.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
+#include "hypertrain/train.h"
 
 /* A pointer from a Python int; NULL from 0 or None. */
 static void *as_pointer(PyObject *o) {
@@ -256,7 +262,156 @@ static PyObject *py_lr_at(PyObject *self, PyObject *args, PyObject *kw) {
     return PyFloat_FromDouble(ht_lr_at(&s, step));
 }
 
+/* SIGINT and SIGTERM while train() runs: the first asks the trainer to stop
+ * at the next step boundary, saving a checkpoint; a second ends the process
+ * at once, by that signal (as `hypertrain train` does). */
+static volatile sig_atomic_t train_stop = 0;
+
+static void on_train_signal(int sig) {
+    if (train_stop) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    train_stop = sig;
+}
+
+/* train(config, overrides): one run of the trainer in this process, one
+ * rank: the config loaded with the overrides ("section.key=value", as
+ * --set) and validated, then ht_train with the GIL released. Returns
+ * (output_dir, stopped_by): stopped_by the signal that stopped it after its
+ * checkpoint, else 0. A bad config raises ValueError (whether loading,
+ * validating or building finds it), a failed run RuntimeError, each with
+ * the engine's sentence. */
+static PyObject *py_train(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "sO", &path, &list)) return NULL;
+    PyObject *seq = PySequence_Fast(list, "hypertrain: train's overrides must be a sequence of strings");
+    if (!seq) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **overrides = calloc((size_t)n + 1, sizeof(char *));
+    ht_config *cfg = malloc(sizeof(ht_config));
+    PyObject *result = NULL;
+    if (!overrides || !cfg) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) /* UTF-8 buffers the strings own: valid while seq holds them */
+        if (!(overrides[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) goto done;
+    ht_error err = {0};
+    if (ht_config_load(path, (int)n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, 1, &err) != HT_OK) {
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        goto done;
+    }
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_train_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    train_stop = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int stopped_by = 0;
+    ht_status s;
+    PyThreadState *unlocked = PyEval_SaveThread(); /* the whole run without the GIL */
+    s = ht_train(cfg, ht_comm_single(), &train_stop, &stopped_by, &err);
+    PyEval_RestoreThread(unlocked);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (s != HT_OK) /* a config the trainer refuses as it builds (HT_ERR_CONFIG) is a bad config too */
+        PyErr_SetString(s == HT_ERR_CONFIG ? PyExc_ValueError : PyExc_RuntimeError, err.msg);
+    else
+        result = Py_BuildValue("(si)", cfg->checkpoint.output_dir, stopped_by);
+done:
+    Py_DECREF(seq);
+    free(overrides);
+    free(cfg);
+    return result;
+}
+
+/* A checkpoint opened by ckpt_open, as a capsule that closes it. */
+static const char ckpt_capsule[] = "hypertrain.checkpoint";
+
+static void close_ckpt(PyObject *capsule) { ht_ckpt_close(PyCapsule_GetPointer(capsule, ckpt_capsule)); }
+
+/* ckpt_open(dir): a checkpoint directory opened (metadata, every file's size
+ * and hash, every chunk checked: ht_ckpt_open); OSError with its sentence. */
+static PyObject *py_ckpt_open(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *dir;
+    if (!PyArg_ParseTuple(args, "s", &dir)) return NULL;
+    ht_checkpoint *ck = NULL;
+    ht_error err = {0};
+    ht_status s;
+    PyThreadState *unlocked = PyEval_SaveThread(); /* hashing the files takes a while */
+    s = ht_ckpt_open(dir, &ck, &err);
+    PyEval_RestoreThread(unlocked);
+    if (s != HT_OK) return PyErr_Format(PyExc_OSError, "%s", err.msg);
+    PyObject *capsule = PyCapsule_New(ck, ckpt_capsule, close_ckpt);
+    if (!capsule) ht_ckpt_close(ck);
+    return capsule;
+}
+
+/* ckpt_keys(ck): [(name, dtype name, shape tuple)] sorted by name, and the step. */
+static PyObject *py_ckpt_keys(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule)) return NULL;
+    ht_checkpoint *ck = PyCapsule_GetPointer(capsule, ckpt_capsule);
+    if (!ck) return NULL;
+    const int n = ht_ckpt_key_count(ck);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++) {
+        ht_dtype dtype;
+        int ndim;
+        int64_t shape[HT_PARAM_MAX_DIMS];
+        const char *name = ht_ckpt_key(ck, i, &dtype, &ndim, shape);
+        PyObject *dims = PyTuple_New(ndim);
+        for (int d = 0; dims && d < ndim; d++) PyTuple_SET_ITEM(dims, d, PyLong_FromLongLong(shape[d]));
+        PyObject *item = dims ? Py_BuildValue("(ssN)", name, ht_dtype_name(dtype), dims) : NULL;
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list ? Py_BuildValue("(NL)", list, (long long)ht_ckpt_step(ck)) : NULL;
+}
+
+/* ckpt_read(ck, name, dst, dtype): the whole of key `name` into dst (its
+ * global shape, row-major, converted to dtype: ht_ckpt_read_box). */
+static PyObject *py_ckpt_read(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule, *dst_o, *dtype_o;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "OsOO", &capsule, &name, &dst_o, &dtype_o)) return NULL;
+    ht_checkpoint *ck = PyCapsule_GetPointer(capsule, ckpt_capsule);
+    void *dst = as_pointer(dst_o);
+    ht_dtype dtype;
+    if (!ck || PyErr_Occurred() || !as_dtype(dtype_o, &dtype)) return NULL;
+    ht_box box = {0};
+    const int n = ht_ckpt_key_count(ck);
+    int i = 0;
+    while (i < n && strcmp(ht_ckpt_key(ck, i, NULL, NULL, NULL), name) != 0) i++;
+    if (i == n) return PyErr_Format(PyExc_KeyError, "%s", name);
+    int ndim;
+    ht_ckpt_key(ck, i, NULL, &ndim, box.length); /* the whole key: offsets 0 */
+    ht_error err = {0};
+    ht_status s;
+    PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the chunks are copied */
+    s = ht_ckpt_read_box(ck, name, &box, dst, dtype, &err);
+    PyEval_RestoreThread(unlocked);
+    if (s != HT_OK) return PyErr_Format(PyExc_OSError, "%s", err.msg);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"train", py_train, METH_VARARGS, "one run of the trainer in this process"},
+    {"ckpt_open", py_ckpt_open, METH_VARARGS, "open a checkpoint directory"},
+    {"ckpt_keys", py_ckpt_keys, METH_VARARGS, "a checkpoint's keys, dtypes and shapes, and its step"},
+    {"ckpt_read", py_ckpt_read, METH_VARARGS, "a checkpoint key, whole, into a buffer"},
     {"adamw", (PyCFunction)(void (*)(void))py_adamw, METH_VARARGS | METH_KEYWORDS, "one AdamW step (FP32)"},
     {"muon_momentum", py_muon_momentum, METH_VARARGS, "Muon's momentum step"},
     {"muon_apply", (PyCFunction)(void (*)(void))py_muon_apply, METH_VARARGS | METH_KEYWORDS, "p <- p decay - step O"},

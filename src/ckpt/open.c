@@ -507,6 +507,16 @@ int64_t ht_ckpt_step(const ht_checkpoint *ck) { return ck->step; }
 int ht_ckpt_world_size(const ht_checkpoint *ck) { return ck->world; }
 const char *ht_ckpt_dir(const ht_checkpoint *ck) { return ck->dir; }
 const ht_ckpt_trainer_state *ht_ckpt_state(const ht_checkpoint *ck) { return &ck->state; }
+int ht_ckpt_key_count(const ht_checkpoint *ck) { return ck->nkeys; }
+
+const char *ht_ckpt_key(const ht_checkpoint *ck, int i, ht_dtype *dtype, int *ndim, int64_t *shape) {
+    if (i < 0 || i >= ck->nkeys) return NULL;
+    const ck_key *k = &ck->keys[i];
+    if (dtype) *dtype = k->dtype;
+    if (ndim) *ndim = k->ndim;
+    if (shape) memcpy(shape, k->shape, (size_t)k->ndim * sizeof(int64_t));
+    return k->name;
+}
 
 const char *ht_ckpt_config_value(const ht_checkpoint *ck, const char *key) {
     const ht_json *v = ht_json_get(ht_json_get(ck->meta, "config"), key);

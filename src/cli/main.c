@@ -1,7 +1,6 @@
 /* The hypertrain command: `train` runs a config, `plot` draws a metrics file,
  * `export` writes a checkpoint as a Hugging Face model, `inspect` describes one.
  * Only this file calls exit() (by returning from main). */
-#include <dlfcn.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -133,33 +132,6 @@ static void set_threads(const ht_comm *comm) {
                 getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : "", ht_openmp_wait());
 }
 
-/* training.plugin: shared libraries that register models or datasets when loaded. */
-static int load_plugins(const ht_config *cfg) {
-    for (int i = 0; i < cfg->training.plugin.count; i++) {
-        const char *path = cfg->training.plugin.items[i];
-        /* A path (not a name the loader searches for) is checked first: dlopen would wait on a FIFO forever. */
-        if (strchr(path, '/')) {
-            ht_error err;
-            int fd;
-            size_t size;
-            if (ht_open_file(path, &fd, &size, &err) != HT_OK) {
-                fprintf(stderr, "hypertrain: error: training.plugin: %s\n", err.msg);
-                return 1;
-            }
-            close(fd);
-        }
-        void *handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-        if (!handle) {
-            fprintf(stderr, "hypertrain: error: training.plugin: cannot load %s: %s\n", path, dlerror());
-            return 1;
-        }
-        void (*init)(void) = (void (*)(void))dlsym(handle, "hypertrain_plugin_init");
-        if (init) init();
-        fprintf(stderr, "[hypertrain info] loaded plugin %s\n", path);
-    }
-    return 0;
-}
-
 static int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         usage(stderr);
@@ -180,11 +152,9 @@ static int cmd_train(int argc, char **argv) {
         }
     }
     ht_config *cfg = malloc(sizeof(ht_config));
-    ht_trainer *t = malloc(sizeof(ht_trainer));
     ht_error err = {0};
     int rc = 0;
     ht_comm *comm = NULL;
-    ht_run_lock lock = {.fd = -1};
     if (ht_comm_init(NULL, NULL, &comm, &err) != HT_OK) {
         rc = fail(&err);
         goto done;
@@ -192,31 +162,14 @@ static int cmd_train(int argc, char **argv) {
     ht_log_set_rank(comm->rank);
     catch_stop_signals();
     if ((rc = load_config(comm, path, n, overrides, cfg)) != 0) goto done;
-    /* Before anything is read from or written to it, the directory is this run's alone. */
-    if (ht_run_lock_take(&lock, cfg->checkpoint.output_dir, comm, &err) != HT_OK) {
-        rc = fail_rank(comm, &err);
-        goto done;
-    }
     set_threads(comm); /* the trainer logs the config in force (with model.from_pretrained's architecture) */
-    if ((rc = load_plugins(cfg)) != 0) {
-        ht_run_lock_release(&lock, true);
-        goto done;
-    }
-    if (ht_trainer_init_on(t, cfg, comm, &err) != HT_OK) {
-        ht_run_lock_release(&lock, true); /* it wrote nothing yet */
+    int stopped_by = 0;
+    if (ht_train(cfg, comm, &stop_signal, &stopped_by, &err) != HT_OK)
         rc = fail_rank(comm, &err);
-        goto done;
-    }
-    t->stop_request = &stop_signal;
-    if (ht_trainer_run(t, &err) != HT_OK)
-        rc = fail_rank(comm, &err);
-    else if (t->stopped_by)
+    else if (stopped_by)
         rc = HT_EXIT_STOPPED;
-    ht_trainer_free(t);
-    ht_run_lock_release(&lock, false);
 done:
     ht_comm_free(comm);
-    free(t);
     free(cfg);
     free(overrides);
     return rc;
