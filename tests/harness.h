@@ -131,9 +131,17 @@ typedef struct tensor_check {
     const tensor_errors *floor;
     double floor_factor;
     tensor_errors *seen;
+    /* A training.dump_state file of the reference's first step (NULL: none): the elements whose
+     * "main_grad.<name>" there is nonzero but within UNDETERMINED_GRAD of that tensor's largest are left
+     * out (`undetermined` counts them). The first-step contract holds main_grads to 1e-6 of each tensor's
+     * largest, so such an element's sign and size are not determined, and AdamW's first step there, lr g /
+     * (|g| + eps), anywhere in (-lr, lr) (docs/NUMERICS.md, "Sharded runs against one process"). */
+    const char *grads;
+    int undetermined;
     double differing;
     int tensors;
 } tensor_check;
+#define UNDETERMINED_GRAD 1e-6
 /* Each tensor of file b that `c` selects against file a's of the same name, both as float32: its error, the
  * largest difference relative to its largest magnitude (rel_max_err), must be within its bound, or the test
  * fails naming it; a must hold each at the same size, and at least one element is compared. Returns the
