@@ -10,9 +10,11 @@
 #
 # Only committed work is checked: the root gets a git clone, never this working
 # tree. Environment: FRESH_STEPS (training steps, default 20), FRESH_TIMEOUT
-# (seconds for the whole check, default 1800: `make test` alone took 769 s
-# in November, and past 832 s once context parallelism's multi-rank cases
-# joined test_dist), FRESH_TMPDIR (where the root goes,
+# (seconds for the whole check, default 2400: `make test` alone took 769 s
+# in November, past 832 s once context parallelism's multi-rank cases joined
+# test_dist, 1211 s with tensor parallelism's and the six-run noise floors in
+# December, and the Python package's install builds the library once more),
+# FRESH_TMPDIR (where the root goes,
 # default $TMPDIR or /var/tmp), FRESH_LOGS (a directory that keeps every phase's
 # full log; by default they go with the root). Needs root (mmdebstrap, mount, chroot).
 set -euo pipefail
@@ -20,7 +22,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 commit=${1:-HEAD}
 steps=${FRESH_STEPS:-20}
-timeout_total=${FRESH_TIMEOUT:-1800}
+timeout_total=${FRESH_TIMEOUT:-2400}
 tmp_base=${FRESH_TMPDIR:-${TMPDIR:-/var/tmp}}
 keep_logs=${FRESH_LOGS:-}
 suite=bookworm
@@ -221,6 +223,12 @@ for f in "$root$src/$final/config.json" "$root$src/$final/model.safetensors" "$r
 done
 [ "$(cat "$out/latest")" = "$want" ] || die "make train: latest is '$(cat "$out/latest")', expected $want"
 log "train outputs: $final, $(dirname "$final")/$want, $plot"
+
+# The Python package from the clone, as the README installs it (into a venv; without torch, whose wheels
+# are several GB: its tests say they were skipped), its extension module loading and computing.
+run_phase "python package" "$work/python.log" "${in_root[@]}" bash -c \
+  "cd $src && PYTHON=/usr/bin/python3 scripts/python-install-check.sh /root/hypertrain-venv"
+grep 'python package:' "$work/python.log" | sed 's/^/    /' || true
 
 run_phase "make test" "$work/test.log" "${in_root[@]}" bash -c "cd $src && make test"
 # The suite's own verdict, for the CI log.

@@ -21,6 +21,10 @@ packages=(
   qemu-user          # the test suite runs the binary on emulated older CPUs
   procps             # pgrep and pkill: the MPI tests kill one rank of their own run
   fortunes           # the default corpus: English text under /usr/share/games/fortunes
+  python3-dev        # the Python package's extension module (pip install ./python): CPython's headers
+  python3-venv       # the virtual environment Debian's Python installs packages into (PEP 668)
+  python3-setuptools # the package's build backend, from Debian (nothing fetched to build it)
+  python3-wheel      # setuptools' bdist_wheel, which pip builds the package with
 )
 
 missing=()
