@@ -52,6 +52,11 @@ def _float(x):
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
+def _local(t):
+    """A DTensor's local shard (FSDP2's Shard(0) params, their grads and state), else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _model_copy(p):
     """The low-precision model param whose FP32 main param p is (the FP32
     main-param wrapper's), as the kernels' (pointer, dtype name) arguments: the
@@ -109,16 +114,18 @@ class AdamW(torch.optim.Optimizer):
                 index += 1
                 if p.grad is None:
                     continue
-                _require_cpu_fp32("hypertrain.optim.AdamW", index - 1, p, p.grad)
+                pl, gl = _local(p), _local(p.grad)  # FSDP2: this rank's rows, stepped where they are
+                _require_cpu_fp32("hypertrain.optim.AdamW", index - 1, pl, gl)
                 state = self.state[p]
                 if not state:  # torch.optim.AdamW's layout: a float32 step tensor and the two moments
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                _C.adamw(p.data_ptr(), p.grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(),
-                         int(state["step"].item()), lr, b1, b2, eps, wd, *_model_copy(p))
+                m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                if pl.numel():
+                    _C.adamw(pl.data_ptr(), gl.data_ptr(), m.data_ptr(), v.data_ptr(), pl.numel(),
+                             int(state["step"].item()), lr, b1, b2, eps, wd, *_model_copy(p))
         return loss
 
 
@@ -202,23 +209,46 @@ class Muon(torch.optim.Optimizer):
                 index += 1
                 if p.grad is None:
                     continue
-                _require_cpu_fp32("hypertrain.optim.Muon", index - 1, p, p.grad)
+                pl, gl = _local(p), _local(p.grad)
+                _require_cpu_fp32("hypertrain.optim.Muon", index - 1, pl, gl)
                 state = self.state[p]
                 if not state:  # torch.optim.Muon's layout
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buf, n = state["momentum_buffer"], p.numel()
-                A, B = p.shape[-2], p.shape[-1]
-                E = n // (A * B)
-                update = torch.empty_like(p)
-                _C.muon_momentum(buf.data_ptr(), p.grad.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
+                buf, n = _local(state["momentum_buffer"]), pl.numel()
+                A, B = p.shape[-2], p.shape[-1]  # the whole matrix's (a DTensor's global shape)
+                update = torch.empty_like(pl)
+                if n:
+                    _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
                 source = update if nesterov else buf
-                _C.newton_schulz(source.data_ptr(), update.data_ptr(), E, A, B, group["schedule"], group["eps"],
-                                 group["ns_dtype"])
+                if pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
+                    whole = _gather(p, source)
+                    _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
+                                     group["schedule"], group["eps"], group["ns_dtype"])
+                    update = _keep_local(p, whole)
+                else:
+                    _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
+                                     group["eps"], group["ns_dtype"])
                 rms = group["matched_adamw_rms"]
                 scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
-                _C.muon_apply(p.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
-                              *_model_copy(p))
+                if n:
+                    _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
+                                  *_model_copy(p))
         return loss
+
+
+def _gather(p, local):
+    """The whole matrix of DTensor param p's placements from this rank's `local` shard of it (an
+    all-gather over p's mesh through torch.distributed; uneven shards included), contiguous float32."""
+    from torch.distributed.tensor import DTensor
+    whole = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    return whole.full_tensor().contiguous()
+
+
+def _keep_local(p, whole):
+    """This rank's shard of `whole` in DTensor param p's layout (a slice: no communication)."""
+    from torch.distributed.tensor import DTensor, Replicate
+    rep = DTensor.from_local(whole, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+    return rep.redistribute(p.device_mesh, p.placements).to_local().contiguous()
 
 
 class _MergedState(dict):
