@@ -156,7 +156,8 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
-                 momentum_style="ema", ns_variant=None, matched_adamw_rms=None, ns_dtype="float32", **aliases):
+                 momentum_style="ema", ns_variant=None, matched_adamw_rms=None, ns_dtype="float32",
+                 comm_strategy="allgather", **aliases):
         lr = aliases.pop("learning_rate", lr)
         eps = aliases.pop("ns_eps", eps)
         if aliases:
@@ -169,6 +170,10 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"hypertrain.optim.Muon: eps {eps}; expected > 0 (a zero matrix would divide by zero)")
         if momentum_style not in ("ema", "sum"):
             raise ValueError(f"hypertrain.optim.Muon: momentum_style {momentum_style!r}; expected 'ema' or 'sum'")
+        if comm_strategy not in ("allgather", "deredundancy"):
+            raise ValueError(f"hypertrain.optim.Muon: comm_strategy {comm_strategy!r}; expected 'allgather' or "
+                             "'deredundancy'")
+        self.comm_strategy = comm_strategy
         if ns_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"hypertrain.optim.Muon: ns_dtype {ns_dtype!r}; expected 'float32' or 'bfloat16'")
         if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
@@ -201,6 +206,8 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         index = 0
+        owners = _owners([p for g in self.param_groups for p in g["params"] if p.grad is not None and
+                          hasattr(p, "to_local")]) if self.comm_strategy == "deredundancy" else {}
         for group in self.param_groups:
             lr, mu = _float(group["lr"]), float(group["momentum"])
             gw = 1.0 - mu if group["momentum_style"] == "ema" else 1.0
@@ -220,7 +227,9 @@ class Muon(torch.optim.Optimizer):
                 if n:
                     _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
                 source = update if nesterov else buf
-                if pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
+                if pl is not p and self.comm_strategy == "deredundancy":
+                    update = _owner_newton_schulz(p, source, owners[id(p)], group)
+                elif pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
                     whole = _gather(p, source)
                     _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
                                      group["schedule"], group["eps"], group["ns_dtype"])
@@ -249,6 +258,66 @@ def _keep_local(p, whole):
     from torch.distributed.tensor import DTensor, Replicate
     rep = DTensor.from_local(whole, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
     return rep.redistribute(p.device_mesh, p.placements).to_local().contiguous()
+
+
+def _owners(params):
+    """deredundancy's owners (docs/NUMERICS.md, Distributed Muon): each sharded matrix, largest Newton-Schulz
+    cost first (ties by order), to the least-loaded rank of its mesh (ties: the lower rank)."""
+    flops = []
+    for i, p in enumerate(params):
+        if p.device_mesh.ndim != 1:
+            raise NotImplementedError("hypertrain.optim.Muon: comm_strategy 'deredundancy' on a mesh of "
+                                      f"{p.device_mesh.ndim} dims (HSDP) is not supported from Python; use "
+                                      "'allgather'")
+        A, B = p.shape[-2], p.shape[-1]
+        r, c = min(A, B), max(A, B)
+        flops.append((-(p.numel() // (A * B)) * (4 * r * r * c + 2 * r ** 3), i))
+    load, owners = {}, {}
+    for _, i in sorted(flops):
+        p = params[i]
+        size = p.device_mesh.size()
+        loads = load.setdefault(tuple(p.device_mesh.mesh.flatten().tolist()), [0] * size)  # by ranks: each
+        # fully_shard call may hold its own mesh object of the same ranks
+        owner = min(range(size), key=lambda r: (loads[r], r))
+        loads[owner] -= flops[i][0]
+        owners[id(p)] = owner
+    return owners
+
+
+def _owner_newton_schulz(p, local, owner, group):
+    """deredundancy: the owner gathers the whole matrix, orthogonalizes it and scatters each rank its rows;
+    the same bits as every rank doing it (allgather)."""
+    import torch.distributed as dist
+    mesh = p.device_mesh
+    pg, me, size = mesh.get_group(0), mesh.get_local_rank(0), mesh.size()
+    rows = [len(c) for c in torch.arange(p.shape[0]).chunk(size)] + [0] * size  # torch.chunk's split, as FSDP2
+    rows = rows[:size]
+    pad = max(rows)
+    tail = tuple(p.shape[1:])
+    if rows[me] != local.shape[0]:
+        raise RuntimeError(f"hypertrain.optim.Muon: rank {me} holds {local.shape[0]} of {p.shape[0]} rows; "
+                           f"deredundancy expects torch.chunk's {rows[me]}")
+    send = torch.zeros((pad,) + tail, dtype=torch.float32)
+    send[:local.shape[0]] = local
+    dst = dist.get_global_rank(pg, owner)
+    parts = [torch.empty_like(send) for _ in range(size)] if me == owner else None
+    dist.gather(send, parts, dst=dst, group=pg)
+    out = torch.empty_like(send)
+    if me == owner:
+        whole = torch.cat([part[:n] for part, n in zip(parts, rows)]).contiguous()
+        A, B = p.shape[-2], p.shape[-1]
+        _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B, group["schedule"],
+                         group["eps"], group["ns_dtype"])
+        at, pieces = 0, []
+        for n in rows:
+            piece = torch.zeros_like(send)
+            piece[:n] = whole[at:at + n]
+            pieces.append(piece)
+            at += n
+        dist.scatter(out, pieces, src=dst, group=pg)
+    else:
+        dist.scatter(out, None, src=dst, group=pg)
+    return out[:local.shape[0]].contiguous()
 
 
 class _MergedState(dict):

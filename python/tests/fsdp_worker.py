@@ -24,17 +24,38 @@ def model():
                                torch.nn.Linear(24, 10))
 
 
-def optimizer(m):
+def optimizer(m, strategy="allgather"):
     mats = [p for p in m.parameters() if p.ndim == 2]
     vecs = [p for p in m.parameters() if p.ndim < 2]
     return optim.get_hyper_optimizer(model=m, muon_params=mats, adamw_params=vecs,
-                                     muon_kwargs={"lr": 0.02, "momentum": 0.95},
+                                     muon_kwargs={"lr": 0.02, "momentum": 0.95, "comm_strategy": strategy},
                                      adamw_kwargs={"lr": 3e-3, "weight_decay": 0.1})
 
 
 def data(step):
     gen = torch.Generator().manual_seed(100 + step)
     return torch.randn(BATCH, 20, generator=gen), torch.randn(BATCH, 10, generator=gen)
+
+
+def train_sharded(rank, per, ref_norms, strategy):
+    m = model()
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(m)
+    assert all(type(p).__name__ == "DTensor" for p in m.parameters())
+    opt = optimizer(m, strategy)
+    for step in range(STEPS):
+        x, y = data(step)
+        torch.nn.functional.mse_loss(m(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
+        norm = optim.clip_grad_norm_(m.parameters(), MAX_NORM).item()
+        if abs(norm - ref_norms[step]) > 1e-5 * ref_norms[step]:
+            sys.exit(f"rank {rank}: step {step + 1}: grad norm {norm} over the mesh, one process {ref_norms[step]}")
+        if ref_norms[step] <= MAX_NORM:
+            sys.exit(f"step {step + 1}: the norm {ref_norms[step]} does not clip: the case tests less than it says")
+        opt.step()
+        opt.zero_grad()
+    return m
 
 
 def main():
@@ -50,24 +71,16 @@ def main():
         ref_opt.step()
         ref_opt.zero_grad()
 
-    m = model()
-    for layer in m:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(m)
-    assert all(type(p).__name__ == "DTensor" for p in m.parameters())
-    opt = optimizer(m)
     per = BATCH // world
-    for step in range(STEPS):
-        x, y = data(step)
-        torch.nn.functional.mse_loss(m(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
-        norm = optim.clip_grad_norm_(m.parameters(), MAX_NORM).item()
-        if abs(norm - ref_norms[step]) > 1e-5 * ref_norms[step]:
-            sys.exit(f"rank {rank}: step {step + 1}: grad norm {norm} over the mesh, one process {ref_norms[step]}")
-        if ref_norms[step] <= MAX_NORM:
-            sys.exit(f"step {step + 1}: the norm {ref_norms[step]} does not clip: the case tests less than it says")
-        opt.step()
-        opt.zero_grad()
+    m = train_sharded(rank, per, ref_norms, "allgather")
+    # deredundancy: each matrix's owner orthogonalizes it and scatters the rows: the same bits
+    d = train_sharded(rank, per, ref_norms, "deredundancy")
+    owners = optim._owners([p for p in d.parameters() if p.ndim == 2])
+    if len(set(owners.values())) != min(world, 3):  # 3 matrices over the ranks: balanced, not all on one
+        sys.exit(f"rank {rank}: deredundancy's owners {sorted(owners.values())} on {world} ranks")
+    for (name, p), q in zip(m.named_parameters(), d.parameters()):
+        if not torch.equal(p.to_local(), q.to_local()):
+            sys.exit(f"rank {rank}: {name}: Muon's deredundancy parts from allgather")
     worst = (0.0, "")
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         full = p.full_tensor()
@@ -76,7 +89,7 @@ def main():
         sys.exit(f"rank {rank} of {world}: {worst[1]} parts from one process by {worst[0]:.3g} (bound {BOUND})")
     if rank == 0:
         print(f"fully_shard on {world} ranks: {STEPS} steps of Muon + AdamW within {worst[0]:.3g} of one process "
-              f"({worst[1]} the farthest), grad norms over the mesh within 1e-5")
+              f"({worst[1]} the farthest), grad norms over the mesh within 1e-5, deredundancy bitwise allgather")
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
 """hypertrain.optim under PyTorch's fully_shard (FSDP2, DTensor Shard(0) params, gloo) on 2, 3 and 4
 ranks against one process (fsdp_worker.py, one torchrun per rank count): AdamW steps each rank's rows,
 Muon gathers each matrix whole for Newton-Schulz (the seed's allgather strategy) and keeps its rows,
+or (deredundancy) has each matrix's owner do it and scatter the rows, bit for bit the same;
 clip_grad_norm_ reduces the norm over the mesh; uneven shards included."""
 
 import os
