@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from .optim import AdamW, Muon, _Delegating
+from .optim import AdamW, Muon, _closure_loss, _Delegating
 
 _LOW = (torch.bfloat16, torch.float16)
 KEY = "_mixed_precision_optimizer"
@@ -92,10 +92,7 @@ class Float16OptimizerWithFloat16Params(_Delegating):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for _, p, main in self.pairs:  # prepare the gradients: the main_grads, else an FP32 copy of a grad
             g = p.main_grad if p.main_grad is not None else (None if p.grad is None else p.grad.to(torch.float32))
             main.grad = g

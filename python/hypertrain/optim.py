@@ -52,6 +52,14 @@ def _float(x):
     return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
 
 
+def _closure_loss(closure):
+    """torch.optim's closure convention: the loss it returns, computed with gradients enabled (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _local(t):
     """A DTensor's local shard (FSDP2's Shard(0) params, their grads and state), else the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -102,10 +110,7 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         index = 0
         for group in self.param_groups:
             b1, b2 = group["betas"]
@@ -201,10 +206,7 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         index = 0
         owners = _owners([p for g in self.param_groups for p in g["params"] if p.grad is not None and
                           hasattr(p, "to_local")]) if self.comm_strategy == "deredundancy" else {}
@@ -379,10 +381,7 @@ class ChainedOptimizer(_Delegating):
         self._adopt(optimizers)
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for o in self.optimizers:
             o.step()
         return loss
