@@ -16,6 +16,14 @@ the main params, and the step writes them back to the model's dtype.
   optimizer steps; hypertrain's AdamW and Muon write the rounded model params
   in the same pass (round to nearest even: the model param equals
   main_param.to(model dtype)), any other optimizer's params are copied back.
+- Under fully_shard (FSDP2's DTensor params) each main param is a DTensor
+  of the model param's placements, this rank's rows in FP32. The wrapper sets
+  each low-precision param's grad_dtype to float32, so FSDP2 accumulates,
+  reduces and delivers the gradients in FP32 and the hook makes the reduced
+  gradient the main_grad: no low-precision gradient is ever formed (seed 000's
+  FSDP path). Wrap before the first forward: FSDP2 reads grad_dtype then.
+  A state dict's main params may be DTensors of the same placements or whole
+  tensors (a run on another layout): each rank keeps its rows.
 - zero_grad() clears grad and main_grad.
 - state_dict() is the inner optimizer's plus
   _mixed_precision_optimizer.fp32_from_fp16_params, {param name: FP32 main
@@ -29,14 +37,15 @@ import warnings
 
 import torch
 
-from .optim import AdamW, Muon, _closure_loss, _Delegating
+from .optim import AdamW, Muon, _closure_loss, _Delegating, _keep_local, _local
 
 _LOW = (torch.bfloat16, torch.float16)
 KEY = "_mixed_precision_optimizer"
 
 
 def _accumulate_main_grad(p):
-    """post-accumulate-grad hook: p.grad into p.main_grad (FP32), p.grad to None."""
+    """post-accumulate-grad hook: p.grad into p.main_grad (FP32), p.grad to None. Where p.grad_dtype is
+    float32 the gradient arrives in FP32 and becomes the main_grad itself (no copy)."""
     if p.main_grad is None:
         p.main_grad = p.grad.to(torch.float32)
     else:
@@ -73,12 +82,17 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                     if p.dtype not in _LOW:
                         raise TypeError(f"Float16OptimizerWithFloat16Params: param {name} has dtype {p.dtype}; "
                                         "expected float16, bfloat16 or float32")
-                    if p.device.type != "cpu" or not p.is_contiguous():
+                    local = _local(p)
+                    if local.device.type != "cpu" or not local.is_contiguous():
                         raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
-                                         f"tensor (it is on {p.device})")
+                                         f"tensor (it is on {local.device})")
                     main = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad)
                     main._hypertrain_model_param = p  # hypertrain's kernels write p in the step's pass
                     p.main_param, p.main_grad = main, None
+                    if p.grad is not None:  # a gradient from before the wrapping: the first main_grad
+                        p.main_grad, p.grad = p.grad.to(torch.float32), None
+                    if hasattr(p, "grad_dtype"):  # autograd, and FSDP2's reduction, deliver FP32 gradients
+                        p.grad_dtype = torch.float32
                     group["params"][i] = main
                     if p in leaf.state:
                         leaf.state[main] = leaf.state.pop(p)
@@ -164,4 +178,7 @@ class Float16OptimizerWithFloat16Params(_Delegating):
             self.reload_model_params()
         elif saved is not None:
             for name, p, main in self.pairs:
-                main.copy_(saved[name])
+                t = saved[name]
+                if hasattr(main, "to_local") and not hasattr(t, "to_local"):  # a whole tensor: this rank's rows
+                    t = _keep_local(main, t)
+                _local(main).copy_(_local(t))

@@ -73,7 +73,7 @@ def _model_copy(p):
     model = getattr(p, "_hypertrain_model_param", None)
     if model is None:
         return None, None
-    return model.data_ptr(), str(model.dtype).removeprefix("torch.")
+    return _local(model).data_ptr(), str(model.dtype).removeprefix("torch.")
 
 
 class AdamW(torch.optim.Optimizer):
