@@ -262,24 +262,32 @@ def _keep_local(p, whole):
     return rep.redistribute(p.device_mesh, p.placements).to_local().contiguous()
 
 
+def _shard_dim(p):
+    """The one mesh dim that shards DTensor p by rows (FSDP2's Shard(0); HSDP's other dims replicate)."""
+    dims = [d for d, pl in enumerate(p.placements) if not pl.is_replicate()]
+    if len(dims) != 1 or not p.placements[dims[0]].is_shard(0):
+        raise NotImplementedError(f"hypertrain.optim.Muon: comm_strategy 'deredundancy' on placements "
+                                  f"{p.placements}; it takes one Shard(0) dim, any others Replicate (FSDP2, "
+                                  "HSDP): use 'allgather'")
+    return dims[0]
+
+
 def _owners(params):
     """deredundancy's owners (docs/NUMERICS.md, Distributed Muon): each sharded matrix, largest Newton-Schulz
-    cost first (ties by order), to the least-loaded rank of its mesh (ties: the lower rank)."""
+    cost first (ties by order), to the least-loaded rank of its shard group (ties: the lower rank), as an
+    index in that group: under HSDP each replica's rank of that index owns it for its replica."""
     flops = []
     for i, p in enumerate(params):
-        if p.device_mesh.ndim != 1:
-            raise NotImplementedError("hypertrain.optim.Muon: comm_strategy 'deredundancy' on a mesh of "
-                                      f"{p.device_mesh.ndim} dims (HSDP) is not supported from Python; use "
-                                      "'allgather'")
         A, B = p.shape[-2], p.shape[-1]
         r, c = min(A, B), max(A, B)
         flops.append((-(p.numel() // (A * B)) * (4 * r * r * c + 2 * r ** 3), i))
     load, owners = {}, {}
     for _, i in sorted(flops):
         p = params[i]
-        size = p.device_mesh.size()
-        loads = load.setdefault(tuple(p.device_mesh.mesh.flatten().tolist()), [0] * size)  # by ranks: each
-        # fully_shard call may hold its own mesh object of the same ranks
+        d = _shard_dim(p)
+        size = p.device_mesh.size(d)
+        loads = load.setdefault((tuple(p.device_mesh.mesh.flatten().tolist()), d), [0] * size)  # by ranks:
+        # each fully_shard call may hold its own mesh object of the same ranks
         owner = min(range(size), key=lambda r: (loads[r], r))
         loads[owner] -= flops[i][0]
         owners[id(p)] = owner
@@ -287,11 +295,11 @@ def _owners(params):
 
 
 def _owner_newton_schulz(p, local, owner, group):
-    """deredundancy: the owner gathers the whole matrix, orthogonalizes it and scatters each rank its rows;
-    the same bits as every rank doing it (allgather)."""
+    """deredundancy: the owner gathers the whole matrix over its shard group, orthogonalizes it and scatters
+    each rank its rows; the same bits as every rank doing it (allgather)."""
     import torch.distributed as dist
-    mesh = p.device_mesh
-    pg, me, size = mesh.get_group(0), mesh.get_local_rank(0), mesh.size()
+    mesh, d = p.device_mesh, _shard_dim(p)
+    pg, me, size = mesh.get_group(d), mesh.get_local_rank(d), mesh.size(d)
     rows = [len(c) for c in torch.arange(p.shape[0]).chunk(size)] + [0] * size  # torch.chunk's split, as FSDP2
     rows = rows[:size]
     pad = max(rows)

@@ -42,12 +42,12 @@ def data(step):
     return torch.randn(BATCH, 20, generator=gen), torch.randn(BATCH, 10, generator=gen)
 
 
-def train_sharded(rank, per, ref_norms, strategy):
+def train_sharded(rank, per, ref_norms, strategy, mesh=None):
     m = model()
     for layer in m:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(m)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
     assert all(type(p).__name__ == "DTensor" for p in m.parameters())
     opt = optimizer(m, strategy)
     for step in range(STEPS):
@@ -238,24 +238,31 @@ def main():
         ref_opt.step()
         ref_opt.zero_grad()
 
-    m = train_sharded(rank, per, ref_norms, "allgather")
-    # deredundancy: each matrix's owner orthogonalizes it and scatters the rows: the same bits
-    d = train_sharded(rank, per, ref_norms, "deredundancy")
-    owners = optim._owners([p for p in d.parameters() if p.ndim == 2])
-    if len(set(owners.values())) != min(world, 3):  # 3 matrices over the ranks: balanced, not all on one
-        sys.exit(f"rank {rank}: deredundancy's owners {sorted(owners.values())} on {world} ranks")
-    for (name, p), q in zip(m.named_parameters(), d.parameters()):
-        if not torch.equal(p.to_local(), q.to_local()):
-            sys.exit(f"rank {rank}: {name}: Muon's deredundancy parts from allgather")
-    worst = (0.0, "")
-    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
-        full = p.full_tensor()
-        worst = max(worst, ((full - q.detach()).abs().max().item() / q.detach().abs().max().item(), name))
-    if worst[0] > BOUND:
-        sys.exit(f"rank {rank} of {world}: {worst[1]} parts from one process by {worst[0]:.3g} (bound {BOUND})")
-    if rank == 0:
-        print(f"fully_shard on {world} ranks: {STEPS} steps of Muon + AdamW within {worst[0]:.3g} of one process "
-              f"({worst[1]} the farthest), grad norms over the mesh within 1e-5, deredundancy bitwise allgather")
+    meshes = [("", None)]
+    if world == 4:
+        meshes.append((" (HSDP 2 x 2)", init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))))
+    for label, mesh in meshes:
+        shards = world if mesh is None else mesh.size(1)
+        m = train_sharded(rank, per, ref_norms, "allgather", mesh)
+        # deredundancy: each matrix's owner (in each replica) orthogonalizes it and scatters the rows: the same bits
+        d = train_sharded(rank, per, ref_norms, "deredundancy", mesh)
+        owners = optim._owners([p for p in d.parameters() if p.ndim == 2])
+        if len(set(owners.values())) != min(shards, 3):  # 3 matrices over the shard ranks: balanced, not on one
+            sys.exit(f"rank {rank}{label}: deredundancy's owners {sorted(owners.values())} over {shards} shards")
+        for (name, p), q in zip(m.named_parameters(), d.parameters()):
+            if not torch.equal(p.to_local(), q.to_local()):
+                sys.exit(f"rank {rank}{label}: {name}: Muon's deredundancy parts from allgather")
+        worst = (0.0, "")
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            full = p.full_tensor()
+            worst = max(worst, ((full - q.detach()).abs().max().item() / q.detach().abs().max().item(), name))
+        if worst[0] > BOUND:
+            sys.exit(f"rank {rank} of {world}{label}: {worst[1]} parts from one process by {worst[0]:.3g} "
+                     f"(bound {BOUND})")
+        if rank == 0:
+            print(f"fully_shard on {world} ranks{label}: {STEPS} steps of Muon + AdamW within {worst[0]:.3g} of one "
+                  f"process ({worst[1]} the farthest), grad norms over the mesh within 1e-5, deredundancy bitwise "
+                  "allgather")
     dist.barrier()  # no rank tears gloo down while another still talks to it (an abort at exit, 1 run in 3)
     dist.destroy_process_group()
 

@@ -21,6 +21,7 @@ def test_fully_shard_against_one_process(ranks):
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                         str(worker)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"torchrun on {ranks} ranks failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    for line in (f"fully_shard on {ranks} ranks", "fp32 main params under fully_shard",
+    for line in (f"fully_shard on {ranks} ranks:", *(["fully_shard on 4 ranks (HSDP 2 x 2):"] if ranks == 4 else []),
+                 "fp32 main params under fully_shard",
                  f"gradient scaling factor on {ranks} ranks"):
         assert line in r.stdout, r.stdout
