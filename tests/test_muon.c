@@ -302,6 +302,96 @@ static void test_newton_schulz_schedules(void **state) {
     ht_safetensors_close(st);
 }
 
+/* The iteration in float64, written out (docs/NUMERICS.md): X = G / (|G| + eps)
+ * with r <= c (a tall G transposed), then X <- a X + (b A + c A A) X with
+ * A = X Xᵀ, every product whole. Returns X in G's orientation. */
+static double *ns_float64(const float *G, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps) {
+    const bool tall = rows > cols;
+    const int64_t r = tall ? cols : rows, c = tall ? rows : cols;
+    double *X = calloc((size_t)(r * c), sizeof(double)), *A = calloc((size_t)(r * r), sizeof(double));
+    double *B = calloc((size_t)(r * r), sizeof(double)), *Y = calloc((size_t)(r * c), sizeof(double));
+    double norm = 0;
+    for (int64_t i = 0; i < rows * cols; i++) norm += (double)G[i] * G[i];
+    norm = sqrt(norm) + eps;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) X[tall ? j * c + i : i * c + j] = G[i * cols + j] / norm;
+    for (int k = 0; k < sched->steps; k++) {
+        const double a = sched->coeffs[k][0], b = sched->coeffs[k][1], cc = sched->coeffs[k][2];
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < r; j++) {
+                double sum = 0;
+                for (int64_t l = 0; l < c; l++) sum += X[i * c + l] * X[j * c + l];
+                A[i * r + j] = sum;
+            }
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < r; j++) {
+                double sum = 0;
+                for (int64_t l = 0; l < r; l++) sum += A[i * r + l] * A[l * r + j];
+                B[i * r + j] = b * A[i * r + j] + cc * sum;
+            }
+        for (int64_t i = 0; i < r; i++) {
+            double *y = Y + i * c;
+            for (int64_t j = 0; j < c; j++) y[j] = a * X[i * c + j];
+            for (int64_t l = 0; l < r; l++)
+                for (int64_t j = 0; j < c; j++) y[j] += B[i * r + l] * X[l * c + j];
+        }
+        double *t = X;
+        X = Y;
+        Y = t;
+    }
+    double *out = malloc((size_t)(r * c) * sizeof(double));
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) out[i * cols + j] = X[tall ? j * c + i : i * c + j];
+    free(X);
+    free(Y);
+    free(A);
+    free(B);
+    return out;
+}
+
+/* Matrices of 256 rows (of X) and more take the symmetric products, S = X Xᵀ
+ * and S S, panel by panel over the upper triangle, mirrored below (ragged
+ * last panels here: 272 and 300 rows in panels of 48). Against the float64
+ * iteration with whole products: within test_newton_schulz_schedules' 1e-5
+ * in FP32 (a missing mirror or a panel one row off is O(1) away), within
+ * check_newton_schulz_bf16's 5e-2 with bf16 operands; a batch of two gives
+ * each the matrix's own bits in FP32. */
+static void test_newton_schulz_symmetric_products(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{272, 400}, {400, 272}, {300, 300}};
+    ht_error err;
+    ht_ns_schedule sched;
+    assert_ht_ok(ht_ns_schedule_expand(HT_NS_ASYM5, 5, NULL, 0, &sched, &err), &err);
+    for (size_t m = 0; m < sizeof(shapes) / sizeof(shapes[0]); m++) {
+        const int64_t rows = shapes[m][0], cols = shapes[m][1], n = rows * cols;
+        float *g = malloc(2 * (size_t)n * sizeof(float)), *out = malloc(2 * (size_t)n * sizeof(float));
+        ht_random_normal(g, n, 7 + m, 0, 1.0f);
+        memcpy(g + n, g, (size_t)n * sizeof(float));
+        double *ref = ns_float64(g, rows, cols, &sched, 1e-7);
+        float *ref32 = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) ref32[i] = (float)ref[i];
+        float *work = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        ht_newton_schulz(g, out, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
+        const double e32 = rel_max_err(out, ref32, (size_t)n);
+        ht_newton_schulz_batch(g, out, 2, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
+        const double batch = fmax(rel_max_err(out, ref32, (size_t)n), rel_max_err(out + n, ref32, (size_t)n));
+        assert_memory_equal(out, out + n, (size_t)n * sizeof(float));
+        ht_newton_schulz(g, out, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work);
+        const double e16 = rel_max_err(out, ref32, (size_t)n);
+        printf("  %3lld x %3lld: Newton-Schulz with symmetric products %.3g from float64 (FP32), %.3g batched, "
+               "%.3g with bf16 operands\n",
+               (long long)rows, (long long)cols, e32, batch, e16);
+        if (e32 > 1e-5 || batch > 1e-5 || e16 > 5e-2)
+            fail_msg("%lld x %lld: %.3g / %.3g batched (limit 1e-5), %.3g bf16 (limit 5e-2) from float64",
+                     (long long)rows, (long long)cols, e32, batch, e16);
+        free(g);
+        free(out);
+        free(ref);
+        free(ref32);
+        ht_free(work);
+    }
+}
+
 /* ns_dtype BF16: the operands of each product rounded to bf16 (8 significant
  * bits, <= 2^-9 relative), FP32 accumulation. Near singular value 1 the
  * iteration contracts what rounding adds, so errors do not compound over the
@@ -683,6 +773,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_master_sum),
         cmocka_unit_test(test_newton_schulz_schedules),
         cmocka_unit_test(test_newton_schulz_bf16),
+        cmocka_unit_test(test_newton_schulz_symmetric_products),
         cmocka_unit_test(test_newton_schulz_zero),
         cmocka_unit_test(test_schedule_expansion),
         cmocka_unit_test(test_update_scale),

@@ -139,6 +139,23 @@ def test_muon_against_torch(torch_muon_fp32, nesterov, adjust):
             assert rel(a, theirs.state[b]["momentum_buffer"]) <= 1e-6
 
 
+def test_muon_against_torch_large(torch_muon_fp32):
+    """Matrices of 256 rows of X and more, where Newton-Schulz takes the symmetric products (S = X Xᵀ and
+    S S panel by panel over their upper triangles): within 1e-6 of torch.optim.Muon's whole products."""
+    shapes = [(600, 272), (272, 600), (300, 300)]
+    ps = params_for(shapes, 8)
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    ours = optim.Muon(ps, lr=0.02, weight_decay=0.1, momentum=0.95, adjust_lr_fn="original")
+    theirs = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, momentum=0.95, adjust_lr_fn="original")
+    for gs in grads_for(shapes, 4, 9):
+        for p, r, g in zip(ps, ref, gs):
+            p.grad, r.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+        for a, b, shape in zip(ps, ref, shapes):
+            assert rel(a.detach(), b.detach()) <= 1e-6, f"{shape}: {rel(a.detach(), b.detach()):.3g} from torch"
+
+
 def test_muon_hyperparallel_style():
     """sum momentum, asym5, matched_adamw_rms 0.2 (get_hyper_optimizer's defaults) against the formulas."""
     shape, lr, wd, mu = (40, 24), 0.02, 0.1, 0.95

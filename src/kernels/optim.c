@@ -119,6 +119,48 @@ static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dty
 #define NS_GEMM(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc)                                      \
     ht_gemm_batched(count, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, st, beta, C, ldc, sc)
 
+/* Rows of C a panel of sym_gemm holds: about an eighth of r, a multiple of
+ * 16; below SYM_MIN_ROWS the whole product is one GEMM (the saving is
+ * small there and a panel's GEMM too narrow to run at the full rate). */
+#define SYM_PANELS 8
+#define SYM_MIN_ROWS 256
+
+/* A product known to be symmetric, C (r, r) = alpha op(A) op(B) + beta C on
+ * `count` matrices (the operands as NS_GEMM takes them): panel by panel,
+ * rows [i0, i1) by columns [i0, r), then the strict lower triangle copied
+ * from the upper. About half the multiply-adds of the whole product
+ * (9/16 with eight panels), and C exactly symmetric. */
+static void sym_gemm(int64_t count, bool ta, bool tb, int64_t r, int64_t K, float alpha, const void *A, int64_t lda,
+                     int64_t sa, const void *B, int64_t ldb, int64_t sb, ht_dtype st, float beta, float *C) {
+    const int64_t rr = r * r;
+    if (r < SYM_MIN_ROWS) {
+        ht_gemm_batched(count, ta, tb, r, r, K, alpha, A, lda, sa, B, ldb, sb, st, beta, C, r, rr);
+        return;
+    }
+    const size_t es = ht_dtype_size(st);
+    const int64_t pb = ((r + SYM_PANELS - 1) / SYM_PANELS + 15) / 16 * 16;
+    for (int64_t i0 = 0; i0 < r; i0 += pb) {
+        const int64_t m = i0 + pb < r ? pb : r - i0;
+        const char *a = (const char *)A + (size_t)(ta ? i0 : i0 * lda) * es; /* op(A)'s rows [i0, i0 + m) */
+        const char *b = (const char *)B + (size_t)(tb ? i0 * ldb : i0) * es; /* op(B)'s columns [i0, r) */
+        ht_gemm_batched(count, ta, tb, m, r - i0, K, alpha, a, lda, sa, b, ldb, sb, st, beta, C + i0 * r + i0, r, rr);
+    }
+    enum { TILE = 32 };
+    const int64_t tiles = (r + TILE - 1) / TILE;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t e = 0; e < count; e++) {
+        for (int64_t ti = 0; ti < tiles; ti++) { /* tile row ti, columns up to its diagonal */
+            float *c = C + e * rr;
+            const int64_t i_end = (ti + 1) * TILE < r ? (ti + 1) * TILE : r;
+            for (int64_t tj = 0; tj <= ti; tj++)
+                for (int64_t i = ti * TILE; i < i_end; i++) {
+                    const int64_t j_end = tj == ti ? i : (tj + 1) * TILE;
+                    for (int64_t j = tj * TILE; j < j_end; j++) c[i * r + j] = c[j * r + i];
+                }
+        }
+    }
+}
+
 /* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
  * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
  * transposed iteration of docs/NUMERICS.md without copying Gᵀ. `count` matrices
@@ -147,11 +189,11 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
     for (int k = 0; k < K; k++) {
         const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
         const void *x = operand(X, Xb, all, ns_dtype, st);
-        /* S = X Xᵀ (wide) or XᵀX (tall): (r, r) */
+        /* S = X Xᵀ (wide) or XᵀX (tall): (r, r), symmetric */
         if (tall)
-            NS_GEMM(true, false, r, r, rows, 1.0f, x, cols, n, x, cols, n, 0.0f, S, r, rr);
+            sym_gemm(count, true, false, r, rows, 1.0f, x, cols, n, x, cols, n, st, 0.0f, S);
         else
-            NS_GEMM(false, true, r, r, cols, 1.0f, x, cols, n, x, cols, n, 0.0f, S, r, rr);
+            sym_gemm(count, false, true, r, cols, 1.0f, x, cols, n, x, cols, n, st, 0.0f, S);
         /* T = b S + c S S: S copied into T, scaled by beta. In a 16-bit
          * ns_dtype both terms take S rounded to it: the iteration is then one
          * polynomial of one matrix, whose contraction near singular value 1
@@ -161,7 +203,7 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
         memcpy(T, S, (size_t)(count * rr) * sizeof(float));
         if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(count * rr), ns_dtype);
         const void *s = operand(S, Sb, count * rr, ns_dtype, st);
-        NS_GEMM(false, false, r, r, r, c, s, r, rr, s, r, rr, b, T, r, rr);
+        sym_gemm(count, false, false, r, r, c, s, r, rr, s, r, rr, st, b, T); /* S S is symmetric too */
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
         memcpy(Y, X, (size_t)all * sizeof(float));
         const void *t = operand(T, Tb, count * rr, ns_dtype, st);
