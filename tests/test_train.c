@@ -95,7 +95,9 @@ static void test_training_lowers_validation_loss(void **state) {
     assert_non_null(strstr(text, "\"tokens_per_s\""));
     const char *mfu = strstr(text, "\"mfu\": ");
     assert_non_null(mfu);
-    assert_true(atof(mfu + 7) > 0.0);
+    /* against the rate of a product of at least 512 a side: 9-14% here (against its own 128 x 32 x 32
+     * products' rate, 49 GFLOP/s where 512 a side runs at 150, this model read 28-55%) */
+    assert_true(atof(mfu + 7) > 0.0 && atof(mfu + 7) < 1.0);
     /* The model FLOPs it counts: 6 per weight of every matmul (2-D params but the embedding; the head once) plus
      * attention's causal half, 6 L T H D. */
     const ht_param_store *ps = &t->model->params;

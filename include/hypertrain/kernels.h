@@ -70,6 +70,11 @@ typedef struct ht_gemm_choice {
  * Costs a few hundred ms at most. Does not apply the choice: ht_gemm_use. */
 ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int64_t N, int64_t K, ht_gemm_choice *out,
                          ht_error *err);
+/* GFLOP/s of `kernel` running products of `dtype` on C (M, N) = A (M, K) · Bᵀ
+ * (F32: the FP32 matmul, whatever the kernel): the fastest of three calls
+ * after a first, timed once per process and shape; 0 where the kernel is not
+ * offered or the buffers cannot be had. The MFU's yardstick. */
+double ht_gemm_rate(ht_dtype dtype, ht_gemm_kernel kernel, int64_t M, int64_t N, int64_t K);
 /* Makes `choice` the process's: ht_gemm and ht_gemm_storage follow it. Call it
  * before products run on other threads. Without it, the first 16-bit product
  * chooses on a 1024³ product. */

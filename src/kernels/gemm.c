@@ -540,11 +540,11 @@ static bool candidate_init(candidate *c, ht_dtype storage, ht_gemm_path path, in
 /* Times the candidates that `on` selects on C (M, N) = A (M, K) · Bᵀ, the
  * form of a linear layer's forward pass, and fills GFLOP/s (0 where not
  * timed). In rounds, one call of each candidate per round, keeping each one's
- * fastest call, at least 3 rounds and until ~0.3 s have passed: on a shared
- * machine load that comes and goes then weighs on all of them alike. The
- * first call of each creates its primitive and is not timed. Operands are
+ * fastest call, at least 3 rounds and until `seconds` have passed: on a
+ * shared machine load that comes and goes then weighs on all of them alike.
+ * The first call of each creates its primitive and is not timed. Operands are
  * normal values exact in bf16 (and so in f16 as well, up to its range). */
-static bool time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, double *gflops) {
+static bool time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, double seconds, double *gflops) {
     size_t n = (size_t)(M > N ? M : N) * (size_t)K;
     float *vals = ht_alloc(n * sizeof(float)), *C = ht_alloc((size_t)(M * N) * sizeof(float));
     if (!vals || !C) {
@@ -570,7 +570,7 @@ static bool time_candidates(const bool *on, int64_t M, int64_t N, int64_t K, dou
                                 N);
         }
     double start = ht_time_seconds();
-    for (int round = 0; ok && round < 100 && (round < 3 || ht_time_seconds() - start < 0.3); round++)
+    for (int round = 0; ok && round < 100 && (round < 3 || ht_time_seconds() - start < seconds); round++)
         for (int c = 0; c < CANDIDATES; c++) {
             if (!on[c]) continue;
             double t0 = ht_time_seconds();
@@ -612,7 +612,7 @@ static bool rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
         }
     pthread_mutex_unlock(&g_gemm.lock);
     const bool on[CANDIDATES] = {true, matmul_available(HT_DTYPE_BF16), true, matmul_available(HT_DTYPE_F16), true};
-    if (!time_candidates(on, M, N, K, gflops)) return false; /* unlocked: it runs ht_gemm */
+    if (!time_candidates(on, M, N, K, 0.3, gflops)) return false; /* unlocked: it runs ht_gemm */
     pthread_mutex_lock(&g_gemm.lock);
     if (g_rates.count < SHAPES_KEPT) {
         kept_rates *k = &g_rates.items[g_rates.count++];
@@ -623,6 +623,49 @@ static bool rates_for(int64_t M, int64_t N, int64_t K, double *gflops) {
     }
     pthread_mutex_unlock(&g_gemm.lock);
     return true;
+}
+
+/* The candidate that runs `kernel` for products of `dtype`, or -1 where there is none. */
+static int candidate_of(ht_dtype dtype, ht_gemm_kernel kernel) {
+    if (dtype == HT_DTYPE_F32 || kernel == HT_GEMM_KERNEL_FP32_ROUNDED) return CAND_F32;
+    if (dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) return -1;
+    const bool bf16 = dtype == HT_DTYPE_BF16;
+    if (kernel == HT_GEMM_KERNEL_NATIVE)
+        return matmul_available(dtype) ? (bf16 ? CAND_BF16_NATIVE : CAND_F16_NATIVE) : -1;
+    if (kernel == HT_GEMM_KERNEL_WIDENED) return bf16 ? CAND_BF16_WIDENED : CAND_F16_WIDENED;
+    return -1;
+}
+
+typedef struct kept_rate {
+    int cand;
+    int64_t M, N, K;
+    double gflops;
+} kept_rate;
+
+double ht_gemm_rate(ht_dtype dtype, ht_gemm_kernel kernel, int64_t M, int64_t N, int64_t K) {
+    enum { KEPT = 8 };
+    static kept_rate kept[KEPT]; /* guarded by g_gemm.lock */
+    static int count;
+    if (M < 1 || N < 1 || K < 1) return 0.0;
+    pthread_once(&g_gemm.once, gemm_init_once);
+    const int c = candidate_of(dtype, kernel);
+    if (c < 0 || !matmul_available(HT_DTYPE_F32)) return 0.0;
+    pthread_mutex_lock(&g_gemm.lock);
+    for (int i = 0; i < count; i++)
+        if (kept[i].cand == c && kept[i].M == M && kept[i].N == N && kept[i].K == K) {
+            double r = kept[i].gflops;
+            pthread_mutex_unlock(&g_gemm.lock);
+            return r;
+        }
+    pthread_mutex_unlock(&g_gemm.lock);
+    bool on[CANDIDATES] = {false};
+    on[c] = true;
+    double gflops[CANDIDATES] = {0};
+    if (!time_candidates(on, M, N, K, 0.0, gflops)) return 0.0; /* unlocked: it runs ht_gemm */
+    pthread_mutex_lock(&g_gemm.lock);
+    if (count < KEPT) kept[count++] = (kept_rate){c, M, N, K, gflops[c]};
+    pthread_mutex_unlock(&g_gemm.lock);
+    return gflops[c];
 }
 
 /* A kernel other than fp32_rounded must beat it by this factor to be chosen:

@@ -315,18 +315,15 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     ht_gemm_describe(&choice, line, sizeof(line));
     ht_log_info("%s%s", line, kept);
     /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
-     * this product; pinned kernels were not timed, so rank 0 times them now. */
-    ht_dtype pd = c->fsdp.param_dtype;
-    ht_gemm_kernel k = pd == HT_DTYPE_BF16 ? choice.bf16 : choice.f16;
+     * this product, or on one of PEAK_MIN a side where the model's is smaller
+     * (a small model's products run far below what the CPU can, and an MFU
+     * against them reads several times too high; 512 a side already runs at
+     * the 2048 x 512 x 512 rate of bench_gemm). Rank 0 times it. */
+    enum { PEAK_MIN = 512 };
+    const int64_t PM = M > PEAK_MIN ? M : PEAK_MIN, PC = C > PEAK_MIN ? C : PEAK_MIN;
+    const ht_dtype pd = c->fsdp.param_dtype;
     double rate = 0.0;
-    if (t->comm->rank == 0) {
-        ht_gemm_choice timed = choice;
-        ht_error ignored;
-        bool have = pd == HT_DTYPE_F32 ? choice.f32_rate > 0
-                                       : (pd == HT_DTYPE_BF16 ? choice.bf16_rate : choice.f16_rate)[k] > 0;
-        if (have || ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, M, C, C, &timed, &ignored) == HT_OK)
-            rate = pd == HT_DTYPE_F32 ? timed.f32_rate : (pd == HT_DTYPE_BF16 ? timed.bf16_rate : timed.f16_rate)[k];
-    }
+    if (t->comm->rank == 0) rate = ht_gemm_rate(pd, ht_gemm_kernel_of(pd), PM, PC, PC);
     ht_broadcast(t->comm, &rate, (int64_t)sizeof(rate), 0);
     t->gemm_gflops = rate;
     return HT_OK;
