@@ -1365,6 +1365,110 @@ static void test_backend_rows_and_elementwise(void **state) {
 }
 
 /* Qwen2-MoE's entries: route, combine and their backward, scatter-add. */
+/* lse of K against the CPU's: a row that saw no key is -inf on both, the
+ * others within tol of the largest finite one. */
+static double lse_against_cpu(backend K, const char *what, const float *dev, const float *ref, size_t n, double tol) {
+    backend_ok(K, what);
+    float *got = host_copy(K, dev, n * sizeof(float));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(ref[i]) || isinf(got[i])) {
+            if (got[i] != ref[i]) fail_msg("%s, %s: row %zu is %g, the CPU's %g", K->name, what, i, got[i], ref[i]);
+            continue;
+        }
+        num = fmax(num, isnan(got[i]) ? INFINITY : fabs((double)got[i] - ref[i]));
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    double e = den > 0 ? num / den : num;
+    if (!(e <= tol)) fail_msg("%s, %s: %.3g off the CPU's (bound %g)", K->name, what, e, tol);
+    free(got);
+    return e;
+}
+
+/* One attention call (forward with QK-clip's maximum, backward) on K
+ * against the CPU's, in `dtype`. The bounds: in FP32 each is within 1e-5 of
+ * the double reference (test_attention_against_reference), so 2e-5 apart;
+ * with 16-bit operands each is within 4u of the FP32 attention on the same
+ * rounded inputs (test_attention_16bit_operands), so 8u apart (a P or dS
+ * whose rounding flips with the summation order). The maximum logit is one
+ * FP32 dot product summed in another order: 1e-5. */
+static double check_backend_attention(backend K, ht_attention_shape a, ht_dtype dtype) {
+    const ht_kernel_ops *cpu = ht_kernels();
+    const int64_t Tk = a.Tk > 0 ? a.Tk : a.T, nq = a.B * a.T * a.H * a.Dk, nk = a.B * Tk * a.KV * a.Dk;
+    const int64_t nv = a.B * Tk * a.KV * a.Dv, no = a.B * a.T * a.H * a.Dv, nl = a.B * a.H * a.T;
+    float *q = normal(nq, 131 + a.T, 1.5f), *k = normal(nk, 132 + a.T, 1.5f), *v = normal(nv, 133 + a.T, 1.0f);
+    float *dout = normal(no, 134 + a.T, 1.0f), *out = malloc(no * 4), *lse = malloc(nl * 4);
+    float *hmax = malloc(a.B * a.H * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nv * 4);
+    const int64_t longest = a.T > Tk ? a.T : Tk;
+    float *work = malloc((size_t)omp_get_max_threads() * cpu->attention_workspace_floats(longest, a.Dk, a.Dv) * 4);
+    cpu->attention_forward(out, lse, hmax, q, k, v, &a, dtype, work);
+    cpu->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &a, dtype, work);
+    const double u = dtype == HT_DTYPE_BF16 ? 1.0 / 256 : dtype == HT_DTYPE_F16 ? 1.0 / 2048 : 0.0;
+    const double tol = dtype == HT_DTYPE_F32 ? 2e-5 : 8 * u;
+    float *kq = dev_copy(K, q, nq * 4), *kk = dev_copy(K, k, nk * 4), *kv = dev_copy(K, v, nv * 4);
+    float *kdout = dev_copy(K, dout, no * 4), *kout = dev_new(K, no * 4), *klse = dev_new(K, nl * 4);
+    float *khmax = dev_new(K, a.B * a.H * 4), *kdq = dev_new(K, nq * 4), *kdk = dev_new(K, nk * 4);
+    float *kdv = dev_new(K, nv * 4);
+    size_t wf = (size_t)omp_get_max_threads() * K->attention_workspace_floats(longest, a.Dk, a.Dv);
+    float *kwork = dev_new(K, wf * 4);
+    K->attention_forward(kout, klse, khmax, kq, kk, kv, &a, dtype, kwork);
+    double worst = against_cpu(K, "attention_forward out", kout, out, no, tol);
+    worst = fmax(worst, lse_against_cpu(K, "attention_forward lse", klse, lse, nl, 1e-5));
+    worst = fmax(worst, against_cpu(K, "attention_forward head_max", khmax, hmax, a.B * a.H, 1e-5));
+    /* backward from the CPU's O and lse: the gradients' own differences, not the forward's */
+    K->upload(kout, out, no * 4), K->upload(klse, lse, nl * 4);
+    K->attention_backward(kdq, kdk, kdv, kdout, kout, klse, kq, kk, kv, &a, dtype, kwork);
+    worst = fmax(worst, against_cpu(K, "attention_backward dq", kdq, dq, nq, tol));
+    worst = fmax(worst, against_cpu(K, "attention_backward dk", kdk, dk, nk, tol));
+    worst = fmax(worst, against_cpu(K, "attention_backward dv", kdv, dv, nv, tol));
+    float *bufs[] = {q, k, v, dout, out, lse, hmax, dq, dk, dv, work};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+    float *dbufs[] = {kq, kk, kv, kdout, kout, klse, khmax, kdq, kdk, kdv, kwork};
+    for (size_t i = 0; i < sizeof(dbufs) / sizeof(dbufs[0]); i++) K->free(dbufs[i]);
+    return worst;
+}
+
+/* Attention on every backend: grouped-query heads, head dims 64 and 128,
+ * Multi-Latent Attention's Dk 192 / Dv 128 with its own scale, odd sizes,
+ * blocks of keys at other positions (rows that see none: lse -inf), each
+ * dtype; and attention_merge of two blocks' partial results. */
+static void test_backend_attention(void **state) {
+    (void)state;
+    const ht_attention_shape shapes[] = {
+        {.B = 2, .T = 100, .H = 4, .KV = 2, .Dk = 64, .Dv = 64, .scale = 0.125f},
+        {.B = 1, .T = 70, .H = 2, .KV = 1, .Dk = 128, .Dv = 128, .scale = 0.08838834764831845f},
+        {.B = 1, .T = 37, .H = 3, .KV = 3, .Dk = 24, .Dv = 40, .scale = 0.2f},
+        {.B = 1, .T = 45, .H = 2, .KV = 1, .Dk = 192, .Dv = 128, .scale = 0.1f},
+        {.B = 2, .T = 64, .H = 2, .KV = 2, .Dk = 32, .Dv = 32, .scale = 0.17f, .Tk = 96, .q0 = 64, .k0 = 32},
+        {.B = 1, .T = 64, .H = 2, .KV = 1, .Dk = 32, .Dv = 32, .scale = 0.17f, .Tk = 64, .q0 = 0, .k0 = 40},
+    };
+    const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        if (!K->attention_forward || !K->attention_backward || !K->attention_merge)
+            fail_msg("backend %s has no attention entries", K->name);
+        double worst = 0;
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+            for (int d = 0; d < 3; d++) worst = fmax(worst, check_backend_attention(K, shapes[s], dtypes[d]));
+        summary(K, "attention_forward, attention_backward (f32, bf16, f16)", worst);
+        enum { B = 2, T = 40, H = 3, Dv = 24 };
+        float *o1 = normal(B * T * H * Dv, 141, 1.0f), *o2 = normal(B * T * H * Dv, 142, 1.0f);
+        float *l1 = normal(B * H * T, 143, 2.0f), *l2 = normal(B * H * T, 144, 2.0f);
+        l1[3] = -INFINITY, l2[5] = -INFINITY, l1[7] = l2[7] = -INFINITY; /* blocks that saw no key */
+        float *ko = dev_copy(K, o1, sizeof(float) * B * T * H * Dv), *kl = dev_copy(K, l1, sizeof(float) * B * H * T);
+        float *ko2 = dev_copy(K, o2, sizeof(float) * B * T * H * Dv), *kl2 = dev_copy(K, l2, sizeof(float) * B * H * T);
+        ht_kernels()->attention_merge(o1, l1, o2, l2, B, T, H, Dv);
+        K->attention_merge(ko, kl, ko2, kl2, B, T, H, Dv);
+        double m = against_cpu(K, "attention_merge out", ko, o1, B * T * H * Dv, 1e-6);
+        m = fmax(m, lse_against_cpu(K, "attention_merge lse", kl, l1, B * H * T, 1e-6));
+        summary(K, "attention_merge", m);
+        float *bufs[] = {o1, o2, l1, l2};
+        for (int i = 0; i < 4; i++) free(bufs[i]);
+        float *dbufs[] = {ko, kl, ko2, kl2};
+        for (int i = 0; i < 4; i++) K->free(dbufs[i]);
+    }
+}
+
 static void test_backend_moe(void **state) {
     (void)state;
     enum { N = 23, E = 7, k = 3, C = 130, A = N * k };
@@ -1544,6 +1648,7 @@ int main(void) {
         cmocka_unit_test(test_backend_decoder),
         cmocka_unit_test(test_backend_cross_entropy),
         cmocka_unit_test(test_backend_rows_and_elementwise),
+        cmocka_unit_test(test_backend_attention),
         cmocka_unit_test(test_backend_moe),
         cmocka_unit_test(test_backend_optimizers),
     };

@@ -268,7 +268,7 @@ const ht_kernel_ops *ht_kernels(void);
  * driver answer (cudaGetDeviceCount fails or finds none), so that a caller
  * on a machine without a GPU goes on with the CPU's. Its entries are
  * called from one host thread at a time and queue their work on one
- * stream; attention_* are NULL (not yet written for the device). */
+ * stream. */
 const ht_kernel_ops *ht_kernels_cuda(ht_error *err);
 
 #ifdef __cplusplus

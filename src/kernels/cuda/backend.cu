@@ -143,11 +143,10 @@ static void fill_table(ht_kernel_ops *t) {
     t->cross_entropy_forward = cuda_cross_entropy_forward;
     t->cross_entropy_backward = cuda_cross_entropy_backward;
     t->softmax_partial = cuda_softmax_partial;
-    /* attention: no device kernel yet (a flash-attention kernel over ht_attention_shape) */
-    t->attention_workspace_floats = NULL;
-    t->attention_forward = NULL;
-    t->attention_backward = NULL;
-    t->attention_merge = NULL;
+    t->attention_workspace_floats = cuda_attention_workspace_floats;
+    t->attention_forward = cuda_attention_forward;
+    t->attention_backward = cuda_attention_backward;
+    t->attention_merge = cuda_attention_merge;
     t->embedding_forward = cuda_embedding_forward;
     t->embedding_backward = cuda_embedding_backward;
     t->gather_rows = cuda_gather_rows;

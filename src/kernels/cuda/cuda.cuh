@@ -101,6 +101,15 @@ void cuda_scale(float *x, int64_t n, float k);
 void cuda_sum_squares_into(double *out, const float *x, int64_t n);
 
 /* moe.cu */
+size_t cuda_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv);
+void cuda_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+                            const ht_attention_shape *a, ht_dtype dtype, float *work);
+void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                             const float *q, const float *k, const float *v, const ht_attention_shape *a,
+                             ht_dtype dtype, float *work);
+void cuda_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T, int64_t H,
+                          int64_t Dv);
+
 void cuda_moe_route(float *probs, int32_t *sel, float *weight, float *psum, int64_t N, int E, int k, bool norm);
 void cuda_moe_combine(float *y, const float *ye, const int32_t *pos, const int32_t *sel, const float *weight,
                       const float *z, const float *so, int64_t N, int k, int64_t C);
