@@ -46,6 +46,21 @@ __device__ void att_stage(float *s, const float *x, int64_t ld, int64_t r0, int6
     }
 }
 
+/* Stages keys [j0, j0 + n) of one key head's K and V into sk and sv, between
+ * barriers: every thread of the block calls it. */
+__device__ void att_stage_kv(float *sk, float *sv, const float *kh, const float *vh, const ht_attention_shape a,
+                             int64_t Tk, int64_t j0, int64_t n, ht_dtype dtype) {
+    __syncthreads();
+    att_stage(sk, kh, a.KV * a.Dk, j0, n, Tk, a.Dk, dtype);
+    att_stage(sv, vh, a.KV * a.Dv, j0, n, Tk, a.Dv, dtype);
+    __syncthreads();
+}
+
+/* The keys any query of the block [i0, i0 + ATT_ROWS) sees. */
+__device__ __forceinline__ int64_t att_block_keys(const ht_attention_shape a, int64_t Tk, int64_t i0) {
+    return att_seen(a, Tk, (i0 + ATT_ROWS < a.T ? i0 + ATT_ROWS : a.T) - 1);
+}
+
 /* float max through the integer atomics: exact, so the order does not matter. */
 __device__ __forceinline__ void att_atomic_max(float *addr, float v) {
     if (v >= 0.0f)
@@ -69,16 +84,12 @@ __global__ void att_forward_kernel(float *out, float *lse, float *head_max, cons
     float qr[ATT_MAX_D], acc[ATT_MAX_D];
     for (int64_t c = 0; c < Dk; c++) qr[c] = row ? att_operand(qh[i * qs + c], dtype) : 0.0f;
     for (int64_t c = 0; c < D; c++) acc[c] = 0.0f;
-    const int64_t last = (i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T) - 1;
-    const int64_t keys = att_seen(a, Tk, last), seen = row ? att_seen(a, Tk, i) : 0;
+    const int64_t keys = att_block_keys(a, Tk, i0), seen = row ? att_seen(a, Tk, i) : 0;
     const int64_t span = head_max ? Tk : keys; /* QK-clip's max counts the keys above the diagonal too */
     float m = -INFINITY, l = 0.0f, hmax = -INFINITY;
     for (int64_t j0 = 0; j0 < span; j0 += ATT_TILE) {
         const int64_t bk = j0 + ATT_TILE < span ? ATT_TILE : span - j0;
-        __syncthreads();
-        att_stage(sk, kh, ks, j0, bk, Tk, Dk, dtype);
-        att_stage(sv, vh, vs, j0, bk, Tk, D, dtype);
-        __syncthreads();
+        att_stage_kv(sk, sv, kh, vh, a, Tk, j0, bk, dtype);
         if (!row) continue;
         float s[ATT_TILE];
         for (int64_t c = 0; c < bk; c++) {
@@ -154,14 +165,10 @@ __global__ void att_dq_kernel(float *dq, const float *dout, const float *out, co
         delta = att_delta(grow, out + b * T * os + i * os + h * D, D, dtype);
         li = lse[(b * a.H + h) * T + i];
     }
-    const int64_t last = (i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T) - 1;
-    const int64_t keys = att_seen(a, Tk, last), seen = row ? att_seen(a, Tk, i) : 0;
+    const int64_t keys = att_block_keys(a, Tk, i0), seen = row ? att_seen(a, Tk, i) : 0;
     for (int64_t j0 = 0; j0 < keys; j0 += ATT_TILE) {
         const int64_t bk = j0 + ATT_TILE < keys ? ATT_TILE : keys - j0;
-        __syncthreads();
-        att_stage(sk, kh, ks, j0, bk, Tk, Dk, dtype);
-        att_stage(sv, vh, vs, j0, bk, Tk, D, dtype);
-        __syncthreads();
+        att_stage_kv(sk, sv, kh, vh, a, Tk, j0, bk, dtype);
         if (!row) continue;
         const int64_t valid = seen - j0 < bk ? seen - j0 : bk;
         float tile[ATT_MAX_D];
