@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "hypertrain/kernels.h"
 #include "kernels/ops.h"
@@ -842,8 +845,8 @@ static void test_embedding_dropout_scale(void **state) {
 /* ---------------------------------------------------------------- every backend against the CPU */
 
 /* ggml's test-backend-ops: each table entry of every backend present (the
- * CPU's always, the CUDA one when this build has it and a device answers)
- * on the same inputs as the CPU's entry, its outputs downloaded and
+ * CPU's and the fenced one always, the CUDA one when this build has it and
+ * a device answers) on the same inputs as the CPU's entry, its outputs downloaded and
  * compared with the CPU's: the same bits where both compute the same
  * roundings in the same order (conversions, moving rows, the embedding,
  * dropout, AdamW), else within a bound that names the reason (summation
@@ -852,11 +855,12 @@ static void test_embedding_dropout_scale(void **state) {
  * machine. Attention is checked on the CPU alone (above) until a device
  * kernel exists. */
 typedef const ht_kernel_ops *backend;
-static backend backends[2];
+static backend backends[3];
 static int nbackends;
 
 static void find_backends(void) {
-    backends[nbackends++] = ht_kernels();
+    backends[nbackends++] = ht_kernels_cpu();
+    backends[nbackends++] = ht_kernels_fenced();
     ht_error err = {0};
     backend cuda = ht_kernels_cuda(&err);
     if (cuda)
@@ -933,7 +937,7 @@ static void within_one_ulp16(backend K, const char *what, const void *dev, const
 }
 
 static void summary(backend K, const char *group, double worst) {
-    if (K != ht_kernels()) printf("backend %s, %s: within %.2g of the CPU's\n", K->name, group, worst);
+    if (K != ht_kernels_cpu()) printf("backend %s, %s: within %.2g of the CPU's\n", K->name, group, worst);
 }
 
 static float *normal(size_t n, uint64_t seed, float std) {
@@ -964,9 +968,43 @@ static void test_backend_memory(void **state) {
         assert_memory_equal(back + 100, zeros, 1000);
         assert_memory_equal(back + 1100, a + 1100, N - 1100);
         backend_ok(K, "memory");
-        assert_true(K->host_memory == (K == ht_kernels()));
+        assert_true(K->host_memory == (K == ht_kernels_cpu()));
         K->free(d), K->free(e);
     }
+}
+
+/* The fenced backend's memory faults when host code touches it outside an
+ * entry, and the fault names it (in a child: the fault ends it). */
+static void test_fenced_memory_faults_on_host_access(void **state) {
+    (void)state;
+    const ht_kernel_ops *K = ht_kernels_fenced();
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    fflush(stdout), fflush(stderr);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        dup2(pipefd[1], 2);
+        signal(SIGSEGV, SIG_DFL); /* not the test runner's handler, which would carry on with the tests */
+        unsigned char *p = K->alloc(100), one = 1;
+        K->upload(p + 10, &one, 1); /* through an entry: fine */
+        volatile unsigned char *q = p;
+        q[10] = 2; /* from the host: the fault */
+        _exit(0);
+    }
+    close(pipefd[1]);
+    char text[512] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof(text) - 1 && (r = read(pipefd[0], text + got, sizeof(text) - 1 - got)) > 0) got += (size_t)r;
+    close(pipefd[0]);
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    char want[64];
+    snprintf(want, sizeof(want), "byte 10 of a region of %ld bytes", sysconf(_SC_PAGESIZE));
+    if (!strstr(text, "host code touched backend memory") || !strstr(text, want))
+        fail_msg("the fault was not named: \"%s\"", text);
 }
 
 /* The products on odd shapes, every transposition, padded strides, each
@@ -992,7 +1030,7 @@ static double check_gemm(backend K, const gemm_test *t, ht_dtype dtype, bool rag
     ht_convert(a16, dtype, a, HT_DTYPE_F32, (size_t)(t->batch * sa));
     ht_convert(b16, dtype, bm, HT_DTYPE_F32, (size_t)(t->batch * sb));
     memcpy(ref, c, (size_t)(t->batch * sc) * sizeof(float));
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     if (t->batch > 1)
         cpu->gemm_batched(t->batch, t->ta, t->tb, t->M, t->N, t->K, 0.75f, a16, lda, sa, b16, ldb, sb, dtype, t->beta,
                           ref, ldc, sc);
@@ -1104,7 +1142,7 @@ static void test_backend_decoder(void **state) {
     (void)state;
     const int64_t N = 37, C = 1029; /* a row wider than a block of threads */
     const size_t nc = (size_t)(N * C);
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     float *x = normal(nc, 91, 2.0f), *w = normal((size_t)C, 92, 0.5f), *dy = normal(nc, 93, 1.0f);
     float *dx0 = normal(nc, 94, 0.1f), *dw0 = normal((size_t)C, 95, 0.1f);
     uint16_t *w16 = malloc((size_t)C * 2);
@@ -1206,7 +1244,7 @@ static void test_backend_cross_entropy(void **state) {
     (void)state;
     const int64_t N = 29, V = 5003;
     const size_t nv = (size_t)(N * V);
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     float *logits = normal(nv, 101, 4.0f), *grad = malloc(nv * 4);
     int32_t targets[29];
     for (int64_t n = 0; n < N; n++) targets[n] = n % 7 == 3 ? -1 : (int32_t)((n * 131) % V);
@@ -1278,7 +1316,7 @@ static void test_backend_cross_entropy(void **state) {
 static void test_backend_rows_and_elementwise(void **state) {
     (void)state;
     enum { V = 11, C = 37, N = 31 };
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     float *table = normal(V * C, 111, 1.0f), *dx = normal(N * C, 112, 1.0f), *a = normal(N * C, 113, 1.0f);
     uint16_t table16[V * C];
     ht_convert(table16, HT_DTYPE_BF16, table, HT_DTYPE_F32, V * C);
@@ -1393,7 +1431,7 @@ static double lse_against_cpu(backend K, const char *what, const float *dev, con
  * whose rounding flips with the summation order). The maximum logit is one
  * FP32 dot product summed in another order: 1e-5. */
 static double check_backend_attention(backend K, ht_attention_shape a, ht_dtype dtype) {
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     const int64_t Tk = a.Tk > 0 ? a.Tk : a.T, nq = a.B * a.T * a.H * a.Dk, nk = a.B * Tk * a.KV * a.Dk;
     const int64_t nv = a.B * Tk * a.KV * a.Dv, no = a.B * a.T * a.H * a.Dv, nl = a.B * a.H * a.T;
     float *q = normal(nq, 131 + a.T, 1.5f), *k = normal(nk, 132 + a.T, 1.5f), *v = normal(nv, 133 + a.T, 1.0f);
@@ -1472,7 +1510,7 @@ static void test_backend_attention(void **state) {
 static void test_backend_moe(void **state) {
     (void)state;
     enum { N = 23, E = 7, k = 3, C = 130, A = N * k };
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     float *logits = normal(N * E, 121, 1.5f), *ye = normal(A * C, 122, 1.0f), *so = normal(N * C, 123, 1.0f);
     float *z = normal(N, 124, 1.0f), *dy = normal(N * C, 125, 1.0f), *aux = normal(E, 126, 0.3f);
     float *dxs = normal(A * C, 127, 1.0f), *dx0 = normal(N * C, 128, 1.0f);
@@ -1533,7 +1571,7 @@ static void test_backend_moe(void **state) {
 static void test_backend_optimizers(void **state) {
     (void)state;
     enum { N = 5000 };
-    const ht_kernel_ops *cpu = ht_kernels();
+    const ht_kernel_ops *cpu = ht_kernels_cpu();
     float *p0 = normal(N, 131, 1.0f), *g = normal(N, 132, 0.1f), *m0 = normal(N, 133, 0.01f);
     float *v0 = malloc(N * 4);
     for (int i = 0; i < N; i++) v0[i] = 1e-4f * fabsf(g[i]) + 1e-6f;
@@ -1643,6 +1681,7 @@ int main(void) {
         cmocka_unit_test(test_attention_key_blocks),
         cmocka_unit_test(test_cross_entropy_against_reference),
         cmocka_unit_test(test_backend_memory),
+        cmocka_unit_test(test_fenced_memory_faults_on_host_access),
         cmocka_unit_test(test_backend_gemm),
         cmocka_unit_test(test_backend_dtypes),
         cmocka_unit_test(test_backend_decoder),

@@ -259,8 +259,23 @@ typedef struct ht_kernel_ops {
                           const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, float *work);
 } ht_kernel_ops;
 
-/* The kernels in use: the CPU's (kernels/table.c). */
+/* The kernels in use, the process's one table: the CPU's unless
+ * ht_kernels_use chose another. Every layer above reaches its memory and
+ * its kernels through it. */
 const ht_kernel_ops *ht_kernels(void);
+/* Makes `ops` the process's table (NULL: the CPU's again). Call it before
+ * anything is allocated through the table, and free all of that before
+ * switching again: memory belongs to the backend that allocated it. */
+void ht_kernels_use(const ht_kernel_ops *ops);
+/* The CPU's table (kernels/table.c), whatever is in use. */
+const ht_kernel_ops *ht_kernels_cpu(void);
+/* The fenced backend (kernels/fenced.c): the CPU's kernels on memory that
+ * host code cannot touch outside the table's entries (each allocation its
+ * own mapping, PROT_NONE between entries; a stray access faults and names
+ * the region). host_memory is false, as a GPU's: the trainer run on it
+ * proves, on any machine, that the layers reach their memory only through
+ * the entries, and gives the CPU's bits. */
+const ht_kernel_ops *ht_kernels_fenced(void);
 
 /* The CUDA backend's table (kernels/cuda/, built with cmake -DHT_CUDA=ON):
  * the same entries on the process's current CUDA device, or NULL with the

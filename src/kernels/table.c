@@ -69,7 +69,11 @@ static const ht_kernel_ops cpu = {
     .newton_schulz = ht_ns_iterate,
 };
 
-const ht_kernel_ops *ht_kernels(void) { return &cpu; }
+const ht_kernel_ops *ht_kernels_cpu(void) { return &cpu; }
+
+static const ht_kernel_ops *in_use = &cpu;
+const ht_kernel_ops *ht_kernels(void) { return in_use; }
+void ht_kernels_use(const ht_kernel_ops *ops) { in_use = ops ? ops : &cpu; }
 
 #ifndef HT_CUDA
 /* A build without the CUDA backend (kernels/cuda/backend.cu defines it otherwise). */
