@@ -70,6 +70,9 @@ typedef struct ht_st_entry {
     int64_t shape[HT_ST_MAX_DIMS];
     const void *src; /* numel elements of src_dtype, borrowed */
     ht_dtype src_dtype;
+    /* The store whose memory src is (ht_st_writer_add_from): read through
+     * its downloads in bounded blocks; NULL, host memory. */
+    const struct ht_param_store *memory;
 } ht_st_entry;
 
 typedef struct ht_st_writer {
@@ -84,6 +87,11 @@ typedef struct ht_st_writer {
  * with round-to-nearest-even). Names must be unique. */
 ht_status ht_st_writer_add(ht_st_writer *w, const char *name, ht_dtype dtype, int ndim, const int64_t *shape,
                            const void *src, ht_dtype src_dtype, ht_error *err);
+/* ht_st_writer_add of a tensor in the memory of `memory` (a param store's,
+ * which may be a GPU's): it is downloaded block by block as it is written. */
+ht_status ht_st_writer_add_from(ht_st_writer *w, const char *name, ht_dtype dtype, int ndim, const int64_t *shape,
+                                const void *src, ht_dtype src_dtype, const struct ht_param_store *memory,
+                                ht_error *err);
 ht_status ht_st_writer_add_metadata(ht_st_writer *w, const char *key, const char *value, ht_error *err);
 /* Writes path atomically: path.tmp.<pid> is written, fsynced, renamed over
  * path, and the directory fsynced. The header is padded with spaces to a

@@ -69,7 +69,16 @@ typedef struct ht_param {
     bool keep_fp32;
 } ht_param;
 
+struct ht_kernel_ops;
+
 typedef struct ht_param_store {
+    /* The kernel table whose memory holds every block below (data, main_grad,
+     * main params, compute copies): set before ht_params_allocate and kept
+     * for the store's life; NULL, the host's (ht_alloc). The store reaches
+     * that memory only through the table's memory and conversion entries, and
+     * other code through ht_params_upload / ht_params_download, so the
+     * blocks may be a GPU's. */
+    const struct ht_kernel_ops *memory;
     ht_param *items;
     int count;
     int capacity;
@@ -157,6 +166,17 @@ void ht_params_zero_grad(ht_param_store *store);
  * NULL) gets the number of params taken out. */
 ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err);
 void ht_params_free(ht_param_store *store);
+/* Bytes between host memory and the store's (store->memory's, or the
+ * host's: a memcpy): what checkpoints, Hugging Face files, initialisers and
+ * the collectives stage through. */
+void ht_params_upload(const ht_param_store *store, void *dst, const void *host, size_t bytes);
+void ht_params_download(const ht_param_store *store, void *host, const void *src, size_t bytes);
+/* Whether host code may read and write the store's blocks directly. */
+bool ht_params_host_memory(const ht_param_store *store);
+/* Zeroes bytes of the store's memory; converts n values within it (ht_convert). */
+void ht_params_zero(const ht_param_store *store, void *dst, size_t bytes);
+void ht_params_convert_into(const ht_param_store *store, void *dst, ht_dtype dst_dtype, const void *src,
+                            ht_dtype src_dtype, size_t n);
 
 int64_t ht_param_numel(const ht_param *p);        /* the model tensor's elements (shape) */
 int64_t ht_param_global_numel(const ht_param *p); /* the global tensor's (global_shape) */

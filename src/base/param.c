@@ -1,6 +1,7 @@
 /* The named parameter store: declaration, one-block allocation, dtype
  * conversion that keeps each ht_param in place, and the FP32 masters. */
 #include "hypertrain/param.h"
+#include "hypertrain/kernels.h" /* the table type only: the store calls its memory entries, nothing else */
 
 #include <limits.h>
 #include <stdlib.h>
@@ -121,6 +122,57 @@ static void reset_views(ht_param *p) {
     p->compute_precision = p->dtype;
 }
 
+/* ------------------------------------------------------------------ storage */
+
+/* Storage lives in the memory of store->memory (a kernel table), or the
+ * host's when it is NULL: every byte of it is reached through these. */
+static void *mem_alloc(const ht_param_store *s, size_t bytes) {
+    return s->memory ? s->memory->alloc(bytes ? bytes : 1) : ht_alloc(bytes);
+}
+static void mem_free(const ht_param_store *s, void *p) {
+    if (s->memory)
+        s->memory->free(p);
+    else
+        ht_free(p);
+}
+static void mem_convert(const ht_param_store *s, void *dst, ht_dtype dd, const void *src, ht_dtype sd, size_t n) {
+    if (s->memory)
+        s->memory->convert(dst, dd, src, sd, n);
+    else
+        ht_convert(dst, dd, src, sd, n);
+}
+
+void ht_params_upload(const ht_param_store *s, void *dst, const void *host, size_t bytes) {
+    if (!bytes) return;
+    if (s->memory)
+        s->memory->upload(dst, host, bytes);
+    else
+        memcpy(dst, host, bytes);
+}
+
+void ht_params_download(const ht_param_store *s, void *host, const void *src, size_t bytes) {
+    if (!bytes) return;
+    if (s->memory)
+        s->memory->download(host, src, bytes);
+    else
+        memcpy(host, src, bytes);
+}
+
+bool ht_params_host_memory(const ht_param_store *s) { return !s->memory || s->memory->host_memory; }
+
+void ht_params_zero(const ht_param_store *s, void *dst, size_t bytes) {
+    if (!bytes) return;
+    if (s->memory)
+        s->memory->zero(dst, bytes);
+    else
+        memset(dst, 0, bytes);
+}
+
+void ht_params_convert_into(const ht_param_store *s, void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype,
+                            size_t n) {
+    mem_convert(s, dst, dst_dtype, src, src_dtype, n);
+}
+
 void ht_params_set_rows(ht_param_store *store, int rank, int world) {
     store->shard_rank = rank;
     store->shard_world = world;
@@ -140,11 +192,11 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
         data_bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
         if (p->trainable) grad_bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
     }
-    char *data = ht_alloc(data_bytes);
-    char *grad = ht_alloc(grad_bytes);
+    char *data = mem_alloc(store, data_bytes);
+    char *grad = mem_alloc(store, grad_bytes);
     if (!data || !grad) {
-        ht_free(data);
-        ht_free(grad);
+        mem_free(store, data);
+        mem_free(store, grad);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of parameters and %zu of gradients", data_bytes,
                        grad_bytes);
     }
@@ -177,7 +229,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         ht_dtype to = ht_dtype_is_float(p->dtype) && !p->keep_fp32 ? dtype : p->dtype;
         bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(to));
     }
-    char *block = ht_alloc(bytes);
+    char *block = mem_alloc(store, bytes);
     if (!block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes to convert parameters to %s", bytes,
                        ht_dtype_name(dtype));
@@ -186,7 +238,7 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         ht_param *p = &store->items[i];
         ht_dtype to = ht_dtype_is_float(p->dtype) && !p->keep_fp32 ? dtype : p->dtype;
         size_t n = (size_t)ht_param_local_numel(p);
-        ht_convert(block + off, to, p->data, p->dtype, n);
+        mem_convert(store, block + off, to, p->data, p->dtype, n);
         bool main_was_data = p->main_param == p->data;
         p->data = block + off;
         p->dtype = to;
@@ -194,8 +246,8 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         if (main_was_data) p->main_param = to == HT_DTYPE_F32 ? p->data : NULL;
         reset_views(p); /* a conversion resets the compute view: ht_params_set_compute again if needed */
     }
-    ht_free(store->data_block);
-    ht_free(store->compute_block);
+    mem_free(store, store->data_block);
+    mem_free(store, store->compute_block);
     store->compute_block = NULL;
     store->compute_bytes = 0;
     store->data_block = block;
@@ -223,10 +275,10 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
         if (ht_dtype_is_float(p->dtype) && !p->keep_fp32 && !reads_in_place(p->dtype, dtype, precision))
             bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
     }
-    char *block = bytes ? ht_alloc(bytes) : NULL;
+    char *block = bytes ? mem_alloc(store, bytes) : NULL;
     if (bytes && !block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of %s compute weights", bytes, ht_dtype_name(dtype));
-    ht_free(store->compute_block);
+    mem_free(store, store->compute_block);
     store->compute_block = block;
     store->compute_bytes = bytes;
     size_t off = 0;
@@ -249,8 +301,13 @@ void ht_params_refresh_compute(ht_param_store *store) {
         ht_param *p = &store->items[i];
         if (p->compute_rows == p->data) continue;
         size_t n = (size_t)ht_param_local_numel(p);
-        ht_convert(p->compute_rows, p->compute_dtype, p->data, p->dtype, n);
-        if (p->compute_dtype == HT_DTYPE_F32) ht_round_to((float *)p->compute_rows, n, p->compute_precision);
+        mem_convert(store, p->compute_rows, p->compute_dtype, p->data, p->dtype, n);
+        if (p->compute_dtype == HT_DTYPE_F32) {
+            if (store->memory)
+                store->memory->round_to((float *)p->compute_rows, n, p->compute_precision);
+            else
+                ht_round_to((float *)p->compute_rows, n, p->compute_precision);
+        }
     }
 }
 
@@ -258,7 +315,7 @@ void ht_params_reload_main(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         if (p->main_param && p->main_param != p->data)
-            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
     }
 }
 
@@ -269,10 +326,10 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
         if (p->trainable && p->dtype != HT_DTYPE_F32)
             bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
     }
-    ht_free(store->main_block);
+    mem_free(store, store->main_block);
     store->main_block = NULL;
     store->main_bytes = 0;
-    char *block = bytes ? ht_alloc(bytes) : NULL;
+    char *block = bytes ? mem_alloc(store, bytes) : NULL;
     if (bytes && !block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of FP32 main params", bytes);
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
@@ -284,7 +341,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
         }
         p->main_param = (float *)(block + off);
         off += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
-        ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+        mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
     }
     store->main_block = (float *)block;
     store->main_bytes = bytes;
@@ -292,7 +349,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
 }
 
 void ht_params_drop_main(ht_param_store *store) {
-    ht_free(store->main_block);
+    mem_free(store, store->main_block);
     store->main_block = NULL;
     store->main_bytes = 0;
     for (int i = 0; i < store->count; i++) {
@@ -305,12 +362,16 @@ void ht_params_cast_main_to_model(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         if (p->trainable && p->main_param && p->main_param != p->data)
-            ht_convert(p->data, p->dtype, p->main_param, HT_DTYPE_F32, (size_t)ht_param_local_numel(p));
+            mem_convert(store, p->data, p->dtype, p->main_param, HT_DTYPE_F32, (size_t)ht_param_local_numel(p));
     }
 }
 
 void ht_params_zero_grad(ht_param_store *store) {
-    if (store->grad_block) memset(store->grad_block, 0, store->grad_bytes);
+    if (!store->grad_block || !store->grad_bytes) return;
+    if (store->memory)
+        store->memory->zero(store->grad_block, store->grad_bytes);
+    else
+        memset(store->grad_block, 0, store->grad_bytes);
 }
 
 ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err) {
@@ -346,7 +407,7 @@ ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, i
         return ht_fail(err, HT_ERR_CONFIG, "model.freeze freezes all %d parameters: nothing is left to train",
                        store->count);
     /* The gradient block again, for the trainable params alone. */
-    char *block = ht_alloc(bytes);
+    char *block = mem_alloc(store, bytes);
     if (!block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of gradients", bytes);
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
@@ -359,7 +420,7 @@ ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, i
         p->grad = p->sharded ? NULL : p->main_grad;
         if (!p->trainable && p->main_param != p->data) p->main_param = NULL;
     }
-    ht_free(store->grad_block);
+    mem_free(store, store->grad_block);
     store->grad_block = (float *)block;
     store->grad_bytes = bytes;
     if (frozen) *frozen = n;
@@ -396,19 +457,25 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &items[i];
         size_t es = ht_dtype_size(p->dtype), row = (size_t)ht_param_row_numel(p);
-        memcpy(p->data, (const char *)old_ptrs[i] + (size_t)p->row0 * row * es, (size_t)ht_param_local_numel(p) * es);
+        const char *from = (const char *)old_ptrs[i] + (size_t)p->row0 * row * es;
+        size_t n = (size_t)ht_param_local_numel(p) * es;
+        if (!n) continue;
+        if (store->memory)
+            store->memory->copy(p->data, from, n);
+        else
+            memcpy(p->data, from, n);
     }
     free(old_ptrs);
-    ht_free(old_data);
-    ht_free(old_grad);
+    mem_free(store, old_data);
+    mem_free(store, old_grad);
     return HT_OK;
 }
 
 void ht_params_free(ht_param_store *store) {
-    ht_free(store->data_block);
-    ht_free(store->grad_block);
-    ht_free(store->main_block);
-    ht_free(store->compute_block);
+    mem_free(store, store->data_block);
+    mem_free(store, store->grad_block);
+    mem_free(store, store->main_block);
+    mem_free(store, store->compute_block);
     free(store->items);
     free(store->slots);
     memset(store, 0, sizeof(*store));

@@ -816,14 +816,14 @@ static hf_tensor *save_list(const ht_param_store *params, ht_dtype dtype, int *c
 }
 
 /* Writes the tensors whose shard[i] == k into path. */
-static ht_status write_shard(const char *path, const hf_tensor *list, int count, const int *shard, int k,
-                             ht_error *err) {
+static ht_status write_shard(const char *path, const ht_param_store *params, const hf_tensor *list, int count,
+                             const int *shard, int k, ht_error *err) {
     ht_st_writer w = {0};
     ht_status s = ht_st_writer_add_metadata(&w, "format", "pt", err);
     for (int i = 0; i < count && s == HT_OK; i++) {
         const hf_tensor *t = &list[i];
         if (shard[i] != k) continue;
-        s = ht_st_writer_add(&w, t->name, t->dst, t->ndim, t->shape, t->data, t->src, err);
+        s = ht_st_writer_add_from(&w, t->name, t->dst, t->ndim, t->shape, t->data, t->src, params, err);
     }
     if (s == HT_OK) s = ht_st_writer_write(&w, path, err);
     ht_st_writer_free(&w);
@@ -900,14 +900,14 @@ ht_status ht_hf_save(const char *dir, const ht_model_config *cfg, const ht_param
     char path[HF_PATH_MAX], stale[HF_PATH_MAX];
     if (nshards == 1) {
         join(path, dir, HF_SINGLE);
-        s = write_shard(path, list, count, shard, 0, err);
+        s = write_shard(path, params, list, count, shard, 0, err);
         join(stale, dir, HF_INDEX);
     } else {
         for (int k = 0; k < nshards && s == HT_OK; k++) {
             char file[64];
             snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", k + 1, nshards);
             join(path, dir, file);
-            s = write_shard(path, list, count, shard, k, err);
+            s = write_shard(path, params, list, count, shard, k, err);
         }
         if (s == HT_OK) s = write_index(dir, list, count, shard, nshards, total, err);
         join(stale, dir, HF_SINGLE);

@@ -27,6 +27,22 @@ ht_status ht_ckpt_read_box(const ht_checkpoint *ck, const char *name, const ht_b
     return HT_OK;
 }
 
+/* ht_ckpt_read_box into the memory of `mem` (a param store's: a GPU's,
+ * say): directly where the host may write it, else through a host buffer
+ * of the box, uploaded. */
+static ht_status read_box_into(const ht_checkpoint *ck, const ht_param_store *mem, const char *name, int ndim,
+                               const ht_box *box, void *dst, ht_dtype dst_dtype, ht_error *err) {
+    if (ht_params_host_memory(mem)) return ht_ckpt_read_box(ck, name, box, dst, dst_dtype, err);
+    const size_t bytes = (size_t)ht_box_numel(ndim, box) * ht_dtype_size(dst_dtype);
+    void *stage = malloc(bytes ? bytes : 1);
+    if (!stage)
+        return ht_fail(err, HT_ERR_OOM, "%s: key %s: cannot allocate %zu bytes to stage it", ck->dir, name, bytes);
+    ht_status s = ht_ckpt_read_box(ck, name, box, stage, dst_dtype, err);
+    if (s == HT_OK) ht_params_upload(mem, dst, stage, bytes);
+    free(stage);
+    return s;
+}
+
 ht_status ht_ckpt_read_rows(const ht_checkpoint *ck, const char *name, int64_t row0, int64_t row1, void *dst,
                             ht_dtype dst_dtype, ht_error *err) {
     const ck_key *k = ht_ckpt_find_key(ck, name);
@@ -153,9 +169,9 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_ckpt_view *v, bool a
             continue;
         }
         if (k)
-            s = ht_ckpt_read_box(ck, k->name, &p->box, e->data, HT_DTYPE_F32, err);
+            s = read_box_into(ck, v->params, k->name, p->ndim, &p->box, e->data, HT_DTYPE_F32, err);
         else /* the saved optimizer never stepped: as fresh */
-            memset(e->data, 0, (size_t)ht_param_local_numel(p) * sizeof(float));
+            ht_params_zero(v->params, e->data, (size_t)ht_param_local_numel(p) * sizeof(float));
         *loaded += k != NULL;
     }
     char extra[1200] = "";
@@ -263,7 +279,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         char name[HT_CKPT_KEY_MAX];
         ht_ckpt_key_name(name, KIND_MODEL, p->name);
         if (!ht_ckpt_find_key(ck, name)) continue; /* load_strict false: kept */
-        ht_status s = ht_ckpt_read_box(ck, name, &p->box, p->data, p->dtype, err);
+        ht_status s = read_box_into(ck, ps, name, p->ndim, &p->box, p->data, p->dtype, err);
         if (s != HT_OK) return s;
     }
     /* The FP32 main params. A run without them (optimizer.fp32_main_params
@@ -287,7 +303,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         ht_ckpt_key_name(name, KIND_MODEL, p->name);
         const ck_key *mk = ht_ckpt_find_key(ck, name);
         if (!mk) { /* load_strict false: kept as initialised, its main param with it */
-            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            ht_params_convert_into(ps, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
             continue;
         }
         if (restore_optimizer && mk->dtype != HT_DTYPE_F32) {
@@ -295,10 +311,10 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             mk = ht_ckpt_find_key(ck, name);
         }
         if (restore_optimizer && mk && mk->dtype == HT_DTYPE_F32) {
-            ht_status s = ht_ckpt_read_box(ck, mk->name, &p->box, p->main_param, HT_DTYPE_F32, err);
+            ht_status s = read_box_into(ck, ps, mk->name, p->ndim, &p->box, p->main_param, HT_DTYPE_F32, err);
             if (s != HT_OK) return s;
         } else {
-            ht_convert(p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            ht_params_convert_into(ps, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
             rebuilt++;
         }
     }

@@ -339,6 +339,11 @@ static size_t entry_numel(const ht_st_entry *e) { return entry_bytes(e) / ht_dty
 
 ht_status ht_st_writer_add(ht_st_writer *w, const char *name, ht_dtype dtype, int ndim, const int64_t *shape,
                            const void *src, ht_dtype src_dtype, ht_error *err) {
+    return ht_st_writer_add_from(w, name, dtype, ndim, shape, src, src_dtype, NULL, err);
+}
+
+ht_status ht_st_writer_add_from(ht_st_writer *w, const char *name, ht_dtype dtype, int ndim, const int64_t *shape,
+                                const void *src, ht_dtype src_dtype, const ht_param_store *memory, ht_error *err) {
     if (dtype >= HT_DTYPE_COUNT || src_dtype >= HT_DTYPE_COUNT)
         return ht_fail(err, HT_ERR_INVALID, "safetensors writer: tensor '%s': invalid dtype", name);
     if (dtype != src_dtype && !(ht_dtype_is_float(dtype) && ht_dtype_is_float(src_dtype)))
@@ -374,6 +379,7 @@ ht_status ht_st_writer_add(ht_st_writer *w, const char *name, ht_dtype dtype, in
     for (int d = 0; d < ndim; d++) e->shape[d] = shape[d];
     e->src = src;
     e->src_dtype = src_dtype;
+    e->memory = memory && !ht_params_host_memory(memory) ? memory : NULL;
     w->count++;
     return HT_OK;
 }
@@ -473,17 +479,28 @@ static ht_status build_header(const ht_st_writer *w, const ht_st_entry *const *o
     return HT_OK;
 }
 
-/* Streams one entry, converting in bounded chunks when the dtypes differ. */
-static bool write_entry(FILE *f, const ht_st_entry *e, void *chunk, size_t chunk_elems) {
+/* Streams one entry, converting in bounded chunks when the dtypes differ;
+ * one in a store's memory that the host cannot read is downloaded into
+ * `stage` (chunk_elems elements of any dtype) a chunk at a time. */
+static bool write_entry(FILE *f, const ht_st_entry *e, void *chunk, void *stage, size_t chunk_elems) {
     size_t n = entry_numel(e);
     if (n == 0) return true;
-    if (e->dtype == e->src_dtype) return fwrite(e->src, ht_dtype_size(e->dtype), n, f) == n;
+    if (e->dtype == e->src_dtype && !e->memory) return fwrite(e->src, ht_dtype_size(e->dtype), n, f) == n;
     const char *src = e->src;
     size_t ssize = ht_dtype_size(e->src_dtype), dsize = ht_dtype_size(e->dtype);
     for (size_t i = 0; i < n; i += chunk_elems) {
         size_t k = n - i < chunk_elems ? n - i : chunk_elems;
-        ht_convert(chunk, e->dtype, src + i * ssize, e->src_dtype, k);
-        if (fwrite(chunk, dsize, k, f) != k) return false;
+        const void *from = src + i * ssize;
+        if (e->memory) {
+            ht_params_download(e->memory, stage, from, k * ssize);
+            from = stage;
+        }
+        const void *out = from;
+        if (e->dtype != e->src_dtype) {
+            ht_convert(chunk, e->dtype, from, e->src_dtype, k);
+            out = chunk;
+        }
+        if (fwrite(out, dsize, k, f) != k) return false;
     }
     return true;
 }
@@ -532,17 +549,17 @@ ht_status ht_st_writer_write(const ht_st_writer *w, const char *path, ht_error *
         return s;
     }
     size_t chunk_elems = (size_t)1 << 18;
-    void *chunk = malloc(chunk_elems * 4);
-    FILE *f = chunk ? fopen(tmp, "wb") : NULL;
+    void *chunk = malloc(chunk_elems * 4), *stage = malloc(chunk_elems * 8);
+    FILE *f = chunk && stage ? fopen(tmp, "wb") : NULL;
     if (!f) {
-        s = chunk ? ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno))
-                  : ht_fail(err, HT_ERR_OOM, "%s: out of memory", path);
+        s = chunk && stage ? ht_fail(err, HT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno))
+                           : ht_fail(err, HT_ERR_OOM, "%s: out of memory", path);
         goto done;
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
     bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, header_len, f) == header_len;
-    for (int i = 0; ok && i < w->count; i++) ok = write_entry(f, order[i], chunk, chunk_elems);
+    for (int i = 0; ok && i < w->count; i++) ok = write_entry(f, order[i], chunk, stage, chunk_elems);
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int saved = errno;
     if (fclose(f) != 0 && ok) {
@@ -562,6 +579,7 @@ ht_status ht_st_writer_write(const ht_st_writer *w, const char *path, ht_error *
     fsync_parent_dir(path);
 done:
     free(chunk);
+    free(stage);
     free(header);
     free(order);
     return s;

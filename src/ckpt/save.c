@@ -193,8 +193,9 @@ ht_status ht_ckpt_optimizer_state(const ht_optimizer *opt, ht_opt_state **out, i
 
 /* Adds this rank's box of a param-shaped tensor (a scalar for the step) to
  * the writer and the rank's chunk list. */
-static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt_save_options *o, key_kind kind,
-                           const ht_param *p, ht_dtype dtype, const void *src, ht_error *err) {
+static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt_save_options *o,
+                           const ht_param_store *memory, key_kind kind, const ht_param *p, ht_dtype dtype,
+                           const void *src, ht_error *err) {
     ht_ckpt_chunk c = {0};
     ht_ckpt_key_name(c.key, kind, p->name);
     if (excluded(o, c.key)) return HT_OK;
@@ -222,7 +223,9 @@ static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt
         rf->capacity = cap;
     }
     rf->chunks[rf->count++] = c;
-    return ht_st_writer_add(w, c.key, dtype, c.ndim, c.box.length, src, dtype, err);
+    /* the step count is the host's; every tensor is in the store's memory */
+    return ht_st_writer_add_from(w, c.key, dtype, c.ndim, c.box.length, src, dtype, kind == KIND_STEP ? NULL : memory,
+                                 err);
 }
 
 ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *v, const ht_ckpt_save_options *o,
@@ -234,10 +237,10 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
     const ht_param_store *ps = v->params;
     for (int i = 0; s == HT_OK && i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
-        s = add_chunk(&w, rf, o, KIND_MODEL, p, p->dtype, p->data, err);
+        s = add_chunk(&w, rf, o, v->params, KIND_MODEL, p, p->dtype, p->data, err);
         /* Only bf16/fp16 params have an FP32 master distinct from the model. */
         if (s == HT_OK && o->save_optimizer && p->trainable && p->main_param && (void *)p->main_param != p->data)
-            s = add_chunk(&w, rf, o, KIND_MAIN, p, HT_DTYPE_F32, p->main_param, err);
+            s = add_chunk(&w, rf, o, v->params, KIND_MAIN, p, HT_DTYPE_F32, p->main_param, err);
     }
     /* The optimizer's own list of its state; a slot that never stepped has
      * none yet (PyTorch creates it at the first step); the step, one number
@@ -249,7 +252,7 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
         const ht_opt_state *e = &state[i];
         key_kind kind = ht_ckpt_state_kind(e->key);
         if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != 0)) continue;
-        s = add_chunk(&w, rf, o, kind, e->param, e->dtype, e->data, err);
+        s = add_chunk(&w, rf, o, v->params, kind, e->param, e->dtype, e->data, err);
     }
     free(state);
     char path[HT_CKPT_PATH_MAX];

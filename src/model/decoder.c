@@ -15,6 +15,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hypertrain/kernels.h"
@@ -119,22 +120,23 @@ typedef struct decoder {
     ht_softmax_row *softmax_rows; /* (N) the forward's softmax of each counted row, for backward */
     int64_t target_count;
     /* backward scratch */
-    float *dresid;       /* (N, C) gradient of the residual stream */
-    float *dln;          /* (N, C) */
-    float *datt;         /* (N, H*D) */
-    float *dq;           /* (N, H*Dk) */
-    float *dk, *dv;      /* (N, KVh*Dk), (N, KVh*Dv) */
-    float *kva;          /* MLA: (N, Rkv + Dr) kv_a_proj_with_mqa's output; in backward its gradient */
-    float *kvb;          /* MLA: (N, H*(Dn + Dv)) kv_b_proj's output; in backward its gradient */
-    float *dkpe;         /* MLA: (N, Dr) the shared rotary key's gradient */
-    float *dlat, *dlat2; /* MLA: (N, Rkv) the gradients of kv_b_proj's input and of the latent */
-    float *dqa, *dqa2;   /* MLA: (N, Rq) the gradients of q_b_proj's input and of q_a_proj's output */
-    float *dgate;        /* (N, F) */
-    float *dup;          /* (N, F) */
-    float *dh;           /* (N, F) */
-    void *dy_cd;         /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *att_work;     /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
-    float *head_max;     /* (B, H) the largest logit of each head in one layer's forward */
+    float *dresid;        /* (N, C) gradient of the residual stream */
+    float *dln;           /* (N, C) */
+    float *datt;          /* (N, H*D) */
+    float *dq;            /* (N, H*Dk) */
+    float *dk, *dv;       /* (N, KVh*Dk), (N, KVh*Dv) */
+    float *kva;           /* MLA: (N, Rkv + Dr) kv_a_proj_with_mqa's output; in backward its gradient */
+    float *kvb;           /* MLA: (N, H*(Dn + Dv)) kv_b_proj's output; in backward its gradient */
+    float *dkpe;          /* MLA: (N, Dr) the shared rotary key's gradient */
+    float *dlat, *dlat2;  /* MLA: (N, Rkv) the gradients of kv_b_proj's input and of the latent */
+    float *dqa, *dqa2;    /* MLA: (N, Rq) the gradients of q_b_proj's input and of q_a_proj's output */
+    float *dgate;         /* (N, F) */
+    float *dup;           /* (N, F) */
+    float *dh;            /* (N, F) */
+    void *dy_cd;          /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *att_work;      /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
+    float *head_max;      /* (B, H) the largest logit of each head in one layer's forward */
+    float *head_max_host; /* (B, H) head_max downloaded, host memory: QK-clip's maxima are the host's */
     /* tensor parallelism's cross-entropy, per head chunk: the rows' maxima,
      * then their sums of exponentials and target logits (2 x head_rows) */
     float *tp_max, *tp_picked;
@@ -426,8 +428,15 @@ static double yarn_dim(double rotations, int dim, double base, int max_pos) {
  * a ramp from floor(dim at beta_fast turns) to ceil(dim at beta_slow turns),
  * and cos, sin times the attention factor mscale(s, mscale) /
  * mscale(s, mscale_all_dim) (mscale(s) alone when either is 0). */
-static void fill_rope_tables(decoder *d, const ht_model_config *cfg) {
+static ht_status fill_rope_tables(decoder *d, const ht_model_config *cfg, ht_error *err) {
     const int dim = d->rope_dim, half = dim / 2, max_pos = cfg->max_position_embeddings;
+    /* computed on the host, then uploaded into the backend's tables */
+    const size_t n = (size_t)max_pos * (size_t)half;
+    float *cos_t = malloc((n ? n : 1) * sizeof(float)), *sin_t = malloc((n ? n : 1) * sizeof(float));
+    if (!cos_t || !sin_t) {
+        free(cos_t), free(sin_t);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate the rotary tables");
+    }
     const double theta = cfg->rope_theta;
     const ht_rope_scaling *r = &cfg->rope_scaling;
     const bool yarn = ht_rope_is_yarn(r);
@@ -456,10 +465,14 @@ static void fill_rope_tables(decoder *d, const ht_model_config *cfg) {
         for (int t = 0; t < max_pos; t++) {
             float angle = (float)t * inv_freq;
             float c = (float)cos((double)angle), sn = (float)sin((double)angle);
-            d->cos_t[(size_t)t * half + i] = yarn ? c * factor : c;
-            d->sin_t[(size_t)t * half + i] = yarn ? sn * factor : sn;
+            cos_t[(size_t)t * half + i] = yarn ? c * factor : c;
+            sin_t[(size_t)t * half + i] = yarn ? sn * factor : sn;
         }
     }
+    ht_kernels()->upload(d->cos_t, cos_t, n * sizeof(float));
+    ht_kernels()->upload(d->sin_t, sin_t, n * sizeof(float));
+    free(cos_t), free(sin_t);
+    return HT_OK;
 }
 
 /* ------------------------------------------------------------------ activations */
@@ -620,8 +633,11 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows && d->sp == sp)
         return HT_OK;
     ht_kernels()->free(d->act_block);
+    ht_free(d->head_max_host);
     d->act_block = NULL;
     d->threads = omp_get_max_threads();
+    if (!(d->head_max_host = ht_alloc((size_t)B * d->H * sizeof(float))))
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate the attention maxima for batch %d", B);
     act_plan plan;
     plan_activations(m, d, B, T, cd, d->threads, &plan);
     const size_t *per_layer = plan.per_layer, *tail = plan.tail, *lora_tail = plan.lora_tail;
@@ -913,9 +929,11 @@ static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max
     else
         ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
                                         operand_precision(m, d), d->att_work);
-    for (int h = 0; max_logit && h < H; h++)
-        for (int b = 0; b < B; b++)
-            max_logit[h] = d->head_max[b * H + h] > max_logit[h] ? d->head_max[b * H + h] : max_logit[h];
+    if (!max_logit) return;
+    const float *hm = d->head_max_host;
+    ht_kernels()->download(d->head_max_host, d->head_max, (size_t)B * H * sizeof(float));
+    for (int h = 0; h < H; h++)
+        for (int b = 0; b < B; b++) max_logit[h] = hm[b * H + h] > max_logit[h] ? hm[b * H + h] : max_logit[h];
 }
 
 /* ------------------------------------------------------------------ forward / backward */
@@ -1182,7 +1200,9 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
      * group into the residual stream's rows. */
     ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
     float *embedded = d->sp ? d->dln : d->acts[0].resid;
-    ht_kernels()->embedding_forward(embedded, d->embed->compute, cd, inputs, N, C, d->v0, V);
+    ht_kernels()->upload(d->inputs, inputs, (size_t)N * sizeof(int32_t)); /* the caller's, host memory */
+    if (targets) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
+    ht_kernels()->embedding_forward(embedded, d->embed->compute, cd, d->inputs, N, C, d->v0, V);
     const float *rows = tp_reduce(d, embedded);
     if (rows != d->acts[0].resid) ht_kernels()->copy(d->acts[0].resid, rows, (size_t)(Ns * C) * sizeof(float));
     ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
@@ -1199,8 +1219,6 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                                   eps);
     ht_kernels()->round_to(d->lnf, (size_t)(Ns * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
-    ht_kernels()->upload(d->inputs, inputs, (size_t)N * sizeof(int32_t)); /* the caller's, host memory */
-    if (targets) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
     d->target_count = 0;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     double sum = 0.0, mean = NAN;
@@ -1213,7 +1231,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         if (d->tp_size > 1) {
             sum += tp_cross_entropy(d, targets + r0, n, &count, d->softmax_rows + r0);
         } else {
-            mean = ht_kernels()->cross_entropy_forward(d->logits, targets + r0, n, V, &count, d->softmax_rows + r0);
+            mean = ht_kernels()->cross_entropy_forward(d->logits, d->targets + r0, n, V, &count, d->softmax_rows + r0);
             if (count) sum += mean * (double)count;
         }
         d->target_count += count;
@@ -1341,6 +1359,7 @@ static void decoder_free(ht_model *m) {
     ht_free(m->recompute);
     if (d) {
         ht_kernels()->free(d->act_block);
+        ht_free(d->head_max_host);
         ht_moe_free(d->moe);
         ht_free(d->acts);
         ht_free(d->layers);
@@ -1489,7 +1508,10 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
         return s;
     }
     ht_model_reset_attn_max(m);
-    fill_rope_tables(d, cfg);
+    if ((s = fill_rope_tables(d, cfg, err)) != HT_OK) {
+        decoder_free(m);
+        return s;
+    }
     d->rope_cos = d->cos_t, d->rope_sin = d->sin_t;
     *out = m;
     return HT_OK;

@@ -364,20 +364,28 @@ static int64_t init_run_first(const ht_param *p, int64_t r) {
 
 static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
     float *chunk = NULL;
-    for (int i = 0; i < params->count; i++) {
+    void *staged = NULL; /* a chunk in the model dtype, uploaded where the store is not host memory */
+    const bool host = ht_params_host_memory(params);
+    ht_status s = HT_OK;
+    for (int i = 0; i < params->count && s == HT_OK; i++) {
         ht_param *p = &params->items[i];
         int64_t len;
         const int64_t runs = init_runs(p, &len);
         uint64_t key = seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT);
         char lora = ht_lora_kind(p->name);
-        if (p->dtype != HT_DTYPE_F32 && !chunk && !(chunk = ht_alloc((size_t)INIT_CHUNK * sizeof(float))))
+        if ((p->dtype != HT_DTYPE_F32 || !host) && !chunk && !(chunk = ht_alloc((size_t)INIT_CHUNK * sizeof(float))))
             return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
                            (double)INIT_CHUNK * sizeof(float) / (1 << 20), p->name);
+        if (!host && p->dtype != HT_DTYPE_F32 && !staged && !(staged = ht_alloc((size_t)INIT_CHUNK * sizeof(float)))) {
+            s = ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
+                        (double)INIT_CHUNK * sizeof(float) / (1 << 20), p->name);
+            break;
+        }
         for (int64_t r = 0; r < runs; r++) {
             const int64_t first = init_run_first(p, r), base = r * len;
             for (int64_t c = 0; c < len; c += INIT_CHUNK) {
                 int64_t m = len - c < INIT_CHUNK ? len - c : INIT_CHUNK;
-                float *vals = p->dtype == HT_DTYPE_F32 ? (float *)p->data + base + c : chunk;
+                float *vals = p->dtype == HT_DTYPE_F32 && host ? (float *)p->data + base + c : chunk;
                 if (lora == 'A' && p->ndim == 2) {
                     float bound = (float)(1.0 / sqrt((double)p->global_shape[1]));
                     ht_random_uniform(vals, m, key, first + c);
@@ -388,14 +396,22 @@ static ht_status init_weights(ht_param_store *params, double std, uint64_t seed,
                     float v = lora != 'B' && strstr(p->name, "norm") ? 1.0f : 0.0f;
                     for (int64_t k = 0; k < m; k++) vals[k] = v;
                 }
-                if (vals == chunk)
-                    ht_convert((char *)p->data + (size_t)(base + c) * ht_dtype_size(p->dtype), p->dtype, chunk,
-                               HT_DTYPE_F32, (size_t)m);
+                char *at = (char *)p->data + (size_t)(base + c) * ht_dtype_size(p->dtype);
+                if (vals != chunk) continue;
+                if (host) {
+                    ht_convert(at, p->dtype, chunk, HT_DTYPE_F32, (size_t)m);
+                } else if (p->dtype == HT_DTYPE_F32) {
+                    ht_params_upload(params, at, chunk, (size_t)m * sizeof(float));
+                } else {
+                    ht_convert(staged, p->dtype, chunk, HT_DTYPE_F32, (size_t)m);
+                    ht_params_upload(params, at, staged, (size_t)m * ht_dtype_size(p->dtype));
+                }
             }
         }
     }
     ht_free(chunk);
-    return HT_OK;
+    ht_free(staged);
+    return s;
 }
 
 static double gib(double bytes) { return bytes / (double)(1 << 30); }
@@ -474,7 +490,13 @@ ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, ui
             s = m->ops->set_tensor_parallel(m, tp, at->tp_rank, err);
         m->tensor = (ht_tensor_parallel){.size = tp, .rank = at->tp_rank};
     }
-    if (s == HT_OK && !ps->data_block) { /* declared only: storage for this rank's rows */
+    if (s == HT_OK && ps->data_block && !ps->memory && !ht_kernels()->host_memory)
+        s = ht_fail(err, HT_ERR_CONFIG,
+                    "model %s allocated its weights in host memory as it built them; the %s kernels need them in "
+                    "their own (declare the params and leave their storage to the registry)",
+                    cfg->name, ht_kernels()->name);
+    if (s == HT_OK && !ps->data_block) { /* declared only: storage for this rank's rows, the kernels' memory */
+        ps->memory = ht_kernels();
         if (world > 1) ht_params_set_rows(ps, rank, world);
         s = ht_params_allocate(ps, err);
     } else if (s == HT_OK) {

@@ -278,7 +278,7 @@ static void update_rows(const ht_muon_slot *s, const ht_muon_config *c, float *m
     const ht_param *p = s->param;
     const int64_t local = ht_param_local_numel(p);
     momentum_update(s->momentum_buffer, p->main_grad, mine, local, c);
-    if (!c->nesterov) memcpy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
+    if (!c->nesterov) ht_kernels()->copy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
 }
 
 void ht_muon_step(ht_muon *opt, double lr) {

@@ -278,14 +278,22 @@ static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
     int64_t row = ht_param_row_numel(p), n = (r1 - r0) * row;
     char *model = (char *)p->data + (size_t)((r0 - p->row0) * row) * ht_dtype_size(p->dtype);
     if (!p->main_param) {
-        float x[1024];
-        for (int64_t b = 0; b < n; b += 1024) {
-            size_t len = (size_t)(n - b < 1024 ? n - b : 1024);
+        /* FP32 blocks in the kernels' memory; where even one block cannot be had, the values stay unscaled and
+         * the log says so */
+        const int64_t block = n < ((int64_t)1 << 16) ? n : ((int64_t)1 << 16);
+        float *x = ht_kernels()->alloc((size_t)block * sizeof(float));
+        if (!x) {
+            ht_log_warn("QK-clip: no memory to rescale %s by %.6g; it is left as it was", p->name, (double)k);
+            return;
+        }
+        for (int64_t b = 0; b < n; b += block) {
+            size_t len = (size_t)(n - b < block ? n - b : block);
             char *at = model + (size_t)b * ht_dtype_size(p->dtype);
             ht_kernels()->convert(x, HT_DTYPE_F32, at, p->dtype, len);
             ht_kernels()->scale(x, (int64_t)len, k);
             ht_kernels()->convert(at, p->dtype, x, HT_DTYPE_F32, len);
         }
+        ht_kernels()->free(x);
         return;
     }
     float *m = p->main_param + (r0 - p->row0) * row;
