@@ -239,6 +239,56 @@ static void test_checkpoints_between_the_cpu_and_the_fenced_backend(void **state
     for (int i = 0; i < 3; i++) free(runs[i].weights);
 }
 
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* The final folder written from the fenced table (LoRA merged into the
+ * weights, the adapters alone in PEFT's layout) is the CPU's byte for
+ * byte, and a run from those Hugging Face weights (model.from_pretrained)
+ * gives the CPU's bits on either table. */
+static void test_final_weights_and_pretrained_on_the_fenced_backend(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("fenced_final");
+    write_corpus(dir);
+    const ht_kernel_ops *tables[2] = {ht_kernels_cpu(), ht_kernels_fenced()};
+    char out[2][1200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(out[i], sizeof(out[i]), "checkpoint.output_dir=%s/run%d", dir, i);
+        const char *sets[] = {"training.steps=2",
+                              "model_init_dtype=bfloat16",
+                              "fsdp_config.mix_precision.param_dtype=bfloat16",
+                              "model.lora.rank=4",
+                              "model.lora.target_modules=[q_proj, down_proj]",
+                              out[i]};
+        fenced_run r;
+        run_on(tables[i], dir, sets, 6, 0, &r);
+        free(r.weights);
+    }
+    const char *files[] = {"final/model.safetensors", "final/adapter/adapter_model.safetensors", "final/config.json"};
+    for (size_t f = 0; f < sizeof(files) / sizeof(files[0]); f++) {
+        char a[1400], b[1400];
+        snprintf(a, sizeof(a), "%s/run0/%s", dir, files[f]);
+        snprintf(b, sizeof(b), "%s/run1/%s", dir, files[f]);
+        if (!same_file(a, b)) fail_msg("%s differs between the CPU's run and the fenced backend's", files[f]);
+    }
+    char from[1300];
+    snprintf(from, sizeof(from), "model.from_pretrained=%s/run0/final", dir);
+    const char *pre[] = {"training.steps=2", "model_init_dtype=bfloat16",
+                         "fsdp_config.mix_precision.param_dtype=bfloat16", from};
+    same_run_on_both("fenced_from_pretrained", pre, 4, 2);
+}
+
 static void test_trainer_on_the_fenced_backend(void **state) {
     (void)state;
     const char *adamw[] = {"training.steps=3", "training.eval_interval=0"};
@@ -256,6 +306,50 @@ static void test_trainer_on_the_fenced_backend(void **state) {
     const char *fp16[] = {"training.steps=3", "model_init_dtype=float16",
                           "fsdp_config.mix_precision.param_dtype=float16", "training.loss_scale_initial=1e30"};
     same_run_on_both("fenced_fp16", fp16, 4, 3);
+    /* bf16 without main params (updates through FP32 blocks of the model's values), Muon without Nesterov,
+     * QK-clip rescaling those values, an evaluation every step, the layers recomputed */
+    const char *plain[] = {"training.steps=2",
+                           "model_init_dtype=bfloat16",
+                           "fsdp_config.mix_precision.param_dtype=bfloat16",
+                           "optimizer.fp32_main_params=false",
+                           "optimizer._target_=Muon",
+                           "optimizer.muon_config.muon_nesterov=false",
+                           "optimizer.muon_config.qk_clip_enabled=true",
+                           "optimizer.muon_config.qk_clip_threshold=0.5",
+                           "training.eval_interval=1",
+                           "model.recompute=true"};
+    same_run_on_both("fenced_no_main_params", plain, 10, 2);
+    /* Qwen2-MoE: the router, the experts' ragged products, the shared expert, the load-balancing loss */
+    const char *moe[] = {"training.steps=2",
+                         "model.name=qwen2_moe",
+                         "model.num_experts=4",
+                         "model.num_experts_per_tok=2",
+                         "model.moe_intermediate_size=16",
+                         "model.shared_expert_intermediate_size=32",
+                         "model.output_router_logits=true",
+                         "optimizer._target_=Muon"};
+    same_run_on_both("fenced_qwen2_moe", moe, 8, 2);
+    /* DeepSeek-V3: Multi-Latent Attention, grouped routing with its bias and the bias update, shared experts */
+    const char *dsv3[] = {"training.steps=2",
+                          "model.name=deepseek_v3",
+                          "model.n_routed_experts=4",
+                          "model.num_experts_per_tok=2",
+                          "model.n_group=2",
+                          "model.topk_group=1",
+                          "model.moe_intermediate_size=16",
+                          "model.q_lora_rank=16",
+                          "model.kv_lora_rank=16",
+                          "model.qk_nope_head_dim=8",
+                          "model.qk_rope_head_dim=8",
+                          "model.v_head_dim=8",
+                          "model.first_k_dense_replace=1",
+                          "model.moe_router_bias_update_rate=0.001",
+                          "model.attention_bias=false"};
+    same_run_on_both("fenced_deepseek_v3", dsv3, 15, 2);
+    /* LoRA adapters with dropout on the frozen base */
+    const char *lora[] = {"training.steps=2", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1",
+                          "model.lora.target_modules=[q_proj, v_proj, up_proj]"};
+    same_run_on_both("fenced_lora", lora, 5, 2);
 }
 
 /* QK-clip in the trainer: with a threshold every head exceeds, each step
@@ -1269,6 +1363,7 @@ int main(void) {
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),
         cmocka_unit_test(test_checkpoints_between_the_cpu_and_the_fenced_backend),
+        cmocka_unit_test(test_final_weights_and_pretrained_on_the_fenced_backend),
         cmocka_unit_test(test_segmented_schedule_runs_its_own_length),
         cmocka_unit_test(test_qk_clip_in_the_trainer),
         cmocka_unit_test(test_default_config_runs),

@@ -572,6 +572,20 @@ ht_status ht_hf_copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, 
     return HT_OK;
 }
 
+ht_status ht_hf_copy_rows_into(const ht_param_store *store, ht_param *p, const ht_st_tensor *t, const char *file,
+                               ht_error *err) {
+    if (ht_params_host_memory(store)) return ht_hf_copy_rows(p, t, file, err);
+    /* The kernels' memory: the rows into a host buffer of the param's, then uploaded. */
+    const size_t bytes = (size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype);
+    ht_param staged = *p;
+    if (!(staged.data = calloc(1, bytes ? bytes : 1)))
+        return ht_fail(err, HT_ERR_OOM, "%s: cannot allocate %zu bytes to stage '%s'", file, bytes, t->name);
+    ht_status s = ht_hf_copy_rows(&staged, t, file, err);
+    if (s == HT_OK) ht_params_upload(store, p->data, staged.data, bytes);
+    free(staged.data);
+    return s;
+}
+
 /* ---------------------------------------------------------------- experts, one tensor each */
 
 /* transformers keeps Qwen2-MoE's routed experts as 3-D params (E, 2I, C)
@@ -613,8 +627,9 @@ static bool is_expert_tensor(const char *name, const ht_param_store *params) {
 
 /* p's local experts [row0, row1) from the per-expert tensors; the ones
  * missing are added to the list. */
-static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix, const hf_files *fs, char *missing,
-                              size_t cap, int *n_missing, int *left_out, ht_error *err) {
+static ht_status load_experts(const ht_param_store *params, ht_param *p, expert_kind kind, const char *prefix,
+                              const hf_files *fs, char *missing, size_t cap, int *n_missing, int *left_out,
+                              ht_error *err) {
     const int64_t rows = kind == GATE_UP ? p->shape[1] / 2 : p->shape[1], cols = p->shape[2];
     const int64_t r1 = p->row1 < p->shape[0] ? p->row1 : p->shape[0];
     static const char *const parts[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
@@ -644,7 +659,7 @@ static ht_status load_experts(ht_param *p, expert_kind kind, const char *prefix,
             view.shape[1] = cols;
             ht_param_set_rows(&view, 0, rows);
             view.data = (char *)p->data + (size_t)(((e - p->row0) * p->shape[1] + part * rows) * cols) * esize;
-            ht_status s = ht_hf_copy_rows(&view, t, ht_safetensors_path(in), err);
+            ht_status s = ht_hf_copy_rows_into(params, &view, t, ht_safetensors_path(in), err);
             if (s != HT_OK) return s;
         }
     return HT_OK;
@@ -701,7 +716,7 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
         char prefix[HT_PARAM_NAME_MAX];
         expert_kind kind = expert_param(p->name, p->ndim, prefix, sizeof(prefix));
         if (!t && kind != NOT_EXPERTS) {
-            s = load_experts(p, kind, prefix, &fs, missing, sizeof(missing), &n_missing, &left_out, err);
+            s = load_experts(params, p, kind, prefix, &fs, missing, sizeof(missing), &n_missing, &left_out, err);
             continue;
         }
         if (!t) {
@@ -721,7 +736,7 @@ ht_status ht_hf_load_weights(const char *dir, ht_param_store *params, ht_error *
                         ht_safetensors_path(in), p->name, have, want);
             break;
         }
-        s = ht_hf_copy_rows(p, t, ht_safetensors_path(in), err);
+        s = ht_hf_copy_rows_into(params, p, t, ht_safetensors_path(in), err);
     }
     if (s == HT_OK && n_missing) {
         char more[64] = "";

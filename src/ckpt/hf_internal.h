@@ -6,6 +6,9 @@
 
 /* Copies the param's local rows out of a tensor of the same shape, converting to the param's dtype. */
 ht_status ht_hf_copy_rows(ht_param *p, const ht_st_tensor *t, const char *file, ht_error *err);
+/* ht_hf_copy_rows into a param of `store`, staged through host memory where the store's is not the host's. */
+ht_status ht_hf_copy_rows_into(const ht_param_store *store, ht_param *p, const ht_st_tensor *t, const char *file,
+                               ht_error *err);
 /* Writes text to path through path.tmp.<pid>, fsync and rename. */
 ht_status ht_hf_write_text(const char *path, const char *text, size_t len, ht_error *err);
 /* "[2, 3]" */

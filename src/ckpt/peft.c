@@ -211,7 +211,7 @@ ht_status ht_peft_load_adapter(const char *dir, const ht_lora_config *want, ht_p
                         key, a, b);
             break;
         }
-        s = ht_hf_copy_rows(p, t, path, err);
+        s = ht_hf_copy_rows_into(params, p, t, path, err);
         loaded++;
     }
     /* Every tensor of the file is one of ours: another would be a trained part of the model left out. */
@@ -248,7 +248,7 @@ ht_status ht_peft_save_adapter(const char *dir, const ht_param_store *params, co
             s = ht_fail(err, HT_ERR_INVALID, "%s: adapter %s is not a whole tensor here (gather the shards first)", dir,
                         p->name);
         snprintf(key, sizeof(key), HT_PEFT_PREFIX "%s", p->name);
-        if (s == HT_OK) s = ht_st_writer_add(&w, key, dtype, p->ndim, p->shape, p->data, p->dtype, err);
+        if (s == HT_OK) s = ht_st_writer_add_from(&w, key, dtype, p->ndim, p->shape, p->data, p->dtype, params, err);
         count++;
     }
     if (s == HT_OK && count == 0) s = ht_fail(err, HT_ERR_INVALID, "%s: the model has no LoRA adapters to save", dir);

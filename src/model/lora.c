@@ -83,7 +83,10 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
             return ht_fail(err, HT_ERR_INVALID, "LoRA merge: %s has no weight matrix %s to merge into", p->name, name);
         bytes += ht_align64((size_t)ht_param_numel(w) * sizeof(float));
     }
-    char *block = bytes ? ht_alloc(bytes) : NULL;
+    /* The merged copies in the memory of the weights they come from (the kernels', or the host's). */
+    const ht_kernel_ops *K = in->memory ? in->memory : ht_kernels_cpu();
+    out->memory = in->memory;
+    char *block = bytes ? K->alloc(bytes) : NULL;
     if (bytes && !block) return ht_fail(err, HT_ERR_OOM, "LoRA merge: cannot allocate %zu bytes", bytes);
     out->data_block = block;
     out->data_bytes = bytes;
@@ -115,23 +118,22 @@ ht_status ht_lora_merge(const ht_param_store *in, double scale, ht_param_store *
             break;
         }
         /* W' = W + scale · B A in FP32 (docs/NUMERICS.md's FP32 path), rounded to the output dtype when written. */
-        float *merged = (float *)(block + off), *fa = malloc((size_t)(r * cols) * sizeof(float));
-        float *fb = malloc((size_t)(rows * r) * sizeof(float));
+        float *merged = (float *)(block + off), *fa = K->alloc((size_t)(r * cols) * sizeof(float));
+        float *fb = K->alloc((size_t)(rows * r) * sizeof(float));
         off += ht_align64((size_t)(rows * cols) * sizeof(float));
         if (!fa || !fb) {
-            free(fa);
-            free(fb);
+            K->free(fa);
+            K->free(fb);
             s = ht_fail(err, HT_ERR_OOM, "LoRA merge: out of memory merging %s", p->name);
             break;
         }
-        ht_kernels()->convert(merged, HT_DTYPE_F32, p->data, p->dtype, (size_t)(rows * cols));
-        ht_kernels()->convert(fa, HT_DTYPE_F32, a->data, a->dtype, (size_t)(r * cols));
-        ht_kernels()->convert(fb, HT_DTYPE_F32, b->data, b->dtype, (size_t)(rows * r));
-        ht_kernels()->gemm(false, false, rows, cols, r, (float)scale, fb, r, fa, cols, HT_DTYPE_F32, 1.0f, merged,
-                           cols);
-        free(fa);
-        free(fb);
-        s = ht_gemm_status(err);
+        K->convert(merged, HT_DTYPE_F32, p->data, p->dtype, (size_t)(rows * cols));
+        K->convert(fa, HT_DTYPE_F32, a->data, a->dtype, (size_t)(r * cols));
+        K->convert(fb, HT_DTYPE_F32, b->data, b->dtype, (size_t)(rows * r));
+        K->gemm(false, false, rows, cols, r, (float)scale, fb, r, fa, cols, HT_DTYPE_F32, 1.0f, merged, cols);
+        s = K->synchronize(err);
+        K->free(fa);
+        K->free(fb);
         q->data = merged;
         q->dtype = HT_DTYPE_F32;
     }

@@ -111,6 +111,18 @@ struct ht_moe {
     float *xr;         /* (N, C) x widened to the router's dtype (deepseek_v3's FP32 router; NULL: x as it is) */
     float *stage;      /* (cap, C) rows in received order (exchange) */
     void *op_a, *op_b; /* (max(cap, N) · max(C, I, S, E)) cd: gradients as GEMM operands */
+    float *aux_grad;   /* (E) the load-balancing loss's gradient per unit of each probability */
+    /* Host memory: the routing as the host reads it to sort the rows and
+     * size the experts' products (downloaded from the kernels' sel and
+     * probs; pos, token and perm made here and uploaded), and the index
+     * arrays no kernel reads (each layer's offs, eoffs, counts). */
+    void *host_block;
+    int32_t *sel_h;   /* (A) */
+    float *probs_h;   /* (N, E) qwen2_moe's load-balancing sums */
+    int32_t *pos_h;   /* (A) */
+    int32_t *token_h; /* (A) */
+    int32_t *perm_h;  /* (cap) */
+    float *aux_h;     /* (E) */
 };
 
 static bool parallel(const ht_moe *moe) { return moe->P > 1; }
@@ -227,6 +239,7 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
 void ht_moe_free(ht_moe *moe) {
     if (!moe) return;
     ht_kernels()->free(moe->block);
+    ht_free(moe->host_block);
     ht_free(moe->params);
     ht_free(moe->acts);
     ht_free(moe->count);
@@ -283,7 +296,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
         (size_t)N * 4,
         (size_t)A * 4,
         (size_t)A * 4,
-        (size_t)(E + 1) * 8,
+        0, /* offs: host memory, below */
         (size_t)(A * C) * cd,
         (size_t)(A * C) * 4,
         (size_t)N * 4,
@@ -291,8 +304,8 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
         (size_t)(Nall * S) * 4,
         (size_t)(Nall * S) * cd,
         (size_t)(N * C) * 4, /* probs .. so */
-        (size_t)(El + 1) * 8,
-        (size_t)(P * El) * 8,
+        0,
+        0, /* eoffs, counts: host memory, below */
         own ? (size_t)cap * 4 : 0,
         own ? (size_t)(cap * C) * cd : 0,
         (size_t)(cap * I) * 4,
@@ -322,16 +335,44 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
         sp ? (size_t)(Nall * C) * 4 : 0,
         sp ? (size_t)(Nall * C) * 4 : 0,
         split ? (size_t)(Nall * C) * 4 : 0, /* tensor parallelism: x_all, so_all, dso_all, dx_sh */
+        (size_t)E * 4,                      /* aux_grad */
     };
+    /* the host's: per layer offs, eoffs, counts; then sel_h .. aux_h */
+    const size_t host_layer[] = {(size_t)(E + 1) * 8, (size_t)(El + 1) * 8, (size_t)(P * El) * 8};
+    const size_t host_scratch[] = {(size_t)A * 4, (size_t)(N * E) * 4, (size_t)A * 4,
+                                   (size_t)A * 4, (size_t)cap * 4,     (size_t)E * 4};
     enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]), NS = sizeof(scratch) / sizeof(scratch[0]) };
     size_t total = 0;
     for (int i = 0; i < NPL; i++) total += (size_t)moe->layers * ht_align64(per_layer[i]);
     for (int i = 0; i < NS; i++) total += ht_align64(scratch[i]);
-    char *p = ht_kernels()->alloc(total);
-    if (!p)
+    size_t host_total = 0;
+    for (size_t i = 0; i < sizeof(host_layer) / sizeof(host_layer[0]); i++)
+        host_total += (size_t)moe->layers * ht_align64(host_layer[i]);
+    for (size_t i = 0; i < sizeof(host_scratch) / sizeof(host_scratch[0]); i++)
+        host_total += ht_align64(host_scratch[i]);
+    ht_free(moe->host_block);
+    char *p = ht_kernels()->alloc(total), *h = ht_alloc(host_total);
+    moe->host_block = h;
+    if (!p || !h) {
+        ht_kernels()->free(p);
+        ht_free(h);
+        moe->host_block = NULL;
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of expert activations for %lld tokens",
-                       (double)total / (1 << 20), (long long)N);
+                       (double)(total + host_total) / (1 << 20), (long long)N);
+    }
     moe->block = p;
+    ht_arena host = {.base = h};
+    for (int l = 0; l < moe->layers; l++) {
+        moe->acts[l].offs = ht_arena_take(&host, host_layer[0]);
+        moe->acts[l].eoffs = ht_arena_take(&host, host_layer[1]);
+        moe->acts[l].counts = ht_arena_take(&host, host_layer[2]);
+    }
+    moe->sel_h = ht_arena_take(&host, host_scratch[0]);
+    moe->probs_h = ht_arena_take(&host, host_scratch[1]);
+    moe->pos_h = ht_arena_take(&host, host_scratch[2]);
+    moe->token_h = ht_arena_take(&host, host_scratch[3]);
+    moe->perm_h = ht_arena_take(&host, host_scratch[4]);
+    moe->aux_h = ht_arena_take(&host, host_scratch[5]);
     ht_arena arena = {.base = p};
     for (int l = 0; l < moe->layers; l++) {
         moe_acts *a = &moe->acts[l];
@@ -341,7 +382,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
         a->psum = ht_arena_take(&arena, per_layer[3]);
         a->pos = ht_arena_take(&arena, per_layer[4]);
         a->token = ht_arena_take(&arena, per_layer[5]);
-        a->offs = ht_arena_take(&arena, per_layer[6]);
+        (void)ht_arena_take(&arena, per_layer[6]);
         a->xs = ht_arena_take(&arena, per_layer[7]);
         a->ye = ht_arena_take(&arena, per_layer[8]);
         a->z = ht_arena_take(&arena, per_layer[9]);
@@ -349,8 +390,8 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
         a->su = ht_arena_take(&arena, per_layer[11]);
         a->sh = ht_arena_take(&arena, per_layer[12]);
         a->so = ht_arena_take(&arena, per_layer[13]);
-        a->eoffs = ht_arena_take(&arena, per_layer[14]);
-        a->counts = ht_arena_take(&arena, per_layer[15]);
+        (void)ht_arena_take(&arena, per_layer[14]);
+        (void)ht_arena_take(&arena, per_layer[15]);
         a->perm = own ? ht_arena_take(&arena, per_layer[16]) : NULL;
         a->exs = own ? ht_arena_take(&arena, per_layer[17]) : a->xs;
         a->eg = ht_arena_take(&arena, per_layer[18]);
@@ -379,6 +420,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     moe->so_all = sp ? ht_arena_take(&arena, scratch[18]) : NULL;
     moe->dso_all = sp ? ht_arena_take(&arena, scratch[19]) : NULL;
     moe->dx_sh = split ? ht_arena_take(&arena, scratch[20]) : NULL;
+    moe->aux_grad = ht_arena_take(&arena, scratch[21]);
     moe->N = N;
     moe->Nall = Nall;
     moe->cap = cap;
@@ -418,20 +460,24 @@ static const void *rows_at(const void *base, int64_t row, int64_t width, ht_dtyp
 
 /* ------------------------------------------------------------------ forward */
 
-/* The rows in expert order: offs, each row's token and each choice's row. */
+/* The rows in expert order, on the host from the choices it downloaded
+ * (sel_h): offs, each row's token and each choice's row, uploaded. */
 static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
     const int E = moe->E, k = moe->k;
     int64_t *offs = a->offs;
+    const int32_t *sel = moe->sel_h;
     memset(offs, 0, (size_t)(E + 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < N * k; i++) offs[a->sel[i] + 1]++;
+    for (int64_t i = 0; i < N * k; i++) offs[sel[i] + 1]++;
     for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
     int64_t next[E];
     memcpy(next, offs, (size_t)E * sizeof(int64_t));
     for (int64_t i = 0; i < N * k; i++) {
-        int64_t r = next[a->sel[i]]++;
-        a->pos[i] = (int32_t)r;
-        a->token[r] = (int32_t)(i / k);
+        int64_t r = next[sel[i]]++;
+        moe->pos_h[i] = (int32_t)r;
+        moe->token_h[r] = (int32_t)(i / k);
     }
+    ht_kernels()->upload(a->pos, moe->pos_h, (size_t)(N * k) * sizeof(int32_t));
+    ht_kernels()->upload(a->token, moe->token_h, (size_t)(N * k) * sizeof(int32_t));
 }
 
 /* y (rows, out) = x (rows, in) · Wᵀ for a 2-D weight. */
@@ -489,11 +535,12 @@ static void dispatch(ht_moe *moe, moe_acts *a, size_t row_bytes) {
         for (int el = 0; el < El; el++) {
             int64_t at = a->eoffs[el];
             for (int qq = 0; qq < q; qq++) at += a->counts[qq * El + el];
-            for (int64_t i = 0; i < a->counts[q * El + el]; i++) a->perm[at + i] = (int32_t)(r + i);
+            for (int64_t i = 0; i < a->counts[q * El + el]; i++) moe->perm_h[at + i] = (int32_t)(r + i);
             r += a->counts[q * El + el];
         }
         qoff += from[q];
     }
+    ht_kernels()->upload(a->perm, moe->perm_h, (size_t)a->R * sizeof(int32_t));
     exchange_rows(moe, a->xs, to, moe->stage, from, row_bytes);
     ht_kernels()->gather_rows(a->exs, moe->stage, a->perm, a->R, row_bytes);
 }
@@ -551,14 +598,17 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     if (moe->deepseek) {
         ht_kernels()->moe_route_grouped(a->probs, a->sel, a->weight, a->psum, p->bias->compute, N, moe->E, moe->k,
                                         moe->n_group, moe->topk_group, moe->norm_topk, moe->scaling);
+        ht_kernels()->download(moe->sel_h, a->sel, (size_t)(N * k) * sizeof(int32_t));
         int64_t *tokens = moe->tokens + (size_t)index * (size_t)E;
-        for (int64_t i = 0; i < N * k; i++) tokens[a->sel[i]]++;
+        for (int64_t i = 0; i < N * k; i++) tokens[moe->sel_h[i]]++;
     } else {
         ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
+        ht_kernels()->download(moe->sel_h, a->sel, (size_t)(N * k) * sizeof(int32_t));
+        ht_kernels()->download(moe->probs_h, a->probs, (size_t)(N * E) * sizeof(float));
         for (int64_t n = 0; n < N; n++)
-            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += a->probs[n * E + e];
+            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += moe->probs_h[n * E + e];
     }
-    for (int64_t i = 0; i < N * k; i++) moe->count[a->sel[i]] += 1.0;
+    for (int64_t i = 0; i < N * k; i++) moe->count[moe->sel_h[i]] += 1.0;
     moe->rows += N;
 
     /* Routed experts: the rows in expert order, to the experts' ranks, one
@@ -690,10 +740,10 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
                                                  (int)k, moe->norm_topk, moe->scaling);
     } else {
         const double R = (double)moe->rows;
-        float aux_grad[E];
-        for (int64_t e = 0; e < E; e++) aux_grad[e] = (float)(aux_scale * (double)E * moe->count[e] / (R * R));
+        for (int64_t e = 0; e < E; e++) moe->aux_h[e] = (float)(aux_scale * (double)E * moe->count[e] / (R * R));
+        ht_kernels()->upload(moe->aux_grad, moe->aux_h, (size_t)E * sizeof(float));
         ht_kernels()->moe_route_backward(moe->dp, a->probs, a->sel, a->weight, moe->dw, a->psum,
-                                         aux_scale != 0.0f ? aux_grad : NULL, N, (int)E, (int)k, moe->norm_topk);
+                                         aux_scale != 0.0f ? moe->aux_grad : NULL, N, (int)E, (int)k, moe->norm_topk);
     }
     const ht_param *r = p->router;
     const ht_dtype rround = r->compute_precision == HT_DTYPE_F32 ? HT_DTYPE_F32 : round;
@@ -797,11 +847,14 @@ void ht_model_update_expert_bias(ht_model *m, const double *tokens, double rate)
         if (!p || p->dtype != HT_DTYPE_F32) continue;
         double total = 0.0;
         for (int e = 0; e < E; e++) total += t[e];
-        float *b = p->data;
+        float b[E]; /* this rank's rows of the bias, on the host */
+        const size_t bytes = (size_t)(p->row1 - p->row0) * sizeof(float);
+        ht_params_download(&m->params, b, p->data, bytes);
         for (int64_t e = p->row0; e < p->row1; e++) {
             const double offset = total - (double)E * t[e]; /* E x (mean - count) */
             const float sign = offset > 0 ? 1.0f : offset < 0 ? -1.0f : 0.0f;
             b[e - p->row0] = b[e - p->row0] + sign * step;
         }
+        ht_params_upload(&m->params, p->data, b, bytes);
     }
 }
