@@ -148,12 +148,14 @@ typedef struct fenced_run {
 /* `steps` steps on K's table, or (steps 0, saving) ht_trainer_run's whole run. */
 static void run_on(const ht_kernel_ops *K, const char *dir, const char *const *sets, int nsets, int steps,
                    fenced_run *out) {
-    ht_kernels_use(K);
     ht_config *cfg = malloc(sizeof(ht_config));
     tiny_config(cfg, dir);
     ht_error err;
     for (int i = 0; i < nsets; i++) assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
+    const char *backend = K == ht_kernels_fenced() ? "kernels.backend=fenced" : "kernels.backend=cpu";
+    assert_ht_ok(ht_config_set(cfg, backend, &err), &err);
     ht_trainer *t = trainer_new(cfg);
+    assert_ptr_equal(ht_kernels(), K);
     if (steps == 0) assert_ht_ok(ht_trainer_run(t, &err), &err);
     for (int s = 0; s < steps; s++) {
         ht_step_stats st;
@@ -173,7 +175,7 @@ static void run_on(const ht_kernel_ops *K, const char *dir, const char *const *s
     }
     trainer_delete(t);
     free(cfg);
-    ht_kernels_use(NULL);
+    assert_ptr_equal(ht_kernels(), ht_kernels_cpu()); /* the trainer gave the table back */
 }
 
 static void same_run_on_both(const char *name, const char *const *sets, int nsets, int steps) {
@@ -582,6 +584,18 @@ static void test_cli_bad_input(void **state) {
     char *said;
     assert_int_equal(run_hypertrain(NULL, args, path, false, &said), 1);
     assert_non_null(strstr(said, "dir.yaml: expected a file, found a directory"));
+    free(said);
+
+    /* kernels.backend: cuda where this build or machine has none; a backend the host cannot read on 2 ranks. */
+    snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
+    if (!ht_kernels_cuda(&err))
+        expect_refused(dir, tiny_yaml(dir, data, NULL), "--set kernels.backend=cuda", "kernels.backend: cuda: ",
+                       "expected cpu on this machine");
+    snprintf(args, sizeof(args), "train '%s/run.yaml' --set kernels.backend=fenced", dir);
+    snprintf(path, sizeof(path), "%s/two.txt", dir);
+    assert_int_equal(run_hypertrain(MPIRUN "-np 2 ", args, path, true, &said), 1);
+    if (!strstr(said, "kernels.backend (--set): not supported on 2 processes"))
+        fail_msg("the 2-rank fenced run was not refused by name: %s", said);
     free(said);
 
     /* Qwen2-MoE's keys on a dense model, experts per token beyond the experts, expert parallelism on one rank. */

@@ -248,6 +248,10 @@ typedef struct ht_config {
 
     /* How bf16 and f16 products run (kernels.h): auto (measured at start), or pinned. */
     struct {
+        /* The kernel table the run computes on: the CPU's, the fenced one
+         * (the CPU's kernels on memory host code cannot touch: a check of the
+         * seam), or CUDA's (one process). */
+        ht_kernel_backend backend;
         ht_gemm_kernel bf16_gemm, f16_gemm;
         /* The LM head and the loss run over chunks of tokens whose FP32
          * logits hold at most this many MiB, backward computing them again

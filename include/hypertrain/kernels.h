@@ -259,6 +259,9 @@ typedef struct ht_kernel_ops {
                           const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, float *work);
 } ht_kernel_ops;
 
+/* The tables a run may compute on (kernels.backend). */
+typedef enum ht_kernel_backend { HT_KERNELS_CPU = 0, HT_KERNELS_FENCED, HT_KERNELS_CUDA } ht_kernel_backend;
+
 /* The kernels in use, the process's one table: the CPU's unless
  * ht_kernels_use chose another. Every layer above reaches its memory and
  * its kernels through it. */

@@ -68,6 +68,12 @@ static const enum_name NS_DTYPES[] = {
     {"bfloat16", HT_DTYPE_BF16, false},
     {NULL, 0, false},
 };
+static const enum_name KERNEL_BACKENDS[] = {
+    {"cpu", HT_KERNELS_CPU, false},
+    {"fenced", HT_KERNELS_FENCED, false},
+    {"cuda", HT_KERNELS_CUDA, false},
+    {NULL, 0, false},
+};
 static const enum_name GEMM_KERNELS[] = {
     {"auto", HT_GEMM_KERNEL_AUTO, false},
     {"native", HT_GEMM_KERNEL_NATIVE, false},
@@ -287,6 +293,7 @@ const key_desc ht_config_keys[] = {
     DTYPE("fsdp_config.mix_precision.output_dtype", fsdp.output_dtype, "bfloat16"),
     BOOL("fsdp_config.mix_precision.cast_forward_inputs", fsdp.cast_forward_inputs, "true"),
 
+    ENUM("kernels.backend", kernels.backend, KERNEL_BACKENDS, "cpu"),
     ENUM("kernels.bf16_gemm", kernels.bf16_gemm, GEMM_KERNELS, "auto"),
     ENUM("kernels.f16_gemm", kernels.f16_gemm, GEMM_KERNELS, "auto"),
     INT("kernels.lm_head_chunk_mib", kernels.lm_head_chunk_mib, "64"),

@@ -923,6 +923,23 @@ static void log_not_applicable(const ht_config *c) {
     }
 }
 
+/* kernels.backend: the process's kernel table from here until ht_trainer_free. */
+static ht_status use_backend(ht_trainer *t, ht_error *err) {
+    const ht_kernel_ops *K = ht_kernels_cpu();
+    if (t->config.kernels.backend == HT_KERNELS_FENCED) K = ht_kernels_fenced();
+    if (t->config.kernels.backend == HT_KERNELS_CUDA) {
+        ht_error why = {0};
+        if (!(K = ht_kernels_cuda(&why)))
+            return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
+    }
+    ht_kernels_use(K);
+    if (K != ht_kernels_cpu())
+        ht_log_info("Kernels: the %s backend%s", K->name,
+                    K == ht_kernels_fenced() ? " (the CPU's kernels on memory the host cannot touch between them)"
+                                             : "");
+    return HT_OK;
+}
+
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
@@ -942,6 +959,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = make_groups(t, err);
+    if (s == HT_OK) s = use_backend(t, err);
     if (s == HT_OK) s = build_model(t, err);
     /* The batch against the data and the machine's memory before anything is sized by it. */
     if (s == HT_OK) s = open_data(t, err);
@@ -983,4 +1001,5 @@ void ht_trainer_free(ht_trainer *t) {
     ht_comm *comm = t->comm;
     memset(t, 0, sizeof(*t));
     t->comm = comm;
+    ht_kernels_use(NULL); /* everything of kernels.backend's is freed */
 }
