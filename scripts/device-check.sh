@@ -15,8 +15,11 @@
 #   ocl-icd-libopencl1      libOpenCL.so.1, which libdnnl.so.2 links to
 #   libxxhash0, libxxhash-dev   XXH64 (base/hash.c)
 #   libcmocka0, libcmocka-dev   the test framework
-# OpenMP is the machine's gcc's (libgomp). The whole trainer (MPI, libyaml)
-# is not built there: Open MPI's closure is some twenty packages more.
+#   libyaml-0-2, libyaml-dev    the config loader, for the trainer's build
+# OpenMP is the machine's gcc's (libgomp). The trainer is built there for one
+# process (-DHT_MPI=OFF, without pkg-config): Open MPI's closure is some
+# twenty packages more. It runs tiny configs on the GPU and on the CPU
+# (parity/ in $OUT, tools/compare_runs.py).
 # Warnings are not errors there (-DHT_WERROR=OFF: its gcc is not the one CI
 # checks with); build.log keeps them.
 #
@@ -29,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 deps_dir=.device-deps
-packages=(libdnnl2 libdnnl-dev ocl-icd-libopencl1 libxxhash0 libxxhash-dev libcmocka0 libcmocka-dev)
+packages=(libdnnl2 libdnnl-dev ocl-icd-libopencl1 libxxhash0 libxxhash-dev libcmocka0 libcmocka-dev libyaml-0-2 libyaml-dev)
 started=$SECONDS
 log() { printf '[device-check %s +%3ds] %s\n' "$(date +%H:%M:%S)" $((SECONDS - started)) "$*"; }
 
@@ -157,6 +160,81 @@ if ! $dry && grep -q "CUDA backend not present" "$OUT/test_kernels.log"; then
 fi
 grep -B2 -A3 "FAILED\|Failure\|error" "$OUT/test_kernels.log" | head -40 | tee -a "$summary"
 
+# ------------------------------------------------------------ the trainer: the GPU against the CPU
+# The whole engine for one process (-DHT_MPI=OFF: no Open MPI there; libyaml carried), then the same
+# tiny runs with kernels.backend=cpu and =cuda: the losses step by step and every final tensor
+# (tools/compare_runs.py). f32 after one step must agree to 1e-5 per tensor (NUMERICS.md); five steps
+# of f32, bf16 with Muon, Qwen2-MoE, and a checkpoint written on the CPU resumed on the GPU are
+# reported. A failure here is logged and the benchmarks still run.
+trainer=build/device-trainer
+rm -rf "$trainer"
+t0=$SECONDS
+{
+    timeout 90 cmake -S . -B "$trainer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_CUDA=ON -DHT_MPI=OFF \
+        -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a \
+        -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" "${cmake_extra[@]}" &&
+        timeout 240 cmake --build "$trainer" -j"$(nproc)" --target hypertrain
+} >"$OUT/trainer_build.log" 2>&1
+trainer_rc=$?
+note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)) s (trainer_build.log)"
+[ $trainer_rc -ne 0 ] && tail -20 "$OUT/trainer_build.log" | tee -a "$summary"
+parity_rc=0
+tiny=(--set data.dataset_type=text_bytes --set "data.path=$repo/README.md" --set data.seq_len=64
+    --set model.vocab_size=256 --set model.hidden_size=64 --set model.intermediate_size=128
+    --set model.num_hidden_layers=2 --set model.num_attention_heads=4 --set model.num_key_value_heads=2
+    --set model.max_position_embeddings=128 --set training.local_batch_size=4 --set training.global_batch_size=8
+    --set training.eval_interval=0 --set training.log_interval=1 --set checkpoint.save_interval=0)
+f32=(--set model_init_dtype=float32 --set fsdp_config.mix_precision.param_dtype=float32)
+bf16=(--set model_init_dtype=bfloat16 --set fsdp_config.mix_precision.param_dtype=bfloat16 --set optimizer._target_=Muon)
+moe=(--set model.name=qwen2_moe --set model.num_experts=4 --set model.num_experts_per_tok=2
+    --set model.moe_intermediate_size=32 --set model.shared_expert_intermediate_size=64)
+# pair NAME STEPS BOUND ARGS...: the run on either table, then the comparison (BOUND "-": reported only)
+pair() {
+    local name=$1 steps=$2 bound=$3
+    shift 3
+    for b in cpu cuda; do
+        OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "$@" \
+            --set training.steps="$steps" --set kernels.backend=$b --set checkpoint.output_dir="$OUT/parity/$name-$b" \
+            >"$OUT/parity/$name-$b.log" 2>&1 || note "parity $name: the $b run failed (rc $?, parity/$name-$b.log)"
+    done
+    local opt=()
+    [ "$bound" != "-" ] && opt=(--bound "$bound")
+    timeout 60 python3 tools/compare_runs.py "$OUT/parity/$name-cuda" "$OUT/parity/$name-cpu" "${opt[@]}" \
+        >"$OUT/parity/$name.txt" 2>&1
+    local rc=$?
+    note "parity $name ($steps steps, bound $bound): rc $rc: $(tail -1 "$OUT/parity/$name.txt")"
+    [ $rc -ne 0 ] && parity_rc=1
+    return 0
+}
+if [ $trainer_rc -eq 0 ]; then
+    mkdir -p "$OUT/parity"
+    t0=$SECONDS
+    pair f32-1 1 1e-5 "${f32[@]}"
+    pair f32-5 5 - "${f32[@]}"
+    pair bf16-muon-5 5 - "${bf16[@]}"
+    pair qwen2-moe-5 5 - "${f32[@]}" "${moe[@]}"
+    # a checkpoint written on the CPU after 3 steps, resumed on the GPU for 2 more, against the CPU's 5
+    OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
+        --set training.steps=3 --set checkpoint.save_interval=3 --set checkpoint.output_dir="$OUT/parity/resume-cuda" \
+        >"$OUT/parity/resume-save.log" 2>&1
+    OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
+        --set training.steps=5 --set checkpoint.restore_from=latest --set kernels.backend=cuda \
+        --set checkpoint.output_dir="$OUT/parity/resume-cuda" >"$OUT/parity/resume-cuda.log" 2>&1
+    resume_rc=$?
+    if [ $resume_rc -eq 0 ]; then
+        timeout 60 python3 tools/compare_runs.py "$OUT/parity/resume-cuda" "$OUT/parity/f32-5-cpu" \
+            >"$OUT/parity/resume.txt" 2>&1
+        resume_rc=$?
+    else
+        echo "the resumed run on the GPU failed: rc $resume_rc (parity/resume-cuda.log)" >"$OUT/parity/resume.txt"
+    fi
+    note "parity resume (CPU's step-3 checkpoint, 2 steps on the GPU): rc $resume_rc: $(tail -1 "$OUT/parity/resume.txt")"
+    [ $resume_rc -ne 0 ] && parity_rc=1
+    cat "$OUT"/parity/*.txt >>"$summary"
+    note "parity: rc $parity_rc in $((SECONDS - t0)) s"
+fi
+rm -rf "$OUT"/parity/*/step_* "$OUT"/parity/*/final/adapter 2>/dev/null # what comes back: logs, metrics, final weights
+
 # ------------------------------------------------------------ benchmarks
 t0=$SECONDS
 if $dry; then
@@ -197,5 +275,7 @@ for (m, n, k) in [(8192, 8192, 8192), (8192, 8192, 2048), (8192, 151936, 896)]:
 EOF
 note "torch matmul: rc $? in $((SECONDS - t0)) s"
 tee -a "$summary" <"$OUT/torch_gemm.log"
-note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
-exit $test_rc
+note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; trainer build rc $trainer_rc; parity rc $parity_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+[ $test_rc -ne 0 ] && exit $test_rc
+[ $trainer_rc -ne 0 ] && exit $trainer_rc
+exit $parity_rc

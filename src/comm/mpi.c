@@ -13,6 +13,8 @@
  * (MPI_THREAD_SERIALIZED). */
 #include "comm/comm_internal.h"
 
+#ifndef HT_NO_MPI /* else comm/no_mpi.c */
+
 #include <limits.h>
 #include <stdbool.h>
 #include <mpi.h>
@@ -716,3 +718,5 @@ ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_er
 }
 
 void ht_comm_mpi_abort(ht_comm *c, int code) { MPI_Abort(((mpi_comm *)c)->comm, code); }
+
+#endif /* HT_NO_MPI */
