@@ -134,8 +134,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_model_backward(m, grad_scale);
         loss_sum += loss;
     }
-    m->dropout_seed = 0;                /* forwards outside a training step (evaluation) drop nothing */
-    ht_status gs = ht_gemm_status(err); /* before any rank sums this rank's gradients */
+    m->dropout_seed = 0;                           /* forwards outside a training step (evaluation) drop nothing */
+    ht_status gs = ht_kernels()->synchronize(err); /* before any rank sums this rank's gradients */
     if (gs != HT_OK) return gs;
     double t1 = ht_time_seconds();
     /* Data parallel: every rank's FP32 gradients summed over the shard
@@ -168,7 +168,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         s = dump ? dump_tensors(t, dump, "main_grad.", err)
                  : ht_fail(err, HT_ERR_OOM, "training.dump_state: out of memory");
     if (s == HT_OK) s = ht_optimizer_step(&t->optimizer, &r, err);
-    if (s == HT_OK) s = ht_gemm_status(err); /* Newton-Schulz */
+    if (s == HT_OK) s = ht_kernels()->synchronize(err); /* Newton-Schulz */
     if (s != HT_OK) {
         dump_free(dump);
         return s;
@@ -251,7 +251,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         take_share(t, count, &inputs, &targets);
         float l;
         ht_status s = ht_model_forward(t->model, inputs, targets, count, t->Tc, &l, err);
-        if (s == HT_OK) s = ht_gemm_status(err);
+        if (s == HT_OK) s = ht_kernels()->synchronize(err);
         if (s != HT_OK) return s;
         /* Every window has T targets: the mean over its tokens (context
          * parallelism: each rank's share of them, the shares of one size). */
