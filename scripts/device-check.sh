@@ -163,7 +163,7 @@ grep -B2 -A3 "FAILED\|Failure\|error" "$OUT/test_kernels.log" | head -40 | tee -
 # ------------------------------------------------------------ the trainer: the GPU against the CPU
 # The whole engine for one process (-DHT_MPI=OFF: no Open MPI there; libyaml carried), then the same
 # tiny runs with kernels.backend=cpu and =cuda: the losses step by step and every final tensor
-# (tools/compare_runs.py). f32 after one step must agree to 1e-5 per tensor (NUMERICS.md); five steps
+# (tools/compare_runs.py). f32 after one step must agree to 1e-5 per tensor (docs/NUMERICS.md); five steps
 # of f32, bf16 with Muon, Qwen2-MoE, and a checkpoint written on the CPU resumed on the GPU are
 # reported. A failure here is logged and the benchmarks still run.
 trainer=build/device-trainer
@@ -179,7 +179,8 @@ trainer_rc=$?
 note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)) s (trainer_build.log)"
 [ $trainer_rc -ne 0 ] && tail -20 "$OUT/trainer_build.log" | tee -a "$summary"
 parity_rc=0
-tiny=(--set data.dataset_type=text_bytes --set "data.path=$repo/README.md" --set data.seq_len=64
+cat "$repo"/src/*/*.c >/tmp/ht-corpus.txt # the corpus: the engine's own sources, as bytes
+tiny=(--set data.dataset_type=text_bytes --set data.path=/tmp/ht-corpus.txt --set data.seq_len=64
     --set model.vocab_size=256 --set model.hidden_size=64 --set model.intermediate_size=128
     --set model.num_hidden_layers=2 --set model.num_attention_heads=4 --set model.num_key_value_heads=2
     --set model.max_position_embeddings=128 --set training.local_batch_size=4 --set training.global_batch_size=8

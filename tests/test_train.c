@@ -589,8 +589,8 @@ static void test_cli_bad_input(void **state) {
     /* kernels.backend: cuda where this build or machine has none; a backend the host cannot read on 2 ranks. */
     snprintf(data, sizeof(data), "  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n", dir);
     if (!ht_kernels_cuda(&err))
-        expect_refused(dir, tiny_yaml(dir, data, NULL), "--set kernels.backend=cuda", "kernels.backend: cuda: ",
-                       "expected cpu on this machine");
+        expect_refused(dir, tiny_yaml(dir, data, NULL), "--set kernels.backend=cuda",
+                       "kernels.backend: cuda: ", "expected cpu on this machine");
     snprintf(args, sizeof(args), "train '%s/run.yaml' --set kernels.backend=fenced", dir);
     snprintf(path, sizeof(path), "%s/two.txt", dir);
     assert_int_equal(run_hypertrain(MPIRUN "-np 2 ", args, path, true, &said), 1);
