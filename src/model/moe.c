@@ -460,12 +460,27 @@ static const void *rows_at(const void *base, int64_t row, int64_t width, ht_dtyp
 
 /* ------------------------------------------------------------------ forward */
 
-/* The rows in expert order, on the host from the choices it downloaded
- * (sel_h): offs, each row's token and each choice's row, uploaded. */
-static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
+/* The host's view of `bytes` of the kernels' memory: that memory itself
+ * where the host may read it (the CPU's), else a download into `stage`. */
+static const void *host_view(const void *mem, void *stage, size_t bytes) {
+    if (ht_kernels()->host_memory) return mem;
+    ht_kernels()->download(stage, mem, bytes);
+    return stage;
+}
+
+/* Where the host writes an index array the kernels read: in place on the
+ * CPU, else into `stage`, uploaded by done_writing. */
+static int32_t *host_out(int32_t *mem, int32_t *stage) { return ht_kernels()->host_memory ? mem : stage; }
+static void done_writing(int32_t *mem, const int32_t *stage, int64_t n) {
+    if (!ht_kernels()->host_memory) ht_kernels()->upload(mem, stage, (size_t)n * sizeof(int32_t));
+}
+
+/* The rows in expert order, on the host from the choices (sel, the host's
+ * view): offs, each row's token and each choice's row. */
+static void sort_rows(const ht_moe *moe, moe_acts *a, const int32_t *sel, int64_t N) {
     const int E = moe->E, k = moe->k;
     int64_t *offs = a->offs;
-    const int32_t *sel = moe->sel_h;
+    int32_t *pos = host_out(a->pos, moe->pos_h), *token = host_out(a->token, moe->token_h);
     memset(offs, 0, (size_t)(E + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < N * k; i++) offs[sel[i] + 1]++;
     for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
@@ -473,11 +488,11 @@ static void sort_rows(const ht_moe *moe, moe_acts *a, int64_t N) {
     memcpy(next, offs, (size_t)E * sizeof(int64_t));
     for (int64_t i = 0; i < N * k; i++) {
         int64_t r = next[sel[i]]++;
-        moe->pos_h[i] = (int32_t)r;
-        moe->token_h[r] = (int32_t)(i / k);
+        pos[i] = (int32_t)r;
+        token[r] = (int32_t)(i / k);
     }
-    ht_kernels()->upload(a->pos, moe->pos_h, (size_t)(N * k) * sizeof(int32_t));
-    ht_kernels()->upload(a->token, moe->token_h, (size_t)(N * k) * sizeof(int32_t));
+    done_writing(a->pos, pos, N * k);
+    done_writing(a->token, token, N * k);
 }
 
 /* y (rows, out) = x (rows, in) · Wᵀ for a 2-D weight. */
@@ -529,18 +544,19 @@ static void dispatch(ht_moe *moe, moe_acts *a, size_t row_bytes) {
     }
     a->R = a->eoffs[El];
     /* perm: expert-side row -> received row (source rank q's rows for its experts, in expert order). */
+    int32_t *perm = host_out(a->perm, moe->perm_h);
     int64_t qoff = 0;
     for (int q = 0; q < P; q++) {
         int64_t r = qoff;
         for (int el = 0; el < El; el++) {
             int64_t at = a->eoffs[el];
             for (int qq = 0; qq < q; qq++) at += a->counts[qq * El + el];
-            for (int64_t i = 0; i < a->counts[q * El + el]; i++) moe->perm_h[at + i] = (int32_t)(r + i);
+            for (int64_t i = 0; i < a->counts[q * El + el]; i++) perm[at + i] = (int32_t)(r + i);
             r += a->counts[q * El + el];
         }
         qoff += from[q];
     }
-    ht_kernels()->upload(a->perm, moe->perm_h, (size_t)a->R * sizeof(int32_t));
+    done_writing(a->perm, perm, a->R);
     exchange_rows(moe, a->xs, to, moe->stage, from, row_bytes);
     ht_kernels()->gather_rows(a->exs, moe->stage, a->perm, a->R, row_bytes);
 }
@@ -593,27 +609,28 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     const size_t cds = ht_dtype_size(cd);
 
     /* The router and its load-balancing sums (deepseek_v3: the tokens each
-     * expert was routed, for the aux-loss-free bias update). */
+     * expert was routed, for the aux-loss-free bias update), read by the host. */
+    const int32_t *sel;
     linear(a->probs, router_input(moe, p->router, x, cd, N), p->router, N);
     if (moe->deepseek) {
         ht_kernels()->moe_route_grouped(a->probs, a->sel, a->weight, a->psum, p->bias->compute, N, moe->E, moe->k,
                                         moe->n_group, moe->topk_group, moe->norm_topk, moe->scaling);
-        ht_kernels()->download(moe->sel_h, a->sel, (size_t)(N * k) * sizeof(int32_t));
+        sel = host_view(a->sel, moe->sel_h, (size_t)(N * k) * sizeof(int32_t));
         int64_t *tokens = moe->tokens + (size_t)index * (size_t)E;
-        for (int64_t i = 0; i < N * k; i++) tokens[moe->sel_h[i]]++;
+        for (int64_t i = 0; i < N * k; i++) tokens[sel[i]]++;
     } else {
         ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
-        ht_kernels()->download(moe->sel_h, a->sel, (size_t)(N * k) * sizeof(int32_t));
-        ht_kernels()->download(moe->probs_h, a->probs, (size_t)(N * E) * sizeof(float));
+        sel = host_view(a->sel, moe->sel_h, (size_t)(N * k) * sizeof(int32_t));
+        const float *probs = host_view(a->probs, moe->probs_h, (size_t)(N * E) * sizeof(float));
         for (int64_t n = 0; n < N; n++)
-            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += moe->probs_h[n * E + e];
+            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += probs[n * E + e];
     }
-    for (int64_t i = 0; i < N * k; i++) moe->count[moe->sel_h[i]] += 1.0;
+    for (int64_t i = 0; i < N * k; i++) moe->count[sel[i]] += 1.0;
     moe->rows += N;
 
     /* Routed experts: the rows in expert order, to the experts' ranks, one
      * GEMM per local expert and product, the outputs back. */
-    sort_rows(moe, a, N);
+    sort_rows(moe, a, sel, N);
     ht_kernels()->gather_rows(a->xs, x, a->token, A, (size_t)C * cds);
     if (parallel(moe)) {
         dispatch(moe, a, (size_t)C * cds);
