@@ -45,8 +45,18 @@ static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, 
         }
         d->bufs[d->count++] = whole;
         ht_dtype dt = grads ? HT_DTYPE_F32 : p->dtype;
-        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, grads ? (void *)p->main_grad : p->data, dt,
-                                             whole, true, NULL, err);
+        /* this rank's rows, through a host buffer where the kernels' memory is not the host's */
+        const void *rows = grads ? (void *)p->main_grad : p->data;
+        void *staged = NULL;
+        if (!ht_params_host_memory(ps)) {
+            const size_t n = (size_t)ht_param_local_numel(p) * elem;
+            if (!(staged = malloc(n ? n : 1)))
+                return ht_fail(err, HT_ERR_OOM, "training.dump_state: cannot stage %s", p->name);
+            ht_params_download(ps, staged, rows, n);
+            rows = staged;
+        }
+        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, rows, dt, whole, true, NULL, err);
+        free(staged);
         if (s != HT_OK) return s;
         char name[HT_PARAM_NAME_MAX + 16];
         snprintf(name, sizeof(name), "%s%s", prefix, p->name);
