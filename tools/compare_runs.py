@@ -67,7 +67,7 @@ def main():
     worst = sorted(rel.items(), key=lambda kv: -kv[1])
     for name, r in worst[:5]:
         print(f"tensor {name}: {r:.3g} apart (max |a - b| / max |b|)")
-    print(f"{len(rel)} tensors, the worst {worst[0][1]:.3g} apart" + (f" (bound {args.bound:g})" if args.bound else ""))
+    print(f"{len(rel)} tensors, the worst {worst[0][1]:.3g} apart" + (f" (bound {args.bound:g})" if args.bound is not None else ""))
     if args.bound is not None and worst[0][1] > args.bound:
         print("FAIL: beyond the bound")
         return 1

@@ -367,11 +367,7 @@ void ht_params_cast_main_to_model(ht_param_store *store) {
 }
 
 void ht_params_zero_grad(ht_param_store *store) {
-    if (!store->grad_block || !store->grad_bytes) return;
-    if (store->memory)
-        store->memory->zero(store->grad_block, store->grad_bytes);
-    else
-        memset(store->grad_block, 0, store->grad_bytes);
+    if (store->grad_block) ht_params_zero(store, store->grad_block, store->grad_bytes);
 }
 
 ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err) {

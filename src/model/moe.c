@@ -339,8 +339,10 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     };
     /* the host's: per layer offs, eoffs, counts; then sel_h .. aux_h */
     const size_t host_layer[] = {(size_t)(E + 1) * 8, (size_t)(El + 1) * 8, (size_t)(P * El) * 8};
-    const size_t host_scratch[] = {(size_t)A * 4, (size_t)(N * E) * 4, (size_t)A * 4,
-                                   (size_t)A * 4, (size_t)cap * 4,     (size_t)E * 4};
+    /* sel_h .. perm_h stage what the host reads and writes only where the kernels' memory is not the host's */
+    const size_t st = ht_kernels()->host_memory ? 0 : 1;
+    const size_t host_scratch[] = {st * (size_t)A * 4, st * (size_t)(N * E) * 4, st * (size_t)A * 4,
+                                   st * (size_t)A * 4, st * (size_t)cap * 4,     (size_t)E * 4};
     enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]), NS = sizeof(scratch) / sizeof(scratch[0]) };
     size_t total = 0;
     for (int i = 0; i < NPL; i++) total += (size_t)moe->layers * ht_align64(per_layer[i]);
