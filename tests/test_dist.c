@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "hypertrain/ckpt.h"
+#include "hypertrain/kernels.h"
 #include "hypertrain/parallel.h"
 #include "hypertrain/train.h"
 
@@ -2106,6 +2107,226 @@ static int ring_shift_rank(void) {
     return total == 0 ? 0 : 1;
 }
 
+/* ------------------------------------------------------------------ the fenced backend on several ranks */
+
+/* A run's metrics.jsonl without its speed (tokens_per_s, mfu): what two runs of the same arithmetic share. */
+static char *metrics_without_speed(const char *dir, const char *out) {
+    char path[1300];
+    snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
+    char *text = read_text(path), *w = text;
+    for (const char *r = text; *r;) {
+        if (strncmp(r, ", \"tokens_per_s\": ", 18) == 0 || strncmp(r, ", \"mfu\": ", 9) == 0) {
+            r += 2;
+            while (*r && *r != ',' && *r != '}') r++;
+            continue;
+        }
+        *w++ = *r++;
+    }
+    *w = '\0';
+    return text;
+}
+
+/* `name` on `ranks` ranks with `set`, on the CPU's kernel table and on the
+ * fenced one (whose memory every collective stages through host buffers):
+ * the same metrics (losses, gradient norms, QK-clip's heads, validation)
+ * and final weights bit for bit; with `state`, the same training.dump_state
+ * files (every param, main_grad and optimizer state of each step). */
+static void check_fenced_like_cpu(const char *dir, const char *name, int ranks, const char *set, bool state) {
+    char out[2][96], extra[2048], *log;
+    for (int fenced = 0; fenced < 2; fenced++) {
+        snprintf(out[fenced], sizeof(out[fenced]), "%s-%s", name, fenced ? "fenced" : "cpu");
+        snprintf(extra, sizeof(extra), "--set kernels.backend=%s %s", fenced ? "fenced" : "cpu", set);
+        int rc = run_in(dir, out[fenced], ranks, extra, &log);
+        if (rc != 0) fail_msg("%s on %d ranks, %s: failed (%d):\n%s", name, ranks, out[fenced], rc, log);
+        if (fenced && !strstr(log, "the collectives stage its memory through host buffers"))
+            fail_msg("%s: the fenced run does not say its collectives stage:\n%s", name, log);
+        free(log);
+    }
+    char *a = metrics_without_speed(dir, out[0]), *b = metrics_without_speed(dir, out[1]);
+    if (strcmp(a, b) != 0) fail_msg("%s on %d ranks: the fenced run's metrics\n%s\nthe CPU's\n%s", name, ranks, b, a);
+    free(a);
+    free(b);
+    int tensors = tensors_identical(dir, out[1], out[0], NULL), states = 0;
+    for (int step = 1; state; step++) {
+        char fa[1400], fb[1400];
+        snprintf(fa, sizeof(fa), "%s/%s/state/step_%08d.safetensors", dir, out[0], step);
+        snprintf(fb, sizeof(fb), "%s/%s/state/step_%08d.safetensors", dir, out[1], step);
+        if (!path_exists(fa)) break;
+        assert_same_tensors(fa, fb);
+        states++;
+    }
+    if (state && states == 0) fail_msg("%s: no training.dump_state files", name);
+    printf("fenced backend, %s on %d ranks: the CPU's metrics and %d final tensors bit for bit%s\n", name, ranks,
+           tensors, states ? ", and every step's dumped state" : "");
+}
+
+/* kernels.backend: fenced (the CPU's kernels on memory the host cannot
+ * touch outside the table's entries, as a GPU's) on 2 to 8 ranks gives the
+ * CPU's run of the same layout bit for bit: FSDP and HSDP, a 16-bit
+ * reduce_dtype, Muon gathering matrices and its deredundancy, QK-clip,
+ * tensor, context (ring and Ulysses) and expert parallelism, a mesh of
+ * three axes, Qwen2-MoE and DeepSeek-V3; and a checkpoint written on
+ * fenced ranks is the CPU's, file for file, and resumes on either. */
+static void test_fenced_backend_on_several_ranks(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("fenced_ranks");
+    write_config(dir, "bfloat16", 3, true);
+    const char *muon =
+        "--set optimizer._target_=Muon --set training.eval_interval=3 --set training.max_norm=0.5 "
+        "--set optimizer.muon_config.qk_clip_enabled=true --set optimizer.muon_config.qk_clip_threshold=0.05";
+    char set[2048];
+    snprintf(set, sizeof(set), "%s --set training.dump_state=true", muon);
+    check_fenced_like_cpu(dir, "fsdp", 3, set, true);
+    snprintf(set, sizeof(set),
+             "%s --set fsdp_config.shard_size=2 --set optimizer.fp32_main_params=false "
+             "--set fsdp_config.mix_precision.reduce_dtype=bfloat16 "
+             "--set optimizer.muon_config.muon_comm_strategy=deredundancy",
+             muon);
+    check_fenced_like_cpu(dir, "hsdp_bf16_reduce_deredundancy", 4, set, false);
+    snprintf(set, sizeof(set), "%s --set parallel.tensor_parallel_size=2 --set parallel.ring_attention_size=2", muon);
+    check_fenced_like_cpu(dir, "tensor2_ring2", 4, set, false);
+    snprintf(set, sizeof(set), "%s --set parallel.ulysses_parallel_size=2 --set fsdp_config.shard_size=1", muon);
+    check_fenced_like_cpu(dir, "ulysses2_replicated", 4, set, false);
+    snprintf(set, sizeof(set),
+             "%s --set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false "
+             "--set parallel.ring_attention_size=2 --set fsdp_config.shard_size=2",
+             muon);
+    check_fenced_like_cpu(dir, "dp2_ring2_tensor2_hsdp", 8, set, false);
+
+    /* A checkpoint of 4 fenced ranks: the CPU's 4 ranks' files (but the config they record), resumed on 3. */
+    const char *ckpt = "--set training.steps=2 --set checkpoint.save_interval=2";
+    snprintf(set, sizeof(set), "%s %s", muon, ckpt);
+    check_fenced_like_cpu(dir, "save", 4, set, false);
+    for (int r = 0; r < 4; r++) {
+        char fa[1400], fb[1400];
+        snprintf(fa, sizeof(fa), "%s/save-cpu/step_00000002/rank_%05d.safetensors", dir, r);
+        snprintf(fb, sizeof(fb), "%s/save-fenced/step_00000002/rank_%05d.safetensors", dir, r);
+        assert_same_tensors(fa, fb);
+    }
+    snprintf(set, sizeof(set), "%s --set checkpoint.restore_from='%s/save-fenced/step_00000002'", muon, dir);
+    check_fenced_like_cpu(dir, "resumed", 3, set, false);
+
+    const char *moe = scratch_dir("fenced_ranks_moe");
+    write_moe_config(moe, "bfloat16", true, 3);
+    check_fenced_like_cpu(moe, "qwen2_moe_ep2_tensor2", 4,
+                          "--set parallel.expert_parallel_size=2 --set parallel.tensor_parallel_size=2", true);
+    const char *deepseek = scratch_dir("fenced_ranks_deepseek");
+    write_model_config(deepseek, "bfloat16", true, false, 3);
+    check_fenced_like_cpu(deepseek, "deepseek_v3_ep4", 4, "--set parallel.expert_parallel_size=4", true);
+    check_fenced_like_cpu(deepseek, "deepseek_v3_ring2", 2, "--set parallel.ring_attention_size=2", false);
+}
+
+/* One rank of test_staged_collectives: every collective of a staged group
+ * (ht_comm_staged over the world, and over a split of it) on the fenced
+ * backend's memory, whose pages the host cannot touch, against the world's
+ * own on host copies of the same values: the same bytes. The exchange mixes
+ * spans of both memories. Prints "staged ok" on rank 0. */
+static int staged_rank(void) {
+    ht_comm *world, *staged, *half;
+    ht_error err;
+    if (ht_comm_init(NULL, NULL, &world, &err) != HT_OK ||
+        ht_comm_staged(world, ht_kernels_fenced(), false, &staged, &err) != HT_OK ||
+        ht_comm_split(staged, world->rank % 2, world->rank, &half, &err) != HT_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const ht_kernel_ops *K = ht_kernels_fenced();
+    const int P = world->size, R = world->rank;
+    enum { N = 37 }; /* floats per rank: a count that no power of two divides */
+    const int64_t all = (int64_t)P * N;
+    float *h = malloc((size_t)all * 2 * sizeof(float)), *want = h + all, *got = malloc((size_t)all * sizeof(float));
+    float *d = K->alloc((size_t)all * sizeof(float)), *d2 = K->alloc((size_t)all * sizeof(float));
+    double hd[3], dd_host[3], *dd = K->alloc(sizeof(hd));
+    int64_t counts[P], bytes[P];
+    for (int r = 0; r < P; r++) counts[r] = N, bytes[r] = N * (int64_t)sizeof(float);
+    int bad = 0;
+#define FILL(seed)                                                                                                     \
+    for (int64_t i = 0; i < all; i++) h[i] = sinf((float)((seed)*7919 + R * 104729 + i)) * 1e3f;                       \
+    K->upload(d, h, (size_t)all * sizeof(float))
+#define SAME(n)                                                                                                        \
+    K->download(got, d, (size_t)(n) * sizeof(float));                                                                  \
+    bad += memcmp(got, h, (size_t)(n) * sizeof(float)) != 0
+    /* all-reduce, sum and max, f32 and f64 */
+    for (int op = 0; op < 2; op++) {
+        FILL(op);
+        ht_all_reduce_f32(world, h, all, (ht_reduce_op)op);
+        ht_all_reduce_f32(staged, d, all, (ht_reduce_op)op);
+        SAME(all);
+        for (int i = 0; i < 3; i++) hd[i] = 1.0 / (R + i + 1);
+        K->upload(dd, hd, sizeof(hd));
+        ht_all_reduce_f64(world, hd, 3, (ht_reduce_op)op);
+        ht_all_reduce_f64(staged, dd, 3, (ht_reduce_op)op);
+        K->download(dd_host, dd, sizeof(hd));
+        bad += memcmp(dd_host, hd, sizeof(hd)) != 0;
+    }
+    /* reduce-scatter into another buffer, broadcast from the last rank */
+    FILL(2);
+    ht_reduce_scatter_f32(world, h, want, counts);
+    ht_reduce_scatter_f32(staged, d, d2, counts);
+    K->download(got, d2, N * sizeof(float));
+    bad += memcmp(got, want, N * sizeof(float)) != 0;
+    FILL(3);
+    ht_broadcast(world, h, all * (int64_t)sizeof(float), P - 1);
+    ht_broadcast(staged, d, all * (int64_t)sizeof(float), P - 1);
+    SAME(all);
+    /* all-gather in place (this rank's slice inside recv), gather to rank 0, scatter from it */
+    FILL(4);
+    ht_all_gather(world, h + R * N, h, bytes);
+    ht_all_gather(staged, d + R * N, d, bytes);
+    SAME(all);
+    FILL(5);
+    ht_gather(world, h + all - N, want, bytes, 0);
+    K->upload(d2, want, (size_t)all * sizeof(float)); /* rank 0's result overwrites it; elsewhere it stays */
+    ht_gather(staged, d + all - N, d2, bytes, 0);
+    K->download(got, d2, (size_t)all * sizeof(float));
+    bad += memcmp(got, want, (size_t)all * sizeof(float)) != 0;
+    FILL(6);
+    ht_scatter(world, h, want, bytes, 0);
+    ht_scatter(staged, d, d2, bytes, 0);
+    K->download(got, d2, N * sizeof(float));
+    bad += memcmp(got, want, N * sizeof(float)) != 0;
+    /* an exchange: to rank q, this rank's slice q (fenced) then 3 floats of host memory; from rank q, into slice
+     * q of d2 (fenced) and 3 host floats */
+    FILL(7);
+    float extra[3] = {(float)R, (float)R + 0.5f, -(float)R}, in_h[P][3], in_d[P][3];
+    ht_span send_h[2 * P], send_d[2 * P], recv_h[2 * P], recv_d[2 * P];
+    int first[P + 1];
+    for (int q = 0; q < P; q++) {
+        send_h[2 * q] = (ht_span){h + q * N, N * 4}, send_d[2 * q] = (ht_span){d + q * N, N * 4};
+        send_h[2 * q + 1] = send_d[2 * q + 1] = (ht_span){extra, 12};
+        recv_h[2 * q] = (ht_span){want + q * N, N * 4}, recv_d[2 * q] = (ht_span){d2 + q * N, N * 4};
+        recv_h[2 * q + 1] = (ht_span){in_h[q], 12}, recv_d[2 * q + 1] = (ht_span){in_d[q], 12};
+        first[q] = 2 * q;
+    }
+    first[P] = 2 * P;
+    const ht_spans sh = {send_h, first}, sd = {send_d, first}, rh = {recv_h, first}, rd = {recv_d, first};
+    ht_wait(world, ht_start_exchange(world, &sh, &rh), NULL);
+    ht_request *req = ht_start_exchange(staged, &sd, &rd);
+    ht_wait(staged, req, NULL);
+    K->download(got, d2, (size_t)all * sizeof(float));
+    bad += memcmp(got, want, (size_t)all * sizeof(float)) != 0;
+    bad += memcmp(in_d, in_h, sizeof(in_h)) != 0;
+    /* a split of the staged group is staged too: its sum on fenced memory */
+    ht_comm *plain_half;
+    if (ht_comm_split(world, R % 2, R, &plain_half, &err) != HT_OK) return 1;
+    FILL(8);
+    ht_all_reduce_f32(plain_half, h, all, HT_REDUCE_SUM);
+    ht_all_reduce_f32(half, d, all, HT_REDUCE_SUM);
+    SAME(all);
+#undef FILL
+#undef SAME
+    double total = bad;
+    ht_all_reduce_f64(world, &total, 1, HT_REDUCE_SUM);
+    if (R == 0) printf(total == 0 ? "staged ok on %d ranks\n" : "staged: %d ranks, wrong bytes\n", P);
+    K->free(d), K->free(d2), K->free(dd);
+    free(h), free(got);
+    ht_comm_free(plain_half);
+    ht_comm_free(half);
+    ht_comm_free(staged);
+    ht_comm_free(world);
+    return total == 0 ? 0 : 1;
+}
+
 /* One rank of test_started_all_reduce: two started all-reduces in flight
  * at once (and a ring step between them), each bitwise the blocking
  * ht_all_reduce_f32 of the same values; lengths that do not split evenly,
@@ -2418,6 +2639,12 @@ static void test_started_all_reduce(void **state) {
     run_rank_mode("started_all_reduce", "--all-reduce-rank", "all-reduce ok");
 }
 
+/* ht_comm_staged's collectives on the fenced backend's memory, 1 to 4 ranks: the bytes of the host's. */
+static void test_staged_collectives(void **state) {
+    (void)state;
+    run_rank_mode("staged", "--staged-rank", "staged ok");
+}
+
 /* The decoder's tensor-parallel share on 1 to 4 ranks against one process. */
 static void test_tensor_parallel_decoder(void **state) {
     (void)state;
@@ -2434,6 +2661,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     if (argc == 2 && strcmp(argv[1], "--ring-shift-rank") == 0) return ring_shift_rank();
     if (argc == 2 && strcmp(argv[1], "--all-reduce-rank") == 0) return all_reduce_rank();
+    if (argc == 2 && strcmp(argv[1], "--staged-rank") == 0) return staged_rank();
     if (argc == 2 && strcmp(argv[1], "--tensor-parallel-rank") == 0) return tensor_parallel_rank();
     if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
@@ -2447,6 +2675,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),
+        cmocka_unit_test(test_staged_collectives),
         cmocka_unit_test(test_tensor_parallel_decoder),
         cmocka_unit_test(test_tensor_parallel_llama_float32),
         cmocka_unit_test(test_tensor_parallel_qwen2_float32),
@@ -2479,6 +2708,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fsdp_unit_plans),
         cmocka_unit_test(test_killed_rank_ends_the_world),
         cmocka_unit_test(test_stopped_rank_times_out),
+        cmocka_unit_test(test_fenced_backend_on_several_ranks),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -947,7 +947,7 @@ static float *normal(size_t n, uint64_t seed, float std) {
     return x;
 }
 
-/* The memory entries: alloc zeroed, upload and download, copy, zero. */
+/* The memory entries: alloc zeroed, upload and download, copy, zero, owns. */
 static void test_backend_memory(void **state) {
     (void)state;
     enum { N = 4097 };
@@ -967,6 +967,11 @@ static void test_backend_memory(void **state) {
         assert_memory_equal(back, a, 100);
         assert_memory_equal(back + 100, zeros, 1000);
         assert_memory_equal(back + 1100, a + 1100, N - 1100);
+        /* owns: the backend's memory where the host cannot reach it (inside an allocation too), never the host's */
+        assert_true(K->owns(d) == !K->host_memory);
+        assert_true(K->owns(d + N - 1) == !K->host_memory);
+        assert_false(K->owns(a));
+        assert_false(K->owns(back + N / 2));
         backend_ok(K, "memory");
         assert_true(K->host_memory == (K == ht_kernels_cpu()));
         K->free(d), K->free(e);

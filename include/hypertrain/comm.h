@@ -62,6 +62,9 @@ typedef struct ht_comm_ops {
     /* Waits for a started request and frees it (NULL: nothing to wait for).
      * *seconds, if not NULL, gets the time it was in flight. */
     void (*wait)(ht_comm *c, ht_request *r, double *seconds);
+    /* ht_comm_split and ht_comm_abort of this kind of group. */
+    ht_status (*split)(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
+    void (*abort)(ht_comm *c, int code);
     void (*free)(ht_comm *c);
 } ht_comm_ops;
 
@@ -85,6 +88,13 @@ ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err);
  * HSDP's shard and replicate groups. Every rank of c calls it. A group of
  * one rank is ht_comm_single(). Free it with ht_comm_free before its parent. */
 ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
+/* A group over `inner` whose collectives also take memory of the kernel
+ * backend K that the host cannot reach (K->owns): each such buffer is
+ * downloaded into host memory before inner's collective and uploaded after,
+ * so results are the host's bits. Its splits are staged groups too. With
+ * owns_inner, freeing it frees inner. */
+struct ht_kernel_ops;
+ht_status ht_comm_staged(ht_comm *inner, const struct ht_kernel_ops *K, bool owns_inner, ht_comm **out, ht_error *err);
 /* Leaves the group (MPI_Finalize for the MPI world). */
 void ht_comm_free(ht_comm *c);
 /* A rank that waits in a collective longer than `seconds` (0: forever)
@@ -130,7 +140,7 @@ static inline void ht_wait(ht_comm *c, ht_request *r, double *seconds) { c->ops-
 
 /* A started FP32 all-reduce (tensor parallelism's, overlapped with compute). */
 typedef struct ht_all_reduce ht_all_reduce;
-/* Starts buf (n) <- its sum over the ranks of c, every rank of c calling it
+/* Starts buf (n, host memory) <- its sum over the ranks of c, every rank of c calling it
  * in the same order as its other collectives: the slices of buf go to the
  * ranks that sum them (one started exchange, in flight until the wait);
  * buf must stay untouched until ht_wait_all_reduce. The result is the bits

@@ -158,6 +158,10 @@ typedef struct ht_kernel_ops {
      * cross-entropy's row count are host values. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    /* Whether p lies in memory of this backend that the host cannot reach
+     * (what a collective must stage through host memory). The CPU's answers
+     * false for every pointer: its memory is the host's. */
+    bool (*owns)(const void *p);
     /* Moving bytes, ggml's buffer interface (memset_tensor, set_tensor,
      * get_tensor, cpy_tensor): zero `bytes` of the backend's memory; upload
      * from host memory into it, download from it into host memory; copy

@@ -151,7 +151,9 @@ ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, 
  * none). to_root: only rank 0 of both groups gets it (global may be NULL
  * elsewhere); otherwise every rank does. Every rank of both groups takes
  * part. A split param passes through `scratch` (numel + global numel
- * elements; NULL: allocated here, an error when it cannot be). */
+ * elements; NULL: allocated here, an error when it cannot be). `global`
+ * may be the kernels' memory (where it is not the host's) for a 2-D FP32
+ * param, with a scratch of it too. */
 ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
                                  void *global, bool to_root, void *scratch, ht_error *err);
 

@@ -39,6 +39,10 @@ typedef struct ht_step_stats {
 typedef struct ht_trainer {
     ht_config config;
     ht_comm *comm; /* the ranks training together (data parallel); ht_comm_single() for one process */
+    /* The group the caller gave: comm itself, or, where the kernels' memory
+     * is not the host's, the group inside comm (a staged group over it,
+     * ht_comm_staged), as are the groups split from comm. */
+    ht_comm *world;
     /* fsdp_config.shard_size S: the world splits into groups of S ranks that
      * shard the state among them (shard_comm), and the ranks with the same
      * place in each group hold the same rows (replica_comm): HSDP. S = world:

@@ -47,6 +47,12 @@ static void single_wait(ht_comm *c, ht_request *r, double *seconds) {
     (void)c, (void)r;
     if (seconds) *seconds = 0.0;
 }
+static ht_status single_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
+    (void)color, (void)key, (void)err;
+    *out = c;
+    return HT_OK;
+}
+static void single_abort(ht_comm *c, int code) { (void)c, (void)code; }
 static void single_free(ht_comm *c) { (void)c; }
 
 ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t bytes, int offset) {
@@ -127,6 +133,8 @@ static const ht_comm_ops single_ops = {
     .barrier = single_barrier,
     .start_exchange = single_start_exchange,
     .wait = single_wait,
+    .split = single_split,
+    .abort = single_abort,
     .free = single_free,
 };
 
@@ -159,8 +167,7 @@ ht_status ht_comm_init(int *argc, char ***argv, ht_comm **out, ht_error *err) {
 
 ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
     *out = ht_comm_single();
-    if (c->size == 1) return HT_OK;
-    return ht_comm_mpi_split(c, color, key, out, err);
+    return c->ops->split(c, color, key, out, err);
 }
 
 void ht_comm_free(ht_comm *c) {
@@ -168,7 +175,7 @@ void ht_comm_free(ht_comm *c) {
 }
 
 void ht_comm_abort(ht_comm *c, int code) {
-    if (c && c->size > 1) ht_comm_mpi_abort(c, code);
+    if (c) c->ops->abort(c, code);
 }
 
 void ht_comm_set_timeout(ht_comm *c, double seconds) {

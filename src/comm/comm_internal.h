@@ -7,8 +7,6 @@
 /* Initialises MPI for a process a launcher started (`announced` ranks, as its
  * environment variable `which` says) and makes *out the world. */
 ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *which, ht_comm **out, ht_error *err);
-void ht_comm_mpi_abort(ht_comm *c, int code);
 void ht_comm_mpi_set_timeout(double seconds);
-ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
 
 #endif

@@ -611,6 +611,10 @@ static void mpi_free(ht_comm *c) {
     }
 }
 
+static void mpi_abort(ht_comm *c, int code) { MPI_Abort(((mpi_comm *)c)->comm, code); }
+
+static ht_status mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
+
 static const ht_comm_ops mpi_ops = {
     .all_reduce_f64 = mpi_all_reduce_f64,
     .all_reduce_f32 = mpi_all_reduce_f32,
@@ -622,6 +626,8 @@ static const ht_comm_ops mpi_ops = {
     .barrier = mpi_barrier,
     .start_exchange = mpi_start_exchange,
     .wait = mpi_wait,
+    .split = mpi_split,
+    .abort = mpi_abort,
     .free = mpi_free,
 };
 
@@ -698,7 +704,7 @@ ht_status ht_comm_mpi_init(int *argc, char ***argv, int announced, const char *w
     return HT_OK;
 }
 
-ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
+static ht_status mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
     mpi_comm *parent = (mpi_comm *)c;
     MPI_Comm sub;
     drain();
@@ -716,7 +722,5 @@ ht_status ht_comm_mpi_split(ht_comm *c, int color, int key, ht_comm **out, ht_er
     *out = &m->base;
     return HT_OK;
 }
-
-void ht_comm_mpi_abort(ht_comm *c, int code) { MPI_Abort(((mpi_comm *)c)->comm, code); }
 
 #endif /* HT_NO_MPI */

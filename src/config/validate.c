@@ -359,11 +359,6 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     check_mindspeed(&r);
     check_model_keys(&r);
     check(&r, cfg->kernels.lm_head_chunk_mib >= 0, "kernels.lm_head_chunk_mib", "an integer >= 0 (0: no chunks)");
-    if (cfg->kernels.backend != HT_KERNELS_CPU && r.world > 1)
-        add(&r,
-            "%s: not supported on %d processes: the collectives do not yet stage the memory of a backend the host "
-            "cannot read; expected cpu, or one process",
-            at(cfg, "kernels.backend", a, sizeof(a)), r.world);
 
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";

@@ -121,21 +121,22 @@ static void fenced_free(void *p) {
     abort();
 }
 
+static bool fenced_owns(const void *p) {
+    const char *at = p;
+    bool in = false;
+    pthread_mutex_lock(&fence.lock);
+    for (int i = 0; i < fence.count && !in; i++)
+        in = at >= (const char *)fence.regions[i].base &&
+             at < (const char *)fence.regions[i].base + fence.regions[i].bytes;
+    pthread_mutex_unlock(&fence.lock);
+    return in;
+}
+
 /* An array an entry is given must be this backend's memory (NULL: an
  * output not asked for): host memory handed to a GPU's kernel is a crash
  * there, so it is one here, naming the entry and the argument. */
 static void owned(const char *entry, const char *arg, const void *p) {
-    if (!p) return;
-    const char *at = p;
-    pthread_mutex_lock(&fence.lock);
-    for (int i = 0; i < fence.count; i++) {
-        const char *b = fence.regions[i].base;
-        if (at >= b && at < b + fence.regions[i].bytes) {
-            pthread_mutex_unlock(&fence.lock);
-            return;
-        }
-    }
-    pthread_mutex_unlock(&fence.lock);
+    if (!p || fenced_owns(p)) return;
     fprintf(stderr, "hypertrain: fenced backend: %s was given %s = %p, which is not the backend's memory\n", entry, arg,
             p);
     abort();
@@ -290,6 +291,7 @@ static const ht_kernel_ops fenced = {
     .host_memory = false,
     .alloc = fenced_alloc,
     .free = fenced_free,
+    .owns = fenced_owns,
     E(zero),
     E(upload),
     E(download),

@@ -13,6 +13,10 @@ static void cpu_zero(void *dst, size_t bytes) {
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
+static bool cpu_owns(const void *p) {
+    (void)p;
+    return false;
+}
 static ht_status cpu_synchronize(ht_error *err) { return ht_gemm_status(err); }
 
 static const ht_kernel_ops cpu = {
@@ -20,6 +24,7 @@ static const ht_kernel_ops cpu = {
     .host_memory = true,
     .alloc = ht_alloc,
     .free = ht_free,
+    .owns = cpu_owns,
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,

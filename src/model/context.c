@@ -41,6 +41,8 @@ struct ht_cp_attention {
     /* one block's partial out, lse and head maxima; each query chunk's lse (B, 2, H/U, c); one block's gradients */
     float *blk_out, *blk_lse, *blk_max, *acc_lse, *blk_dq, *blk_dk, *blk_dv;
     float *work; /* (threads, the attention kernel's workspace) */
+    /* host memory (QK-clip's maxima are the host's): hm and one block's blk_max downloaded */
+    float *hm_host, *blk_max_host;
 };
 
 /* The attention layout's shape: H / U heads over the ring-local sequence. */
@@ -104,6 +106,7 @@ ht_status ht_cp_attention_size(ht_cp_attention **ap, const ht_context_parallel *
         *ap = a;
     }
     ht_kernels()->free(a->block);
+    ht_free(a->hm_host);
     a->block = NULL;
     a->shape = *local;
     a->U = U, a->R = R, a->threads = omp_get_max_threads();
@@ -116,6 +119,10 @@ ht_status ht_cp_attention_size(ht_cp_attention **ap, const ht_context_parallel *
                        (double)ar.used / (1 << 20));
     ar = (ht_arena){.base = a->block};
     carve(a, &ar);
+    const int64_t Hu = local->H / U;
+    if (!(a->hm_host = ht_alloc((size_t)(local->B * Hu + Hu) * sizeof(float))))
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate context-parallel attention state");
+    a->blk_max_host = a->hm_host + local->B * Hu;
     return HT_OK;
 }
 
@@ -124,6 +131,7 @@ size_t ht_cp_attention_bytes(const ht_cp_attention *a) { return a ? a->bytes : 0
 void ht_cp_attention_free(ht_cp_attention *a) {
     if (!a) return;
     ht_kernels()->free(a->block);
+    ht_free(a->hm_host);
     free(a);
 }
 
@@ -196,7 +204,7 @@ static ht_attention_shape block_shape(const ht_attention_shape *s, int64_t c, in
 }
 
 /* The attention layout's forward over the ring (s: that layout's shape;
- * hm (B, H) of it or NULL). */
+ * hm (B, H) of it, host memory, or NULL). */
 static void ring_forward(ht_cp_attention *a, ht_context_parallel *cp, const ht_attention_shape *s, float *out,
                          float *lse, float *hm, const float *q, const float *k, const float *v, ht_dtype dtype) {
     const int R = a->R, r = cp->ring_rank;
@@ -224,8 +232,10 @@ static void ring_forward(ht_cp_attention *a, ht_context_parallel *cp, const ht_a
                                          q + (b * Tr + qh * c) * H * Dk, cur + (b * Tr + kh * c) * KV * Dk,
                                          cur + kz + (b * Tr + kh * c) * KV * Dv, &blk, dtype, a->work);
                     if (!first) K->attention_merge(o, l, a->blk_out, a->blk_lse, 1, c, H, Dv);
-                    for (int64_t h = 0; hm && h < H; h++)
-                        hm[b * H + h] = a->blk_max[h] > hm[b * H + h] ? a->blk_max[h] : hm[b * H + h];
+                    if (!hm) continue;
+                    const float *bm = a->blk_max_host;
+                    K->download(a->blk_max_host, a->blk_max, (size_t)H * sizeof(float));
+                    for (int64_t h = 0; h < H; h++) hm[b * H + h] = bm[h] > hm[b * H + h] ? bm[h] : hm[b * H + h];
                 }
         ring_wait(cp, req);
         float *t = cur;
@@ -300,16 +310,18 @@ void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, float 
                              float *q, float *k, float *v, ht_dtype dtype) {
     const ht_attention_shape s = attention_layout(a);
     const int64_t H = a->shape.H, KV = a->shape.KV, Dk = a->shape.Dk, Dv = a->shape.Dv;
-    float *o = a->U > 1 ? a->o_att : out, *hm = head_max ? a->hm : NULL;
+    float *o = a->U > 1 ? a->o_att : out, *hm = head_max ? a->hm_host : NULL;
     if (a->U > 1) {
         float *const x[] = {q, k, v};
         const int64_t heads[] = {H, KV, KV}, dims[] = {Dk, Dk, Dv};
         ulysses_exchange(a, cp, 3, x, x, heads, dims, true);
     }
-    if (a->R > 1)
+    if (a->R > 1) {
         ring_forward(a, cp, &s, o, lse, hm, q, k, v, dtype);
-    else
-        ht_kernels()->attention_forward(o, lse, hm, q, k, v, &s, dtype, a->work);
+    } else {
+        ht_kernels()->attention_forward(o, lse, hm ? a->hm : NULL, q, k, v, &s, dtype, a->work);
+        if (hm) ht_kernels()->download(hm, a->hm, (size_t)(s.B * s.H) * sizeof(float));
+    }
     if (a->U > 1) {
         float *const src[] = {o}, *const dst[] = {out};
         const int64_t heads[] = {H}, dims[] = {Dv};

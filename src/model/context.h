@@ -28,8 +28,9 @@ void ht_cp_attention_free(ht_cp_attention *a);
  * rank's share of them (rotated at their global positions). Afterwards q,
  * k, v and lse (B·H·Tc floats) hold what ht_cp_attention_backward reads:
  * under Ulysses, the whole ring-local sequences of this rank's H / U heads.
- * head_max (B, H), if not NULL: each head's largest logit over every key
- * (masked ones too), -inf for heads another Ulysses rank computes. */
+ * head_max (B, H), host memory, if not NULL: each head's largest logit
+ * over every key (masked ones too), -inf for heads another Ulysses rank
+ * computes. */
 void ht_cp_attention_forward(ht_cp_attention *a, ht_context_parallel *cp, float *out, float *lse, float *head_max,
                              float *q, float *k, float *v, ht_dtype dtype);
 /* dq, dk, dv (this rank's tokens, as q, k, v came into the forward) from

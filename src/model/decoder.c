@@ -137,10 +137,17 @@ typedef struct decoder {
     float *att_work;      /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
     float *head_max;      /* (B, H) the largest logit of each head in one layer's forward */
     float *head_max_host; /* (B, H) head_max downloaded, host memory: QK-clip's maxima are the host's */
-    /* tensor parallelism's cross-entropy, per head chunk: the rows' maxima,
-     * then their sums of exponentials and target logits (2 x head_rows) */
-    float *tp_max, *tp_picked;
+    /* tensor parallelism's cross-entropy, per head chunk: each row's target
+     * logit (0 where another rank's slice holds it), kernel memory; on the
+     * host (tp_host, one block), the rows' maxima, then their sums of
+     * exponentials and target logits (2 x head_rows), and where the kernels'
+     * memory is not the host's, the rows' statistics and target logits
+     * downloaded */
+    float *tp_picked;
+    void *tp_host;
+    float *tp_max, *tp_picked_host;
     double *tp_sums;
+    ht_softmax_row *tp_rows;
     /* sequence parallelism: a norm's output gathered to every row (N, C) cd,
      * the residual stream's gradient gathered (N, C), a row-parallel
      * product's rows of this rank (Ns, C) */
@@ -504,7 +511,7 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 /* The bytes of every activation buffer for (B, T) with matmul operands of
  * cd bytes, in carving order: NPL per layer, then the tail and the LoRA
  * scratch. The total is what size_activations allocates. */
-enum { NPL = 21, NTAIL = 32, NLORA = 4 };
+enum { NPL = 21, NTAIL = 30, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
     bool shared; /* model.recompute: the recomputed layers share one set of buffers */
@@ -559,10 +566,8 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * Rkv * 4,
         N * Rkv * 4,
         N * Rq * 4,
-        N * Rq * 4, /* MLA: kva .. dqa2 */
-        (size_t)head_rows * 4 * (d->tp_size > 1),
-        (size_t)head_rows * 4 * (d->tp_size > 1),
-        (size_t)head_rows * 16 * (d->tp_size > 1), /* tensor parallelism: tp_max, tp_picked, tp_sums */
+        N * Rq * 4,                               /* MLA: kva .. dqa2 */
+        (size_t)head_rows * 4 * (d->tp_size > 1), /* tensor parallelism: tp_picked */
         N * C * cd * sp,
         N * C * 4 * sp,
         Ns * C * 4 * sp, /* sequence parallelism: ln_full, d_full, red */
@@ -634,10 +639,22 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         return HT_OK;
     ht_kernels()->free(d->act_block);
     ht_free(d->head_max_host);
+    ht_free(d->tp_host);
     d->act_block = NULL;
+    d->tp_host = NULL;
     d->threads = omp_get_max_threads();
     if (!(d->head_max_host = ht_alloc((size_t)B * d->H * sizeof(float))))
         return ht_fail(err, HT_ERR_OOM, "cannot allocate the attention maxima for batch %d", B);
+    if (d->tp_size > 1) {
+        const size_t h = (size_t)head_rows, bytes[4] = {h * 4, h * 16, h * sizeof(ht_softmax_row), h * 4};
+        if (!(d->tp_host = ht_alloc(ht_align64(bytes[0]) + ht_align64(bytes[1]) + ht_align64(bytes[2]) + bytes[3])))
+            return ht_fail(err, HT_ERR_OOM, "cannot allocate the vocabulary-parallel cross-entropy's sums");
+        ht_arena host = {.base = d->tp_host};
+        d->tp_max = ht_arena_take(&host, bytes[0]);
+        d->tp_sums = ht_arena_take(&host, bytes[1]);
+        d->tp_rows = ht_arena_take(&host, bytes[2]);
+        d->tp_picked_host = ht_arena_take(&host, bytes[3]);
+    }
     act_plan plan;
     plan_activations(m, d, B, T, cd, d->threads, &plan);
     const size_t *per_layer = plan.per_layer, *tail = plan.tail, *lora_tail = plan.lora_tail;
@@ -707,12 +724,10 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dlat2 = ht_arena_take(&arena, tail[23]);
     d->dqa = ht_arena_take(&arena, tail[24]);
     d->dqa2 = ht_arena_take(&arena, tail[25]);
-    d->tp_max = ht_arena_take(&arena, tail[26]);
-    d->tp_picked = ht_arena_take(&arena, tail[27]);
-    d->tp_sums = ht_arena_take(&arena, tail[28]);
-    d->ln_full = ht_arena_take(&arena, tail[29]);
-    d->d_full = ht_arena_take(&arena, tail[30]);
-    d->red = ht_arena_take(&arena, tail[31]);
+    d->tp_picked = ht_arena_take(&arena, tail[26]);
+    d->ln_full = ht_arena_take(&arena, tail[27]);
+    d->d_full = ht_arena_take(&arena, tail[28]);
+    d->red = ht_arena_take(&arena, tail[29]);
     d->lora_h32 = ht_arena_take(&arena, lora_tail[0]);
     d->lora_dh = ht_arena_take(&arena, lora_tail[1]);
     d->lora_x = ht_arena_take(&arena, lora_tail[2]);
@@ -924,14 +939,14 @@ static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max
     const int H = d->H, B = d->B;
     const ht_attention_shape shape = attention_shape(d);
     if (d->cp)
-        ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v,
+        ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, max_logit ? d->head_max_host : NULL, a->q, a->k, a->v,
                                 operand_precision(m, d));
     else
         ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
                                         operand_precision(m, d), d->att_work);
     if (!max_logit) return;
     const float *hm = d->head_max_host;
-    ht_kernels()->download(d->head_max_host, d->head_max, (size_t)B * H * sizeof(float));
+    if (!d->cp) ht_kernels()->download(d->head_max_host, d->head_max, (size_t)B * H * sizeof(float));
     for (int h = 0; h < H; h++)
         for (int b = 0; b < B; b++) max_logit[h] = hm[b * H + h] > max_logit[h] ? hm[b * H + h] : max_logit[h];
 }
@@ -1087,25 +1102,36 @@ static void head_forward(const ht_model *m, decoder *d, const void *lnf, int64_t
  * target logits (from the rank whose slice holds the target, 0 elsewhere)
  * summed over the group. rows get the whole rows' statistics, for
  * backward; returns the sum of the counted rows' losses, *count their count. */
-static double tp_cross_entropy(decoder *d, const int32_t *targets, int64_t n, int64_t *count, ht_softmax_row *rows) {
+static double tp_cross_entropy(decoder *d, const int32_t *targets, int64_t r0, int64_t n, int64_t *count) {
     const ht_tensor_parallel *tp = d->tp;
-    ht_kernels()->softmax_partial(d->logits, targets, n, d->V, d->v0, rows, d->tp_picked);
-    for (int64_t i = 0; i < n; i++) d->tp_max[i] = rows[i].max;
+    const ht_kernel_ops *K = ht_kernels();
+    ht_softmax_row *rows = d->softmax_rows + r0;
+    K->softmax_partial(d->logits, d->targets + r0, n, d->V, d->v0, rows, d->tp_picked);
+    /* The statistics on the host: where they are, or downloaded (and the whole rows' uploaded after). */
+    ht_softmax_row *hr = rows;
+    const float *picked = d->tp_picked;
+    if (!K->host_memory) {
+        K->download(hr = d->tp_rows, rows, (size_t)n * sizeof(ht_softmax_row));
+        K->download(d->tp_picked_host, d->tp_picked, (size_t)n * sizeof(float));
+        picked = d->tp_picked_host;
+    }
+    for (int64_t i = 0; i < n; i++) d->tp_max[i] = hr[i].max;
     tp->max(tp->ctx, d->tp_max, n);
     for (int64_t i = 0; i < n; i++) {
         const double mx = d->tp_max[i];
-        d->tp_sums[i] = rows[i].sum > 0 ? rows[i].sum * exp((double)rows[i].max - mx) : 0.0;
-        d->tp_sums[n + i] = d->tp_picked[i];
+        d->tp_sums[i] = hr[i].sum > 0 ? hr[i].sum * exp((double)hr[i].max - mx) : 0.0;
+        d->tp_sums[n + i] = picked[i];
     }
     tp->sum_f64(tp->ctx, d->tp_sums, 2 * n);
     double total = 0.0;
     int64_t counted = 0;
     for (int64_t i = 0; i < n; i++) {
-        rows[i] = (ht_softmax_row){.sum = d->tp_sums[i], .max = d->tp_max[i]};
-        if (targets[i] < 0) continue;
+        hr[i] = (ht_softmax_row){.sum = d->tp_sums[i], .max = d->tp_max[i]};
+        if (targets[r0 + i] < 0) continue;
         total += log(d->tp_sums[i]) + (double)d->tp_max[i] - d->tp_sums[n + i];
         counted++;
     }
+    if (hr != rows) K->upload(rows, hr, (size_t)n * sizeof(ht_softmax_row));
     *count = counted;
     return total;
 }
@@ -1229,7 +1255,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         if (!targets) continue;
         int64_t count = 0;
         if (d->tp_size > 1) {
-            sum += tp_cross_entropy(d, targets + r0, n, &count, d->softmax_rows + r0);
+            sum += tp_cross_entropy(d, targets, r0, n, &count);
         } else {
             mean = ht_kernels()->cross_entropy_forward(d->logits, d->targets + r0, n, V, &count, d->softmax_rows + r0);
             if (count) sum += mean * (double)count;
@@ -1360,6 +1386,7 @@ static void decoder_free(ht_model *m) {
     if (d) {
         ht_kernels()->free(d->act_block);
         ht_free(d->head_max_host);
+        ht_free(d->tp_host);
         ht_moe_free(d->moe);
         ht_free(d->acts);
         ht_free(d->layers);

@@ -342,8 +342,9 @@ void ht_muon_step(ht_muon *opt, double lr) {
             ht_param *p = s->param;
             float *update = opt->work + j * n + p->row0 * cols;
             if (tp_split(opt, p)) { /* this rank's box of the whole matrix's result */
-                ht_box whole = {{0, 0}, {rows, cols}};
-                ht_box_copy(2, opt->tp_box, HT_DTYPE_F32, &p->box, opt->work + j * n, HT_DTYPE_F32, &whole);
+                const int64_t *at = p->box.offset, *len = p->box.length;
+                ht_kernels()->copy_rows(opt->tp_box, len[1], opt->work + j * n + at[0] * cols + at[1], cols, len[0],
+                                        len[1], false);
                 update = opt->tp_box;
             }
             ht_kernels()->muon_apply(p->main_param, update, ht_param_local_numel(p), decay, (float)(lr * s->scale),

@@ -22,13 +22,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
 #include "hypertrain/model.h"
 
 /* ------------------------------------------------------------------ buffers */
 
 /* Whole weights and gradients come from a pool: a unit's buffer goes back
  * when the unit is released and serves the next unit of a size it fits
- * (the layers share a few buffers between them). */
+ * (the layers share a few buffers between them). A pool holds one
+ * backend's memory: the kernels' for what they read and write, the host's
+ * for the stages that the ranks' gradients land in to be summed. */
 typedef struct pool_buf {
     void *ptr;
     size_t bytes;
@@ -36,6 +39,7 @@ typedef struct pool_buf {
 } pool_buf;
 
 typedef struct pool {
+    const ht_kernel_ops *K; /* whose memory */
     pool_buf *bufs;
     int count, cap;
     size_t held, peak; /* bytes in use now, and at most */
@@ -54,17 +58,17 @@ static void *pool_get(pool *pl, size_t bytes, bool zero) {
             pl->bufs = b;
             pl->cap = cap;
         }
-        void *ptr = ht_alloc(bytes);
+        void *ptr = pl->K->alloc(bytes);
         if (!ptr) return NULL;
         best = pl->count++;
         pl->bufs[best] = (pool_buf){ptr, bytes, false};
-        zero = false; /* ht_alloc zeroes */
+        zero = false; /* the backends' alloc zeroes */
     }
     pool_buf *b = &pl->bufs[best];
     b->used = true;
     pl->held += b->bytes;
     if (pl->held > pl->peak) pl->peak = pl->held;
-    if (zero) memset(b->ptr, 0, bytes);
+    if (zero) pl->K->zero(b->ptr, bytes);
     return b->ptr;
 }
 
@@ -78,9 +82,10 @@ static void pool_put(pool *pl, void *ptr) {
 }
 
 static void pool_free(pool *pl) {
-    for (int i = 0; i < pl->count; i++) ht_free(pl->bufs[i].ptr);
+    for (int i = 0; i < pl->count; i++) pl->K->free(pl->bufs[i].ptr);
     free(pl->bufs);
-    memset(pl, 0, sizeof(*pl));
+    pl->bufs = NULL;
+    pl->count = pl->cap = 0;
 }
 
 /* ------------------------------------------------------------------ units */
@@ -109,8 +114,8 @@ typedef struct unit {
     ht_request *gathering; /* their all-gather, not waited for yet */
     float *grad;           /* the whole gradients while backward runs, or NULL */
     void *sent;            /* a whole gradient being reduced, in reduce_dtype (the previous backward's grad) */
-    void *stage;           /* (world, rows_floats) in reduce_dtype: every rank's gradients of this rank's rows */
-    ht_request *reducing;  /* the reduce-scatter of sent into stage */
+    void *stage; /* (world, rows_floats) in reduce_dtype, host memory: every rank's gradients of this rank's rows */
+    ht_request *reducing; /* the reduce-scatter of sent into stage */
 } unit;
 
 struct ht_fsdp {
@@ -119,9 +124,11 @@ struct ht_fsdp {
     ht_fsdp_options opt;
     unit *units;
     int unit_count;
-    int **uses; /* (module_count) the units each module reads, -1 ended */
-    pool pool;
-    int reducing; /* the unit whose reduce-scatter is in flight (one at a time); -1: none */
+    int **uses;       /* (module_count) the units each module reads, -1 ended */
+    pool pool;        /* the kernels' memory: gathered weights, whole gradients */
+    pool host;        /* the host's: stages and sums, where the kernels' memory is not the host's */
+    pool *stage_pool; /* &host there, else &pool */
+    int reducing;     /* the unit whose reduce-scatter is in flight (one at a time); -1: none */
     ht_fsdp_stats stats;
     /* scratch for building span lists */
     ht_span *spans;
@@ -406,20 +413,36 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
     u->sent = NULL;
     int P = u->comm->size;
     const ht_dtype rd = f->opt.reduce_dtype;
+    const ht_kernel_ops *K = ht_kernels();
+    /* Where main_grad is not the host's, the sums are made on the host, uploaded and added there (the same y += x). */
+    float *sums = NULL, *up = NULL;
+    if (!K->host_memory) {
+        sums = pool_get(&f->host, u->rows_floats * sizeof(float) + 64, false);
+        up = pool_get(&f->pool, u->rows_floats * sizeof(float) + 64, false);
+        if (!sums || !up) fatal(f, "out of memory for the gradient sums", u);
+    }
     for (int i = 0; i < u->count; i++) {
         ht_param *p = u->params[i];
         if (!p->trainable) continue;
         int64_t n = ht_param_local_numel(p);
         const size_t at = u->soff[i], stride = u->rows_floats;
-        float *mg = p->main_grad;
+        float *mg = sums ? sums + at : p->main_grad;
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < n; k++) {
             float sum = received(u->stage, rd, at + (size_t)k);
             for (int r = 1; r < P; r++) sum += received(u->stage, rd, (size_t)r * stride + at + (size_t)k);
-            mg[k] += sum;
+            mg[k] = sums ? sum : mg[k] + sum;
         }
     }
-    pool_put(&f->pool, u->stage);
+    if (sums) {
+        K->upload(up, sums, u->rows_floats * sizeof(float));
+        for (int i = 0; i < u->count; i++)
+            if (u->params[i]->trainable)
+                K->accumulate(u->params[i]->main_grad, up + u->soff[i], ht_param_local_numel(u->params[i]));
+        pool_put(&f->pool, up);
+        pool_put(&f->host, sums);
+    }
+    pool_put(f->stage_pool, u->stage);
     u->stage = NULL;
 }
 
@@ -436,13 +459,13 @@ static void start_reduce(ht_fsdp *f, int ui) {
     const ht_dtype rd = f->opt.reduce_dtype;
     const int64_t es = (int64_t)ht_dtype_size(rd);
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
-    u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * (size_t)es + 64, false);
+    u->stage = pool_get(f->stage_pool, (size_t)P * u->rows_floats * (size_t)es + 64, false);
     if (!u->stage || !reserve_spans(f, P * n + P + 2)) fatal(f, "out of memory for the gradient reduction", u);
     void *grad = u->grad;
     if (rd != HT_DTYPE_F32) {
         grad = pool_get(&f->pool, u->grad_floats * (size_t)es + 64, false);
         if (!grad) fatal(f, "out of memory for the gradient reduction", u);
-        ht_convert(grad, rd, u->grad, HT_DTYPE_F32, u->grad_floats);
+        ht_kernels()->convert(grad, rd, u->grad, HT_DTYPE_F32, u->grad_floats);
         pool_put(&f->pool, u->grad);
     }
     ht_span *send = f->spans, *recv = f->spans + P * n;
@@ -476,7 +499,7 @@ static void start_reduce(ht_fsdp *f, int ui) {
 void ht_fsdp_finish_backward(ht_fsdp *f) {
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
     f->reducing = -1;
-    f->stats.pool_peak_bytes = (double)f->pool.peak;
+    f->stats.pool_peak_bytes = (double)(f->pool.peak + f->host.peak);
 }
 
 void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
@@ -494,10 +517,15 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
     int64_t off[P + 1], bytes[P];
     for (int q = 0; q <= P; q++) off[q] = n * q / P;
     const int64_t mine = off[me + 1] - off[me];
-    void *low = pool_get(&f->pool, (size_t)n * es + 64, false);
-    void *stage = pool_get(&f->pool, (size_t)P * (size_t)mine * es + 64, false);
+    /* On the host: the block itself, or (where the kernels' memory is not the host's) a copy, uploaded after. */
+    const ht_kernel_ops *K = ht_kernels();
+    float *device = block;
+    if (!K->host_memory && (block = pool_get(&f->host, (size_t)n * sizeof(float) + 64, false)))
+        K->download(block, device, (size_t)n * sizeof(float));
+    void *low = pool_get(f->stage_pool, (size_t)n * es + 64, false);
+    void *stage = pool_get(f->stage_pool, (size_t)P * (size_t)mine * es + 64, false);
     ht_span *spans = reserve_spans(f, 2 * P) ? f->spans : NULL;
-    if (!low || !stage || !spans) {
+    if (!block || !low || !stage || !spans) {
         fprintf(stderr, "[hypertrain error rank %d] FSDP: out of memory for the replicas' reduction\n", f->comm->rank);
         ht_comm_abort(c, 1);
         abort();
@@ -523,8 +551,12 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
         sum[k] = v;
     }
     ht_all_gather(c, sum, block, bytes);
-    pool_put(&f->pool, stage);
-    pool_put(&f->pool, low);
+    pool_put(f->stage_pool, stage);
+    pool_put(f->stage_pool, low);
+    if (block != device) {
+        K->upload(device, block, (size_t)n * sizeof(float));
+        pool_put(&f->host, block);
+    }
 }
 
 /* ------------------------------------------------------------------ hooks */
@@ -577,6 +609,9 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     f->comm = comm;
     f->opt = *opt;
     f->reducing = -1;
+    f->pool.K = ht_kernels();
+    f->host.K = ht_kernels_cpu();
+    f->stage_pool = f->pool.K->host_memory ? &f->pool : &f->host;
     f->stats.reduce_dtype = opt->reduce_dtype;
     ht_status s = plan_units(f, err);
     if (s != HT_OK) {
@@ -676,6 +711,7 @@ void ht_fsdp_stats_reset(ht_fsdp *f) {
     memset(&f->stats, 0, sizeof(f->stats));
     f->stats.reduce_dtype = f->opt.reduce_dtype;
     f->pool.peak = f->pool.held;
+    f->host.peak = f->host.held;
 }
 
 void ht_fsdp_free(ht_fsdp *f) {
@@ -698,6 +734,7 @@ void ht_fsdp_free(ht_fsdp *f) {
     free(f->units);
     free(f->spans);
     pool_free(&f->pool);
+    pool_free(&f->host);
     free(f);
 }
 

@@ -1,6 +1,7 @@
 /* Tensor parallelism's collectives: the model's ht_tensor_parallel sums and
  * maxima over its tensor-parallel group, on the ordered all-reduce (every
  * rank sums in rank order, so the group's ranks hold the same bits). */
+#include "hypertrain/kernels.h"
 #include "hypertrain/model.h"
 #include "hypertrain/parallel.h"
 
@@ -128,6 +129,22 @@ ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp,
             ht_all_gather(tp, slice, stage, bytes);
     }
     if (split && receives && stage != global) { /* slices of dim 1 side by side: each into its columns */
+        const ht_kernel_ops *K = ht_kernels();
+        if (K->owns(global)) { /* the kernels' memory (Muon's FP32 matrices): their row copies */
+            if (p->ndim != 2 || dtype != HT_DTYPE_F32 || !K->owns(stage))
+                return ht_fail(err, HT_ERR_INVALID, "cannot gather %s's slices in the %s backend's memory", p->name,
+                               K->name);
+            const int64_t rows = p->global_shape[0], cols = p->global_shape[1];
+            const float *at = stage;
+            for (int r = 0; r < tp->size; r++) {
+                int64_t first, end;
+                ht_param_rows_of(cols, r, tp->size, &first, &end);
+                K->copy_rows((float *)global + first, cols, at, end - first, rows, end - first, false);
+                at += rows * (end - first);
+            }
+            free(owned);
+            return HT_OK;
+        }
         ht_box whole = {{0}, {0}}, part = {{0}, {0}};
         for (int d = 0; d < p->ndim; d++) whole.length[d] = part.length[d] = p->global_shape[d];
         const char *at = stage;

@@ -933,17 +933,19 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
             return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
     }
     ht_kernels_use(K);
-    if (K != ht_kernels_cpu())
-        ht_log_info("Kernels: the %s backend%s", K->name,
-                    K == ht_kernels_fenced() ? " (the CPU's kernels on memory the host cannot touch between them)"
-                                             : "");
-    return HT_OK;
+    if (K != ht_kernels_cpu() && t->comm->rank == 0)
+        ht_log_info("Kernels: the %s backend%s%s", K->name,
+                    K == ht_kernels_fenced() ? " (the CPU's kernels on memory the host cannot touch between them)" : "",
+                    t->comm->size > 1 ? "; the collectives stage its memory through host buffers" : "");
+    /* The collectives read and write host memory: every group the trainer
+     * splits comes from a staged one. */
+    return K->host_memory ? HT_OK : ht_comm_staged(t->world, K, false, &t->comm, err);
 }
 
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
-    t->comm = comm;
+    t->comm = t->world = comm;
     t->shard_comm = t->replica_comm = t->cp_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
     t->tp_comm = t->model_comm = ht_comm_single();
     t->dp_size = t->cp_size = t->tp_size = 1;
@@ -958,8 +960,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     }
     if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
-    if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = use_backend(t, err);
+    if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = build_model(t, err);
     /* The batch against the data and the machine's memory before anything is sized by it. */
     if (s == HT_OK) s = open_data(t, err);
@@ -998,8 +1000,9 @@ void ht_trainer_free(ht_trainer *t) {
     if (t->expert_comm) ht_comm_free(t->expert_comm);
     if (t->replica_comm) ht_comm_free(t->replica_comm);
     if (t->shard_comm) ht_comm_free(t->shard_comm);
-    ht_comm *comm = t->comm;
+    if (t->comm != t->world) ht_comm_free(t->comm);
+    ht_comm *comm = t->world;
     memset(t, 0, sizeof(*t));
-    t->comm = comm;
+    t->comm = t->world = comm;
     ht_kernels_use(NULL); /* everything of kernels.backend's is freed */
 }

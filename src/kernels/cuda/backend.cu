@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The only global state of the backend: made once, as kernels/gemm.c's. */
@@ -83,6 +84,16 @@ static void cuda_free(void *p) {
     if (p) cuda_ok(cudaFree(p), "cudaFree");
 }
 
+/* Device memory: what cudaMalloc gave (host and managed memory the host may touch itself). */
+static bool cuda_owns(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* a pointer CUDA does not know: the host's */
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+
 static void cuda_zero(void *dst, size_t bytes) {
     if (bytes) cuda_ok(cudaMemsetAsync(dst, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync");
 }
@@ -122,6 +133,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->host_memory = false;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
+    t->owns = cuda_owns;
     t->zero = cuda_zero;
     t->upload = cuda_upload;
     t->download = cuda_download;
@@ -179,6 +191,17 @@ static bool init_step(cudaError_t e, const char *what) {
     return false;
 }
 
+/* This process's rank among those a launcher started on this machine
+ * (Open MPI, MPICH, Slurm, torchrun), or -1. */
+static int launcher_local_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v >= '0' && *v <= '9') return atoi(v);
+    }
+    return -1;
+}
+
 static void cuda_init_once(void) {
     cuda_context *c = &g_cuda.ctx;
     int count = 0;
@@ -187,6 +210,10 @@ static void cuda_init_once(void) {
         snprintf(g_cuda.why_not, sizeof(g_cuda.why_not), "cudaGetDeviceCount found no CUDA device");
         return;
     }
+    /* The ranks of one machine spread over its GPUs, one each in turn; a
+     * process no launcher started keeps the current one (CUDA_VISIBLE_DEVICES). */
+    const int local = launcher_local_rank();
+    if (local >= 0 && count > 1 && !init_step(cudaSetDevice(local % count), "cudaSetDevice")) return;
     if (!init_step(cudaGetDevice(&c->device), "cudaGetDevice")) return;
     cudaDeviceProp prop;
     if (!init_step(cudaGetDeviceProperties(&prop, c->device), "cudaGetDeviceProperties")) return;
