@@ -173,11 +173,17 @@ t0=$SECONDS
     timeout 90 cmake -S . -B "$trainer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_CUDA=ON -DHT_MPI=OFF \
         -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a \
         -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" "${cmake_extra[@]}" &&
-        timeout 240 cmake --build "$trainer" -j"$(nproc)" --target hypertrain
+        timeout 240 cmake --build "$trainer" -j"$(nproc)" --target hypertrain test_dist
 } >"$OUT/trainer_build.log" 2>&1
 trainer_rc=$?
 note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)) s (trainer_build.log)"
 [ $trainer_rc -ne 0 ] && tail -20 "$OUT/trainer_build.log" | tee -a "$summary"
+# The NCCL group (kernels/cuda/nccl.cu) on one process: every collective on device memory against the
+# host's (NCCL opened at run time: the toolkit's libnccl, else the one PyTorch's wheels bring).
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib" timeout 60 "$trainer/test_dist" --nccl-rank \
+    >"$OUT/nccl.log" 2>&1
+note "NCCL group of one (test_dist --nccl-rank): rc $? $(tail -1 "$OUT/nccl.log")"
 parity_rc=0
 cat "$repo"/src/*/*.c >/tmp/ht-corpus.txt # the corpus: the engine's own sources, as bytes
 tiny=(--set data.dataset_type=text_bytes --set data.path=/tmp/ht-corpus.txt --set data.seq_len=64

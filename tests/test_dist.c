@@ -2216,21 +2216,24 @@ static void test_fenced_backend_on_several_ranks(void **state) {
     check_fenced_like_cpu(deepseek, "deepseek_v3_ring2", 2, "--set parallel.ring_attention_size=2", false);
 }
 
-/* One rank of test_staged_collectives: every collective of a staged group
- * (ht_comm_staged over the world, and over a split of it) on the fenced
- * backend's memory, whose pages the host cannot touch, against the world's
- * own on host copies of the same values: the same bytes. The exchange mixes
- * spans of both memories. Prints "staged ok" on rank 0. */
-static int staged_rank(void) {
-    ht_comm *world, *staged, *half;
+/* One rank of test_staged_collectives (nccl false) and
+ * test_nccl_collectives: every collective of a staged group on the fenced
+ * backend's memory, whose pages the host cannot touch (or of an NCCL group
+ * over a staged one, on CUDA device memory), and of a split of it, against
+ * the world's own on host copies of the same values: the same bytes. One
+ * exchange mixes spans of both memories, one packs two spans a peer into
+ * one. Prints "staged ok" or "nccl ok" on rank 0. */
+static int collectives_rank(bool nccl) {
+    ht_comm *world, *staged, *group, *half;
     ht_error err;
-    if (ht_comm_init(NULL, NULL, &world, &err) != HT_OK ||
-        ht_comm_staged(world, ht_kernels_fenced(), false, &staged, &err) != HT_OK ||
-        ht_comm_split(staged, world->rank % 2, world->rank, &half, &err) != HT_OK) {
+    const ht_kernel_ops *K = nccl ? ht_kernels_cuda(&err) : ht_kernels_fenced();
+    if (ht_comm_init(NULL, NULL, &world, &err) != HT_OK || !K ||
+        ht_comm_staged(world, K, false, &staged, &err) != HT_OK ||
+        (nccl ? ht_comm_nccl(staged, true, &group, &err) : (group = staged, HT_OK)) != HT_OK ||
+        ht_comm_split(group, world->rank % 2, world->rank, &half, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    const ht_kernel_ops *K = ht_kernels_fenced();
     const int P = world->size, R = world->rank;
     enum { N = 37 }; /* floats per rank: a count that no power of two divides */
     const int64_t all = (int64_t)P * N;
@@ -2250,39 +2253,39 @@ static int staged_rank(void) {
     for (int op = 0; op < 2; op++) {
         FILL(op);
         ht_all_reduce_f32(world, h, all, (ht_reduce_op)op);
-        ht_all_reduce_f32(staged, d, all, (ht_reduce_op)op);
+        ht_all_reduce_f32(group, d, all, (ht_reduce_op)op);
         SAME(all);
         for (int i = 0; i < 3; i++) hd[i] = 1.0 / (R + i + 1);
         K->upload(dd, hd, sizeof(hd));
         ht_all_reduce_f64(world, hd, 3, (ht_reduce_op)op);
-        ht_all_reduce_f64(staged, dd, 3, (ht_reduce_op)op);
+        ht_all_reduce_f64(group, dd, 3, (ht_reduce_op)op);
         K->download(dd_host, dd, sizeof(hd));
         bad += memcmp(dd_host, hd, sizeof(hd)) != 0;
     }
     /* reduce-scatter into another buffer, broadcast from the last rank */
     FILL(2);
     ht_reduce_scatter_f32(world, h, want, counts);
-    ht_reduce_scatter_f32(staged, d, d2, counts);
+    ht_reduce_scatter_f32(group, d, d2, counts);
     K->download(got, d2, N * sizeof(float));
     bad += memcmp(got, want, N * sizeof(float)) != 0;
     FILL(3);
     ht_broadcast(world, h, all * (int64_t)sizeof(float), P - 1);
-    ht_broadcast(staged, d, all * (int64_t)sizeof(float), P - 1);
+    ht_broadcast(group, d, all * (int64_t)sizeof(float), P - 1);
     SAME(all);
     /* all-gather in place (this rank's slice inside recv), gather to rank 0, scatter from it */
     FILL(4);
     ht_all_gather(world, h + R * N, h, bytes);
-    ht_all_gather(staged, d + R * N, d, bytes);
+    ht_all_gather(group, d + R * N, d, bytes);
     SAME(all);
     FILL(5);
     ht_gather(world, h + all - N, want, bytes, 0);
     K->upload(d2, want, (size_t)all * sizeof(float)); /* rank 0's result overwrites it; elsewhere it stays */
-    ht_gather(staged, d + all - N, d2, bytes, 0);
+    ht_gather(group, d + all - N, d2, bytes, 0);
     K->download(got, d2, (size_t)all * sizeof(float));
     bad += memcmp(got, want, (size_t)all * sizeof(float)) != 0;
     FILL(6);
     ht_scatter(world, h, want, bytes, 0);
-    ht_scatter(staged, d, d2, bytes, 0);
+    ht_scatter(group, d, d2, bytes, 0);
     K->download(got, d2, N * sizeof(float));
     bad += memcmp(got, want, N * sizeof(float)) != 0;
     /* an exchange: to rank q, this rank's slice q (fenced) then 3 floats of host memory; from rank q, into slice
@@ -2301,11 +2304,26 @@ static int staged_rank(void) {
     first[P] = 2 * P;
     const ht_spans sh = {send_h, first}, sd = {send_d, first}, rh = {recv_h, first}, rd = {recv_d, first};
     ht_wait(world, ht_start_exchange(world, &sh, &rh), NULL);
-    ht_request *req = ht_start_exchange(staged, &sd, &rd);
-    ht_wait(staged, req, NULL);
+    ht_request *req = ht_start_exchange(group, &sd, &rd);
+    ht_wait(group, req, NULL);
     K->download(got, d2, (size_t)all * sizeof(float));
     bad += memcmp(got, want, (size_t)all * sizeof(float)) != 0;
     bad += memcmp(in_d, in_h, sizeof(in_h)) != 0;
+    /* the device's memory only: to rank q, slice q in two spans (7 floats, then the rest); from it, one span */
+    FILL(9);
+    for (int q = 0; q < P; q++) {
+        send_h[2 * q] = (ht_span){h + q * N, 7 * 4}, send_d[2 * q] = (ht_span){d + q * N, 7 * 4};
+        send_h[2 * q + 1] = (ht_span){h + q * N + 7, (N - 7) * 4},
+                       send_d[2 * q + 1] = (ht_span){d + q * N + 7, (N - 7) * 4};
+        recv_h[q] = (ht_span){want + q * N, N * 4}, recv_d[q] = (ht_span){d2 + q * N, N * 4};
+    }
+    int one[P + 1];
+    for (int q = 0; q <= P; q++) one[q] = q;
+    const ht_spans rh1 = {recv_h, one}, rd1 = {recv_d, one};
+    ht_wait(world, ht_start_exchange(world, &sh, &rh1), NULL);
+    ht_wait(group, ht_start_exchange(group, &sd, &rd1), NULL);
+    K->download(got, d2, (size_t)all * sizeof(float));
+    bad += memcmp(got, want, (size_t)all * sizeof(float)) != 0;
     /* a split of the staged group is staged too: its sum on fenced memory */
     ht_comm *plain_half;
     if (ht_comm_split(world, R % 2, R, &plain_half, &err) != HT_OK) return 1;
@@ -2317,12 +2335,13 @@ static int staged_rank(void) {
 #undef SAME
     double total = bad;
     ht_all_reduce_f64(world, &total, 1, HT_REDUCE_SUM);
-    if (R == 0) printf(total == 0 ? "staged ok on %d ranks\n" : "staged: %d ranks, wrong bytes\n", P);
+    if (R == 0) printf(total == 0 ? "%s ok on %d ranks\n" : "%s: %d ranks, wrong bytes\n", nccl ? "nccl" : "staged", P);
     K->free(d), K->free(d2), K->free(dd);
     free(h), free(got);
     ht_comm_free(plain_half);
     ht_comm_free(half);
-    ht_comm_free(staged);
+    ht_comm_free(group);
+    if (nccl) ht_comm_free(staged);
     ht_comm_free(world);
     return total == 0 ? 0 : 1;
 }
@@ -2645,6 +2664,29 @@ static void test_staged_collectives(void **state) {
     run_rank_mode("staged", "--staged-rank", "staged ok");
 }
 
+/* ht_comm_nccl's collectives on CUDA device memory against the host's: one
+ * process here (NCCL wants a GPU a rank; on a machine with N GPUs,
+ * `mpirun -np N test_dist --nccl-rank` runs the same on N); skipped, and
+ * said, without a CUDA device. */
+static void test_nccl_collectives(void **state) {
+    (void)state;
+    ht_error err;
+    if (!ht_kernels_cuda(&err)) {
+        printf("NCCL collectives: not run (%s)\n", err.msg);
+        return;
+    }
+    const char *dir = scratch_dir("nccl");
+    char exe[1024], cmd[3072], out[1300], *log;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(len > 0);
+    exe[len] = '\0';
+    snprintf(out, sizeof(out), "%s/1.log", dir);
+    snprintf(cmd, sizeof(cmd), "'%s' --nccl-rank > '%s' 2>&1", exe, out);
+    if (run_logged(cmd, out, &log) != 0 || !strstr(log, "nccl ok")) fail_msg("--nccl-rank:\n%s", log);
+    printf("%s", log);
+    free(log);
+}
+
 /* The decoder's tensor-parallel share on 1 to 4 ranks against one process. */
 static void test_tensor_parallel_decoder(void **state) {
     (void)state;
@@ -2661,7 +2703,8 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--reduce-dtype-rank") == 0) return reduce_dtype_rank(argv[2], atoi(argv[3]));
     if (argc == 2 && strcmp(argv[1], "--ring-shift-rank") == 0) return ring_shift_rank();
     if (argc == 2 && strcmp(argv[1], "--all-reduce-rank") == 0) return all_reduce_rank();
-    if (argc == 2 && strcmp(argv[1], "--staged-rank") == 0) return staged_rank();
+    if (argc == 2 && strcmp(argv[1], "--staged-rank") == 0) return collectives_rank(false);
+    if (argc == 2 && strcmp(argv[1], "--nccl-rank") == 0) return collectives_rank(true);
     if (argc == 2 && strcmp(argv[1], "--tensor-parallel-rank") == 0) return tensor_parallel_rank();
     if (argc == 5 && strcmp(argv[1], "--expert-bias-rank") == 0)
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
@@ -2676,6 +2719,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),
         cmocka_unit_test(test_staged_collectives),
+        cmocka_unit_test(test_nccl_collectives),
         cmocka_unit_test(test_tensor_parallel_decoder),
         cmocka_unit_test(test_tensor_parallel_llama_float32),
         cmocka_unit_test(test_tensor_parallel_qwen2_float32),

@@ -95,6 +95,15 @@ ht_status ht_comm_split(ht_comm *c, int color, int key, ht_comm **out, ht_error 
  * owns_inner, freeing it frees inner. */
 struct ht_kernel_ops;
 ht_status ht_comm_staged(ht_comm *inner, const struct ht_kernel_ops *K, bool owns_inner, ht_comm **out, ht_error *err);
+/* A group over `inner` (a staged group: ht_comm_staged with the CUDA
+ * backend) whose collectives of CUDA device memory go over NCCL, GPU to
+ * GPU, in order with the backend's kernels; sums in rank order as the
+ * host's (an exchange of slices, then the backend's additions), so the
+ * same bits. Host memory and mixed buffers go to inner. An error where
+ * this build has no CUDA backend or NCCL cannot be opened (libnccl.so.2)
+ * or joined. Its splits are NCCL groups too. With owns_inner, freeing it
+ * frees inner. */
+ht_status ht_comm_nccl(ht_comm *inner, bool owns_inner, ht_comm **out, ht_error *err);
 /* Leaves the group (MPI_Finalize for the MPI world). */
 void ht_comm_free(ht_comm *c);
 /* A rank that waits in a collective longer than `seconds` (0: forever)

@@ -27,11 +27,9 @@
 
 /* ------------------------------------------------------------------ buffers */
 
-/* Whole weights and gradients come from a pool: a unit's buffer goes back
- * when the unit is released and serves the next unit of a size it fits
- * (the layers share a few buffers between them). A pool holds one
- * backend's memory: the kernels' for what they read and write, the host's
- * for the stages that the ranks' gradients land in to be summed. */
+/* Whole weights and gradients come from a pool of the kernels' memory: a
+ * unit's buffer goes back when the unit is released and serves the next
+ * unit of a size it fits (the layers share a few buffers between them). */
 typedef struct pool_buf {
     void *ptr;
     size_t bytes;
@@ -114,8 +112,8 @@ typedef struct unit {
     ht_request *gathering; /* their all-gather, not waited for yet */
     float *grad;           /* the whole gradients while backward runs, or NULL */
     void *sent;            /* a whole gradient being reduced, in reduce_dtype (the previous backward's grad) */
-    void *stage; /* (world, rows_floats) in reduce_dtype, host memory: every rank's gradients of this rank's rows */
-    ht_request *reducing; /* the reduce-scatter of sent into stage */
+    void *stage;           /* (world, rows_floats) in reduce_dtype: every rank's gradients of this rank's rows */
+    ht_request *reducing;  /* the reduce-scatter of sent into stage */
 } unit;
 
 struct ht_fsdp {
@@ -124,11 +122,9 @@ struct ht_fsdp {
     ht_fsdp_options opt;
     unit *units;
     int unit_count;
-    int **uses;       /* (module_count) the units each module reads, -1 ended */
-    pool pool;        /* the kernels' memory: gathered weights, whole gradients */
-    pool host;        /* the host's: stages and sums, where the kernels' memory is not the host's */
-    pool *stage_pool; /* &host there, else &pool */
-    int reducing;     /* the unit whose reduce-scatter is in flight (one at a time); -1: none */
+    int **uses; /* (module_count) the units each module reads, -1 ended */
+    pool pool;
+    int reducing; /* the unit whose reduce-scatter is in flight (one at a time); -1: none */
     ht_fsdp_stats stats;
     /* scratch for building span lists */
     ht_span *spans;
@@ -403,6 +399,23 @@ static inline float received(const void *v, ht_dtype dtype, size_t i) {
     return dtype == HT_DTYPE_BF16 ? ht_bf16_to_f32(((const uint16_t *)v)[i]) : ht_f16_to_f32(((const uint16_t *)v)[i]);
 }
 
+/* out (n floats) = the sum in rank order, in FP32, of P contributions in
+ * `dtype` at stage + r x stride elements, with the kernels' entries where
+ * their memory is not the host's: each contribution widened (`convert`)
+ * and accumulated in turn, the host loop's additions in its order.
+ * widened: n floats of scratch for 16-bit contributions. */
+static void sum_contributions(float *out, const void *stage, ht_dtype dtype, size_t stride, size_t n, int P,
+                              float *widened) {
+    const ht_kernel_ops *K = ht_kernels();
+    const size_t es = ht_dtype_size(dtype);
+    K->convert(out, HT_DTYPE_F32, stage, dtype, n);
+    for (int r = 1; r < P; r++) {
+        const void *at = (const char *)stage + (size_t)r * stride * es;
+        if (dtype != HT_DTYPE_F32) K->convert(widened, HT_DTYPE_F32, at, dtype, n);
+        K->accumulate(out, dtype == HT_DTYPE_F32 ? at : widened, (int64_t)n);
+    }
+}
+
 /* main_grad rows += the sum over ranks (in rank order, in FP32) of every
  * rank's gradient for them, once the reduce-scatter of u is complete. */
 static void complete_reduce(ht_fsdp *f, unit *u) {
@@ -414,35 +427,32 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
     int P = u->comm->size;
     const ht_dtype rd = f->opt.reduce_dtype;
     const ht_kernel_ops *K = ht_kernels();
-    /* Where main_grad is not the host's, the sums are made on the host, uploaded and added there (the same y += x). */
-    float *sums = NULL, *up = NULL;
-    if (!K->host_memory) {
-        sums = pool_get(&f->host, u->rows_floats * sizeof(float) + 64, false);
-        up = pool_get(&f->pool, u->rows_floats * sizeof(float) + 64, false);
-        if (!sums || !up) fatal(f, "out of memory for the gradient sums", u);
+    if (!K->host_memory) { /* the sums, then main_grad += them, with the kernels (the same y += x) */
+        const size_t bytes = u->rows_floats * sizeof(float) + 64;
+        float *sums = pool_get(&f->pool, bytes, false),
+              *widened = rd == HT_DTYPE_F32 ? NULL : pool_get(&f->pool, bytes, false);
+        if (!sums || (rd != HT_DTYPE_F32 && !widened)) fatal(f, "out of memory for the gradient sums", u);
+        sum_contributions(sums, u->stage, rd, u->rows_floats, u->rows_floats, P, widened);
+        for (int i = 0; i < u->count; i++)
+            if (u->params[i]->trainable)
+                K->accumulate(u->params[i]->main_grad, sums + u->soff[i], ht_param_local_numel(u->params[i]));
+        pool_put(&f->pool, widened);
+        pool_put(&f->pool, sums);
     }
-    for (int i = 0; i < u->count; i++) {
+    for (int i = 0; K->host_memory && i < u->count; i++) {
         ht_param *p = u->params[i];
         if (!p->trainable) continue;
         int64_t n = ht_param_local_numel(p);
         const size_t at = u->soff[i], stride = u->rows_floats;
-        float *mg = sums ? sums + at : p->main_grad;
+        float *mg = p->main_grad;
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < n; k++) {
             float sum = received(u->stage, rd, at + (size_t)k);
             for (int r = 1; r < P; r++) sum += received(u->stage, rd, (size_t)r * stride + at + (size_t)k);
-            mg[k] = sums ? sum : mg[k] + sum;
+            mg[k] += sum;
         }
     }
-    if (sums) {
-        K->upload(up, sums, u->rows_floats * sizeof(float));
-        for (int i = 0; i < u->count; i++)
-            if (u->params[i]->trainable)
-                K->accumulate(u->params[i]->main_grad, up + u->soff[i], ht_param_local_numel(u->params[i]));
-        pool_put(&f->pool, up);
-        pool_put(&f->host, sums);
-    }
-    pool_put(f->stage_pool, u->stage);
+    pool_put(&f->pool, u->stage);
     u->stage = NULL;
 }
 
@@ -459,7 +469,7 @@ static void start_reduce(ht_fsdp *f, int ui) {
     const ht_dtype rd = f->opt.reduce_dtype;
     const int64_t es = (int64_t)ht_dtype_size(rd);
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
-    u->stage = pool_get(f->stage_pool, (size_t)P * u->rows_floats * (size_t)es + 64, false);
+    u->stage = pool_get(&f->pool, (size_t)P * u->rows_floats * (size_t)es + 64, false);
     if (!u->stage || !reserve_spans(f, P * n + P + 2)) fatal(f, "out of memory for the gradient reduction", u);
     void *grad = u->grad;
     if (rd != HT_DTYPE_F32) {
@@ -499,7 +509,7 @@ static void start_reduce(ht_fsdp *f, int ui) {
 void ht_fsdp_finish_backward(ht_fsdp *f) {
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
     f->reducing = -1;
-    f->stats.pool_peak_bytes = (double)(f->pool.peak + f->host.peak);
+    f->stats.pool_peak_bytes = (double)f->pool.peak;
 }
 
 void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
@@ -517,20 +527,17 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
     int64_t off[P + 1], bytes[P];
     for (int q = 0; q <= P; q++) off[q] = n * q / P;
     const int64_t mine = off[me + 1] - off[me];
-    /* On the host: the block itself, or (where the kernels' memory is not the host's) a copy, uploaded after. */
     const ht_kernel_ops *K = ht_kernels();
-    float *device = block;
-    if (!K->host_memory && (block = pool_get(&f->host, (size_t)n * sizeof(float) + 64, false)))
-        K->download(block, device, (size_t)n * sizeof(float));
-    void *low = pool_get(f->stage_pool, (size_t)n * es + 64, false);
-    void *stage = pool_get(f->stage_pool, (size_t)P * (size_t)mine * es + 64, false);
+    void *low = pool_get(&f->pool, (size_t)n * es + 64, false);
+    void *stage = pool_get(&f->pool, (size_t)P * (size_t)mine * es + 64, false);
+    float *widened = K->host_memory ? NULL : pool_get(&f->pool, (size_t)mine * sizeof(float) + 64, false);
     ht_span *spans = reserve_spans(f, 2 * P) ? f->spans : NULL;
-    if (!block || !low || !stage || !spans) {
+    if (!low || !stage || (!K->host_memory && !widened) || !spans) {
         fprintf(stderr, "[hypertrain error rank %d] FSDP: out of memory for the replicas' reduction\n", f->comm->rank);
         ht_comm_abort(c, 1);
         abort();
     }
-    ht_convert(low, rd, block, HT_DTYPE_F32, (size_t)n);
+    K->convert(low, rd, block, HT_DTYPE_F32, (size_t)n);
     int sfirst[P + 1], rfirst[P + 1];
     for (int q = 0; q < P; q++) {
         spans[q] = (ht_span){(char *)low + (size_t)off[q] * es, (off[q + 1] - off[q]) * (int64_t)es};
@@ -544,19 +551,20 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
     ht_spans s = {spans, sfirst}, rv = {spans, rfirst};
     wait_timed(f, c, ht_start_exchange(c, &s, &rv));
     float *sum = block + off[me];
+    if (!K->host_memory) {
+        sum_contributions(sum, stage, rd, (size_t)mine, (size_t)mine, P, widened);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < mine; k++) {
-        float v = received(stage, rd, (size_t)k);
-        for (int q = 1; q < P; q++) v += received(stage, rd, (size_t)q * (size_t)mine + (size_t)k);
-        sum[k] = v;
+        for (int64_t k = 0; k < mine; k++) {
+            float v = received(stage, rd, (size_t)k);
+            for (int q = 1; q < P; q++) v += received(stage, rd, (size_t)q * (size_t)mine + (size_t)k);
+            sum[k] = v;
+        }
     }
     ht_all_gather(c, sum, block, bytes);
-    pool_put(f->stage_pool, stage);
-    pool_put(f->stage_pool, low);
-    if (block != device) {
-        K->upload(device, block, (size_t)n * sizeof(float));
-        pool_put(&f->host, block);
-    }
+    pool_put(&f->pool, widened);
+    pool_put(&f->pool, stage);
+    pool_put(&f->pool, low);
 }
 
 /* ------------------------------------------------------------------ hooks */
@@ -610,8 +618,6 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     f->opt = *opt;
     f->reducing = -1;
     f->pool.K = ht_kernels();
-    f->host.K = ht_kernels_cpu();
-    f->stage_pool = f->pool.K->host_memory ? &f->pool : &f->host;
     f->stats.reduce_dtype = opt->reduce_dtype;
     ht_status s = plan_units(f, err);
     if (s != HT_OK) {
@@ -711,7 +717,6 @@ void ht_fsdp_stats_reset(ht_fsdp *f) {
     memset(&f->stats, 0, sizeof(f->stats));
     f->stats.reduce_dtype = f->opt.reduce_dtype;
     f->pool.peak = f->pool.held;
-    f->host.peak = f->host.held;
 }
 
 void ht_fsdp_free(ht_fsdp *f) {
@@ -734,7 +739,6 @@ void ht_fsdp_free(ht_fsdp *f) {
     free(f->units);
     free(f->spans);
     pool_free(&f->pool);
-    pool_free(&f->host);
     free(f);
 }
 

@@ -933,13 +933,30 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
             return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
     }
     ht_kernels_use(K);
-    if (K != ht_kernels_cpu() && t->comm->rank == 0)
+    if (K->host_memory) return HT_OK;
+    /* MPI's collectives read and write host memory: every group the trainer
+     * splits comes from a staged one, and on CUDA from an NCCL group over
+     * it where NCCL opens (the device's memory GPU to GPU). */
+    ht_comm *staged;
+    ht_status s = ht_comm_staged(t->world, K, false, &staged, err);
+    if (s != HT_OK) return s;
+    t->comm = staged;
+    ht_error why = {0};
+    if (K != ht_kernels_fenced() && t->world->size > 1) {
+        ht_comm *nccl;
+        if (ht_comm_nccl(staged, true, &nccl, &why) == HT_OK) t->comm = nccl;
+    }
+    char how[sizeof(why.msg) + 128] = "";
+    if (t->comm != staged)
+        snprintf(how, sizeof(how), "; the collectives of its memory over NCCL, GPU to GPU");
+    else if (t->world->size > 1)
+        snprintf(how, sizeof(how), "; the collectives stage its memory through host buffers%s%s%s",
+                 why.msg[0] ? " (no NCCL: " : "", why.msg, why.msg[0] ? ")" : "");
+    if (t->comm->rank == 0)
         ht_log_info("Kernels: the %s backend%s%s", K->name,
                     K == ht_kernels_fenced() ? " (the CPU's kernels on memory the host cannot touch between them)" : "",
-                    t->comm->size > 1 ? "; the collectives stage its memory through host buffers" : "");
-    /* The collectives read and write host memory: every group the trainer
-     * splits comes from a staged one. */
-    return K->host_memory ? HT_OK : ht_comm_staged(t->world, K, false, &t->comm, err);
+                    how);
+    return HT_OK;
 }
 
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
