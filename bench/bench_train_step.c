@@ -9,6 +9,9 @@
  *                         [--model 31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense]
  *                         [--batch B] [--seq T]
  *                         [--recompute]: every layer recomputes its activations in backward
+ *                         [--backend cpu|fenced|cuda]: the kernel table it runs on (cuda: the
+ *                         MFU against that GPU's GEMM rate of the dtype measured first, on an
+ *                         8192 x 8192 x 8192 product, and the peak of the backend's memory)
  * --steps 0 builds and initialises the model only and prints how long that took. */
 #include <omp.h>
 #include <stdio.h>
@@ -21,6 +24,35 @@
 #include "hypertrain/model.h"
 #include "hypertrain/optim.h"
 
+/* The backend's GEMM rate in dtype (GFLOP/s): the mean of ten 8192 x 8192 x
+ * 8192 products after three, operands of random values (0 where memory
+ * runs out). */
+static double gemm_rate(const ht_kernel_ops *K, ht_dtype dtype) {
+    const int64_t n = 8192;
+    const size_t es = ht_dtype_size(dtype), elems = (size_t)(n * n);
+    void *a = K->alloc(elems * es), *b = K->alloc(elems * es), *host = malloc(elems * es);
+    float *c = K->alloc(elems * sizeof(float)), *f = malloc(elems * sizeof(float));
+    double rate = 0.0;
+    ht_error err;
+    if (a && b && c && host && f) {
+        ht_rng rng;
+        ht_rng_seed(&rng, 7);
+        for (size_t i = 0; i < elems; i++) f[i] = (float)ht_rng_uniform(&rng) * 2.0f - 1.0f;
+        ht_convert(host, dtype, f, HT_DTYPE_F32, elems);
+        K->upload(a, host, elems * es);
+        K->upload(b, host, elems * es);
+        double t0 = 0;
+        for (int i = 0; i < 13; i++) {
+            if (i == 3 && K->synchronize(&err) == HT_OK) t0 = ht_time_seconds();
+            K->gemm(false, true, n, n, n, 1.0f, a, n, b, n, dtype, 0.0f, c, n);
+        }
+        if (K->synchronize(&err) == HT_OK) rate = 10 * 2.0 * (double)n * n * n / (ht_time_seconds() - t0) / 1e9;
+    }
+    K->free(a), K->free(b), K->free(c);
+    free(host), free(f);
+    return rate;
+}
+
 int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     ht_dtype dtype = HT_DTYPE_F32;
@@ -28,8 +60,21 @@ int main(int argc, char **argv) {
     bool recompute = false;
     int head_chunk_mib = 64; /* the trainer's default (kernels.lm_head_chunk_mib) */
     ht_model_config cfg = bench_model_31m();
+    const ht_kernel_ops *K = ht_kernels_cpu();
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+            ht_error why;
+            const char *b = argv[++i];
+            K = strcmp(b, "cuda") == 0     ? ht_kernels_cuda(&why)
+                : strcmp(b, "fenced") == 0 ? ht_kernels_fenced()
+                : strcmp(b, "cpu") == 0    ? ht_kernels_cpu()
+                                           : NULL;
+            if (!K) {
+                fprintf(stderr, "--backend %s: %s\n", b,
+                        strcmp(b, "cuda") == 0 ? why.msg : "expected cpu, fenced or cuda");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             if (!ht_dtype_from_name(argv[++i], &dtype)) {
                 fprintf(stderr, "unknown dtype %s\n", argv[i]);
                 return 2;
@@ -66,7 +111,7 @@ int main(int argc, char **argv) {
             fprintf(stderr,
                     "usage: %s [--dtype float32|bfloat16] [--steps N] [--model "
                     "31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] "
-                    "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M]\n",
+                    "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M] [--backend cpu|fenced|cuda]\n",
                     argv[0]);
             return 2;
         }
@@ -87,6 +132,7 @@ int main(int argc, char **argv) {
     ht_gemm_use(&choice);
     char choice_line[512];
     ht_gemm_describe(&choice, choice_line, sizeof(choice_line));
+    ht_kernels_use(K);
     ht_model *m;
     double init0 = ht_time_seconds();
     if (ht_model_build(&cfg, HT_DTYPE_F32, 1, &m, &err) != HT_OK) {
@@ -140,15 +186,20 @@ int main(int argc, char **argv) {
         if (s == 2) t0 = ht_time_seconds(), fwd = bwd = upd = 0; /* two warmup steps */
         double a = ht_time_seconds();
         ht_params_zero_grad(&m->params);
-        if (ht_model_forward(m, in, tg, B, T, &loss, &err) != HT_OK) {
+        if (ht_model_forward(m, in, tg, B, T, &loss, &err) != HT_OK || K->synchronize(&err) != HT_OK) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
         }
         double b = ht_time_seconds();
         ht_model_backward(m, 1.0f);
+        (void)K->synchronize(&err); /* each phase's time its own (a device queues its work) */
         double c = ht_time_seconds();
         ht_adamw_step(&opt, 1e-4);
         ht_params_refresh_compute(&m->params);
+        if (K->synchronize(&err) != HT_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
         double d = ht_time_seconds();
         fwd += b - a;
         bwd += c - b;
@@ -162,7 +213,14 @@ int main(int argc, char **argv) {
     size_t moments = 2 * sizeof(float) * (size_t)trained_numel;
     double formula =
         (double)(ps->data_bytes + ps->main_bytes + ps->grad_bytes + ps->compute_bytes + moments + m->activation_bytes);
-    double flops = ht_model_flops_per_token(&cfg, T), rate = dtype == HT_DTYPE_F32    ? choice.f32_rate
+    /* A device's peak before its GEMM rate is measured (on blocks of its own), in this run */
+    const double peak_backend_mib = (double)K->peak_bytes() / (double)(1 << 20);
+    const double device_rate = K->host_memory ? 0.0 : gemm_rate(K, dtype);
+    if (device_rate > 0)
+        snprintf(choice_line, sizeof(choice_line), "%s: %.0f GFLOP/s on 8192 x 8192 x 8192 in %s", K->name, device_rate,
+                 ht_dtype_name(dtype));
+    double flops = ht_model_flops_per_token(&cfg, T), rate = device_rate > 0          ? device_rate
+                                                             : dtype == HT_DTYPE_F32  ? choice.f32_rate
                                                              : dtype == HT_DTYPE_BF16 ? choice.bf16_rate[choice.bf16]
                                                                                       : choice.f16_rate[choice.f16];
     printf("{\"impl\": \"hypertrain\", \"dtype\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.1f, "
@@ -171,14 +229,16 @@ int main(int argc, char **argv) {
            "\"model_gflop_per_token\": %.4f, \"gemm_gflops\": %.1f, \"mfu\": %.3f, \"batch\": %d, \"seq\": %d, "
            "\"recompute\": %s, \"peak_rss_mib\": %.1f, \"formula_mib\": %.1f, \"activations_mib\": %.1f, \"gemm\": "
            "\"%s\", "
-           "\"choice\": \"%s\"}\n",
+           "\"choice\": \"%s\", \"backend\": \"%s\", \"peak_backend_mib\": %.1f}\n",
            ht_dtype_name(dtype), omp_get_max_threads(), B * T / dt, dt * 1e3, fwd / steps * 1e3, bwd / steps * 1e3,
            upd / steps * 1e3, init_s, (long long)ht_params_total_numel(&m->params), (long long)trained_numel, loss,
            flops / 1e9, rate, rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
            ru.ru_maxrss / 1024.0, formula / (1 << 20), m->activation_bytes / (double)(1 << 20),
-           ht_gemm_kernel_name(m->params.items[0].compute_precision), choice_line);
+           K->host_memory ? ht_gemm_kernel_name(m->params.items[0].compute_precision) : K->name, choice_line, K->name,
+           peak_backend_mib);
     ht_adamw_free(&opt);
     ht_model_free(m);
+    ht_kernels_use(NULL);
     free(in);
     free(tg);
     return 0;

@@ -35,6 +35,12 @@ deps_dir=.device-deps
 packages=(libdnnl2 libdnnl-dev ocl-icd-libopencl1 libxxhash0 libxxhash-dev libcmocka0 libcmocka-dev libyaml-0-2 libyaml-dev)
 started=$SECONDS
 log() { printf '[device-check %s +%3ds] %s\n' "$(date +%H:%M:%S)" $((SECONDS - started)) "$*"; }
+# The seconds a step may take: its own limit, or what is left of the run's 510 (under the call's 540)
+budget=510
+within() {
+    local left=$((budget - (SECONDS - started)))
+    [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"
+}
 
 if [ "${1:-}" = "--fetch" ]; then
     set -e
@@ -173,7 +179,7 @@ t0=$SECONDS
     timeout 90 cmake -S . -B "$trainer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_CUDA=ON -DHT_MPI=OFF \
         -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a \
         -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$libdir" "${cmake_extra[@]}" &&
-        timeout 240 cmake --build "$trainer" -j"$(nproc)" --target hypertrain test_dist
+        timeout "$(within 240)" cmake --build "$trainer" -j"$(nproc)" --target hypertrain test_dist bench_train_step
 } >"$OUT/trainer_build.log" 2>&1
 trainer_rc=$?
 note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)) s (trainer_build.log)"
@@ -181,7 +187,7 @@ note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)
 # The NCCL group (kernels/cuda/nccl.cu) on one process: every collective on device memory against the
 # host's (NCCL opened at run time: the toolkit's libnccl, else the one PyTorch's wheels bring).
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib" timeout 60 "$trainer/test_dist" --nccl-rank \
+LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib" timeout "$(within 60)" "$trainer/test_dist" --nccl-rank \
     >"$OUT/nccl.log" 2>&1
 note "NCCL group of one (test_dist --nccl-rank): rc $? $(tail -1 "$OUT/nccl.log")"
 parity_rc=0
@@ -200,13 +206,13 @@ pair() {
     local name=$1 steps=$2 bound=$3
     shift 3
     for b in cpu cuda; do
-        OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "$@" \
+        OMP_NUM_THREADS=$(nproc) timeout "$(within 120)" "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "$@" \
             --set training.steps="$steps" --set kernels.backend=$b --set checkpoint.output_dir="$OUT/parity/$name-$b" \
             >"$OUT/parity/$name-$b.log" 2>&1 || note "parity $name: the $b run failed (rc $?, parity/$name-$b.log)"
     done
     local opt=()
     [ "$bound" != "-" ] && opt=(--bound "$bound")
-    timeout 60 python3 tools/compare_runs.py "$OUT/parity/$name-cuda" "$OUT/parity/$name-cpu" "${opt[@]}" \
+    timeout "$(within 60)" python3 tools/compare_runs.py "$OUT/parity/$name-cuda" "$OUT/parity/$name-cpu" "${opt[@]}" \
         >"$OUT/parity/$name.txt" 2>&1
     local rc=$?
     note "parity $name ($steps steps, bound $bound): rc $rc: $(tail -1 "$OUT/parity/$name.txt")"
@@ -221,15 +227,15 @@ if [ $trainer_rc -eq 0 ]; then
     pair bf16-muon-5 5 - "${bf16[@]}"
     pair qwen2-moe-5 5 - "${f32[@]}" "${moe[@]}"
     # a checkpoint written on the CPU after 3 steps, resumed on the GPU for 2 more, against the CPU's 5
-    OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
+    OMP_NUM_THREADS=$(nproc) timeout "$(within 120)" "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
         --set training.steps=3 --set checkpoint.save_interval=3 --set checkpoint.output_dir="$OUT/parity/resume-cuda" \
         >"$OUT/parity/resume-save.log" 2>&1
-    OMP_NUM_THREADS=$(nproc) timeout 120 "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
+    OMP_NUM_THREADS=$(nproc) timeout "$(within 120)" "$trainer/hypertrain" train "$repo/configs/default.yaml" "${tiny[@]}" "${f32[@]}" \
         --set training.steps=5 --set checkpoint.restore_from=latest --set kernels.backend=cuda \
         --set checkpoint.output_dir="$OUT/parity/resume-cuda" >"$OUT/parity/resume-cuda.log" 2>&1
     resume_rc=$?
     if [ $resume_rc -eq 0 ]; then
-        timeout 60 python3 tools/compare_runs.py "$OUT/parity/resume-cuda" "$OUT/parity/f32-5-cpu" \
+        timeout "$(within 60)" python3 tools/compare_runs.py "$OUT/parity/resume-cuda" "$OUT/parity/f32-5-cpu" \
             >"$OUT/parity/resume.txt" 2>&1
         resume_rc=$?
     else
@@ -245,9 +251,9 @@ rm -rf "$OUT"/parity/*/step_* "$OUT"/parity/*/final/adapter 2>/dev/null # what c
 # ------------------------------------------------------------ benchmarks
 t0=$SECONDS
 if $dry; then
-    OMP_NUM_THREADS=$(nproc) timeout 120 "$build/bench_kernels" --backend cpu --small >"$OUT/bench_kernels.log" 2>&1
+    OMP_NUM_THREADS=$(nproc) timeout "$(within 120)" "$build/bench_kernels" --backend cpu --small >"$OUT/bench_kernels.log" 2>&1
 else
-    timeout 200 "$build/bench_kernels" --backend cuda >"$OUT/bench_kernels.log" 2>&1
+    timeout "$(within 200)" "$build/bench_kernels" --backend cuda >"$OUT/bench_kernels.log" 2>&1
 fi
 note "bench_kernels: rc $? in $((SECONDS - t0)) s"
 tee -a "$summary" <"$OUT/bench_kernels.log"
@@ -256,7 +262,7 @@ tee -a "$summary" <"$OUT/bench_kernels.log"
 # and Qwen2.5-0.5B's LM head at 8192 tokens, the mean of ten after three warm-ups (as the device
 # machine's notes measured 788 TFLOP/s in bf16 on random data).
 t0=$SECONDS
-PYTHONUNBUFFERED=1 timeout 90 python3 - >"$OUT/torch_gemm.log" 2>&1 <<'EOF'
+PYTHONUNBUFFERED=1 timeout "$(within 90)" python3 - >"$OUT/torch_gemm.log" 2>&1 <<'EOF'
 import torch
 if not torch.cuda.is_available():
     print("torch: no CUDA device")
@@ -282,6 +288,27 @@ for (m, n, k) in [(8192, 8192, 8192), (8192, 8192, 2048), (8192, 151936, 896)]:
 EOF
 note "torch matmul: rc $? in $((SECONDS - t0)) s"
 tee -a "$summary" <"$OUT/torch_gemm.log"
+# ------------------------------------------------------------ training steps against PyTorch on the same GPU
+# bench_train_step --backend cuda (hypertrain: bf16 compute over FP32 main params, AdamW) and
+# bench/peers/torch_train_step.py --device cuda (eager, SDPA, bf16 autocast over FP32 weights, AdamW), one
+# after the other: the 31M model at 8 x 256, Qwen2.5-0.5B's and Llama-3.2-1B's shapes at 8 x 1024. Each
+# prints a JSON line: tokens/s; hypertrain's MFU against the bf16 GEMM rate it measures in the same run and
+# its device memory's peak against its formula; PyTorch's max_memory_allocated.
+if [ $trainer_rc -eq 0 ] && ! $dry; then
+    t0=$SECONDS
+    for shape in "31m 8 256" "qwen2.5-0.5b 8 1024" "llama-1b 8 1024"; do
+        read -r model batch seq <<<"$shape"
+        [ $((budget - (SECONDS - started))) -lt 30 ] && note "train steps: out of time before $model" && break
+        OMP_NUM_THREADS=$(nproc) timeout "$(within 100)" "$trainer/bench_train_step" --backend cuda --dtype bfloat16 --steps 5 \
+            --model "$model" --batch "$batch" --seq "$seq" >>"$OUT/train_step.jsonl" 2>>"$OUT/train_step.log" ||
+            note "bench_train_step $model: rc $?"
+        timeout "$(within 100)" python3 bench/peers/torch_train_step.py --device cuda --dtype bfloat16 --steps 5 --warmup 2 \
+            --model "$model" --batch "$batch" --seq "$seq" >>"$OUT/train_step.jsonl" 2>>"$OUT/train_step.log" ||
+            note "torch_train_step $model: rc $?"
+    done
+    note "training steps against PyTorch: $((SECONDS - t0)) s"
+    tee -a "$summary" <"$OUT/train_step.jsonl"
+fi
 note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; trainer build rc $trainer_rc; parity rc $parity_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 [ $test_rc -ne 0 ] && exit $test_rc
 [ $trainer_rc -ne 0 ] && exit $trainer_rc

@@ -947,7 +947,7 @@ static float *normal(size_t n, uint64_t seed, float std) {
     return x;
 }
 
-/* The memory entries: alloc zeroed, upload and download, copy, zero, owns. */
+/* The memory entries: alloc zeroed, upload and download, copy, zero, owns, peak_bytes. */
 static void test_backend_memory(void **state) {
     (void)state;
     enum { N = 4097 };
@@ -972,6 +972,8 @@ static void test_backend_memory(void **state) {
         assert_true(K->owns(d + N - 1) == !K->host_memory);
         assert_false(K->owns(a));
         assert_false(K->owns(back + N / 2));
+        /* peak_bytes: the backend's memory held at most, these two blocks counted (the CPU's: 0, the RSS tells) */
+        assert_true(K->host_memory ? K->peak_bytes() == 0 : K->peak_bytes() >= 2 * (size_t)N);
         backend_ok(K, "memory");
         assert_true(K->host_memory == (K == ht_kernels_cpu()));
         K->free(d), K->free(e);

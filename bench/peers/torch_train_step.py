@@ -26,6 +26,10 @@ DeepSeekMoE with 32 routed experts, top-4 in 2 of 4 groups, a shared expert,
 layer 0 dense); dsv3-dense: every layer dense. Run it with --attn eager.
 --recompute: activation checkpointing of every decoder layer, as
 bench_train_step --recompute.
+--device cuda: on the GPU (as bench_train_step --backend cuda): the weights
+and AdamW's state there, autocast("cuda"), the step timed between
+synchronisations; the JSON line then has torch.cuda.max_memory_allocated.
+--compile: torch.compile(model) (its compilation in the warm-up steps).
 """
 
 import argparse
@@ -106,6 +110,8 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="31m")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--recompute", action="store_true",
                     help="activation checkpointing of every decoder layer (gradient_checkpointing_enable)")
     args = ap.parse_args()
@@ -117,21 +123,29 @@ def main():
     if args.recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
+    dev = torch.device(args.device)
+    model.to(dev)
     nparams = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
 
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (BATCH, SEQ + 1), generator=gen)
+    tokens = tokens.to(dev)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    forward = torch.compile(model) if args.compile else model
 
     def autocast():
         if args.dtype == "bfloat16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(args.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
 
     def step():
         with autocast():
-            logits = model(input_ids=inputs).logits  # (B, T, V)
+            logits = forward(input_ids=inputs).logits  # (B, T, V)
             loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size),
                                    targets.reshape(-1))
         loss.backward()
@@ -142,10 +156,16 @@ def main():
     for _ in range(args.warmup):
         step()
     load_before = os.getloadavg()[0]  # other work on the box slows the figures
+    sync()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
+    sync()
     dt = (time.perf_counter() - t0) / args.steps
+    device = {}
+    if args.device == "cuda":
+        device = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                  "peak_device_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1), "compile": args.compile}
 
     print(json.dumps({
         "impl": "pytorch",
@@ -164,6 +184,8 @@ def main():
         "model": args.model,
         "recompute": args.recompute,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "device": args.device,
+        **device,
     }))
 
 

@@ -162,6 +162,10 @@ typedef struct ht_kernel_ops {
      * (what a collective must stage through host memory). The CPU's answers
      * false for every pointer: its memory is the host's. */
     bool (*owns)(const void *p);
+    /* The most bytes of this backend's memory held at once since the
+     * process started (alloc's, its own scratch aside). The CPU's answers
+     * 0: its memory is the process's, which the peak RSS tells. */
+    size_t (*peak_bytes)(void);
     /* Moving bytes, ggml's buffer interface (memset_tensor, set_tensor,
      * get_tensor, cpy_tensor): zero `bytes` of the backend's memory; upload
      * from host memory into it, download from it into host memory; copy

@@ -32,7 +32,8 @@ static struct {
     pthread_mutex_t lock;
     region *regions;
     int count, capacity;
-    int open; /* entries running */
+    int open;          /* entries running */
+    size_t held, peak; /* bytes mapped now, and at most */
     struct sigaction previous;
 } fence = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -94,6 +95,8 @@ static void *fenced_alloc(size_t bytes) {
         goto out;
     }
     fence.regions[fence.count++] = (region){p, len};
+    fence.held += len;
+    if (fence.held > fence.peak) fence.peak = fence.held;
     /* the handler goes in front of whatever handles SIGSEGV now (installed again if someone replaced it) */
     struct sigaction now;
     if (sigaction(SIGSEGV, NULL, &now) == 0 && !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fault)) {
@@ -112,6 +115,7 @@ static void fenced_free(void *p) {
     for (int i = 0; i < fence.count; i++)
         if (fence.regions[i].base == p) {
             munmap(p, fence.regions[i].bytes);
+            fence.held -= fence.regions[i].bytes;
             fence.regions[i] = fence.regions[--fence.count];
             pthread_mutex_unlock(&fence.lock);
             return;
@@ -119,6 +123,13 @@ static void fenced_free(void *p) {
     pthread_mutex_unlock(&fence.lock);
     fprintf(stderr, "hypertrain: fenced backend: free of %p, which it did not allocate\n", p);
     abort();
+}
+
+static size_t fenced_peak_bytes(void) {
+    pthread_mutex_lock(&fence.lock);
+    size_t peak = fence.peak;
+    pthread_mutex_unlock(&fence.lock);
+    return peak;
 }
 
 static bool fenced_owns(const void *p) {
@@ -292,6 +303,7 @@ static const ht_kernel_ops fenced = {
     .alloc = fenced_alloc,
     .free = fenced_free,
     .owns = fenced_owns,
+    .peak_bytes = fenced_peak_bytes,
     E(zero),
     E(upload),
     E(download),

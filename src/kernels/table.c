@@ -17,6 +17,7 @@ static bool cpu_owns(const void *p) {
     (void)p;
     return false;
 }
+static size_t cpu_peak_bytes(void) { return 0; }
 static ht_status cpu_synchronize(ht_error *err) { return ht_gemm_status(err); }
 
 static const ht_kernel_ops cpu = {
@@ -25,6 +26,7 @@ static const ht_kernel_ops cpu = {
     .alloc = ht_alloc,
     .free = ht_free,
     .owns = cpu_owns,
+    .peak_bytes = cpu_peak_bytes,
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,

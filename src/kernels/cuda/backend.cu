@@ -66,6 +66,52 @@ void *cuda_scratch(size_t bytes) {
 
 /* ---------------------------------------------------------------- memory */
 
+/* What alloc holds, for peak_bytes: each block's size by its address. */
+typedef struct held_block {
+    void *p;
+    size_t bytes;
+} held_block;
+static struct {
+    pthread_mutex_t lock;
+    held_block *blocks;
+    size_t count, capacity, held, peak;
+} g_held = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0, 0};
+
+static bool hold(void *p, size_t bytes) {
+    pthread_mutex_lock(&g_held.lock);
+    bool ok = g_held.count < g_held.capacity;
+    if (!ok) {
+        size_t cap = g_held.capacity ? 2 * g_held.capacity : 256;
+        void *b = realloc(g_held.blocks, cap * sizeof(*g_held.blocks));
+        if ((ok = b != NULL)) g_held.blocks = (held_block *)b, g_held.capacity = cap;
+    }
+    if (ok) {
+        g_held.blocks[g_held.count++] = {p, bytes};
+        g_held.held += bytes;
+        if (g_held.held > g_held.peak) g_held.peak = g_held.held;
+    }
+    pthread_mutex_unlock(&g_held.lock);
+    return ok;
+}
+
+static void release(void *p) {
+    pthread_mutex_lock(&g_held.lock);
+    for (size_t i = 0; i < g_held.count; i++)
+        if (g_held.blocks[i].p == p) {
+            g_held.held -= g_held.blocks[i].bytes;
+            g_held.blocks[i] = g_held.blocks[--g_held.count];
+            break;
+        }
+    pthread_mutex_unlock(&g_held.lock);
+}
+
+static size_t cuda_peak_bytes(void) {
+    pthread_mutex_lock(&g_held.lock);
+    size_t peak = g_held.peak;
+    pthread_mutex_unlock(&g_held.lock);
+    return peak;
+}
+
 static void *cuda_alloc(size_t bytes) {
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
@@ -73,7 +119,7 @@ static void *cuda_alloc(size_t bytes) {
         return NULL;
     }
     /* zeroed, as ht_alloc's; cudaMalloc's blocks are 256-byte aligned */
-    if (!cuda_ok(cudaMemsetAsync(p, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync (alloc)")) {
+    if (!cuda_ok(cudaMemsetAsync(p, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync (alloc)") || !hold(p, bytes)) {
         cudaFree(p);
         return NULL;
     }
@@ -81,7 +127,9 @@ static void *cuda_alloc(size_t bytes) {
 }
 
 static void cuda_free(void *p) {
-    if (p) cuda_ok(cudaFree(p), "cudaFree");
+    if (!p) return;
+    release(p);
+    cuda_ok(cudaFree(p), "cudaFree");
 }
 
 /* Device memory: what cudaMalloc gave (host and managed memory the host may touch itself). */
@@ -134,6 +182,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->alloc = cuda_alloc;
     t->free = cuda_free;
     t->owns = cuda_owns;
+    t->peak_bytes = cuda_peak_bytes;
     t->zero = cuda_zero;
     t->upload = cuda_upload;
     t->download = cuda_download;
