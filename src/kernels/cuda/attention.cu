@@ -10,9 +10,9 @@
  * With 16-bit operands q, k, v and dO are rounded as they are loaded, P
  * before P V and Pᵀ dO, dS before its two products, δ taken from the
  * rounded dO: the CPU's roundings, so the two differ by summation order.
- * This is the first, plain version: FP32 FMA on CUDA cores, no tensor
- * cores, head dims up to ATT_MAX_D; its speed is for a later change to
- * raise, its numbers are what test_kernels checks against the CPU's. */
+ * These are the plain kernels: FP32 FMA on CUDA cores, head dims up to
+ * ATT_MAX_D, for FP32 and the shapes flash.cu's tensor-core kernels do not
+ * take (they are tried first). */
 #include <math.h>
 #include <stdio.h>
 
@@ -292,6 +292,8 @@ void cuda_attention_forward(float *out, float *lse, float *head_max, const float
         att_fill_kernel<<<cuda_blocks(a->B * a->H), CUDA_THREADS, 0, s>>>(head_max, a->B * a->H, -INFINITY);
         cuda_check_launch("attention_forward (head_max)");
     }
+    cuda_flash_call fc = {a, dtype, true, out, lse, head_max, q, k, v, NULL, NULL, NULL, NULL};
+    if (cuda_flash_attention(&fc)) return;
     const size_t bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
     if (!att_shared_bytes((const void *)att_forward_kernel, bytes, "attention_forward")) return;
     dim3 grid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
@@ -304,6 +306,8 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              ht_dtype dtype, float *work) {
     (void)work;
     if (!att_shape_ok(a, "attention_backward")) return;
+    cuda_flash_call fc = {a, dtype, false, (float *)out, (float *)lse, NULL, q, k, v, dout, dq, dk, dv};
+    if (cuda_flash_attention(&fc)) return;
     cudaStream_t s = cuda_ctx()->stream;
     const int64_t Tk = a->Tk > 0 ? a->Tk : a->T;
     const size_t dq_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);

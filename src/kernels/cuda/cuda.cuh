@@ -120,6 +120,18 @@ void cuda_moe_route_backward(float *dp, const float *probs, const int32_t *sel, 
                              const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
 void cuda_moe_scatter_add(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
 
+/* flash.cu: attention with 16-bit operands on tensor cores, where the dtype,
+ * the head dims and the device allow (false: the plain kernels'). The
+ * forward's head_max, when given, is filled with -inf by the caller. */
+typedef struct cuda_flash_call {
+    const ht_attention_shape *shape;
+    ht_dtype dtype;
+    bool forward;
+    float *out, *lse, *head_max; /* forward's outputs; out and lse backward's inputs */
+    const float *q, *k, *v, *dout;
+    float *dq, *dk, *dv;
+} cuda_flash_call;
+bool cuda_flash_attention(const cuda_flash_call *c);
 /* optim.cu */
 void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
                 ht_dtype model_dtype, bool stochastic, uint64_t stream);

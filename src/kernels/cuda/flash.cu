@@ -1,0 +1,465 @@
+/* Causal attention with 16-bit operands on tensor cores: the formulas and
+ * roundings of kernels/attention.c (docs/NUMERICS.md, "Attention") as
+ * FlashAttention-2 tiles them, each product a WMMA 16 x 16 x 16 product of
+ * bf16 or f16 operands into FP32.
+ *
+ * A block is four warps over a tile of 64 query rows (forward, dQ) or 64
+ * key rows (dK, dV), each warp owning 16 of them; the other side comes
+ * through shared memory 64 rows at a time, converted from FP32 and rounded
+ * as it is loaded (the roundings of q, k, v and dO). Forward keeps each
+ * row's online softmax (m, l) in the two lanes that own the row and its
+ * output accumulator in shared memory, rescaled row by row; P is rounded
+ * before P V. Backward recomputes P from lse: dQ by query tiles, dK and dV
+ * by key tiles over the query heads of their group, so that every gradient
+ * element is summed by one warp in a fixed order (no atomics: a run
+ * repeats bit for bit), dS rounded before its two products and δ taken from
+ * the rounded dO. Head dims (Dk, Dv) of (32, 32), (64, 64), (128, 128) and
+ * Multi-Latent Attention's (192, 128) take this path on a GPU of compute
+ * capability 8.0 or more; every other call, and FP32, the plain kernels of
+ * attention.cu. tests/test_flash_emu.cpp runs these kernels on the host
+ * (tests/emu/: threads for lanes, WMMA as whole tiles) against the CPU's. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <mma.h>
+
+#include "kernels/cuda/cuda.cuh"
+
+using namespace nvcuda;
+
+/* Dynamic shared memory, one carve per kernel (fa_*_smem). */
+extern __shared__ __align__(128) unsigned char fa_shared[];
+
+enum {
+    FA_ROWS = 64, /* a block's own rows, 16 a warp */
+    FA_TILE = 64, /* the other side's rows staged at a time */
+    FA_WARPS = 4,
+    FA_THREADS = 32 * FA_WARPS
+};
+
+/* The 16-bit operand type: x rounded as the CPU rounds it (base/dtype.c). */
+template <typename T16> __device__ __forceinline__ T16 fa_round(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 fa_round<__nv_bfloat16>(float x) {
+    __nv_bfloat16_raw r;
+    r.x = dev_f32_to_bf16(x);
+    return __nv_bfloat16(r);
+}
+template <> __device__ __forceinline__ __half fa_round<__half>(float x) {
+    __half_raw r;
+    r.x = dev_f32_to_f16(x);
+    return __half(r);
+}
+
+static_assert(FA_ROWS == FA_TILE, "the staging of either side's rows is one function");
+
+/* Shared memory: a carve of 128-byte-aligned arrays (WMMA wants 32), the
+ * same on the host (base 0: the bytes a launch asks for) as in the kernel. */
+struct fa_carve {
+    uintptr_t base;
+    size_t at;
+    template <typename X> __host__ __device__ X *take(size_t n) {
+        X *p = (X *)(base + at);
+        at += (n * sizeof(X) + 127) / 128 * 128;
+        return p;
+    }
+};
+
+/* The leading dimensions in shared memory: rows padded by 16 bytes (16-bit)
+ * or 16 bytes (FP32) against bank conflicts, multiples WMMA accepts. */
+template <int D> struct fa_ld {
+    static constexpr int h = D + 8; /* 16-bit rows of D */
+    static constexpr int f = D + 4; /* FP32 rows of D */
+};
+
+/* Rows [r0, r0 + FA_TILE) of a head (row stride ld) into s (FA_TILE, D),
+ * rounded to 16 bits; zeros past `rows`. Every thread of the block. */
+template <typename T16, int D> __device__ void fa_stage(T16 *s, const float *x, int64_t ld, int64_t r0, int64_t rows) {
+    for (int e = threadIdx.x; e < FA_TILE * D; e += FA_THREADS) {
+        const int r = e / D, c = e % D;
+        s[r * fa_ld<D>::h + c] = fa_round<T16>(r0 + r < rows ? x[(r0 + r) * ld + c] : 0.0f);
+    }
+}
+
+/* C (16 x 16 n-tiles of this warp's 16 rows) = A (16 x K, row-major at a)
+ * times Bᵀ where B is (N x K) row-major at b: S = Q Kᵀ, dP = dO Vᵀ. The
+ * products go to c (FP32, ldc) and are not accumulated. */
+template <typename T16, int K, int N>
+__device__ void fa_mul_bt(float *c, int ldc, const T16 *a, int lda, const T16 *b, int ldb) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+#pragma unroll
+    for (int n = 0; n < N / 16; n++) {
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < K / 16; kk++) {
+            wmma::load_matrix_sync(fa, a + kk * 16, lda);
+            wmma::load_matrix_sync(fb, b + n * 16 * ldb + kk * 16, ldb);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(c + n * 16, acc, ldc, wmma::mem_row_major);
+    }
+}
+
+/* acc[n] += A (16 x K, row-major at a) times B (K x 16n, row-major at b). */
+template <typename T16, int K, int N>
+__device__ void fa_mul_add(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[N / 16], const T16 *a, int lda,
+                           const T16 *b, int ldb) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T16, wmma::row_major> fb;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        wmma::load_matrix_sync(fa, a + kk * 16, lda);
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            wmma::load_matrix_sync(fb, b + kk * 16 * ldb + n * 16, ldb);
+            wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        }
+    }
+}
+
+/* Stores the warp's accumulators, times k, to rows [0, rows) of a head in
+ * global memory (row stride ld), through its 16 rows of stage (FP32, D + 4). */
+template <int D>
+__device__ void fa_store(float *dst, int64_t ld, int64_t rows,
+                         wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[D / 16], float *stage, float k) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < D / 16; n++) {
+#pragma unroll
+        for (int e = 0; e < acc[n].num_elements; e++) acc[n].x[e] *= k; /* elementwise: the layout does not matter */
+        wmma::store_matrix_sync(stage + n * 16, acc[n], fa_ld<D>::f, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) {
+        const int r = e / D, c = e % D;
+        if (r < rows) dst[r * ld + c] = stage[r * fa_ld<D>::f + c];
+    }
+}
+
+/* How many keys query i sees: keys j with k0 + j <= q0 + i, within [0, Tk]. */
+__device__ __forceinline__ int64_t fa_seen(const ht_attention_shape &a, int64_t Tk, int64_t i) {
+    const int64_t n = a.q0 + i - a.k0 + 1;
+    return n < 0 ? 0 : n > Tk ? Tk : n;
+}
+
+__device__ __forceinline__ void fa_atomic_max(float *addr, float v) {
+    if (v >= 0.0f)
+        atomicMax((int *)addr, __float_as_int(v));
+    else
+        atomicMin((unsigned int *)addr, __float_as_uint(v));
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* The forward's shared memory: Q, a tile of K and V, the warps' logits S,
+ * P, the output accumulators O and the rows' corrections e^(m_old - m). */
+template <typename T16, int DK, int DV> struct fa_forward_smem {
+    T16 *q, *k, *v, *p;
+    float *s, *o, *corr;
+    size_t bytes;
+    __host__ __device__ explicit fa_forward_smem(uintptr_t base) {
+        fa_carve c{base, 0};
+        q = c.take<T16>(FA_ROWS * fa_ld<DK>::h), k = c.take<T16>(FA_TILE * fa_ld<DK>::h);
+        v = c.take<T16>(FA_TILE * fa_ld<DV>::h), p = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h);
+        s = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f), o = c.take<float>(FA_ROWS * fa_ld<DV>::f);
+        corr = c.take<float>(FA_ROWS);
+        bytes = c.at;
+    }
+};
+
+/* grid (query tiles, H, B), FA_THREADS threads. Lanes 2r and 2r + 1 of a warp
+ * own its row r: the keys' halves [0, 32) and [32, 64) of a tile, the output's
+ * halves of Dv. */
+template <typename T16, int DK, int DV>
+__global__ void __launch_bounds__(FA_THREADS)
+    fa_forward_kernel(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+                      const ht_attention_shape a) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
+                  LO = fa_ld<DV>::f;
+    const fa_forward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
+    T16 *sq = sm.q, *sk = sm.k, *sv = sm.v, *sp = sm.p;
+    float *ss = sm.s, *so = sm.o, *corr = sm.corr;
+    const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
+    const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
+    const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
+    const int64_t i = i0 + r;
+    const bool row = i < T;
+    const float *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
+    fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
+    for (int e = threadIdx.x; e < FA_ROWS * LO; e += FA_THREADS) so[e] = 0.0f;
+    const int64_t last = (i0 + FA_ROWS < T ? i0 + FA_ROWS : T) - 1, keys = fa_seen(a, Tk, last);
+    const int64_t seen = row ? fa_seen(a, Tk, i) : 0;
+    const int64_t span = head_max ? Tk : keys; /* QK-clip's max counts the keys above the diagonal too */
+    float m = -INFINITY, l = 0.0f, hmax = -INFINITY;
+    for (int64_t j0 = 0; j0 < span; j0 += FA_TILE) {
+        __syncthreads(); /* the last tile's K, V and P are read */
+        fa_stage<T16, DK>(sk, kh, ks, j0, Tk);
+        fa_stage<T16, DV>(sv, vh, vs, j0, Tk);
+        __syncthreads();
+        fa_mul_bt<T16, DK, FA_TILE>(ss + warp * 16 * LS, LS, sq + warp * 16 * LQ, LQ, sk, LQ);
+        __syncwarp();
+        /* this lane's 32 logits of row r */
+        float s[32], mx = -INFINITY;
+        const int c0 = half * 32;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const int64_t j = j0 + c0 + c;
+            s[c] = a.scale * ss[r * LS + c0 + c];
+            if (row && j < Tk) hmax = fmaxf(hmax, s[c]);
+            if (j < seen) mx = fmaxf(mx, s[c]);
+        }
+        if (j0 >= keys) continue; /* only the max of these (the same for the whole block) */
+        mx = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const float p = j0 + c0 + c < seen ? dev_exp_nonpositive(s[c] - mx) : 0.0f;
+            sum += p;
+            sp[r * LP + c0 + c] = fa_round<T16>(p);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        const float f = m == -INFINITY ? 0.0f : dev_exp_nonpositive(m - mx);
+        l = l * f + sum;
+        m = mx;
+        if (half == 0) corr[r] = f;
+        __syncwarp();
+        for (int e = lane; e < 16 * DV; e += 32) so[(warp * 16 + e / DV) * LO + e % DV] *= corr[warp * 16 + e / DV];
+        __syncwarp();
+        /* O += P V, the accumulator through shared memory (its rows were rescaled there) */
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DV / 16];
+#pragma unroll
+        for (int n = 0; n < DV / 16; n++)
+            wmma::load_matrix_sync(acc[n], so + warp * 16 * LO + n * 16, LO, wmma::mem_row_major);
+        fa_mul_add<T16, FA_TILE, DV>(acc, sp + warp * 16 * LP, LP, sv, LV);
+#pragma unroll
+        for (int n = 0; n < DV / 16; n++)
+            wmma::store_matrix_sync(so + warp * 16 * LO + n * 16, acc[n], LO, wmma::mem_row_major);
+        __syncwarp();
+    }
+    if (head_max) {
+        for (int o = 16; o > 0; o >>= 1) hmax = fmaxf(hmax, __shfl_xor_sync(0xffffffffu, hmax, o));
+        if (lane == 0) fa_atomic_max(head_max + b * a.H + h, hmax);
+    }
+    __syncwarp();
+    if (!row) return;
+    float *o = out + b * T * os + i * os + h * DV;
+    const int d0 = half * (DV / 2);
+    if (!(l > 0.0f)) { /* no key of this block is seen: nothing, merged as nothing */
+        for (int d = d0; d < d0 + DV / 2; d++) o[d] = 0.0f;
+        if (half == 0) lse[(b * a.H + h) * T + i] = -INFINITY;
+        return;
+    }
+    const float inv = 1.0f / l;
+    for (int d = d0; d < d0 + DV / 2; d++) o[d] = so[r * LO + d] * inv;
+    if (half == 0) lse[(b * a.H + h) * T + i] = m + logf(l);
+#endif
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* δ and lse of rows [i0, i0 + FA_ROWS) of one head into sd, sl (0 past T):
+ * δ_i = O_i · dO_i from the rounded dO (staged in sg). Every thread. */
+template <typename T16, int DV>
+__device__ void fa_stage_delta(float *sd, float *sl, const T16 *sg, const float *oh, const float *lh, int64_t os,
+                               int64_t i0, int64_t T) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < FA_ROWS; r += FA_WARPS) {
+        float dot = 0.0f;
+        if (i0 + r < T)
+            for (int d = lane; d < DV; d += 32) dot = fmaf(oh[(i0 + r) * os + d], (float)sg[r * fa_ld<DV>::h + d], dot);
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (lane == 0) sd[r] = dot, sl[r] = i0 + r < T ? lh[i0 + r] : 0.0f;
+    }
+}
+
+/* The backward's shared memory. dQ: its Q and dO rows (a, g), a tile of K
+ * and V (b, w), S and dP, dS, the staging of dQ, δ and lse. dK, dV: its K
+ * and V rows (a, g), a tile of Q and dO (b, w), Sᵀ and dPᵀ, Pᵀ (p) and
+ * dSᵀ, the staging of dK and dV, the tile's δ and lse. */
+template <typename T16, int DK, int DV> struct fa_backward_smem {
+    T16 *a, *b, *g, *w, *p, *ds;
+    float *s, *dp, *stage, *delta, *lse;
+    size_t bytes;
+    __host__ __device__ explicit fa_backward_smem(uintptr_t base) {
+        fa_carve c{base, 0};
+        a = c.take<T16>(FA_ROWS * fa_ld<DK>::h), b = c.take<T16>(FA_TILE * fa_ld<DK>::h);
+        g = c.take<T16>(FA_ROWS * fa_ld<DV>::h), w = c.take<T16>(FA_TILE * fa_ld<DV>::h);
+        s = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f), dp = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f);
+        p = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h), ds = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h);
+        stage = c.take<float>(FA_ROWS * fa_ld<DK>::f), delta = c.take<float>(FA_TILE), lse = c.take<float>(FA_TILE);
+        bytes = c.at;
+    }
+};
+
+/* dQ: grid (query tiles, H, B), FA_THREADS threads; a warp's 16 rows of dQ
+ * in its accumulators across the key tiles. */
+template <typename T16, int DK, int DV>
+__global__ void __launch_bounds__(FA_THREADS)
+    fa_dq_kernel(float *dq, const float *dout, const float *out, const float *lse, const float *q, const float *k,
+                 const float *v, const ht_attention_shape a) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
+                  LG = fa_ld<DK>::f;
+    const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
+    T16 *sq = sm.a, *sk = sm.b, *sg = sm.g, *sv = sm.w, *sds = sm.ds;
+    float *ss = sm.s, *sdp = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
+    const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
+    const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
+    const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
+    const int64_t i = i0 + r, seen = i < T ? fa_seen(a, Tk, i) : 0;
+    const float *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
+    fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
+    fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
+    __syncthreads();
+    fa_stage_delta<T16, DV>(sd, sl, sg, out + b * T * os + h * DV, lse + (b * a.H + h) * T, os, i0, T);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DK / 16];
+#pragma unroll
+    for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+    const int64_t last = (i0 + FA_ROWS < T ? i0 + FA_ROWS : T) - 1, keys = fa_seen(a, Tk, last);
+    for (int64_t j0 = 0; j0 < keys; j0 += FA_TILE) {
+        __syncthreads();
+        fa_stage<T16, DK>(sk, kh, ks, j0, Tk);
+        fa_stage<T16, DV>(sv, vh, vs, j0, Tk);
+        __syncthreads();
+        fa_mul_bt<T16, DK, FA_TILE>(ss + warp * 16 * LS, LS, sq + warp * 16 * LQ, LQ, sk, LQ);
+        fa_mul_bt<T16, DV, FA_TILE>(sdp + warp * 16 * LS, LS, sg + warp * 16 * LV, LV, sv, LV);
+        __syncwarp();
+        const int c0 = half * 32;
+        const float li = sl[r], delta = sd[r];
+#pragma unroll 8
+        for (int c = c0; c < c0 + 32; c++) {
+            const bool valid = j0 + c < seen;
+            const float p = valid ? dev_exp_nonpositive(a.scale * ss[r * LS + c] - li) : 0.0f;
+            sds[r * LP + c] = fa_round<T16>(valid ? p * (sdp[r * LS + c] - delta) : 0.0f);
+        }
+        __syncwarp();
+        fa_mul_add<T16, FA_TILE, DK>(acc, sds + warp * 16 * LP, LP, sk, LQ);
+    }
+    const int64_t rows = T - (i0 + warp * 16);
+    fa_store<DK>(dq + b * T * qs + (i0 + warp * 16) * qs + h * DK, qs, rows, acc, stage + warp * 16 * LG, a.scale);
+#endif
+}
+
+/* dK, dV: grid (key tiles, KV, B), FA_THREADS threads; a warp's 16 key rows
+ * of dK and dV in its accumulators across the group's heads and the query
+ * tiles, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ computed key rows first. */
+template <typename T16, int DK, int DV>
+__global__ void __launch_bounds__(FA_THREADS)
+    fa_dkv_kernel(float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
+                  const float *k, const float *v, const ht_attention_shape a) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
+                  LG = fa_ld<DK>::f;
+    const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
+    T16 *sk = sm.a, *sq = sm.b, *sv = sm.g, *sg = sm.w, *spt = sm.p, *sdst = sm.ds;
+    float *sst = sm.s, *sdpt = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
+    const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, g = blockIdx.y, group = a.H / a.KV;
+    const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
+    const int64_t j0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, c = warp * 16 + lane / 2;
+    const int64_t j = j0 + c; /* this lane pair's key */
+    fa_stage<T16, DK>(sk, k + b * Tk * ks + g * DK, ks, j0, Tk);
+    fa_stage<T16, DV>(sv, v + b * Tk * vs + g * DV, vs, j0, Tk);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> ak[DK / 16], av[DV / 16];
+#pragma unroll
+    for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(ak[n], 0.0f);
+#pragma unroll
+    for (int n = 0; n < DV / 16; n++) wmma::fill_fragment(av[n], 0.0f);
+    for (int64_t h = g * group; h < (g + 1) * group; h++) {
+        for (int64_t i0 = 0; i0 < T; i0 += FA_TILE) {
+            const int64_t last = (i0 + FA_TILE < T ? i0 + FA_TILE : T) - 1;
+            if (a.k0 + j0 > a.q0 + last) continue; /* no query of the tile sees a key of the block */
+            __syncthreads();
+            fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
+            fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
+            __syncthreads();
+            fa_stage_delta<T16, DV>(sd, sl, sg, out + b * T * os + h * DV, lse + (b * a.H + h) * T, os, i0, T);
+            fa_mul_bt<T16, DK, FA_TILE>(sst + warp * 16 * LS, LS, sk + warp * 16 * LQ, LQ, sq, LQ);
+            fa_mul_bt<T16, DV, FA_TILE>(sdpt + warp * 16 * LS, LS, sv + warp * 16 * LV, LV, sg, LV);
+            __syncthreads(); /* δ and lse of every query row */
+            const int r0 = half * 32;
+#pragma unroll 8
+            for (int r = r0; r < r0 + 32; r++) {
+                const bool valid = j < Tk && i0 + r < T && a.k0 + j <= a.q0 + i0 + r;
+                const float p = valid ? dev_exp_nonpositive(a.scale * sst[c * LS + r] - sl[r]) : 0.0f;
+                spt[c * LP + r] = fa_round<T16>(p);
+                sdst[c * LP + r] = fa_round<T16>(valid ? p * (sdpt[c * LS + r] - sd[r]) : 0.0f);
+            }
+            __syncwarp();
+            fa_mul_add<T16, FA_TILE, DV>(av, spt + warp * 16 * LP, LP, sg, LV);
+            fa_mul_add<T16, FA_TILE, DK>(ak, sdst + warp * 16 * LP, LP, sq, LQ);
+        }
+    }
+    const int64_t rows = Tk - (j0 + warp * 16);
+    fa_store<DK>(dk + b * Tk * ks + (j0 + warp * 16) * ks + g * DK, ks, rows, ak, stage + warp * 16 * LG, a.scale);
+    __syncwarp();
+    fa_store<DV>(dv + b * Tk * vs + (j0 + warp * 16) * vs + g * DV, vs, rows, av, stage + warp * 16 * LG, 1.0f);
+#endif
+}
+
+/* ---------------------------------------------------------------- dispatch */
+#ifndef HT_CUDA_EMU /* tests/test_flash_emu.cpp runs the kernels above on the host */
+
+/* Whether the device has tensor cores for bf16 and f16 (compute capability 8.0+). */
+static bool fa_device_ok(void) {
+    static int major = -1;
+    if (major < 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            major = 0;
+    }
+    return major >= 8;
+}
+
+template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_call &c) {
+    const ht_attention_shape &a = *c.shape;
+    cudaStream_t s = cuda_ctx()->stream;
+    const int64_t Tk = a.Tk > 0 ? a.Tk : a.T;
+    const dim3 qgrid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
+    if (c.forward) {
+        const size_t bytes = fa_forward_smem<T16, DK, DV>(0).bytes;
+        if (!cuda_ok(cudaFuncSetAttribute((const void *)fa_forward_kernel<T16, DK, DV>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                     "attention_forward (shared memory)"))
+            return true;
+        fa_forward_kernel<T16, DK, DV><<<qgrid, FA_THREADS, bytes, s>>>(c.out, c.lse, c.head_max, c.q, c.k, c.v, a);
+        cuda_check_launch("attention_forward (tensor cores)");
+        return true;
+    }
+    const size_t qbytes = fa_backward_smem<T16, DK, DV>(0).bytes, kbytes = qbytes;
+    if (!cuda_ok(cudaFuncSetAttribute((const void *)fa_dq_kernel<T16, DK, DV>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qbytes),
+                 "attention_backward (shared memory)") ||
+        !cuda_ok(cudaFuncSetAttribute((const void *)fa_dkv_kernel<T16, DK, DV>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kbytes),
+                 "attention_backward (shared memory)"))
+        return true;
+    fa_dq_kernel<T16, DK, DV><<<qgrid, FA_THREADS, qbytes, s>>>(c.dq, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    cuda_check_launch("attention_backward (dq, tensor cores)");
+    const dim3 kgrid((unsigned)((Tk + FA_ROWS - 1) / FA_ROWS), (unsigned)a.KV, (unsigned)a.B);
+    fa_dkv_kernel<T16, DK, DV><<<kgrid, FA_THREADS, kbytes, s>>>(c.dk, c.dv, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    cuda_check_launch("attention_backward (dk, dv, tensor cores)");
+    return true;
+}
+
+template <typename T16> static bool fa_dims(const cuda_flash_call &c) {
+    const int64_t Dk = c.shape->Dk, Dv = c.shape->Dv;
+    if (Dk == 64 && Dv == 64) return fa_launch<T16, 64, 64>(c);
+    if (Dk == 128 && Dv == 128) return fa_launch<T16, 128, 128>(c);
+    if (Dk == 192 && Dv == 128) return fa_launch<T16, 192, 128>(c);
+    if (Dk == 32 && Dv == 32) return fa_launch<T16, 32, 32>(c);
+    return false;
+}
+
+bool cuda_flash_attention(const cuda_flash_call *c) {
+    if (!fa_device_ok() || c->shape->H % c->shape->KV != 0) return false;
+    if (c->dtype == HT_DTYPE_BF16) return fa_dims<__nv_bfloat16>(*c);
+    if (c->dtype == HT_DTYPE_F16) return fa_dims<__half>(*c);
+    return false;
+}
+#endif
