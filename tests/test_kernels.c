@@ -1475,7 +1475,8 @@ static double check_backend_attention(backend K, ht_attention_shape a, ht_dtype 
 
 /* Attention on every backend: grouped-query heads, head dims 64 and 128,
  * Multi-Latent Attention's Dk 192 / Dv 128 with its own scale, odd sizes,
- * blocks of keys at other positions (rows that see none: lse -inf), each
+ * three query tiles of 64 with a ragged last, blocks of keys at other
+ * positions (rows that see none: lse -inf; keys past every query's), each
  * dtype; and attention_merge of two blocks' partial results. */
 static void test_backend_attention(void **state) {
     (void)state;
@@ -1486,6 +1487,8 @@ static void test_backend_attention(void **state) {
         {.B = 1, .T = 45, .H = 2, .KV = 1, .Dk = 192, .Dv = 128, .scale = 0.1f},
         {.B = 2, .T = 64, .H = 2, .KV = 2, .Dk = 32, .Dv = 32, .scale = 0.17f, .Tk = 96, .q0 = 64, .k0 = 32},
         {.B = 1, .T = 64, .H = 2, .KV = 1, .Dk = 32, .Dv = 32, .scale = 0.17f, .Tk = 64, .q0 = 0, .k0 = 40},
+        {.B = 1, .T = 130, .H = 2, .KV = 2, .Dk = 64, .Dv = 64, .scale = 0.125f},
+        {.B = 1, .T = 70, .H = 3, .KV = 1, .Dk = 32, .Dv = 32, .scale = 0.17f, .Tk = 150, .q0 = 200, .k0 = 10},
     };
     const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
     for (int b = 0; b < nbackends; b++) {

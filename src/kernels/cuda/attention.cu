@@ -74,7 +74,7 @@ __global__ void att_fill_kernel(float *x, int64_t n, float value) { CUDA_FOR(i, 
 /* grid (query blocks, H, B), ATT_ROWS threads; shared: K and V tiles. */
 __global__ void att_forward_kernel(float *out, float *lse, float *head_max, const float *q, const float *k,
                                    const float *v, const ht_attention_shape a, ht_dtype dtype) {
-    extern __shared__ float att_shared[];
+    CUDA_DYNAMIC_SHARED(float, att_shared);
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, Dk = a.Dk, D = a.Dv, b = blockIdx.z, h = blockIdx.y;
     const int64_t g = h / (a.H / a.KV), qs = a.H * Dk, ks = a.KV * Dk, vs = a.KV * D, os = a.H * D;
     const int64_t i0 = (int64_t)blockIdx.x * ATT_ROWS, i = i0 + threadIdx.x;
@@ -88,7 +88,7 @@ __global__ void att_forward_kernel(float *out, float *lse, float *head_max, cons
     const int64_t span = head_max ? Tk : keys; /* QK-clip's max counts the keys above the diagonal too */
     float m = -INFINITY, l = 0.0f, hmax = -INFINITY;
     for (int64_t j0 = 0; j0 < span; j0 += ATT_TILE) {
-        const int64_t bk = j0 + ATT_TILE < span ? ATT_TILE : span - j0;
+        const int64_t bk = j0 + ATT_TILE < span ? (int64_t)ATT_TILE : span - j0;
         att_stage_kv(sk, sv, kh, vh, a, Tk, j0, bk, dtype);
         if (!row) continue;
         float s[ATT_TILE];
@@ -149,7 +149,7 @@ __device__ __forceinline__ float att_delta(const float *dout_row, const float *o
 /* dQ: grid (query blocks, H, B), a thread per query row; shared: K and V tiles. */
 __global__ void att_dq_kernel(float *dq, const float *dout, const float *out, const float *lse, const float *q,
                               const float *k, const float *v, const ht_attention_shape a, ht_dtype dtype) {
-    extern __shared__ float att_shared[];
+    CUDA_DYNAMIC_SHARED(float, att_shared);
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, Dk = a.Dk, D = a.Dv, b = blockIdx.z, h = blockIdx.y;
     const int64_t g = h / (a.H / a.KV), qs = a.H * Dk, ks = a.KV * Dk, vs = a.KV * D, os = a.H * D;
     const int64_t i0 = (int64_t)blockIdx.x * ATT_ROWS, i = i0 + threadIdx.x;
@@ -167,7 +167,7 @@ __global__ void att_dq_kernel(float *dq, const float *dout, const float *out, co
     }
     const int64_t keys = att_block_keys(a, Tk, i0), seen = row ? att_seen(a, Tk, i) : 0;
     for (int64_t j0 = 0; j0 < keys; j0 += ATT_TILE) {
-        const int64_t bk = j0 + ATT_TILE < keys ? ATT_TILE : keys - j0;
+        const int64_t bk = j0 + ATT_TILE < keys ? (int64_t)ATT_TILE : keys - j0;
         att_stage_kv(sk, sv, kh, vh, a, Tk, j0, bk, dtype);
         if (!row) continue;
         const int64_t valid = seen - j0 < bk ? seen - j0 : bk;
@@ -193,7 +193,7 @@ __global__ void att_dq_kernel(float *dq, const float *dout, const float *out, co
 __global__ void att_dkv_kernel(float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, const ht_attention_shape a,
                                ht_dtype dtype) {
-    extern __shared__ float att_shared[];
+    CUDA_DYNAMIC_SHARED(float, att_shared);
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, Dk = a.Dk, D = a.Dv, b = blockIdx.z, g = blockIdx.y;
     const int64_t group = a.H / a.KV, qs = a.H * Dk, ks = a.KV * Dk, vs = a.KV * D, os = a.H * D;
     const int64_t j = (int64_t)blockIdx.x * ATT_ROWS + threadIdx.x;
@@ -209,7 +209,7 @@ __global__ void att_dkv_kernel(float *dk, float *dv, const float *dout, const fl
         const float *qh = q + b * T * qs + h * Dk, *gh = dout + b * T * os + h * D, *oh = out + b * T * os + h * D;
         const float *lh = lse + (b * a.H + h) * T;
         for (int64_t i0 = 0; i0 < T; i0 += ATT_TILE) {
-            const int64_t bq = i0 + ATT_TILE < T ? ATT_TILE : T - i0;
+            const int64_t bq = i0 + ATT_TILE < T ? (int64_t)ATT_TILE : T - i0;
             __syncthreads();
             att_stage(sq, qh, qs, i0, bq, T, Dk, dtype);
             att_stage(sg, gh, os, i0, bq, T, D, dtype);
@@ -287,9 +287,8 @@ void cuda_attention_forward(float *out, float *lse, float *head_max, const float
                             const ht_attention_shape *a, ht_dtype dtype, float *work) {
     (void)work;
     if (!att_shape_ok(a, "attention_forward")) return;
-    cudaStream_t s = cuda_ctx()->stream;
     if (head_max) {
-        att_fill_kernel<<<cuda_blocks(a->B * a->H), CUDA_THREADS, 0, s>>>(head_max, a->B * a->H, -INFINITY);
+        CUDA_LAUNCH(att_fill_kernel, cuda_blocks(a->B * a->H), CUDA_THREADS, 0, head_max, a->B * a->H, -INFINITY);
         cuda_check_launch("attention_forward (head_max)");
     }
     cuda_flash_call fc = {a, dtype, true, out, lse, head_max, q, k, v, NULL, NULL, NULL, NULL};
@@ -297,7 +296,7 @@ void cuda_attention_forward(float *out, float *lse, float *head_max, const float
     const size_t bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
     if (!att_shared_bytes((const void *)att_forward_kernel, bytes, "attention_forward")) return;
     dim3 grid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
-    att_forward_kernel<<<grid, ATT_ROWS, bytes, s>>>(out, lse, head_max, q, k, v, *a, dtype);
+    CUDA_LAUNCH(att_forward_kernel, grid, ATT_ROWS, bytes, out, lse, head_max, q, k, v, *a, dtype);
     cuda_check_launch("attention_forward");
 }
 
@@ -308,7 +307,6 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     if (!att_shape_ok(a, "attention_backward")) return;
     cuda_flash_call fc = {a, dtype, false, (float *)out, (float *)lse, NULL, q, k, v, dout, dq, dk, dv};
     if (cuda_flash_attention(&fc)) return;
-    cudaStream_t s = cuda_ctx()->stream;
     const int64_t Tk = a->Tk > 0 ? a->Tk : a->T;
     const size_t dq_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
     const size_t dkv_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv + 2) * sizeof(float);
@@ -316,10 +314,10 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
         !att_shared_bytes((const void *)att_dkv_kernel, dkv_bytes, "attention_backward"))
         return;
     dim3 qgrid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
-    att_dq_kernel<<<qgrid, ATT_ROWS, dq_bytes, s>>>(dq, dout, out, lse, q, k, v, *a, dtype);
+    CUDA_LAUNCH(att_dq_kernel, qgrid, ATT_ROWS, dq_bytes, dq, dout, out, lse, q, k, v, *a, dtype);
     cuda_check_launch("attention_backward (dq)");
     dim3 kgrid((unsigned)((Tk + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->KV, (unsigned)a->B);
-    att_dkv_kernel<<<kgrid, ATT_ROWS, dkv_bytes, s>>>(dk, dv, dout, out, lse, q, k, v, *a, dtype);
+    CUDA_LAUNCH(att_dkv_kernel, kgrid, ATT_ROWS, dkv_bytes, dk, dv, dout, out, lse, q, k, v, *a, dtype);
     cuda_check_launch("attention_backward (dk, dv)");
 }
 

@@ -145,10 +145,25 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
 /* ---------------------------------------------------------------- device helpers */
 
 #ifdef __CUDACC__
-/* kernel<<<grid, block>>>(...) on the backend's stream, its launch error recorded under `what`. */
+/* kernel<<<grid, block, shared>>>(...) on the backend's stream, and a
+ * kernel's dynamic shared memory; on the host (tests/emu/cuda_emu.h, where
+ * HT_CUDA_EMU is defined) a launch runs the kernel's blocks there. A
+ * template kernel goes through a pointer (its commas would split the
+ * macro's arguments). */
+#ifdef HT_CUDA_EMU
+#define CUDA_LAUNCH(kernel, grid, block, shared, ...)                                                                  \
+    emu::launch(dim3(grid), dim3(block), (shared), [&] { kernel(__VA_ARGS__); })
+#define CUDA_DYNAMIC_SHARED(type, name) type *name = (type *)emu::dynamic_shared
+#else
+#define CUDA_LAUNCH(kernel, grid, block, shared, ...)                                                                  \
+    kernel<<<(grid), (block), (shared), cuda_ctx()->stream>>>(__VA_ARGS__)
+#define CUDA_DYNAMIC_SHARED(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
+/* CUDA_LAUNCH without shared memory, its launch error recorded under `what`. */
 #define LAUNCH(what, kernel, grid, block, ...)                                                                         \
     do {                                                                                                               \
-        kernel<<<(grid), (block), 0, cuda_ctx()->stream>>>(__VA_ARGS__);                                               \
+        CUDA_LAUNCH(kernel, grid, block, 0, __VA_ARGS__);                                                              \
         cuda_check_launch(what);                                                                                       \
     } while (0)
 

@@ -16,8 +16,8 @@
  * the rounded dO. Head dims (Dk, Dv) of (32, 32), (64, 64), (128, 128) and
  * Multi-Latent Attention's (192, 128) take this path on a GPU of compute
  * capability 8.0 or more; every other call, and FP32, the plain kernels of
- * attention.cu. tests/test_flash_emu.cpp runs these kernels on the host
- * (tests/emu/: threads for lanes, WMMA as whole tiles) against the CPU's. */
+ * attention.cu. test_kernels_emu runs them on the host against the CPU's
+ * (docs/DESIGN.md, "The CUDA backend without a GPU"). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -26,9 +26,6 @@
 #include "kernels/cuda/cuda.cuh"
 
 using namespace nvcuda;
-
-/* Dynamic shared memory, one carve per kernel (fa_*_smem). */
-extern __shared__ __align__(128) unsigned char fa_shared[];
 
 enum {
     FA_ROWS = 64, /* a block's own rows, 16 a warp */
@@ -178,6 +175,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LO = fa_ld<DV>::f;
+    CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_forward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     T16 *sq = sm.q, *sk = sm.k, *sv = sm.v, *sp = sm.p;
     float *ss = sm.s, *so = sm.o, *corr = sm.corr;
@@ -303,6 +301,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LG = fa_ld<DK>::f;
+    CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     T16 *sq = sm.a, *sk = sm.b, *sg = sm.g, *sv = sm.w, *sds = sm.ds;
     float *ss = sm.s, *sdp = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
@@ -354,6 +353,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LG = fa_ld<DK>::f;
+    CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     T16 *sk = sm.a, *sq = sm.b, *sv = sm.g, *sg = sm.w, *spt = sm.p, *sdst = sm.ds;
     float *sst = sm.s, *sdpt = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
@@ -402,7 +402,6 @@ __global__ void __launch_bounds__(FA_THREADS)
 }
 
 /* ---------------------------------------------------------------- dispatch */
-#ifndef HT_CUDA_EMU /* tests/test_flash_emu.cpp runs the kernels above on the host */
 
 /* Whether the device has tensor cores for bf16 and f16 (compute capability 8.0+). */
 static bool fa_device_ok(void) {
@@ -418,7 +417,6 @@ static bool fa_device_ok(void) {
 
 template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_call &c) {
     const ht_attention_shape &a = *c.shape;
-    cudaStream_t s = cuda_ctx()->stream;
     const int64_t Tk = a.Tk > 0 ? a.Tk : a.T;
     const dim3 qgrid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
     if (c.forward) {
@@ -427,7 +425,8 @@ template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_c
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
                      "attention_forward (shared memory)"))
             return true;
-        fa_forward_kernel<T16, DK, DV><<<qgrid, FA_THREADS, bytes, s>>>(c.out, c.lse, c.head_max, c.q, c.k, c.v, a);
+        auto *forward = fa_forward_kernel<T16, DK, DV>;
+        CUDA_LAUNCH(forward, qgrid, FA_THREADS, bytes, c.out, c.lse, c.head_max, c.q, c.k, c.v, a);
         cuda_check_launch("attention_forward (tensor cores)");
         return true;
     }
@@ -439,10 +438,12 @@ template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_c
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kbytes),
                  "attention_backward (shared memory)"))
         return true;
-    fa_dq_kernel<T16, DK, DV><<<qgrid, FA_THREADS, qbytes, s>>>(c.dq, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    auto *dq = fa_dq_kernel<T16, DK, DV>;
+    CUDA_LAUNCH(dq, qgrid, FA_THREADS, qbytes, c.dq, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
     cuda_check_launch("attention_backward (dq, tensor cores)");
     const dim3 kgrid((unsigned)((Tk + FA_ROWS - 1) / FA_ROWS), (unsigned)a.KV, (unsigned)a.B);
-    fa_dkv_kernel<T16, DK, DV><<<kgrid, FA_THREADS, kbytes, s>>>(c.dk, c.dv, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    auto *dkv = fa_dkv_kernel<T16, DK, DV>;
+    CUDA_LAUNCH(dkv, kgrid, FA_THREADS, kbytes, c.dk, c.dv, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
     cuda_check_launch("attention_backward (dk, dv, tensor cores)");
     return true;
 }
@@ -462,4 +463,3 @@ bool cuda_flash_attention(const cuda_flash_call *c) {
     if (c->dtype == HT_DTYPE_F16) return fa_dims<__half>(*c);
     return false;
 }
-#endif

@@ -186,13 +186,13 @@ void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int
     cuda_context *ctx = cuda_ctx();
     const int64_t elems = batch * M * N;
     if (K <= 0) {
-        scale_c_kernel<<<cuda_blocks(elems), CUDA_THREADS, 0, ctx->stream>>>(C, M, N, ldc, batch, stride_c, beta);
+        CUDA_LAUNCH(scale_c_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c, beta);
         cuda_check_launch("gemm (K 0)");
         return;
     }
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16 && dtype != HT_DTYPE_F16) {
         cuda_fail("gemm", "operands must be float32, bfloat16 or float16");
-        fill_nan_kernel<<<cuda_blocks(elems), CUDA_THREADS, 0, ctx->stream>>>(C, M, N, ldc, batch, stride_c);
+        CUDA_LAUNCH(fill_nan_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c);
         return;
     }
     const int64_t es = (int64_t)ht_dtype_size(dtype);
@@ -236,7 +236,7 @@ void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int
     if (plain)
         LAUNCH("gemm (plain kernel)", gemm_plain_kernel, cuda_blocks(elems), CUDA_THREADS, batch, trans_a, trans_b, M,
                N, K, alpha, A, lda, stride_a, B, ldb, stride_b, dtype, beta, C, ldc, stride_c);
-    if (!made) fill_nan_kernel<<<cuda_blocks(elems), CUDA_THREADS, 0, ctx->stream>>>(C, M, N, ldc, batch, stride_c);
+    if (!made) CUDA_LAUNCH(fill_nan_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c);
 }
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,

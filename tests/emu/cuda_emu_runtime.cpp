@@ -1,0 +1,382 @@
+/* The host side of cuda_emu.h: the fibers a launch runs a block's threads
+ * on, and the CUDA runtime and cuBLASLt calls the backend makes, on host
+ * memory (one emulated device of compute capability 9.0; every copy and
+ * fill done when called, so a stream is always synchronised). Device
+ * memory is tracked by address, so cudaPointerGetAttributes tells it from
+ * the host's. cublasLtMatmul computes D = alpha op(A) op(B) + beta C
+ * column-major from its descriptors' transposes, layouts and batches, each
+ * sum in FP32 in k order (the tensor cores' order is not modelled). */
+#include "cuda_emu.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sys/mman.h>
+#include <vector>
+
+namespace emu {
+uint3 thread_idx, block_idx;
+dim3 block_dim, grid_dim;
+alignas(128) static unsigned char shared_buffer[SHARED_BYTES];
+unsigned char *dynamic_shared = shared_buffer;
+
+enum state { RUNNING, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+struct fiber {
+    ucontext_t ctx;
+    state at;
+};
+static ucontext_t scheduler;
+static std::vector<fiber> fibers;
+static std::vector<void *> stacks;
+static const size_t STACK_BYTES = 256 << 10;
+static unsigned current;
+static const std::function<void()> *body_now;
+static double slots[32][32];
+static cudaError_t pending = cudaSuccess; /* cudaGetLastError's */
+
+static void trampoline() {
+    (*body_now)();
+    fibers[current].at = DONE; /* uc_link: back to the scheduler */
+}
+
+/* Switches to fiber t until it waits or ends (apart, so that no caller's
+ * variables live across a function that returns twice). */
+__attribute__((noinline)) static void resume(unsigned t) { swapcontext(&scheduler, &fibers[t].ctx); }
+
+/* Fiber t, ready to run the body from its start. */
+__attribute__((noinline)) static void start(unsigned t) {
+    fiber &f = fibers[t];
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks[t];
+    f.ctx.uc_stack.ss_size = STACK_BYTES;
+    f.ctx.uc_link = &scheduler;
+    makecontext(&f.ctx, trampoline, 0);
+    f.at = RUNNING;
+}
+
+static void wait_at(state s) {
+    fibers[current].at = s;
+    swapcontext(&fibers[current].ctx, &scheduler);
+}
+void block_barrier() { wait_at(AT_BLOCK_BARRIER); }
+void warp_barrier() { wait_at(AT_WARP_BARRIER); }
+double *warp_slots() { return slots[(current / 32) % 32]; }
+
+/* Releases the threads whose barrier every live thread it names has
+ * reached; false if none could be (a deadlock). */
+static bool release(unsigned n) {
+    bool any = false;
+    for (unsigned w = 0; w * 32 < n; w++) {
+        unsigned waiting = 0, live = 0;
+        for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++) {
+            if (fibers[t].at != DONE) live++;
+            if (fibers[t].at == AT_WARP_BARRIER) waiting++;
+        }
+        if (waiting > 0 && waiting == live) {
+            for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++)
+                if (fibers[t].at == AT_WARP_BARRIER) fibers[t].at = RUNNING;
+            any = true;
+        }
+    }
+    if (any) return true;
+    unsigned waiting = 0, live = 0;
+    for (unsigned t = 0; t < n; t++) {
+        if (fibers[t].at != DONE) live++;
+        if (fibers[t].at == AT_BLOCK_BARRIER) waiting++;
+    }
+    if (waiting == 0 || waiting != live) return false;
+    for (unsigned t = 0; t < n; t++)
+        if (fibers[t].at == AT_BLOCK_BARRIER) fibers[t].at = RUNNING;
+    return true;
+}
+
+void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()> &body) {
+    static std::mutex one_at_a_time;
+    std::lock_guard<std::mutex> hold(one_at_a_time);
+    const unsigned n = block.x * block.y * block.z;
+    if (n == 0 || n > 1024 || shared_bytes > SHARED_BYTES || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+        grid.y > 65535 || grid.z > 65535) {
+        pending = cudaErrorInvalidConfiguration;
+        return;
+    }
+    while (stacks.size() < n) {
+        void *s = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (s == MAP_FAILED) abort();
+        stacks.push_back(s);
+    }
+    fibers.resize(n);
+    grid_dim = grid, block_dim = block, body_now = &body;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                block_idx = {x, y, z};
+                std::memset(shared_buffer, 0xff, shared_bytes);
+                for (unsigned t = 0; t < n; t++) start(t);
+                for (;;) {
+                    bool ran = false, left = false;
+                    for (unsigned t = 0; t < n; t++) {
+                        if (fibers[t].at == RUNNING) {
+                            current = t;
+                            thread_idx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                            resume(t);
+                            ran = true;
+                        }
+                        left |= fibers[t].at != DONE;
+                    }
+                    if (!left) break;
+                    if (!ran && !release(n)) {
+                        unsigned at[4] = {0, 0, 0, 0};
+                        for (unsigned t = 0; t < n; t++) at[fibers[t].at]++;
+                        fprintf(stderr,
+                                "emu: block (%u, %u, %u) of (%u, %u, %u) deadlocks: %u threads at __syncthreads, %u "
+                                "at __syncwarp (a warp's lanes not all there), %u done\n",
+                                x, y, z, grid.x, grid.y, grid.z, at[1], at[2], at[3]);
+                        abort();
+                    }
+                }
+            }
+}
+
+/* device memory: each block's size by its address */
+static std::map<uintptr_t, size_t> blocks;
+static bool on_device(const void *p) {
+    auto it = blocks.upper_bound((uintptr_t)p);
+    if (it == blocks.begin()) return false;
+    --it;
+    return (uintptr_t)p < it->first + it->second;
+}
+static cudaError_t fail(cudaError_t e) {
+    pending = e;
+    return e;
+}
+} // namespace emu
+
+using emu::fail;
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int *device) {
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
+    (void)device;
+    std::memset(prop, 0, sizeof(*prop));
+    std::snprintf(prop->name, sizeof(prop->name), "emulated device (tests/emu)");
+    prop->major = 9, prop->minor = 0, prop->totalGlobalMem = (size_t)1 << 34, prop->multiProcessorCount = 132;
+    prop->sharedMemPerBlockOptin = emu::SHARED_BYTES;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+    (void)device;
+    *value = attr == cudaDevAttrComputeCapabilityMajor ? 9 : attr == cudaDevAttrComputeCapabilityMinor ? 0 : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
+    (void)flags;
+    static int the_stream;
+    *stream = (cudaStream_t)&the_stream;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    (void)stream;
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    void *b = nullptr;
+    if (posix_memalign(&b, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
+    std::memset(b, 0xa5, bytes); /* not zeroed, as the device's */
+    emu::blocks[(uintptr_t)b] = bytes ? bytes : 1;
+    *p = b;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    auto it = emu::blocks.find((uintptr_t)p);
+    if (it == emu::blocks.end()) return fail(cudaErrorInvalidValue);
+    emu::blocks.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+/* Both ends must be what the kind says: device memory is device memory. */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    (void)stream;
+    const bool dd = emu::on_device(dst), sd = emu::on_device(src);
+    const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
+                    (kind == cudaMemcpyDeviceToHost && !dd && sd) || (kind == cudaMemcpyDeviceToDevice && dd && sd) ||
+                    (kind == cudaMemcpyHostToHost && !dd && !sd);
+    if (!ok) return fail(cudaErrorInvalidValue);
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
+    (void)stream;
+    if (bytes && !emu::on_device(p)) return fail(cudaErrorInvalidValue);
+    std::memset(p, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+    std::memset(a, 0, sizeof(*a));
+    a->type = emu::on_device(p) ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+    return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+    (void)func;
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > emu::SHARED_BYTES)
+        return fail(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = emu::pending;
+    emu::pending = cudaSuccess;
+    return e;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess                     ? "no error"
+           : e == cudaErrorInvalidValue         ? "invalid argument (emulated)"
+           : e == cudaErrorMemoryAllocation     ? "out of memory (emulated)"
+           : e == cudaErrorInvalidConfiguration ? "invalid launch configuration (emulated)"
+                                                : "error (emulated)";
+}
+}
+
+/* ---------------------------------------------------------------- cuBLASLt */
+
+namespace {
+struct lt_desc {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+};
+struct lt_layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch = 1;
+    int64_t stride = 0;
+};
+float load(const void *p, cudaDataType_t t, int64_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    if (t == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return __half2float(((const __half *)p)[i]);
+}
+} // namespace
+
+extern "C" {
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    static int the_handle;
+    *h = (cublasLtHandle_t)&the_handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+size_t cublasLtGetVersion(void) { return 0; }
+const char *cublasLtGetStatusString(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS ? "success (emulated)" : "failure (emulated)";
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *d = (cublasLtMatmulDesc_t) new lt_desc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete (lt_desc *)d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t bytes) {
+    lt_desc *x = (lt_desc *)d;
+    if (bytes != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (a == CUBLASLT_MATMUL_DESC_TRANSA)
+        std::memcpy(&x->ta, buf, bytes);
+    else if (a == CUBLASLT_MATMUL_DESC_TRANSB)
+        std::memcpy(&x->tb, buf, bytes);
+    else
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    if (ld < (int64_t)rows) return CUBLAS_STATUS_INVALID_VALUE; /* column-major: ld at least the rows */
+    lt_layout *x = new lt_layout;
+    x->type = type, x->rows = rows, x->cols = cols, x->ld = ld;
+    *l = (cublasLtMatrixLayout_t)x;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete (lt_layout *)l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
+                                                const void *buf, size_t bytes) {
+    lt_layout *x = (lt_layout *)l;
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && bytes == 4)
+        std::memcpy(&x->batch, buf, 4);
+    else if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && bytes == 8)
+        std::memcpy(&x->stride, buf, 8);
+    else
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    static int the_preference;
+    *p = (cublasLtMatmulPreference_t)&the_preference;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    (void)p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *buf,
+                                                    size_t bytes) {
+    (void)p, (void)a, (void)buf, (void)bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
+/* One algorithm for every product whose shapes agree. */
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t *results, int *found) {
+    (void)h, (void)p, (void)dl;
+    const lt_desc *x = (const lt_desc *)d;
+    const lt_layout *A = (const lt_layout *)a, *B = (const lt_layout *)b, *C = (const lt_layout *)c;
+    const uint64_t m = x->ta == CUBLAS_OP_N ? A->rows : A->cols, k = x->ta == CUBLAS_OP_N ? A->cols : A->rows;
+    const uint64_t kb = x->tb == CUBLAS_OP_N ? B->rows : B->cols, n = x->tb == CUBLAS_OP_N ? B->cols : B->rows;
+    if (k != kb || C->rows != m || C->cols != n || A->batch != C->batch || B->batch != C->batch)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *found = 0;
+    if (requested > 0) std::memset(&results[0], 0, sizeof(results[0])), *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *work, size_t work_bytes, cudaStream_t s) {
+    (void)h, (void)algo, (void)work, (void)work_bytes, (void)s;
+    const lt_desc *x = (const lt_desc *)d;
+    const lt_layout *la = (const lt_layout *)a, *lb = (const lt_layout *)b, *lc = (const lt_layout *)c;
+    const lt_layout *ld = (const lt_layout *)dl;
+    if (!emu::on_device(A) || !emu::on_device(B) || !emu::on_device(C) || !emu::on_device(D))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const bool ta = x->ta != CUBLAS_OP_N, tb = x->tb != CUBLAS_OP_N;
+    const int64_t m = (int64_t)lc->rows, n = (int64_t)lc->cols, k = (int64_t)(ta ? la->rows : la->cols);
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    for (int32_t e = 0; e < lc->batch; e++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                float sum = 0.0f;
+                for (int64_t l = 0; l < k; l++) {
+                    const int64_t ia = e * la->stride + (ta ? i * la->ld + l : l * la->ld + i);
+                    const int64_t ib = e * lb->stride + (tb ? l * lb->ld + j : j * lb->ld + l);
+                    sum += load(A, la->type, ia) * load(B, lb->type, ib);
+                }
+                const float cv = be == 0.0f ? 0.0f : ((const float *)C)[e * lc->stride + j * lc->ld + i];
+                ((float *)D)[e * ld->stride + j * ld->ld + i] = al * sum + be * cv;
+            }
+    return CUBLAS_STATUS_SUCCESS;
+}
+}
