@@ -132,16 +132,28 @@ typedef struct tensor_check {
     double floor_factor;
     tensor_errors *seen;
     /* A training.dump_state file of the reference's first step (NULL: none): the elements whose
-     * "main_grad.<name>" there is nonzero but within UNDETERMINED_GRAD of that tensor's largest are left
-     * out (`undetermined` counts them). The first-step contract holds main_grads to 1e-6 of each tensor's
-     * largest, so such an element's sign and size are not determined, and AdamW's first step there, lr g /
+     * "main_grad.<name>" there (for a dump's "param.<name>" too) is nonzero but within UNDETERMINED_GRAD of that
+     * tensor's largest are left out (`undetermined` counts them). The first-step contract holds main_grads to 1e-6 of
+     * each tensor's largest, so such an element's sign and size are not determined, and AdamW's first step there, lr g
+     * /
      * (|g| + eps), anywhere in (-lr, lr) (docs/NUMERICS.md, "Sharded runs against one process"). */
     const char *grads;
+    double undetermined_grad; /* the threshold, of the tensor's largest main_grad (0: UNDETERMINED_GRAD) */
     int undetermined;
     double differing;
     int tensors;
 } tensor_check;
 #define UNDETERMINED_GRAD 1e-6
+/* The float32 noise floor of a run: the same run with every gradient times each of these factors
+ * (training.gradient_scaling_factor: 1 +- 2^-23, 2^-22, 2^-21, exact decimals). Muon's normalization, AdamW's
+ * m / sqrt(v) and the clipping undo the factor (through their eps terms, by less than 1e-12 of an update),
+ * while every product of backward rounds otherwise: these runs part from the reference by float32 rounding
+ * carried through the steps, as another summation order does. The floor is, per tensor, the largest error of
+ * the six; a run in another order may part by FLOOR_FACTOR times it (docs/NUMERICS.md, "Sharded runs against
+ * one process"). */
+enum { NOISE_FLOOR_RUNS = 6 };
+extern const char *const noise_floor_factors[NOISE_FLOOR_RUNS];
+#define FLOOR_FACTOR 2.0
 /* Each tensor of file b that `c` selects against file a's of the same name, both as float32: its error, the
  * largest difference relative to its largest magnitude (rel_max_err), must be within its bound, or the test
  * fails naming it; a must hold each at the same size, and at least one element is compared. Returns the

@@ -63,10 +63,6 @@ static int run_ranks(const char *dir, int ranks, const char *extra, char **outpu
     return run_in(dir, name, ranks, extra, output);
 }
 
-/* A sharded run may part from one process by this many times the noise
- * floor (docs/NUMERICS.md, "Sharded runs against one process"). */
-#define FLOOR_FACTOR 2.0
-
 /* How near a run's errors come to their bounds, max(tol, FLOOR_FACTOR x
  * floor): the largest ratio, and (if not NULL) the tensor's name. */
 static double nearest_bound(const tensor_errors *run, const tensor_errors *floor, double tol, const char **which) {
@@ -201,34 +197,18 @@ static double compare_run(const char *dir, const char *out, const char *ref, int
     return max_tensor_error(a, b, &c);
 }
 
-/* The noise floor of a float32 run: the same one process with every
- * gradient times 1 + 2^-23, 1 + 2^-22, 1 + 2^-21 and 1 - 2^-23, 1 - 2^-22,
- * 1 - 2^-21. Muon's normalization, AdamW's m / sqrt(v) and the clipping undo
- * the factor (but through their eps terms, by less than 1e-12 of an update),
- * while every product of backward rounds otherwise: these runs part from the
- * reference by float32 rounding carried through the steps, as another
- * summation order (another rank count) does. The floor is the largest of
- * them, an estimate of the noise's reach from a sample: three were too few.
- * DeepSeek-V3's layer-1 o_proj.weight main_grad at step 10 (ASan build,
- * AMD EPYC): the three upward factors part by 3.3e-6 to 5.0e-6, eight more
- * factors (1 +- 3, 5, 6, 7 x 2^-23, ...) by 3.2e-6 to 1.02e-5, FSDP on 2
- * ranks by 1.05e-5. docs/NUMERICS.md, "Sharded runs against one process". */
-static const char *const floor_sets[] = {
-    "--set training.gradient_scaling_factor=1.00000011920928955078125",
-    "--set training.gradient_scaling_factor=1.0000002384185791015625",
-    "--set training.gradient_scaling_factor=1.000000476837158203125",
-    "--set training.gradient_scaling_factor=0.99999988079071044921875",
-    "--set training.gradient_scaling_factor=0.9999997615814208984375",
-    "--set training.gradient_scaling_factor=0.999999523162841796875",
-};
-enum { FLOOR_RUNS = sizeof(floor_sets) / sizeof(floor_sets[0]) };
-
+/* The noise floor (harness.h's noise_floor_factors) is the largest of a
+ * sample, and three runs were too few: DeepSeek-V3's layer-1 o_proj.weight
+ * main_grad at step 10 (ASan build, AMD EPYC): the three upward factors part
+ * by 3.3e-6 to 5.0e-6, eight more factors (1 +- 3, 5, 6, 7 x 2^-23, ...) by
+ * 3.2e-6 to 1.02e-5, FSDP on 2 ranks by 1.05e-5. */
 /* The floor runs in dir: floor0 .. floor5, each with `base` settings too. */
 static void run_floor(const char *dir, const char *base) {
-    for (int k = 0; k < FLOOR_RUNS; k++) {
+    for (int k = 0; k < NOISE_FLOOR_RUNS; k++) {
         char out[32], set[2048], *log;
         snprintf(out, sizeof(out), "floor%d", k);
-        snprintf(set, sizeof(set), "%s %s", base ? base : "", floor_sets[k]);
+        snprintf(set, sizeof(set), "%s --set training.gradient_scaling_factor=%s", base ? base : "",
+                 noise_floor_factors[k]);
         if (run_in(dir, out, 0, set, &log) != 0) fail_msg("%s failed:\n%s", out, log);
         free(log);
     }
@@ -243,7 +223,7 @@ static double floor_of(const char *dir, const char *file, const char *prefix, te
     /* the final weights' floor over the elements compare_run compares */
     snprintf(grads, sizeof(grads), "%s/out0/state/step_00000001.safetensors", dir);
     const bool weights = strncmp(file, "final/", 6) == 0 && access(grads, R_OK) == 0;
-    for (int k = 0; k < FLOOR_RUNS; k++) {
+    for (int k = 0; k < NOISE_FLOOR_RUNS; k++) {
         snprintf(a, sizeof(a), "%s/floor%d/%s", dir, k, file);
         tensor_check c = {.prefix = prefix, .tol = INFINITY, .seen = floor, .grads = weights ? grads : NULL};
         worst = fmax(worst, max_tensor_error(a, b, &c));
@@ -1524,7 +1504,7 @@ static const char *moe_bf16_against_one_process(const char *name, const char *ba
     double worst_floor = floor_of(dir, "state/step_00000001.safetensors", "main_grad.", grad_floor);
     printf("bf16 noise floor (one process, gradients x (1 +- 2^-23 .. 2^-21)): step 1's main_grads within %.3g\n",
            worst_floor);
-    for (int f = 0; f < FLOOR_RUNS; f++) {
+    for (int f = 0; f < NOISE_FLOOR_RUNS; f++) {
         char path[1300], *flog;
         double gf[MOE_STEPS + 1];
         snprintf(path, sizeof(path), "%s/floor%d.log", dir, f);

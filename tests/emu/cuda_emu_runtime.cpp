@@ -6,8 +6,10 @@
  * the host's. cublasLtMatmul computes D = alpha op(A) op(B) + beta C
  * column-major from its descriptors' transposes, layouts and batches, each
  * sum in FP32 in k order (the tensor cores' order is not modelled). */
+#undef _FORTIFY_SOURCE /* its longjmp refuses to jump to another stack, as the fibers do */
 #include "cuda_emu.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -24,11 +26,15 @@ alignas(128) static unsigned char shared_buffer[SHARED_BYTES];
 unsigned char *dynamic_shared = shared_buffer;
 
 enum state { RUNNING, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+/* A thread's fiber: its own stack, entered once through swapcontext, then
+ * switched with _setjmp/_longjmp, which leave the signal mask alone (the
+ * system call swapcontext makes for it took most of a launch's time). Its
+ * loop parks after each body, so one fiber runs thread t of every block. */
 struct fiber {
-    ucontext_t ctx;
+    jmp_buf at_now; /* where it waits: parked, or at a barrier */
     state at;
 };
-static ucontext_t scheduler;
+static jmp_buf scheduler;
 static std::vector<fiber> fibers;
 static std::vector<void *> stacks;
 static const size_t STACK_BYTES = 256 << 10;
@@ -37,29 +43,43 @@ static const std::function<void()> *body_now;
 static double slots[32][32];
 static cudaError_t pending = cudaSuccess; /* cudaGetLastError's */
 
-static void trampoline() {
-    (*body_now)();
-    fibers[current].at = DONE; /* uc_link: back to the scheduler */
+/* Back to the scheduler, to be resumed where fiber `current` stands now. */
+static void yield_fiber() {
+    if (_setjmp(fibers[current].at_now) == 0) _longjmp(scheduler, 1);
 }
 
-/* Switches to fiber t until it waits or ends (apart, so that no caller's
- * variables live across a function that returns twice). */
-__attribute__((noinline)) static void resume(unsigned t) { swapcontext(&scheduler, &fibers[t].ctx); }
+static void fiber_loop() {
+    for (;;) {
+        fibers[current].at = DONE;
+        yield_fiber(); /* parked until start(): then the next block's body */
+        (*body_now)();
+    }
+}
+
+/* A new fiber on stack t, parked (the one swapcontext of its life). */
+__attribute__((noinline)) static void create(unsigned t) {
+    static ucontext_t from, entry;
+    getcontext(&entry);
+    entry.uc_stack.ss_sp = stacks[t];
+    entry.uc_stack.ss_size = STACK_BYTES;
+    entry.uc_link = nullptr; /* the loop never returns */
+    makecontext(&entry, fiber_loop, 0);
+    current = t;
+    if (_setjmp(scheduler) == 0) swapcontext(&from, &entry);
+}
+
+/* Runs fiber t until it waits or ends. */
+__attribute__((noinline)) static void resume(unsigned t) {
+    current = t;
+    if (_setjmp(scheduler) == 0) _longjmp(fibers[t].at_now, 1);
+}
 
 /* Fiber t, ready to run the body from its start. */
-__attribute__((noinline)) static void start(unsigned t) {
-    fiber &f = fibers[t];
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stacks[t];
-    f.ctx.uc_stack.ss_size = STACK_BYTES;
-    f.ctx.uc_link = &scheduler;
-    makecontext(&f.ctx, trampoline, 0);
-    f.at = RUNNING;
-}
+static void start(unsigned t) { fibers[t].at = RUNNING; }
 
 static void wait_at(state s) {
     fibers[current].at = s;
-    swapcontext(&fibers[current].ctx, &scheduler);
+    yield_fiber();
 }
 void block_barrier() { wait_at(AT_BLOCK_BARRIER); }
 void warp_barrier() { wait_at(AT_WARP_BARRIER); }
@@ -106,8 +126,9 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
         void *s = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (s == MAP_FAILED) abort();
         stacks.push_back(s);
+        fibers.emplace_back();
+        create((unsigned)stacks.size() - 1);
     }
-    fibers.resize(n);
     grid_dim = grid, block_dim = block, body_now = &body;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
