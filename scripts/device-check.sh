@@ -4,7 +4,7 @@
 # table entry of the CUDA backend against the CPU's), then bench_kernels
 # (cuBLASLt GEMM TFLOP/s on the decoder's shapes, the fused passes' GB/s) and
 # PyTorch's bf16 matmul on the same GPU as the yardstick. Everything it
-# writes goes into $OUT (six files); under 8 minutes, each step with its own
+# writes goes into $OUT (at most eight files come back); under 8 minutes, each step with its own
 # time limit, a failed step logged and the next run anyway.
 #
 # The GPU machine has nvcc, CMake, PyTorch and no Debian packages: the build
@@ -169,9 +169,10 @@ grep -B2 -A3 "FAILED\|Failure\|error" "$OUT/test_kernels.log" | head -40 | tee -
 # ------------------------------------------------------------ the trainer: the GPU against the CPU
 # The whole engine for one process (-DHT_MPI=OFF: no Open MPI there; libyaml carried), then the same
 # tiny runs with kernels.backend=cpu and =cuda: the losses step by step and every final tensor
-# (tools/compare_runs.py). f32 after one step must agree to 1e-5 per tensor (docs/NUMERICS.md); five steps
-# of f32, bf16 with Muon, Qwen2-MoE, and a checkpoint written on the CPU resumed on the GPU are
-# reported. A failure here is logged and the benchmarks still run.
+# (tools/compare_runs.py), reported: one and five steps of f32, bf16 with Muon, Qwen2-MoE, and a checkpoint
+# written on the CPU resumed on the GPU (compare_runs holds every element to one bound, where
+# test_cuda_trainer leaves out the undetermined ones and Qwen2's noise-driven k_proj bias: docs/NUMERICS.md).
+# A failure here is logged and the benchmarks still run.
 trainer=build/device-trainer
 rm -rf "$trainer"
 t0=$SECONDS
@@ -187,10 +188,34 @@ note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)
 # The NCCL group (kernels/cuda/nccl.cu) on one process: every collective on device memory against the
 # host's (NCCL opened at run time: the toolkit's libnccl, else the one PyTorch's wheels bring).
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib" timeout "$(within 60)" "$trainer/test_dist" --nccl-rank \
-    >"$OUT/nccl.log" 2>&1
-note "NCCL group of one (test_dist --nccl-rank): rc $? $(tail -1 "$OUT/nccl.log")"
+# Line-buffered, so a crash keeps what was printed; on a failure cuda-gdb's backtrace of it (the first
+# run there, 2026-12-04, died of SIGSEGV before printing anything).
+nccl_env=(env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib")
+"${nccl_env[@]}" timeout "$(within 60)" stdbuf -oL -eL "$trainer/test_dist" --nccl-rank >"$OUT/nccl.log" 2>&1
+nccl_rc=$?
+note "NCCL group of one (test_dist --nccl-rank, libnccl from ${nccl_lib:-the default search path}): rc $nccl_rc $(tail -1 "$OUT/nccl.log")"
+if [ $nccl_rc -ne 0 ] && command -v cuda-gdb >/dev/null; then
+    "${nccl_env[@]}" timeout "$(within 60)" cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" \
+        --args "$trainer/test_dist" --nccl-rank >"$OUT/nccl_backtrace.log" 2>&1
+    grep -E "^#[0-9]+ " "$OUT/nccl_backtrace.log" | head -12 | tee -a "$summary"
+fi
 parity_rc=0
+# The trainer on the GPU against the CPU's, asserted (tests/test_cuda_trainer.c: Qwen2 f32 with Muon and with
+# AdamW, Qwen2-MoE, bf16 with Muon on the tensor-core attention; the bf16 floors measured on the CPU, and
+# checkpoints of step 2 resumed on the other table), built apart so its failure costs nothing else.
+if [ $trainer_rc -eq 0 ]; then
+    t0=$SECONDS
+    timeout "$(within 120)" cmake --build "$trainer" -j"$(nproc)" --target test_cuda_trainer >>"$OUT/trainer_build.log" 2>&1 &&
+        (cd "$trainer" && OMP_NUM_THREADS=$(nproc) timeout "$(within 150)" ./test_cuda_trainer) >"$OUT/test_cuda_trainer.log" 2>&1
+    cuda_trainer_rc=$?
+    note "test_cuda_trainer: rc $cuda_trainer_rc in $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_trainer.log" | tr '\n' ' ')"
+    grep -E "against the CPU|resumed for step|CUDA backend not present|Failure|error" "$OUT/test_cuda_trainer.log" | head -20 | tee -a "$summary"
+    if ! $dry && grep -q "CUDA backend not present" "$OUT/test_cuda_trainer.log"; then
+        note "FAIL: test_cuda_trainer found no CUDA backend"
+        cuda_trainer_rc=1
+    fi
+    [ $cuda_trainer_rc -ne 0 ] && parity_rc=1
+fi
 cat "$repo"/src/*/*.c >/tmp/ht-corpus.txt # the corpus: the engine's own sources, as bytes
 tiny=(--set data.dataset_type=text_bytes --set data.path=/tmp/ht-corpus.txt --set data.seq_len=64
     --set model.vocab_size=256 --set model.hidden_size=64 --set model.intermediate_size=128
@@ -222,7 +247,7 @@ pair() {
 if [ $trainer_rc -eq 0 ]; then
     mkdir -p "$OUT/parity"
     t0=$SECONDS
-    pair f32-1 1 1e-5 "${f32[@]}"
+    pair f32-1 1 - "${f32[@]}"
     pair f32-5 5 - "${f32[@]}"
     pair bf16-muon-5 5 - "${bf16[@]}"
     pair qwen2-moe-5 5 - "${f32[@]}" "${moe[@]}"
@@ -309,7 +334,10 @@ if [ $trainer_rc -eq 0 ] && ! $dry; then
     note "training steps against PyTorch: $((SECONDS - t0)) s"
     tee -a "$summary" <"$OUT/train_step.jsonl"
 fi
-note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; trainer build rc $trainer_rc; parity rc $parity_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+# What comes back is at most 8 files: the figures as they are, everything else in one archive
+(cd "$OUT" && tar -czf rest.tar.gz --remove-files $(ls | grep -vxE \
+    'summary.txt|env.txt|test_kernels.log|test_cuda_trainer.log|bench_kernels.log|train_step.jsonl') 2>/dev/null)
+note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; trainer build rc $trainer_rc; test_cuda_trainer rc ${cuda_trainer_rc:-not run}; parity rc $parity_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 [ $test_rc -ne 0 ] && exit $test_rc
 [ $trainer_rc -ne 0 ] && exit $trainer_rc
 exit $parity_rc
