@@ -12,6 +12,11 @@
  *                         [--backend cpu|fenced|cuda]: the kernel table it runs on (cuda: the
  *                         MFU against that GPU's GEMM rate of the dtype measured first, on an
  *                         8192 x 8192 x 8192 product, and the peak of the backend's memory)
+ *                         [--profile]: on the profiled table (kernels/profiled.c): a second JSON
+ *                         line of where the timed steps' time went, entry by entry (the products
+ *                         by shape), per step, and the time outside every entry; the same as a
+ *                         table on stderr. A profiled step waits after every entry: its
+ *                         tokens/s are not the plain run's
  * --steps 0 builds and initialises the model only and prints how long that took. */
 #include <omp.h>
 #include <stdio.h>
@@ -53,12 +58,35 @@ static double gemm_rate(const ht_kernel_ops *K, ht_dtype dtype) {
     return rate;
 }
 
+/* The profiled steps' rows (--profile): ms and calls per step, the longest
+ * first, as a JSON line on stdout and a table on stderr, with the time
+ * outside every entry (the step's less the rows'). */
+static void print_profile(double step_seconds, int steps) {
+    enum { MAX_ROWS = 512 };
+    static ht_kernel_profile_row rows[MAX_ROWS];
+    const int n = ht_kernels_profile(rows, MAX_ROWS);
+    double inside = 0;
+    for (int i = 0; i < n; i++) inside += rows[i].seconds / steps;
+    fprintf(stderr, "profile: %.2f ms a step, %.2f ms in the entries below, %.2f ms outside them\n", step_seconds * 1e3,
+            inside * 1e3, (step_seconds - inside) * 1e3);
+    fprintf(stderr, "%10s %8s %6s  %s\n", "ms/step", "calls", "share", "entry");
+    printf("{\"impl\": \"hypertrain-profile\", \"step_ms\": %.3f, \"inside_ms\": %.3f, \"outside_ms\": %.3f, "
+           "\"entries\": [",
+           step_seconds * 1e3, inside * 1e3, (step_seconds - inside) * 1e3);
+    for (int i = 0; i < n; i++) {
+        const double ms = rows[i].seconds / steps * 1e3, calls = (double)rows[i].calls / steps;
+        fprintf(stderr, "%10.3f %8.1f %5.1f%%  %s\n", ms, calls, 100.0 * ms / (step_seconds * 1e3), rows[i].entry);
+        printf("%s{\"entry\": \"%s\", \"ms\": %.4f, \"calls\": %.2f}", i ? ", " : "", rows[i].entry, ms, calls);
+    }
+    printf("]}\n");
+}
+
 int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     ht_dtype dtype = HT_DTYPE_F32;
     int steps = 10, B = 8, T = 256;
-    bool recompute = false;
-    int head_chunk_mib = 64; /* the trainer's default (kernels.lm_head_chunk_mib) */
+    bool recompute = false, profile = false;
+    int head_chunk_mib = -1; /* the trainer's default (kernels.lm_head_chunk_mib: auto, the backend's) */
     ht_model_config cfg = bench_model_31m();
     const ht_kernel_ops *K = ht_kernels_cpu();
     for (int i = 1; i < argc; i++) {
@@ -85,6 +113,8 @@ int main(int argc, char **argv) {
             head_chunk_mib = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--recompute") == 0) {
             recompute = true;
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            profile = true;
         } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
             B = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--seq") == 0 && i + 1 < argc) {
@@ -108,11 +138,12 @@ int main(int argc, char **argv) {
             cfg = bench_model_dsv3(true);
             i++;
         } else {
-            fprintf(stderr,
-                    "usage: %s [--dtype float32|bfloat16] [--steps N] [--model "
-                    "31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] "
-                    "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M] [--backend cpu|fenced|cuda]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--dtype float32|bfloat16] [--steps N] [--model "
+                "31m|qwen2.5-0.5b|llama-1b|moe|dsv3|dsv3-dense] "
+                "[--batch B] [--seq T] [--recompute] [--head-chunk-mib M] [--backend cpu|fenced|cuda] [--profile]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -121,6 +152,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
+    if (profile) K = ht_kernels_profiled(K);
     ht_error err;
     /* The kernels the trainer would choose: timed on the model's own linear layer. */
     ht_gemm_choice choice;
@@ -152,7 +184,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     m->keep_logits = false; /* as the trainer: the LM head and the loss in chunks where the logits are large */
-    m->head_chunk_bytes = (int64_t)head_chunk_mib << 20;
+    /* as the trainer without QK-clip (AdamW's runs): no attention maxima, which
+     * would cost every key tile above the diagonal and a download a layer */
+    m->track_attn_max = false;
+    if (head_chunk_mib >= 0) m->head_chunk_bytes = (int64_t)head_chunk_mib << 20;
     const char *every_layer[] = {"model.layers.{*}"};
     if (recompute && ht_model_set_recompute(m, every_layer, 1, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
@@ -183,7 +218,7 @@ int main(int argc, char **argv) {
     double t0 = 0, fwd = 0, bwd = 0, upd = 0;
     float loss = 0;
     for (int s = 0; s < steps + 2; s++) {
-        if (s == 2) t0 = ht_time_seconds(), fwd = bwd = upd = 0; /* two warmup steps */
+        if (s == 2) t0 = ht_time_seconds(), fwd = bwd = upd = 0, ht_kernels_profile_reset(); /* two warmup steps */
         double a = ht_time_seconds();
         ht_params_zero_grad(&m->params);
         if (ht_model_forward(m, in, tg, B, T, &loss, &err) != HT_OK || K->synchronize(&err) != HT_OK) {
@@ -206,6 +241,7 @@ int main(int argc, char **argv) {
         upd += d - c;
     }
     double dt = (ht_time_seconds() - t0) / steps;
+    if (profile) print_profile(dt, steps);
     /* MFU against the rate the chosen kernel of this dtype reached on the model's linear-layer product. */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

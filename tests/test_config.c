@@ -88,6 +88,7 @@ static void test_defaults(void **state) {
     assert_false(cfg.model.arch.tie_word_embeddings);
     assert_true(cfg.model.arch.initializer_range == 0.02);
     assert_int_equal(cfg.model_init_dtype, HT_DTYPE_F32);
+    assert_int_equal(cfg.kernels.lm_head_chunk_mib, -1); /* auto: the backend's */
     assert_string_equal(cfg.data.dataset_type, "text_bytes");
     assert_int_equal(cfg.data.seq_len, 256);
     assert_int_equal(cfg.optimizer.type, HT_CONFIG_OPTIMIZER_MUON);
@@ -840,6 +841,10 @@ static void test_wrong_types(void **state) {
     expect_load_error("t17.yaml", "data:\n  path: null\n", "t17.yaml:2:", "data.path", "found null", NULL);
     expect_load_error("t18.yaml", "training:\n  plugin: libx.so\n", "t18.yaml:2:", "training.plugin",
                       "expected a list of at most 16 strings", "found \"libx.so\" (a string)", NULL);
+    expect_load_error("t18b.yaml", "kernels:\n  lm_head_chunk_mib: -1\n", "t18b.yaml:2:", "kernels.lm_head_chunk_mib",
+                      "expected auto or an integer >= 0", "found -1 (an integer)", NULL);
+    expect_load_error("t18c.yaml", "kernels:\n  lm_head_chunk_mib: automatic\n",
+                      "t18c.yaml:2:", "expected auto or an integer >= 0", "found \"automatic\"", NULL);
     /* total_steps is known only to be refused. */
     expect_load_error("t19.yaml", "lr_scheduler:\n  total_steps: 100\n", "t19.yaml:2:", "lr_scheduler.total_steps",
                       "total steps come from training.steps", NULL);

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -852,15 +853,17 @@ static void test_embedding_dropout_scale(void **state) {
  * dropout, AdamW), else within a bound that names the reason (summation
  * order, a fused multiply-add). The CPU runs through the same upload,
  * download and copy entries, so the harness itself is checked on every
- * machine. Attention is checked on the CPU alone (above) until a device
- * kernel exists. */
+ * machine. The profiled table (kernels/profiled.c) runs over the fenced
+ * one: every entry it passes on must give the fenced one's bits, which are
+ * the CPU's. */
 typedef const ht_kernel_ops *backend;
-static backend backends[3];
+static backend backends[4];
 static int nbackends;
 
 static void find_backends(void) {
     backends[nbackends++] = ht_kernels_cpu();
     backends[nbackends++] = ht_kernels_fenced();
+    backends[nbackends++] = ht_kernels_profiled(ht_kernels_fenced());
     ht_error err = {0};
     backend cuda = ht_kernels_cuda(&err);
     if (cuda)
@@ -937,7 +940,9 @@ static void within_one_ulp16(backend K, const char *what, const void *dev, const
 }
 
 static void summary(backend K, const char *group, double worst) {
-    if (K != ht_kernels_cpu()) printf("backend %s, %s: within %.2g of the CPU's\n", K->name, group, worst);
+    if (K != ht_kernels_cpu())
+        printf("backend %s%s, %s: within %.2g of the CPU's\n", K == backends[2] ? "profiled " : "", K->name, group,
+               worst);
 }
 
 static float *normal(size_t n, uint64_t seed, float std) {
@@ -1677,6 +1682,59 @@ static void test_backend_optimizers(void **state) {
     free(p0), free(g), free(m0), free(v0);
 }
 
+/* The profiled table: every slot the CPU's table fills is filled (an entry
+ * missing from kernels/entries.h would be an empty one), and each call is
+ * one row's count, the products by dtype, transposes and shape, with the
+ * rows' time no more than the time they were called in. */
+static void test_profiled_table(void **state) {
+    (void)state;
+    const ht_kernel_ops *tables[2] = {ht_kernels_fenced(), backends[2]}, *cpu = ht_kernels_cpu();
+    for (int t = 0; t < 2; t++)
+        for (size_t at = offsetof(ht_kernel_ops, alloc); at + sizeof(void (*)(void)) <= sizeof(ht_kernel_ops);
+             at += sizeof(void (*)(void))) {
+            void (*mine)(void), (*theirs)(void);
+            memcpy(&mine, (const char *)tables[t] + at, sizeof(mine));
+            memcpy(&theirs, (const char *)cpu + at, sizeof(theirs));
+            if (!mine != !theirs)
+                fail_msg("table %d: the slot at byte %zu is %sset, the CPU's %sset", t, at, mine ? "" : "not ",
+                         theirs ? "" : "not ");
+        }
+    backend K = backends[2];
+    assert_string_equal(K->name, "fenced");
+    assert_false(K->host_memory);
+    ht_kernels_profile_reset();
+    const float a[6] = {1, 2, 3, 4, 5, 6}, b[12] = {1, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+    float *ka = dev_copy(K, a, sizeof(a)), *kb = dev_copy(K, b, sizeof(b)), *kc = dev_new(K, 8 * sizeof(float));
+    const double t0 = ht_time_seconds();
+    for (int i = 0; i < 3; i++) K->gemm(false, true, 2, 4, 3, 1.0f, ka, 3, kb, 3, HT_DTYPE_F32, 0.0f, kc, 4);
+    K->zero(kc, 4 * sizeof(float));
+    const double s = K->sum_squares(ka, 6);
+    const double wall = ht_time_seconds() - t0;
+    assert_true(s == 91.0);
+    float c[8];
+    K->download(c, kc, sizeof(c));
+    /* row 0 zeroed; row 1 = (4 5 6) times b's rows (1 0 0), (1 1 0), (0 1 1), (1 1 1) */
+    const float want[8] = {0, 0, 0, 0, 4, 9, 11, 15};
+    assert_memory_equal(c, want, sizeof(c));
+    ht_kernel_profile_row rows[8];
+    const int n = ht_kernels_profile(rows, 8);
+    assert_int_equal(n, 5); /* the uploads and the download before and after the clock count too */
+    const char *names[5] = {"gemm float32 NT 2 x 4 x 3", "zero", "sum_squares", "upload", "download"};
+    const int64_t calls[5] = {3, 1, 1, 2, 1};
+    double sum = 0;
+    for (int k = 0; k < 5; k++) {
+        int i = 0;
+        while (i < n && strcmp(rows[i].entry, names[k]) != 0) i++;
+        if (i == n) fail_msg("no row %s among the profile's %d", names[k], n);
+        assert_int_equal(rows[i].calls, calls[k]);
+        assert_true(rows[i].seconds >= 0);
+        if (k < 3) sum += rows[i].seconds;
+    }
+    for (int i = 1; i < n; i++) assert_true(rows[i - 1].seconds >= rows[i].seconds); /* the longest first */
+    assert_true(sum <= wall);
+    K->free(ka), K->free(kb), K->free(kc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_kernels_against_reference),
@@ -1700,6 +1758,7 @@ int main(void) {
         cmocka_unit_test(test_backend_attention),
         cmocka_unit_test(test_backend_moe),
         cmocka_unit_test(test_backend_optimizers),
+        cmocka_unit_test(test_profiled_table),
     };
     find_backends();
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));

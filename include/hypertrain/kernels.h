@@ -149,6 +149,13 @@ typedef struct ht_kernel_ops {
      * may read and write it directly; a GPU's is not, and is reached only
      * through the entries below (upload, download). */
     bool host_memory;
+    /* kernels.lm_head_chunk_mib's auto: the FP32 logits, in bytes, above
+     * which the LM head and the loss run in chunks of tokens. The CPU's
+     * 64 MiB (a chunk's logits, written by the head and read by the loss,
+     * stay a small part of the run's memory); a GPU's 1 GiB, so that each
+     * chunk's products have rows enough for its tensor cores (about 1,700
+     * at a vocabulary of 152k, where 64 MiB would give 110). */
+    size_t lm_head_chunk_bytes;
     /* memory: what the kernels read and write apart from the parameters
      * (activations, the rotary tables, optimizer state, workspaces),
      * zeroed and 64-byte aligned. The CPU's is ht_alloc / ht_free; the
@@ -163,7 +170,7 @@ typedef struct ht_kernel_ops {
      * false for every pointer: its memory is the host's. */
     bool (*owns)(const void *p);
     /* The most bytes of this backend's memory held at once since the
-     * process started (alloc's, its own scratch aside). The CPU's answers
+     * process started (alloc's blocks and its kernels' own scratch). The CPU's answers
      * 0: its memory is the process's, which the peak RSS tells. */
     size_t (*peak_bytes)(void);
     /* Moving bytes, ggml's buffer interface (memset_tensor, set_tensor,
@@ -287,6 +294,22 @@ const ht_kernel_ops *ht_kernels_cpu(void);
  * proves, on any machine, that the layers reach their memory only through
  * the entries, and gives the CPU's bits. */
 const ht_kernel_ops *ht_kernels_fenced(void);
+
+/* The profiled table (kernels/profiled.c): `base`'s entries, each waited
+ * for (base's synchronize) and its time from call to end added to a row:
+ * the products by entry, dtype, transposes and M x N x K, the rest by
+ * name. Its memory is base's, its name and host_memory base's; one base
+ * per process. A profiled run computes the same bits as base, slower (no
+ * launch overlaps the device's work): the rows say where the time goes. */
+const ht_kernel_ops *ht_kernels_profiled(const ht_kernel_ops *base);
+typedef struct ht_kernel_profile_row {
+    char entry[80];
+    int64_t calls;
+    double seconds;
+} ht_kernel_profile_row;
+/* The rows so far, the longest first, at most max of them; their count. */
+int ht_kernels_profile(ht_kernel_profile_row *rows, int max);
+void ht_kernels_profile_reset(void);
 
 /* The CUDA backend's table (kernels/cuda/, built with cmake -DHT_CUDA=ON):
  * the same entries on the process's current CUDA device, or NULL with the

@@ -322,7 +322,7 @@ struct ht_model {
      * size, `logits` is NULL, and backward computes each chunk's logits
      * again: no (B, T, V) buffer. */
     bool keep_logits;
-    int64_t head_chunk_bytes; /* 64 MiB when built; 0: never chunked */
+    int64_t head_chunk_bytes; /* the table's lm_head_chunk_bytes when built; 0: never chunked */
     ht_dtype output_dtype;    /* the precision the logits are rounded to (F32: none); F32 when built */
     /* (module_count) or NULL (a builder without it): the precision each
      * module's FP32 input is rounded to as the module starts (F32, as built:

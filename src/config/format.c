@@ -192,6 +192,12 @@ static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
         else
             put(buf, n, &used, "%d", *(const int *)src);
         break;
+    case KT_AUTO_INT:
+        if (*(const int *)src < 0)
+            put(buf, n, &used, "auto");
+        else
+            put(buf, n, &used, "%d", *(const int *)src);
+        break;
     case KT_REJECT: put(buf, n, &used, "null"); break;
     }
 }

@@ -119,6 +119,8 @@ static const enum_name TOTAL_STEPS_MSG[] = {
     { path, KT_NS, F(field), def, NULL, 0 }
 #define SHARD(path, field, def)                                                                                        \
     { path, KT_SHARD, F(field), def, NULL, 0 }
+#define AUTO_INT(path, field, def)                                                                                     \
+    { path, KT_AUTO_INT, F(field), def, NULL, 0 }
 #define REJECT_BUT_AUTO(path, msg)                                                                                     \
     { path, KT_REJECT, 0, 0, NULL, msg, AUTO_OK }
 
@@ -296,7 +298,7 @@ const key_desc ht_config_keys[] = {
     ENUM("kernels.backend", kernels.backend, KERNEL_BACKENDS, "cpu"),
     ENUM("kernels.bf16_gemm", kernels.bf16_gemm, GEMM_KERNELS, "auto"),
     ENUM("kernels.f16_gemm", kernels.f16_gemm, GEMM_KERNELS, "auto"),
-    INT("kernels.lm_head_chunk_mib", kernels.lm_head_chunk_mib, "64"),
+    AUTO_INT("kernels.lm_head_chunk_mib", kernels.lm_head_chunk_mib, "auto"),
 
     STR("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
     INT("checkpoint.save_interval", checkpoint.save_interval, "500"),

@@ -122,6 +122,7 @@ static void expected(const key_desc *k, char *buf, size_t n) {
                  HT_CONFIG_NS_MAX);
         break;
     case KT_SHARD: snprintf(buf, n, "auto or a positive integer"); break;
+    case KT_AUTO_INT: snprintf(buf, n, "auto or an integer >= 0"); break;
     case KT_REJECT: snprintf(buf, n, "nothing: %s", k->names[0].name); break;
     }
 }
@@ -338,6 +339,14 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
             return true;
         }
         if (!node_int(node, 1, INT_MAX, &iv)) return false;
+        *(int *)dst = (int)iv;
+        return true;
+    case KT_AUTO_INT:
+        if (node->type == YAML_SCALAR_NODE && strcmp(scalar_text(node), "auto") == 0) {
+            *(int *)dst = -1;
+            return true;
+        }
+        if (!node_int(node, 0, INT_MAX, &iv)) return false;
         *(int *)dst = (int)iv;
         return true;
     case KT_REJECT: return (k->flags & AUTO_OK) && (node_is_null(node) || node_int(node, -1, -1, &iv));

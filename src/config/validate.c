@@ -358,7 +358,8 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     check(&r, cfg->training.gradient_scaling_factor > 0, "training.gradient_scaling_factor", "a number > 0");
     check_mindspeed(&r);
     check_model_keys(&r);
-    check(&r, cfg->kernels.lm_head_chunk_mib >= 0, "kernels.lm_head_chunk_mib", "an integer >= 0 (0: no chunks)");
+    check(&r, cfg->kernels.lm_head_chunk_mib >= -1, "kernels.lm_head_chunk_mib",
+          "auto (-1) or an integer >= 0 (0: no chunks)");
 
     /* Dtypes (the loader enforces them; a struct filled in code may not). */
     const char *dtypes = "one of float16, bfloat16, float32";

@@ -1489,7 +1489,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     m->compute_precision = HT_DTYPE_F32;
     m->track_attn_max = true;
     m->keep_logits = true;
-    m->head_chunk_bytes = (int64_t)64 << 20;
+    m->head_chunk_bytes = (int64_t)ht_kernels()->lm_head_chunk_bytes; /* kernels.lm_head_chunk_mib: auto */
     m->context_capable = true;
     m->config = *cfg;
     m->impl = d;

@@ -180,8 +180,9 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
     if (s == HT_OK) s = plan_recompute(t, err);
     if (s != HT_OK) return s;
     t->model->output_dtype = c->fsdp.output_dtype;
-    t->model->keep_logits = false; /* the loss is all a run reads of them */
-    t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
+    t->model->keep_logits = false;         /* the loss is all a run reads of them */
+    if (c->kernels.lm_head_chunk_mib >= 0) /* else auto: the backend's, which the model was built with */
+        t->model->head_chunk_bytes = (int64_t)c->kernels.lm_head_chunk_mib << 20;
     const ht_model_config *a = &t->model->config;
     char heads[64];
     if (ht_model_config_has_mla(a))

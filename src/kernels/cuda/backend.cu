@@ -51,19 +51,6 @@ ht_status cuda_status(ht_error *err) {
 
 cuda_context *cuda_ctx(void) { return &g_cuda.ctx; }
 
-void *cuda_scratch(size_t bytes) {
-    cuda_context *c = &g_cuda.ctx;
-    if (bytes <= c->scratch_bytes) return c->scratch;
-    /* cudaFree waits for the device: no queued kernel still reads the old block. */
-    if (c->scratch) cudaFree(c->scratch);
-    size_t want = bytes < ((size_t)1 << 20) ? (size_t)1 << 20 : bytes;
-    c->scratch = NULL;
-    c->scratch_bytes = 0;
-    if (!cuda_ok(cudaMalloc(&c->scratch, want), "cudaMalloc (scratch)")) return NULL;
-    c->scratch_bytes = want;
-    return c->scratch;
-}
-
 /* ---------------------------------------------------------------- memory */
 
 /* What alloc holds, for peak_bytes: each block's size by its address. */
@@ -103,6 +90,22 @@ static void release(void *p) {
             break;
         }
     pthread_mutex_unlock(&g_held.lock);
+}
+
+/* The kernels' scratch (reduction partials, attention's δ and GQA partials):
+ * one block, grown as a call needs, never shrunk. */
+void *cuda_scratch(size_t bytes) {
+    cuda_context *c = &g_cuda.ctx;
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    /* cudaFree waits for the device: no queued kernel still reads the old block. */
+    if (c->scratch) release(c->scratch), cudaFree(c->scratch);
+    size_t want = bytes < ((size_t)1 << 20) ? (size_t)1 << 20 : bytes;
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    if (!cuda_ok(cudaMalloc(&c->scratch, want), "cudaMalloc (scratch)")) return NULL;
+    (void)hold(c->scratch, want); /* counted in peak_bytes, as alloc's blocks */
+    c->scratch_bytes = want;
+    return c->scratch;
 }
 
 static size_t cuda_peak_bytes(void) {
@@ -179,6 +182,7 @@ static void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, i
 static void fill_table(ht_kernel_ops *t) {
     t->name = "cuda";
     t->host_memory = false;
+    t->lm_head_chunk_bytes = (size_t)1 << 30;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
     t->owns = cuda_owns;

@@ -9,11 +9,12 @@
  * as it is loaded (the roundings of q, k, v and dO). Forward keeps each
  * row's online softmax (m, l) in the two lanes that own the row and its
  * output accumulator in shared memory, rescaled row by row; P is rounded
- * before P V. Backward recomputes P from lse: dQ by query tiles, dK and dV
- * by key tiles over the query heads of their group, so that every gradient
- * element is summed by one warp in a fixed order (no atomics: a run
- * repeats bit for bit), dS rounded before its two products and δ taken from
- * the rounded dO. Head dims (Dk, Dv) of (32, 32), (64, 64), (128, 128) and
+ * before P V. Backward computes δ = rowsum(O ∘ dO) once (from the rounded
+ * dO), then recomputes P from lse: dQ by query tiles, dK and dV by key
+ * tiles of one query head each, the heads of a GQA group then added in
+ * their order, so that every gradient element is summed in a fixed order
+ * (no atomics: a run repeats bit for bit); dS is rounded before its two
+ * products. Head dims (Dk, Dv) of (32, 32), (64, 64), (128, 128) and
  * Multi-Latent Attention's (192, 128) take this path on a GPU of compute
  * capability 8.0 or more; every other call, and FP32, the plain kernels of
  * attention.cu. test_kernels_emu runs them on the host against the CPU's
@@ -258,18 +259,29 @@ __global__ void __launch_bounds__(FA_THREADS)
 
 /* ---------------------------------------------------------------- backward */
 
-/* δ and lse of rows [i0, i0 + FA_ROWS) of one head into sd, sl (0 past T):
- * δ_i = O_i · dO_i from the rounded dO (staged in sg). Every thread. */
+/* δ (B, H, T): δ_i = O_i · dO_i of every query row, from the rounded dO,
+ * once for both backward kernels (which read it for each tile they
+ * stage). A warp a row, FA_WARPS rows a block. */
 template <typename T16, int DV>
-__device__ void fa_stage_delta(float *sd, float *sl, const T16 *sg, const float *oh, const float *lh, int64_t os,
-                               int64_t i0, int64_t T) {
+__global__ void __launch_bounds__(FA_THREADS)
+    fa_delta_kernel(float *delta, const float *dout, const float *out, const ht_attention_shape a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < FA_ROWS; r += FA_WARPS) {
-        float dot = 0.0f;
-        if (i0 + r < T)
-            for (int d = lane; d < DV; d += 32) dot = fmaf(oh[(i0 + r) * os + d], (float)sg[r * fa_ld<DV>::h + d], dot);
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (lane == 0) sd[r] = dot, sl[r] = i0 + r < T ? lh[i0 + r] : 0.0f;
+    const int64_t row = (int64_t)blockIdx.x * FA_WARPS + warp, T = a.T, os = a.H * DV;
+    if (row >= (int64_t)a.B * a.H * T) return;
+    const int64_t b = row / (a.H * T), h = row / T % a.H, i = row % T;
+    const float *o = out + b * T * os + i * os + h * DV, *g = dout + b * T * os + i * os + h * DV;
+    float dot = 0.0f;
+    for (int d = lane; d < DV; d += 32) dot = fmaf(o[d], (float)fa_round<T16>(g[d]), dot);
+    for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+    if (lane == 0) delta[row] = dot;
+}
+
+/* δ and lse of rows [i0, i0 + FA_ROWS) of one head into sd, sl (0 past T). */
+__device__ void fa_stage_stats(float *sd, float *sl, const float *dh, const float *lh, int64_t i0, int64_t T) {
+    for (int r = threadIdx.x; r < FA_ROWS; r += FA_THREADS) {
+        const bool in = i0 + r < T;
+        sd[r] = in ? dh[i0 + r] : 0.0f;
+        sl[r] = in ? lh[i0 + r] : 0.0f;
     }
 }
 
@@ -296,7 +308,7 @@ template <typename T16, int DK, int DV> struct fa_backward_smem {
  * in its accumulators across the key tiles. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_dq_kernel(float *dq, const float *dout, const float *out, const float *lse, const float *q, const float *k,
+    fa_dq_kernel(float *dq, const float *dout, const float *delta, const float *lse, const float *q, const float *k,
                  const float *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
@@ -313,8 +325,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const float *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
     fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
     fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
+    fa_stage_stats(sd, sl, delta + (b * a.H + h) * T, lse + (b * a.H + h) * T, i0, T);
     __syncthreads();
-    fa_stage_delta<T16, DV>(sd, sl, sg, out + b * T * os + h * DV, lse + (b * a.H + h) * T, os, i0, T);
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DK / 16];
 #pragma unroll
     for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
@@ -343,13 +355,17 @@ __global__ void __launch_bounds__(FA_THREADS)
 #endif
 }
 
-/* dK, dV: grid (key tiles, KV, B), FA_THREADS threads; a warp's 16 key rows
- * of dK and dV in its accumulators across the group's heads and the query
- * tiles, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ computed key rows first. */
+/* dK, dV of one query head: grid (key tiles, H, B), FA_THREADS threads; a
+ * warp's 16 key rows of dK and dV in its accumulators across the query
+ * tiles, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ computed key rows first. Where a KV head
+ * has one query head (group 1) they are dk and dv; else each head's go to
+ * pk (B, Tk, H, Dk) and pv (B, Tk, H, Dv), which fa_group_sum_kernel adds
+ * over the group's heads in their order: a block a head, so that every
+ * head of a group runs at once, and every sum is still in one order. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_dkv_kernel(float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
-                  const float *k, const float *v, const ht_attention_shape a) {
+    fa_dkv_kernel(float *dk, float *dv, float *pk, float *pv, const float *dout, const float *delta, const float *lse,
+                  const float *q, const float *k, const float *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LG = fa_ld<DK>::f;
@@ -357,8 +373,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     T16 *sk = sm.a, *sq = sm.b, *sv = sm.g, *sg = sm.w, *spt = sm.p, *sdst = sm.ds;
     float *sst = sm.s, *sdpt = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
-    const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, g = blockIdx.y, group = a.H / a.KV;
-    const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
+    const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, group = a.H / a.KV;
+    const int64_t g = h / group, qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
     const int64_t j0 = (int64_t)blockIdx.x * FA_ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, c = warp * 16 + lane / 2;
     const int64_t j = j0 + c; /* this lane pair's key */
@@ -369,36 +385,53 @@ __global__ void __launch_bounds__(FA_THREADS)
     for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(ak[n], 0.0f);
 #pragma unroll
     for (int n = 0; n < DV / 16; n++) wmma::fill_fragment(av[n], 0.0f);
-    for (int64_t h = g * group; h < (g + 1) * group; h++) {
-        for (int64_t i0 = 0; i0 < T; i0 += FA_TILE) {
-            const int64_t last = (i0 + FA_TILE < T ? i0 + FA_TILE : T) - 1;
-            if (a.k0 + j0 > a.q0 + last) continue; /* no query of the tile sees a key of the block */
-            __syncthreads();
-            fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
-            fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
-            __syncthreads();
-            fa_stage_delta<T16, DV>(sd, sl, sg, out + b * T * os + h * DV, lse + (b * a.H + h) * T, os, i0, T);
-            fa_mul_bt<T16, DK, FA_TILE>(sst + warp * 16 * LS, LS, sk + warp * 16 * LQ, LQ, sq, LQ);
-            fa_mul_bt<T16, DV, FA_TILE>(sdpt + warp * 16 * LS, LS, sv + warp * 16 * LV, LV, sg, LV);
-            __syncthreads(); /* δ and lse of every query row */
-            const int r0 = half * 32;
+    const float *dh = delta + (b * a.H + h) * T, *lh = lse + (b * a.H + h) * T;
+    for (int64_t i0 = 0; i0 < T; i0 += FA_TILE) {
+        const int64_t last = (i0 + FA_TILE < T ? i0 + FA_TILE : T) - 1;
+        if (a.k0 + j0 > a.q0 + last) continue; /* no query of the tile sees a key of the block */
+        __syncthreads();
+        fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
+        fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
+        fa_stage_stats(sd, sl, dh, lh, i0, T);
+        __syncthreads();
+        fa_mul_bt<T16, DK, FA_TILE>(sst + warp * 16 * LS, LS, sk + warp * 16 * LQ, LQ, sq, LQ);
+        fa_mul_bt<T16, DV, FA_TILE>(sdpt + warp * 16 * LS, LS, sv + warp * 16 * LV, LV, sg, LV);
+        __syncwarp();
+        const int r0 = half * 32;
 #pragma unroll 8
-            for (int r = r0; r < r0 + 32; r++) {
-                const bool valid = j < Tk && i0 + r < T && a.k0 + j <= a.q0 + i0 + r;
-                const float p = valid ? dev_exp_nonpositive(a.scale * sst[c * LS + r] - sl[r]) : 0.0f;
-                spt[c * LP + r] = fa_round<T16>(p);
-                sdst[c * LP + r] = fa_round<T16>(valid ? p * (sdpt[c * LS + r] - sd[r]) : 0.0f);
-            }
-            __syncwarp();
-            fa_mul_add<T16, FA_TILE, DV>(av, spt + warp * 16 * LP, LP, sg, LV);
-            fa_mul_add<T16, FA_TILE, DK>(ak, sdst + warp * 16 * LP, LP, sq, LQ);
+        for (int r = r0; r < r0 + 32; r++) {
+            const bool valid = j < Tk && i0 + r < T && a.k0 + j <= a.q0 + i0 + r;
+            const float p = valid ? dev_exp_nonpositive(a.scale * sst[c * LS + r] - sl[r]) : 0.0f;
+            spt[c * LP + r] = fa_round<T16>(p);
+            sdst[c * LP + r] = fa_round<T16>(valid ? p * (sdpt[c * LS + r] - sd[r]) : 0.0f);
         }
+        __syncwarp();
+        fa_mul_add<T16, FA_TILE, DV>(av, spt + warp * 16 * LP, LP, sg, LV);
+        fa_mul_add<T16, FA_TILE, DK>(ak, sdst + warp * 16 * LP, LP, sq, LQ);
     }
-    const int64_t rows = Tk - (j0 + warp * 16);
-    fa_store<DK>(dk + b * Tk * ks + (j0 + warp * 16) * ks + g * DK, ks, rows, ak, stage + warp * 16 * LG, a.scale);
+    const int64_t rows = Tk - (j0 + warp * 16), r = j0 + warp * 16;
+    float *ok = group == 1 ? dk + b * Tk * ks + r * ks + g * DK : pk + (b * Tk + r) * qs + h * DK;
+    float *ov = group == 1 ? dv + b * Tk * vs + r * vs + g * DV : pv + (b * Tk + r) * os + h * DV;
+    fa_store<DK>(ok, group == 1 ? ks : qs, rows, ak, stage + warp * 16 * LG, a.scale);
     __syncwarp();
-    fa_store<DV>(dv + b * Tk * vs + (j0 + warp * 16) * vs + g * DV, vs, rows, av, stage + warp * 16 * LG, 1.0f);
+    fa_store<DV>(ov, group == 1 ? vs : os, rows, av, stage + warp * 16 * LG, 1.0f);
 #endif
+}
+
+/* dk (B, Tk, KV, Dk) and dv (B, Tk, KV, Dv): each KV head's the sum of its
+ * group's query heads' pk and pv, the first head first. */
+__global__ void fa_group_sum_kernel(float *dk, float *dv, const float *pk, const float *pv, int64_t B, int64_t Tk,
+                                    int64_t H, int64_t KV, int64_t DK, int64_t DV) {
+    const int64_t group = H / KV, per = KV * (DK + DV);
+    CUDA_FOR(e, B * Tk * per) {
+        const int64_t bj = e / per, x = e % per;
+        const bool is_k = x < KV * DK;
+        const int64_t D = is_k ? DK : DV, y = is_k ? x : x - KV * DK, g = y / D, d = y % D;
+        const float *p = (is_k ? pk : pv) + bj * H * D + g * group * D + d;
+        float s = p[0];
+        for (int64_t m = 1; m < group; m++) s += p[m * D];
+        (is_k ? dk : dv)[bj * KV * D + g * D + d] = s;
+    }
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -438,13 +471,28 @@ template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_c
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kbytes),
                  "attention_backward (shared memory)"))
         return true;
+    /* scratch: δ (B, H, T), and where a group has several heads their pk, pv */
+    const int64_t group = a.H / a.KV, rows = (int64_t)a.B * a.H * a.T;
+    const size_t nd = (size_t)(rows + 31) / 32 * 32, nk = group > 1 ? (size_t)(a.B * Tk * a.H * DK) : 0,
+                 nv = group > 1 ? (size_t)(a.B * Tk * a.H * DV) : 0;
+    float *delta = (float *)cuda_scratch((nd + nk + nv) * sizeof(float));
+    if (!delta) return true; /* the failure is the backend's */
+    float *pk = group > 1 ? delta + nd : NULL, *pv = group > 1 ? pk + nk : NULL;
+    auto *dl = fa_delta_kernel<T16, DV>;
+    CUDA_LAUNCH(dl, (unsigned)((rows + FA_WARPS - 1) / FA_WARPS), FA_THREADS, 0, delta, c.dout, c.out, a);
+    cuda_check_launch("attention_backward (delta)");
     auto *dq = fa_dq_kernel<T16, DK, DV>;
-    CUDA_LAUNCH(dq, qgrid, FA_THREADS, qbytes, c.dq, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    CUDA_LAUNCH(dq, qgrid, FA_THREADS, qbytes, c.dq, c.dout, delta, c.lse, c.q, c.k, c.v, a);
     cuda_check_launch("attention_backward (dq, tensor cores)");
-    const dim3 kgrid((unsigned)((Tk + FA_ROWS - 1) / FA_ROWS), (unsigned)a.KV, (unsigned)a.B);
+    const dim3 kgrid((unsigned)((Tk + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
     auto *dkv = fa_dkv_kernel<T16, DK, DV>;
-    CUDA_LAUNCH(dkv, kgrid, FA_THREADS, kbytes, c.dk, c.dv, c.dout, c.out, c.lse, c.q, c.k, c.v, a);
+    CUDA_LAUNCH(dkv, kgrid, FA_THREADS, kbytes, c.dk, c.dv, pk, pv, c.dout, delta, c.lse, c.q, c.k, c.v, a);
     cuda_check_launch("attention_backward (dk, dv, tensor cores)");
+    if (group > 1) {
+        CUDA_LAUNCH(fa_group_sum_kernel, cuda_blocks(a.B * Tk * a.KV * (DK + DV)), CUDA_THREADS, 0, c.dk, c.dv, pk, pv,
+                    (int64_t)a.B, Tk, (int64_t)a.H, (int64_t)a.KV, (int64_t)DK, (int64_t)DV);
+        cuda_check_launch("attention_backward (the groups' dk, dv)");
+    }
     return true;
 }
 

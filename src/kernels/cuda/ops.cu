@@ -361,21 +361,43 @@ void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const i
            v0, V);
 }
 
-/* A thread per column, the tokens in order (ids repeat): the CPU's sums, bit for bit. */
-__global__ void embedding_backward_kernel(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C,
-                                          int64_t v0, int64_t V) {
-    CUDA_FOR(c, C) {
-        for (int64_t n = 0; n < N; n++) {
-            const int64_t id = (int64_t)ids[n] - v0;
-            if (id >= 0 && id < V) dtable[id * C + c] += dx[n * C + c];
-        }
+/* The tokens of each id as a chain in token order: next[n], the next token
+ * with n's id (-1: none), and first[n], whether n is its id's first. A
+ * thread a token, every other token's id compared (N is a batch's tokens). */
+__global__ void embedding_chains_kernel(int32_t *next, int32_t *first, const int32_t *ids, int64_t N) {
+    CUDA_FOR(n, N) {
+        const int32_t id = ids[n];
+        int32_t after = -1, lead = 1;
+        for (int64_t m = 0; m < n && lead; m++) lead = ids[m] != id;
+        for (int64_t m = n + 1; m < N && after < 0; m++)
+            if (ids[m] == id) after = (int32_t)m;
+        next[n] = after;
+        first[n] = lead;
+    }
+}
+
+/* A thread per (first token of an id, column): the id's row of dtable plus
+ * its tokens' rows in token order, the CPU's additions bit for bit, every
+ * id's row at once. */
+__global__ void embedding_backward_kernel(float *dtable, const float *dx, const int32_t *ids, const int32_t *next,
+                                          const int32_t *first, int64_t N, int64_t C, int64_t v0, int64_t V) {
+    CUDA_FOR(i, N * C) {
+        const int64_t n = i / C, c = i % C, id = (int64_t)ids[n] - v0;
+        if (!first[n] || id < 0 || id >= V) continue;
+        float s = dtable[id * C + c];
+        for (int64_t m = n; m >= 0; m = next[m]) s += dx[m * C + c];
+        dtable[id * C + c] = s;
     }
 }
 
 void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
                              int64_t V) {
     if (N * C <= 0) return;
-    LAUNCH("embedding_backward", embedding_backward_kernel, cuda_blocks(C), CUDA_THREADS, dtable, dx, ids, N, C, v0, V);
+    int32_t *next = (int32_t *)cuda_scratch((size_t)(2 * N) * sizeof(int32_t)), *first = next + N;
+    if (!next) return; /* the failure is the backend's */
+    LAUNCH("embedding_backward (chains)", embedding_chains_kernel, cuda_blocks(N), CUDA_THREADS, next, first, ids, N);
+    LAUNCH("embedding_backward", embedding_backward_kernel, cuda_blocks(N * C), CUDA_THREADS, dtable, dx, ids, next,
+           first, N, C, v0, V);
 }
 
 /* Row r of dst <- row idx[r] of src (gather), or row idx[r] of dst <- row r of src (scatter). */
