@@ -301,6 +301,7 @@ static int leave_out_undetermined(const bounded_errors *e, const char *name, flo
     snprintf(key, sizeof(key), "main_grad.%s", name);
     const ht_st_tensor *g = e->grads ? ht_safetensors_find(e->grads, key) : NULL;
     if (!g || g->nbytes / ht_dtype_size(g->dtype) != n) return 0;
+    if (e->c->undetermined_in && !e->c->undetermined_in(name, g->ndim)) return 0;
     float *fg = malloc(n * sizeof(float));
     ht_convert(fg, HT_DTYPE_F32, g->data, g->dtype, n);
     double top = 0;

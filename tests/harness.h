@@ -139,6 +139,9 @@ typedef struct tensor_check {
      * (|g| + eps), anywhere in (-lr, lr) (docs/NUMERICS.md, "Sharded runs against one process"). */
     const char *grads;
     double undetermined_grad; /* the threshold, of the tensor's largest main_grad (0: UNDETERMINED_GRAD) */
+    /* The tensors AdamW updates (NULL: every one): a Muon matrix's step is its whole momentum's, orthogonalized,
+     * which an element's undetermined gradient moves by no more than its own size, so none of it is left out. */
+    bool (*undetermined_in)(const char *name, int ndim);
     int undetermined;
     double differing;
     int tensors;

@@ -41,6 +41,7 @@ static const char *const corpus_text =
 typedef struct variant {
     const char *name;
     bool f32;
+    bool adamw; /* optimizer._target_=AdamW: AdamW updates every tensor (else Muon the matrices) */
     int steps;
     const char *sets[16]; /* "key=value", NULL-terminated */
 } variant;
@@ -116,8 +117,15 @@ typedef struct dump_check {
     const tensor_errors *floor; /* the params' (with one: max(tol, FLOOR_FACTOR x floor) per tensor; NULL: tol) */
     int grads_step;      /* the reference's step whose main_grads leave params' elements undetermined (0: none) */
     double below;        /* ... those within this of their tensor's largest (0: UNDETERMINED_GRAD) */
+    bool muon;           /* ... in AdamW's tensors alone (Muon's matrices compared whole) */
     tensor_errors *seen; /* the params' errors, by name (NULL: not kept) */
 } dump_check;
+
+/* The tensors AdamW updates under optimizer._target_=Muon: all but the matrices, and the matrices
+ * optimizer.muon_config.adamw_include's default sends to it (the embedding, the LM head). */
+static bool adamw_updated(const char *name, int ndim) {
+    return ndim < 2 || strstr(name, "embed") || strstr(name, "lm_head");
+}
 
 static const char *const noise_driven = "self_attn.k_proj.bias"; /* Qwen2's: its gradient is compared alone */
 
@@ -137,7 +145,8 @@ static double dump_error(const char *dir, const char *a, const char *ref, int st
                       .floor_factor = FLOOR_FACTOR,
                       .seen = c->seen,
                       .grads = c->grads_step ? state_file(dir, ref, c->grads_step) : NULL,
-                      .undetermined_grad = c->below};
+                      .undetermined_grad = c->below,
+                      .undetermined_in = c->muon ? adamw_updated : NULL};
     double worst = max_tensor_error(state_file(dir, a, step), state_file(dir, ref, step), &p);
     assert_true(p.tensors >= 9);
     if (left_out) *left_out += p.undetermined;
@@ -213,7 +222,7 @@ static void check_variant(const variant *v) {
      * main_grad lies downstream of it, so a tensor's own floor does not bound it (on the H200 the layer-1
      * o_proj weight's main_grad parted by 3.5e-4 at step 1, 2.4 x its own floor) */
     const double grad_tol = v->f32 ? 1e-6 : fmax(0x1p-12, FLOOR_FACTOR * grad_floor_worst);
-    dump_check first = {.grad_tol = grad_tol, .tol = v->f32 ? 1e-5 : 1e-2, .grads_step = 1};
+    dump_check first = {.grad_tol = grad_tol, .tol = v->f32 ? 1e-5 : 1e-2, .grads_step = 1, .muon = !v->adamw};
     if (!v->f32) first.below = grad_tol;
     for (int k = 0; k < nfloor; k++) {
         dump_check c = first;
@@ -271,8 +280,11 @@ static void check_variant(const variant *v) {
 
 static const variant qwen2_f32_muon = {
     .name = "cuda_trainer_qwen2_f32_muon", .f32 = true, .steps = 4, .sets = {"optimizer._target_=Muon", NULL}};
-static const variant qwen2_f32_adamw = {
-    .name = "cuda_trainer_qwen2_f32_adamw", .f32 = true, .steps = 4, .sets = {"optimizer._target_=AdamW", NULL}};
+static const variant qwen2_f32_adamw = {.name = "cuda_trainer_qwen2_f32_adamw",
+                                        .f32 = true,
+                                        .adamw = true,
+                                        .steps = 4,
+                                        .sets = {"optimizer._target_=AdamW", NULL}};
 static const variant qwen2_moe_f32 = {.name = "cuda_trainer_qwen2_moe_f32",
                                       .f32 = true,
                                       .steps = 4,

@@ -2209,7 +2209,7 @@ static int collectives_rank(bool nccl) {
     const ht_kernel_ops *K = nccl ? ht_kernels_cuda(&err) : ht_kernels_fenced();
     if (ht_comm_init(NULL, NULL, &world, &err) != HT_OK || !K ||
         ht_comm_staged(world, K, false, &staged, &err) != HT_OK ||
-        (nccl ? ht_comm_nccl(staged, true, &group, &err) : (group = staged, HT_OK)) != HT_OK ||
+        (nccl ? ht_comm_nccl(staged, false, &group, &err) : (group = staged, HT_OK)) != HT_OK ||
         ht_comm_split(group, world->rank % 2, world->rank, &half, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
