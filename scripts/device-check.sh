@@ -333,10 +333,35 @@ if [ $trainer_rc -eq 0 ] && ! $dry; then
     done
     note "training steps against PyTorch: $((SECONDS - t0)) s"
     tee -a "$summary" <"$OUT/train_step.jsonl"
+    # Where a step's time goes: the same steps on the profiled table (every entry waited for and timed,
+    # the products by shape), two of them after two, their table into profile.txt and its JSON line into
+    # train_step.jsonl.
+    t0=$SECONDS
+    for shape in "qwen2.5-0.5b 8 1024" "llama-1b 8 1024"; do
+        read -r model batch seq <<<"$shape"
+        [ $((budget - (SECONDS - started))) -lt 40 ] && note "profile: out of time before $model" && break
+        echo "== $model, $batch x $seq, bfloat16, AdamW" >>"$OUT/profile.txt"
+        OMP_NUM_THREADS=$(nproc) timeout "$(within 60)" "$trainer/bench_train_step" --backend cuda --dtype bfloat16 --steps 2 \
+            --model "$model" --batch "$batch" --seq "$seq" --profile >>"$OUT/train_step.jsonl" 2>>"$OUT/profile.txt" ||
+            note "bench_train_step --profile $model: rc $?"
+    done
+    note "profiled steps: $((SECONDS - t0)) s"
+    head -n 40 "$OUT/profile.txt" | tee -a "$summary" >/dev/null
+    # torch.compile's step on the 0.5B shapes, last: its compilation takes what is left, when enough is
+    if [ $((budget - (SECONDS - started))) -ge 150 ]; then
+        t0=$SECONDS
+        timeout "$(within 140)" python3 bench/peers/torch_train_step.py --device cuda --dtype bfloat16 --steps 5 --warmup 3 \
+            --model qwen2.5-0.5b --batch 8 --seq 1024 --compile >>"$OUT/train_step.jsonl" 2>>"$OUT/train_step.log" ||
+            note "torch_train_step --compile: rc $?"
+        note "torch.compile: $((SECONDS - t0)) s"
+        tail -n 1 "$OUT/train_step.jsonl" | tee -a "$summary" >/dev/null
+    else
+        note "torch.compile: not run ($((budget - (SECONDS - started))) s left)"
+    fi
 fi
 # What comes back is at most 8 files: the figures as they are, everything else in one archive
 (cd "$OUT" && tar -czf rest.tar.gz --remove-files $(ls | grep -vxE \
-    'summary.txt|env.txt|test_kernels.log|test_cuda_trainer.log|bench_kernels.log|train_step.jsonl') 2>/dev/null)
+    'summary.txt|env.txt|test_kernels.log|test_cuda_trainer.log|bench_kernels.log|train_step.jsonl|profile.txt') 2>/dev/null)
 note "done in $((SECONDS - started)) s; test_kernels rc $test_rc; trainer build rc $trainer_rc; test_cuda_trainer rc ${cuda_trainer_rc:-not run}; parity rc $parity_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 [ $test_rc -ne 0 ] && exit $test_rc
 [ $trainer_rc -ne 0 ] && exit $trainer_rc
