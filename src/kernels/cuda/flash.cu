@@ -69,9 +69,30 @@ template <int D> struct fa_ld {
     static constexpr int f = D + 4; /* FP32 rows of D */
 };
 
+/* Four floats, four 16-bit values: one load from global memory, one store to shared. */
+struct alignas(16) fa_f4 {
+    float x[4];
+};
+template <typename T16> struct alignas(8) fa_h4 { T16 x[4]; };
+
 /* Rows [r0, r0 + FA_TILE) of a head (row stride ld) into s (FA_TILE, D),
- * rounded to 16 bits; zeros past `rows`. Every thread of the block. */
+ * rounded to 16 bits; zeros past `rows`. Every thread of the block: four
+ * floats a load where the head's rows are 16-byte aligned (the decoder's
+ * always are), else one. */
 template <typename T16, int D> __device__ void fa_stage(T16 *s, const float *x, int64_t ld, int64_t r0, int64_t rows) {
+    static_assert(D % 4 == 0 && fa_ld<D>::h % 4 == 0, "rows of whole fa_h4");
+    if (((uintptr_t)x | (uintptr_t)(ld * 4)) % 16 == 0) {
+        for (int e = threadIdx.x; e < FA_TILE * D / 4; e += FA_THREADS) {
+            const int r = e / (D / 4), c = e % (D / 4) * 4;
+            fa_f4 v = {{0.0f, 0.0f, 0.0f, 0.0f}};
+            if (r0 + r < rows) v = *(const fa_f4 *)(x + (r0 + r) * ld + c);
+            fa_h4<T16> h;
+#pragma unroll
+            for (int i = 0; i < 4; i++) h.x[i] = fa_round<T16>(v.x[i]);
+            *(fa_h4<T16> *)(s + r * fa_ld<D>::h + c) = h;
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < FA_TILE * D; e += FA_THREADS) {
         const int r = e / D, c = e % D;
         s[r * fa_ld<D>::h + c] = fa_round<T16>(r0 + r < rows ? x[(r0 + r) * ld + c] : 0.0f);
