@@ -4,9 +4,12 @@
  * backward to the input, backward to the weight), then the fused passes'
  * memory rates (RMSNorm, SwiGLU, the cross-entropy over a chunk of rows,
  * AdamW with a bf16 model copy, the sum of squares) in GB/s of the bytes
- * each must read and write. Usage: bench_kernels [--backend cpu|cuda]
+ * each must read and write, and causal attention forward and backward on
+ * both models' heads in TFLOP/s (the products' FLOPs below the diagonal:
+ * forward 2 B H T² D, backward 2.5 times that). Usage: bench_kernels [--backend cpu|cuda]
  * [--small] (sizes / 16 and / 64: a quick pass on a CPU). */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +230,50 @@ static void bench_passes(void) {
     K->free(p.a), K->free(p.b), K->free(p.c), K->free(p.d), K->free(p.e);
 }
 
+/* ---------------------------------------------------------------- attention */
+
+typedef struct attention_case {
+    ht_attention_shape a;
+    ht_dtype dtype;
+    float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *work;
+} attention_case;
+
+static void run_attention_forward(void *arg) {
+    attention_case *c = arg;
+    K->attention_forward(c->out, c->lse, NULL, c->q, c->k, c->v, &c->a, c->dtype, c->work);
+}
+
+static void run_attention_backward(void *arg) {
+    attention_case *c = arg;
+    K->attention_backward(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, &c->a, c->dtype, c->work);
+}
+
+/* Causal attention of B sequences of T tokens, H query heads over KV, head dim D, operands rounded to dtype. */
+static void bench_attention(const char *model, int64_t B, int64_t T, int H, int KV, int D, ht_dtype dtype) {
+    if (shrink > 1) B = 1, T /= 4;
+    attention_case c = {.a = {.B = B, .T = T, .H = H, .KV = KV, .Dk = D, .Dv = D, .scale = 1.0f / sqrtf((float)D)},
+                        .dtype = dtype};
+    const size_t nq = (size_t)(B * T * H * D), nk = (size_t)(B * T * KV * D);
+    c.q = random_buffer(nq, HT_DTYPE_F32), c.k = random_buffer(nk, HT_DTYPE_F32);
+    c.v = random_buffer(nk, HT_DTYPE_F32), c.dout = random_buffer(nq, HT_DTYPE_F32);
+    c.out = alloc_or_die(nq * 4), c.lse = alloc_or_die((size_t)(B * H * T) * 4);
+    c.dq = alloc_or_die(nq * 4), c.dk = alloc_or_die(nk * 4), c.dv = alloc_or_die(nk * 4);
+    /* the CPU's workspace is per thread (the decoder sizes it so); a device's is one */
+    const size_t threads = K->host_memory ? (size_t)omp_get_max_threads() : 1;
+    c.work = alloc_or_die(threads * K->attention_workspace_floats(T, D, D) * 4 + 64);
+    const double flops = 2.0 * (double)B * H * (double)T * (double)T * D;
+    char what[96];
+    snprintf(what, sizeof(what), "%s B %lld T %lld H %d KV %d D %d %s", model, (long long)B, (long long)T, H, KV, D,
+             ht_dtype_name(dtype));
+    const double f = time_calls(run_attention_forward, &c, "attention_forward");
+    const double b = time_calls(run_attention_backward, &c, "attention_backward");
+    printf("attention %-44s fwd %8.3f ms %7.1f TFLOP/s  bwd %8.3f ms %7.1f TFLOP/s\n", what, f * 1e3, flops / f / 1e12,
+           b * 1e3, 2.5 * flops / b / 1e12);
+    fflush(stdout);
+    float *bufs[] = {c.q, c.k, c.v, c.out, c.lse, c.dout, c.dq, c.dk, c.dv, c.work};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) K->free(bufs[i]);
+}
+
 int main(int argc, char **argv) {
     const char *backend = "cuda";
     for (int i = 1; i < argc; i++) {
@@ -258,5 +305,7 @@ int main(int argc, char **argv) {
     bench_linear("llama1b", "mlp down", tokens, 8192, 2048, HT_DTYPE_BF16);
     bench_linear("llama1b", "lm head", tokens, 2048, 128256, HT_DTYPE_BF16);
     bench_passes();
+    bench_attention("qwen0.5b", 8, 1024, 14, 2, 64, HT_DTYPE_BF16);
+    bench_attention("llama1b", 8, 1024, 32, 8, 64, HT_DTYPE_BF16);
     return 0;
 }

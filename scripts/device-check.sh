@@ -285,7 +285,7 @@ tee -a "$summary" <"$OUT/bench_kernels.log"
 
 # The yardstick in the same call: PyTorch's matmul (cuBLAS) on the 8192³ product, Llama-3.2-1B's MLP up
 # and Qwen2.5-0.5B's LM head at 8192 tokens, the mean of ten after three warm-ups (as the device
-# machine's notes measured 788 TFLOP/s in bf16 on random data).
+# machine's notes measured 788 TFLOP/s in bf16 on random data), then SDPA on bench_kernels' attention shapes.
 t0=$SECONDS
 PYTHONUNBUFFERED=1 timeout "$(within 90)" python3 - >"$OUT/torch_gemm.log" 2>&1 <<'EOF'
 import torch
@@ -310,6 +310,32 @@ for (m, n, k) in [(8192, 8192, 8192), (8192, 8192, 2048), (8192, 151936, 896)]:
         s = start.elapsed_time(end) / 1e3 / 10
         print(f"torch matmul {str(dtype):15s} M {m} N {n} K {k} NT: {s*1e3:8.3f} ms {2*m*n*k/s/1e12:7.1f} TFLOP/s")
         del a, b, c
+# SDPA on bench_kernels' attention shapes (causal, GQA, bf16), forward and backward, FLOPs counted as there
+import torch.nn.functional as F
+for (model, B, T, H, KV, D) in [("qwen0.5b", 8, 1024, 14, 2, 64), ("llama1b", 8, 1024, 32, 8, 64)]:
+    q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+    def fwd():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    def timed(fn, reps=10):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    f = timed(fwd)
+    o = fwd()
+    b = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+    flops = 2.0 * B * H * T * T * D
+    print(f"torch sdpa {model} B {B} T {T} H {H} KV {KV} D {D} bfloat16 fwd {f*1e3:8.3f} ms {flops/f/1e12:7.1f} TFLOP/s"
+          f"  bwd {b*1e3:8.3f} ms {2.5*flops/b/1e12:7.1f} TFLOP/s")
 EOF
 note "torch matmul: rc $? in $((SECONDS - t0)) s"
 tee -a "$summary" <"$OUT/torch_gemm.log"
