@@ -1515,7 +1515,7 @@ static void test_backend_attention(void **state) {
         double worst = 0;
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
             for (int d = 0; d < 3; d++) worst = fmax(worst, check_backend_attention(K, shapes[s], dtypes[d], 0));
-        /* rows that are not 16-byte aligned: the tensor-core kernels' staging a float a load */
+        /* rows that are not 16-byte aligned (the tensor-core kernels stage from 16-bit copies of their own) */
         for (int d = 1; d < 3; d++) worst = fmax(worst, check_backend_attention(K, shapes[0], dtypes[d], 1));
         summary(K, "attention_forward, attention_backward (f32, bf16, f16)", worst);
         enum { B = 2, T = 40, H = 3, Dv = 24 };

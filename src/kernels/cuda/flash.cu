@@ -5,8 +5,9 @@
  *
  * A block is four warps over a tile of 64 query rows (forward, dQ) or 64
  * key rows (dK, dV), each warp owning 16 of them; the other side comes
- * through shared memory 64 rows at a time, converted from FP32 and rounded
- * as it is loaded (the roundings of q, k, v and dO). Forward keeps each
+ * through shared memory 64 rows at a time, from 16-bit copies of q, k, v
+ * and dO rounded once per call into the backend's scratch (the CPU's
+ * roundings of them), eight values a load. Forward keeps each
  * row's online softmax (m, l) in the two lanes that own the row and its
  * output accumulator in shared memory, rescaled row by row; P is rounded
  * before P V. Backward computes δ = rowsum(O ∘ dO) once (from the rounded
@@ -69,33 +70,28 @@ template <int D> struct fa_ld {
     static constexpr int f = D + 4; /* FP32 rows of D */
 };
 
-/* Four floats, four 16-bit values: one load from global memory, one store to shared. */
-struct alignas(16) fa_f4 {
-    float x[4];
-};
-template <typename T16> struct alignas(8) fa_h4 { T16 x[4]; };
+/* Eight 16-bit values: one 16-byte load or store. */
+template <typename T16> struct alignas(16) fa_h8 { T16 x[8]; };
 
-/* Rows [r0, r0 + FA_TILE) of a head (row stride ld) into s (FA_TILE, D),
- * rounded to 16 bits; zeros past `rows`. Every thread of the block: four
- * floats a load where the head's rows are 16-byte aligned (the decoder's
- * always are), else one. */
-template <typename T16, int D> __device__ void fa_stage(T16 *s, const float *x, int64_t ld, int64_t r0, int64_t rows) {
-    static_assert(D % 4 == 0 && fa_ld<D>::h % 4 == 0, "rows of whole fa_h4");
-    if (((uintptr_t)x | (uintptr_t)(ld * 4)) % 16 == 0) {
-        for (int e = threadIdx.x; e < FA_TILE * D / 4; e += FA_THREADS) {
-            const int r = e / (D / 4), c = e % (D / 4) * 4;
-            fa_f4 v = {{0.0f, 0.0f, 0.0f, 0.0f}};
-            if (r0 + r < rows) v = *(const fa_f4 *)(x + (r0 + r) * ld + c);
-            fa_h4<T16> h;
-#pragma unroll
-            for (int i = 0; i < 4; i++) h.x[i] = fa_round<T16>(v.x[i]);
-            *(fa_h4<T16> *)(s + r * fa_ld<D>::h + c) = h;
-        }
-        return;
-    }
-    for (int e = threadIdx.x; e < FA_TILE * D; e += FA_THREADS) {
-        const int r = e / D, c = e % D;
-        s[r * fa_ld<D>::h + c] = fa_round<T16>(r0 + r < rows ? x[(r0 + r) * ld + c] : 0.0f);
+/* x (n floats) rounded to 16 bits, as the CPU rounds an operand: the
+ * copies of q, k, v and dO the tiles are staged from. */
+template <typename T16> __global__ void fa_round_kernel(T16 *dst, const float *x, int64_t n) {
+    CUDA_FOR(i, n) dst[i] = fa_round<T16>(x[i]);
+}
+
+/* Rows [r0, r0 + FA_TILE) of a head of those copies (row stride ld; rows
+ * 16-byte aligned, as fa_launch carves them) into s (FA_TILE, D), zeros
+ * past `rows`: eight values a load. Every thread of the block. */
+template <typename T16, int D> __device__ void fa_stage(T16 *s, const T16 *x, int64_t ld, int64_t r0, int64_t rows) {
+    static_assert(D % 8 == 0 && fa_ld<D>::h % 8 == 0, "rows of whole fa_h8");
+    for (int e = threadIdx.x; e < FA_TILE * D / 8; e += FA_THREADS) {
+        const int r = e / (D / 8), c = e % (D / 8) * 8;
+        fa_h8<T16> v;
+        if (r0 + r < rows)
+            v = *(const fa_h8<T16> *)(x + (r0 + r) * ld + c);
+        else
+            for (int i = 0; i < 8; i++) v.x[i] = fa_round<T16>(0.0f);
+        *(fa_h8<T16> *)(s + r * fa_ld<D>::h + c) = v;
     }
 }
 
@@ -192,7 +188,7 @@ template <typename T16, int DK, int DV> struct fa_forward_smem {
  * halves of Dv. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_forward_kernel(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
+    fa_forward_kernel(float *out, float *lse, float *head_max, const T16 *q, const T16 *k, const T16 *v,
                       const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
@@ -207,7 +203,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
     const int64_t i = i0 + r;
     const bool row = i < T;
-    const float *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
+    const T16 *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
     fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
     for (int e = threadIdx.x; e < FA_ROWS * LO; e += FA_THREADS) so[e] = 0.0f;
     const int64_t last = (i0 + FA_ROWS < T ? i0 + FA_ROWS : T) - 1, keys = fa_seen(a, Tk, last);
@@ -285,14 +281,15 @@ __global__ void __launch_bounds__(FA_THREADS)
  * stage). A warp a row, FA_WARPS rows a block. */
 template <typename T16, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_delta_kernel(float *delta, const float *dout, const float *out, const ht_attention_shape a) {
+    fa_delta_kernel(float *delta, const T16 *dout, const float *out, const ht_attention_shape a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t row = (int64_t)blockIdx.x * FA_WARPS + warp, T = a.T, os = a.H * DV;
     if (row >= (int64_t)a.B * a.H * T) return;
     const int64_t b = row / (a.H * T), h = row / T % a.H, i = row % T;
-    const float *o = out + b * T * os + i * os + h * DV, *g = dout + b * T * os + i * os + h * DV;
+    const float *o = out + b * T * os + i * os + h * DV;
+    const T16 *g = dout + b * T * os + i * os + h * DV;
     float dot = 0.0f;
-    for (int d = lane; d < DV; d += 32) dot = fmaf(o[d], (float)fa_round<T16>(g[d]), dot);
+    for (int d = lane; d < DV; d += 32) dot = fmaf(o[d], (float)g[d], dot);
     for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
     if (lane == 0) delta[row] = dot;
 }
@@ -329,8 +326,8 @@ template <typename T16, int DK, int DV> struct fa_backward_smem {
  * in its accumulators across the key tiles. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_dq_kernel(float *dq, const float *dout, const float *delta, const float *lse, const float *q, const float *k,
-                 const float *v, const ht_attention_shape a) {
+    fa_dq_kernel(float *dq, const T16 *dout, const float *delta, const float *lse, const T16 *q, const T16 *k,
+                 const T16 *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LG = fa_ld<DK>::f;
@@ -343,7 +340,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
     const int64_t i = i0 + r, seen = i < T ? fa_seen(a, Tk, i) : 0;
-    const float *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
+    const T16 *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
     fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
     fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
     fa_stage_stats(sd, sl, delta + (b * a.H + h) * T, lse + (b * a.H + h) * T, i0, T);
@@ -385,8 +382,8 @@ __global__ void __launch_bounds__(FA_THREADS)
  * head of a group runs at once, and every sum is still in one order. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
-    fa_dkv_kernel(float *dk, float *dv, float *pk, float *pv, const float *dout, const float *delta, const float *lse,
-                  const float *q, const float *k, const float *v, const ht_attention_shape a) {
+    fa_dkv_kernel(float *dk, float *dv, float *pk, float *pv, const T16 *dout, const float *delta, const float *lse,
+                  const T16 *q, const T16 *k, const T16 *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
                   LG = fa_ld<DK>::f;
@@ -469,18 +466,41 @@ static bool fa_device_ok(void) {
     return major >= 8;
 }
 
+/* The backend's scratch, carved a block at a time (256-byte aligned). */
+static size_t fa_block(size_t bytes) { return (bytes + 255) / 256 * 256; }
+static char *fa_take(char *&at, size_t bytes) {
+    char *p = at;
+    at += fa_block(bytes);
+    return p;
+}
+
+/* n floats of x rounded into a 16-bit copy taken from the scratch at `at`. */
+template <typename T16> static const T16 *fa_copy16(char *&at, const float *x, int64_t n) {
+    T16 *d = (T16 *)fa_take(at, (size_t)n * sizeof(T16));
+    if (n > 0) LAUNCH("attention (16-bit operands)", fa_round_kernel<T16>, cuda_blocks(n), CUDA_THREADS, d, x, n);
+    return d;
+}
+
 template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_call &c) {
     const ht_attention_shape &a = *c.shape;
     const int64_t Tk = a.Tk > 0 ? a.Tk : a.T;
     const dim3 qgrid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
+    /* q, k, v (and dO) rounded once into the scratch, the tiles staged from those copies */
+    const int64_t nq = (int64_t)a.B * a.T * a.H * DK, nk = (int64_t)a.B * Tk * a.KV * DK;
+    const int64_t nv = (int64_t)a.B * Tk * a.KV * DV, ng = (int64_t)a.B * a.T * a.H * DV;
+    const size_t copies = fa_block((size_t)nq * 2) + fa_block((size_t)nk * 2) + fa_block((size_t)nv * 2);
     if (c.forward) {
+        char *at = (char *)cuda_scratch(copies);
+        if (!at) return true; /* the failure is the backend's */
+        const T16 *q16 = fa_copy16<T16>(at, c.q, nq), *k16 = fa_copy16<T16>(at, c.k, nk);
+        const T16 *v16 = fa_copy16<T16>(at, c.v, nv);
         const size_t bytes = fa_forward_smem<T16, DK, DV>(0).bytes;
         if (!cuda_ok(cudaFuncSetAttribute((const void *)fa_forward_kernel<T16, DK, DV>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
                      "attention_forward (shared memory)"))
             return true;
         auto *forward = fa_forward_kernel<T16, DK, DV>;
-        CUDA_LAUNCH(forward, qgrid, FA_THREADS, bytes, c.out, c.lse, c.head_max, c.q, c.k, c.v, a);
+        CUDA_LAUNCH(forward, qgrid, FA_THREADS, bytes, c.out, c.lse, c.head_max, q16, k16, v16, a);
         cuda_check_launch("attention_forward (tensor cores)");
         return true;
     }
@@ -492,22 +512,27 @@ template <typename T16, int DK, int DV> static bool fa_launch(const cuda_flash_c
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kbytes),
                  "attention_backward (shared memory)"))
         return true;
-    /* scratch: δ (B, H, T), and where a group has several heads their pk, pv */
+    /* and δ (B, H, T), and where a group has several heads their partial dK, dV (B, Tk, H, D) */
     const int64_t group = a.H / a.KV, rows = (int64_t)a.B * a.H * a.T;
-    const size_t nd = (size_t)(rows + 31) / 32 * 32, nk = group > 1 ? (size_t)(a.B * Tk * a.H * DK) : 0,
-                 nv = group > 1 ? (size_t)(a.B * Tk * a.H * DV) : 0;
-    float *delta = (float *)cuda_scratch((nd + nk + nv) * sizeof(float));
-    if (!delta) return true; /* the failure is the backend's */
-    float *pk = group > 1 ? delta + nd : NULL, *pv = group > 1 ? pk + nk : NULL;
+    const size_t npk = group > 1 ? (size_t)(a.B * Tk * a.H * DK) : 0,
+                 npv = group > 1 ? (size_t)(a.B * Tk * a.H * DV) : 0;
+    char *at = (char *)cuda_scratch(copies + fa_block((size_t)ng * 2) + fa_block((size_t)rows * 4) + fa_block(npk * 4) +
+                                    fa_block(npv * 4));
+    if (!at) return true; /* the failure is the backend's */
+    const T16 *q16 = fa_copy16<T16>(at, c.q, nq), *k16 = fa_copy16<T16>(at, c.k, nk);
+    const T16 *v16 = fa_copy16<T16>(at, c.v, nv), *g16 = fa_copy16<T16>(at, c.dout, ng);
+    float *delta = (float *)fa_take(at, (size_t)rows * 4);
+    float *pk = group > 1 ? (float *)fa_take(at, npk * 4) : NULL,
+          *pv = group > 1 ? (float *)fa_take(at, npv * 4) : NULL;
     auto *dl = fa_delta_kernel<T16, DV>;
-    CUDA_LAUNCH(dl, (unsigned)((rows + FA_WARPS - 1) / FA_WARPS), FA_THREADS, 0, delta, c.dout, c.out, a);
+    CUDA_LAUNCH(dl, (unsigned)((rows + FA_WARPS - 1) / FA_WARPS), FA_THREADS, 0, delta, g16, c.out, a);
     cuda_check_launch("attention_backward (delta)");
     auto *dq = fa_dq_kernel<T16, DK, DV>;
-    CUDA_LAUNCH(dq, qgrid, FA_THREADS, qbytes, c.dq, c.dout, delta, c.lse, c.q, c.k, c.v, a);
+    CUDA_LAUNCH(dq, qgrid, FA_THREADS, qbytes, c.dq, g16, delta, c.lse, q16, k16, v16, a);
     cuda_check_launch("attention_backward (dq, tensor cores)");
     const dim3 kgrid((unsigned)((Tk + FA_ROWS - 1) / FA_ROWS), (unsigned)a.H, (unsigned)a.B);
     auto *dkv = fa_dkv_kernel<T16, DK, DV>;
-    CUDA_LAUNCH(dkv, kgrid, FA_THREADS, kbytes, c.dk, c.dv, pk, pv, c.dout, delta, c.lse, c.q, c.k, c.v, a);
+    CUDA_LAUNCH(dkv, kgrid, FA_THREADS, kbytes, c.dk, c.dv, pk, pv, g16, delta, c.lse, q16, k16, v16, a);
     cuda_check_launch("attention_backward (dk, dv, tensor cores)");
     if (group > 1) {
         CUDA_LAUNCH(fa_group_sum_kernel, cuda_blocks(a.B * Tk * a.KV * (DK + DV)), CUDA_THREADS, 0, c.dk, c.dv, pk, pv,
