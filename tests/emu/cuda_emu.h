@@ -22,6 +22,8 @@
 #include <cublasLt.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -77,6 +79,18 @@ template <typename X> inline X emu_shuffle(X v, unsigned from_lane) {
 template <typename X> inline X __shfl_xor_sync(unsigned mask, X v, int lane_mask) {
     (void)mask;
     return emu_shuffle(v, (threadIdx.x % 32) ^ (unsigned)lane_mask);
+}
+/* Whether pred holds in every lane of the warp (whole warps: the kernels that vote run blocks of them). */
+inline int __all_sync(unsigned mask, int pred) {
+    (void)mask;
+    if ((blockDim.x * blockDim.y * blockDim.z) % 32 != 0) {
+        std::fprintf(stderr, "cuda_emu: __all_sync in a block of %u threads, not whole warps\n",
+                     blockDim.x * blockDim.y * blockDim.z);
+        std::abort();
+    }
+    int all = 1;
+    for (unsigned l = 0; l < 32; l++) all &= emu_shuffle(pred ? 1 : 0, l);
+    return all;
 }
 template <typename X> inline X __shfl_down_sync(unsigned mask, X v, unsigned delta) {
     (void)mask;

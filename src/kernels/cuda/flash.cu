@@ -242,8 +242,11 @@ __global__ void __launch_bounds__(FA_THREADS)
         m = mx;
         if (half == 0) corr[r] = f;
         __syncwarp();
-        for (int e = lane; e < 16 * DV; e += 32) so[(warp * 16 + e / DV) * LO + e % DV] *= corr[warp * 16 + e / DV];
-        __syncwarp();
+        /* the rows whose maximum rose rescaled (f 1 everywhere once the maxima settle: nothing to do) */
+        if (!__all_sync(0xffffffffu, f == 1.0f)) {
+            for (int e = lane; e < 16 * DV; e += 32) so[(warp * 16 + e / DV) * LO + e % DV] *= corr[warp * 16 + e / DV];
+            __syncwarp();
+        }
         /* O += P V, the accumulator through shared memory (its rows were rescaled there) */
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DV / 16];
 #pragma unroll
