@@ -57,7 +57,6 @@ static void leave(const char *key, double t0) {
     add(key, ht_time_seconds() - t0);
 }
 
-#define UNPAREN(...) __VA_ARGS__
 #define PROFILED(name, params, args, checks)                                                                           \
     static void profiled_##name params {                                                                               \
         double began = enter();                                                                                        \

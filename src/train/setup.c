@@ -204,6 +204,14 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
                     mla->rope_interleave ? "interleaved pairs" : "halves", mla->v_head_dim,
                     ht_model_config_attention_scale(a), ht_rope_is_yarn(&a->rope_scaling) ? " (YaRN)" : "");
     }
+    const int64_t chunk = t->model->head_chunk_bytes, rows = chunk / ((int64_t)a->vocab_size * 4);
+    if (chunk > 0)
+        ht_log_info("LM head and loss: at most %lld MiB of FP32 logits at once, chunks of %lld tokens where a "
+                    "micro-batch has more (kernels.lm_head_chunk_mib %s)",
+                    (long long)(chunk >> 20), (long long)(rows > 0 ? rows : 1),
+                    c->kernels.lm_head_chunk_mib >= 0 ? "as set" : "auto: the kernel table's");
+    else
+        ht_log_info("LM head and loss: every token at once (kernels.lm_head_chunk_mib 0)");
     if (ht_model_config_is_deepseek(a) && a->moe.num_experts > 0)
         ht_log_info(
             "DeepSeekMoE: %d routed experts in %d groups (%d kept), top %d, %d shared, width %d, weights x %g%s; "
