@@ -90,6 +90,9 @@ static void train(const char *dir, const char *out, const char *backend, const v
     if (restore) set_or_fail(cfg, "checkpoint.restore_from=%s", restore);
     if (factor) set_or_fail(cfg, "training.gradient_scaling_factor=%s", factor);
     ht_trainer *t = trainer_new(cfg);
+    /* kernels.lm_head_chunk_mib: auto, the table's: 64 MiB on the CPU, 1 GiB on CUDA */
+    assert_int_equal(t->model->head_chunk_bytes, (int64_t)ht_kernels()->lm_head_chunk_bytes);
+    assert_int_equal(t->model->head_chunk_bytes, strcmp(backend, "cuda") == 0 ? (int64_t)1 << 30 : (int64_t)64 << 20);
     ht_error err;
     r->first = (int)t->step, r->last = until;
     for (int s = r->first; s < until; s++) {

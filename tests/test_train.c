@@ -71,6 +71,27 @@ static void test_segmented_schedule_runs_its_own_length(void **state) {
     free(cfg);
 }
 
+/* kernels.lm_head_chunk_mib: auto is the kernel table's bound (the CPU's and the fenced one's 64 MiB), a
+ * number its MiB, 0 no chunks. */
+static void test_lm_head_chunk_bound(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_lm_head_chunk");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    const char *sets[] = {"kernels.backend=cpu", "kernels.backend=fenced", "kernels.lm_head_chunk_mib=3",
+                          "kernels.lm_head_chunk_mib=0"};
+    const int64_t want[] = {(int64_t)64 << 20, (int64_t)64 << 20, (int64_t)3 << 20, 0};
+    for (int i = 0; i < 4; i++) {
+        assert_ht_ok(ht_config_set(cfg, sets[i], &err), &err);
+        ht_trainer *t = trainer_new(cfg);
+        assert_int_equal(t->model->head_chunk_bytes, want[i]);
+        trainer_delete(t);
+    }
+    free(cfg);
+}
+
 static void test_training_lowers_validation_loss(void **state) {
     (void)state;
     const char *dir = scratch_dir("train_tiny");
@@ -1368,6 +1389,7 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lm_head_chunk_bound),
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),
         cmocka_unit_test(test_checkpoints_between_the_cpu_and_the_fenced_backend),

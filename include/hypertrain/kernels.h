@@ -156,6 +156,7 @@ typedef struct ht_kernel_ops {
      * chunk's products have rows enough for its tensor cores (about 1,700
      * at a vocabulary of 152k, where 64 MiB would give 110). */
     size_t lm_head_chunk_bytes;
+#define HT_CPU_LM_HEAD_CHUNK_BYTES ((size_t)64 << 20) /* the CPU's (and the fenced table's, for its bits) */
     /* memory: what the kernels read and write apart from the parameters
      * (activations, the rotary tables, optimizer state, workspaces),
      * zeroed and 64-byte aligned. The CPU's is ht_alloc / ht_free; the

@@ -190,7 +190,7 @@ static size_t fenced_ns_workspace_floats(int64_t count, int64_t rows, int64_t co
 #define ENTRY_RET(type, name, ...) E(name),
 static const ht_kernel_ops fenced = {.name = "fenced",
                                      .host_memory = false,
-                                     .lm_head_chunk_bytes = (size_t)64 << 20, /* the CPU's, for its bits */
+                                     .lm_head_chunk_bytes = HT_CPU_LM_HEAD_CHUNK_BYTES,
                                      .alloc = fenced_alloc,
                                      .free = fenced_free,
                                      .owns = fenced_owns,

@@ -23,7 +23,7 @@ static ht_status cpu_synchronize(ht_error *err) { return ht_gemm_status(err); }
 static const ht_kernel_ops cpu = {
     .name = "cpu",
     .host_memory = true,
-    .lm_head_chunk_bytes = (size_t)64 << 20,
+    .lm_head_chunk_bytes = HT_CPU_LM_HEAD_CHUNK_BYTES,
     .alloc = ht_alloc,
     .free = ht_free,
     .owns = cpu_owns,
