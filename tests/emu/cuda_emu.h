@@ -9,8 +9,10 @@
  * a slot a lane, `__shared__` arrays as statics (the blocks run one after
  * another), dynamic shared memory one buffer filled with 0xff bytes (NaN in
  * every float type) before each block, and the device's exact-rounding
- * intrinsics. With mma.h beside it (WMMA as whole 16 x 16 tiles) the
- * backend's kernels run here against the CPU's: their indexing, masks,
+ * intrinsics, and the tensor-core instructions kernels/cuda/tc.cuh names
+ * (ldmatrix, mma.sync m16n8k16) with each lane's fragments as the PTX ISA
+ * lays them out, the lanes trading registers through their warp's
+ * exchange. So the backend's kernels run here against the CPU's: their indexing, masks,
  * barriers and roundings are tested where no GPU is. Not modelled: the
  * order of a tensor-core product's sum (k order in FP32 here), memory
  * ordering between threads other than at barriers, timing. */
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #undef __device__
 #undef __global__
@@ -54,6 +57,9 @@ void block_barrier();
 void warp_barrier();
 /* this lane's slot of its warp, for the shuffles */
 double *warp_slots();
+/* this warp's WARP_EXCHANGE_BYTES, for the instructions whose lanes trade registers */
+enum { WARP_EXCHANGE_BYTES = 32 * 64 };
+unsigned char *warp_exchange();
 } // namespace emu
 
 #define threadIdx (emu::thread_idx)
@@ -100,6 +106,74 @@ template <typename X> inline X __shfl_down_sync(unsigned mask, X v, unsigned del
 template <typename X> inline X __shfl_sync(unsigned mask, X v, int src) {
     (void)mask;
     return emu_shuffle(v, (unsigned)src);
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8j..8j+7 name the
+ * rows (16 bytes each) of matrix j; r[j] is its (g, 2t..2t+1), g = lane / 4,
+ * t = lane % 4, or with trans its transpose's: rows 2t and 2t + 1 at column g. */
+inline void emu_ldmatrix_x4(uint32_t (&r)[4], const void *row, bool trans) {
+    const unsigned char **rows = (const unsigned char **)(void *)emu::warp_exchange();
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    rows[lane] = (const unsigned char *)row;
+    __syncwarp();
+    for (unsigned j = 0; j < 4; j++) {
+        if (!trans) {
+            std::memcpy(&r[j], rows[8 * j + g] + 4 * t, 4);
+            continue;
+        }
+        uint16_t lo, hi;
+        std::memcpy(&lo, rows[8 * j + 2 * t] + 2 * g, 2);
+        std::memcpy(&hi, rows[8 * j + 2 * t + 1] + 2 * g, 2);
+        r[j] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    __syncwarp();
+}
+
+inline float emu_from16(uint16_t h, bool bf16) {
+    if (bf16) {
+        const uint32_t u = (uint32_t)h << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, D = A B + D
+ * with each lane's fragments as the PTX ISA lays them out (kernels/cuda/tc.cuh):
+ * the warp's A (16 x 16) and B (16 x 8) gathered from every lane, each of the
+ * lane's four outputs summed in k order in FP32, then added to its D. */
+inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16) {
+    struct regs {
+        uint32_t a[4], b[2];
+    };
+    static_assert(32 * sizeof(regs) <= emu::WARP_EXCHANGE_BYTES, "the exchange holds a warp's fragments");
+    regs *x = (regs *)(void *)emu::warp_exchange();
+    const unsigned lane = threadIdx.x % 32;
+    x[lane] = regs{{a[0], a[1], a[2], a[3]}, {b0, b1}};
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; l++) {
+        const unsigned g = l / 4, t = l % 4;
+        for (unsigned i = 0; i < 8; i++) {
+            const uint16_t h = (uint16_t)(x[l].a[i / 2] >> (16 * (i % 2)));
+            A[g + 8 * ((i / 2) % 2)][2 * t + i % 2 + 8 * (i / 4)] = emu_from16(h, bf16);
+        }
+        for (unsigned i = 0; i < 4; i++) {
+            const uint16_t h = (uint16_t)(x[l].b[i / 2] >> (16 * (i % 2)));
+            B[2 * t + i % 2 + 8 * (i / 2)][g] = emu_from16(h, bf16);
+        }
+    }
+    __syncwarp();
+    const unsigned g = lane / 4, t = lane % 4;
+    for (unsigned e = 0; e < 4; e++) {
+        const unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float s = 0.0f;
+        for (unsigned k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        d[e] = d[e] + s;
+    }
 }
 
 inline float __fadd_rn(float a, float b) { return a + b; }

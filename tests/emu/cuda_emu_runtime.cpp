@@ -41,6 +41,7 @@ static const size_t STACK_BYTES = 256 << 10;
 static unsigned current;
 static const std::function<void()> *body_now;
 static double slots[32][32];
+alignas(16) static unsigned char exchange[32][WARP_EXCHANGE_BYTES];
 static cudaError_t pending = cudaSuccess; /* cudaGetLastError's */
 
 /* Back to the scheduler, to be resumed where fiber `current` stands now. */
@@ -84,6 +85,7 @@ static void wait_at(state s) {
 void block_barrier() { wait_at(AT_BLOCK_BARRIER); }
 void warp_barrier() { wait_at(AT_WARP_BARRIER); }
 double *warp_slots() { return slots[(current / 32) % 32]; }
+unsigned char *warp_exchange() { return exchange[(current / 32) % 32]; }
 
 /* Releases the threads whose barrier every live thread it names has
  * reached; false if none could be (a deadlock). */

@@ -1,33 +1,34 @@
 /* Causal attention with 16-bit operands on tensor cores: the formulas and
  * roundings of kernels/attention.c (docs/NUMERICS.md, "Attention") as
- * FlashAttention-2 tiles them, each product a WMMA 16 x 16 x 16 product of
- * bf16 or f16 operands into FP32.
+ * FlashAttention-2 tiles them, each product mma.sync m16n8k16 of bf16 or
+ * f16 operands into FP32 (tc.cuh), its fragments in registers.
  *
  * A block is four warps over a tile of 64 query rows (forward, dQ) or 64
  * key rows (dK, dV), each warp owning 16 of them; the other side comes
  * through shared memory 64 rows at a time, from 16-bit copies of q, k, v
  * and dO rounded once per call into the backend's scratch (the CPU's
- * roundings of them), eight values a load. Forward keeps each
- * row's online softmax (m, l) in the two lanes that own the row and its
- * output accumulator in shared memory, rescaled row by row; P is rounded
- * before P V. Backward computes δ = rowsum(O ∘ dO) once (from the rounded
- * dO), then recomputes P from lse: dQ by query tiles, dK and dV by key
- * tiles of one query head each, the heads of a GQA group then added in
- * their order, so that every gradient element is summed in a fixed order
- * (no atomics: a run repeats bit for bit); dS is rounded before its two
- * products. Head dims (Dk, Dv) of (32, 32), (64, 64), (128, 128) and
- * Multi-Latent Attention's (192, 128) take this path on a GPU of compute
- * capability 8.0 or more; every other call, and FP32, the plain kernels of
- * attention.cu. test_kernels_emu runs them on the host against the CPU's
- * (docs/DESIGN.md, "The CUDA backend without a GPU"). */
+ * roundings of them), eight values a load, and into the products by
+ * ldmatrix. A warp's logits, probabilities and accumulators stay in its
+ * registers: forward keeps each row's online softmax (m, l) in the four
+ * lanes that hold the row and rescales its output there; P, rounded, is
+ * the A operand of P V as it stands. Backward computes δ = rowsum(O ∘ dO)
+ * once (from the rounded dO), then recomputes P from lse: dQ by query
+ * tiles, dK and dV by key tiles of one query head each (Sᵀ and dPᵀ key
+ * rows first, so Pᵀ and dSᵀ feed their products from registers too), the
+ * heads of a GQA group then added in their order, so that every gradient
+ * element is summed in a fixed order (no atomics: a run repeats bit for
+ * bit); dS is rounded before its two products. Head dims (Dk, Dv) of
+ * (32, 32), (64, 64), (128, 128) and Multi-Latent Attention's (192, 128)
+ * take this path on a GPU of compute capability 8.0 or more; every other
+ * call, and FP32, the plain kernels of attention.cu. test_kernels_emu runs
+ * them on the host against the CPU's (docs/DESIGN.md, "The CUDA backend
+ * without a GPU"). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
-#include <mma.h>
 
 #include "kernels/cuda/cuda.cuh"
-
-using namespace nvcuda;
+#include "kernels/cuda/tc.cuh"
 
 enum {
     FA_ROWS = 64, /* a block's own rows, 16 a warp */
@@ -51,7 +52,7 @@ template <> __device__ __forceinline__ __half fa_round<__half>(float x) {
 
 static_assert(FA_ROWS == FA_TILE, "the staging of either side's rows is one function");
 
-/* Shared memory: a carve of 128-byte-aligned arrays (WMMA wants 32), the
+/* Shared memory: a carve of 128-byte-aligned arrays (ldmatrix wants 16), the
  * same on the host (base 0: the bytes a launch asks for) as in the kernel. */
 struct fa_carve {
     uintptr_t base;
@@ -63,11 +64,10 @@ struct fa_carve {
     }
 };
 
-/* The leading dimensions in shared memory: rows padded by 16 bytes (16-bit)
- * or 16 bytes (FP32) against bank conflicts, multiples WMMA accepts. */
+/* The leading dimension of 16-bit rows of D in shared memory: padded by
+ * 16 bytes, so that the eight rows an ldmatrix reads fall in distinct banks. */
 template <int D> struct fa_ld {
-    static constexpr int h = D + 8; /* 16-bit rows of D */
-    static constexpr int f = D + 4; /* FP32 rows of D */
+    static constexpr int h = D + 8;
 };
 
 /* Eight 16-bit values: one 16-byte load or store. */
@@ -95,63 +95,6 @@ template <typename T16, int D> __device__ void fa_stage(T16 *s, const T16 *x, in
     }
 }
 
-/* C (16 x 16 n-tiles of this warp's 16 rows) = A (16 x K, row-major at a)
- * times Bᵀ where B is (N x K) row-major at b: S = Q Kᵀ, dP = dO Vᵀ. The
- * products go to c (FP32, ldc) and are not accumulated. */
-template <typename T16, int K, int N>
-__device__ void fa_mul_bt(float *c, int ldc, const T16 *a, int lda, const T16 *b, int ldb) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, T16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T16, wmma::col_major> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-#pragma unroll
-    for (int n = 0; n < N / 16; n++) {
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < K / 16; kk++) {
-            wmma::load_matrix_sync(fa, a + kk * 16, lda);
-            wmma::load_matrix_sync(fb, b + n * 16 * ldb + kk * 16, ldb);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(c + n * 16, acc, ldc, wmma::mem_row_major);
-    }
-}
-
-/* acc[n] += A (16 x K, row-major at a) times B (K x 16n, row-major at b). */
-template <typename T16, int K, int N>
-__device__ void fa_mul_add(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[N / 16], const T16 *a, int lda,
-                           const T16 *b, int ldb) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, T16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T16, wmma::row_major> fb;
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) {
-        wmma::load_matrix_sync(fa, a + kk * 16, lda);
-#pragma unroll
-        for (int n = 0; n < N / 16; n++) {
-            wmma::load_matrix_sync(fb, b + kk * 16 * ldb + n * 16, ldb);
-            wmma::mma_sync(acc[n], fa, fb, acc[n]);
-        }
-    }
-}
-
-/* Stores the warp's accumulators, times k, to rows [0, rows) of a head in
- * global memory (row stride ld), through its 16 rows of stage (FP32, D + 4). */
-template <int D>
-__device__ void fa_store(float *dst, int64_t ld, int64_t rows,
-                         wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[D / 16], float *stage, float k) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-#pragma unroll
-        for (int e = 0; e < acc[n].num_elements; e++) acc[n].x[e] *= k; /* elementwise: the layout does not matter */
-        wmma::store_matrix_sync(stage + n * 16, acc[n], fa_ld<D>::f, wmma::mem_row_major);
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * D; e += 32) {
-        const int r = e / D, c = e % D;
-        if (r < rows) dst[r * ld + c] = stage[r * fa_ld<D>::f + c];
-    }
-}
-
 /* How many keys query i sees: keys j with k0 + j <= q0 + i, within [0, Tk]. */
 __device__ __forceinline__ int64_t fa_seen(const ht_attention_shape &a, int64_t Tk, int64_t i) {
     const int64_t n = a.q0 + i - a.k0 + 1;
@@ -167,113 +110,114 @@ __device__ __forceinline__ void fa_atomic_max(float *addr, float v) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* The forward's shared memory: Q, a tile of K and V, the warps' logits S,
- * P, the output accumulators O and the rows' corrections e^(m_old - m). */
+/* The forward's shared memory: the block's Q rows and a tile of K and V. */
 template <typename T16, int DK, int DV> struct fa_forward_smem {
-    T16 *q, *k, *v, *p;
-    float *s, *o, *corr;
+    T16 *q, *k, *v;
     size_t bytes;
     __host__ __device__ explicit fa_forward_smem(uintptr_t base) {
         fa_carve c{base, 0};
         q = c.take<T16>(FA_ROWS * fa_ld<DK>::h), k = c.take<T16>(FA_TILE * fa_ld<DK>::h);
-        v = c.take<T16>(FA_TILE * fa_ld<DV>::h), p = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h);
-        s = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f), o = c.take<float>(FA_ROWS * fa_ld<DV>::f);
-        corr = c.take<float>(FA_ROWS);
+        v = c.take<T16>(FA_TILE * fa_ld<DV>::h);
         bytes = c.at;
     }
 };
 
-/* grid (query tiles, H, B), FA_THREADS threads. Lanes 2r and 2r + 1 of a warp
- * own its row r: the keys' halves [0, 32) and [32, 64) of a tile, the output's
- * halves of Dv. */
+/* The rows of a warp's D tiles this lane holds (tc.cuh): g and g + 8 of its 16. */
+__device__ __forceinline__ int fa_row(int r) { return threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4 + 8 * r; }
+/* The column of element e of D tile n this lane holds. */
+__device__ __forceinline__ int fa_col(int n, int e) { return n * 8 + 2 * (threadIdx.x % 4) + e % 2; }
+
+/* grid (query tiles, H, B), FA_THREADS threads. A warp's 16 query rows:
+ * their logits S, probabilities P and output O in its registers as D
+ * tiles, the online softmax's (m, l) of rows g and g + 8 in the four lanes
+ * that hold them (l each lane's part of the sum until the end). */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
     fa_forward_kernel(float *out, float *lse, float *head_max, const T16 *q, const T16 *k, const T16 *v,
                       const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
-                  LO = fa_ld<DV>::f;
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, NS = FA_TILE / 8, NO = DV / 8;
     CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_forward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
-    T16 *sq = sm.q, *sk = sm.k, *sv = sm.v, *sp = sm.p;
-    float *ss = sm.s, *so = sm.o, *corr = sm.corr;
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
     const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
     const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
-    const int64_t i = i0 + r;
-    const bool row = i < T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t row[2], seen[2];
+    for (int r = 0; r < 2; r++) {
+        row[r] = i0 + fa_row(r);
+        seen[r] = row[r] < T ? fa_seen(a, Tk, row[r]) : 0;
+    }
     const T16 *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
-    fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
-    for (int e = threadIdx.x; e < FA_ROWS * LO; e += FA_THREADS) so[e] = 0.0f;
+    fa_stage<T16, DK>(sm.q, q + b * T * qs + h * DK, qs, i0, T);
     const int64_t last = (i0 + FA_ROWS < T ? i0 + FA_ROWS : T) - 1, keys = fa_seen(a, Tk, last);
-    const int64_t seen = row ? fa_seen(a, Tk, i) : 0;
     const int64_t span = head_max ? Tk : keys; /* QK-clip's max counts the keys above the diagonal too */
-    float m = -INFINITY, l = 0.0f, hmax = -INFINITY;
+    float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, hmax = -INFINITY;
     for (int64_t j0 = 0; j0 < span; j0 += FA_TILE) {
-        __syncthreads(); /* the last tile's K, V and P are read */
-        fa_stage<T16, DK>(sk, kh, ks, j0, Tk);
-        fa_stage<T16, DV>(sv, vh, vs, j0, Tk);
+        __syncthreads(); /* the last tile's K and V are read */
+        fa_stage<T16, DK>(sm.k, kh, ks, j0, Tk);
+        fa_stage<T16, DV>(sm.v, vh, vs, j0, Tk);
         __syncthreads();
-        fa_mul_bt<T16, DK, FA_TILE>(ss + warp * 16 * LS, LS, sq + warp * 16 * LQ, LQ, sk, LQ);
-        __syncwarp();
-        /* this lane's 32 logits of row r */
-        float s[32], mx = -INFINITY;
-        const int c0 = half * 32;
+        float s[NS][4] = {};
+        tc_abt<T16, DK, FA_TILE>(s, sm.q + warp * 16 * LQ, LQ, sm.k, LQ);
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int c = 0; c < 32; c++) {
-            const int64_t j = j0 + c0 + c;
-            s[c] = a.scale * ss[r * LS + c0 + c];
-            if (row && j < Tk) hmax = fmaxf(hmax, s[c]);
-            if (j < seen) mx = fmaxf(mx, s[c]);
-        }
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e / 2;
+                const int64_t j = j0 + fa_col(n, e);
+                s[n][e] = a.scale * s[n][e];
+                if (row[r] < T && j < Tk) hmax = fmaxf(hmax, s[n][e]);
+                if (j < seen[r]) mx[r] = fmaxf(mx[r], s[n][e]);
+            }
         if (j0 >= keys) continue; /* only the max of these (the same for the whole block) */
-        mx = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
-        float sum = 0.0f;
+        float f[2];
 #pragma unroll
-        for (int c = 0; c < 32; c++) {
-            const float p = j0 + c0 + c < seen ? dev_exp_nonpositive(s[c] - mx) : 0.0f;
-            sum += p;
-            sp[r * LP + c0 + c] = fa_round<T16>(p);
+        for (int r = 0; r < 2; r++) { /* the row's max over its four lanes, then the correction */
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(m[r], fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2)));
+            f[r] = m[r] == -INFINITY ? 0.0f : dev_exp_nonpositive(m[r] - mx[r]);
+            l[r] *= f[r];
+            m[r] = mx[r];
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        const float f = m == -INFINITY ? 0.0f : dev_exp_nonpositive(m - mx);
-        l = l * f + sum;
-        m = mx;
-        if (half == 0) corr[r] = f;
-        __syncwarp();
-        /* the rows whose maximum rose rescaled (f 1 everywhere once the maxima settle: nothing to do) */
-        if (!__all_sync(0xffffffffu, f == 1.0f)) {
-            for (int e = lane; e < 16 * DV; e += 32) so[(warp * 16 + e / DV) * LO + e % DV] *= corr[warp * 16 + e / DV];
-            __syncwarp();
-        }
-        /* O += P V, the accumulator through shared memory (its rows were rescaled there) */
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DV / 16];
 #pragma unroll
-        for (int n = 0; n < DV / 16; n++)
-            wmma::load_matrix_sync(acc[n], so + warp * 16 * LO + n * 16, LO, wmma::mem_row_major);
-        fa_mul_add<T16, FA_TILE, DV>(acc, sp + warp * 16 * LP, LP, sv, LV);
+        for (int n = 0; n < NS; n++)
 #pragma unroll
-        for (int n = 0; n < DV / 16; n++)
-            wmma::store_matrix_sync(so + warp * 16 * LO + n * 16, acc[n], LO, wmma::mem_row_major);
-        __syncwarp();
+            for (int e = 0; e < 4; e++) {
+                const int r = e / 2;
+                const float p = j0 + fa_col(n, e) < seen[r] ? dev_exp_nonpositive(s[n][e] - m[r]) : 0.0f;
+                l[r] += p;
+                s[n][e] = p;
+            }
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[n][e] *= f[e / 2];
+        uint32_t pa[FA_TILE / 16][4]; /* P rounded, as the A operand of P V */
+#pragma unroll
+        for (int kk = 0; kk < FA_TILE / 16; kk++) tc_pack_a<T16>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        tc_pb<T16, FA_TILE, DV>(o, pa, sm.v, LV);
     }
     if (head_max) {
-        for (int o = 16; o > 0; o >>= 1) hmax = fmaxf(hmax, __shfl_xor_sync(0xffffffffu, hmax, o));
+        for (int x = 16; x > 0; x >>= 1) hmax = fmaxf(hmax, __shfl_xor_sync(0xffffffffu, hmax, x));
         if (lane == 0) fa_atomic_max(head_max + b * a.H + h, hmax);
     }
-    __syncwarp();
-    if (!row) return;
-    float *o = out + b * T * os + i * os + h * DV;
-    const int d0 = half * (DV / 2);
-    if (!(l > 0.0f)) { /* no key of this block is seen: nothing, merged as nothing */
-        for (int d = d0; d < d0 + DV / 2; d++) o[d] = 0.0f;
-        if (half == 0) lse[(b * a.H + h) * T + i] = -INFINITY;
-        return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
-    const float inv = 1.0f / l;
-    for (int d = d0; d < d0 + DV / 2; d++) o[d] = so[r * LO + d] * inv;
-    if (half == 0) lse[(b * a.H + h) * T + i] = m + logf(l);
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= T) continue;
+        float *orow = out + b * T * os + row[r] * os + h * DV;
+        const bool any = l[r] > 0.0f; /* no key of this block seen: nothing, merged as nothing */
+        const float inv = any ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+            for (int c = 0; c < 2; c++) orow[fa_col(n, c)] = any ? o[n][2 * r + c] * inv : 0.0f;
+        if (lane % 4 == 0) lse[(b * a.H + h) * T + row[r]] = any ? m[r] + logf(l[r]) : -INFINITY;
+    }
 #endif
 }
 
@@ -307,135 +251,156 @@ __device__ void fa_stage_stats(float *sd, float *sl, const float *dh, const floa
 }
 
 /* The backward's shared memory. dQ: its Q and dO rows (a, g), a tile of K
- * and V (b, w), S and dP, dS, the staging of dQ, δ and lse. dK, dV: its K
- * and V rows (a, g), a tile of Q and dO (b, w), Sᵀ and dPᵀ, Pᵀ (p) and
- * dSᵀ, the staging of dK and dV, the tile's δ and lse. */
+ * and V (b, w), the rows' δ and lse. dK, dV: its K and V rows (a, g), a
+ * tile of Q and dO (b, w), the tile's δ and lse. */
 template <typename T16, int DK, int DV> struct fa_backward_smem {
-    T16 *a, *b, *g, *w, *p, *ds;
-    float *s, *dp, *stage, *delta, *lse;
+    T16 *a, *b, *g, *w;
+    float *delta, *lse;
     size_t bytes;
     __host__ __device__ explicit fa_backward_smem(uintptr_t base) {
         fa_carve c{base, 0};
         a = c.take<T16>(FA_ROWS * fa_ld<DK>::h), b = c.take<T16>(FA_TILE * fa_ld<DK>::h);
         g = c.take<T16>(FA_ROWS * fa_ld<DV>::h), w = c.take<T16>(FA_TILE * fa_ld<DV>::h);
-        s = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f), dp = c.take<float>(FA_ROWS * fa_ld<FA_TILE>::f);
-        p = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h), ds = c.take<T16>(FA_ROWS * fa_ld<FA_TILE>::h);
-        stage = c.take<float>(FA_ROWS * fa_ld<DK>::f), delta = c.take<float>(FA_TILE), lse = c.take<float>(FA_TILE);
+        delta = c.take<float>(FA_TILE), lse = c.take<float>(FA_TILE);
         bytes = c.at;
     }
 };
 
+/* acc (the warp's 16 rows x D) times k into rows [0, rows) of a head in
+ * global memory (row stride ld), each lane its two columns of a tile. */
+template <int D>
+__device__ __forceinline__ void fa_store(float *dst, int64_t ld, int64_t rows, const float (&acc)[D / 8][4], float k) {
+    for (int r = 0; r < 2; r++) {
+        const int i = fa_row(r) % 16;
+        if (i >= rows) continue;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            for (int c = 0; c < 2; c++) dst[i * ld + fa_col(n, c)] = acc[n][2 * r + c] * k;
+    }
+}
+
 /* dQ: grid (query tiles, H, B), FA_THREADS threads; a warp's 16 rows of dQ
- * in its accumulators across the key tiles. */
+ * in its registers across the key tiles, S and dP as D tiles, dS rounded
+ * into the A operand of dS K. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
     fa_dq_kernel(float *dq, const T16 *dout, const float *delta, const float *lse, const T16 *q, const T16 *k,
                  const T16 *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
-                  LG = fa_ld<DK>::f;
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, NS = FA_TILE / 8;
     CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
-    T16 *sq = sm.a, *sk = sm.b, *sg = sm.g, *sv = sm.w, *sds = sm.ds;
-    float *ss = sm.s, *sdp = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
     const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
     const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, r = warp * 16 + lane / 2;
-    const int64_t i = i0 + r, seen = i < T ? fa_seen(a, Tk, i) : 0;
+    const int warp = threadIdx.x / 32;
     const T16 *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
-    fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
-    fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
-    fa_stage_stats(sd, sl, delta + (b * a.H + h) * T, lse + (b * a.H + h) * T, i0, T);
+    fa_stage<T16, DK>(sm.a, q + b * T * qs + h * DK, qs, i0, T);
+    fa_stage<T16, DV>(sm.g, dout + b * T * os + h * DV, os, i0, T);
+    fa_stage_stats(sm.delta, sm.lse, delta + (b * a.H + h) * T, lse + (b * a.H + h) * T, i0, T);
     __syncthreads();
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DK / 16];
-#pragma unroll
-    for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+    int64_t seen[2];
+    float li[2], di[2];
+    for (int r = 0; r < 2; r++) {
+        const int64_t i = i0 + fa_row(r);
+        seen[r] = i < T ? fa_seen(a, Tk, i) : 0;
+        li[r] = sm.lse[fa_row(r)], di[r] = sm.delta[fa_row(r)];
+    }
+    float acc[DK / 8][4] = {};
     const int64_t last = (i0 + FA_ROWS < T ? i0 + FA_ROWS : T) - 1, keys = fa_seen(a, Tk, last);
     for (int64_t j0 = 0; j0 < keys; j0 += FA_TILE) {
         __syncthreads();
-        fa_stage<T16, DK>(sk, kh, ks, j0, Tk);
-        fa_stage<T16, DV>(sv, vh, vs, j0, Tk);
+        fa_stage<T16, DK>(sm.b, kh, ks, j0, Tk);
+        fa_stage<T16, DV>(sm.w, vh, vs, j0, Tk);
         __syncthreads();
-        fa_mul_bt<T16, DK, FA_TILE>(ss + warp * 16 * LS, LS, sq + warp * 16 * LQ, LQ, sk, LQ);
-        fa_mul_bt<T16, DV, FA_TILE>(sdp + warp * 16 * LS, LS, sg + warp * 16 * LV, LV, sv, LV);
-        __syncwarp();
-        const int c0 = half * 32;
-        const float li = sl[r], delta = sd[r];
-#pragma unroll 8
-        for (int c = c0; c < c0 + 32; c++) {
-            const bool valid = j0 + c < seen;
-            const float p = valid ? dev_exp_nonpositive(a.scale * ss[r * LS + c] - li) : 0.0f;
-            sds[r * LP + c] = fa_round<T16>(valid ? p * (sdp[r * LS + c] - delta) : 0.0f);
-        }
-        __syncwarp();
-        fa_mul_add<T16, FA_TILE, DK>(acc, sds + warp * 16 * LP, LP, sk, LQ);
+        float s[NS][4] = {}, dp[NS][4] = {};
+        tc_abt<T16, DK, FA_TILE>(s, sm.a + warp * 16 * LQ, LQ, sm.b, LQ);
+        tc_abt<T16, DV, FA_TILE>(dp, sm.g + warp * 16 * LV, LV, sm.w, LV);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e / 2;
+                const bool valid = j0 + fa_col(n, e) < seen[r];
+                const float p = valid ? dev_exp_nonpositive(a.scale * s[n][e] - li[r]) : 0.0f;
+                s[n][e] = valid ? p * (dp[n][e] - di[r]) : 0.0f; /* dS */
+            }
+        uint32_t da[FA_TILE / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < FA_TILE / 16; kk++) tc_pack_a<T16>(da[kk], s[2 * kk], s[2 * kk + 1]);
+        tc_pb<T16, FA_TILE, DK>(acc, da, sm.b, LQ);
     }
-    const int64_t rows = T - (i0 + warp * 16);
-    fa_store<DK>(dq + b * T * qs + (i0 + warp * 16) * qs + h * DK, qs, rows, acc, stage + warp * 16 * LG, a.scale);
+    const int64_t r0 = i0 + warp * 16;
+    fa_store<DK>(dq + b * T * qs + r0 * qs + h * DK, qs, T - r0, acc, a.scale);
 #endif
 }
 
 /* dK, dV of one query head: grid (key tiles, H, B), FA_THREADS threads; a
- * warp's 16 key rows of dK and dV in its accumulators across the query
- * tiles, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ computed key rows first. Where a KV head
- * has one query head (group 1) they are dk and dv; else each head's go to
- * pk (B, Tk, H, Dk) and pv (B, Tk, H, Dv), which fa_group_sum_kernel adds
- * over the group's heads in their order: a block a head, so that every
- * head of a group runs at once, and every sum is still in one order. */
+ * warp's 16 key rows of dK and dV in its registers across the query tiles,
+ * Sᵀ = K Qᵀ and dPᵀ = V dOᵀ computed key rows first, so that Pᵀ and dSᵀ
+ * are the A operands of Pᵀ dO and dSᵀ Q as they stand. Where a KV head has
+ * one query head (group 1) they are dk and dv; else each head's go to pk
+ * (B, Tk, H, Dk) and pv (B, Tk, H, Dv), which fa_group_sum_kernel adds over
+ * the group's heads in their order: a block a head, so that every head of
+ * a group runs at once, and every sum is still in one order. */
 template <typename T16, int DK, int DV>
 __global__ void __launch_bounds__(FA_THREADS)
     fa_dkv_kernel(float *dk, float *dv, float *pk, float *pv, const T16 *dout, const float *delta, const float *lse,
                   const T16 *q, const T16 *k, const T16 *v, const ht_attention_shape a) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, LP = fa_ld<FA_TILE>::h, LS = fa_ld<FA_TILE>::f,
-                  LG = fa_ld<DK>::f;
+    constexpr int LQ = fa_ld<DK>::h, LV = fa_ld<DV>::h, NS = FA_TILE / 8;
     CUDA_DYNAMIC_SHARED(unsigned char, fa_shared);
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
-    T16 *sk = sm.a, *sq = sm.b, *sv = sm.g, *sg = sm.w, *spt = sm.p, *sdst = sm.ds;
-    float *sst = sm.s, *sdpt = sm.dp, *stage = sm.stage, *sd = sm.delta, *sl = sm.lse;
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, group = a.H / a.KV;
     const int64_t g = h / group, qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
     const int64_t j0 = (int64_t)blockIdx.x * FA_ROWS;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane & 1, c = warp * 16 + lane / 2;
-    const int64_t j = j0 + c; /* this lane pair's key */
-    fa_stage<T16, DK>(sk, k + b * Tk * ks + g * DK, ks, j0, Tk);
-    fa_stage<T16, DV>(sv, v + b * Tk * vs + g * DV, vs, j0, Tk);
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> ak[DK / 16], av[DV / 16];
-#pragma unroll
-    for (int n = 0; n < DK / 16; n++) wmma::fill_fragment(ak[n], 0.0f);
-#pragma unroll
-    for (int n = 0; n < DV / 16; n++) wmma::fill_fragment(av[n], 0.0f);
+    const int warp = threadIdx.x / 32;
+    fa_stage<T16, DK>(sm.a, k + b * Tk * ks + g * DK, ks, j0, Tk);
+    fa_stage<T16, DV>(sm.g, v + b * Tk * vs + g * DV, vs, j0, Tk);
+    const int64_t key[2] = {j0 + fa_row(0), j0 + fa_row(1)};
+    float ak[DK / 8][4] = {}, av[DV / 8][4] = {};
     const float *dh = delta + (b * a.H + h) * T, *lh = lse + (b * a.H + h) * T;
     for (int64_t i0 = 0; i0 < T; i0 += FA_TILE) {
         const int64_t last = (i0 + FA_TILE < T ? i0 + FA_TILE : T) - 1;
         if (a.k0 + j0 > a.q0 + last) continue; /* no query of the tile sees a key of the block */
         __syncthreads();
-        fa_stage<T16, DK>(sq, q + b * T * qs + h * DK, qs, i0, T);
-        fa_stage<T16, DV>(sg, dout + b * T * os + h * DV, os, i0, T);
-        fa_stage_stats(sd, sl, dh, lh, i0, T);
+        fa_stage<T16, DK>(sm.b, q + b * T * qs + h * DK, qs, i0, T);
+        fa_stage<T16, DV>(sm.w, dout + b * T * os + h * DV, os, i0, T);
+        fa_stage_stats(sm.delta, sm.lse, dh, lh, i0, T);
         __syncthreads();
-        fa_mul_bt<T16, DK, FA_TILE>(sst + warp * 16 * LS, LS, sk + warp * 16 * LQ, LQ, sq, LQ);
-        fa_mul_bt<T16, DV, FA_TILE>(sdpt + warp * 16 * LS, LS, sv + warp * 16 * LV, LV, sg, LV);
-        __syncwarp();
-        const int r0 = half * 32;
-#pragma unroll 8
-        for (int r = r0; r < r0 + 32; r++) {
-            const bool valid = j < Tk && i0 + r < T && a.k0 + j <= a.q0 + i0 + r;
-            const float p = valid ? dev_exp_nonpositive(a.scale * sst[c * LS + r] - sl[r]) : 0.0f;
-            spt[c * LP + r] = fa_round<T16>(p);
-            sdst[c * LP + r] = fa_round<T16>(valid ? p * (sdpt[c * LS + r] - sd[r]) : 0.0f);
-        }
-        __syncwarp();
-        fa_mul_add<T16, FA_TILE, DV>(av, spt + warp * 16 * LP, LP, sg, LV);
-        fa_mul_add<T16, FA_TILE, DK>(ak, sdst + warp * 16 * LP, LP, sq, LQ);
+        float s[NS][4] = {};
+        tc_abt<T16, DK, FA_TILE>(s, sm.a + warp * 16 * LQ, LQ, sm.b, LQ);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t kj = key[e / 2], i = i0 + fa_col(n, e);
+                const bool valid = kj < Tk && i < T && a.k0 + kj <= a.q0 + i;
+                s[n][e] = valid ? dev_exp_nonpositive(a.scale * s[n][e] - sm.lse[fa_col(n, e)]) : 0.0f; /* Pᵀ */
+            }
+        uint32_t pa[FA_TILE / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < FA_TILE / 16; kk++) tc_pack_a<T16>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        tc_pb<T16, FA_TILE, DV>(av, pa, sm.w, LV);
+        float dp[NS][4] = {};
+        tc_abt<T16, DV, FA_TILE>(dp, sm.g + warp * 16 * LV, LV, sm.w, LV);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t kj = key[e / 2], i = i0 + fa_col(n, e);
+                const bool valid = kj < Tk && i < T && a.k0 + kj <= a.q0 + i;
+                s[n][e] = valid ? s[n][e] * (dp[n][e] - sm.delta[fa_col(n, e)]) : 0.0f; /* dSᵀ */
+            }
+#pragma unroll
+        for (int kk = 0; kk < FA_TILE / 16; kk++) tc_pack_a<T16>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        tc_pb<T16, FA_TILE, DK>(ak, pa, sm.b, LQ);
     }
-    const int64_t rows = Tk - (j0 + warp * 16), r = j0 + warp * 16;
+    const int64_t r = j0 + warp * 16;
     float *ok = group == 1 ? dk + b * Tk * ks + r * ks + g * DK : pk + (b * Tk + r) * qs + h * DK;
     float *ov = group == 1 ? dv + b * Tk * vs + r * vs + g * DV : pv + (b * Tk + r) * os + h * DV;
-    fa_store<DK>(ok, group == 1 ? ks : qs, rows, ak, stage + warp * 16 * LG, a.scale);
-    __syncwarp();
-    fa_store<DV>(ov, group == 1 ? vs : os, rows, av, stage + warp * 16 * LG, 1.0f);
+    fa_store<DK>(ok, group == 1 ? ks : qs, Tk - r, ak, a.scale);
+    fa_store<DV>(ov, group == 1 ? vs : os, Tk - r, av, 1.0f);
 #endif
 }
 
