@@ -1406,7 +1406,26 @@ static void test_backend_rows_and_elementwise(void **state) {
         backend_ok(K, "sum_squares");
         if (!(fabs(ks - squares) <= 1e-12 * squares))
             fail_msg("%s, sum_squares: %.17g, the CPU's %.17g", K->name, ks, squares);
-        summary(K, "embedding, rows, dropout, add, accumulate, copy_rows, scale, sum_squares",
+        /* 37 pieces of it (more than a CUDA launch's 32), of 0 to ~400k values: each sum sum_squares's bits */
+        enum { PIECES = 37 };
+        const float *piece[PIECES];
+        int64_t len[PIECES];
+        double each[PIECES];
+        for (int i = 0, at = 0; i < PIECES; i++) {
+            len[i] = i == 3 ? 0 : i == 5 ? (int64_t)big - at : (i * 7919) % 20011 + 1;
+            piece[i] = kmany + at, at += (int)len[i];
+            if (i == 5) at = 0;
+        }
+        K->sum_squares_each(each, piece, len, PIECES);
+        backend_ok(K, "sum_squares_each");
+        for (int i = 0; i < PIECES; i++) {
+            const double one = K->sum_squares(piece[i], len[i]),
+                         cpu_one = cpu->sum_squares(many + (piece[i] - kmany), len[i]);
+            if (memcmp(&one, &each[i], sizeof(one)) != 0 || !(fabs(one - cpu_one) <= 1e-12 * cpu_one))
+                fail_msg("%s, sum_squares_each: piece %d of %lld values %.17g, sum_squares %.17g, the CPU's %.17g",
+                         K->name, i, (long long)len[i], each[i], one, cpu_one);
+        }
+        summary(K, "embedding, rows, dropout, add, accumulate, copy_rows, scale, sum_squares, sum_squares_each",
                 fabs(ks - squares) / squares);
         K->free(kt16), K->free(km16), K->free(kids), K->free(kperm), K->free(kx), K->free(kdt), K->free(kdx);
         K->free(ka), K->free(ky), K->free(kmany);

@@ -256,8 +256,10 @@ typedef struct ht_kernel_ops {
                                        float scaling);
     /* LoRA's dropout: ht_dropout */
     void (*dropout)(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
-    /* elementwise and reductions: ht_sum_squares, ht_add, ht_accumulate, ht_copy_rows, ht_scale */
+    /* elementwise and reductions: ht_sum_squares, ht_sum_squares_each, ht_add, ht_accumulate, ht_copy_rows, ht_scale */
     double (*sum_squares)(const float *x, int64_t n);
+    /* sums[i] (host memory) = sum_squares(x[i], n[i]) for i < count, bit for bit, in one wait for the device */
+    void (*sum_squares_each)(double *sums, const float *const *x, const int64_t *n, int count);
     void (*add)(float *y, const float *x, const float *a, int64_t n);
     void (*accumulate)(float *y, const float *x, int64_t n);
     /* rows of floats between strided layouts: ht_copy_rows */

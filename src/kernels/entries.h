@@ -120,6 +120,8 @@
     HT_ENTRY(dropout, (float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t t0),          \
              (x, N, cols, p, seed, site, t0), (M(x);))                                                                 \
     HT_ENTRY_RET(double, sum_squares, (const float *x, int64_t n), (x, n), (M(x);))                                    \
+    HT_ENTRY(sum_squares_each, (double *sums, const float *const *x, const int64_t *n, int count),                     \
+             (sums, x, n, count), (for (int i_ = 0; i_ < count; i_++) M(x[i_]);))                                      \
     HT_ENTRY(add, (float *y, const float *x, const float *a, int64_t n), (y, x, a, n), (M(y); M(x); M(a);))            \
     HT_ENTRY(accumulate, (float *y, const float *x, int64_t n), (y, x, n), (M(y); M(x);))                              \
     HT_ENTRY(copy_rows, (float *dst, int64_t dl, const float *src, int64_t sl, int64_t rows, int64_t cols, bool acc),  \

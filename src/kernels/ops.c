@@ -245,6 +245,10 @@ double ht_sum_squares(const float *x, int64_t n) {
     return total;
 }
 
+void ht_sum_squares_each(double *sums, const float *const *x, const int64_t *n, int count) {
+    for (int i = 0; i < count; i++) sums[i] = ht_sum_squares(x[i], n[i]);
+}
+
 void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
                                const ht_softmax_row *rows) {
 #pragma omp parallel for schedule(static)

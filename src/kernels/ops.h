@@ -85,6 +85,8 @@ void ht_attention_merge(float *out, float *lse, const float *out2, const float *
  * bits on every run with the same thread count (an OpenMP reduction combines
  * in arrival order, which breaks bitwise resume past two threads). */
 double ht_sum_squares(const float *x, int64_t n);
+/* sums[i] = ht_sum_squares(x[i], n[i]) for i < count. */
+void ht_sum_squares_each(double *sums, const float *const *x, const int64_t *n, int count);
 
 /* y = x + a elementwise (n). */
 void ht_add(float *y, const float *x, const float *a, int64_t n);

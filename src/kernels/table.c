@@ -66,6 +66,7 @@ static const ht_kernel_ops cpu = {
     .moe_route_grouped_backward = ht_moe_route_grouped_backward,
     .dropout = ht_dropout,
     .sum_squares = ht_sum_squares,
+    .sum_squares_each = ht_sum_squares_each,
     .add = ht_add,
     .accumulate = ht_accumulate,
     .copy_rows = ht_copy_rows,

@@ -10,16 +10,30 @@ double ht_grad_norm(const ht_param_store *params, const char **bad) {
     return sqrt(ht_grad_sum_squares(params, false, bad));
 }
 
+/* The trainable params' sums SUM_BATCH at a time (one wait each on a GPU),
+ * added in param order. */
+#define SUM_BATCH 256
+
 double ht_grad_sum_squares(const ht_param_store *params, bool split_only, const char **bad) {
-    double total = 0.0;
     if (bad) *bad = NULL;
-    for (int i = 0; i < params->count; i++) {
-        const ht_param *p = &params->items[i];
-        if (!p->trainable || !p->main_grad) continue;
-        double s = ht_kernels()->sum_squares(p->main_grad, ht_param_local_numel(p));
-        if (!isfinite(s) && bad && !*bad) *bad = p->name;
-        if (split_only && p->tp_dim < 0) continue;
-        total += s;
+    double total = 0.0;
+    for (int i = 0; i < params->count;) {
+        const float *x[SUM_BATCH];
+        int64_t n[SUM_BATCH];
+        int of[SUM_BATCH], count = 0;
+        for (; i < params->count && count < SUM_BATCH; i++) {
+            const ht_param *p = &params->items[i];
+            if (!p->trainable || !p->main_grad) continue;
+            x[count] = p->main_grad, n[count] = ht_param_local_numel(p), of[count++] = i;
+        }
+        double sums[SUM_BATCH];
+        if (count) ht_kernels()->sum_squares_each(sums, x, n, count);
+        for (int c = 0; c < count; c++) {
+            const ht_param *p = &params->items[of[c]];
+            if (!isfinite(sums[c]) && bad && !*bad) *bad = p->name;
+            if (split_only && p->tp_dim < 0) continue;
+            total += sums[c];
+        }
     }
     return total;
 }

@@ -223,6 +223,7 @@ static void fill_table(ht_kernel_ops *t) {
     t->moe_scatter_add = cuda_moe_scatter_add;
     t->dropout = cuda_dropout;
     t->sum_squares = cuda_sum_squares;
+    t->sum_squares_each = cuda_sum_squares_each;
     t->add = cuda_add;
     t->accumulate = cuda_accumulate;
     t->copy_rows = cuda_copy_rows;

@@ -92,6 +92,7 @@ void cuda_gather_rows(void *dst, const void *src, const int32_t *idx, int64_t ro
 void cuda_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
 void cuda_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
 double cuda_sum_squares(const float *x, int64_t n);
+void cuda_sum_squares_each(double *sums, const float *const *x, const int64_t *n, int count);
 void cuda_add(float *y, const float *x, const float *a, int64_t n);
 void cuda_accumulate(float *y, const float *x, int64_t n);
 void cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,

@@ -487,41 +487,68 @@ void cuda_scale(float *x, int64_t n, float k) {
 
 /* Σ x² in double: SS_BLOCKS blocks (a number fixed here, not by the device,
  * so every GPU sums in the same order), each over a fixed stride, then
- * their partials in one block. */
+ * their partials in one block. sum_squares_each does the same for up to
+ * SS_GROUP tensors a launch (blockIdx.y the tensor), the same partials in
+ * the same order: each tensor's sum is sum_squares's bits. */
 #define SS_BLOCKS 512
+#define SS_GROUP 32
 
-__global__ void sum_squares_partials_kernel(double *partial, const float *x, int64_t n) {
+struct ss_group {
+    const float *x[SS_GROUP];
+    int64_t n[SS_GROUP];
+};
+
+__global__ void sum_squares_partials_kernel(double *partial, const ss_group g) {
     __shared__ double shared[32];
+    const float *x = g.x[blockIdx.y];
+    const int64_t n = g.n[blockIdx.y];
     double s = 0.0;
     CUDA_FOR(i, n) s += (double)x[i] * (double)x[i];
     s = block_sum_double(s, shared);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    if (threadIdx.x == 0) partial[blockIdx.y * SS_BLOCKS + blockIdx.x] = s;
 }
 
+/* out[b] = the sum of partial row b's SS_BLOCKS: a block a tensor. */
 __global__ void sum_squares_total_kernel(double *out, const double *partial) {
     __shared__ double shared[32];
-    double s = block_sum_double(partial[threadIdx.x], shared);
-    if (threadIdx.x == 0) *out = s;
+    double s = block_sum_double(partial[blockIdx.x * SS_BLOCKS + threadIdx.x], shared);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+/* out[i] (device memory) = Σ x[i]², i < count <= SS_GROUP, queued; partial
+ * holds SS_GROUP * SS_BLOCKS doubles. */
+static void sum_squares_group(double *out, double *partial, const float *const *x, const int64_t *n, int count) {
+    ss_group g = {};
+    for (int i = 0; i < count; i++) g.x[i] = x[i], g.n[i] = n[i];
+    LAUNCH("sum_squares", sum_squares_partials_kernel, dim3(SS_BLOCKS, (unsigned)count), CUDA_THREADS, partial, g);
+    LAUNCH("sum_squares", sum_squares_total_kernel, (unsigned)count, SS_BLOCKS, out, partial);
 }
 
 void cuda_sum_squares_into(double *out, const float *x, int64_t n) {
-    double *partial = (double *)cuda_scratch(SS_BLOCKS * sizeof(double));
-    if (!partial) return;
-    LAUNCH("sum_squares", sum_squares_partials_kernel, SS_BLOCKS, CUDA_THREADS, partial, x, n);
-    LAUNCH("sum_squares", sum_squares_total_kernel, 1, SS_BLOCKS, out, partial);
+    double *partial = (double *)cuda_scratch(SS_GROUP * SS_BLOCKS * sizeof(double));
+    if (partial) sum_squares_group(out, partial, &x, &n, 1);
+}
+
+/* Every tensor's sum into the scratch after the partials, then one wait. */
+void cuda_sum_squares_each(double *sums, const float *const *x, const int64_t *n, int count) {
+    if (count <= 0) return;
+    double *partial = (double *)cuda_scratch((SS_GROUP * SS_BLOCKS + (size_t)count) * sizeof(double));
+    if (!partial) {
+        for (int i = 0; i < count; i++) sums[i] = NAN;
+        return;
+    }
+    double *out = partial + SS_GROUP * SS_BLOCKS;
+    for (int i = 0; i < count; i += SS_GROUP)
+        sum_squares_group(out + i, partial, x + i, n + i, count - i < SS_GROUP ? count - i : SS_GROUP);
+    cudaStream_t s = cuda_ctx()->stream;
+    if (!cuda_ok(cudaMemcpyAsync(sums, out, (size_t)count * sizeof(double), cudaMemcpyDeviceToHost, s),
+                 "sum_squares") ||
+        !cuda_ok(cudaStreamSynchronize(s), "sum_squares"))
+        for (int i = 0; i < count; i++) sums[i] = NAN;
 }
 
 double cuda_sum_squares(const float *x, int64_t n) {
-    if (n <= 0) return 0.0;
-    double *partial = (double *)cuda_scratch((SS_BLOCKS + 32) * sizeof(double));
-    if (!partial) return NAN;
-    double *out = partial + SS_BLOCKS;
-    LAUNCH("sum_squares", sum_squares_partials_kernel, SS_BLOCKS, CUDA_THREADS, partial, x, n);
-    LAUNCH("sum_squares", sum_squares_total_kernel, 1, SS_BLOCKS, out, partial);
-    double host = NAN;
-    cudaStream_t s = cuda_ctx()->stream;
-    if (!cuda_ok(cudaMemcpyAsync(&host, out, sizeof(host), cudaMemcpyDeviceToHost, s), "sum_squares") ||
-        !cuda_ok(cudaStreamSynchronize(s), "sum_squares"))
-        return NAN;
-    return host;
+    double s = 0.0;
+    if (n > 0) cuda_sum_squares_each(&s, &x, &n, 1);
+    return s;
 }
