@@ -52,7 +52,7 @@ static void test_avx2_cpu(void **state) {
     int rc = run_on("Haswell-v4", out, sizeof(out));
     printf("Haswell: rc %d: %.600s\n", rc, out);
 #if defined(__AVX512F__) || defined(__VAES__) || defined(__VPCLMULQDQ__) || defined(__GFNI__) || defined(__SHA__) ||   \
-    defined(__ADX__) || defined(__RDSEED__)
+    defined(__ADX__) || defined(__RDSEED__) || defined(__SSE4A__) || defined(__AVXVNNI__) || defined(__AMX_TILE__)
     /* Built for this machine's extensions that Haswell lacks (AVX-512, or
      * on an AVX2 machine of a later generation VAES, GFNI, SHA, ...):
      * refused, naming them and the way out. */
@@ -64,6 +64,12 @@ static void test_avx2_cpu(void **state) {
 #endif
 #ifdef __VAES__
     assert_non_null(strstr(out, "vaes"));
+#endif
+#ifdef __SHA__
+    assert_non_null(strstr(out, "sha"));
+#endif
+#ifdef __SSE4A__
+    assert_non_null(strstr(out, "sse4a"));
 #endif
 #else
     /* A portable build runs. */

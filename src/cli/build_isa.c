@@ -22,6 +22,24 @@ const char ht_build_isa[] = ""
 #ifdef __BMI2__
                             " bmi2"
 #endif
+#ifdef __LZCNT__
+                            " lzcnt"
+#endif
+#ifdef __MOVBE__
+                            " movbe"
+#endif
+#ifdef __POPCNT__
+                            " popcnt"
+#endif
+#ifdef __PCLMUL__
+                            " pclmul"
+#endif
+#ifdef __AES__
+                            " aes"
+#endif
+#ifdef __SSE4A__
+                            " sse4a"
+#endif
 #ifdef __AVX512F__
                             " avx512f"
 #endif
@@ -76,7 +94,22 @@ const char ht_build_isa[] = ""
 #ifdef __VPCLMULQDQ__
                             " vpclmulqdq"
 #endif
+#ifdef __SHA__
+                            " sha"
+#endif
+#ifdef __ADX__
+                            " adx"
+#endif
+#ifdef __RDSEED__
+                            " rdseed"
+#endif
 #ifdef __AMX_TILE__
                             " amx-tile"
+#endif
+#ifdef __AMX_BF16__
+                            " amx-bf16"
+#endif
+#ifdef __AMX_INT8__
+                            " amx-int8"
 #endif
     ;
