@@ -95,6 +95,10 @@ template <typename T16, int D> __device__ void fa_stage(T16 *s, const T16 *x, in
     }
 }
 
+/* A query tile's index, the last first: causal tiles further down see more
+ * keys, and the blocks with the most work start before the light ones. */
+__device__ __forceinline__ int64_t fa_heavy_first(void) { return (int64_t)(gridDim.x - 1 - blockIdx.x); }
+
 /* How many keys query i sees: keys j with k0 + j <= q0 + i, within [0, Tk]. */
 __device__ __forceinline__ int64_t fa_seen(const ht_attention_shape &a, int64_t Tk, int64_t i) {
     const int64_t n = a.q0 + i - a.k0 + 1;
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const fa_forward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
     const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
-    const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int64_t i0 = fa_heavy_first() * FA_ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t row[2], seen[2];
     for (int r = 0; r < 2; r++) {
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const fa_backward_smem<T16, DK, DV> sm((uintptr_t)fa_shared);
     const int64_t T = a.T, Tk = a.Tk > 0 ? a.Tk : a.T, b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV);
     const int64_t qs = a.H * DK, ks = a.KV * DK, vs = a.KV * DV, os = a.H * DV;
-    const int64_t i0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int64_t i0 = fa_heavy_first() * FA_ROWS;
     const int warp = threadIdx.x / 32;
     const T16 *kh = k + b * Tk * ks + g * DK, *vh = v + b * Tk * vs + g * DV;
     fa_stage<T16, DK>(sm.a, q + b * T * qs + h * DK, qs, i0, T);
