@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hypertrain/kernels.h"
 #include "hypertrain/model.h"
 #include "hypertrain/optim.h"
 #include "hypertrain/parallel.h"
@@ -428,6 +429,63 @@ static void test_chunked_lm_head(void **s) {
     ht_model_free(chunked);
 }
 
+/* The download rows of the profiled table since its last reset. */
+static int64_t downloads(void) {
+    ht_kernel_profile_row rows[256];
+    const int n = ht_kernels_profile(rows, 256);
+    for (int i = 0; i < n; i++)
+        if (strcmp(rows[i].entry, "download") == 0) return rows[i].calls;
+    return 0;
+}
+
+/* QK-clip's maxima on a table whose memory the host cannot read: every
+ * layer's into its own slot, downloaded once after the last layer (a GPU
+ * waits once a forward, not once a layer), the CPU's bits; a layer
+ * recomputed in backward leaves them alone (no scores above the diagonal
+ * again, no download); untracked, nothing is downloaded. */
+static void test_attention_maxima_one_download(void **state) {
+    (void)state;
+    ht_model_config cfg = tiny_config("qwen2", true, false);
+    cfg.num_hidden_layers = 3;
+    enum { B = 2, T = 9 };
+    int32_t in[B * T], tg[B * T];
+    random_tokens(in, B * T, cfg.vocab_size, 21);
+    random_tokens(tg, B * T, cfg.vocab_size, 22);
+    ht_model *cpu, *dev;
+    ht_error err;
+    float loss_cpu, loss_dev;
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 5, &cpu, &err), &err);
+    ht_model_reset_attn_max(cpu);
+    assert_ht_ok(ht_model_forward(cpu, in, tg, B, T, &loss_cpu, &err), &err);
+    const ht_kernel_ops *K = ht_kernels_profiled(ht_kernels_fenced());
+    ht_kernels_use(K);
+    assert_ht_ok(ht_model_build(&cfg, HT_DTYPE_F32, 5, &dev, &err), &err);
+    const char *all[] = {"model.layers.{*}"};
+    assert_ht_ok(ht_model_set_recompute(dev, all, 1, &err), &err);
+    ht_model_reset_attn_max(dev);
+    ht_kernels_profile_reset();
+    assert_ht_ok(ht_model_forward(dev, in, tg, B, T, &loss_dev, &err), &err);
+    assert_int_equal(downloads(), 1);
+    const size_t n = (size_t)cfg.num_hidden_layers * cfg.num_attention_heads;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(isfinite(cpu->attn_max_logit[i]));
+        assert_true(dev->attn_max_logit[i] == cpu->attn_max_logit[i]);
+    }
+    assert_true(loss_dev == loss_cpu);
+    ht_params_zero_grad(&dev->params);
+    ht_model_backward(dev, 1.0f);
+    assert_int_equal(downloads(), 1);
+    for (size_t i = 0; i < n; i++) assert_true(dev->attn_max_logit[i] == cpu->attn_max_logit[i]);
+    dev->track_attn_max = false;
+    ht_kernels_profile_reset();
+    assert_ht_ok(ht_model_forward(dev, in, tg, B, T, &loss_dev, &err), &err);
+    assert_int_equal(downloads(), 0);
+    assert_true(loss_dev == loss_cpu);
+    ht_model_free(dev);
+    ht_kernels_use(NULL);
+    ht_model_free(cpu);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunked_lm_head),
@@ -442,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_param_names_are_hashed),
         cmocka_unit_test(test_output_dtype_rounds_logits),
         cmocka_unit_test(test_backward_repeats_bitwise_with_3_threads),
+        cmocka_unit_test(test_attention_maxima_one_download),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -120,23 +120,25 @@ typedef struct decoder {
     ht_softmax_row *softmax_rows; /* (N) the forward's softmax of each counted row, for backward */
     int64_t target_count;
     /* backward scratch */
-    float *dresid;        /* (N, C) gradient of the residual stream */
-    float *dln;           /* (N, C) */
-    float *datt;          /* (N, H*D) */
-    float *dq;            /* (N, H*Dk) */
-    float *dk, *dv;       /* (N, KVh*Dk), (N, KVh*Dv) */
-    float *kva;           /* MLA: (N, Rkv + Dr) kv_a_proj_with_mqa's output; in backward its gradient */
-    float *kvb;           /* MLA: (N, H*(Dn + Dv)) kv_b_proj's output; in backward its gradient */
-    float *dkpe;          /* MLA: (N, Dr) the shared rotary key's gradient */
-    float *dlat, *dlat2;  /* MLA: (N, Rkv) the gradients of kv_b_proj's input and of the latent */
-    float *dqa, *dqa2;    /* MLA: (N, Rq) the gradients of q_b_proj's input and of q_a_proj's output */
-    float *dgate;         /* (N, F) */
-    float *dup;           /* (N, F) */
-    float *dh;            /* (N, F) */
-    void *dy_cd;          /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
-    float *att_work;      /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
-    float *head_max;      /* (B, H) the largest logit of each head in one layer's forward */
-    float *head_max_host; /* (B, H) head_max downloaded, host memory: QK-clip's maxima are the host's */
+    float *dresid;       /* (N, C) gradient of the residual stream */
+    float *dln;          /* (N, C) */
+    float *datt;         /* (N, H*D) */
+    float *dq;           /* (N, H*Dk) */
+    float *dk, *dv;      /* (N, KVh*Dk), (N, KVh*Dv) */
+    float *kva;          /* MLA: (N, Rkv + Dr) kv_a_proj_with_mqa's output; in backward its gradient */
+    float *kvb;          /* MLA: (N, H*(Dn + Dv)) kv_b_proj's output; in backward its gradient */
+    float *dkpe;         /* MLA: (N, Dr) the shared rotary key's gradient */
+    float *dlat, *dlat2; /* MLA: (N, Rkv) the gradients of kv_b_proj's input and of the latent */
+    float *dqa, *dqa2;   /* MLA: (N, Rq) the gradients of q_b_proj's input and of q_a_proj's output */
+    float *dgate;        /* (N, F) */
+    float *dup;          /* (N, F) */
+    float *dh;           /* (N, F) */
+    void *dy_cd;         /* (N, max(V, F, H*D, C)) a gradient cast to cd for a GEMM */
+    float *att_work;     /* (threads, ht_kernels()->attention_workspace_floats(T, Dk, Dv)) the attention tiles */
+    /* (L, B, H) the largest logit of each head in each layer's forward, and
+     * its host copy (QK-clip's maxima are the host's): downloaded once, after
+     * the last layer, not a wait a layer */
+    float *head_max, *head_max_host;
     /* tensor parallelism's cross-entropy, per head chunk: each row's target
      * logit (0 where another rank's slice holds it), kernel memory; on the
      * host (tp_host, one block), the rows' maxima, then their sums of
@@ -558,7 +560,7 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
         (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->Dk, d->Dv) * 4,
-        (size_t)B * d->H * 4,               /* att_work, head_max */
+        (size_t)d->L * B * d->H * 4,        /* att_work, head_max */
         (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
         N * KVA * 4,
         N * KVB * 4,
@@ -643,7 +645,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->act_block = NULL;
     d->tp_host = NULL;
     d->threads = omp_get_max_threads();
-    if (!(d->head_max_host = ht_alloc((size_t)B * d->H * sizeof(float))))
+    if (!(d->head_max_host = ht_alloc((size_t)d->L * B * d->H * sizeof(float))))
         return ht_fail(err, HT_ERR_OOM, "cannot allocate the attention maxima for batch %d", B);
     if (d->tp_size > 1) {
         const size_t h = (size_t)head_rows, bytes[4] = {h * 4, h * 16, h * sizeof(ht_softmax_row), h * 4};
@@ -934,21 +936,35 @@ static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
 /* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/attention.c);
  * under context parallelism over every key of the sequences (model/context.c),
  * a->q, a->k, a->v and a->lse then left in its attention layout for backward.
- * max_logit (H) is raised to each head's largest logit (before masking). */
-static void attention_forward(ht_model *m, decoder *d, layer_acts *a, float *max_logit) {
-    const int H = d->H, B = d->B;
+ * With `track`, layer l's slot of head_max (of head_max_host under context
+ * parallelism) gets each head's largest logit (before masking), which
+ * fold_head_max adds to m->attn_max_logit after the last layer. */
+static void attention_forward(ht_model *m, decoder *d, int l, layer_acts *a, bool track) {
+    const size_t slot = (size_t)l * d->B * d->H;
     const ht_attention_shape shape = attention_shape(d);
     if (d->cp)
-        ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, max_logit ? d->head_max_host : NULL, a->q, a->k, a->v,
-                                operand_precision(m, d));
+        ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, track ? d->head_max_host + slot : NULL, a->q, a->k,
+                                a->v, operand_precision(m, d));
     else
-        ht_kernels()->attention_forward(a->o, a->lse, max_logit ? d->head_max : NULL, a->q, a->k, a->v, &shape,
+        ht_kernels()->attention_forward(a->o, a->lse, track ? d->head_max + slot : NULL, a->q, a->k, a->v, &shape,
                                         operand_precision(m, d), d->att_work);
-    if (!max_logit) return;
+}
+
+/* m->attn_max_logit (L, H) raised to every layer's head maxima of this
+ * forward, over the batch: one download for all layers where the kernels'
+ * memory holds them. */
+static void fold_head_max(ht_model *m, decoder *d) {
+    const int64_t L = d->L, B = d->B, H = d->H;
     const float *hm = d->head_max_host;
-    if (!d->cp) ht_kernels()->download(d->head_max_host, d->head_max, (size_t)B * H * sizeof(float));
-    for (int h = 0; h < H; h++)
-        for (int b = 0; b < B; b++) max_logit[h] = hm[b * H + h] > max_logit[h] ? hm[b * H + h] : max_logit[h];
+    if (!d->cp) ht_kernels()->download(d->head_max_host, d->head_max, (size_t)(L * B * H) * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        float *max_logit = m->attn_max_logit + l * H;
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t b = 0; b < B; b++) {
+                const float x = hm[(l * B + b) * H + h];
+                max_logit[h] = x > max_logit[h] ? x : max_logit[h];
+            }
+    }
 }
 
 /* ------------------------------------------------------------------ forward / backward */
@@ -1058,7 +1074,8 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
         ht_kernels()->rope_forward(a->q, d->rope_cos, d->rope_sin, B, T, &lq);
         ht_kernels()->rope_forward(a->k, d->rope_cos, d->rope_sin, B, T, &lk);
     }
-    attention_forward(m, d, a, m->track_attn_max ? m->attn_max_logit + (size_t)l * d->H : NULL);
+    /* a recomputation (next NULL) leaves the maxima alone: its forward's are kept */
+    attention_forward(m, d, l, a, m->track_attn_max && next);
     ht_kernels()->convert(a->att, cd, a->o, HT_DTYPE_F32, (size_t)(N * QD));
     ht_kernels()->round_to(a->att, (size_t)(N * QD), round);
     linear_forward(d->dln, a->att, p->o_w, NULL, N); /* dln as (N, C) scratch */
@@ -1239,6 +1256,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
+    if (m->track_attn_max) fold_head_max(m, d);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
     cast_input(m, MOD_NORM(d), d->resid_final, Ns * C);
     ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, Ns, C,
