@@ -1321,6 +1321,27 @@ static void test_backend_cross_entropy(void **state) {
         K->free(kl), K->free(kl2), K->free(kt), K->free(kr);
     }
     free(logits), free(grad), free(slice), free(sgrad);
+    /* Rows enough for every warp of a block that sums them (2500 of a narrow vocabulary): the loss and
+     * the count, whichever rows each thread's share holds. */
+    enum { MANY = 2500, NARROW = 40 };
+    float *many = normal((size_t)MANY * NARROW, 103, 3.0f);
+    int32_t *mt = malloc(MANY * sizeof(int32_t));
+    for (int n = 0; n < MANY; n++) mt[n] = n % 11 == 5 ? -100 : (int32_t)((n * 7) % NARROW);
+    int64_t mcount;
+    const double mloss = cpu->cross_entropy_forward(many, mt, MANY, NARROW, &mcount, NULL);
+    for (int b = 0; b < nbackends; b++) {
+        backend K = backends[b];
+        float *km = dev_copy(K, many, (size_t)MANY * NARROW * 4);
+        int32_t *kt = dev_copy(K, mt, MANY * sizeof(int32_t));
+        int64_t kcount = -1;
+        const double kloss = K->cross_entropy_forward(km, kt, MANY, NARROW, &kcount, NULL);
+        backend_ok(K, "cross_entropy_forward (2500 rows)");
+        assert_int_equal(kcount, mcount);
+        if (!(fabs(kloss - mloss) <= 1e-6 * fabs(mloss)))
+            fail_msg("%s, cross_entropy_forward of %d rows: loss %.12g, the CPU's %.12g", K->name, MANY, kloss, mloss);
+        K->free(km), K->free(kt);
+    }
+    free(many), free(mt);
 }
 
 /* The embedding (repeated ids), moving rows (4-byte and 2-byte rows),

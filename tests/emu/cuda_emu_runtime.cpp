@@ -5,7 +5,18 @@
  * memory is tracked by address, so cudaPointerGetAttributes tells it from
  * the host's. cublasLtMatmul computes D = alpha op(A) op(B) + beta C
  * column-major from its descriptors' transposes, layouts and batches, each
- * sum in FP32 in k order (the tensor cores' order is not modelled). */
+ * sum in FP32 in k order (the tensor cores' order is not modelled).
+ *
+ * HT_EMU_ORDER sets the order the scheduler runs a block's threads in,
+ * each until it waits: "forward" (the default: thread 0 first, every warp
+ * one barrier at a time, in step), "reverse" (the last thread first, and
+ * the grid's blocks from the last), or "warps" (the last warp first, each
+ * running on past its own barriers, shuffles and tensor-core instructions
+ * until it waits at the block's, before the next starts: warps out of step,
+ * as a GPU's are). A missing __syncthreads is a wrong result in forward or
+ * in warps: of the backend's 19, each removed in turn, forward caught 9 and
+ * warps 16, together the 17 that guard anything (docs/DESIGN.md, "The CUDA
+ * backend without a GPU"; scripts/emu-barriers.sh). */
 #undef _FORTIFY_SOURCE /* its longjmp refuses to jump to another stack, as the fibers do */
 #include "cuda_emu.h"
 
@@ -87,22 +98,25 @@ void warp_barrier() { wait_at(AT_WARP_BARRIER); }
 double *warp_slots() { return slots[(current / 32) % 32]; }
 unsigned char *warp_exchange() { return exchange[(current / 32) % 32]; }
 
+/* Releases warp w's lanes (of a block of n threads) if every live one waits
+ * at its barrier. */
+static bool release_warp(unsigned w, unsigned n) {
+    unsigned waiting = 0, live = 0;
+    for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++) {
+        if (fibers[t].at != DONE) live++;
+        if (fibers[t].at == AT_WARP_BARRIER) waiting++;
+    }
+    if (waiting == 0 || waiting != live) return false;
+    for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++)
+        if (fibers[t].at == AT_WARP_BARRIER) fibers[t].at = RUNNING;
+    return true;
+}
+
 /* Releases the threads whose barrier every live thread it names has
  * reached; false if none could be (a deadlock). */
 static bool release(unsigned n) {
     bool any = false;
-    for (unsigned w = 0; w * 32 < n; w++) {
-        unsigned waiting = 0, live = 0;
-        for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++) {
-            if (fibers[t].at != DONE) live++;
-            if (fibers[t].at == AT_WARP_BARRIER) waiting++;
-        }
-        if (waiting > 0 && waiting == live) {
-            for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++)
-                if (fibers[t].at == AT_WARP_BARRIER) fibers[t].at = RUNNING;
-            any = true;
-        }
-    }
+    for (unsigned w = 0; w * 32 < n; w++) any |= release_warp(w, n);
     if (any) return true;
     unsigned waiting = 0, live = 0;
     for (unsigned t = 0; t < n; t++) {
@@ -113,6 +127,25 @@ static bool release(unsigned n) {
     for (unsigned t = 0; t < n; t++)
         if (fibers[t].at == AT_BLOCK_BARRIER) fibers[t].at = RUNNING;
     return true;
+}
+
+enum order { FORWARD, REVERSE, WARPS };
+static order order_from_env() {
+    const char *o = getenv("HT_EMU_ORDER");
+    if (!o || !*o || strcmp(o, "forward") == 0) return FORWARD;
+    if (strcmp(o, "reverse") == 0) return REVERSE;
+    if (strcmp(o, "warps") == 0) return WARPS;
+    fprintf(stderr, "emu: HT_EMU_ORDER=%s: expected forward, reverse or warps\n", o);
+    abort();
+}
+
+/* The order of the passes over a block's n threads. */
+static void draw_order(std::vector<unsigned> &perm, unsigned n, order o) {
+    perm.resize(n);
+    for (unsigned t = 0; t < n; t++) perm[t] = o == REVERSE ? n - 1 - t : t;
+    if (o == WARPS) /* the last warp first, each warp's lanes in order */
+        for (unsigned k = 0, w = (n + 31) / 32; w-- > 0;)
+            for (unsigned t = w * 32; t < n && t < w * 32 + 32; t++) perm[k++] = t;
 }
 
 void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()> &body) {
@@ -132,35 +165,45 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
         create((unsigned)stacks.size() - 1);
     }
     grid_dim = grid, block_dim = block, body_now = &body;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                block_idx = {x, y, z};
-                std::memset(shared_buffer, 0xff, shared_bytes);
-                for (unsigned t = 0; t < n; t++) start(t);
-                for (;;) {
-                    bool ran = false, left = false;
-                    for (unsigned t = 0; t < n; t++) {
-                        if (fibers[t].at == RUNNING) {
-                            current = t;
-                            thread_idx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                            resume(t);
-                            ran = true;
-                        }
-                        left |= fibers[t].at != DONE;
-                    }
-                    if (!left) break;
-                    if (!ran && !release(n)) {
-                        unsigned at[4] = {0, 0, 0, 0};
-                        for (unsigned t = 0; t < n; t++) at[fibers[t].at]++;
-                        fprintf(stderr,
-                                "emu: block (%u, %u, %u) of (%u, %u, %u) deadlocks: %u threads at __syncthreads, %u "
-                                "at __syncwarp (a warp's lanes not all there), %u done\n",
-                                x, y, z, grid.x, grid.y, grid.z, at[1], at[2], at[3]);
-                        abort();
-                    }
+    static const order o = order_from_env();
+    static std::vector<unsigned> perm;
+    draw_order(perm, n, o);
+    const uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
+    for (uint64_t i = 0; i < nblocks; i++) {
+        const uint64_t b = o == REVERSE ? nblocks - 1 - i : i;
+        const unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y),
+                       z = (unsigned)(b / grid.x / grid.y);
+        block_idx = {x, y, z};
+        std::memset(shared_buffer, 0xff, shared_bytes);
+        for (unsigned t = 0; t < n; t++) start(t);
+        for (;;) {
+            bool ran = false, left = false;
+            for (unsigned k = 0; k < n; k++) {
+                const unsigned t = perm[k];
+                if (fibers[t].at == RUNNING) {
+                    current = t;
+                    thread_idx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    resume(t);
+                    ran = true;
                 }
+                /* warps: a warp's last lane run, the warp goes on past its own barriers until it
+                 * waits at the block's (or ends) before the next warp starts */
+                if (o == WARPS && (k + 1 == n || perm[k + 1] / 32 != t / 32) && release_warp(t / 32, n))
+                    k -= t % 32 + 1; /* this warp's first lane next */
+                left |= fibers[t].at != DONE;
             }
+            if (!left) break;
+            if (!ran && !release(n)) {
+                unsigned at[4] = {0, 0, 0, 0};
+                for (unsigned t = 0; t < n; t++) at[fibers[t].at]++;
+                fprintf(stderr,
+                        "emu: block (%u, %u, %u) of (%u, %u, %u) deadlocks: %u threads at __syncthreads, %u "
+                        "at __syncwarp (a warp's lanes not all there), %u done\n",
+                        x, y, z, grid.x, grid.y, grid.z, at[1], at[2], at[3]);
+                abort();
+            }
+        }
+    }
 }
 
 /* device memory: each block's size by its address */
@@ -359,18 +402,33 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     (void)p, (void)a, (void)buf, (void)bytes;
     return CUBLAS_STATUS_SUCCESS;
 }
+/* Whether a product's descriptors agree: op(A) (m, k), op(B) (k, n), C (m, n), one batch count. */
+static bool lt_shapes_agree(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                            cublasLtMatrixLayout_t c) {
+    const lt_desc *x = (const lt_desc *)d;
+    const lt_layout *A = (const lt_layout *)a, *B = (const lt_layout *)b, *C = (const lt_layout *)c;
+    const uint64_t m = x->ta == CUBLAS_OP_N ? A->rows : A->cols, k = x->ta == CUBLAS_OP_N ? A->cols : A->rows;
+    const uint64_t kb = x->tb == CUBLAS_OP_N ? B->rows : B->cols, n = x->tb == CUBLAS_OP_N ? B->cols : B->rows;
+    return k == kb && C->rows == m && C->cols == n && A->batch == C->batch && B->batch == C->batch;
+}
+/* Every algorithm takes every product whose shapes agree, in no workspace. */
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                       const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *result) {
+    (void)h, (void)dl;
+    if (!lt_shapes_agree(d, a, b, c)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memset(result, 0, sizeof(*result));
+    result->algo = *algo;
+    result->state = CUBLAS_STATUS_SUCCESS;
+    return CUBLAS_STATUS_SUCCESS;
+}
 /* One algorithm for every product whose shapes agree. */
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int requested,
                                               cublasLtMatmulHeuristicResult_t *results, int *found) {
     (void)h, (void)p, (void)dl;
-    const lt_desc *x = (const lt_desc *)d;
-    const lt_layout *A = (const lt_layout *)a, *B = (const lt_layout *)b, *C = (const lt_layout *)c;
-    const uint64_t m = x->ta == CUBLAS_OP_N ? A->rows : A->cols, k = x->ta == CUBLAS_OP_N ? A->cols : A->rows;
-    const uint64_t kb = x->tb == CUBLAS_OP_N ? B->rows : B->cols, n = x->tb == CUBLAS_OP_N ? B->cols : B->rows;
-    if (k != kb || C->rows != m || C->cols != n || A->batch != C->batch || B->batch != C->batch)
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!lt_shapes_agree(d, a, b, c)) return CUBLAS_STATUS_INVALID_VALUE;
     *found = 0;
     if (requested > 0) std::memset(&results[0], 0, sizeof(results[0])), *found = 1;
     return CUBLAS_STATUS_SUCCESS;
