@@ -1087,9 +1087,15 @@ static void test_backend_gemm(void **state) {
                     t.pad = 3, t.beta = 0.5f;
                     worst = fmax(worst, check_gemm(backends[b], &t, dtypes[d], false));
                 }
-            gemm_test ragged = {false, true, 13, 64, 96, 0, 1, 0.0f}, weight = {true, false, 64, 96, 13, 0, 1, 1.0f};
-            worst = fmax(worst, check_gemm(backends[b], &ragged, dtypes[d], true));
-            worst = fmax(worst, check_gemm(backends[b], &weight, dtypes[d], true));
+            /* ragged: an expert's rows, M (its outputs) or K (a weight's gradient); counts that share a
+             * plan (a power of two of rows: 1 .. 64, 65 .. 128) and counts either side of a boundary */
+            static const int64_t counts[] = {13, 1, 64, 65, 100, 200};
+            for (size_t r = 0; r < sizeof(counts) / sizeof(counts[0]); r++) {
+                gemm_test ragged = {false, true, counts[r], 64, 96, 0, 1, 0.0f};
+                gemm_test weight = {true, false, 64, 96, counts[r], 0, 1, 1.0f};
+                worst = fmax(worst, check_gemm(backends[b], &ragged, dtypes[d], true));
+                worst = fmax(worst, check_gemm(backends[b], &weight, dtypes[d], true));
+            }
             gemm_test batched = {false, true, 24, 40, 40, 0, 3, 0.0f}, big = {false, true, 256, 384, 512, 0, 1, 0.0f};
             worst = fmax(worst, check_gemm(backends[b], &batched, dtypes[d], false));
             batched.ta = true, batched.tb = false, batched.beta = 1.0f;

@@ -172,13 +172,6 @@ static ht_status cuda_synchronize(ht_error *err) {
 
 /* ---------------------------------------------------------------- the table */
 
-static void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                             int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C,
-                             int64_t ldc) {
-    /* cuBLASLt takes every size at run time: ht_gemm's path (one plan per row count, cached) */
-    cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, dtype, beta, C, ldc);
-}
-
 static void fill_table(ht_kernel_ops *t) {
     t->name = "cuda";
     t->host_memory = false;

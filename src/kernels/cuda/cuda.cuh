@@ -59,6 +59,9 @@ static inline unsigned cuda_blocks(int64_t n) {
 /* gemm.cu */
 void cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
+/* the rows (M, or K when trans_a) a count that changes from call to call: one plan per power of two of them */
+void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
 void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
                        ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);

@@ -3,7 +3,16 @@
  * and f16 operands on the tensor cores with FP32 accumulation and an FP32 C,
  * F32 operands in full FP32 (CUBLAS_COMPUTE_32F: no TF32). One plan
  * (descriptors and the heuristic's algorithm) per shape, cached; a product
- * no cuBLASLt algorithm takes runs on a plain kernel instead. */
+ * no cuBLASLt algorithm takes runs on a plain kernel instead.
+ *
+ * The ragged products (an expert's rows, a count that changes every step)
+ * share a plan per power of two of their rows: its algorithm, the
+ * heuristic's for that many rows, runs each call on layouts of the call's
+ * own size once cublasLtMatmulAlgoCheck says it can (else a plan of the
+ * exact size, made for the call). One exact plan a row count would ask the
+ * heuristic anew for nearly every call of a step, thousands of them in an
+ * MoE model, once the cache is full; this way a row count always meets the
+ * same algorithm, so a step repeats bit for bit. */
 #include "kernels/cuda/cuda.cuh"
 
 #include <math.h>
@@ -13,8 +22,9 @@
 
 /* Everything a plan depends on; no padding, so keys compare with memcmp. */
 typedef struct plan_key {
-    int32_t dtype, trans_a, trans_b, align_a, align_b, align_c, pad_;
-    int32_t used; /* a slot's mark, 1 in every key made */
+    int32_t dtype, trans_a, trans_b, align_a, align_b, align_c;
+    int32_t ragged; /* 1: the rows (M, or K when trans_a) are their power of two, the plan's layouts the call's */
+    int32_t used;   /* a slot's mark, 1 in every key made */
     int64_t M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
 } plan_key;
 static_assert(sizeof(plan_key) == 8 * 4 + 10 * 8, "plan_key must have no padding");
@@ -22,7 +32,7 @@ static_assert(sizeof(plan_key) == 8 * 4 + 10 * 8, "plan_key must have no padding
 typedef struct plan {
     plan_key key;
     cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c; /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatrixLayout_t a, b, c; /* cuBLASLt's A (our B), B (our A), C = D; NULL in a ragged plan */
     cublasLtMatmulAlgo_t algo;
     bool plain; /* no cuBLASLt algorithm: gemm_plain_kernel */
 } plan;
@@ -50,12 +60,11 @@ static int32_t alignment_of(const void *p, int64_t stride_bytes) {
     return (int32_t)(u & (~u + 1));
 }
 
+static void layouts_destroy(cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b, cublasLtMatrixLayout_t *c);
+
 static void plan_destroy(plan *p) {
-    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
-    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    layouts_destroy(&p->a, &p->b, &p->c);
     if (p->op) cublasLtMatmulDescDestroy(p->op);
-    p->a = p->b = p->c = NULL;
     p->op = NULL;
 }
 
@@ -76,23 +85,38 @@ static bool layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows,
                  "batch stride");
 }
 
-/* Makes the plan of p->key: row-major (M, N) = op(A) (M, K) · op(B) (K, N)
+/* The layouts of k's product: row-major (M, N) = op(A) (M, K) · op(B) (K, N)
  * is column-major (N, M) = op(B)ᵀ · op(A)ᵀ, so cuBLASLt's first operand is
  * our B (transposed as trans_b says) and its second our A. */
+static bool layouts_make(const plan_key *k, cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b,
+                         cublasLtMatrixLayout_t *c) {
+    const cudaDataType_t in = cuda_type((ht_dtype)k->dtype);
+    *a = *b = *c = NULL;
+    /* stored column-major: B (K, N) row-major is (N, K), B (N, K) is (K, N); likewise A */
+    return layout(a, in, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->ldb, k->batch, k->stride_b) &&
+           layout(b, in, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->lda, k->batch, k->stride_a) &&
+           layout(c, CUDA_R_32F, k->N, k->M, k->ldc, k->batch, k->stride_c);
+}
+
+static void layouts_destroy(cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b, cublasLtMatrixLayout_t *c) {
+    if (*c) cublasLtMatrixLayoutDestroy(*c);
+    if (*b) cublasLtMatrixLayoutDestroy(*b);
+    if (*a) cublasLtMatrixLayoutDestroy(*a);
+    *a = *b = *c = NULL;
+}
+
+/* Makes the plan of p->key (a ragged key: its operation and algorithm, the
+ * layouts made for the heuristic only). */
 static bool plan_make(plan *p) {
     const plan_key *k = &p->key;
     cuda_context *ctx = cuda_ctx();
-    const cudaDataType_t in = cuda_type((ht_dtype)k->dtype);
     cublasOperation_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     p->op = NULL;
     p->a = p->b = p->c = NULL;
     if (!lt_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") ||
         !lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)), "transa") ||
         !lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)), "transb") ||
-        /* stored column-major: B (K, N) row-major is (N, K), B (N, K) is (K, N); likewise A */
-        !layout(&p->a, in, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->ldb, k->batch, k->stride_b) ||
-        !layout(&p->b, in, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->lda, k->batch, k->stride_a) ||
-        !layout(&p->c, CUDA_R_32F, k->N, k->M, k->ldc, k->batch, k->stride_c)) {
+        !layouts_make(k, &p->a, &p->b, &p->c)) {
         plan_destroy(p);
         return false;
     }
@@ -134,6 +158,7 @@ static bool plan_make(plan *p) {
         return true;
     }
     p->algo = result.algo;
+    if (k->ragged) layouts_destroy(&p->a, &p->b, &p->c);
     return true;
 }
 
@@ -179,9 +204,58 @@ __global__ void scale_c_kernel(float *C, int64_t M, int64_t N, int64_t ldc, int6
     }
 }
 
-void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                       const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
-                       ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c) {
+/* What became of a product: run by cuBLASLt, left to the plain kernel (no
+ * algorithm takes it), or failed. */
+typedef enum { GEMM_RAN, GEMM_PLAIN, GEMM_FAILED } gemm_outcome;
+
+/* p's product of the call's operands; `exact` is the call's own key. A
+ * ragged plan's algorithm runs on layouts of the call's size where
+ * cublasLtMatmulAlgoCheck takes them (within the workspace), else a plan of
+ * the exact size is made for the call. */
+static gemm_outcome plan_run(cuda_context *ctx, plan *p, const plan_key *exact, float alpha, const void *A,
+                             const void *B, float beta, float *C) {
+    if (p->plain) return GEMM_PLAIN;
+    if (!p->key.ragged) {
+        cublasStatus_t s = cublasLtMatmul(ctx->lt, p->op, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                          ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream);
+        return lt_ok(s, "cublasLtMatmul") ? GEMM_RAN : GEMM_FAILED;
+    }
+    cublasLtMatrixLayout_t a, b, c;
+    if (!layouts_make(exact, &a, &b, &c)) {
+        layouts_destroy(&a, &b, &c);
+        return GEMM_FAILED;
+    }
+    cublasLtMatmulHeuristicResult_t check;
+    memset(&check, 0, sizeof(check));
+    gemm_outcome out;
+    if (cublasLtMatmulAlgoCheck(ctx->lt, p->op, a, b, c, c, &p->algo, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= ctx->lt_workspace_bytes) {
+        cublasStatus_t s = cublasLtMatmul(ctx->lt, p->op, &alpha, B, a, A, b, &beta, C, c, C, c, &p->algo,
+                                          ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream);
+        out = lt_ok(s, "cublasLtMatmul") ? GEMM_RAN : GEMM_FAILED;
+    } else {
+        plan own;
+        memset(&own, 0, sizeof(own));
+        own.key = *exact;
+        out = plan_make(&own) ? plan_run(ctx, &own, exact, alpha, A, B, beta, C) : GEMM_FAILED;
+        plan_destroy(&own);
+    }
+    layouts_destroy(&a, &b, &c);
+    return out;
+}
+
+/* The power of two at least `rows` (64 at least) that a ragged product's rows share a plan under. */
+static int64_t ragged_rows(int64_t rows) {
+    int64_t r = 64;
+    while (r < rows) r *= 2;
+    return r;
+}
+
+/* ht_gemm_batched's contract; `ragged`: ht_gemm_ragged's (one product, the
+ * rows M, or K when trans_a, a count that changes from call to call). */
+static void gemm_run(bool ragged, int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     float alpha, const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb,
+                     int64_t stride_b, ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c) {
     if (batch <= 0 || M <= 0 || N <= 0) return;
     cuda_context *ctx = cuda_ctx();
     const int64_t elems = batch * M * N;
@@ -196,50 +270,69 @@ void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int
         return;
     }
     const int64_t es = (int64_t)ht_dtype_size(dtype);
-    plan_key key;
-    memset(&key, 0, sizeof(key));
-    key.dtype = dtype;
-    key.trans_a = trans_a;
-    key.trans_b = trans_b;
-    key.align_a = alignment_of(A, batch > 1 ? stride_a * es : 0);
-    key.align_b = alignment_of(B, batch > 1 ? stride_b * es : 0);
-    key.align_c = alignment_of(C, batch > 1 ? stride_c * 4 : 0);
-    key.used = 1;
-    key.M = M, key.N = N, key.K = K, key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.batch = batch;
-    key.stride_a = batch > 1 ? stride_a : 0;
-    key.stride_b = batch > 1 ? stride_b : 0;
-    key.stride_c = batch > 1 ? stride_c : 0;
+    plan_key exact;
+    memset(&exact, 0, sizeof(exact));
+    exact.dtype = dtype;
+    exact.trans_a = trans_a;
+    exact.trans_b = trans_b;
+    exact.align_a = alignment_of(A, batch > 1 ? stride_a * es : 0);
+    exact.align_b = alignment_of(B, batch > 1 ? stride_b * es : 0);
+    exact.align_c = alignment_of(C, batch > 1 ? stride_c * 4 : 0);
+    exact.used = 1;
+    exact.M = M, exact.N = N, exact.K = K, exact.lda = lda, exact.ldb = ldb, exact.ldc = ldc, exact.batch = batch;
+    exact.stride_a = batch > 1 ? stride_a : 0;
+    exact.stride_b = batch > 1 ? stride_b : 0;
+    exact.stride_c = batch > 1 ? stride_c : 0;
+    plan_key key = exact;
+    if (ragged && batch == 1) {
+        key.ragged = 1;
+        if (trans_a)
+            key.K = ragged_rows(K);
+        else
+            key.M = ragged_rows(M);
+    }
 
     pthread_mutex_lock(&g_plans.lock);
     plan *p = NULL, local;
     size_t slot = key_hash(&key) & (PLAN_SLOTS - 1);
     while (g_plans.slots[slot].key.used && memcmp(&g_plans.slots[slot].key, &key, sizeof(key)) != 0)
         slot = (slot + 1) & (PLAN_SLOTS - 1);
-    bool made = true;
+    gemm_outcome out = GEMM_FAILED;
     if (g_plans.slots[slot].key.used) {
         p = &g_plans.slots[slot];
     } else {
         p = g_plans.entries < PLAN_MAX ? &g_plans.slots[slot] : &local;
         p->key = key;
-        made = plan_make(p);
-        if (made && p != &local) g_plans.entries++;
-        if (!made) memset(&p->key, 0, sizeof(p->key)); /* the slot stays free */
+        if (plan_make(p)) {
+            if (p != &local) g_plans.entries++;
+        } else {
+            memset(&p->key, 0, sizeof(p->key)); /* the slot stays free */
+            p = NULL;
+        }
     }
-    const bool plain = made && p->plain;
-    if (made && !plain) {
-        cublasStatus_t s = cublasLtMatmul(ctx->lt, p->op, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c, &p->algo,
-                                          ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream);
-        made = lt_ok(s, "cublasLtMatmul");
-        if (p == &local) plan_destroy(p);
-    }
+    if (p) out = plan_run(ctx, p, &exact, alpha, A, B, beta, C);
+    if (p == &local) plan_destroy(p);
     pthread_mutex_unlock(&g_plans.lock);
-    if (plain)
+    if (out == GEMM_PLAIN)
         LAUNCH("gemm (plain kernel)", gemm_plain_kernel, cuda_blocks(elems), CUDA_THREADS, batch, trans_a, trans_b, M,
                N, K, alpha, A, lda, stride_a, B, ldb, stride_b, dtype, beta, C, ldc, stride_c);
-    if (!made) CUDA_LAUNCH(fill_nan_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c);
+    if (out == GEMM_FAILED)
+        CUDA_LAUNCH(fill_nan_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c);
+}
+
+void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
+                       ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c) {
+    gemm_run(false, batch, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, dtype, beta, C, ldc,
+             stride_c);
+}
+
+void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
+    gemm_run(true, 1, trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, dtype, beta, C, ldc, 0);
 }
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
                const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
-    cuda_gemm_batched(1, trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, dtype, beta, C, ldc, 0);
+    gemm_run(false, 1, trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, dtype, beta, C, ldc, 0);
 }
