@@ -3,7 +3,9 @@
 # the kernel layers with the CUDA backend for sm_90a, runs test_kernels (every
 # table entry of the CUDA backend against the CPU's), then bench_kernels
 # (cuBLASLt GEMM TFLOP/s on the decoder's shapes, the fused passes' GB/s) and
-# PyTorch's bf16 matmul on the same GPU as the yardstick. Everything it
+# PyTorch's bf16 matmul on the same GPU as the yardstick, training steps beside
+# PyTorch's, and with the time left compute-sanitizer (racecheck, memcheck,
+# initcheck) over test_kernels' CUDA entries. Everything it
 # writes goes into $OUT (at most eight files come back); under 8 minutes, each step with its own
 # time limit, a failed step logged and the next run anyway.
 #
@@ -385,6 +387,27 @@ if [ $trainer_rc -eq 0 ] && ! $dry; then
         note "torch.compile: not run ($((budget - (SECONDS - started))) s left)"
     fi
 fi
+# ------------------------------------------------------------ compute-sanitizer, with what time is left
+# What test_kernels' comparisons with the CPU cannot see: a race between a block's threads that happened
+# to give right numbers this time (racecheck, on the attention kernels, whose warps share their tiles), and
+# an access out of bounds or of memory never written (memcheck, initcheck, on every entry of the backend). Each within 45 s; sanitizer.log, in rest.tar.gz, and the
+# lines that count in the summary.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if ! $dry && [ -n "$sanitizer" ] && [ $test_rc -eq 0 ]; then
+    for tool in "racecheck test_backend_attention" "memcheck test_backend_*" "initcheck test_backend_*"; do
+        read -r name filter <<<"$tool"
+        [ $((budget - (SECONDS - started))) -lt 50 ] && note "compute-sanitizer: out of time before $name" && break
+        t0=$SECONDS
+        echo "== compute-sanitizer --tool $name, HT_TEST_FILTER=$filter" >>"$OUT/sanitizer.log"
+        HT_TEST_FILTER="$filter" OMP_NUM_THREADS=$(nproc) timeout "$(within 45)" "$sanitizer" --tool "$name" \
+            --print-limit 20 "$build/test_kernels" >>"$OUT/sanitizer.log" 2>&1
+        rc=$?
+        note "compute-sanitizer $name ($filter): rc $rc in $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    done
+else
+    note "compute-sanitizer: not run (dry run, not found, or test_kernels failed)"
+fi
+
 # What comes back is at most 8 files: the figures as they are, everything else in one archive
 (cd "$OUT" && tar -czf rest.tar.gz --remove-files $(ls | grep -vxE \
     'summary.txt|env.txt|test_kernels.log|test_cuda_trainer.log|bench_kernels.log|train_step.jsonl|profile.txt') 2>/dev/null)
