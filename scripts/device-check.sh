@@ -390,8 +390,8 @@ fi
 # ------------------------------------------------------------ compute-sanitizer, with what time is left
 # What test_kernels' comparisons with the CPU cannot see: a race between a block's threads that happened
 # to give right numbers this time (racecheck, on the attention kernels, whose warps share their tiles), and
-# an access out of bounds or of memory never written (memcheck, initcheck, on every entry of the backend). Each within 45 s; sanitizer.log, in rest.tar.gz, and the
-# lines that count in the summary.
+# an access out of bounds or of memory never written (memcheck, initcheck, on every entry of the backend).
+# Each within 45 s; sanitizer.log, in rest.tar.gz, and the lines that count in the summary.
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if ! $dry && [ -n "$sanitizer" ] && [ $test_rc -eq 0 ]; then
     for tool in "racecheck test_backend_attention" "memcheck test_backend_*" "initcheck test_backend_*"; do

@@ -92,6 +92,9 @@ static bool cpu_has(const cpu_feature *f, uint32_t xcr0) {
     return (r[f->reg] >> f->bit & 1u) && (xcr0 & f->xcr0) == f->xcr0;
 }
 
+/* The engine's own minimum, whatever the build: x86-64-v3's AVX2 and FMA. */
+static bool engine_minimum(const char *name) { return strcmp(name, "avx2") == 0 || strcmp(name, "fma") == 0; }
+
 static bool build_uses(const char *name) {
     size_t n = strlen(name);
     for (const char *at = strstr(ht_build_isa, name); at; at = strstr(at + 1, name))
@@ -103,14 +106,16 @@ static bool build_uses(const char *name) {
 __attribute__((constructor(101))) static void check_cpu(void) {
     const uint32_t xcr0 = os_xcr0();
     const int n = (int)(sizeof(features) / sizeof(features[0]));
-    /* The engine's minimum first (features[1] and [2]); then what this build adds to it. */
-    const bool baseline = cpu_has(&features[1], xcr0) && cpu_has(&features[2], xcr0);
+    /* The engine's minimum first; then what this build adds to it. */
+    bool baseline = true;
+    for (int i = 0; i < n; i++)
+        if (engine_minimum(features[i].name)) baseline = baseline && cpu_has(&features[i], xcr0);
     char missing[512] = "";
     size_t len = 0;
     for (int i = 0; i < n && len < sizeof(missing); i++) {
-        const bool minimum = i == 1 || i == 2;
-        if (!(baseline ? build_uses(features[i].name) : minimum) || cpu_has(&features[i], xcr0)) continue;
-        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%s", len ? ", " : "", features[i].name);
+        const char *name = features[i].name;
+        if (!(baseline ? build_uses(name) : engine_minimum(name)) || cpu_has(&features[i], xcr0)) continue;
+        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%s", len ? ", " : "", name);
     }
     if (!missing[0]) return;
     if (!baseline)

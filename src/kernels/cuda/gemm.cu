@@ -60,14 +60,6 @@ static int32_t alignment_of(const void *p, int64_t stride_bytes) {
     return (int32_t)(u & (~u + 1));
 }
 
-static void layouts_destroy(cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b, cublasLtMatrixLayout_t *c);
-
-static void plan_destroy(plan *p) {
-    layouts_destroy(&p->a, &p->b, &p->c);
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    p->op = NULL;
-}
-
 static cudaDataType_t cuda_type(ht_dtype dtype) {
     return dtype == HT_DTYPE_BF16 ? CUDA_R_16BF : dtype == HT_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
@@ -103,6 +95,12 @@ static void layouts_destroy(cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b
     if (*b) cublasLtMatrixLayoutDestroy(*b);
     if (*a) cublasLtMatrixLayoutDestroy(*a);
     *a = *b = *c = NULL;
+}
+
+static void plan_destroy(plan *p) {
+    layouts_destroy(&p->a, &p->b, &p->c);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    p->op = NULL;
 }
 
 /* Makes the plan of p->key (a ragged key: its operation and algorithm, the
