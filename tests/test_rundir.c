@@ -7,11 +7,13 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,6 +273,138 @@ static void test_restart_before_the_first_checkpoint(void **state) {
     free(old);
 }
 
+/* output_dir as a user may mistype it: the root is refused outright (nothing
+ * written there); a directory of the user's own (their home, say) that holds
+ * latest, loss.svg, final/ or metrics.jsonl that no run wrote is refused
+ * before anything in it is touched, naming them, unless checkpoint.overwrite;
+ * one with only other files of theirs is used; a run's directory copied
+ * without its lock file resumes (its checkpoints say it is a run's). */
+static void test_output_dir_that_is_not_a_runs(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_foreign");
+    write_run(dir, 2, 1);
+    char *log, path[1300], cmd[4000];
+    struct stat sb;
+    bool root_lock = lstat("/hypertrain.lock", &sb) == 0, root_metrics = lstat("/metrics.jsonl", &sb) == 0;
+    assert_int_equal(run(dir, "root", NULL, "--set checkpoint.output_dir=/", &log), 1);
+    assert_non_null(strstr(log, "checkpoint.output_dir / is the root of the file system"));
+    free(log);
+    assert_int_equal(run(dir, "root2", NULL, "--set checkpoint.output_dir=/tmp/../", &log), 1);
+    assert_non_null(strstr(log, "is the root of the file system"));
+    free(log);
+    assert_int_equal(lstat("/hypertrain.lock", &sb) == 0, root_lock);
+    assert_int_equal(lstat("/metrics.jsonl", &sb) == 0, root_metrics);
+    /* A home directory with the user's own latest, loss.svg, final/ and metrics.jsonl. */
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p '%s/home/final' && echo mine > '%s/home/latest' && echo mine > '%s/home/loss.svg' && "
+             "echo mine > '%s/home/final/notes' && echo mine > '%s/home/metrics.jsonl'",
+             dir, dir, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    char set[1400];
+    snprintf(set, sizeof(set), "--set 'checkpoint.output_dir=%s/home'", dir);
+    assert_int_equal(run(dir, "home", NULL, set, &log), 1);
+    assert_non_null(strstr(log, "/home holds latest, loss.svg, final, metrics.jsonl, which no run of this engine "
+                                "wrote"));
+    assert_non_null(strstr(log, "checkpoint.overwrite: true"));
+    free(log);
+    const char *const mine[] = {"latest", "loss.svg", "final/notes", "metrics.jsonl"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof(path), "%s/home/%s", dir, mine[i]);
+        char *text = read_text(path);
+        assert_string_equal(text, "mine\n");
+        free(text);
+    }
+    snprintf(path, sizeof(path), "%s/home/hypertrain.lock", dir);
+    assert_false(path_lexists(path));
+    /* With checkpoint.overwrite the user said so: it runs, warning. */
+    snprintf(set, sizeof(set),
+             "--set 'checkpoint.output_dir=%s/home' --set checkpoint.overwrite=true --set checkpoint.restore_from=null",
+             dir);
+    assert_int_equal(run(dir, "home_overwrite", NULL, set, &log), 0);
+    assert_non_null(strstr(log, "which no run of this engine wrote"));
+    free(log);
+    /* Other files of the user's are no obstacle. */
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/mine' && echo mine > '%s/mine/notes.txt'", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(set, sizeof(set), "--set 'checkpoint.output_dir=%s/mine'", dir);
+    assert_int_equal(run(dir, "mine", NULL, set, &log), 0);
+    free(log);
+    /* A run's directory copied without its lock: its checkpoints make it a run's; it resumes. */
+    snprintf(cmd, sizeof(cmd), "rm '%s/mine/hypertrain.lock'", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(set, sizeof(set), "--set 'checkpoint.output_dir=%s/mine' --set training.steps=3", dir);
+    assert_int_equal(run(dir, "copied", NULL, set, &log), 0);
+    assert_non_null(strstr(log, "step     3/"));
+    assert_null(strstr(log, "step     1/"));
+    free(log);
+}
+
+/* A resume with a key changed that says what the model computes or what
+ * data it reads: an error naming the key, the checkpoint's value and this
+ * run's, before a step; with checkpoint.allow_changes naming it, the run goes
+ * on and says so. The same file spelled another way is no change, and a key
+ * allow_changes cannot mean is refused at validation. */
+static void test_resume_with_the_model_or_data_changed(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_changed");
+    write_run(dir, 2, 1);
+    char *log, set[2000];
+    assert_int_equal(run(dir, "first", NULL, NULL, &log), 0);
+    free(log);
+    static const struct {
+        const char *set, *says;
+    } changes[] = {
+        {"--set model.rope_theta=5000", "model.rope_theta: 10000.0 in the checkpoint, 5000.0 in this run"},
+        {"--set model.rms_norm_eps=1e-5", "model.rms_norm_eps: 1.0e-06 in the checkpoint, 1.0e-05 in this run"},
+        {"--set model.max_position_embeddings=128",
+         "model.max_position_embeddings: 64 in the checkpoint, 128 in this run"},
+        {"--set data.seq_len=8", "data.seq_len: 16 in the checkpoint, 8 in this run"},
+        {"--set data.valid_fraction=0.2", "data.valid_fraction: 0.1 in the checkpoint, 0.2 in this run"},
+    };
+    for (size_t i = 0; i < sizeof(changes) / sizeof(changes[0]); i++) {
+        snprintf(set, sizeof(set), "--set training.steps=3 %s", changes[i].set);
+        assert_int_equal(run(dir, "changed", NULL, set, &log), 1);
+        if (!strstr(log, changes[i].says))
+            fail_msg("%s: expected \"%s\" in:\n%s", changes[i].set, changes[i].says, log);
+        assert_non_null(strstr(log, "checkpoint.allow_changes: ["));
+        assert_null(strstr(log, "step     3/"));
+        free(log);
+    }
+    /* Two at once: both named. */
+    assert_int_equal(
+        run(dir, "changed2", NULL, "--set training.steps=3 --set model.rope_theta=5000 --set data.seq_len=8", &log), 1);
+    assert_non_null(strstr(log, "2 keys that say what"));
+    assert_non_null(strstr(log, "checkpoint.allow_changes: [model.rope_theta, data.seq_len]"));
+    free(log);
+    /* Another corpus: refused; the same corpus through a symlink: the same file, no change. */
+    char other[1300], link[1300], cmd[4000];
+    snprintf(other, sizeof(other), "%s/other.txt", dir);
+    snprintf(link, sizeof(link), "%s/link.txt", dir);
+    snprintf(cmd, sizeof(cmd), "cp '%s/corpus.txt' '%s' && ln -s corpus.txt '%s'", dir, other, link);
+    assert_int_equal(system(cmd), 0);
+    snprintf(set, sizeof(set), "--set training.steps=3 --set 'data.path=%s'", other);
+    assert_int_equal(run(dir, "other_corpus", NULL, set, &log), 1);
+    assert_non_null(strstr(log, "data.path: "));
+    free(log);
+    /* A deliberate seq_len change, allowed by name: the run goes on, saying so. */
+    assert_int_equal(run(dir, "allowed", NULL,
+                         "--set training.steps=3 --set data.seq_len=8 --set 'checkpoint.allow_changes=[data.seq_len]'",
+                         &log),
+                     0);
+    assert_non_null(strstr(log, "resume: data.seq_len was 16"));
+    assert_non_null(strstr(log, "checkpoint.allow_changes names it"));
+    assert_non_null(strstr(log, "step     3/"));
+    free(log);
+    snprintf(set, sizeof(set), "--set training.steps=4 --set data.seq_len=8 --set 'data.path=%s'", link);
+    assert_int_equal(run(dir, "same_file", NULL, set, &log), 0);
+    assert_non_null(strstr(log, "step     4/"));
+    free(log);
+    /* What allow_changes cannot mean. */
+    assert_int_equal(run(dir, "bad_allow", NULL, "--set 'checkpoint.allow_changes=[optimizer.lr]'", &log), 1);
+    assert_non_null(strstr(log, "optimizer.lr, is not a key a resume refuses to change"));
+    free(log);
+}
+
 /* ------------------------------------------------------------------ signals */
 
 /* The final weights of an uninterrupted run of `steps` (on `launcher`), for comparison. */
@@ -323,6 +457,122 @@ static void test_signal_saves_then_stops(void **state) {
         free(latest);
         assert_resumes_as(ref, dir, NULL);
     }
+}
+
+/* `hypertrain train ... 2>&1 | tee log` in a terminal: Ctrl-C (or a
+ * SIGTERM, SIGHUP to the process group) reaches tee as well, which dies;
+ * the next log line writes into a closed pipe. The run still finishes its
+ * step, saves and exits 75 (logging to the closed pipe stops, never the
+ * run), and the same command resumes it bitwise. */
+static void test_signal_through_a_pipe(void **state) {
+    (void)state;
+    const char *ref = scratch_dir("rundir_pipe_ref");
+    continuous(ref, 200, NULL);
+    const int signals[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        char name[64], log_path[1300], config[1300];
+        snprintf(name, sizeof(name), "rundir_pipe_%d", signals[i]);
+        const char *dir = scratch_dir(name);
+        write_run(dir, 200, 1000);
+        snprintf(log_path, sizeof(log_path), "%s/stopped.log", dir);
+        snprintf(config, sizeof(config), "%s/run.yaml", dir);
+        int pipe_fds[2];
+        assert_int_equal(pipe(pipe_fds), 0);
+        /* tee first, leading a process group of its own (the terminal's foreground job) */
+        posix_spawn_file_actions_t tee_io, run_io;
+        posix_spawnattr_t group;
+        posix_spawn_file_actions_init(&tee_io);
+        posix_spawn_file_actions_adddup2(&tee_io, pipe_fds[0], STDIN_FILENO);
+        posix_spawn_file_actions_addopen(&tee_io, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_addclose(&tee_io, pipe_fds[0]);
+        posix_spawn_file_actions_addclose(&tee_io, pipe_fds[1]);
+        posix_spawnattr_init(&group);
+        posix_spawnattr_setflags(&group, POSIX_SPAWN_SETPGROUP);
+        posix_spawnattr_setpgroup(&group, 0);
+        char *tee_argv[] = {"tee", log_path, NULL};
+        pid_t tee;
+        assert_int_equal(posix_spawnp(&tee, "tee", &tee_io, &group, tee_argv, environ), 0);
+        posix_spawnattr_setpgroup(&group, tee);
+        posix_spawn_file_actions_init(&run_io);
+        posix_spawn_file_actions_adddup2(&run_io, pipe_fds[1], STDOUT_FILENO);
+        posix_spawn_file_actions_adddup2(&run_io, pipe_fds[1], STDERR_FILENO);
+        posix_spawn_file_actions_addclose(&run_io, pipe_fds[0]);
+        posix_spawn_file_actions_addclose(&run_io, pipe_fds[1]);
+        char *run_argv[] = {getenv("HT_BIN"), "train", config, NULL};
+        pid_t pid;
+        assert_int_equal(posix_spawn(&pid, run_argv[0], &run_io, &group, run_argv, environ), 0);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        posix_spawn_file_actions_destroy(&tee_io);
+        posix_spawn_file_actions_destroy(&run_io);
+        posix_spawnattr_destroy(&group);
+        assert_true(wait_for(dir, "stopped", pid, "step     4/"));
+        kill(-tee, signals[i]);
+        assert_int_equal(finish(tee), 128 + signals[i]);
+        int rc = finish(pid);
+        if (rc != 75) fail_msg("%s through a pipe whose reader it killed: exit %d, not 75", strsignal(signals[i]), rc);
+        char path[1300];
+        snprintf(path, sizeof(path), "%s/out/latest", dir);
+        char *latest = read_text(path);
+        long long step = -1;
+        assert_int_equal(sscanf(latest, "step_%lld", &step), 1);
+        assert_true(step >= 4 && step < 200);
+        free(latest);
+        assert_resumes_as(ref, dir, NULL);
+    }
+}
+
+/* `hypertrain train dir/run.yaml extra` started with SIGTERM blocked and
+ * already pending (a launcher that blocks it, a signal that came first): its
+ * exit status, the log in dir/name.log. */
+static int run_with_a_pending_stop(const char *dir, const char *name, const char *extra, char **log) {
+    char cmd[4000], log_path[1300];
+    snprintf(log_path, sizeof(log_path), "%s/%s.log", dir, name);
+    snprintf(cmd, sizeof(cmd), "kill -TERM $$; exec '%s' train '%s/run.yaml' %s > '%s' 2>&1", getenv("HT_BIN"), dir,
+             extra ? extra : "", log_path);
+    posix_spawnattr_t attr;
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigmask(&attr, &term);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, "/bin/sh", NULL, &attr, argv, environ), 0);
+    posix_spawnattr_destroy(&attr);
+    int rc = finish(pid);
+    *log = read_text(log_path);
+    return rc;
+}
+
+/* A stop before step 1 says what was and was not saved: nothing trained, no
+ * checkpoint, and the same command starts the run; a stop of a resumed run
+ * before its first step names the checkpoint that holds it and saves none
+ * again. A signal pending while blocked at the start is taken, not lost. */
+static void test_stop_before_the_first_step(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("rundir_stop_at_0");
+    write_run(dir, 2, 1);
+    char *log, path[1300];
+    assert_int_equal(run_with_a_pending_stop(dir, "stopped", NULL, &log), 75);
+    assert_non_null(strstr(log, "stopped before step 1: nothing was trained, so no checkpoint was saved"));
+    assert_null(strstr(log, "step_00000000"));
+    assert_null(strstr(log, "step     1/"));
+    free(log);
+    snprintf(path, sizeof(path), "%s/out/latest", dir);
+    assert_false(path_lexists(path));
+    assert_int_equal(run(dir, "again", NULL, NULL, &log), 0);
+    assert_non_null(strstr(log, "step     2/"));
+    free(log);
+    assert_int_equal(run_with_a_pending_stop(dir, "resumed", "--set training.steps=4", &log), 75);
+    assert_non_null(strstr(log, "stopped at step 2 with checkpoint"));
+    assert_non_null(strstr(log, "(resumed, nothing trained since: not saved again)"));
+    assert_null(strstr(log, "step     3/"));
+    free(log);
+    char *latest = read_text(path);
+    assert_string_equal(latest, "step_00000002\n");
+    free(latest);
 }
 
 /* SIGTERM while a checkpoint is being written (fsyncs slowed to 300 ms by
@@ -413,6 +663,17 @@ static void test_bad_config_on_one_rank(void **state) {
         assert_non_null(strstr(log, c ? "1 of 4 ranks (3) could not load" : "1 of 2 ranks (1) could not load"));
         free(log);
     }
+    /* Every rank of 4 failing alike: the error said once, naming the four. */
+    snprintf(cmd, sizeof(cmd), MPIRUN "-np 4 '%s' train '%s' > '%s' 2>&1", bin, bad, log_path);
+    char *log;
+    int rc = run_logged(cmd, log_path, &log);
+    if (rc <= 0 || rc == 124) fail_msg("exit %d:\n%s", rc, log);
+    assert_non_null(strstr(log, "error on ranks 0, 1, 2, 3 of 4: "));
+    assert_non_null(strstr(log, "4 of 4 ranks (0, 1, 2, 3) could not load"));
+    int said = 0;
+    for (const char *at = strstr(log, "unknown key"); at; at = strstr(at + 1, "unknown key")) said++;
+    if (said != 1) fail_msg("the error said %d times, not once:\n%s", said, log);
+    free(log);
 }
 
 int main(void) {
@@ -423,7 +684,11 @@ int main(void) {
         cmocka_unit_test(test_no_write_through_a_symlink),
         cmocka_unit_test(test_one_run_per_directory),
         cmocka_unit_test(test_restart_before_the_first_checkpoint),
+        cmocka_unit_test(test_output_dir_that_is_not_a_runs),
+        cmocka_unit_test(test_resume_with_the_model_or_data_changed),
         cmocka_unit_test(test_signal_saves_then_stops),
+        cmocka_unit_test(test_signal_through_a_pipe),
+        cmocka_unit_test(test_stop_before_the_first_step),
         cmocka_unit_test(test_signal_during_a_save),
         cmocka_unit_test(test_signal_one_rank_under_mpirun),
         cmocka_unit_test(test_bad_config_on_one_rank),

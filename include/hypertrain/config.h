@@ -266,7 +266,8 @@ typedef struct ht_config {
         int keep_last;                        /* 0: keep all */
         char restore_from[HT_CONFIG_STR_MAX]; /* "" (null), a directory, or "latest" */
         bool restore_optimizer;
-        bool overwrite; /* a fresh run may replace the run already in output_dir */
+        bool overwrite;                  /* a fresh run may replace the run already in output_dir */
+        ht_config_strings allow_changes; /* keys fixed on resume that this resume may change */
     } checkpoint;
 
     /* The dialect the optimizer block is written in: its system's defaults
@@ -323,6 +324,12 @@ void ht_config_log(const ht_config *cfg);
  * came from (file and line, or command line, and the spelling when an alias
  * set it), and the final value. */
 void ht_config_log_section(const ht_config *cfg, const char *title, const char *prefix);
+
+/* Whether a key says what the model computes or what data it reads (every
+ * model.* key but where its weights come from, recomputation and what is
+ * frozen; the data's files, split, order and sequence length): a resume
+ * refuses a change to one unless checkpoint.allow_changes names it. */
+bool ht_config_key_fixed_on_resume(const char *key);
 
 /* The keys in table order (canonical dotted names), for dumps and tools. */
 int ht_config_key_count(void);

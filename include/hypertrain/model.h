@@ -1,6 +1,7 @@
 /* Decoder-only language models: the architecture config, the model registry
  * (name -> builder) and the model interface (forward, backward) over a named
- * parameter store. The built-ins are "qwen2" and "llama". */
+ * parameter store. The built-ins are "qwen2", "llama", "qwen2_moe" and
+ * "deepseek_v3"; a plugin registers more. */
 #ifndef HYPERTRAIN_MODEL_H
 #define HYPERTRAIN_MODEL_H
 

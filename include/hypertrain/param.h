@@ -1,6 +1,9 @@
-/* The named parameter store: every trainable tensor of a model, keyed by its
+/* The named parameter store: every tensor of a model's state, keyed by its
  * Hugging Face name, with its global shape, model dtype and this rank's shard.
- * The optimizer, the checkpoint code and the logs iterate it by name. */
+ * Most are trainable; a buffer the model updates itself (DeepSeek-V3's
+ * e_score_correction_bias) or a frozen param has trainable false and a NULL
+ * main_grad. The optimizer, the checkpoint code and the logs iterate it by
+ * name (the optimizer skips what is not trainable). */
 #ifndef HYPERTRAIN_PARAM_H
 #define HYPERTRAIN_PARAM_H
 

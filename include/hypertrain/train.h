@@ -139,7 +139,10 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
  * second run into the same directory is refused at once. Rank 0 of comm
  * takes an exclusive flock on output_dir/hypertrain.lock (making the
  * directory if need be) and writes its pid, host and start time into it;
- * every rank learns the outcome, and a directory another live run holds is
+ * every rank learns the outcome. Never in the root, nor in an existing
+ * directory no run has used (no lock file, no checkpoint) that holds names a
+ * run replaces (latest, loss.svg, final, metrics.jsonl), unless overwrite.
+ * A directory another live run holds is
  * an error naming that run, on every rank alike (err->everywhere). The
  * kernel drops the lock when the process ends, however it ends. */
 typedef struct ht_run_lock {
@@ -147,7 +150,7 @@ typedef struct ht_run_lock {
     bool created_dir; /* taking it made output_dir */
     char dir[HT_CONFIG_STR_MAX];
 } ht_run_lock;
-ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, ht_comm *comm, ht_error *err);
+ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, bool overwrite, ht_comm *comm, ht_error *err);
 /* remove_created: the run wrote nothing (it failed to start), so a
  * directory taking the lock made is removed with the lock file. */
 void ht_run_lock_release(ht_run_lock *lock, bool remove_created);

@@ -53,35 +53,61 @@ static int fail_rank(ht_comm *comm, const ht_error *err) {
 }
 
 /* The configuration, loaded and validated by every rank on its own (no
- * collective can hang on a rank that failed): each rank that fails prints
- * its own error at once; then every rank learns which ranks failed, and all
- * stop together, within the time it takes to read the file. */
+ * collective can hang on a rank that failed); then every rank learns which
+ * ranks failed and why, and all stop together, within the time it takes to
+ * read the file. Rank 0 says each distinct error once, with the ranks that
+ * hit it (every rank of a job usually fails alike: one sentence, not one a
+ * rank). */
 static int load_config(ht_comm *comm, const char *path, int n, char **overrides, ht_config *cfg) {
     ht_error err = {0};
     ht_status s = ht_config_load(path, n, overrides, cfg, &err);
     if (s == HT_OK) s = ht_config_validate(cfg, comm->size, &err);
     if (comm->size == 1) return s == HT_OK ? 0 : fail(&err);
-    if (s != HT_OK) {
-        fprintf(stderr, "hypertrain: error on rank %d of %d: %s\n", comm->rank, comm->size, err.msg);
-        fflush(stderr);
-    }
-    int32_t mine = s != HT_OK, failed[comm->size];
-    int64_t bytes[comm->size];
-    for (int r = 0; r < comm->size; r++) bytes[r] = sizeof(int32_t);
+    const int P = comm->size;
+    int32_t mine = s != HT_OK, failed[P];
+    int64_t bytes[P];
+    for (int r = 0; r < P; r++) bytes[r] = sizeof(int32_t);
     ht_all_gather(comm, &mine, failed, bytes);
     char ranks[256] = "";
     int count = 0;
-    for (int r = 0; r < comm->size; r++) {
+    for (int r = 0; r < P; r++) {
         if (!failed[r]) continue;
         size_t at = strlen(ranks);
         if (count++ < 16) snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? ", " : "", r);
     }
     if (count == 0) return 0;
-    if (comm->rank == 0)
+    /* The failed ranks' messages to rank 0 (a message a rank, in rank order). */
+    char *all = comm->rank == 0 ? calloc((size_t)P, sizeof(err.msg)) : NULL;
+    for (int r = 0; r < P; r++) bytes[r] = sizeof(err.msg);
+    if (comm->rank == 0 && !all) {
         fprintf(stderr,
-                "hypertrain: error: %d of %d ranks (%s%s) could not load or validate the configuration, each "
-                "printing why above: every rank stops\n",
-                count, comm->size, ranks, count > 16 ? ", ..." : "");
+                "hypertrain: error: %d of %d ranks (%s) could not load or validate the configuration (rank "
+                "0 has no memory to gather why): every rank stops\n",
+                count, P, ranks);
+        ht_comm_abort(comm, 1);
+    }
+    ht_gather(comm, err.msg, all, bytes, 0);
+    if (comm->rank != 0) return 1;
+    for (int r = 0; all && r < P; r++) {
+        const char *msg = all + (size_t)r * sizeof(err.msg);
+        bool said = false;
+        for (int q = 0; q < r && !said; q++) said = failed[q] && strcmp(msg, all + (size_t)q * sizeof(err.msg)) == 0;
+        if (!failed[r] || said) continue;
+        char alike[256] = "";
+        int same = 0;
+        for (int q = r; q < P; q++) {
+            if (!failed[q] || strcmp(msg, all + (size_t)q * sizeof(err.msg)) != 0) continue;
+            size_t at = strlen(alike);
+            if (same++ < 16) snprintf(alike + at, sizeof(alike) - at, "%s%d", at ? ", " : "", q);
+        }
+        fprintf(stderr, "hypertrain: error on rank%s %s%s of %d: %s\n", same > 1 ? "s" : "", alike,
+                same > 16 ? ", ..." : "", P, msg);
+    }
+    free(all);
+    fprintf(stderr,
+            "hypertrain: error: %d of %d ranks (%s%s) could not load or validate the configuration, as said above: "
+            "every rank stops\n",
+            count, P, ranks, count > 16 ? ", ..." : "");
     return 1;
 }
 
@@ -114,7 +140,20 @@ static void catch_stop_signals(void) {
     sa.sa_flags = SA_RESTART; /* the system calls it interrupts go on */
     sigemptyset(&sa.sa_mask);
     const int signals[] = {SIGTERM, SIGINT, SIGHUP};
-    for (size_t i = 0; i < sizeof(signals) / sizeof(signals[0]); i++) sigaction(signals[i], &sa, NULL);
+    sigset_t stop;
+    sigemptyset(&stop);
+    for (size_t i = 0; i < sizeof(signals) / sizeof(signals[0]); i++) {
+        sigaction(signals[i], &sa, NULL);
+        sigaddset(&stop, signals[i]);
+    }
+    /* A launcher that started us with them blocked would hide every
+     * preemption; one already pending is taken now: a stop before step 1. */
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
+    /* `hypertrain train ... | tee log`: a terminal's Ctrl-C reaches tee too,
+     * and the next log line would end the run by SIGPIPE before its stop
+     * checkpoint. Ignored, a closed log is a write that fails (EPIPE): the
+     * log is lost from then on, never the run. */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 /* OpenMP threads per rank: the node's cores shared by its ranks, unless

@@ -29,6 +29,7 @@ typedef enum key_type {
 
 #define NULLABLE 1u
 #define AUTO_OK 2u /* KT_REJECT: null or -1 ("derive it") is accepted and changes nothing */
+#define FS_PATH 4u /* KT_STR, KT_STRS: a file system path; a leading ~ is expanded as a shell would (load.c) */
 
 typedef struct enum_name {
     const char *name;

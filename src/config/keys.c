@@ -111,6 +111,12 @@ static const enum_name TOTAL_STEPS_MSG[] = {
     { path, KT_DTYPE, F(field), def, NULL, NULLABLE }
 #define STRS(path, field, def)                                                                                         \
     { path, KT_STRS, F(field), def, NULL, 0 }
+#define PATH(path, field, def)                                                                                         \
+    { path, KT_STR, F(field), def, NULL, FS_PATH }
+#define PATH_OR_NULL(path, field, def)                                                                                 \
+    { path, KT_STR, F(field), def, NULL, NULLABLE | FS_PATH }
+#define PATHS(path, field, def)                                                                                        \
+    { path, KT_STRS, F(field), def, NULL, FS_PATH }
 #define FLOATS(path, field, def)                                                                                       \
     { path, KT_FLOATS, F(field), def, NULL, 0 }
 #define LAYERS(path, field, def)                                                                                       \
@@ -127,7 +133,7 @@ static const enum_name TOTAL_STEPS_MSG[] = {
 /* Every key of docs/CONFIG.md, in the order the log prints them. */
 const key_desc ht_config_keys[] = {
     STR("model.name", model.arch.name, "qwen2"),
-    STR_OR_NULL("model.from_pretrained", model.from_pretrained, "null"),
+    PATH_OR_NULL("model.from_pretrained", model.from_pretrained, "null"),
     INT("model.vocab_size", model.arch.vocab_size, "256"),
     INT("model.hidden_size", model.arch.hidden_size, "256"),
     INT("model.intermediate_size", model.arch.intermediate_size, "688"),
@@ -182,11 +188,11 @@ const key_desc ht_config_keys[] = {
     STRS("model.lora.target_modules", model.lora.target_modules, "[q_proj, v_proj]"),
     BOOL("model.lora.use_rslora", model.lora.use_rslora, "false"),
     BOOL("model.lora.use_muon", model.lora.use_muon, "false"),
-    STR_OR_NULL("model.lora.from_pretrained", model.lora.from_pretrained, "null"),
+    PATH_OR_NULL("model.lora.from_pretrained", model.lora.from_pretrained, "null"),
     DTYPE_OR_NULL("model_init_dtype", model_init_dtype, "float32"),
 
     STR("data.dataset_type", data.dataset_type, "text_bytes"),
-    STR("data.path", data.path, "\"\""),
+    PATH("data.path", data.path, "\"\""),
     INT("data.seq_len", data.seq_len, "256"),
     FLT("data.valid_fraction", data.valid_fraction, "0.01"),
     BOOL("data.shuffle", data.shuffle, "true"),
@@ -196,8 +202,8 @@ const key_desc ht_config_keys[] = {
     STR("data.dataloader_mode", data.dataloader_mode, "sampler"),
     STR("data.sampler_type", data.sampler_type, "BaseRandomBatchSampler"),
     STR("data.collate", data.collate, "llm_pretrain"),
-    STR_OR_NULL("data.tokenizer", data.tokenizer, "null"),
-    STR_OR_NULL("data.dataset_dir", data.dataset_dir, "null"),
+    PATH_OR_NULL("data.tokenizer", data.tokenizer, "null"),
+    PATH_OR_NULL("data.dataset_dir", data.dataset_dir, "null"),
     STR_OR_NULL("data.dataset", data.dataset, "null"),
 
     INT("parallel.tensor_parallel_size", parallel.tensor_parallel_size, "1"),
@@ -277,7 +283,7 @@ const key_desc ht_config_keys[] = {
     INT("training.log_interval", training.log_interval, "10"),
     INT("training.eval_interval", training.eval_interval, "100"),
     INT("training.eval_batches", training.eval_batches, "20"),
-    STRS("training.plugin", training.plugin, "[]"),
+    PATHS("training.plugin", training.plugin, "[]"),
     FLT("training.loss_scale_initial", training.loss_scale_initial, "65536.0"),
     INT("training.loss_scale_growth_interval", training.loss_scale_growth_interval, "1000"),
     FLT("training.loss_scale_growth_factor", training.loss_scale_growth_factor, "2.0"),
@@ -300,13 +306,14 @@ const key_desc ht_config_keys[] = {
     ENUM("kernels.f16_gemm", kernels.f16_gemm, GEMM_KERNELS, "auto"),
     AUTO_INT("kernels.lm_head_chunk_mib", kernels.lm_head_chunk_mib, "auto"),
 
-    STR("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
+    PATH("checkpoint.output_dir", checkpoint.output_dir, "runs/default"),
     INT("checkpoint.save_interval", checkpoint.save_interval, "500"),
     BOOL("checkpoint.save_optimizer", checkpoint.save_optimizer, "true"),
     INT("checkpoint.keep_last", checkpoint.keep_last, "3"),
-    STR_OR_NULL("checkpoint.restore_from", checkpoint.restore_from, "null"),
+    PATH_OR_NULL("checkpoint.restore_from", checkpoint.restore_from, "null"),
     BOOL("checkpoint.restore_optimizer", checkpoint.restore_optimizer, "true"),
     BOOL("checkpoint.overwrite", checkpoint.overwrite, "false"),
+    STRS("checkpoint.allow_changes", checkpoint.allow_changes, "[]"),
 };
 #define N_KEYS ((int)(sizeof(ht_config_keys) / sizeof(ht_config_keys[0])))
 _Static_assert(sizeof(ht_config_keys) / sizeof(ht_config_keys[0]) <= HT_CONFIG_MAX_KEYS, "raise HT_CONFIG_MAX_KEYS");
@@ -515,4 +522,29 @@ int ht_config_decay_start_steps(const ht_config *cfg) {
     int i = ht_config_key_index("lr_scheduler.decay_start_steps");
     if (cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT) return cfg->lr_scheduler.decay_start_steps;
     return (int)floor((double)cfg->training.steps * cfg->lr_scheduler.decay_start_ratio);
+}
+
+bool ht_config_key_fixed_on_resume(const char *key) {
+    static const char *const model_free[] = {"model.from_pretrained",
+                                             "model.lora.from_pretrained",
+                                             "model.recompute",
+                                             "model.recompute_plan.apply_modules",
+                                             "model.trust_remote_code",
+                                             "model.initializer_range",
+                                             "model.freeze"};
+    static const char *const data_fixed[] = {"data.path",           "data.dataset", "data.dataset_dir",
+                                             "data.dataset_type",   "data.seq_len", "data.tokenizer",
+                                             "data.valid_fraction", "data.shuffle", "data.drop_last",
+                                             "data.sampler_type",   "data.collate"};
+    int index = ht_config_key_index(key); /* another spelling of a key is that key */
+    if (index < 0) return false;
+    key = ht_config_keys[index].path;
+    if (strncmp(key, "model.", 6) == 0) {
+        for (size_t i = 0; i < sizeof(model_free) / sizeof(model_free[0]); i++)
+            if (strcmp(key, model_free[i]) == 0) return false;
+        return true;
+    }
+    for (size_t i = 0; i < sizeof(data_fixed) / sizeof(data_fixed[0]); i++)
+        if (strcmp(key, data_fixed[i]) == 0) return true;
+    return false;
 }

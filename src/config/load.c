@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- messages */
 
@@ -168,7 +170,48 @@ static bool node_string(const yaml_node_t *node, char *dst, size_t size) {
     bool bv;
     if (node->type != YAML_SCALAR_NODE || ht_config_classify(node, &iv, &dv, &bv) == SC_NULL) return false;
     if (node->data.scalar.length >= size) return false;
+    if (strlen(scalar_text(node)) != node->data.scalar.length) return false; /* a "\0" escape: never cut short */
     memcpy(dst, scalar_text(node), node->data.scalar.length + 1);
+    return true;
+}
+
+/* A path key's value as a shell would take it: a leading ~ or ~/ is $HOME
+ * (the password file's home where HOME is unset), ~user/ that user's home.
+ * A $NAME or ${NAME} is refused rather than kept: YAML expands no
+ * variables, and a directory literally named "$HOME" is never meant. */
+static bool expand_path(char *path, size_t size, char *why, size_t why_size) {
+    for (const char *d = strchr(path, '$'); d; d = strchr(d + 1, '$'))
+        if (d[1] == '{' || d[1] == '_' || (d[1] >= 'A' && d[1] <= 'Z') || (d[1] >= 'a' && d[1] <= 'z')) {
+            snprintf(why, why_size,
+                     "%s names an environment variable, which a configuration file does not expand; write the path "
+                     "itself (a leading ~ is expanded)",
+                     path);
+            return false;
+        }
+    if (path[0] != '~') return true;
+    size_t user_len = strcspn(path + 1, "/");
+    const char *home = NULL;
+    char user[256];
+    if (user_len >= sizeof(user)) user_len = sizeof(user) - 1;
+    memcpy(user, path + 1, user_len);
+    user[user_len] = '\0';
+    struct passwd *pw = user_len ? getpwnam(user) : NULL;
+    if (user_len == 0) home = getenv("HOME");
+    if (user_len == 0 && (!home || !home[0])) pw = getpwuid(getuid());
+    if (!home || !home[0]) home = pw ? pw->pw_dir : NULL;
+    if (!home) {
+        snprintf(why, why_size, "%s: %s, so its ~ cannot be expanded", path,
+                 user_len ? "no such user" : "HOME is not set and this user has no home directory");
+        return false;
+    }
+    char expanded[HT_CONFIG_STR_MAX];
+    int n = snprintf(expanded, sizeof(expanded), "%s%s", home, path + 1 + user_len);
+    if (n < 0 || (size_t)n >= size || (size_t)n >= sizeof(expanded)) {
+        snprintf(why, why_size, "%s: expanded to %s%s, longer than %zu bytes", path, home, path + 1 + user_len,
+                 size - 1);
+        return false;
+    }
+    memcpy(path, expanded, (size_t)n + 1);
     return true;
 }
 
@@ -271,7 +314,8 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
             ((char *)dst)[0] = '\0';
             return true;
         }
-        return node_string(node, dst, k->size);
+        if (!node_string(node, dst, k->size)) return false;
+        return !(k->flags & FS_PATH) || expand_path(dst, k->size, why, why_size);
     case KT_ENUM:
         if (node->type != YAML_SCALAR_NODE) return false;
         for (const enum_name *e = k->names; e->name; e++) {
@@ -309,7 +353,9 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
         if (node_is_null(node)) return true;
         if (node->type != YAML_SEQUENCE_NODE || seq_len(node) > HT_CONFIG_LIST_MAX) return false;
         for (int i = 0; i < seq_len(node); i++)
-            if (!node_string(seq_item(doc, node, i), list->items[i], HT_CONFIG_STR_MAX)) return false;
+            if (!node_string(seq_item(doc, node, i), list->items[i], HT_CONFIG_STR_MAX) ||
+                ((k->flags & FS_PATH) && !expand_path(list->items[i], HT_CONFIG_STR_MAX, why, why_size)))
+                return false;
         list->count = seq_len(node);
         return true;
     }

@@ -103,11 +103,18 @@ static int check_mesh(report *r, int world) {
     }
     const ht_model_config *m = &cfg->model.arch;
     const int H = m->num_attention_heads, KV = ht_model_config_has_mla(m) ? H : m->num_key_value_heads;
-    if (TP > 1 && !cfg->model.from_pretrained[0] && (H % TP != 0 || KV % TP != 0))
+    if (TP > 1 && !cfg->model.from_pretrained[0] && (H % TP != 0 || KV % TP != 0)) {
+        char which[160];
+        if (H % TP != 0 && KV % TP != 0)
+            snprintf(which, sizeof(which), "it divides neither");
+        else
+            snprintf(which, sizeof(which), "it does not divide %s (%d)",
+                     H % TP ? "model.num_attention_heads" : "model.num_key_value_heads", H % TP ? H : KV);
         add(r,
-            "%s: %d does not divide model.num_attention_heads (%d) and model.num_key_value_heads (%d): tensor "
-            "parallelism gives each rank whole heads",
-            at(cfg, "parallel.tensor_parallel_size", a, sizeof(a)), TP, H, KV);
+            "%s: %d: tensor parallelism gives each rank whole heads, so it must divide both "
+            "model.num_attention_heads (%d) and model.num_key_value_heads (%d); %s",
+            at(cfg, "parallel.tensor_parallel_size", a, sizeof(a)), TP, H, KV, which);
+    }
     if (TP > 1 && cfg->parallel.sequence_parallel && T > 0 && (T % cp != 0 || (T / cp) % TP != 0))
         add(r,
             "%s: %d: under sequence parallelism each of the %d ranks of a tensor-parallel group holds as many of "
@@ -524,6 +531,17 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     check(&r, cfg->checkpoint.keep_last >= 0, "checkpoint.keep_last", "an integer >= 0 (0: keep all)");
     check(&r, cfg->checkpoint.save_interval == 0 || cfg->checkpoint.output_dir[0] != '\0', "checkpoint.output_dir",
           "a directory when checkpoint.save_interval > 0");
+    for (int i = 0; i < cfg->checkpoint.allow_changes.count; i++) {
+        const char *key = cfg->checkpoint.allow_changes.items[i];
+        if (ht_config_key_fixed_on_resume(key)) continue;
+        char a[HT_CONFIG_STR_MAX + 160];
+        add(&r,
+            "%s: item %d, %s, is not a key a resume refuses to change (those are the model.* keys that say what "
+            "the model computes, and data.path, data.dataset, data.dataset_dir, data.dataset_type, data.seq_len, "
+            "data.tokenizer, data.valid_fraction, data.shuffle, data.drop_last, data.sampler_type, data.collate; "
+            "any other key may change on a resume as it is)",
+            at(cfg, "checkpoint.allow_changes", a, sizeof(a)), i, key);
+    }
 
     if (r.count == 0) {
         int ri = ht_config_key_index("lr_scheduler.warmup_ratio"),

@@ -138,6 +138,68 @@ static void log_changed_hyperparameters(const ht_trainer *t, const ht_checkpoint
         ht_log_info("resume: %d optimizer setting%s changed since the checkpoint", changed, changed > 1 ? "s" : "");
 }
 
+/* Whether checkpoint.allow_changes names key (in any of its spellings). */
+static bool change_allowed(const ht_config *c, const char *key) {
+    for (int i = 0; i < c->checkpoint.allow_changes.count; i++) {
+        int index = ht_config_key_index(c->checkpoint.allow_changes.items[i]);
+        if (index >= 0 && strcmp(ht_config_key_name(index), key) == 0) return true;
+    }
+    return false;
+}
+
+/* Two spellings of one file (a relative path and its absolute one, a
+ * symlink) are no change. */
+static bool same_file(const char *a, const char *b) {
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return a[0] && b[0] && realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
+}
+
+/* A resume goes on with the model and the data it was saved with: a key
+ * that says what the model computes or what data it reads
+ * (ht_config_key_fixed_on_resume) and differs from the checkpoint's is an
+ * error naming each such key with both values, unless
+ * checkpoint.allow_changes names it (then it is logged). The same on every
+ * rank (every rank holds the config and the checkpoint's), so said once. */
+static ht_status check_fixed_keys(const ht_trainer *t, const ht_checkpoint *ck, ht_error *err) {
+    char now[1024], unquoted_then[1024], unquoted_now[1024], list[HT_ERROR_MSG_MAX / 2] = "", names[512] = "";
+    int changed = 0;
+    for (int i = 0; i < ht_config_key_count(); i++) {
+        const char *key = ht_config_key_name(i);
+        if (!ht_config_key_fixed_on_resume(key)) continue;
+        const char *then = ht_ckpt_config_value(ck, key);
+        if (!then || !ht_config_format_value(&t->config, key, now, sizeof(now)) || strcmp(then, now) == 0) continue;
+        if (strcmp(key, "data.path") == 0 || strcmp(key, "data.dataset_dir") == 0 ||
+            strcmp(key, "data.tokenizer") == 0) {
+            /* the formatted values are YAML strings: compare the paths they spell */
+            snprintf(unquoted_then, sizeof(unquoted_then), "%s", then[0] == '"' ? then + 1 : then);
+            snprintf(unquoted_now, sizeof(unquoted_now), "%s", now[0] == '"' ? now + 1 : now);
+            unquoted_then[strcspn(unquoted_then, "\"")] = unquoted_now[strcspn(unquoted_now, "\"")] = '\0';
+            if (same_file(unquoted_then, unquoted_now)) continue;
+        }
+        if (change_allowed(&t->config, key)) {
+            if (t->comm->rank == 0)
+                ht_log_warn("resume: %s was %s in %s; this run uses %s (checkpoint.allow_changes names it)", key, then,
+                            ht_ckpt_dir(ck), now);
+            continue;
+        }
+        size_t at = strlen(list), at_names = strlen(names);
+        int n = snprintf(list + at, sizeof(list) - at, "%s%s: %.300s in the checkpoint, %.300s in this run",
+                         changed ? "; " : "", key, then, now);
+        n += snprintf(names + at_names, sizeof(names) - at_names, "%s%s", changed ? ", " : "", key);
+        (void)n; /* a list too long for the message ends cut: the first keys are named */
+        changed++;
+    }
+    if (!changed) return HT_OK;
+    ht_fail(err, HT_ERR_CONFIG,
+            "resume from %s: %d key%s that say%s what the model computes or what data it reads changed since the "
+            "checkpoint (%s): a resume goes on with the model and data it was saved with. Put the checkpoint's "
+            "value%s back, or, to change %s on purpose, set checkpoint.allow_changes: [%s]",
+            ht_ckpt_dir(ck), changed, changed > 1 ? "s" : "", changed > 1 ? "" : "s", list, changed > 1 ? "s" : "",
+            changed > 1 ? "them" : "it", names);
+    err->everywhere = true;
+    return HT_ERR_CONFIG;
+}
+
 /* A checkpoint config's integer (0: absent or null). */
 static long long saved_int(const ht_checkpoint *ck, const char *key) {
     const char *v = ht_ckpt_config_value(ck, key);
@@ -225,6 +287,10 @@ ht_status ht_trainer_restore(ht_trainer *t, const char *restore_from, bool resto
     t->resumed_from[0] = '\0';
     if (!realpath(parent, there) || !realpath(t->config.checkpoint.output_dir, here) || strcmp(here, there) != 0)
         snprintf(t->resumed_from, sizeof(t->resumed_from), "%s", dir);
+    if (restore_optimizer && (s = check_fixed_keys(t, ck, err)) != HT_OK) {
+        ht_ckpt_close(ck);
+        return s;
+    }
     ht_ckpt_view v;
     ht_trainer_checkpoint_view(t, &v);
     v.lenient = !t->config.training.load_strict;

@@ -183,7 +183,7 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
         write_number(f, "loss_scale", "%g", st->loss_scale);
         fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
         write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
-        if (st->mfu > 0) write_number(f, "mfu", "%.4f", st->mfu);
+        if (st->mfu > 0 && st->mfu <= 1.0) write_number(f, "mfu", "%.4f", st->mfu); /* above 1: unreliable */
     }
     if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
     fprintf(f, "}\n");
@@ -408,10 +408,18 @@ static ht_status stop_run(ht_trainer *t, int64_t saved_step, ht_error *err) {
         ht_log_warn("stopped at step %lld: checkpoint.save_interval is 0, so no checkpoint was saved; the %lld steps "
                     "of this run are lost",
                     (long long)t->step, (long long)t->step);
+    else if (t->step == 0)
+        ht_log_info("stopped before step 1: nothing was trained, so no checkpoint was saved; the same command starts "
+                    "the run");
+    else if (t->step == saved_step && t->resumed_from[0])
+        ht_log_info("stopped at step %lld, before training a step: no checkpoint was saved, as %s (which this run "
+                    "resumed) holds step %lld; the same command resumes it from there",
+                    (long long)t->step, t->resumed_from, (long long)t->step);
     else
-        ht_log_info("stopped at step %lld with checkpoint %s/step_%08lld; the same command with "
+        ht_log_info("stopped at step %lld with checkpoint %s/step_%08lld%s; the same command with "
                     "checkpoint.restore_from: latest resumes it",
-                    (long long)t->step, c->checkpoint.output_dir, (long long)t->step);
+                    (long long)t->step, c->checkpoint.output_dir, (long long)t->step,
+                    t->step == saved_step ? " (resumed, nothing trained since: not saved again)" : "");
     return HT_OK;
 }
 
@@ -428,6 +436,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
     double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
+    bool mfu_said = false;        /* an MFU above 100% was said to be unreliable */
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
     while (t->step < steps) {
@@ -448,7 +457,16 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             if (t->optimizer.loss_scaling)
                 snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
             char util[32] = "";
-            if (mfu > 0) snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
+            if (mfu > 1.0 && !mfu_said)
+                ht_log_warn("MFU: this run's steps compute faster than the matrix-product rate measured at start "
+                            "(%.0f GFLOP/s a rank), which was measured on a busy machine or is not what these "
+                            "products reach: the MFU is unreliable, shown as n/a",
+                            t->gemm_gflops);
+            mfu_said |= mfu > 1.0;
+            if (mfu > 1.0)
+                snprintf(util, sizeof(util), " | MFU n/a");
+            else if (mfu > 0)
+                snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
             ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s%s | %s elapsed, ETA %s",
                         (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
         }

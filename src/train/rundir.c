@@ -6,7 +6,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -15,14 +17,68 @@
 
 #define LOCK_NAME "hypertrain.lock"
 
+/* Whether dir holds a checkpoint of this engine's (a step_X directory). */
+static bool holds_own_checkpoint(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool own = false;
+    struct dirent *e;
+    while (!own && (e = readdir(d)) != NULL) {
+        char why[600];
+        own = strncmp(e->d_name, "step_", 5) == 0 && ht_ckpt_is_own(dir, e->d_name, why, sizeof(why));
+    }
+    closedir(d);
+    return own;
+}
+
+/* Before the lock file is made: output_dir is a directory a run may own.
+ * Never the root. An existing directory that no run of this engine has used
+ * (no hypertrain.lock, no checkpoint of its own) is the user's: the names a
+ * run replaces there (latest, loss.svg, final/, metrics.jsonl) are someone
+ * else's files, refused unless checkpoint.overwrite. */
+static ht_status check_owner(const char *output_dir, bool overwrite, ht_error *err) {
+    char real[PATH_MAX], path[HT_CONFIG_STR_MAX + 32];
+    if (realpath(output_dir, real) && strcmp(real, "/") == 0)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "checkpoint.output_dir %s is the root of the file system: a run writes hypertrain.lock, "
+                       "metrics.jsonl, loss.svg, latest, step_*/ and final/ into its directory; choose one of its own "
+                       "(for example runs/NAME)",
+                       output_dir);
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/" LOCK_NAME, output_dir);
+    if (stat(output_dir, &sb) != 0 || lstat(path, &sb) == 0 || holds_own_checkpoint(output_dir)) return HT_OK;
+    static const char *const replaced[] = {"latest", "loss.svg", "final", "metrics.jsonl"};
+    char found[128] = "";
+    for (size_t i = 0; i < sizeof(replaced) / sizeof(replaced[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", output_dir, replaced[i]);
+        if (lstat(path, &sb) != 0) continue;
+        /* a link where the run writes metrics.jsonl or final/ is check_entries' to name */
+        if (S_ISLNK(sb.st_mode) && (i == 2 || i == 3)) continue;
+        size_t at = strlen(found);
+        snprintf(found + at, sizeof(found) - at, "%s%s", at ? ", " : "", replaced[i]);
+    }
+    if (!found[0]) return HT_OK;
+    if (!overwrite)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "checkpoint.output_dir %s holds %s, which no run of this engine wrote (the directory has no "
+                       "%s and no checkpoint of its own), and this run would replace them: choose a directory of its "
+                       "own, or set checkpoint.overwrite: true to let it replace them",
+                       output_dir, found, LOCK_NAME);
+    ht_log_warn("checkpoint.overwrite: this run may replace %s in %s, which no run of this engine wrote", found,
+                output_dir);
+    return HT_OK;
+}
+
 /* Rank 0's half of ht_rundir_lock: flock on output_dir/hypertrain.lock,
  * then this run's pid, host and start time written into it for the next
  * run that finds it taken. The kernel drops the lock when the process
  * ends, however it ends: a lock is never stale. */
-static ht_status take_lock(ht_run_lock *lock, const char *output_dir, ht_error *err) {
+static ht_status take_lock(ht_run_lock *lock, const char *output_dir, bool overwrite, ht_error *err) {
     struct stat sb;
+    ht_status s = check_owner(output_dir, overwrite, err);
+    if (s != HT_OK) return s;
     lock->created_dir = stat(output_dir, &sb) != 0;
-    ht_status s = ht_make_dirs(output_dir, err);
+    s = ht_make_dirs(output_dir, err);
     if (s != HT_OK) return s;
     char path[HT_CONFIG_STR_MAX + 32];
     snprintf(path, sizeof(path), "%s/" LOCK_NAME, output_dir);
@@ -80,11 +136,11 @@ static ht_status share_outcome(ht_comm *comm, ht_status s, ht_error *err) {
     return (ht_status)status;
 }
 
-ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, ht_comm *comm, ht_error *err) {
+ht_status ht_run_lock_take(ht_run_lock *lock, const char *output_dir, bool overwrite, ht_comm *comm, ht_error *err) {
     memset(lock, 0, sizeof(*lock));
     lock->fd = -1;
     snprintf(lock->dir, sizeof(lock->dir), "%s", output_dir);
-    ht_status s = comm->rank == 0 ? take_lock(lock, output_dir, err) : HT_OK;
+    ht_status s = comm->rank == 0 ? take_lock(lock, output_dir, overwrite, err) : HT_OK;
     return share_outcome(comm, s, err);
 }
 

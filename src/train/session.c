@@ -37,7 +37,8 @@ ht_status ht_train(const ht_config *cfg, ht_comm *comm, volatile sig_atomic_t *s
     *stopped_by = 0;
     ht_run_lock lock = {.fd = -1};
     /* Before anything is read from or written to it, the directory is this run's alone. */
-    if (ht_run_lock_take(&lock, cfg->checkpoint.output_dir, comm, err) != HT_OK) return err->status;
+    if (ht_run_lock_take(&lock, cfg->checkpoint.output_dir, cfg->checkpoint.overwrite, comm, err) != HT_OK)
+        return err->status;
     ht_trainer *t = malloc(sizeof(ht_trainer));
     if (!t) {
         ht_run_lock_release(&lock, true);
