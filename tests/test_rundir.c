@@ -630,6 +630,66 @@ static void test_signal_one_rank_under_mpirun(void **state) {
     assert_resumes_as(ref, dir, MPIRUN "-np 2 ");
 }
 
+/* `hypertrain launch --grace G -- mpirun -np 2 hypertrain train ...` in the
+ * background, its output into dir/name.log (env: a prefix for the ranks,
+ * e.g. the fault shim); the launcher's pid. */
+static pid_t start_launched(const char *dir, const char *name, const char *grace, const char *env) {
+    char cmd[6000];
+    const char *bin = getenv("HT_BIN");
+    snprintf(cmd, sizeof(cmd),
+             "exec '%s' launch --grace %s -- " MPIRUN "-np 2 %s '%s' train '%s/run.yaml' > '%s/%s.log' 2>&1", bin,
+             grace, env ? env : "", bin, dir, dir, name);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ) != 0) fail_msg("cannot start %s", cmd);
+    return pid;
+}
+
+/* What a scheduler does to a job under mpirun: SIGTERM to the process it
+ * started. Under `hypertrain launch` the ranks get it, not mpirun (which
+ * would kill them a second later): they finish the step, save, and the
+ * launcher exits 75; the same command resumes bitwise. A save that outlasts
+ * the grace period is ended, saying so, without a hang. */
+static void test_launch_under_mpirun(void **state) {
+    (void)state;
+    const char *ref = scratch_dir("rundir_launch_ref");
+    continuous(ref, 200, MPIRUN "-np 2 ");
+    const char *dir = scratch_dir("rundir_launch");
+    write_run(dir, 200, 1000);
+    pid_t pid = start_launched(dir, "stopped", "60", NULL);
+    assert_true(wait_for(dir, "stopped", pid, "step     4/"));
+    kill(pid, SIGTERM);
+    int rc = finish(pid);
+    char path[1300];
+    snprintf(path, sizeof(path), "%s/stopped.log", dir);
+    char *log = read_text(path);
+    if (rc != 75) fail_msg("exit %d, not 75:\n%s", rc, log);
+    assert_non_null(strstr(log, "passed to the training processes"));
+    assert_non_null(strstr(log, "(2 rank files)"));
+    assert_null(strstr(log, "step   200/"));
+    free(log);
+    assert_resumes_as(ref, dir, MPIRUN "-np 2 ");
+    /* fsyncs slowed to 4 s: the stop checkpoint cannot finish within a grace period of 1 s */
+    const char *slow = scratch_dir("rundir_launch_grace");
+    write_run(slow, 200, 1000);
+    char env[1600];
+    snprintf(env, sizeof(env),
+             "env ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 LD_PRELOAD='%s' HT_FAULT_DIR='%s/out' "
+             "HT_FAULT_SLOW_FSYNC_MS=4000",
+             getenv("HT_FAIL_IO"), slow);
+    pid = start_launched(slow, "stopped", "1", env);
+    assert_true(wait_for(slow, "stopped", pid, "step     4/"));
+    double t0 = ht_time_seconds();
+    kill(pid, SIGTERM);
+    rc = finish(pid);
+    double dt = ht_time_seconds() - t0;
+    snprintf(path, sizeof(path), "%s/stopped.log", slow);
+    log = read_text(path);
+    if (rc == 75 || rc == 0 || dt > 30) fail_msg("exit %d after %.1f s:\n%s", rc, dt, log);
+    assert_non_null(strstr(log, "the grace period of 1 s ended before the run stopped"));
+    free(log);
+}
+
 /* ------------------------------------------------------------------ a rank's bad configuration */
 
 /* mpirun's MPMD form, one rank given a file that does not exist, or one with
@@ -691,6 +751,7 @@ int main(void) {
         cmocka_unit_test(test_stop_before_the_first_step),
         cmocka_unit_test(test_signal_during_a_save),
         cmocka_unit_test(test_signal_one_rank_under_mpirun),
+        cmocka_unit_test(test_launch_under_mpirun),
         cmocka_unit_test(test_bad_config_on_one_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

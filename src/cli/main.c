@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/launch.h"
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/comm.h"
@@ -22,6 +23,9 @@ static void usage(FILE *f) {
                "  hypertrain train CONFIG.yaml [--set section.key=value ...]\n"
                "      train as the YAML file says; --set overrides any key. Exit status: 0 done, 1 an error,\n"
                "      75 stopped by SIGTERM/SIGINT/SIGHUP after saving a checkpoint (run it again to resume)\n"
+               "  hypertrain launch [--grace SECONDS] -- mpirun -np N hypertrain train CONFIG.yaml ...\n"
+               "      run a training command so that SIGTERM/SIGINT/SIGHUP reach its ranks, not mpirun: they\n"
+               "      save a checkpoint and stop within SECONDS (default 120); exit status theirs (75)\n"
                "  hypertrain plot METRICS.jsonl [OUT.svg]\n"
                "      draw the loss curve of a run (default OUT: next to METRICS, loss.svg)\n"
                "  hypertrain export CKPT OUT_DIR [--dtype bfloat16|float16|float32] [--max-shard-mb N] [--adapter]\n"
@@ -299,6 +303,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(argv[1], "launch") == 0) return cmd_launch(argc - 2, argv + 2);
     if (strcmp(argv[1], "plot") == 0) return cmd_plot(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
