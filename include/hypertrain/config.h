@@ -325,10 +325,12 @@ void ht_config_log(const ht_config *cfg);
  * set it), and the final value. */
 void ht_config_log_section(const ht_config *cfg, const char *title, const char *prefix);
 
-/* Whether a key says what the model computes or what data it reads (every
- * model.* key but where its weights come from, recomputation and what is
- * frozen; the data's files, split, order and sequence length): a resume
- * refuses a change to one unless checkpoint.allow_changes names it. */
+/* Whether a key says what the model computes or what data it reads, in a way
+ * the checkpoint's tensors do not pin (every model.* key but where its weights
+ * come from, recomputation, what is frozen and the sizes that shape tensors,
+ * which the loader checks itself; the data's files, split, order and sequence
+ * length): a resume refuses a change to one unless checkpoint.allow_changes
+ * names it. */
 bool ht_config_key_fixed_on_resume(const char *key);
 
 /* The keys in table order (canonical dotted names), for dumps and tools. */

@@ -525,13 +525,40 @@ int ht_config_decay_start_steps(const ht_config *cfg) {
 }
 
 bool ht_config_key_fixed_on_resume(const char *key) {
+    /* Where the weights come from, recomputation and what is frozen; and
+     * the sizes that shape the checkpoint's tensors, which the loader checks
+     * tensor by tensor (training.load_strict: false loads across them on
+     * purpose). num_attention_heads is not among them: it changes no shape. */
     static const char *const model_free[] = {"model.from_pretrained",
                                              "model.lora.from_pretrained",
                                              "model.recompute",
                                              "model.recompute_plan.apply_modules",
                                              "model.trust_remote_code",
                                              "model.initializer_range",
-                                             "model.freeze"};
+                                             "model.freeze",
+                                             "model.vocab_size",
+                                             "model.hidden_size",
+                                             "model.intermediate_size",
+                                             "model.num_hidden_layers",
+                                             "model.num_key_value_heads",
+                                             "model.head_dim",
+                                             "model.attention_bias",
+                                             "model.tie_word_embeddings",
+                                             "model.num_experts",
+                                             "model.moe_intermediate_size",
+                                             "model.shared_expert_intermediate_size",
+                                             "model.decoder_sparse_step",
+                                             "model.mlp_only_layers",
+                                             "model.n_shared_experts",
+                                             "model.first_k_dense_replace",
+                                             "model.multi_latent_attention",
+                                             "model.kv_lora_rank",
+                                             "model.q_lora_rank",
+                                             "model.qk_nope_head_dim",
+                                             "model.qk_rope_head_dim",
+                                             "model.v_head_dim",
+                                             "model.lora.rank",
+                                             "model.lora.target_modules"};
     static const char *const data_fixed[] = {"data.path",           "data.dataset", "data.dataset_dir",
                                              "data.dataset_type",   "data.seq_len", "data.tokenizer",
                                              "data.valid_fraction", "data.shuffle", "data.drop_last",

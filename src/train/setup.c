@@ -353,12 +353,20 @@ static ht_status check_experts(const ht_trainer *t, ht_error *err) {
                        "model.num_experts (%d) is not a multiple of parallel.expert_parallel_size (%d): the %d ranks "
                        "of an expert-parallel group must hold the same number of experts",
                        E, P, P);
-    if (E % W != 0)
+    if (E % W != 0 && t->tp_size == 1)
         return ht_fail(err, HT_ERR_CONFIG,
                        "model.num_experts (%d) is not a multiple of the %d ranks: with expert parallelism each rank "
                        "shards whole experts of its group's %d (FSDP over the %d ranks holding them); use a world "
                        "size that divides %d",
                        E, W, E / P, W / P, E);
+    if (E % W != 0)
+        return ht_fail(
+            err, HT_ERR_CONFIG,
+            "model.num_experts (%d) is not a multiple of the %d data x context-parallel ranks (%d ranks over "
+            "parallel.tensor_parallel_size %d): with expert parallelism each of them shards whole experts "
+            "of its group's %d (FSDP over the %d ranks holding them); use a number of ranks whose quotient "
+            "by %d divides %d",
+            E, W, t->comm->size, t->tp_size, E / P, W / P, t->tp_size, E);
     return HT_OK;
 }
 
