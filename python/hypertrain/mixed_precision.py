@@ -69,12 +69,14 @@ class Float16OptimizerWithFloat16Params(_Delegating):
         self._hooks = []
         leaves = getattr(optimizer, "optimizers", [optimizer])
         for leaf in leaves:
+            leaf._param_names = known = dict(getattr(leaf, "_param_names", {}))  # errors name the main params
             for group in leaf.param_groups:
                 for i, p in enumerate(group["params"]):
                     name = names.get(id(p))
                     if name is None:
                         raise ValueError("Float16OptimizerWithFloat16Params: an optimizer param is not one of the "
                                          "model's parameters")
+                    known[id(p)] = name
                     if p.dtype == torch.float32:
                         p.main_param = p
                         self.fp32_params.append(p)
@@ -94,6 +96,7 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                     if hasattr(p, "grad_dtype"):  # autograd, and FSDP2's reduction, deliver FP32 gradients
                         p.grad_dtype = torch.float32
                     group["params"][i] = main
+                    known[id(main)] = name
                     if p in leaf.state:
                         leaf.state[main] = leaf.state.pop(p)
                     self.pairs.append((name, p, main))
