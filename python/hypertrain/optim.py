@@ -572,14 +572,25 @@ def _shard_groups(g):
     return [mesh.get_group(d) for d, pl in enumerate(g.placements) if pl.is_shard()]
 
 
+def _grad_of(p):
+    """The gradient clip_grad_norm_ reads: a low-precision param's under the FP32 main-param wrapper is its
+    live .grad (FP32; its main_grad the same tensor, or an old one after a model.zero_grad()); any other
+    param's is its main_grad where it has one (Megatron's convention), else its grad."""
+    main = getattr(p, "main_param", None)
+    if main is not None and main is not p:
+        return p.grad
+    g = getattr(p, "main_grad", None)
+    return p.grad if g is None else g
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
-    """torch.nn.utils.clip_grad_norm_ (the 2-norm) over each param's main_grad where it has one (the FP32
-    main-param wrapper's: its grad is None), else its grad. A DTensor gradient (FSDP2's shards) counts its
-    local shard, the sums of squares reduced over the mesh dims that shard it, as the seed's clip_grad does,
-    so every rank gets the whole model's norm. The sums of squares are double (hypertrain's kernel on float32
-    gradients), the norm their root rounded to float32; the scale is torch's: grads times the float32
-    max_norm / (norm + 1e-6) where that is < 1.
+    """torch.nn.utils.clip_grad_norm_ (the 2-norm) over each param's gradient: its main_grad where it has one,
+    else its grad (under the FP32 main-param wrapper, a bf16/f16 param's FP32 grad: _grad_of). A DTensor
+    gradient (FSDP2's shards) counts its local shard, the sums of squares reduced over the mesh dims that shard
+    it, as the seed's clip_grad does, so every rank gets the whole model's norm. The sums of squares are double
+    (hypertrain's kernel on float32 gradients), the norm their root rounded to float32; the scale is torch's:
+    grads times the float32 max_norm / (norm + 1e-6) where that is < 1.
     Returns the total norm, a float32 tensor."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
@@ -587,8 +598,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         raise ValueError(f"hypertrain.optim.clip_grad_norm_: norm_type {norm_type}; only the 2-norm is supported")
     grads = []
     for p in parameters:
-        g = getattr(p, "main_grad", None)
-        g = p.grad if g is None else g
+        g = _grad_of(p)
         if g is not None:
             grads.append(g)
     local, by_groups = 0.0, {}
