@@ -12,6 +12,7 @@ is copied, and the GIL is released while they run.
 """
 
 import math
+import operator
 
 import torch
 
@@ -22,6 +23,9 @@ _TORCH_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 
 _LOW = (torch.bfloat16, torch.float16)
+# The longest Newton-Schulz schedule the kernels take (include/hypertrain/optim.h, HT_NS_MAX_STEPS: 100);
+# torch.optim.Muon's default is 5 iterations.
+NS_MAX_STEPS = 100
 
 
 def _label(index, name):
@@ -38,6 +42,12 @@ def _param_name(opt, group, i, p):
     return getattr(opt, "_param_names", {}).get(id(p))
 
 
+def _low_precision_error(who, label, dtype):
+    return TypeError(f"{who}: {label} is {dtype}; these optimizers update float32 params. A bf16/f16 model "
+                     "keeps FP32 main params: get_hyper_optimizer(..., fp32_main_params=True), or "
+                     "hypertrain.Float16OptimizerWithFloat16Params(this optimizer, model) around it")
+
+
 def _require_cpu_fp32(who, label, p, g):
     """p and its gradient g as the kernels read them, or an error naming the param."""
     if p.device.type != "cpu":
@@ -45,9 +55,10 @@ def _require_cpu_fp32(who, label, p, g):
                          "(its CUDA backend is not reachable from Python yet)")
     if not p.is_floating_point():
         raise TypeError(f"{who}: {label} has dtype {p.dtype}; expected a floating-point param")
+    if p.dtype in _LOW:
+        raise _low_precision_error(who, label, p.dtype)
     if p.dtype != torch.float32:
-        raise TypeError(f"{who}: {label} has dtype {p.dtype}; these optimizers update float32 params "
-                        "(bf16/f16 params with FP32 main params are not supported from Python yet)")
+        raise TypeError(f"{who}: {label} has dtype {p.dtype}; these optimizers update float32 params")
     if g.dtype != torch.float32 or g.device != p.device or g.shape != p.shape:
         raise TypeError(f"{who}: {label}'s gradient is {g.dtype} {tuple(g.shape)} on {g.device}; expected "
                         f"float32 {tuple(p.shape)} on {p.device}")
@@ -194,6 +205,8 @@ class AdamW(torch.optim.Optimizer):
             for i, p in enumerate(group["params"]):
                 index += 1
                 label = _label(index, _param_name(self, group, i, p))
+                if p.dtype in _LOW:  # built over a bf16/f16 model's params, and no FP32 wrapper swapped them
+                    raise _low_precision_error(who, label, p.dtype)
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)  # FSDP2: this rank's rows, stepped where they are
@@ -221,15 +234,42 @@ class AdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
 
+def _ns_steps(ns_steps):
+    """ns_steps as an int, bounded before anything is sized by it."""
+    try:
+        n = None if isinstance(ns_steps, bool) else operator.index(ns_steps)
+    except TypeError:
+        n = None
+    if n is None or not 1 <= n <= NS_MAX_STEPS:
+        raise ValueError(f"hypertrain.optim.Muon: ns_steps {ns_steps!r}; expected an integer from 1 to "
+                         f"{NS_MAX_STEPS} (the longest Newton-Schulz schedule the kernels take; torch's default "
+                         "is 5)")
+    return n
+
+
 def _schedule(ns_coefficients, ns_steps, ns_variant):
     """The Newton-Schulz triples, one per iteration: a named variant's, a triple
-    repeated ns_steps times (torch's), or a list of triples as given."""
+    repeated ns_steps times (torch's), or a list of triples as given (at most
+    NS_MAX_STEPS of them, each three finite numbers)."""
+    ns_steps = _ns_steps(ns_steps)
     if ns_variant is not None:
-        return _C.ns_schedule(str(ns_variant), int(ns_steps))
+        return _C.ns_schedule(str(ns_variant), ns_steps)
     c = list(ns_coefficients)
     if len(c) == 3 and all(isinstance(x, (int, float)) for x in c):
-        return [tuple(float(x) for x in c)] * int(ns_steps)
-    triples = [tuple(float(x) for x in t) for t in c]
+        c = [c] * ns_steps
+    if len(c) > NS_MAX_STEPS:
+        raise ValueError(f"hypertrain.optim.Muon: {len(c)} coefficient triples; at most {NS_MAX_STEPS} (the longest "
+                         "Newton-Schulz schedule the kernels take)")
+    triples = []
+    for i, t in enumerate(c):
+        try:
+            triple = tuple(float(x) for x in t)
+        except (TypeError, ValueError):
+            triple = ()
+        if len(triple) != 3 or not all(math.isfinite(x) for x in triple):
+            raise ValueError(f"hypertrain.optim.Muon: ns_coefficients[{i}] is {t!r}; expected (a, b, c), three "
+                             "finite numbers")
+        triples.append(triple)
     if len(triples) < ns_steps:
         raise ValueError(f"hypertrain.optim.Muon: {len(triples)} coefficient triples for ns_steps {ns_steps}")
     return triples
@@ -299,6 +339,8 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(group["params"]):
                 index += 1
                 label = _label(index, _param_name(self, group, i, p))
+                if p.dtype in _LOW:  # built over a bf16/f16 model's params, and no FP32 wrapper swapped them
+                    raise _low_precision_error(who, label, p.dtype)
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)
@@ -308,7 +350,8 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 buf = _require_state(who, label, "momentum_buffer", state["momentum_buffer"], pl)
                 model = _model_copy(who, label, p, pl)
-                work.append((group, p, pl, gl, buf, model))
+                if p.numel():  # a matrix with no elements has no update (torch's is empty too)
+                    work.append((group, p, pl, gl, buf, model))
         owners = _owners([p for _, p, *_ in work if hasattr(p, "to_local")]) \
             if self.comm_strategy == "deredundancy" else {}
         for group, p, pl, gl, buf, model in work:
@@ -537,6 +580,13 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         raise ValueError("get_hyper_optimizer: fp32_main_params=True needs model= (the state dict keys the FP32 "
                          "main params by parameter name)")
     names = _named(model)
+    if not fp32_main_params:  # the one place that knows no FP32 wrapper will swap the params
+        for p in _flatten(muon_params) + _flatten(adamw_params):
+            if isinstance(p, torch.Tensor) and p.dtype in _LOW:
+                raise TypeError(f"get_hyper_optimizer: param {names.get(id(p), '(unnamed)')} is {p.dtype}; Muon "
+                                "and AdamW update float32 params: pass fp32_main_params=True (and model=) for FP32 "
+                                "main params, or wrap the optimizer in "
+                                "hypertrain.Float16OptimizerWithFloat16Params(optimizer, model)")
     muon_ids = {id(p) for p in _flatten(muon_params)}
     for p in _flatten(adamw_params):
         if id(p) in muon_ids:

@@ -426,3 +426,65 @@ def test_bad_input():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="run on CPU tensors"):
             optim.AdamW([torch.nn.Parameter(torch.zeros(4, 4, device="cuda"))])
+
+
+def test_muon_steps_over_a_zero_size_matrix():
+    """A matrix with no elements ((0, B), (A, 0), (0, A, B) experts) has no update, as torch's Muon's is empty;
+    the others step as they would alone (before: ZeroDivisionError in numel // (A * B))."""
+    empty = [torch.nn.Parameter(torch.zeros(s)) for s in ((0, 4), (4, 0), (0, 3, 4))]
+    (p,) = params_for([(8, 4)], 12)
+    (q,) = params_for([(8, 4)], 12)
+    ours, alone = optim.Muon(empty + [p], lr=0.02), optim.Muon([q], lr=0.02)
+    for (g,) in grads_for([(8, 4)], 3, 13):
+        for e in empty:
+            e.grad = torch.zeros_like(e)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        alone.step()
+    assert torch.equal(p, q), "a zero-size matrix beside it changed a param's update"
+    assert all(e.numel() == 0 and ours.state[e]["momentum_buffer"].shape == e.shape for e in empty)
+
+
+def test_muon_bounds_ns_steps_at_construction():
+    """ns_steps and a coefficient list are bounded by the kernels' longest schedule (100) before anything is sized
+    by them (before: ns_steps 10**9 built a list of 10**9 triples, gigabytes, before any check)."""
+    (p,) = params_for([(8, 4)], 1)
+    for bad in (10 ** 9, 101, 0, -5, 2.5, True, "5"):
+        with pytest.raises(ValueError, match=rf"ns_steps {bad!r}; expected an integer from 1 to 100"):
+            optim.Muon([p], ns_steps=bad)
+        with pytest.raises(ValueError, match=rf"ns_steps {bad!r}; expected an integer from 1 to 100"):
+            optim.Muon([p], ns_steps=bad, ns_variant="legacy")
+    optim.Muon([p], ns_steps=100)
+    with pytest.raises(ValueError, match="101 coefficient triples; at most 100"):
+        optim.Muon([p], ns_coefficients=[(3.4445, -4.775, 2.0315)] * 101)
+    for bad in ([(1.0, 2.0)] * 5, [(1.0, float("nan"), 2.0)] * 5, [1.0, 2.0, "x"]):
+        with pytest.raises(ValueError, match=r"ns_coefficients\[\d\] is .*; expected \(a, b, c\)"):
+            optim.Muon([p], ns_coefficients=bad)
+
+
+def test_low_precision_params_are_refused_with_the_wrappers_name():
+    """bf16/f16 params: get_hyper_optimizer without fp32_main_params refuses them at construction (it knows no
+    wrapper will swap them); AdamW and Muon built directly take them, since Float16OptimizerWithFloat16Params
+    (optimizer, model) is built around such an optimizer, and refuse them at step() if no wrapper swapped them.
+    Both errors name the way to FP32 main params (before: 'not supported from Python yet', at the step only)."""
+    model = Tiny().to(torch.bfloat16)
+    muon, adamw = split(model)
+    with pytest.raises(TypeError, match=r"param q_proj.weight is torch.bfloat16; .*fp32_main_params=True.*"
+                                        r"Float16OptimizerWithFloat16Params"):
+        optim.get_hyper_optimizer(model=model, muon_params=muon, adamw_params=adamw)
+    with pytest.raises(TypeError, match=r"param (embed|q_proj).* is torch.bfloat16"):
+        optim.get_hyper_optimizer(model=model, adamw_params=[{"params": adamw}, {"params": muon}])
+    for make in (lambda: optim.AdamW(adamw, lr=1e-3), lambda: optim.Muon(muon, lr=0.02),
+                 lambda: optim.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))])):
+        opt = make()
+        with pytest.raises(TypeError, match=r"param 0.* is torch.(bfloat16|float16); these optimizers update float32 "
+                                            r"params.*fp32_main_params=True.*Float16OptimizerWithFloat16Params"):
+            opt.step()
+    wrapped = optim.get_hyper_optimizer(model=model, muon_params=muon, adamw_params=adamw, fp32_main_params=True)
+    train(model, wrapped, 2)  # the wrapper's own path: the inner optimizers were built over the bf16 params
+    from hypertrain import Float16OptimizerWithFloat16Params
+    other = Tiny().to(torch.float16)
+    direct = Float16OptimizerWithFloat16Params(optim.AdamW(other.parameters(), lr=1e-3), other)
+    before = other.head.weight.detach().clone()
+    train(other, direct, 2)
+    assert not torch.equal(other.head.weight, before), "the wrapped direct AdamW did not step"
