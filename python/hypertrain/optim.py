@@ -200,8 +200,15 @@ class AdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        self._run(self._plan())
+        return loss
+
+    @torch.no_grad()
+    def _plan(self):
+        """The step's work, every tensor a kernel takes checked (the state created where there is none), before
+        any is written."""
         who, work, index = "hypertrain.optim.AdamW", [], -1
-        for group in self.param_groups:  # every tensor checked before any is written
+        for group in self.param_groups:
             for i, p in enumerate(group["params"]):
                 index += 1
                 label = _label(index, _param_name(self, group, i, p))
@@ -220,6 +227,10 @@ class AdamW(torch.optim.Optimizer):
                 m = _require_state(who, label, "exp_avg", state["exp_avg"], pl)
                 v = _require_state(who, label, "exp_avg_sq", state["exp_avg_sq"], pl)
                 work.append((group, state, pl, gl, m, v, _model_copy(who, label, p, pl)))
+        return work
+
+    @torch.no_grad()
+    def _run(self, work):
         for group, state, pl, gl, m, v, model in work:
             b1, b2 = group["betas"]
             state["step"] += 1
@@ -227,7 +238,6 @@ class AdamW(torch.optim.Optimizer):
                 _C.adamw(pl.data_ptr(), gl.data_ptr(), m.data_ptr(), v.data_ptr(), pl.numel(),
                          int(state["step"].item()), _float(group["lr"]), b1, b2, group["eps"],
                          group["weight_decay"], *model)
-        return loss
 
     def load_state_dict(self, state_dict):
         _check_loaded_state("hypertrain.optim.AdamW", self, state_dict, ("exp_avg", "exp_avg_sq"))
@@ -334,8 +344,15 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        self._run(self._plan())
+        return loss
+
+    @torch.no_grad()
+    def _plan(self):
+        """The step's work, every tensor a kernel takes checked (the state created where there is none), before
+        any is written or any collective starts."""
         who, work, index = "hypertrain.optim.Muon", [], -1
-        for group in self.param_groups:  # every tensor checked before any is written
+        for group in self.param_groups:
             for i, p in enumerate(group["params"]):
                 index += 1
                 label = _label(index, _param_name(self, group, i, p))
@@ -352,6 +369,10 @@ class Muon(torch.optim.Optimizer):
                 model = _model_copy(who, label, p, pl)
                 if p.numel():  # a matrix with no elements has no update (torch's is empty too)
                     work.append((group, p, pl, gl, buf, model))
+        return work
+
+    @torch.no_grad()
+    def _run(self, work):
         owners = _owners([p for _, p, *_ in work if hasattr(p, "to_local")]) \
             if self.comm_strategy == "deredundancy" else {}
         for group, p, pl, gl, buf, model in work:
@@ -379,7 +400,6 @@ class Muon(torch.optim.Optimizer):
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
                               *model)
-        return loss
 
     def load_state_dict(self, state_dict):
         _check_loaded_state("hypertrain.optim.Muon", self, state_dict, ("momentum_buffer",))
@@ -529,6 +549,9 @@ class ChainedOptimizer(_Delegating):
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        for o in self.optimizers:  # every optimizer's tensors checked before the first one writes
+            if isinstance(o, (AdamW, Muon)):
+                o._plan()
         for o in self.optimizers:
             o.step()
         return loss

@@ -269,6 +269,12 @@ def test_state_errors_name_the_models_params():
     with pytest.raises(ValueError, match=r"param 1 \(up_proj.weight\)'s state 'momentum_buffer' is "
                                          r"torch.float32 \(3,\)"):
         opt.step()
+    opt.optimizers[0].state[model.up_proj.weight]["momentum_buffer"] = torch.zeros(32, 16)
+    opt.optimizers[1].state[model.norm.weight]["exp_avg"] = torch.zeros(31)  # the chain's second optimizer
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"param 2 \(norm.weight\)'s state 'exp_avg' is torch.float32 \(31,\)"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), "the chain's Muon stepped first"
     low = Tiny().to(torch.bfloat16)
     wrapped = optim.get_hyper_optimizer(model=low, muon_params=split(low)[0], adamw_params=split(low)[1],
                                         fp32_main_params=True)
