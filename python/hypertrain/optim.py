@@ -8,7 +8,12 @@ written by torch's optimizers work with them. The arithmetic is hypertrain's
 (docs/NUMERICS.md): AdamW rounds as torch's fused kernel, bit for bit; Muon's
 Newton-Schulz runs in FP32 (or bf16 operands, ns_dtype="bfloat16"). The
 kernels read the tensors where they are (CPU, contiguous, float32): nothing
-is copied, and the GIL is released while they run.
+is copied, and the GIL is released while they run. So every tensor a kernel
+takes (the param, its gradient, each state tensor, the FP32 wrapper's model
+copy) is checked at every step, before any is written, against the param's
+(local) shape, dtype, device and layout, and a state dict's state shapes at
+load_state_dict; an error names the param by index and by name where known.
+bf16/f16 params take the FP32 main-param wrapper (hypertrain.mixed_precision).
 """
 
 import math

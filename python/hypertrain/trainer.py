@@ -212,7 +212,9 @@ def load_checkpoint(path, as_numpy=False, keys=None):
     Face names, the FP32 main params under
     "_mixed_precision_optimizer.fp32_from_fp16_params.", the optimizer state
     under "optimizer.") or a Hugging Face model directory (the run's `final`:
-    model.safetensors, sharded or not, by the Hugging Face names). keys: the names to read (all
+    model.safetensors, sharded or not, by the Hugging Face names; each file's header checked as the
+    engine's reader checks it, OSError naming the file and what is wrong). A folder's `latest` must
+    name a checkpoint directory inside it. keys: the names to read (all
     by default). torch tensors, or numpy arrays with as_numpy (bf16 as
     float32: numpy has no bf16). A hypertrain checkpoint's dict has its step
     in .step."""
