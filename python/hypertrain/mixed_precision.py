@@ -1,7 +1,7 @@
 """The FP32 main-param wrapper of the AutoModels Trainer (seed 000,
 fp32_main_params): a bf16/f16 model keeps an FP32 main param per low-precision
-param, gradients accumulate into param.main_grad in FP32, the optimizers update
-the main params, and the step writes them back to the model's dtype.
+param, gradients accumulate in FP32, the optimizers update the main params,
+and the step writes them back to the model's dtype.
 
     optimizer = get_hyper_optimizer(model=model, muon_params=..., adamw_params=..., fp32_main_params=True)
     # or: Float16OptimizerWithFloat16Params(any_optimizer_over_model_params, model)
@@ -9,21 +9,27 @@ the main params, and the step writes them back to the model's dtype.
 - A bf16/f16 param p gets p.main_param, an FP32 Parameter with p's values; it
   replaces p in the optimizer's groups (and takes over any state p had). A
   float32 param is its own main param (p.main_param is p): no copy.
-- A hook on each low-precision param adds its gradient into p.main_grad
-  (float32, created at the first backward) and sets p.grad to None, so micro
-  batches accumulate in FP32, never in bf16.
-- step(): the main params' gradients are the main_grads (no copy); the inner
-  optimizer steps; hypertrain's AdamW and Muon write the rounded model params
-  in the same pass (round to nearest even: the model param equals
+- The wrapper sets each low-precision param's grad_dtype to float32, so
+  autograd (and FSDP2's reduction) delivers and accumulates p.grad in FP32
+  over micro batches: no low-precision gradient is ever formed. p.grad IS the
+  main gradient, so torch's own loop works unchanged: model.zero_grad() clears
+  it, torch.nn.utils.clip_grad_norm_(model.parameters(), ...) reads and scales
+  it. p.main_grad (Megatron's and HyperParallel's name) is the same tensor: a
+  hook sets it after each backward's accumulation, and the step sets it again;
+  after a model.zero_grad() it names the old tensor until the next backward,
+  so code between the two reads p.grad. A PyTorch without Tensor.grad_dtype
+  is refused at construction.
+- step(): the main params' gradients are the live p.grad (no copy; a param
+  whose grad is None is skipped, as torch skips it); the inner optimizer
+  steps; hypertrain's AdamW and Muon write the rounded model params in the
+  same pass (round to nearest even: the model param equals
   main_param.to(model dtype)), any other optimizer's params are copied back.
 - Under fully_shard (FSDP2's DTensor params) each main param is a DTensor
-  of the model param's placements, this rank's rows in FP32. The wrapper sets
-  each low-precision param's grad_dtype to float32, so FSDP2 accumulates,
-  reduces and delivers the gradients in FP32 and the hook makes the reduced
-  gradient the main_grad: no low-precision gradient is ever formed (seed 000's
-  FSDP path). Wrap before the first forward: FSDP2 reads grad_dtype then.
-  A state dict's main params may be DTensors of the same placements or whole
-  tensors (a run on another layout): each rank keeps its rows.
+  of the model param's placements, this rank's rows in FP32, and FSDP2
+  reduces the gradients in FP32 straight into p.grad (it reads grad_dtype at
+  the first forward: wrap before it). A state dict's main params may be
+  DTensors of the same placements or whole tensors (a run on another layout):
+  each rank keeps its rows.
 - zero_grad() clears grad and main_grad.
 - state_dict() is the inner optimizer's plus
   _mixed_precision_optimizer.fp32_from_fp16_params, {param name: FP32 main
@@ -43,14 +49,14 @@ _LOW = (torch.bfloat16, torch.float16)
 KEY = "_mixed_precision_optimizer"
 
 
-def _accumulate_main_grad(p):
-    """post-accumulate-grad hook: p.grad into p.main_grad (FP32), p.grad to None. Where p.grad_dtype is
-    float32 the gradient arrives in FP32 and becomes the main_grad itself (no copy)."""
-    if p.main_grad is None:
-        p.main_grad = p.grad.to(torch.float32)
-    else:
-        p.main_grad.add_(p.grad)
-    p.grad = None
+def _main_grad_is_grad(p):
+    """post-accumulate-grad hook (autograd's, and FSDP2's after its reduction): p.main_grad names p.grad, the FP32
+    gradient accumulated so far (grad_dtype float32)."""
+    p.main_grad = p.grad
+
+
+def _has_grad_dtype(p):
+    return hasattr(p, "grad_dtype")
 
 
 class Float16OptimizerWithFloat16Params(_Delegating):
@@ -69,12 +75,14 @@ class Float16OptimizerWithFloat16Params(_Delegating):
         self._hooks = []
         leaves = getattr(optimizer, "optimizers", [optimizer])
         for leaf in leaves:
+            leaf._param_names = known = dict(getattr(leaf, "_param_names", {}))  # errors name the main params
             for group in leaf.param_groups:
                 for i, p in enumerate(group["params"]):
                     name = names.get(id(p))
                     if name is None:
                         raise ValueError("Float16OptimizerWithFloat16Params: an optimizer param is not one of the "
                                          "model's parameters")
+                    known[id(p)] = name
                     if p.dtype == torch.float32:
                         p.main_param = p
                         self.fp32_params.append(p)
@@ -86,18 +94,25 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                     if local.device.type != "cpu" or not local.is_contiguous():
                         raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
                                          f"tensor (it is on {local.device})")
+                    if not _has_grad_dtype(p):
+                        raise RuntimeError(f"Float16OptimizerWithFloat16Params: this PyTorch ({torch.__version__}) "
+                                           "has no Tensor.grad_dtype, which the wrapper needs: autograd must "
+                                           f"accumulate {name}'s gradient in FP32 as its .grad, where "
+                                           "model.zero_grad() and torch.nn.utils.clip_grad_norm_ see it; upgrade "
+                                           "PyTorch")
                     main = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad)
                     main._hypertrain_model_param = p  # hypertrain's kernels write p in the step's pass
-                    p.main_param, p.main_grad = main, None
-                    if p.grad is not None:  # a gradient from before the wrapping: the first main_grad
-                        p.main_grad, p.grad = p.grad.to(torch.float32), None
-                    if hasattr(p, "grad_dtype"):  # autograd, and FSDP2's reduction, deliver FP32 gradients
-                        p.grad_dtype = torch.float32
+                    early, p.grad = p.grad, None  # a gradient from before the wrapping: kept, in FP32
+                    p.grad_dtype = torch.float32  # autograd, and FSDP2's reduction, deliver FP32 gradients
+                    if early is not None:
+                        p.grad = early.to(torch.float32)
+                    p.main_param, p.main_grad = main, p.grad
                     group["params"][i] = main
+                    known[id(main)] = name
                     if p in leaf.state:
                         leaf.state[main] = leaf.state.pop(p)
                     self.pairs.append((name, p, main))
-                    self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_main_grad))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(_main_grad_is_grad))
         self.fused_writeback = all(isinstance(leaf, (AdamW, Muon)) for leaf in leaves)
         self._adopt([optimizer])
 
@@ -107,14 +122,16 @@ class Float16OptimizerWithFloat16Params(_Delegating):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
-        for _, p, main in self.pairs:  # prepare the gradients: the main_grads, else an FP32 copy of a grad
-            g = p.main_grad if p.main_grad is not None else (None if p.grad is None else p.grad.to(torch.float32))
-            main.grad = g
-            p.grad = None
+        for _, p, main in self.pairs:  # the live FP32 gradients: p.grad (None after a model.zero_grad(): skipped)
+            p.main_grad = main.grad = p.grad
         for p in self.fp32_params:
             if getattr(p, "main_grad", None) is not None:
                 p.grad = p.main_grad
-        self.inner.step()
+        try:
+            self.inner.step()
+        finally:
+            for _, _, main in self.pairs:  # the gradients stay the model params'; no second holder
+                main.grad = None
         if not self.fused_writeback:
             self.copy_main_params_to_model_params()
         return loss
@@ -133,11 +150,11 @@ class Float16OptimizerWithFloat16Params(_Delegating):
     def zero_grad(self, set_to_none=True):
         self.inner.zero_grad(set_to_none=set_to_none)
         for _, p, _ in self.pairs:
-            p.grad = None
-            if set_to_none:
-                p.main_grad = None
-            elif p.main_grad is not None:
-                p.main_grad.zero_()
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+            p.main_grad = p.grad
 
     def state_dict(self):
         sd = self.inner.state_dict()

@@ -8,10 +8,16 @@ written by torch's optimizers work with them. The arithmetic is hypertrain's
 (docs/NUMERICS.md): AdamW rounds as torch's fused kernel, bit for bit; Muon's
 Newton-Schulz runs in FP32 (or bf16 operands, ns_dtype="bfloat16"). The
 kernels read the tensors where they are (CPU, contiguous, float32): nothing
-is copied, and the GIL is released while they run.
+is copied, and the GIL is released while they run. So every tensor a kernel
+takes (the param, its gradient, each state tensor, the FP32 wrapper's model
+copy) is checked at every step, before any is written, against the param's
+(local) shape, dtype, device and layout, and a state dict's state shapes at
+load_state_dict; an error names the param by index and by name where known.
+bf16/f16 params take the FP32 main-param wrapper (hypertrain.mixed_precision).
 """
 
 import math
+import operator
 
 import torch
 
@@ -21,21 +27,102 @@ from . import _C
 _TORCH_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 
-def _require_cpu_fp32(who, index, p, g):
+_LOW = (torch.bfloat16, torch.float16)
+# The longest Newton-Schulz schedule the kernels take (include/hypertrain/optim.h, HT_NS_MAX_STEPS: 100);
+# torch.optim.Muon's default is 5 iterations.
+NS_MAX_STEPS = 100
+
+
+def _label(index, name):
+    """How an error names a param: its index over the optimizer's groups, and its name where known."""
+    return f"param {index}" + (f" ({name})" if name else "")
+
+
+def _param_name(opt, group, i, p):
+    """p's name: torch's param_names (an optimizer built from named_parameters()), else the one
+    get_hyper_optimizer or the FP32 main-param wrapper recorded from the model, else None."""
+    names = group.get("param_names")
+    if names is not None and i < len(names):
+        return names[i]
+    return getattr(opt, "_param_names", {}).get(id(p))
+
+
+def _low_precision_error(who, label, dtype):
+    return TypeError(f"{who}: {label} is {dtype}; these optimizers update float32 params. A bf16/f16 model "
+                     "keeps FP32 main params: get_hyper_optimizer(..., fp32_main_params=True), or "
+                     "hypertrain.Float16OptimizerWithFloat16Params(this optimizer, model) around it")
+
+
+def _require_cpu_fp32(who, label, p, g):
     """p and its gradient g as the kernels read them, or an error naming the param."""
     if p.device.type != "cpu":
-        raise ValueError(f"{who}: param {index} is on {p.device}; hypertrain's optimizers run on CPU tensors "
+        raise ValueError(f"{who}: {label} is on {p.device}; hypertrain's optimizers run on CPU tensors "
                          "(its CUDA backend is not reachable from Python yet)")
     if not p.is_floating_point():
-        raise TypeError(f"{who}: param {index} has dtype {p.dtype}; expected a floating-point param")
+        raise TypeError(f"{who}: {label} has dtype {p.dtype}; expected a floating-point param")
+    if p.dtype in _LOW:
+        raise _low_precision_error(who, label, p.dtype)
     if p.dtype != torch.float32:
-        raise TypeError(f"{who}: param {index} has dtype {p.dtype}; these optimizers update float32 params "
-                        "(bf16/f16 params with FP32 main params are not supported from Python yet)")
+        raise TypeError(f"{who}: {label} has dtype {p.dtype}; these optimizers update float32 params")
     if g.dtype != torch.float32 or g.device != p.device or g.shape != p.shape:
-        raise TypeError(f"{who}: param {index}'s gradient is {g.dtype} {tuple(g.shape)} on {g.device}; expected "
+        raise TypeError(f"{who}: {label}'s gradient is {g.dtype} {tuple(g.shape)} on {g.device}; expected "
                         f"float32 {tuple(p.shape)} on {p.device}")
     if not p.is_contiguous() or not g.is_contiguous():
-        raise ValueError(f"{who}: param {index} or its gradient is not contiguous")
+        raise ValueError(f"{who}: {label} or its gradient is not contiguous")
+
+
+def _require_state(who, label, key, t, pl):
+    """State tensor t (a DTensor: its local shard) as a kernel reads and writes it in place: pl's shape (the
+    param's local rows), float32, contiguous, on the CPU; anything else would be read or written past its
+    end, or silently in the wrong places. Returns the local tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{who}: {label}'s state {key!r} is a {type(t).__name__}, not a tensor")
+    tl = _local(t)
+    if tl.shape != pl.shape or tl.dtype != torch.float32 or tl.device != pl.device or not tl.is_contiguous():
+        layout = "contiguous" if tl.is_contiguous() else "not contiguous"
+        raise ValueError(f"{who}: {label}'s state {key!r} is {tl.dtype} {tuple(tl.shape)} ({layout}) on "
+                         f"{tl.device}; the kernel takes it as float32 {tuple(pl.shape)}, contiguous, on "
+                         f"{pl.device}, as the param (a state dict of another model or layout?)")
+    return tl
+
+
+def _require_step(who, label, s):
+    """AdamW's step count: a one-element tensor holding a whole number >= 0 (torch's float32 layout)."""
+    if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.device.type != "cpu" or s.is_complex():
+        what = f"{s.dtype} {tuple(s.shape)} on {s.device}" if isinstance(s, torch.Tensor) else type(s).__name__
+        raise ValueError(f"{who}: {label}'s state 'step' is {what}; expected a one-element CPU tensor (torch's "
+                         "float32 step count)")
+    v = float(s.item())
+    if not (math.isfinite(v) and v >= 0 and v == int(v)):
+        raise ValueError(f"{who}: {label}'s state 'step' is {v}; expected a whole number >= 0")
+
+
+def _check_loaded_state(who, opt, state_dict, keys):
+    """At load_state_dict: each saved state tensor a kernel takes has its param's (local) shape; torch's
+    load_state_dict checks the groups' sizes only, and casts the dtype and device itself. The step checks
+    everything again (state can change after a load)."""
+    if not isinstance(state_dict, dict) or "param_groups" not in state_dict or "state" not in state_dict:
+        return  # torch's load_state_dict says what is wrong
+    saved = [i for g in state_dict["param_groups"] for i in g.get("params", [])]
+    groups = [(g, i, p) for g in opt.param_groups for i, p in enumerate(g["params"])]
+    if len(saved) != len(groups):
+        return
+    for index, (sid, (group, i, p)) in enumerate(zip(saved, groups)):
+        st = state_dict["state"].get(sid)
+        if not isinstance(st, dict):
+            continue
+        label = _label(index, _param_name(opt, group, i, p))
+        for key in keys:
+            if key not in st:
+                continue
+            v = st[key]
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"{who}.load_state_dict: {label}'s state {key!r} is a {type(v).__name__}, not a "
+                                "tensor")
+            if _local(v).shape != _local(p).shape:
+                raise ValueError(f"{who}.load_state_dict: {label}'s state {key!r} has shape "
+                                 f"{tuple(_local(v).shape)}; the param's is {tuple(_local(p).shape)} (a state dict "
+                                 "of another model?)")
 
 
 def _check_params(who, groups):
@@ -65,15 +152,22 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _model_copy(p):
+def _model_copy(who, label, p, pl):
     """The low-precision model param whose FP32 main param p is (the FP32
     main-param wrapper's), as the kernels' (pointer, dtype name) arguments: the
     step writes it, rounded to nearest even, in the same pass; (None, None)
-    where p is its own model param."""
+    where p is its own model param. Checked as the state is: the kernel writes
+    pl.numel() elements of it."""
     model = getattr(p, "_hypertrain_model_param", None)
     if model is None:
         return None, None
-    return _local(model).data_ptr(), str(model.dtype).removeprefix("torch.")
+    ml = _local(model)
+    if ml.shape != pl.shape or ml.dtype not in _LOW or ml.device != pl.device or not ml.is_contiguous():
+        raise ValueError(f"{who}: {label}'s model param is {ml.dtype} {tuple(ml.shape)} on {ml.device}"
+                         f"{'' if ml.is_contiguous() else ' (not contiguous)'}; the step writes it as bf16/f16 "
+                         f"{tuple(pl.shape)}, contiguous, on {pl.device} (was the model param replaced after "
+                         "wrapping?)")
+    return ml.data_ptr(), str(model.dtype).removeprefix("torch.")
 
 
 class AdamW(torch.optim.Optimizer):
@@ -111,38 +205,86 @@ class AdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
-        index = 0
+        self._run(self._plan())
+        return loss
+
+    @torch.no_grad()
+    def _plan(self):
+        """The step's work, every tensor a kernel takes checked (the state created where there is none), before
+        any is written."""
+        who, work, index = "hypertrain.optim.AdamW", [], -1
         for group in self.param_groups:
-            b1, b2 = group["betas"]
-            lr, eps, wd = _float(group["lr"]), group["eps"], group["weight_decay"]
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 index += 1
+                label = _label(index, _param_name(self, group, i, p))
+                if p.dtype in _LOW:  # built over a bf16/f16 model's params, and no FP32 wrapper swapped them
+                    raise _low_precision_error(who, label, p.dtype)
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)  # FSDP2: this rank's rows, stepped where they are
-                _require_cpu_fp32("hypertrain.optim.AdamW", index - 1, pl, gl)
+                _require_cpu_fp32(who, label, pl, gl)
                 state = self.state[p]
                 if not state:  # torch.optim.AdamW's layout: a float32 step tensor and the two moments
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-                if pl.numel():
-                    _C.adamw(pl.data_ptr(), gl.data_ptr(), m.data_ptr(), v.data_ptr(), pl.numel(),
-                             int(state["step"].item()), lr, b1, b2, eps, wd, *_model_copy(p))
-        return loss
+                _require_step(who, label, state["step"])
+                m = _require_state(who, label, "exp_avg", state["exp_avg"], pl)
+                v = _require_state(who, label, "exp_avg_sq", state["exp_avg_sq"], pl)
+                work.append((group, state, pl, gl, m, v, _model_copy(who, label, p, pl)))
+        return work
+
+    @torch.no_grad()
+    def _run(self, work):
+        for group, state, pl, gl, m, v, model in work:
+            b1, b2 = group["betas"]
+            state["step"] += 1
+            if pl.numel():
+                _C.adamw(pl.data_ptr(), gl.data_ptr(), m.data_ptr(), v.data_ptr(), pl.numel(),
+                         int(state["step"].item()), _float(group["lr"]), b1, b2, group["eps"],
+                         group["weight_decay"], *model)
+
+    def load_state_dict(self, state_dict):
+        _check_loaded_state("hypertrain.optim.AdamW", self, state_dict, ("exp_avg", "exp_avg_sq"))
+        super().load_state_dict(state_dict)
+
+
+def _ns_steps(ns_steps):
+    """ns_steps as an int, bounded before anything is sized by it."""
+    try:
+        n = None if isinstance(ns_steps, bool) else operator.index(ns_steps)
+    except TypeError:
+        n = None
+    if n is None or not 1 <= n <= NS_MAX_STEPS:
+        raise ValueError(f"hypertrain.optim.Muon: ns_steps {ns_steps!r}; expected an integer from 1 to "
+                         f"{NS_MAX_STEPS} (the longest Newton-Schulz schedule the kernels take; torch's default "
+                         "is 5)")
+    return n
 
 
 def _schedule(ns_coefficients, ns_steps, ns_variant):
     """The Newton-Schulz triples, one per iteration: a named variant's, a triple
-    repeated ns_steps times (torch's), or a list of triples as given."""
+    repeated ns_steps times (torch's), or a list of triples as given (at most
+    NS_MAX_STEPS of them, each three finite numbers)."""
+    ns_steps = _ns_steps(ns_steps)
     if ns_variant is not None:
-        return _C.ns_schedule(str(ns_variant), int(ns_steps))
+        return _C.ns_schedule(str(ns_variant), ns_steps)
     c = list(ns_coefficients)
     if len(c) == 3 and all(isinstance(x, (int, float)) for x in c):
-        return [tuple(float(x) for x in c)] * int(ns_steps)
-    triples = [tuple(float(x) for x in t) for t in c]
+        c = [c] * ns_steps
+    if len(c) > NS_MAX_STEPS:
+        raise ValueError(f"hypertrain.optim.Muon: {len(c)} coefficient triples; at most {NS_MAX_STEPS} (the longest "
+                         "Newton-Schulz schedule the kernels take)")
+    triples = []
+    for i, t in enumerate(c):
+        try:
+            triple = tuple(float(x) for x in t)
+        except (TypeError, ValueError):
+            triple = ()
+        if len(triple) != 3 or not all(math.isfinite(x) for x in triple):
+            raise ValueError(f"hypertrain.optim.Muon: ns_coefficients[{i}] is {t!r}; expected (a, b, c), three "
+                             "finite numbers")
+        triples.append(triple)
     if len(triples) < ns_steps:
         raise ValueError(f"hypertrain.optim.Muon: {len(triples)} coefficient triples for ns_steps {ns_steps}")
     return triples
@@ -207,44 +349,66 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
-        index = 0
-        owners = _owners([p for g in self.param_groups for p in g["params"] if p.grad is not None and
-                          hasattr(p, "to_local")]) if self.comm_strategy == "deredundancy" else {}
+        self._run(self._plan())
+        return loss
+
+    @torch.no_grad()
+    def _plan(self):
+        """The step's work, every tensor a kernel takes checked (the state created where there is none), before
+        any is written or any collective starts."""
+        who, work, index = "hypertrain.optim.Muon", [], -1
         for group in self.param_groups:
-            lr, mu = _float(group["lr"]), float(group["momentum"])
-            gw = 1.0 - mu if group["momentum_style"] == "ema" else 1.0
-            nesterov = bool(group["nesterov"])
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 index += 1
+                label = _label(index, _param_name(self, group, i, p))
+                if p.dtype in _LOW:  # built over a bf16/f16 model's params, and no FP32 wrapper swapped them
+                    raise _low_precision_error(who, label, p.dtype)
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)
-                _require_cpu_fp32("hypertrain.optim.Muon", index - 1, pl, gl)
+                _require_cpu_fp32(who, label, pl, gl)
                 state = self.state[p]
                 if not state:  # torch.optim.Muon's layout
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buf, n = _local(state["momentum_buffer"]), pl.numel()
-                A, B = p.shape[-2], p.shape[-1]  # the whole matrix's (a DTensor's global shape)
-                update = torch.empty_like(pl)
-                if n:
-                    _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
-                source = update if nesterov else buf
-                if pl is not p and self.comm_strategy == "deredundancy":
-                    update = _owner_newton_schulz(p, source, owners[id(p)], group)
-                elif pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
-                    whole = _gather(p, source)
-                    _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
-                                     group["schedule"], group["eps"], group["ns_dtype"])
-                    update = _keep_local(p, whole)
-                else:
-                    _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
-                                     group["eps"], group["ns_dtype"])
-                rms = group["matched_adamw_rms"]
-                scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
-                if n:
-                    _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
-                                  *_model_copy(p))
-        return loss
+                buf = _require_state(who, label, "momentum_buffer", state["momentum_buffer"], pl)
+                model = _model_copy(who, label, p, pl)
+                if p.numel():  # a matrix with no elements has no update (torch's is empty too)
+                    work.append((group, p, pl, gl, buf, model))
+        return work
+
+    @torch.no_grad()
+    def _run(self, work):
+        owners = _owners([p for _, p, *_ in work if hasattr(p, "to_local")]) \
+            if self.comm_strategy == "deredundancy" else {}
+        for group, p, pl, gl, buf, model in work:
+            lr, mu = _float(group["lr"]), float(group["momentum"])
+            gw = 1.0 - mu if group["momentum_style"] == "ema" else 1.0
+            nesterov = bool(group["nesterov"])
+            n = pl.numel()
+            A, B = p.shape[-2], p.shape[-1]  # the whole matrix's (a DTensor's global shape)
+            update = torch.empty_like(pl)
+            if n:
+                _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
+            source = update if nesterov else buf
+            if pl is not p and self.comm_strategy == "deredundancy":
+                update = _owner_newton_schulz(p, source, owners[id(p)], group)
+            elif pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
+                whole = _gather(p, source)
+                _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
+                                 group["schedule"], group["eps"], group["ns_dtype"])
+                update = _keep_local(p, whole)
+            else:
+                _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
+                                 group["eps"], group["ns_dtype"])
+            rms = group["matched_adamw_rms"]
+            scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+            if n:
+                _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
+                              *model)
+
+    def load_state_dict(self, state_dict):
+        _check_loaded_state("hypertrain.optim.Muon", self, state_dict, ("momentum_buffer",))
+        super().load_state_dict(state_dict)
 
 
 def _gather(p, local):
@@ -390,6 +554,9 @@ class ChainedOptimizer(_Delegating):
 
     def step(self, closure=None):
         loss = _closure_loss(closure)
+        for o in self.optimizers:  # every optimizer's tensors checked before the first one writes
+            if isinstance(o, (AdamW, Muon)):
+                o._plan()
         for o in self.optimizers:
             o.step()
         return loss
@@ -441,6 +608,13 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         raise ValueError("get_hyper_optimizer: fp32_main_params=True needs model= (the state dict keys the FP32 "
                          "main params by parameter name)")
     names = _named(model)
+    if not fp32_main_params:  # the one place that knows no FP32 wrapper will swap the params
+        for p in _flatten(muon_params) + _flatten(adamw_params):
+            if isinstance(p, torch.Tensor) and p.dtype in _LOW:
+                raise TypeError(f"get_hyper_optimizer: param {names.get(id(p), '(unnamed)')} is {p.dtype}; Muon "
+                                "and AdamW update float32 params: pass fp32_main_params=True (and model=) for FP32 "
+                                "main params, or wrap the optimizer in "
+                                "hypertrain.Float16OptimizerWithFloat16Params(optimizer, model)")
     muon_ids = {id(p) for p in _flatten(muon_params)}
     for p in _flatten(adamw_params):
         if id(p) in muon_ids:
@@ -460,6 +634,8 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         optimizers.append(AdamW(adamw_params, **dict(adamw_kwargs or {})))
     if not optimizers:
         raise ValueError("get_hyper_optimizer: muon_params and adamw_params are both empty")
+    for o in optimizers:  # errors name the params by the model's names
+        o._param_names = names
     chained = ChainedOptimizer(optimizers)
     if not fp32_main_params:
         return chained
@@ -474,14 +650,25 @@ def _shard_groups(g):
     return [mesh.get_group(d) for d, pl in enumerate(g.placements) if pl.is_shard()]
 
 
+def _grad_of(p):
+    """The gradient clip_grad_norm_ reads: a low-precision param's under the FP32 main-param wrapper is its
+    live .grad (FP32; its main_grad the same tensor, or an old one after a model.zero_grad()); any other
+    param's is its main_grad where it has one (Megatron's convention), else its grad."""
+    main = getattr(p, "main_param", None)
+    if main is not None and main is not p:
+        return p.grad
+    g = getattr(p, "main_grad", None)
+    return p.grad if g is None else g
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
-    """torch.nn.utils.clip_grad_norm_ (the 2-norm) over each param's main_grad where it has one (the FP32
-    main-param wrapper's: its grad is None), else its grad. A DTensor gradient (FSDP2's shards) counts its
-    local shard, the sums of squares reduced over the mesh dims that shard it, as the seed's clip_grad does,
-    so every rank gets the whole model's norm. The sums of squares are double (hypertrain's kernel on float32
-    gradients), the norm their root rounded to float32; the scale is torch's: grads times the float32
-    max_norm / (norm + 1e-6) where that is < 1.
+    """torch.nn.utils.clip_grad_norm_ (the 2-norm) over each param's gradient: its main_grad where it has one,
+    else its grad (under the FP32 main-param wrapper, a bf16/f16 param's FP32 grad: _grad_of). A DTensor
+    gradient (FSDP2's shards) counts its local shard, the sums of squares reduced over the mesh dims that shard
+    it, as the seed's clip_grad does, so every rank gets the whole model's norm. The sums of squares are double
+    (hypertrain's kernel on float32 gradients), the norm their root rounded to float32; the scale is torch's:
+    grads times the float32 max_norm / (norm + 1e-6) where that is < 1.
     Returns the total norm, a float32 tensor."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
@@ -489,8 +676,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         raise ValueError(f"hypertrain.optim.clip_grad_norm_: norm_type {norm_type}; only the 2-norm is supported")
     grads = []
     for p in parameters:
-        g = getattr(p, "main_grad", None)
-        g = p.grad if g is None else g
+        g = _grad_of(p)
         if g is not None:
             grads.append(g)
     local, by_groups = 0.0, {}

@@ -63,6 +63,37 @@ def train_sharded(rank, per, ref_norms, strategy, mesh=None):
     return m
 
 
+def check_state_layout(rank, world, per):
+    """A state tensor that is not this rank's rows (here the whole matrix, as a state dict of one process would
+    hold it) is refused at the step on every rank, naming the param and the key, before any param is written
+    or any collective starts."""
+    for key, kind in (("momentum_buffer", 0), ("exp_avg", 1)):
+        m = model()
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(m)
+        opt = optimizer(m)
+        x, y = data(0)
+        for _ in range(2):
+            torch.nn.functional.mse_loss(m(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
+            if _ == 0:
+                opt.step()
+        name, p = next((n, q) for n, q in m.named_parameters() if (q.ndim == 2) == (kind == 0))
+        opt.optimizers[kind].state[p][key] = torch.zeros(p.shape)  # the whole matrix's shape, not this rank's rows
+        before = [q.to_local().clone() for q in m.parameters()]
+        try:
+            opt.step()
+            sys.exit(f"rank {rank}: {name}'s whole-matrix {key} was accepted by a sharded step")
+        except ValueError as e:
+            if f"({name})'s state '{key}'" not in str(e):
+                sys.exit(f"rank {rank}: the error does not name {name} and {key}: {e}")
+        if any(not torch.equal(q.to_local(), b) for q, b in zip(m.parameters(), before)):
+            sys.exit(f"rank {rank}: a refused step wrote a param")
+    if rank == 0:
+        print(f"state layout on {world} ranks: a whole-matrix state in a sharded optimizer refused at the step")
+
+
 def fsdp_modules(m):
     return [mod for mod in m.modules() if isinstance(mod, FSDPModule)]
 
@@ -150,10 +181,10 @@ def check_fp32_main_params(rank, world, per):
         torch.nn.functional.mse_loss(m(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
         for (name, p), q in zip(m.named_parameters(), ref.parameters()):
             g = p.main_grad
-            if p.grad is not None or type(g).__name__ != "DTensor" or g.dtype != torch.float32 or \
+            if p.grad is not g or type(g).__name__ != "DTensor" or g.dtype != torch.float32 or \
                     g.placements != p.placements:
                 sys.exit(f"rank {rank}: {name}: grad {type(p.grad)}, main_grad {type(g).__name__} {g.dtype}: "
-                         "expected no grad and an FP32 DTensor main_grad of the param's placements")
+                         "expected an FP32 DTensor grad of the param's placements, the main_grad")
             worst.setdefault(f"main_grad {step + 1}", []).append((relative(g.full_tensor(), q.main_grad), name))
         norm = optim.clip_grad_norm_(m.parameters(), MAX_NORM).item()
         ref_norm = optim.clip_grad_norm_(ref.parameters(), MAX_NORM).item()
@@ -223,6 +254,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     per = BATCH // world
     check_scaling(rank, world, per)
+    check_state_layout(rank, world, per)
     mp, mp_opt, mp_worst = check_fp32_main_params(rank, world, per)
     check_fp32_resume(rank, world, per, mp, mp_opt)
     if rank == 0:

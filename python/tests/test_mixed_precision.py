@@ -64,14 +64,14 @@ def test_the_seeds_checks_on_a_bf16_model():
     before = {n: p.main_param.clone() for n, p in low}
     for micro_batches in batches(3, 2):
         backward(model, micro_batches)
-        for name, p in low:
-            assert p.grad is None, f"{name}: a bf16 grad after backward"
-            assert p.main_grad is not None and p.main_grad.dtype == torch.float32, name
+        for name, p in low:  # the FP32 gradient is p.grad itself (grad_dtype), and p.main_grad names it
+            assert p.grad is p.main_grad, f"{name}: main_grad is not the param's grad"
+            assert p.main_grad is not None and p.main_grad.dtype == torch.float32, f"{name}: a bf16 grad"
         opt.step()
         for name, p in low:  # the model params are the bf16 of their main params
             assert torch.equal(p, p.main_param.to(torch.bfloat16)), f"{name}: not bf16(main_param)"
         opt.zero_grad()
-        assert all(p.main_grad is None and p.main_param.grad is None for _, p in low)
+        assert all(p.grad is None and p.main_grad is None and p.main_param.grad is None for _, p in low)
     for name, p in low:  # both groups stepped their main params
         assert not torch.equal(p.main_param, before[name]), f"{name}: its main param never moved"
 
@@ -116,6 +116,87 @@ def test_adamw_bit_for_bit_against_a_torch_master_loop():
         # tail computes in double (test_optim: within 4 ulps): the biases of 32 and 16 are whole vectors
         assert torch.equal(p.main_param, masters[name]), f"{name}: main param parts from torch's master loop"
         assert torch.equal(p, dict(ref.named_parameters())[name]), name
+
+
+def test_torchs_own_loop_is_the_fp32_master_loop():
+    """torch's usual loop around the wrapper, never its zero_grad: model.zero_grad(), two micro batches'
+    backward, torch.nn.utils.clip_grad_norm_(model.parameters()), step. The FP32 gradients are the params' .grad
+    (grad_dtype float32), so torch's zero_grad clears them and torch's clip reads and scales them. Against the
+    hand-written FP32 master loop with the same optimizers on the masters: bitwise, every step (the same
+    operations on the same values in the same order: each micro batch's bf16 gradient cast to FP32 and summed
+    in FP32, torch's clip over the same FP32 tensors, the same kernels)."""
+    data = batches(4, 2)
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model)
+    ref = qwen2(torch.bfloat16)
+    names = [n for n, _ in ref.named_parameters()]
+    masters = {n: torch.nn.Parameter(p.detach().float()) for n, p in ref.named_parameters()}
+    m, a = groups(ref)
+    muon_ids = {id(p) for p in m}
+    ref_opt = optim.get_hyper_optimizer(
+        muon_params=[masters[n] for n, p in ref.named_parameters() if id(p) in muon_ids],
+        adamw_params=[masters[n] for n, p in ref.named_parameters() if id(p) not in muon_ids],
+        muon_kwargs={"lr": 0.02, "momentum": 0.95}, adamw_kwargs={"lr": 3e-3, "weight_decay": 0.1})
+    max_norm = 0.5
+    for step, micro_batches in enumerate(data):
+        model.zero_grad()
+        losses = []
+        for x in micro_batches:
+            loss = model(input_ids=x, labels=x).loss / len(micro_batches)
+            loss.backward()
+            losses.append(loss.item())
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+        opt.step()
+
+        acc = {n: torch.zeros_like(masters[n]) for n in names}
+        ref_losses = []
+        for x in micro_batches:
+            loss = ref(input_ids=x, labels=x).loss / len(micro_batches)
+            loss.backward()
+            ref_losses.append(loss.item())
+            for n, p in ref.named_parameters():
+                acc[n] += p.grad.float()
+                p.grad = None
+        for n in names:
+            masters[n].grad = acc[n]
+        ref_norm = torch.nn.utils.clip_grad_norm_([masters[n] for n in names], max_norm).item()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                p.copy_(masters[n])
+
+        assert ref_norm > max_norm, f"step {step + 1}: the norm {ref_norm} does not clip: the case tests less"
+        assert losses == ref_losses, f"step {step + 1}: losses {losses}, the FP32 master loop's {ref_losses}"
+        assert norm == ref_norm, f"step {step + 1}: torch's clip over the model read {norm}, the masters' {ref_norm}"
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.main_param, masters[name]), f"step {step + 1}: {name}'s main param parts"
+            assert torch.equal(p, q), f"step {step + 1}: {name} parts from the FP32 master loop's"
+
+
+def test_a_step_after_model_zero_grad_moves_nothing():
+    """model.zero_grad() clears the FP32 gradients (p.grad): the step that follows has none to apply, as
+    torch's optimizers skip a param without a grad (before: main_grad kept the cleared gradient and the step
+    applied it again)."""
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model, muon=False)
+    backward(model, batches(1, 1)[0])
+    opt.step()
+    backward(model, batches(1, 1, seed=6)[0])
+    model.zero_grad()
+    before = {n: (p.detach().clone(), p.main_param.detach().clone()) for n, p in model.named_parameters()}
+    opt.step()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name][0]) and torch.equal(p.main_param, before[name][1]), \
+            f"{name}: a step after model.zero_grad() moved it"
+
+
+def test_a_torch_without_grad_dtype_is_refused(monkeypatch):
+    from hypertrain import mixed_precision
+    monkeypatch.setattr(mixed_precision, "_has_grad_dtype", lambda p: False)
+    model = qwen2(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"has no Tensor.grad_dtype.*q_proj.weight's gradient.*model.zero_grad"):
+        wrapped(model, muon=False)
 
 
 def test_muon_against_torch_on_the_same_main_grads(torch_muon_fp32):
@@ -281,7 +362,7 @@ def test_bad_input():
 
 
 def test_clip_grad_norm_reads_the_main_grads():
-    """The norm over main_grads (the bf16 params' grads are None) against torch.nn.utils.clip_grad_norm_ over
+    """The norm over main_grads (the bf16 params' FP32 grads) against torch.nn.utils.clip_grad_norm_ over
     the same FP32 gradients: torch sums float32 norms, hypertrain squares in double, so the norms agree within
     float32 rounding (2 ulps); the gradients are scaled as torch scales them, by the float32
     max_norm / (norm + 1e-6), bit for bit."""
@@ -298,4 +379,4 @@ def test_clip_grad_norm_reads_the_main_grads():
     assert abs(got.item() - want.item()) <= 2 * torch.finfo(torch.float32).eps * want.item()
     coef = 0.05 / (got + 1e-6)
     for (name, p), r in zip(model.named_parameters(), raw):
-        assert p.grad is None and torch.equal(p.main_grad, r * coef), f"{name}: not scaled as torch scales"
+        assert p.grad is p.main_grad and torch.equal(p.main_grad, r * coef), f"{name}: not scaled as torch scales"

@@ -186,6 +186,106 @@ def test_newton_schulz_on_a_slice_is_not_the_slice():
     assert rel(part, whole[:32]) > 1e-2
 
 
+# ---------------------------------------------------------------- state the kernels take
+
+# Each case replaces a state tensor of the second param, w1 (16, 8): the kernels read and write p.numel() floats
+# of it in place, so a smaller one was a heap overflow, a larger one or a strided one a silently wrong update.
+BAD_STATE = {
+    "smaller": lambda: torch.zeros(4, 8),
+    "larger": lambda: torch.zeros(32, 8),
+    "float64": lambda: torch.zeros(16, 8, dtype=torch.float64),
+    "bf16": lambda: torch.zeros(16, 8, dtype=torch.bfloat16),
+    "not_contiguous": lambda: torch.zeros(8, 16).t(),
+    "meta_device": lambda: torch.zeros(16, 8, device="meta"),
+}
+STATE_KEYS = {"AdamW": ("exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}
+
+
+def named_pair(seed=11, shapes=((8, 4), (16, 8))):
+    return [(f"w{i}", p) for i, p in enumerate(params_for(list(shapes), seed))]
+
+
+def stepped(kind, named):
+    """An optimizer over named params (torch's param_names), stepped once so its state exists."""
+    opt = getattr(optim, kind)(named, lr=0.01)
+    for _, p in named:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "Muon"])
+@pytest.mark.parametrize("case", list(BAD_STATE))
+def test_a_state_tensor_the_kernel_cannot_take_is_refused_at_the_step(kind, case):
+    for key in STATE_KEYS[kind]:
+        named = named_pair()
+        opt = stepped(kind, named)
+        w1 = named[1][1]
+        opt.state[w1][key] = BAD_STATE[case]()
+        before = [p.detach().clone() for _, p in named]
+        with pytest.raises(ValueError, match=rf"hypertrain.optim.{kind}: param 1 \(w1\)'s state '{key}' is .*"
+                                             r"float32 \(16, 8\), contiguous"):
+            opt.step()
+        for (name, p), b in zip(named, before):  # refused before any param was written
+            assert torch.equal(p, b), f"{case} {key}: {name} was stepped by a refused step"
+
+
+def test_adamw_step_count_the_kernel_cannot_take_is_refused():
+    for bad in (torch.tensor([1.0, 2.0]), torch.tensor(-1.0), torch.tensor(1.5), torch.tensor(float("nan")), 3):
+        named = named_pair()
+        opt = stepped("AdamW", named)
+        opt.state[named[1][1]]["step"] = bad
+        with pytest.raises(ValueError, match=r"param 1 \(w1\)'s state 'step'"):
+            opt.step()
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "Muon"])
+def test_a_state_dict_of_another_model_is_refused(kind):
+    """Two params each, the second (16, 8) in one model and (4, 8) or (32, 8) in the other: torch's
+    load_state_dict checks the groups' sizes only, and casts the state to each param's dtype and device, so the
+    shapes reached the kernels (smaller: written past its end; larger: a silently wrong update)."""
+    for other in ((8, 4), (4, 8)), ((8, 4), (32, 8)):
+        saved = stepped(kind, named_pair(shapes=other)).state_dict()
+        named = named_pair()
+        opt = stepped(kind, named)
+        with pytest.raises(ValueError, match=rf"hypertrain.optim.{kind}.load_state_dict: param 1 \(w1\)'s state "
+                                             rf"'{STATE_KEYS[kind][0]}' has shape \({other[1][0]}, 8\); the "
+                                             r"param's is \(16, 8\)"):
+            opt.load_state_dict(saved)
+        for p in (p for _, p in named):
+            p.grad = torch.ones_like(p)
+        opt.step()  # the refused load left the optimizer as it was
+
+
+def test_state_errors_name_the_models_params():
+    """get_hyper_optimizer(model=) names a param by the model's name; so does the FP32 main-param wrapper."""
+    model = Tiny()
+    muon, adamw = split(model)
+    opt = optim.get_hyper_optimizer(model=model, muon_params=muon, adamw_params=adamw)
+    train(model, opt, 1)
+    opt.optimizers[0].state[model.up_proj.weight]["momentum_buffer"] = torch.zeros(3)
+    x = torch.randint(0, 50, (4, 8))
+    torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    with pytest.raises(ValueError, match=r"param 1 \(up_proj.weight\)'s state 'momentum_buffer' is "
+                                         r"torch.float32 \(3,\)"):
+        opt.step()
+    opt.optimizers[0].state[model.up_proj.weight]["momentum_buffer"] = torch.zeros(32, 16)
+    opt.optimizers[1].state[model.norm.weight]["exp_avg"] = torch.zeros(31)  # the chain's second optimizer
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"param 2 \(norm.weight\)'s state 'exp_avg' is torch.float32 \(31,\)"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), "the chain's Muon stepped first"
+    low = Tiny().to(torch.bfloat16)
+    wrapped = optim.get_hyper_optimizer(model=low, muon_params=split(low)[0], adamw_params=split(low)[1],
+                                        fp32_main_params=True)
+    train(low, wrapped, 1)
+    main = low.head.weight.main_param
+    wrapped.inner.optimizers[1].state[main]["exp_avg_sq"] = torch.zeros(50, 16)
+    torch.nn.functional.cross_entropy(low(x).flatten(0, 1).float(), x.flatten()).backward()
+    with pytest.raises(ValueError, match=r"\(head.weight\)'s state 'exp_avg_sq' is torch.float32 \(50, 16\)"):
+        wrapped.step()
+
+
 # ---------------------------------------------------------------- chained
 
 
@@ -332,3 +432,65 @@ def test_bad_input():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="run on CPU tensors"):
             optim.AdamW([torch.nn.Parameter(torch.zeros(4, 4, device="cuda"))])
+
+
+def test_muon_steps_over_a_zero_size_matrix():
+    """A matrix with no elements ((0, B), (A, 0), (0, A, B) experts) has no update, as torch's Muon's is empty;
+    the others step as they would alone (before: ZeroDivisionError in numel // (A * B))."""
+    empty = [torch.nn.Parameter(torch.zeros(s)) for s in ((0, 4), (4, 0), (0, 3, 4))]
+    (p,) = params_for([(8, 4)], 12)
+    (q,) = params_for([(8, 4)], 12)
+    ours, alone = optim.Muon(empty + [p], lr=0.02), optim.Muon([q], lr=0.02)
+    for (g,) in grads_for([(8, 4)], 3, 13):
+        for e in empty:
+            e.grad = torch.zeros_like(e)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        alone.step()
+    assert torch.equal(p, q), "a zero-size matrix beside it changed a param's update"
+    assert all(e.numel() == 0 and ours.state[e]["momentum_buffer"].shape == e.shape for e in empty)
+
+
+def test_muon_bounds_ns_steps_at_construction():
+    """ns_steps and a coefficient list are bounded by the kernels' longest schedule (100) before anything is sized
+    by them (before: ns_steps 10**9 built a list of 10**9 triples, gigabytes, before any check)."""
+    (p,) = params_for([(8, 4)], 1)
+    for bad in (10 ** 9, 101, 0, -5, 2.5, True, "5"):
+        with pytest.raises(ValueError, match=rf"ns_steps {bad!r}; expected an integer from 1 to 100"):
+            optim.Muon([p], ns_steps=bad)
+        with pytest.raises(ValueError, match=rf"ns_steps {bad!r}; expected an integer from 1 to 100"):
+            optim.Muon([p], ns_steps=bad, ns_variant="legacy")
+    optim.Muon([p], ns_steps=100)
+    with pytest.raises(ValueError, match="101 coefficient triples; at most 100"):
+        optim.Muon([p], ns_coefficients=[(3.4445, -4.775, 2.0315)] * 101)
+    for bad in ([(1.0, 2.0)] * 5, [(1.0, float("nan"), 2.0)] * 5, [1.0, 2.0, "x"]):
+        with pytest.raises(ValueError, match=r"ns_coefficients\[\d\] is .*; expected \(a, b, c\)"):
+            optim.Muon([p], ns_coefficients=bad)
+
+
+def test_low_precision_params_are_refused_with_the_wrappers_name():
+    """bf16/f16 params: get_hyper_optimizer without fp32_main_params refuses them at construction (it knows no
+    wrapper will swap them); AdamW and Muon built directly take them, since Float16OptimizerWithFloat16Params
+    (optimizer, model) is built around such an optimizer, and refuse them at step() if no wrapper swapped them.
+    Both errors name the way to FP32 main params (before: 'not supported from Python yet', at the step only)."""
+    model = Tiny().to(torch.bfloat16)
+    muon, adamw = split(model)
+    with pytest.raises(TypeError, match=r"param q_proj.weight is torch.bfloat16; .*fp32_main_params=True.*"
+                                        r"Float16OptimizerWithFloat16Params"):
+        optim.get_hyper_optimizer(model=model, muon_params=muon, adamw_params=adamw)
+    with pytest.raises(TypeError, match=r"param (embed|q_proj).* is torch.bfloat16"):
+        optim.get_hyper_optimizer(model=model, adamw_params=[{"params": adamw}, {"params": muon}])
+    for make in (lambda: optim.AdamW(adamw, lr=1e-3), lambda: optim.Muon(muon, lr=0.02),
+                 lambda: optim.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))])):
+        opt = make()
+        with pytest.raises(TypeError, match=r"param 0.* is torch.(bfloat16|float16); these optimizers update float32 "
+                                            r"params.*fp32_main_params=True.*Float16OptimizerWithFloat16Params"):
+            opt.step()
+    wrapped = optim.get_hyper_optimizer(model=model, muon_params=muon, adamw_params=adamw, fp32_main_params=True)
+    train(model, wrapped, 2)  # the wrapper's own path: the inner optimizers were built over the bf16 params
+    from hypertrain import Float16OptimizerWithFloat16Params
+    other = Tiny().to(torch.float16)
+    direct = Float16OptimizerWithFloat16Params(optim.AdamW(other.parameters(), lr=1e-3), other)
+    before = other.head.weight.detach().clone()
+    train(other, direct, 2)
+    assert not torch.equal(other.head.weight, before), "the wrapped direct AdamW did not step"

@@ -159,3 +159,108 @@ def test_the_chained_optimizer_trains_as_the_c_trainer(tmp_path, corpus):
             want = c_weights[step]["model." + name]
             d = (p.detach() - want).abs().max().item() / want.abs().max().item()
             assert d <= 1e-5, f"step {step + 1}: {name} {d:.3g} from the C trainer's"
+
+
+# ---------------------------------------------------------------- bad input the Python side refuses
+
+
+def test_a_nul_in_an_override_or_the_config_path_is_refused(tmp_path, corpus):
+    """The engine reads C strings: an override "data.path=corpus\\0.bak" trained on corpus (the rest silently
+    dropped). Refused before the run, naming the override."""
+    for sets in (tiny(tmp_path / "nul", corpus, **{"data.path": f"{corpus}\0.bak"}),
+                 [f"data.path={corpus}\0.bak"], {"training.steps\0x": 2}):
+        with pytest.raises(ValueError, match=r"the override .*\\x00.* holds a NUL character"):
+            hypertrain.train(DEFAULT, sets)
+    assert not (tmp_path / "nul").exists(), "a run started"
+    with pytest.raises(ValueError, match=r"the config path .*\\x00x' holds a NUL character"):
+        hypertrain.train(f"{DEFAULT}\0x", tiny(tmp_path / "nul", corpus))
+
+
+def write_safetensors(path, tensors, header=None):
+    """A safetensors file by hand (8-byte length, JSON header, data), so that a test can damage each part."""
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}
+    entries, data, at = {}, b"", 0
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        entries[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
+        data, at = data + raw, at + len(raw)
+    text = json.dumps(entries if header is None else header(entries)).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+    return len(text)
+
+
+def test_load_checkpoint_checks_a_hugging_face_files_header(tmp_path):
+    """A damaged safetensors file in a Hugging Face folder is an error naming the file and what is wrong (before:
+    a header damaged into "{}" read as no tensors at all, {}, and the others failed with struct, JSON, KeyError
+    or reshape errors naming nothing, or read another tensor's bytes)."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"w": torch.randn(3, 4, generator=gen), "b": torch.randn(4, generator=gen).to(torch.bfloat16),
+               "step": torch.tensor([7]), "none": torch.zeros(0, 5)}  # 48 + 8 + 8 + 0 = 64 bytes of data
+    good = tmp_path / "good"
+    good.mkdir()
+    write_safetensors(good / "model.safetensors", tensors)
+    got = hypertrain.load_checkpoint(good)
+    assert sorted(got) == sorted(tensors) and all(torch.equal(got[k], tensors[k]) for k in tensors)
+
+    # the file's bytes, damaged: (length, header, data) -> bytes
+    damaged = {
+        "emptied": (lambda n, h, d: n.to_bytes(8, "little") + b"{}" + b" " * (n - 2) + d,
+                    r"the tensors cover 0 bytes of data, but the file holds 64"),
+        "length past the end": (lambda n, h, d: (10 ** 6).to_bytes(8, "little") + h + d,
+                                r"header length 1000000 is larger than the \d+ bytes after it"),
+        "huge length": (lambda n, h, d: (2 ** 62).to_bytes(8, "little") + h + d,
+                        r"header length \d+ exceeds the 100000000-byte limit"),
+        "truncated": (lambda n, h, d: n.to_bytes(8, "little") + h + d[:-10],
+                      r"the tensors cover 64 bytes of data, but the file holds 54"),
+        "too short": (lambda n, h, d: b"\x05\x00", r"2 bytes, too short for the 8-byte header length"),
+        "not JSON": (lambda n, h, d: n.to_bytes(8, "little") + b"#" + h[1:] + d, r"the header is not JSON"),
+        "a key twice": (lambda n, h, d: (2 * n).to_bytes(8, "little") + h[:-1] + b", " + h[1:] + d,
+                        r"the header names 'w' twice"),
+    }
+    headers = {  # the header's entries, damaged
+        "a list": (lambda e: [e], r"the header is not a JSON object"),
+        "dtype": (lambda e: {**e, "w": {**e["w"], "dtype": "F64"}}, r"tensor 'w': dtype 'F64'"),
+        "shape": (lambda e: {**e, "w": {**e["w"], "shape": [3, -4]}}, r"tensor 'w': shape \[3, -4\]"),
+        "bytes": (lambda e: {**e, "w": {**e["w"], "shape": [4, 4]}},
+                  r"tensor 'w': data_offsets \[0, 48\] hold 48 bytes, but shape \[4, 4\] of F32 needs 64"),
+        "overlap": (lambda e: {**e, "b": {**e["b"], "data_offsets": [40, 48]}}, r"tensor 'b' starts at data offset 40"),
+        "metadata": (lambda e: {**e, "__metadata__": {"format": 1}}, r'"__metadata__" is not an object of strings'),
+    }
+    for what, (damage, match) in list(damaged.items()) + list(headers.items()):
+        folder = tmp_path / what.replace(" ", "_")
+        folder.mkdir()
+        f = folder / "model.safetensors"
+        if what in headers:
+            write_safetensors(f, tensors, header=damage)
+        else:
+            n = write_safetensors(f, tensors)
+            raw = f.read_bytes()
+            f.write_bytes(damage(n, raw[8:8 + n], raw[8 + n:]))
+        with pytest.raises(OSError, match=rf"hypertrain.load_checkpoint: {f}: {match}"):
+            hypertrain.load_checkpoint(folder)
+
+
+def test_load_checkpoint_follows_latest_only_to_a_child(tmp_path):
+    """latest names a checkpoint directory inside the folder: one name, no '/', not '..', not a symlink leading
+    out (before: followed anywhere, and read what it found there)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write_safetensors(outside / "model.safetensors", {"secret": torch.ones(2)})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "step_00000002").symlink_to(outside)
+    (run / "inside").mkdir()
+    write_safetensors(run / "inside" / "model.safetensors", {"w": torch.ones(3)})
+    for text, match in (("../outside", "not the name of a checkpoint directory"),
+                        (str(outside), "not the name of a checkpoint directory"),
+                        ("..", "not the name"), ("", "not the name"), ("step\x01", "not the name"),
+                        ("step_00000002\n", r"a link to .*outside, outside .*run"),
+                        ("missing", "but .*missing is not a directory")):
+        (run / "latest").write_text(text)
+        with pytest.raises(OSError, match=match):
+            hypertrain.load_checkpoint(run)
+    (run / "latest").write_text("x" * 5000)
+    with pytest.raises(OSError, match="over 4096 bytes"):
+        hypertrain.load_checkpoint(run)
+    (run / "latest").write_text("inside\n")
+    assert list(hypertrain.load_checkpoint(run)) == ["w"]
