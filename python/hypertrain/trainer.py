@@ -66,6 +66,12 @@ def train(config, overrides=None):
     result = TrainResult(output_dir=str(out), metrics=metrics,
                          final=next((m for m in reversed(metrics) if "loss" in m), None), stopped_by=stopped_by,
                          latest=str(latest) if latest is not None else None)
+    if stopped_by and not any("loss" in m for m in metrics):
+        raise KeyboardInterrupt(f"hypertrain.train: stopped by signal {stopped_by} before step 1: nothing was "
+                                "trained and no checkpoint saved; the same call starts the run")
+    if stopped_by and result.latest is None:
+        raise KeyboardInterrupt(f"hypertrain.train: stopped by signal {stopped_by} at step {result.final['step']} "
+                                "without a checkpoint (checkpoint.save_interval is 0): the steps of this run are lost")
     if stopped_by:
         raise KeyboardInterrupt(f"hypertrain.train: stopped by signal {stopped_by} after saving a checkpoint "
                                 f"({result.latest}); the same call resumes it with checkpoint.restore_from=latest")

@@ -313,11 +313,18 @@ static PyObject *py_train(PyObject *self, PyObject *args) {
     train_stop = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    /* blocked by the caller, they would never stop the run; one already pending stops it before step 1 */
+    sigset_t stops, old_mask;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &stops, &old_mask);
     int stopped_by = 0;
     ht_status s;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the whole run without the GIL */
     s = ht_train(cfg, ht_comm_single(), &train_stop, &stopped_by, &err);
     PyEval_RestoreThread(unlocked);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (s != HT_OK) /* a config the trainer refuses as it builds (HT_ERR_CONFIG) is a bad config too */

@@ -264,3 +264,32 @@ def test_load_checkpoint_follows_latest_only_to_a_child(tmp_path):
         hypertrain.load_checkpoint(run)
     (run / "latest").write_text("inside\n")
     assert list(hypertrain.load_checkpoint(run)) == ["w"]
+
+
+def test_a_stop_before_step_1_says_nothing_was_saved(tmp_path, corpus):
+    """SIGTERM pending and blocked when train() is called (a launcher that blocks it, a signal that came first):
+    the run takes it, stops before step 1 and says that nothing was trained or saved, never a checkpoint None;
+    the same call then starts the run. In a child process: the signal is the test's own."""
+    import subprocess
+    import sys
+    script = f"""
+import os, signal, sys
+import hypertrain
+overrides = {tiny(tmp_path / "run", corpus)!r}
+signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
+os.kill(os.getpid(), signal.SIGTERM)
+try:
+    hypertrain.train({str(DEFAULT)!r}, overrides)
+except KeyboardInterrupt as e:
+    print("STOPPED:", e)
+    sys.exit(0)
+print("NOT STOPPED")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "STOPPED: hypertrain.train: stopped by signal 15 before step 1: nothing was trained and no checkpoint " \
+           "saved" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "None" not in done.stdout
+    assert not (tmp_path / "run" / "latest").exists()
+    r = hypertrain.train(DEFAULT, tiny(tmp_path / "run", corpus, **{"checkpoint.restore_from": "latest"}))
+    assert r.final["step"] == 4 and r.stopped_by == 0
