@@ -1576,6 +1576,18 @@ static void test_moe_expert_parallel_bf16(void **state) {
     if (!strstr(log, "model.num_experts (8) is not a multiple of parallel.expert_parallel_size (3)"))
         fail_msg("no clear error for 8 experts over 3 ranks:\n%s", log);
     free(log);
+    /* On a tensor-parallel mesh the experts split over the data x context ranks, and the advice says so:
+     * 6 experts, EP 2, on 8 ranks of TP 2 (4 such ranks). */
+    assert_int_not_equal(run_in(dir, "ep2_tp2_6", 8,
+                                "--set parallel.expert_parallel_size=2 --set parallel.tensor_parallel_size=2 "
+                                "--set model.num_experts=6",
+                                &log),
+                         0);
+    if (!strstr(log, "model.num_experts (6) is not a multiple of the 4 data x context-parallel ranks (8 ranks over "
+                     "parallel.tensor_parallel_size 2)") ||
+        !strstr(log, "whose quotient by 2 divides 6"))
+        fail_msg("no clear error for 6 experts over 4 data-parallel ranks of a TP 2 mesh:\n%s", log);
+    free(log);
 }
 
 /* The seed's system test once more with AdamW for every param (it runs it
