@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The repository holds the documents its code cites. Two checks:
+# The repository holds the documents its code cites, and they say what it does. Three checks:
 #  1. Every *.md file named in the sources, tests, benchmarks, tools, configs
 #     and docs exists, as a path from the repository root or from the citing
 #     file's folder; where the citation names a section ("docs/NUMERICS.md, AdamW",
@@ -7,6 +7,7 @@
 #     heading of that file contains the name (case aside).
 #  2. Every key of the config key table (src/config/keys.c) appears, as
 #     `key`, in docs/CONFIG.md.
+#  3. docs/DESIGN.md's layer table is the order of the code's includes.
 # Each failure is one line: file:line: what is wrong. Usage: check_doc_citations.sh [ROOT]
 set -u
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -102,6 +103,41 @@ if [ -f docs/CONFIG.md ]; then
     done
 else
     report "docs/CONFIG.md: missing (it documents every key of src/config/keys.c)"
+fi
+
+# Check 3: docs/DESIGN.md's layer table is the order of the includes. Each row's folder
+# (src/NAME/) and public headers (`x.h`); a file of a layer that includes the header of a
+# layer further down the table is reported, but for base's param.c and kernels.h (the one
+# exception docs/DESIGN.md names).
+if [ -f docs/DESIGN.md ]; then
+    layers=$(awk '/^## Layers/ { f = 1 } f && /^\| [a-z]/ && !/^\| layer/ { print } f && /^## / && !/Layers/ { exit }' \
+        docs/DESIGN.md | sed -nE 's/^\| [^|]+ \| `src\/([a-z]+)\/` \|.*\| ([^|]*) \|$/\1 \2/p' | tr -d '`,')
+    [ -n "$layers" ] || report "docs/DESIGN.md: no layer table found under ## Layers"
+    rank=0
+    declare -A layer_of_header layer_rank
+    while read -r folder headers; do
+        layer_rank[$folder]=$rank
+        rank=$((rank + 1))
+        for h in $headers; do [ "$h" = "—" ] || layer_of_header[$h]=$folder; done
+    done <<LAYERS
+$layers
+LAYERS
+    for f in src/*/*.[ch] include/hypertrain/*.h; do
+        if [ "${f#include/}" != "$f" ]; then
+            own=${layer_of_header[$(basename "$f")]:-}
+        else
+            own=$(echo "$f" | cut -d/ -f2)
+        fi
+        [ -n "$own" ] && [ -n "${layer_rank[$own]:-}" ] || continue
+        for h in $(sed -nE 's/^#include "hypertrain\/([a-z_]+\.h)".*/\1/p' "$f"); do
+            to=${layer_of_header[$h]:-}
+            [ -n "$to" ] || continue
+            [ "$f" = src/base/param.c ] && [ "$h" = kernels.h ] && continue
+            if [ "${layer_rank[$to]}" -gt "${layer_rank[$own]}" ]; then
+                report "$f: includes hypertrain/$h of layer $to, below its own ($own) in docs/DESIGN.md's layer table"
+            fi
+        done
+    done
 fi
 
 if [ "$failures" -gt 0 ]; then
