@@ -7,12 +7,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -155,14 +157,25 @@ int cmd_launch(int argc, char **argv) {
     const int stops[] = {SIGTERM, SIGINT, SIGHUP};
     for (size_t k = 0; k < sizeof(stops) / sizeof(stops[0]); k++) sigaction(stops[k], &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    const pid_t launcher = getpid();
     pid_t child = fork();
     if (child < 0) {
         fprintf(stderr, "hypertrain launch: cannot start %s: %s\n", command[0], strerror(errno));
         return 1;
     }
     if (child == 0) {
-        /* Its own process group: a terminal's Ctrl-C reaches the launcher alone. */
+        /* Its own process group: a terminal's Ctrl-C reaches the launcher
+         * alone. No terminal input (mpirun would read it for rank 0, and in
+         * a background group be stopped for it), and the job ends with its
+         * launcher should that be killed outright. */
         setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != launcher) _exit(1); /* it died before the line above */
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0) {
+            dup2(null, STDIN_FILENO);
+            close(null);
+        }
         for (size_t k = 0; k < sizeof(stops) / sizeof(stops[0]); k++) signal(stops[k], SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
         dup2(out_pipe[1], STDOUT_FILENO);
