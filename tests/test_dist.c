@@ -647,6 +647,35 @@ static void test_tensor_parallel_adamw(void **state) {
                  "--set model.num_key_value_heads=4 --set optimizer.type=AdamW");
 }
 
+/* Muon's deredundancy strategy under tensor parallelism, as a MindFormers
+ * config spells it (optimizer.comm_strategy): with one data-parallel rank it
+ * runs, and is allgather's computation bit for bit (TP 2 on 2 ranks); where
+ * the owners would have to span data- and tensor-parallel ranks (DP 2 x TP 2)
+ * it is refused, naming the key as written. */
+static void test_tensor_parallel_deredundancy(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_tp_deredundancy");
+    write_config(dir, "float32", 2, false);
+    char *log, a[1300], b[1300];
+    if (run_in(dir, "allgather", 2, "--set parallel.tensor_parallel_size=2", &log) != 0)
+        fail_msg("allgather failed:\n%s", log);
+    free(log);
+    if (run_in(dir, "deredundancy", 2,
+               "--set parallel.tensor_parallel_size=2 --set optimizer.comm_strategy=deredundancy", &log) != 0)
+        fail_msg("deredundancy on TP 2 failed:\n%s", log);
+    free(log);
+    snprintf(a, sizeof(a), "%s/allgather/final/model.safetensors", dir);
+    snprintf(b, sizeof(b), "%s/deredundancy/final/model.safetensors", dir);
+    assert_same_tensors(a, b);
+    assert_int_not_equal(run_in(dir, "dp2_tp2", 4,
+                                "--set parallel.tensor_parallel_size=2 --set optimizer.comm_strategy=deredundancy",
+                                &log),
+                         0);
+    if (!strstr(log, "optimizer.comm_strategy deredundancy: not supported yet with parallel.tensor_parallel_size 2"))
+        fail_msg("no refusal naming optimizer.comm_strategy:\n%s", log);
+    free(log);
+}
+
 /* model.from_pretrained under tensor parallelism: each rank reads its box
  * of every tensor of a Hugging Face folder (one process's final weights,
  * written after 2 steps), and trains on as one process does from it. */
@@ -2716,6 +2745,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tensor_parallel_llama_float32),
         cmocka_unit_test(test_tensor_parallel_qwen2_float32),
         cmocka_unit_test(test_tensor_parallel_adamw),
+        cmocka_unit_test(test_tensor_parallel_deredundancy),
         cmocka_unit_test(test_tensor_parallel_qk_clip),
         cmocka_unit_test(test_tensor_parallel_from_pretrained),
         cmocka_unit_test(test_tensor_parallel_bf16),

@@ -257,7 +257,7 @@ ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err) 
     }
     if (split && opt->owner)
         return ht_fail(err, HT_ERR_CONFIG,
-                       "optimizer.muon_config.comm_strategy deredundancy: not supported yet with "
+                       "optimizer.muon_config.muon_comm_strategy deredundancy: not supported yet with "
                        "parallel.tensor_parallel_size %d (its owners would have to span the tensor-parallel group); "
                        "expected allgather",
                        tp->size);

@@ -720,6 +720,17 @@ static void warn_unmatched(const ht_trainer *t, const char *key, const ht_config
     }
 }
 
+/* An error of a layer below config that names a key by its canonical name:
+ * named as the run's config wrote it (an alias: optimizer.comm_strategy). */
+static ht_status name_as_written(const ht_config *c, ht_error *err, const char *key) {
+    const char *spelling = ht_config_key_spelling(c, key), *at = strstr(err->msg, key);
+    if (!spelling || strcmp(spelling, key) == 0 || !at) return err->status;
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, spelling, at + strlen(key));
+    memcpy(err->msg, msg, sizeof(msg));
+    return err->status;
+}
+
 static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
@@ -820,7 +831,7 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
     if (oc.use_muon) ht_config_log_section(c, "muon", "optimizer.muon_config.");
     ht_config_log_section(c, "adamw", "optimizer.adamw_config.");
     s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
-    if (s != HT_OK) return s;
+    if (s != HT_OK) return name_as_written(c, err, "optimizer.muon_config.muon_comm_strategy");
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
                 ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
                 oc.muon.lr, oc.adamw.lr);
