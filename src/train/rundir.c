@@ -53,7 +53,8 @@ static ht_status check_owner(const char *output_dir, bool overwrite, ht_error *e
         snprintf(path, sizeof(path), "%s/%s", output_dir, replaced[i]);
         if (lstat(path, &sb) != 0) continue;
         /* a link where the run writes metrics.jsonl or final/ is check_entries' to name */
-        if (S_ISLNK(sb.st_mode) && (i == 2 || i == 3)) continue;
+        if (S_ISLNK(sb.st_mode) && (strcmp(replaced[i], "final") == 0 || strcmp(replaced[i], "metrics.jsonl") == 0))
+            continue;
         size_t at = strlen(found);
         snprintf(found + at, sizeof(found) - at, "%s%s", at ? ", " : "", replaced[i]);
     }
