@@ -1001,6 +1001,39 @@ static void test_config_error_on_every_rank(void **state) {
     }
 }
 
+/* The memory plan on several ranks of one machine: each rank's model and
+ * its AdamW state take 60% of the machine (replicated: fsdp_config.shard_size
+ * 1; one process could hold them, two cannot); the run is refused before anything is allocated, once (the
+ * ranks agreed on it), naming the ranks that share the machine, in seconds.
+ * Before, every rank allocated and initialised its model first. */
+static void test_memory_shared_by_the_ranks_on_a_machine(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_memory");
+    write_config(dir, "float32", 2, true);
+    /* A layer of hidden 1024, intermediate 2816 (and biases): 12.86M values at 16 bytes each (weights,
+     * main_grad, AdamW's two moments). */
+    const double per_layer = 4.0 * 1024 * 1024 + 3 * 1024 + 3.0 * 1024 * 2816 + 2 * 1024;
+    const int layers = (int)(0.6 * (double)ht_physical_memory() / (16 * per_layer));
+    char set[512];
+    snprintf(set, sizeof(set),
+             "--set model.hidden_size=1024 --set model.intermediate_size=2816 --set model.num_attention_heads=8 "
+             "--set model.num_key_value_heads=8 --set model.num_hidden_layers=%d --set optimizer._target_=AdamW "
+             "--set fsdp_config.shard_size=1",
+             layers);
+    char *log;
+    const double t0 = ht_time_seconds();
+    int rc = run_ranks(dir, 2, set, &log);
+    const double took = ht_time_seconds() - t0;
+    printf("  %d layers on 2 ranks: exit %d after %.1f s\n", layers, rc, took);
+    assert_true(rc != 0 && rc != 124);
+    const char *says = "shared by the 2 ranks on it";
+    const char *at = strstr(log, says);
+    if (!at || !strstr(log, "optimizer state")) fail_msg("no \"%s\" naming the optimizer state in:\n%s", says, log);
+    if (strstr(at + 1, says)) fail_msg("the refusal is reported more than once:\n%s", log);
+    if (took > 30) fail_msg("refused after %.1f s", took);
+    free(log);
+}
+
 /* Ranks that hold no rows of some parameters: a Llama with hidden 16, 4
  * heads of dim 4 and one KV head, so k_proj and v_proj have 4 rows, on 8
  * ranks (half of them hold none of those rows). The same model as one process. */
@@ -2771,6 +2804,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_reduce_dtype_bf16),
         cmocka_unit_test(test_cast_forward_inputs),
         cmocka_unit_test(test_ranks_holding_no_rows),
+        cmocka_unit_test(test_memory_shared_by_the_ranks_on_a_machine),
         cmocka_unit_test(test_fsdp_unit_plans),
         cmocka_unit_test(test_killed_rank_ends_the_world),
         cmocka_unit_test(test_stopped_rank_times_out),

@@ -696,14 +696,19 @@ static void test_cli_bad_input(void **state) {
              fixture, copy, copy);
     assert_int_equal(system(cmd), 0);
     snprintf(model, sizeof(model), "  from_pretrained: %s\n", copy);
-    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "model.safetensors", NULL);
+    /* A corpus this model's 100 tokens hold (digits and spaces), so that the weights are what is wrong. */
+    char digits[1400], fits[2048];
+    snprintf(digits, sizeof(digits), "%s/digits.txt", dir);
+    write_repeated(digits, "0123 4567 89 ", 400);
+    snprintf(fits, sizeof(fits), "  dataset_type: text_bytes\n  path: %s\n  seq_len: 16\n", digits);
+    expect_refused(dir, tiny_yaml(dir, fits, model), NULL, "model.safetensors", NULL);
 
     snprintf(cmd, sizeof(cmd),
              "rm -rf '%s' && cp -r '%s' '%s' && sed -i 's/\"intermediate_size\": [0-9]*/\"intermediate_size\": 96/' "
              "'%s/config.json'",
              copy, fixture, copy, copy);
     assert_int_equal(system(cmd), 0);
-    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "mlp", "shape");
+    expect_refused(dir, tiny_yaml(dir, fits, model), NULL, "mlp", "shape");
 
     /* Architecture numbers that used to be taken silently. */
     expect_refused(dir, tiny_yaml(dir, data, "  head_dim: -2\n"), NULL, "model.head_dim must be >= 0", "-2");
@@ -730,7 +735,7 @@ static void test_cli_bad_input(void **state) {
                    "\"lm_head\" selects lm_head: not supported", NULL);
     snprintf(model, sizeof(model), "  from_pretrained: %s\n  lora:\n    r: 8\n    from_pretrained: %s\n",
              fixture_path("lora/qwen2_tied_qv/base"), fixture_path("lora/qwen2_tied_qv/adapter"));
-    expect_refused(dir, tiny_yaml(dir, data, model), NULL, "model.lora.rank is 8 but",
+    expect_refused(dir, tiny_yaml(dir, fits, model), NULL, "model.lora.rank is 8 but",
                    "qwen2_tied_qv/adapter/adapter_config.json has r 4");
     expect_refused(dir, tiny_yaml(dir, data, "  lora:\n    r: 4\n"),
                    "--set optimizer._target_=Muon --set optimizer.muon_config.qk_clip_enabled=true",
@@ -1093,7 +1098,7 @@ static void test_sizes_checked_before_allocating(void **state) {
         {{"training.local_batch_size=100000", "training.global_batch_size=100000"},
          "training.local_batch_size 100000 on 1 data-parallel rank takes 100000 sequences"},
         {{"training.local_batch_size=28000", "training.global_batch_size=28000", NULL},
-         "training.local_batch_size 28000 x data.seq_len 256: the activations of one micro-batch take"},
+         "the activations of one micro-batch, training.local_batch_size 28000 x data.seq_len 256"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (i == 3 && ht_physical_memory() > ((size_t)300 << 30)) { /* about 370 GB of activations */
@@ -1120,6 +1125,90 @@ static void test_sizes_checked_before_allocating(void **state) {
             fail_msg("case %zu: status %d, '%s'; expected '%s'", i, s, err.msg, cases[i].want);
         printf("  %.3f s: %s\n", took, err.msg);
         if (took > 5.0) fail_msg("case %zu took %.1f s", i, took);
+    }
+}
+
+/* A model whose weights and gradients fit this machine but whose AdamW state
+ * does not is refused before any of it is allocated, the optimizer state
+ * named: within 5 s and 512 MiB of peak memory. Before, the weights were
+ * allocated and initialised first (here about 55% of the machine), the
+ * optimizer state after them, and the run went on. */
+static void test_memory_refused_before_allocating(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_memory_plan");
+    write_corpus(dir);
+    /* A layer of hidden 1024 (8 heads of 128, q/k/v biases), intermediate 2816: 12.86M values; FP32 weights
+     * and gradients 8 bytes each, AdamW's moments 8 more. */
+    const double per_layer = 4.0 * 1024 * 1024 + 3 * 1024 + 3.0 * 1024 * 2816 + 2 * 1024;
+    const int layers = (int)(0.55 * (double)ht_physical_memory() / (8 * per_layer));
+    char set_layers[64];
+    snprintf(set_layers, sizeof(set_layers), "model.num_hidden_layers=%d", layers);
+    const char *const sets[] = {"model.hidden_size=1024",
+                                "model.intermediate_size=2816",
+                                "model.num_attention_heads=8",
+                                "model.num_key_value_heads=8",
+                                "training.local_batch_size=1",
+                                "training.global_batch_size=1",
+                                "data.seq_len=32",
+                                set_layers};
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err = {0};
+    tiny_config(cfg, dir);
+    for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) assert_ht_ok(ht_config_set(cfg, sets[k], &err), &err);
+    const double rss0 = peak_rss_mib(), t0 = ht_time_seconds();
+    watchdog(120, "ht_trainer_init of a model whose optimizer state does not fit");
+    ht_status s = ht_trainer_init(t, cfg, &err);
+    watchdog(0, NULL);
+    const double took = ht_time_seconds() - t0, grew = peak_rss_mib() - rss0;
+    if (s == HT_OK) ht_trainer_free(t);
+    free(t);
+    free(cfg);
+    printf("  %d layers: %.3f s, peak RSS +%.0f MiB: %s\n", layers, took, grew, err.msg);
+    if (s != HT_ERR_CONFIG || !strstr(err.msg, "more than this machine's") || !strstr(err.msg, "optimizer state"))
+        fail_msg("status %d, '%s'; expected the memory refusal", s, err.msg);
+    if (took > 5.0 || grew > 512) fail_msg("refused after %.1f s and %.0f MiB more peak memory", took, grew);
+}
+
+/* The plan the memory refusal compares is what the run then allocates: the
+ * weights (the model dtype; compute copies at least param_dtype's size), the
+ * FP32 main params and main_grad to the byte, the optimizer state and the
+ * activations as lower bounds of what they take (equal for AdamW alone), over
+ * float32 and bfloat16 models, Muon and AdamW, a frozen part and LoRA. */
+static void test_memory_plan_is_what_is_allocated(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_memory_plan_exact");
+    write_corpus(dir);
+    static const char *const cases[][4] = {
+        {"optimizer._target_=AdamW"},
+        {"optimizer._target_=Muon", "model_init_dtype=bfloat16", "fsdp_config.mix_precision.param_dtype=bfloat16"},
+        {"optimizer._target_=Muon", "model.freeze=[model.embed_tokens, model.layers.0.mlp]"},
+        {"model.lora.rank=4", "model_init_dtype=bfloat16", "optimizer.fp32_main_params=false"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ht_config *cfg = malloc(sizeof(ht_config));
+        ht_trainer *t = malloc(sizeof(ht_trainer));
+        ht_error err = {0};
+        tiny_config(cfg, dir);
+        for (int k = 0; k < 4 && cases[i][k]; k++) assert_ht_ok(ht_config_set(cfg, cases[i][k], &err), &err);
+        assert_ht_ok(ht_trainer_init(t, cfg, &err), &err);
+        ht_step_stats st;
+        assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+        const ht_memory_plan *p = &t->memory_plan;
+        const ht_param_store *ps = &t->model->params;
+        const double optim = (double)ht_optimizer_bytes(&t->optimizer), acts = (double)t->model->activation_bytes;
+        printf("  case %zu: weights %.0f of %zu + %zu, main %.0f of %zu, grad %.0f of %zu, optimizer %.0f of %.0f, "
+               "activations %.0f of %.0f\n",
+               i, p->weights, ps->data_bytes, ps->compute_bytes, p->main, ps->main_bytes, p->grad, ps->grad_bytes,
+               p->optimizer, optim, p->activations, acts);
+        if (p->weights < (double)ps->data_bytes || p->weights > (double)(ps->data_bytes + ps->compute_bytes) ||
+            p->main != (double)ps->main_bytes || p->grad != (double)ps->grad_bytes || p->optimizer > optim ||
+            p->activations > acts || p->activations <= 0 || p->main + p->grad + p->optimizer <= 0)
+            fail_msg("case %zu: the plan is not what was allocated", i);
+        if (i == 0 && p->optimizer != optim) fail_msg("AdamW alone: planned %.0f, allocated %.0f", p->optimizer, optim);
+        ht_trainer_free(t);
+        free(t);
+        free(cfg);
     }
 }
 
@@ -1431,6 +1520,8 @@ int main(void) {
         cmocka_unit_test(test_resume_with_another_global_batch_warns),
         cmocka_unit_test(test_pretrained_config_is_logged),
         cmocka_unit_test(test_sizes_checked_before_allocating),
+        cmocka_unit_test(test_memory_refused_before_allocating),
+        cmocka_unit_test(test_memory_plan_is_what_is_allocated),
         cmocka_unit_test(test_seed_configs_train),
         cmocka_unit_test(test_shipped_configs_run_as_written),
         cmocka_unit_test(test_shuffle_and_deterministic),

@@ -402,6 +402,17 @@ typedef struct ht_model_placement {
  * the plan), its values those slices of ht_model_build's. */
 ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
                                   const ht_model_placement *at, ht_model **out, ht_error *err);
+/* ht_model_build_parallel in two halves, for a caller that plans memory in
+ * between: ht_model_declare builds the model with its params declared (this
+ * placement's slices and rows, storage not yet allocated, unless the model's
+ * builder allocates as it builds), so dtypes (ht_params_convert), what
+ * trains (ht_params_freeze), the recompute plan and the bytes all of it
+ * will take (ht_params_plan, ht_model_activation_bytes) are known first;
+ * ht_model_allocate then gives the params storage and their values from
+ * `seed`. The values are ht_model_build_parallel's. */
+ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_model_placement *at, ht_model **out,
+                           ht_error *err);
+ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, ht_error *err);
 /* Model FLOPs of one training token (forward and backward) at sequence
  * length T, counted the standard way: 6 per weight of every matmul (the LM
  * head included, the embedding lookup not) plus attention's two products,

@@ -119,6 +119,12 @@ int ht_optimizer_list_state(const ht_optimizer *opt, ht_opt_state *out);
 /* The bytes this rank's optimizer holds: AdamW's moments, Muon's momentum,
  * its workspace and (deredundancy) the whole matrices it owns. */
 size_t ht_optimizer_bytes(const ht_optimizer *opt);
+/* What ht_optimizer_init with cfg would give this rank's params in state,
+ * before it exists (the store declared or allocated): Muon's momentum and
+ * AdamW's two moments, routed as ht_optimizer_init routes. A lower bound of
+ * ht_optimizer_bytes: Muon's workspace and the whole matrices a rank owns
+ * under deredundancy come on top. */
+size_t ht_optimizer_plan_bytes(const ht_param_store *params, const ht_optimizer_config *cfg);
 
 /* ---------------------------------------------------------------- QK-clip */
 

@@ -114,6 +114,17 @@ ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
 /* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
+/* The bytes of each block the store's params take, declared or allocated,
+ * as they are now (dtypes, rows, trainable): data and main_grad
+ * (ht_params_allocate), the FP32 main params (ht_params_create_main; 0
+ * without them) and the compute copies (ht_params_set_compute with `compute`
+ * and `precision`). The formula those allocations use: a plan made before
+ * storage exists is what it takes. */
+typedef struct ht_params_bytes {
+    size_t data, grad, main, compute;
+} ht_params_bytes;
+ht_params_bytes ht_params_plan(const ht_param_store *store, bool fp32_main_params, ht_dtype compute,
+                               ht_dtype precision);
 /* Tensor parallelism, before storage: p's model tensor becomes slice `rank`
  * of `size` of dim `dim` of the global tensor (ht_param_rows_of's balanced
  * split of that dim), and its shard the whole slice. */
@@ -138,7 +149,8 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
 static inline bool ht_param_is_sharded(const ht_param *p) { return p->sharded; }
 /* Converts every float param's data to `dtype` (but those that keep_fp32) in
  * place of the old storage: the ht_param structs (their identity) and shard
- * layout do not change. */
+ * layout do not change. On a store declared but not allocated it sets the
+ * dtypes storage will have: nothing is converted, nothing rounded twice. */
 ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err);
 /* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
  * an F32 param's main_param is its data pointer: no extra bytes. */
@@ -164,9 +176,11 @@ void ht_params_zero_grad(ht_param_store *store);
 /* Takes every param covered by one of `patterns` (ht_path_covers) out of
  * training: not trainable, no main_grad (the gradient block shrinks to the
  * trainable ones), so no main param or optimizer state follows. Call it
- * before ht_params_create_main. A pattern that covers nothing, or a freeze
- * that leaves nothing to train, is an error naming it. `frozen` (may be
- * NULL) gets the number of params taken out. */
+ * before ht_params_create_main; on a store not yet allocated it only marks
+ * them (ht_params_allocate then gives gradients to the trainable ones). A
+ * pattern that covers nothing, or a freeze that leaves nothing to train, is
+ * an error naming it. `frozen` (may be NULL) gets the number of params
+ * taken out. */
 ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, int count, int *frozen, ht_error *err);
 void ht_params_free(ht_param_store *store);
 /* Bytes between host memory and the store's (store->memory's, or the

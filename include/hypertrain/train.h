@@ -36,6 +36,18 @@ typedef struct ht_step_stats {
     double seconds;
 } ht_step_stats;
 
+/* The bytes a rank's training state takes, by category, planned from the
+ * declared model before any of it is allocated (setup's plan_memory) and
+ * printed beside what each category measured at the end (the memory
+ * profile). Weights, FP32 main params and main_grad are the bytes their
+ * allocations take; the optimizer state and the activations are lower
+ * bounds (Muon's workspace and deredundancy's whole matrices, the
+ * activations' operands in param_dtype's size). */
+typedef struct ht_memory_plan {
+    double weights; /* the model's dtype, and compute copies in param_dtype where it differs */
+    double main, grad, optimizer, activations, corpus;
+} ht_memory_plan;
+
 typedef struct ht_trainer {
     ht_config config;
     ht_comm *comm; /* the ranks training together (data parallel); ht_comm_single() for one process */
@@ -76,6 +88,8 @@ typedef struct ht_trainer {
     ht_loader train_loader;
     ht_loader valid_loader;
     ht_optimizer optimizer;
+    ht_optimizer_config optimizer_config;  /* what the optimizer is built with, known before the params' storage */
+    ht_memory_plan memory_plan;            /* this rank's, made before anything it counts was allocated */
     ht_qk_layer *qk_layers;                /* (L) when QK-clip is on, else NULL */
     const char *no_wd[HT_CONFIG_LIST_MAX]; /* config strings, as the optimizer takes them */
     const char

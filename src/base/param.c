@@ -185,12 +185,50 @@ void ht_params_set_rows(ht_param_store *store, int rank, int world) {
     }
 }
 
+/* The bytes each block gives a param: the one formula ht_params_plan and
+ * the allocations below share, so a plan made before storage exists is
+ * what storage then takes. */
+static size_t data_size(const ht_param *p) {
+    return ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
+}
+static size_t grad_size(const ht_param *p) {
+    return p->trainable ? ht_align64((size_t)ht_param_local_numel(p) * sizeof(float)) : 0;
+}
+static size_t main_size(const ht_param *p) {
+    return p->trainable && p->dtype != HT_DTYPE_F32 ? ht_align64((size_t)ht_param_local_numel(p) * sizeof(float)) : 0;
+}
+/* Whether a param of this dtype can be read in place as (dtype, precision). */
+static bool reads_in_place(ht_dtype have, ht_dtype dtype, ht_dtype precision) {
+    return have == dtype && (precision == dtype || precision == HT_DTYPE_F32);
+}
+/* A copy where the param cannot be read in place: the whole tensor, or
+ * for a sharded param its rows (parallel/ gathers the whole one when used). */
+static bool needs_compute_copy(const ht_param *p, ht_dtype dtype, ht_dtype precision) {
+    return ht_dtype_is_float(p->dtype) && !p->keep_fp32 && !reads_in_place(p->dtype, dtype, precision);
+}
+static size_t compute_size(const ht_param *p, ht_dtype dtype, ht_dtype precision) {
+    return needs_compute_copy(p, dtype, precision) ? ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype))
+                                                   : 0;
+}
+
+ht_params_bytes ht_params_plan(const ht_param_store *store, bool fp32_main_params, ht_dtype compute,
+                               ht_dtype precision) {
+    ht_params_bytes b = {0};
+    for (int i = 0; i < store->count; i++) {
+        const ht_param *p = &store->items[i];
+        b.data += data_size(p);
+        b.grad += grad_size(p);
+        b.main += fp32_main_params ? main_size(p) : 0;
+        b.compute += compute_size(p, compute, precision);
+    }
+    return b;
+}
+
 ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     size_t data_bytes = 0, grad_bytes = 0;
     for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        data_bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
-        if (p->trainable) grad_bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        data_bytes += data_size(&store->items[i]);
+        grad_bytes += grad_size(&store->items[i]);
     }
     char *data = mem_alloc(store, data_bytes);
     char *grad = mem_alloc(store, grad_bytes);
@@ -204,12 +242,9 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         p->data = data + doff;
-        doff += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(p->dtype));
-        p->main_grad = NULL;
-        if (p->trainable) {
-            p->main_grad = (float *)(grad + goff);
-            goff += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
-        }
+        doff += data_size(p);
+        p->main_grad = p->trainable ? (float *)(grad + goff) : NULL;
+        goff += grad_size(p);
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
         reset_views(p);
     }
@@ -223,6 +258,13 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err) {
 ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err) {
     if (!ht_dtype_is_float(dtype))
         return ht_fail(err, HT_ERR_INVALID, "cannot convert parameters to non-float dtype %s", ht_dtype_name(dtype));
+    if (!store->data_block) { /* declared only: the storage to come is of the new dtype */
+        for (int i = 0; i < store->count; i++) {
+            ht_param *p = &store->items[i];
+            if (ht_dtype_is_float(p->dtype) && !p->keep_fp32) p->dtype = dtype;
+        }
+        return HT_OK;
+    }
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
@@ -255,11 +297,6 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
     return HT_OK;
 }
 
-/* Whether a param of this dtype can be read in place as (dtype, precision). */
-static bool reads_in_place(ht_dtype have, ht_dtype dtype, ht_dtype precision) {
-    return have == dtype && (precision == dtype || precision == HT_DTYPE_F32);
-}
-
 ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype precision, ht_error *err) {
     if (!ht_dtype_is_float(dtype) || !ht_dtype_is_float(precision))
         return ht_fail(err, HT_ERR_INVALID, "the compute dtype must be a float dtype, not %s / %s",
@@ -267,14 +304,8 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     if (dtype != precision && dtype != HT_DTYPE_F32)
         return ht_fail(err, HT_ERR_INVALID, "%s values cannot be held in %s", ht_dtype_name(precision),
                        ht_dtype_name(dtype));
-    /* A copy where the param cannot be read in place: the whole tensor, or
-     * for a sharded param its rows (parallel/ gathers the whole one when used). */
     size_t bytes = 0;
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        if (ht_dtype_is_float(p->dtype) && !p->keep_fp32 && !reads_in_place(p->dtype, dtype, precision))
-            bytes += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
-    }
+    for (int i = 0; i < store->count; i++) bytes += compute_size(&store->items[i], dtype, precision);
     char *block = bytes ? mem_alloc(store, bytes) : NULL;
     if (bytes && !block)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of %s compute weights", bytes, ht_dtype_name(dtype));
@@ -285,12 +316,12 @@ ht_status ht_params_set_compute(ht_param_store *store, ht_dtype dtype, ht_dtype 
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         reset_views(p);
-        if (!ht_dtype_is_float(p->dtype) || p->keep_fp32 || reads_in_place(p->dtype, dtype, precision)) continue;
+        if (!needs_compute_copy(p, dtype, precision)) continue;
         p->compute_rows = block + off;
         if (!p->sharded) p->compute = p->compute_rows;
         p->compute_dtype = dtype;
         p->compute_precision = precision;
-        off += ht_align64((size_t)ht_param_local_numel(p) * ht_dtype_size(dtype));
+        off += compute_size(p, dtype, precision);
     }
     ht_params_refresh_compute(store);
     return HT_OK;
@@ -321,11 +352,7 @@ void ht_params_reload_main(ht_param_store *store) {
 
 ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
     size_t bytes = 0;
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        if (p->trainable && p->dtype != HT_DTYPE_F32)
-            bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
-    }
+    for (int i = 0; i < store->count; i++) bytes += main_size(&store->items[i]);
     mem_free(store, store->main_block);
     store->main_block = NULL;
     store->main_bytes = 0;
@@ -340,7 +367,7 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
             continue;
         }
         p->main_param = (float *)(block + off);
-        off += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
+        off += main_size(p);
         mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
     }
     store->main_block = (float *)block;
@@ -394,25 +421,24 @@ ht_status ht_params_freeze(ht_param_store *store, const char *const *patterns, i
                 p->trainable = false;
                 n++;
             }
-        if (p->trainable) {
-            bytes += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
-            left++;
-        }
+        bytes += grad_size(p);
+        left += p->trainable;
     }
     if (left == 0)
         return ht_fail(err, HT_ERR_CONFIG, "model.freeze freezes all %d parameters: nothing is left to train",
                        store->count);
+    if (!store->data_block) { /* declared only: ht_params_allocate gives the trainable ones gradients */
+        if (frozen) *frozen = n;
+        return HT_OK;
+    }
     /* The gradient block again, for the trainable params alone. */
     char *block = mem_alloc(store, bytes);
     if (!block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of gradients", bytes);
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
-        p->main_grad = NULL;
-        if (p->trainable) {
-            p->main_grad = (float *)(block + off);
-            off += ht_align64((size_t)ht_param_local_numel(p) * sizeof(float));
-        }
+        p->main_grad = p->trainable ? (float *)(block + off) : NULL;
+        off += grad_size(p);
         p->grad = p->sharded ? NULL : p->main_grad;
         if (!p->trainable && p->main_param != p->data) p->main_param = NULL;
     }

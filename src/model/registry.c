@@ -455,8 +455,8 @@ static ht_status check_memory(const ht_model_config *cfg, ht_dtype dtype, int wo
     return HT_OK;
 }
 
-ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
-                                  const ht_model_placement *at, ht_model **out, ht_error *err) {
+ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_model_placement *at, ht_model **out,
+                           ht_error *err) {
     *out = NULL;
     ht_model_builder builder = (ht_model_builder)ht_registry_find(&models, cfg->name);
     if (!builder)
@@ -498,13 +498,28 @@ ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, ui
     if (s == HT_OK && !ps->data_block) { /* declared only: storage for this rank's rows, the kernels' memory */
         ps->memory = ht_kernels();
         if (world > 1) ht_params_set_rows(ps, rank, world);
-        s = ht_params_allocate(ps, err);
-    } else if (s == HT_OK) {
-        s = ht_params_shard(ps, rank, world, err);
     }
-    if (s == HT_OK) s = init_weights(ps, cfg->initializer_range, seed, err);
     if (s != HT_OK) {
         ht_model_free(m);
+        *out = NULL;
+    }
+    return s;
+}
+
+ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, ht_error *err) {
+    ht_param_store *ps = &m->params;
+    const int world = at->shard_world > 1 ? at->shard_world : 1;
+    ht_status s = ps->data_block ? ht_params_shard(ps, at->shard_rank, world, err) : ht_params_allocate(ps, err);
+    if (s == HT_OK) s = init_weights(ps, m->config.initializer_range, seed, err);
+    return s;
+}
+
+ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
+                                  const ht_model_placement *at, ht_model **out, ht_error *err) {
+    ht_status s = ht_model_declare(cfg, dtype, at, out, err);
+    if (s == HT_OK) s = ht_model_allocate(*out, at, seed, err);
+    if (s != HT_OK) {
+        ht_model_free(*out);
         *out = NULL;
     }
     return s;

@@ -53,6 +53,15 @@ static bool goes_to_muon(const ht_param *p, const ht_optimizer_config *cfg) {
     return cfg->use_muon && p->ndim >= 2 && !matches_any(p->name, cfg->adamw_include, cfg->adamw_include_count);
 }
 
+size_t ht_optimizer_plan_bytes(const ht_param_store *params, const ht_optimizer_config *cfg) {
+    size_t floats = 0;
+    for (int i = 0; i < params->count; i++) {
+        const ht_param *p = &params->items[i];
+        if (p->trainable) floats += (size_t)ht_param_local_numel(p) * (goes_to_muon(p, cfg) ? 1 : 2);
+    }
+    return floats * sizeof(float);
+}
+
 /* `wd`: each param's weight decay, or NULL when the leaf has one for all. */
 static void log_routing(const char *leaf, ht_param **list, const double *wd, int n) {
     int64_t numel = 0;

@@ -234,8 +234,10 @@ static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
  * activations of one micro-batch and the corpus. Rank 0 prints a line a rank. */
 static void log_memory(ht_trainer *t) {
     const ht_param_store *ps = &t->model->params;
+    const ht_memory_plan *plan = &t->memory_plan;
     enum { START, WEIGHTS, MAIN, GRAD, OPTIM, UNITS, ACTS, DATA, PEAK, N };
-    double v[N] = {
+    /* Each category measured, then as planned before allocation (none for the start, the units and the peak). */
+    double v[2 * N] = {
         [START] = t->rss_at_start,
         [WEIGHTS] = (double)(ps->data_bytes + ps->compute_bytes),
         [MAIN] = (double)ps->main_bytes,
@@ -245,23 +247,30 @@ static void log_memory(ht_trainer *t) {
         [ACTS] = (double)t->model->activation_bytes,
         [DATA] = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
         [PEAK] = rss_peak(),
+        [N + WEIGHTS] = plan->weights,
+        [N + MAIN] = plan->main,
+        [N + GRAD] = plan->grad,
+        [N + OPTIM] = plan->optimizer,
+        [N + ACTS] = plan->activations,
+        [N + DATA] = plan->corpus,
     };
     int P = t->comm->size;
-    double *all = t->comm->rank == 0 ? malloc((size_t)P * N * sizeof(double)) : NULL;
+    double *all = t->comm->rank == 0 ? malloc((size_t)P * 2 * N * sizeof(double)) : NULL;
     int64_t bytes[P];
-    for (int r = 0; r < P; r++) bytes[r] = N * (int64_t)sizeof(double);
+    for (int r = 0; r < P; r++) bytes[r] = 2 * N * (int64_t)sizeof(double);
     if (t->comm->rank == 0 && !all) return;
     ht_gather(t->comm, v, all, bytes, 0);
     const double mib = 1024.0 * 1024.0;
     for (int r = 0; all && r < P; r++) {
-        const double *x = all + (size_t)r * N;
-        double sum = 0;
+        const double *x = all + (size_t)r * 2 * N, *planned = x + N;
+        double sum = 0, plan_sum = 0;
         for (int k = START; k < PEAK; k++) sum += x[k];
+        for (int k = WEIGHTS; k < PEAK; k++) plan_sum += planned[k];
         ht_log_info("memory rank %d: peak RSS %.1f MiB = %.3f x the formula %.1f MiB (at start %.1f, weights %.1f, "
                     "FP32 main params %.1f, main_grad %.1f, optimizer %.1f, whole units %.1f, activations %.1f, "
-                    "corpus %.1f)",
+                    "corpus %.1f); planned before allocating %.1f MiB of it",
                     r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
-                    x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib);
+                    x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib, plan_sum / mib);
         if (!t->config.training.memory_profile) continue;
         const char *const names[] = {"at start (libraries, MPI, config)",
                                      "weights (model dtype)",
@@ -272,11 +281,16 @@ static void log_memory(ht_trainer *t) {
                                      "whole FSDP units at once",
                                      "activations",
                                      "corpus tokens"};
-        ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s", r, "category", "MiB", "share");
-        for (int k = START; k < PEAK; k++)
-            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%%", r, names[k - START], x[k] / mib,
-                        sum > 0 ? 100.0 * x[k] / sum : 0.0);
-        ht_log_info("Memory rank %d:   %-34s %10.1f (peak RSS %.1f)", r, "formula", sum / mib, x[PEAK] / mib);
+        ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s %12s", r, "category", "MiB", "share",
+                    "planned MiB");
+        for (int k = START; k < PEAK; k++) {
+            char was[32] = "-"; /* the start and the units are measured only */
+            if (k != START && k != UNITS) snprintf(was, sizeof(was), "%.1f", planned[k] / mib);
+            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%% %12s", r, names[k - START], x[k] / mib,
+                        sum > 0 ? 100.0 * x[k] / sum : 0.0, was);
+        }
+        ht_log_info("Memory rank %d:   %-34s %10.1f (peak RSS %.1f) %12.1f", r, "formula", sum / mib, x[PEAK] / mib,
+                    plan_sum / mib);
     }
     free(all);
 }

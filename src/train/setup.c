@@ -137,46 +137,33 @@ static ht_status use_pretrained(ht_trainer *t, ht_error *err) {
     return s;
 }
 
-static ht_status build_model(ht_trainer *t, ht_error *err) {
+/* Where this rank's model sits: FSDP's rows of its tensor-parallel slices.
+ * fsdp_config.shard_size: every rank holds only its rows of every parameter
+ * (and so of its FP32 main param, main_grad and optimizer state).
+ * training.init_model_with_meta_device: it builds, initialises and loads
+ * only those rows; otherwise it builds the whole model first. */
+static ht_model_placement placement(const ht_trainer *t) {
+    const bool meta = t->config.training.init_model_with_meta_device;
+    return (ht_model_placement){.shard_rank = meta ? t->shard_comm->rank : 0,
+                                .shard_world = meta ? t->shard_comm->size : 1,
+                                .tp_rank = t->tp_comm->rank,
+                                .tp_size = t->tp_comm->size};
+}
+
+/* The model with its params declared, not yet stored: their dtypes
+ * (model_init_dtype), what trains (model.freeze, model.lora), the
+ * recompute plan and the LM head's chunks, all that plan_memory sizes. */
+static ht_status declare_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_model_config arch = c->model.arch; /* with model.from_pretrained, its config.json's (use_pretrained) */
-    ht_status s;
     lora_config(&c->model.lora, &arch.lora);
-    /* fsdp_config.shard_size: every rank holds only its rows of every
-     * parameter (and so of its FP32 main param, main_grad and optimizer
-     * state). training.init_model_with_meta_device: it builds, initialises
-     * and loads only those rows; otherwise it builds the whole model first. */
-    int rank = t->shard_comm->rank, world = t->shard_comm->size;
-    bool meta = c->training.init_model_with_meta_device;
-    /* parallel.tensor_parallel_size: this rank's slices of the weights (ht_tensor_parallel), then FSDP's rows of them.
-     */
-    const ht_model_placement at = {.shard_rank = meta ? rank : 0,
-                                   .shard_world = meta ? world : 1,
-                                   .tp_rank = t->tp_comm->rank,
-                                   .tp_size = t->tp_comm->size};
-    s = ht_model_build_parallel(&arch, HT_DTYPE_F32, (uint64_t)c->training.seed, &at, &t->model, err);
+    const ht_model_placement at = placement(t);
+    ht_status s = ht_model_declare(&arch, HT_DTYPE_F32, &at, &t->model, err);
     if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->tp_comm, c->parallel.sequence_parallel, err);
-    if (s != HT_OK) return s;
-    if (c->model.from_pretrained[0]) {
-        s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
-        if (s != HT_OK) return s;
-        ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
-                    t->sharded && meta ? " (this rank's rows)" : "");
-    }
-    if (c->model.lora.from_pretrained[0]) {
-        s = ht_peft_load_adapter(c->model.lora.from_pretrained, &arch.lora, &t->model->params, err);
-        if (s != HT_OK) return s;
-    }
-    if (!meta) {
-        s = ht_params_shard(&t->model->params, rank, world, err);
-        if (s != HT_OK) return s;
-    }
-    /* model_init_dtype converts every float parameter after the weights exist. */
-    if (c->model_init_dtype != HT_CONFIG_DTYPE_NONE) {
+    /* model_init_dtype: the dtype the weights are stored in, initialised or loaded straight into it. */
+    if (s == HT_OK && c->model_init_dtype != HT_CONFIG_DTYPE_NONE)
         s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
-        if (s != HT_OK) return s;
-    }
-    s = freeze_params(t, err);
+    if (s == HT_OK) s = freeze_params(t, err);
     if (s == HT_OK) s = plan_recompute(t, err);
     if (s != HT_OK) return s;
     t->model->output_dtype = c->fsdp.output_dtype;
@@ -256,6 +243,32 @@ static ht_status build_model(ht_trainer *t, ht_error *err) {
         ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
                     "model%s and optimizer state; the FP32 gradients are summed over the ranks before each step",
                     X, t->tp_size > 1 ? " (its tensor-parallel slices)" : "");
+    return HT_OK;
+}
+
+/* The declared model's storage and values: initialised from the seed, then
+ * model.from_pretrained's weights and model.lora.from_pretrained's adapters
+ * over them, then (without the meta device) cut to this rank's rows. */
+static ht_status allocate_model(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const ht_model_placement at = placement(t);
+    const bool meta = c->training.init_model_with_meta_device;
+    ht_status s = ht_model_allocate(t->model, &at, (uint64_t)c->training.seed, err);
+    if (s != HT_OK) return s;
+    if (c->model.from_pretrained[0]) {
+        s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
+        if (s != HT_OK) return s;
+        ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
+                    t->sharded && meta ? " (this rank's rows)" : "");
+    }
+    if (c->model.lora.from_pretrained[0]) {
+        s = ht_peft_load_adapter(c->model.lora.from_pretrained, &t->model->config.lora, &t->model->params, err);
+        if (s != HT_OK) return s;
+    }
+    if (!meta) {
+        s = ht_params_shard(&t->model->params, t->shard_comm->rank, t->shard_comm->size, err);
+        if (s != HT_OK) return s;
+    }
     return HT_OK;
 }
 
@@ -467,28 +480,62 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-/* A micro-batch's activations and the model's weights against this
- * machine's memory, before the first forward, or choose_kernels' timing on
- * as many rows, allocates them. A lower bound (operands in param_dtype's
- * size, no optimizer state yet): a run refused here could not run. */
-static ht_status check_memory(const ht_trainer *t, ht_error *err) {
+/* What this rank's training state takes (ht_memory_plan), from the
+ * declared model and the opened data, against this machine's memory shared
+ * by the ranks on it, before any of it is allocated: the weights, their
+ * FP32 main params and main_grad (the bytes their allocations will take),
+ * the optimizer state and one micro-batch's activations (lower bounds), the
+ * corpus. Every rank agrees on the largest plan (one all-reduce), and all
+ * refuse it together: a run refused here could not run. */
+static ht_status plan_memory(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
-    const double acts = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype);
-    const double model = (double)(ps->data_bytes + ps->grad_bytes), have = (double)ht_physical_memory();
-    if (acts + model <= have) return HT_OK;
-    char took[64];
-    if (isinf(acts))
-        snprintf(took, sizeof(took), "more bytes than 64 bits count");
+    const ht_params_bytes pb =
+        ht_params_plan(ps, c->optimizer.fp32_main_params, c->fsdp.param_dtype, c->fsdp.param_dtype);
+    ht_memory_plan *m = &t->memory_plan;
+    *m = (ht_memory_plan){
+        .weights = (double)(pb.data + pb.compute),
+        .main = (double)pb.main,
+        .grad = (double)pb.grad,
+        .optimizer = (double)ht_optimizer_plan_bytes(ps, &t->optimizer_config),
+        .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype),
+        .corpus = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
+    };
+    enum { N = 7 };
+    double most[N] = {m->weights + m->main + m->grad + m->optimizer + m->activations + m->corpus,
+                      m->weights,
+                      m->main,
+                      m->grad,
+                      m->optimizer,
+                      m->activations,
+                      m->corpus};
+    ht_all_reduce_f64(t->comm, most, N, HT_REDUCE_MAX); /* each the most of any rank */
+    const int local = t->comm->local_size > 0 ? t->comm->local_size : 1;
+    const double have = (double)ht_physical_memory(), gib = 1 << 30;
+    if (most[0] * local <= have) return HT_OK;
+    char acts[64], ranks[96] = "";
+    if (isinf(most[5]))
+        snprintf(acts, sizeof(acts), "more bytes than 64 bits count");
     else
-        snprintf(took, sizeof(took), "%.1f GiB", acts / (1 << 30));
-    return ht_fail(err, HT_ERR_CONFIG,
-                   "training.local_batch_size %d x data.seq_len %d: the activations of one micro-batch take %s (%d "
-                   "layers of model.hidden_size %d, intermediate_size %d), the model %.2f GiB, more than this "
-                   "machine's %.1f GiB of memory: lower training.local_batch_size (more accumulation steps keep "
-                   "training.global_batch_size) or data.seq_len, or set model.recompute",
-                   t->B, t->T, took, t->model->config.num_hidden_layers, t->model->config.hidden_size,
-                   t->model->config.intermediate_size, model / (1 << 30), have / (1 << 30));
+        snprintf(acts, sizeof(acts), "%.1f GiB", most[5] / gib);
+    if (local > 1) snprintf(ranks, sizeof(ranks), ", shared by the %d ranks on it (the most of any rank each)", local);
+    const bool batch = most[5] >= most[0] / 2; /* the activations are most of it */
+    ht_status s = ht_fail(
+        err, HT_ERR_CONFIG,
+        "the run needs at least %.1f GiB a rank, more than this machine's %.1f GiB of memory%s: weights %.2f GiB "
+        "(%s), FP32 main params %.2f, main_grad %.2f, optimizer state %.2f, corpus %.2f, and the activations of one "
+        "micro-batch, training.local_batch_size %d x data.seq_len %d, %s (%d layers of model.hidden_size %d, "
+        "intermediate_size %d): %s",
+        isinf(most[0]) ? INFINITY : most[0] / gib, have / gib, ranks, most[1] / gib,
+        ht_dtype_name(ps->count ? ps->items[0].dtype : HT_DTYPE_F32), most[2] / gib, most[3] / gib, most[4] / gib,
+        most[6] / gib, t->B, t->T, acts, t->model->config.num_hidden_layers, t->model->config.hidden_size,
+        t->model->config.intermediate_size,
+        batch ? "lower training.local_batch_size (more accumulation steps keep training.global_batch_size) or "
+                "data.seq_len, or set model.recompute"
+              : "shard the model over more ranks (fsdp_config.shard_size), store it in 16 bits (model_init_dtype), "
+                "or train less of it (model.freeze, model.lora)");
+    err->everywhere = t->comm->size > 1;
+    return s;
 }
 
 static ht_status open_data(ht_trainer *t, ht_error *err) {
@@ -538,8 +585,6 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
                        "1 = %d tokens a micro-batch, but the train split of data.path %s has %zu tokens: %zu such "
                        "windows",
                        t->B, world, world == 1 ? "" : "s", wanted, t->T + 1, c->data.path, train_tokens, windows);
-    s = check_memory(t, err);
-    if (s != HT_OK) return s;
     /* MindSpeed-MM's gradient_accumulation_steps, when given, is the count
      * (its global batch is micro x accumulation x data parallel); else the global batch says it. */
     t->grad_accum = c->training.gradient_accumulation_steps > 0
@@ -731,7 +776,8 @@ static ht_status name_as_written(const ht_config *c, ht_error *err, const char *
     return err->status;
 }
 
-static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
+/* The optimizer's configuration, before the params have storage (plan_memory sizes its state by it). */
+static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
@@ -828,9 +874,16 @@ static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
                         c->training.loss_scale_hysteresis, c->training.loss_scale_min);
     oc.stochastic_rounding = c->optimizer.stochastic_rounding;
     oc.seed = (uint64_t)c->training.seed;
+    t->optimizer_config = oc;
+    return HT_OK;
+}
+
+static ht_status build_optimizer(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const ht_optimizer_config oc = t->optimizer_config;
     if (oc.use_muon) ht_config_log_section(c, "muon", "optimizer.muon_config.");
     ht_config_log_section(c, "adamw", "optimizer.adamw_config.");
-    s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
+    ht_status s = ht_optimizer_init(&t->optimizer, &t->model->params, &oc, err);
     if (s != HT_OK) return name_as_written(c, err, "optimizer.muon_config.muon_comm_strategy");
     ht_log_info("LR schedule %s, %lld warmup steps of %d; Muon from %g, AdamW from %g",
                 ht_lr_type_name(oc.adamw_schedule.type), (long long)oc.adamw_schedule.warmup_steps, c->training.steps,
@@ -1007,9 +1060,13 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     if (s == HT_OK) s = check_same_config(t, err);
     if (s == HT_OK) s = use_backend(t, err);
     if (s == HT_OK) s = make_groups(t, err);
-    if (s == HT_OK) s = build_model(t, err);
-    /* The batch against the data and the machine's memory before anything is sized by it. */
+    if (s == HT_OK) s = declare_model(t, err);
+    /* The batch against the data, then the memory all of it takes against the machine's, before the model's
+     * storage, its optimizer state or anything sized by the batch is allocated. */
     if (s == HT_OK) s = open_data(t, err);
+    if (s == HT_OK) s = configure_optimizer(t, err);
+    if (s == HT_OK) s = plan_memory(t, err);
+    if (s == HT_OK) s = allocate_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
