@@ -49,7 +49,7 @@ static double gemm_best(int64_t n, bool trans_b, int reps, const float *A, const
  * 2-core machine, figures timed minutes apart measure the neighbours. */
 static void ns_vs_gemm(int64_t n, const ht_ns_schedule *sched, int rounds, const float *G, float *O, double *gemm15,
                        double *ns32, double *ns16) {
-    float *work = ht_alloc(ht_newton_schulz_workspace(n, n, HT_DTYPE_BF16) * sizeof(float));
+    float *work = ht_alloc(ht_newton_schulz_workspace(n, n, sched, HT_DTYPE_BF16) * sizeof(float));
     if (!work) die("out of memory");
     ht_newton_schulz(G, O, n, n, sched, 1e-7, HT_DTYPE_F32, work); /* primitives created here */
     ht_newton_schulz(G, O, n, n, sched, 1e-7, HT_DTYPE_BF16, work);
@@ -75,7 +75,7 @@ static void ns_vs_gemm(int64_t n, const ht_ns_schedule *sched, int rounds, const
 static void ns_one_vs_batched(int count, int64_t rows, int64_t cols, const ht_ns_schedule *sched, size_t work_floats,
                               int rounds, const float *G, double *one, double *batched) {
     const int64_t n = rows * cols;
-    const size_t ws = ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32);
+    const size_t ws = ht_newton_schulz_workspace(rows, cols, sched, HT_DTYPE_F32);
     const int per = work_floats / (n + ws) > 1 ? (int)(work_floats / (n + ws)) : 1;
     float *O = ht_alloc((size_t)(count * n) * sizeof(float)), *work = ht_alloc((size_t)per * ws * sizeof(float));
     if (!O || !work) die("out of memory");
@@ -90,6 +90,28 @@ static void ns_one_vs_batched(int count, int64_t rows, int64_t cols, const ht_ns
                                    HT_DTYPE_F32, work);
         double t2 = ht_time_seconds();
         if (r > 0) *one = fmin(*one, t1 - t0), *batched = fmin(*batched, t2 - t1);
+    }
+    ht_free(O);
+    ht_free(work);
+}
+
+/* Newton-Schulz of one (rows, cols) matrix in the standard form and in the
+ * Gram form (muon_ns_form gram), in turns, fastest of `rounds` each. */
+static void ns_standard_vs_gram(int64_t rows, int64_t cols, const ht_ns_schedule *sched, int rounds, const float *G,
+                                double *standard, double *gram) {
+    ht_ns_schedule g = *sched;
+    g.gram = true;
+    float *O = ht_alloc((size_t)(rows * cols) * sizeof(float));
+    float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, &g, HT_DTYPE_F32) * sizeof(float));
+    if (!O || !work) die("out of memory");
+    *standard = *gram = INFINITY;
+    for (int r = 0; r <= rounds; r++) { /* round 0 creates the primitives */
+        double t0 = ht_time_seconds();
+        ht_newton_schulz(G, O, rows, cols, sched, 1e-7, HT_DTYPE_F32, work);
+        double t1 = ht_time_seconds();
+        ht_newton_schulz(G, O, rows, cols, &g, 1e-7, HT_DTYPE_F32, work);
+        double t2 = ht_time_seconds();
+        if (r > 0) *standard = fmin(*standard, t1 - t0), *gram = fmin(*gram, t2 - t1);
     }
     ht_free(O);
     ht_free(work);
@@ -179,6 +201,11 @@ int main(int argc, char **argv) {
     ns_one_vs_batched(count, rows, n, &cfg.schedule, opt.work_floats, 5, store.grad_block, &one, &batched);
     printf("Newton-Schulz of the %d matrices: one call each %.1f ms, batched as Muon does %.1f ms (%.2fx)\n", count,
            one * 1e3, batched * 1e3, one / batched);
+    double standard, gram;
+    ns_standard_vs_gram(rows, n, &cfg.schedule, 5, store.grad_block, &standard, &gram);
+    printf("Newton-Schulz of one %lld x %lld matrix: standard form %.1f ms, Gram form (muon_ns_form gram) %.1f ms "
+           "(%.2fx)\n",
+           (long long)rows, (long long)n, standard * 1e3, gram * 1e3, standard / gram);
     if (!square) {
         printf("{\"engine\": \"hypertrain\", \"ns\": \"fp32\", \"threads\": %d, \"params\": %d, \"rows\": %lld, "
                "\"size\": %lld, \"ms_per_step_best\": %.1f, \"ms_per_step_mean\": %.1f, \"ns_gflops_step\": %.1f}\n",

@@ -262,51 +262,52 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "    qk_clip_enabled: true\n"                                                       /* 64 */
                           "    qk_clip_threshold: 50.5\n"                                                     /* 65 */
                           "    muon_ns_dtype: bfloat16\n"                                                     /* 66 */
-                          "  adamw_config:\n"                                                                 /* 67 */
-                          "    adamw_lr: 0.0003\n"                                                            /* 68 */
-                          "    adamw_weight_decay: 0.1\n"                                                     /* 69 */
-                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 70 */
-                          "    adamw_eps: 1.0e-6\n"                                                           /* 71 */
-                          "    no_weight_decay:\n"                                                            /* 72 */
-                          "      - \"*bias*\"\n"                                                              /* 73 */
-                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 74 */
-                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 75 */
-                          "  stochastic_rounding: true\n"                                                     /* 76 */
-                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 77 */
-                          "  use_fused_adamw: true\n"                                                         /* 78 */
-                          "lr_scheduler:\n"                                                                   /* 79 */
-                          "  type: WarmUpStableDecayLR\n"                                                     /* 80 */
-                          "  warmup_ratio: 0.1\n"                                                             /* 81 */
-                          "  warmup_steps: 7\n"                                                               /* 82 */
-                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 83 */
-                          "  lr_end: 1.0e-5\n"                                                                /* 84 */
-                          "  num_cycles: 2\n"                                                                 /* 85 */
-                          "  decay_steps: 90\n"                                                               /* 86 */
-                          "  power: 2.0\n"                                                                    /* 87 */
-                          "  decay_start_steps: 60\n"                                                         /* 88 */
-                          "  decay_start_ratio: 0.5\n"                                                        /* 89 */
-                          "  eta_min: 1.0e-6\n"                                                               /* 90 */
-                          "  t_max: 80\n"                                                                     /* 91 */
-                          "  decay_ratio: 0.6\n"                                                              /* 92 */
-                          "  keep_steps: 5\n"                                                                 /* 93 */
-                          "  lr_end1: 2.0e-6\n"                                                               /* 94 */
-                          "  final_steps: 3\n"                                                                /* 95 */
-                          "  lr_end2: 1.0e-6\n"                                                               /* 96 */
-                          "  t_0: 10\n"                                                                       /* 97 */
-                          "  t_mult: 2\n"                                                                     /* 98 */
-                          "training:\n"                                                                       /* 99 */
-                          "  steps: 100\n"                                                                    /* 100 */
-                          "  local_batch_size: 4\n"                                                           /* 101 */
-                          "  global_batch_size: 64\n"                                                         /* 102 */
-                          "  max_norm: 0.5\n"                                                                 /* 103 */
-                          "  gradient_accumulation_steps: 4\n"                                                /* 104 */
-                          "  no_save_rng: false\n"                                                            /* 105 */
-                          "  no_load_rng: false\n"                                                            /* 106 */
-                          "  load_strict: true\n"                                                             /* 107 */
-                          "  save: null\n"                                                                    /* 108 */
-                          "  gradient_scaling_factor: 0.5\n"                                                  /* 109 */
-                          "  seed: 12345678901\n"                                                             /* 110 */
-                          "  deterministic: true\n"                                                           /* 111 */
+                          "    muon_ns_form: standard\n"                                                      /* 67 */
+                          "  adamw_config:\n"                                                                 /* 68 */
+                          "    adamw_lr: 0.0003\n"                                                            /* 69 */
+                          "    adamw_weight_decay: 0.1\n"                                                     /* 70 */
+                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 71 */
+                          "    adamw_eps: 1.0e-6\n"                                                           /* 72 */
+                          "    no_weight_decay:\n"                                                            /* 73 */
+                          "      - \"*bias*\"\n"                                                              /* 74 */
+                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 75 */
+                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 76 */
+                          "  stochastic_rounding: true\n"                                                     /* 77 */
+                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 78 */
+                          "  use_fused_adamw: true\n"                                                         /* 79 */
+                          "lr_scheduler:\n"                                                                   /* 80 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 81 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 82 */
+                          "  warmup_steps: 7\n"                                                               /* 83 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 84 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 85 */
+                          "  num_cycles: 2\n"                                                                 /* 86 */
+                          "  decay_steps: 90\n"                                                               /* 87 */
+                          "  power: 2.0\n"                                                                    /* 88 */
+                          "  decay_start_steps: 60\n"                                                         /* 89 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 90 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 91 */
+                          "  t_max: 80\n"                                                                     /* 92 */
+                          "  decay_ratio: 0.6\n"                                                              /* 93 */
+                          "  keep_steps: 5\n"                                                                 /* 94 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 95 */
+                          "  final_steps: 3\n"                                                                /* 96 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 97 */
+                          "  t_0: 10\n"                                                                       /* 98 */
+                          "  t_mult: 2\n"                                                                     /* 99 */
+                          "training:\n"                                                                       /* 100 */
+                          "  steps: 100\n"                                                                    /* 101 */
+                          "  local_batch_size: 4\n"                                                           /* 102 */
+                          "  global_batch_size: 64\n"                                                         /* 103 */
+                          "  max_norm: 0.5\n"                                                                 /* 104 */
+                          "  gradient_accumulation_steps: 4\n"                                                /* 105 */
+                          "  no_save_rng: false\n"                                                            /* 106 */
+                          "  no_load_rng: false\n"                                                            /* 107 */
+                          "  load_strict: true\n"                                                             /* 108 */
+                          "  save: null\n"                                                                    /* 109 */
+                          "  gradient_scaling_factor: 0.5\n"                                                  /* 110 */
+                          "  seed: 12345678901\n"                                                             /* 111 */
+                          "  deterministic: true\n"                                                           /* 112 */
                           "  dump_state: true\n"
                           "  log_interval: 5\n"                          /* 112 */
                           "  eval_interval: 0\n"                         /* 113 */
@@ -1666,6 +1667,11 @@ static void test_contract_rules(void **state) {
     expect_load_error("r3.yaml", "optimizer:\n  muon_config:\n    muon_ns_dtype: float16\n",
                       "r3.yaml:3:", "optimizer.muon_config.muon_ns_dtype", "expected one of float32, bfloat16",
                       "found \"float16\" (a string)", NULL);
+    /* The Gram form of Newton-Schulz on FP32 operands only. */
+    expect_invalid("r3g.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: gram\n    muon_ns_dtype: bfloat16\n", 1,
+                   "r3g.yaml:3: optimizer.muon_config.muon_ns_form", "not supported in bf16", "found gram", NULL);
+    expect_load_error("r3h.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: gramm\n",
+                      "r3h.yaml:3:", "optimizer.muon_config.muon_ns_form", "expected one of standard, gram", NULL);
     /* max_norm, batch sizes, the global batch multiple. */
     expect_invalid("r4.yaml", "training:\n  max_grad_norm: 0\n", 1,
                    "r4.yaml:2: training.max_norm (as training.max_grad_norm)", "expected a number > 0", "found 0.0",

@@ -280,13 +280,13 @@ static void test_newton_schulz_schedules(void **state) {
             snprintf(key, sizeof(key), "%s.%%s", nc->name);
             int64_t rows = in->shape[0], cols = in->shape[1], n = rows * cols;
             float *out = malloc((size_t)n * sizeof(float));
-            float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32) * sizeof(float));
+            float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_F32) * sizeof(float));
             ht_newton_schulz(in->data, out, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
             double e = final_err(st, key, NS_MATS[m], out, (size_t)n);
             if (e > 1e-5) fail_msg("NS %s on %s: err %.3g (limit 1e-5)", nc->name, NS_MATS[m], e);
             worst = fmax(worst, e);
             float *copies = malloc(3 * (size_t)n * sizeof(float));
-            float *work3 = ht_alloc(3 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_F32) * sizeof(float));
+            float *work3 = ht_alloc(3 * ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_F32) * sizeof(float));
             for (int k = 0; k < 3; k++) memcpy(copies + k * n, in->data, (size_t)n * sizeof(float));
             ht_newton_schulz_batch(copies, copies, 3, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work3);
             for (int k = 0; k < 3; k++)
@@ -370,7 +370,7 @@ static void test_newton_schulz_symmetric_products(void **state) {
         double *ref = ns_float64(g, rows, cols, &sched, 1e-7);
         float *ref32 = malloc((size_t)n * sizeof(float));
         for (int64_t i = 0; i < n; i++) ref32[i] = (float)ref[i];
-        float *work = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        float *work = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_BF16) * sizeof(float));
         ht_newton_schulz(g, out, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
         const double e32 = rel_max_err(out, ref32, (size_t)n);
         ht_newton_schulz_batch(g, out, 2, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
@@ -390,6 +390,89 @@ static void test_newton_schulz_symmetric_products(void **state) {
         free(ref32);
         ht_free(work);
     }
+}
+
+/* muon_ns_form gram: the iteration on (r, r) Gram matrices, X formed again
+ * every three iterations (kernels/optim.c). On wide and tall matrices where
+ * it takes fewer multiply-adds, against the float64 iteration (the standard
+ * form, whole products), for three schedules (deepseek_v4's ten iterations
+ * cross three blocks), on random matrices (a flat spectrum) and
+ * gradient-like ones (rank 16 plus 10% noise): within docs/NUMERICS.md's
+ * rule, max(GRAM_LIMIT, 2 x the floor), the floor being FP32's own: the
+ * standard form's largest distance from float64 over these shapes, for the
+ * schedule and kind of matrix (the standard form itself is up to 2.1e-5
+ * away on the gradient-like ones; measured, the Gram form at most 2.3x the
+ * standard form's distance on one matrix, 0.93x its largest); a batch of two
+ * gives each matrix its own bits. Where the Gram form does not pay (a
+ * square matrix) the result is the standard form's, bit for bit. */
+#define GRAM_LIMIT 1e-5
+static void test_newton_schulz_gram_form(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{48, 160}, {160, 48}, {272, 1100}, {1100, 272}, {300, 300}};
+    static const ht_ns_variant variants[] = {HT_NS_ASYM5, HT_NS_POLAR_EXPRESS, HT_NS_DEEPSEEK_V4};
+    enum { SHAPES = sizeof(shapes) / sizeof(shapes[0]) };
+    double e_gram[3][SHAPES][2], e_standard[3][SHAPES][2];
+    ht_error err;
+    for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+        ht_ns_schedule standard, gram;
+        assert_ht_ok(ht_ns_schedule_expand(variants[v], 5, NULL, 0, &standard, &err), &err);
+        gram = standard;
+        gram.gram = true;
+        for (size_t m = 0; m < sizeof(shapes) / sizeof(shapes[0]); m++) {
+            for (int low_rank = 0; low_rank < 2; low_rank++) {
+                const int64_t rows = shapes[m][0], cols = shapes[m][1], n = rows * cols;
+                float *g = malloc(2 * (size_t)n * sizeof(float)), *out = malloc(2 * (size_t)n * sizeof(float));
+                float *plain = malloc((size_t)n * sizeof(float));
+                ht_random_normal(g, n, 11 + m, 0, low_rank ? 0.1f : 1.0f);
+                if (low_rank) { /* + U V, U (rows, 16), V (16, cols) */
+                    float *u = malloc((size_t)(rows + cols) * 16 * sizeof(float)), *w = u + rows * 16;
+                    ht_random_normal(u, (rows + cols) * 16, 23 + m, 0, 1.0f);
+                    for (int64_t i = 0; i < rows; i++)
+                        for (int k = 0; k < 16; k++)
+                            for (int64_t j = 0; j < cols; j++) g[i * cols + j] += u[i * 16 + k] * w[k * cols + j];
+                    free(u);
+                }
+                memcpy(g + n, g, (size_t)n * sizeof(float));
+                double *ref = ns_float64(g, rows, cols, &standard, 1e-7);
+                float *ref32 = malloc((size_t)n * sizeof(float));
+                for (int64_t i = 0; i < n; i++) ref32[i] = (float)ref[i];
+                float *work = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, &gram, HT_DTYPE_F32) * sizeof(float));
+                ht_newton_schulz(g, plain, rows, cols, &standard, 1e-7, HT_DTYPE_F32, work);
+                ht_newton_schulz(g, out, rows, cols, &gram, 1e-7, HT_DTYPE_F32, work);
+                const double e_std = rel_max_err(plain, ref32, (size_t)n), e = rel_max_err(out, ref32, (size_t)n);
+                const bool same = memcmp(out, plain, (size_t)n * sizeof(float)) == 0;
+                printf("  %-13s %4lld x %4lld %s: Gram form %.3g from float64%s, the standard form %.3g\n",
+                       ht_ns_variant_name(variants[v]), (long long)rows, (long long)cols,
+                       low_rank ? "gradient-like" : "random       ", e, same ? " (the standard form's bits)" : "",
+                       e_std);
+                e_gram[v][m][low_rank] = e;
+                e_standard[v][m][low_rank] = e_std;
+                if ((rows == cols) != same)
+                    fail_msg("%lld x %lld: the Gram form %s the standard form's bits", (long long)rows, (long long)cols,
+                             same ? "gave" : "did not give");
+                ht_newton_schulz_batch(g, g, 2, rows, cols, &gram, 1e-7, HT_DTYPE_F32, work);
+                assert_memory_equal(g, out, (size_t)n * sizeof(float));
+                assert_memory_equal(g + n, out, (size_t)n * sizeof(float));
+                free(g);
+                free(out);
+                free(plain);
+                free(ref);
+                free(ref32);
+                ht_free(work);
+            }
+        }
+    }
+    for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++)
+        for (int kind = 0; kind < 2; kind++) {
+            double floor = 0;
+            for (int m = 0; m < SHAPES; m++) floor = fmax(floor, e_standard[v][m][kind]);
+            const double limit = fmax(GRAM_LIMIT, 2 * floor);
+            for (int m = 0; m < SHAPES; m++)
+                if (e_gram[v][m][kind] > limit)
+                    fail_msg("%s %lld x %lld: the Gram form is %.3g from float64 (limit %.3g)",
+                             ht_ns_variant_name(variants[v]), (long long)shapes[m][0], (long long)shapes[m][1],
+                             e_gram[v][m][kind], limit);
+        }
 }
 
 /* ns_dtype BF16: the operands of each product rounded to bf16 (8 significant
@@ -418,7 +501,7 @@ static void check_newton_schulz_bf16(void) {
         const ht_st_tensor *in = tensor(st, "input.%s", NS_MATS[m]);
         int64_t rows = in->shape[0], cols = in->shape[1], n = rows * cols;
         float *x = malloc((size_t)n * sizeof(float)), *x32 = malloc((size_t)n * sizeof(float));
-        float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_BF16) * sizeof(float));
         memcpy(x, in->data, (size_t)n * sizeof(float));
         ht_newton_schulz(x, x, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work);
         ht_newton_schulz(in->data, x32, rows, cols, &sched, 1e-7, HT_DTYPE_F32, work);
@@ -427,7 +510,7 @@ static void check_newton_schulz_bf16(void) {
         if (e > 5e-2) fail_msg("bf16 NS on %s: err %.3g vs float64 (limit 5e-2)", NS_MATS[m], e);
         worst = fmax(worst, e);
         float *pair = malloc(2 * (size_t)n * sizeof(float));
-        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_BF16) * sizeof(float));
         for (int k = 0; k < 2; k++) memcpy(pair + k * n, in->data, (size_t)n * sizeof(float));
         ht_newton_schulz_batch(pair, pair, 2, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work2);
         for (int k = 0; k < 2; k++) {
@@ -467,7 +550,7 @@ static void check_newton_schulz_bf16_against_torch(void) {
         const ht_st_tensor *in = tensor(st, "input.%s", cases[m]);
         int64_t rows = in->shape[0], cols = in->shape[1], n = rows * cols;
         float *x = malloc((size_t)n * sizeof(float));
-        float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_BF16) * sizeof(float));
         ht_newton_schulz(in->data, x, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work);
         double ours = final_err(st, "f64.%s", cases[m], x, (size_t)n);
         double theirs =
@@ -476,7 +559,7 @@ static void check_newton_schulz_bf16_against_torch(void) {
         if (!(ours <= theirs)) fail_msg("%s: %.3g from float64, torch's bf16 iteration %.3g", cases[m], ours, theirs);
         /* and each matrix of a batch of two copies (check_newton_schulz_bf16 says why it may differ) */
         float *pair = malloc(2 * (size_t)n * sizeof(float));
-        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, HT_DTYPE_BF16) * sizeof(float));
+        float *work2 = ht_alloc(2 * ht_newton_schulz_workspace(rows, cols, &sched, HT_DTYPE_BF16) * sizeof(float));
         for (int k = 0; k < 2; k++) memcpy(pair + k * n, in->data, (size_t)n * sizeof(float));
         ht_newton_schulz_batch(pair, pair, 2, rows, cols, &sched, 1e-7, HT_DTYPE_BF16, work2);
         for (int k = 0; k < 2; k++) {
@@ -514,7 +597,7 @@ static void test_newton_schulz_zero(void **state) {
     assert_ht_ok(ht_ns_schedule_expand(HT_NS_POLAR_EXPRESS, 5, NULL, 0, &sched, &err), &err);
     float g[6 * 10] = {0};
     float work[6 * 10 + 2 * 36];
-    assert_int_equal(ht_newton_schulz_workspace(6, 10, HT_DTYPE_F32), sizeof(work) / sizeof(float));
+    assert_int_equal(ht_newton_schulz_workspace(6, 10, &sched, HT_DTYPE_F32), sizeof(work) / sizeof(float));
     ht_newton_schulz(g, g, 6, 10, &sched, 1e-7, HT_DTYPE_F32, work);
     for (int i = 0; i < 60; i++) assert_true(g[i] == 0.0f);
 }
@@ -774,6 +857,7 @@ int main(void) {
         cmocka_unit_test(test_newton_schulz_schedules),
         cmocka_unit_test(test_newton_schulz_bf16),
         cmocka_unit_test(test_newton_schulz_symmetric_products),
+        cmocka_unit_test(test_newton_schulz_gram_form),
         cmocka_unit_test(test_newton_schulz_zero),
         cmocka_unit_test(test_schedule_expansion),
         cmocka_unit_test(test_update_scale),

@@ -71,6 +71,45 @@ static void test_segmented_schedule_runs_its_own_length(void **state) {
     free(cfg);
 }
 
+/* optimizer.muon_config.muon_ns_form gram reaches Muon and changes its
+ * arithmetic, not its result: three steps of the tiny model (its 64 x 32
+ * MLP matrices take the Gram form) give other bits than the standard form,
+ * within 1e-4 relative of them in every param (each step's update within
+ * the FP32 Newton-Schulz bound of docs/NUMERICS.md, times lr). */
+static void test_gram_form_in_the_trainer(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_ns_gram");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    assert_ht_ok(ht_config_set(cfg, "optimizer._target_=Muon", &err), &err);
+    ht_trainer *t[2];
+    for (int form = 0; form < 2; form++) {
+        if (form) assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_form=gram", &err), &err);
+        t[form] = trainer_new(cfg);
+        assert_true(t[form]->optimizer.muon->config.schedule.gram == (form == 1));
+        for (int k = 0; k < 3; k++) {
+            ht_step_stats st;
+            assert_ht_ok(ht_trainer_step(t[form], &st, &err), &err);
+        }
+    }
+    const ht_param_store *a = &t[0]->model->params, *b = &t[1]->model->params;
+    bool differ = false;
+    double worst = 0;
+    for (int i = 0; i < a->count; i++) {
+        const size_t n = (size_t)ht_param_local_numel(&a->items[i]);
+        differ = differ || memcmp(a->items[i].data, b->items[i].data, n * sizeof(float)) != 0;
+        worst = fmax(worst, rel_max_err(b->items[i].data, a->items[i].data, n));
+    }
+    printf("  Gram form vs the standard form after 3 steps: params within %.3g\n", worst);
+    if (!differ) fail_msg("muon_ns_form gram left every bit as the standard form's: it did not reach Muon");
+    if (worst > 1e-4) fail_msg("the Gram form's params are %.3g from the standard form's (limit 1e-4)", worst);
+    trainer_delete(t[0]);
+    trainer_delete(t[1]);
+    free(cfg);
+}
+
 /* kernels.lm_head_chunk_mib: auto is the kernel table's bound (the CPU's and the fenced one's 64 MiB), a
  * number its MiB, 0 no chunks. */
 static void test_lm_head_chunk_bound(void **state) {
@@ -1522,6 +1561,7 @@ int main(void) {
         cmocka_unit_test(test_sizes_checked_before_allocating),
         cmocka_unit_test(test_memory_refused_before_allocating),
         cmocka_unit_test(test_memory_plan_is_what_is_allocated),
+        cmocka_unit_test(test_gram_form_in_the_trainer),
         cmocka_unit_test(test_seed_configs_train),
         cmocka_unit_test(test_shipped_configs_run_as_written),
         cmocka_unit_test(test_shuffle_and_deterministic),

@@ -64,6 +64,9 @@ typedef enum ht_config_loss_type { HT_CONFIG_LOSS_RAW = 0 } ht_config_loss_type;
 
 typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MOMENTUM_EMA } ht_config_momentum_style;
 
+/* muon_ns_form: how the Newton-Schulz iteration is computed (docs/NUMERICS.md). */
+typedef enum ht_config_ns_form { HT_CONFIG_NS_STANDARD = 0, HT_CONFIG_NS_GRAM } ht_config_ns_form;
+
 typedef enum ht_config_muon_comm {
     HT_CONFIG_MUON_COMM_ALLGATHER = 0,
     HT_CONFIG_MUON_COMM_DEREDUNDANCY
@@ -163,6 +166,7 @@ typedef struct ht_config {
             bool qk_clip_enabled;
             double qk_clip_threshold;
             ht_dtype ns_dtype; /* the dtype the Newton-Schulz GEMMs run in: HT_DTYPE_F32 or HT_DTYPE_BF16 */
+            ht_config_ns_form ns_form;
         } muon;
         struct {
             double lr, weight_decay;

@@ -272,9 +272,9 @@ typedef struct ht_kernel_ops {
     void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
     void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
                        bool stochastic, uint64_t stream, int64_t first);
-    size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype);
+    size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram);
     void (*newton_schulz)(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
-                          const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, float *work);
+                          const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, bool gram, float *work);
 } ht_kernel_ops;
 
 /* The tables a run may compute on (kernels.backend). */

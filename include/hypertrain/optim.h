@@ -116,6 +116,10 @@ typedef struct ht_ns_segment {
 typedef struct ht_ns_schedule {
     int steps; /* K */
     double coeffs[HT_NS_MAX_STEPS][3];
+    /* muon_ns_form gram: the Gram form of the iteration where it takes fewer
+     * multiply-adds than the standard one (a wide or tall matrix; FP32
+     * operands), the same iteration in exact arithmetic (docs/NUMERICS.md). */
+    bool gram;
 } ht_ns_schedule;
 
 /* Expands (variant, ns_steps, custom segments) into one triple per iteration.
@@ -128,13 +132,13 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
                                 ht_ns_schedule *out, ht_error *err);
 
 /* Floats of workspace ht_newton_schulz needs for one (rows, cols) matrix. */
-size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, ht_dtype ns_dtype);
+size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, const ht_ns_schedule *sched, ht_dtype ns_dtype);
 /* O = NS(G) for one (rows, cols) row-major FP32 matrix (docs/NUMERICS.md, Muon):
  * normalized by its Frobenius norm (accumulated in double) + eps, then
  * sched->steps iterations, every product on ht_gemm with FP32 accumulation.
  * ns_dtype F32 multiplies FP32 operands; BF16 rounds the operands of each
  * product to bf16 (for CPUs with fast bf16 GEMM). O may be G. `work` holds
- * ht_newton_schulz_workspace(rows, cols, ns_dtype) floats. */
+ * ht_newton_schulz_workspace(rows, cols, sched, ns_dtype) floats. */
 void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
                       ht_dtype ns_dtype, float *work);
 /* ht_newton_schulz on `count` matrices of one shape, each rows · cols floats

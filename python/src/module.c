@@ -141,10 +141,10 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "hypertrain: Newton-Schulz runs in float32 or bfloat16, not %s",
                             dtype == HT_DTYPE_COUNT ? "nothing" : ht_dtype_name(dtype));
     const ht_kernel_ops *k = ht_kernels();
-    float *work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype) * sizeof(float) + 64);
+    float *work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, false) * sizeof(float) + 64);
     if (!work) return PyErr_NoMemory();
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, work);
+    k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, false, work);
     PyEval_RestoreThread(unlocked);
     k->free(work);
     Py_RETURN_NONE;

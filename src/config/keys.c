@@ -63,6 +63,11 @@ static const enum_name LOSS_TYPES[] = {
     {"raw", HT_CONFIG_LOSS_RAW, false},
     {NULL, 0, false},
 };
+static const enum_name NS_FORMS[] = {
+    {"standard", HT_CONFIG_NS_STANDARD, false},
+    {"gram", HT_CONFIG_NS_GRAM, false},
+    {NULL, 0, false},
+};
 static const enum_name NS_DTYPES[] = {
     {"float32", HT_DTYPE_F32, false},
     {"bfloat16", HT_DTYPE_BF16, false},
@@ -230,6 +235,7 @@ const key_desc ht_config_keys[] = {
     BOOL("optimizer.muon_config.qk_clip_enabled", optimizer.muon.qk_clip_enabled, "false"),
     FLT("optimizer.muon_config.qk_clip_threshold", optimizer.muon.qk_clip_threshold, "100"),
     ENUM("optimizer.muon_config.muon_ns_dtype", optimizer.muon.ns_dtype, NS_DTYPES, "float32"),
+    ENUM("optimizer.muon_config.muon_ns_form", optimizer.muon.ns_form, NS_FORMS, "standard"),
     FLT("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr, "0.001"),
     FLT("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay, "0.01"),
     FLOATS("optimizer.adamw_config.adamw_betas", optimizer.adamw.betas, "[0.9, 0.999]"),

@@ -139,11 +139,12 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void 
  * FP32 matrices, one after the other in G and O, each normalized by its
  * Frobenius norm (in double) + eps, then `steps` iterations of coeffs[k] =
  * (a, b, c), the products in ns_dtype with FP32 accumulation, batched over
- * the matrices. O may be G; work holds ht_ns_workspace_floats() floats
+ * the matrices. gram: the Gram form where it takes fewer multiply-adds
+ * (FP32 operands only; kernels/optim.c). O may be G; work holds ht_ns_workspace_floats() floats
  * (count times one matrix's). */
-size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype);
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram);
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                   int steps, double eps, ht_dtype ns_dtype, float *work);
+                   int steps, double eps, ht_dtype ns_dtype, bool gram, float *work);
 
 /* ---------------------------------------------------------------- the sparse blocks (kernels/moe.c) */
 

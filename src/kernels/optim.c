@@ -70,10 +70,13 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void 
 
 /* ------------------------------------------------------------------ Newton-Schulz */
 
-size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype) {
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
-    size_t floats = rc + 2 * r * r;                         /* X (the other ping-pong buffer is O), S, T */
-    if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
+    size_t floats = rc + 2 * r * r; /* X (the other ping-pong buffer is O), S, T */
+    if (ns_dtype != HT_DTYPE_F32)
+        floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
+    else if (gram)
+        floats += 2 * r * r; /* the Gram form's R, P, Q and a product: 4 (r, r) */
     return (size_t)count * floats;
 }
 
@@ -161,6 +164,99 @@ static void sym_gemm(int64_t count, bool ta, bool tb, int64_t r, int64_t K, floa
     }
 }
 
+/* ---------------------------------------------------------------- the Gram form
+ *
+ * docs/NUMERICS.md, Muon: the iteration X <- p(X Xᵀ) X, p(S) = a + b S +
+ * c S², multiplies X by a polynomial of its own Gram matrix, so after k
+ * iterations X_k = Q_k X_0 with Q_k an (r, r) product of polynomials. The
+ * Gram form iterates on (r, r) matrices alone: R = X_0 X_0ᵀ, then each
+ * iteration P = a I + b R + c R², Q <- P Q, R <- P R P (the Gram matrix of
+ * P X), and X = Q X_0 once at the end. For an (r, c) matrix with c well
+ * above r that is fewer multiply-adds (r³ products instead of r²c ones).
+ * Rounding makes R drift from the Gram matrix of the X it stands for, and
+ * the drift grows with every iteration: every GRAM_BLOCK iterations X is
+ * formed (Q X_0) and R computed from it again, which keeps the result as
+ * near float64's as the standard form's (bound and figures: docs/NUMERICS.md, The Gram form). */
+#define GRAM_BLOCK 3
+
+/* Multiply-adds of a product sym_gemm makes, (r, r) over K. */
+static double sym_macs(int64_t r, int64_t K) { return (r >= SYM_MIN_ROWS ? 9.0 / 16.0 : 1.0) * (double)r * r * K; }
+
+/* Whether the Gram form takes fewer multiply-adds than the standard one for
+ * K iterations on (r, c), r <= c: a function of the shape, so each shape's
+ * bits are fixed. */
+static bool gram_pays(int64_t r, int64_t c, int K) {
+    const double rrc = (double)r * r * c, r3 = (double)r * r * r;
+    const double standard = K * (sym_macs(r, c) + sym_macs(r, r) + rrc);
+    double gram = rrc; /* X = Q X_0 at the end */
+    for (int k = 0; k < K; k++) {
+        if (k % GRAM_BLOCK == 0) gram += (k ? rrc : 0) + sym_macs(r, c);    /* X_0 <- Q X_0, R = X_0 X_0ᵀ */
+        gram += sym_macs(r, r);                                             /* R² */
+        if (k % GRAM_BLOCK) gram += r3;                                     /* Q <- P Q */
+        if ((k + 1) % GRAM_BLOCK && k + 1 < K) gram += r3 + sym_macs(r, r); /* R <- P (R P) */
+    }
+    return gram < standard;
+}
+
+/* P = a I + b R + c R2 on `count` (r, r) matrices. */
+static void gram_polynomial(float *P, const float *R, const float *R2, int64_t count, int64_t r, float a, float b,
+                            float c) {
+    const int64_t rr = r * r;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count * rr; i++) {
+        const int64_t at = i % rr;
+        P[i] = b * R[i] + c * R2[i] + (at / r == at % r ? a : 0.0f);
+    }
+}
+
+/* The Gram form on `count` normalized FP32 matrices X (each n = rows · cols,
+ * r = min(rows, cols)) held in `work` or O (whichever the parity below
+ * puts them in: `X`), the other of the two free; the result lands in O.
+ * ws: 4 · count · r² floats. */
+static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3], int K,
+                    float *ws) {
+    const bool tall = rows > cols;
+    const int64_t r = tall ? cols : rows, n = rows * cols, rr = r * r;
+    const ht_dtype st = HT_DTYPE_F32;
+    float *R = ws, *P = R + count * rr, *Q = P + count * rr, *W = Q + count * rr;
+    for (int k = 0; k < K; k++) {
+        const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
+        if (k % GRAM_BLOCK == 0) {
+            if (k) { /* X <- Q X (wide) or X Qᵀ (tall), then its Gram matrix again */
+                if (tall)
+                    NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
+                else
+                    NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+                float *swap = X;
+                X = other;
+                other = swap;
+            }
+            if (tall)
+                sym_gemm(count, true, false, r, rows, 1.0f, X, cols, n, X, cols, n, st, 0.0f, R);
+            else
+                sym_gemm(count, false, true, r, cols, 1.0f, X, cols, n, X, cols, n, st, 0.0f, R);
+        }
+        sym_gemm(count, false, false, r, r, 1.0f, R, r, rr, R, r, rr, st, 0.0f, W); /* R² */
+        gram_polynomial(P, R, W, count, r, a, b, c);
+        if (k % GRAM_BLOCK == 0) {
+            memcpy(Q, P, (size_t)(count * rr) * sizeof(float));
+        } else { /* Q <- P Q, through W */
+            NS_GEMM(false, false, r, r, r, 1.0f, P, r, rr, Q, r, rr, 0.0f, W, r, rr);
+            float *swap = Q;
+            Q = W;
+            W = swap;
+        }
+        if ((k + 1) % GRAM_BLOCK && k + 1 < K) { /* R <- P (R P): the Gram matrix of P X, symmetric */
+            NS_GEMM(false, false, r, r, r, 1.0f, R, r, rr, P, r, rr, 0.0f, W, r, rr);
+            sym_gemm(count, false, false, r, r, 1.0f, P, r, rr, W, r, rr, st, 0.0f, R);
+        }
+    }
+    if (tall)
+        NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
+    else
+        NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+}
+
 /* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
  * through transposed products (S = XᵀX, X <- a X + X Tᵀ), which is the
  * transposed iteration of docs/NUMERICS.md without copying Gᵀ. `count` matrices
@@ -168,22 +264,29 @@ static void sym_gemm(int64_t count, bool ta, bool tb, int64_t r, int64_t K, floa
  * side; the elementwise passes run over all of them as one array, the
  * norms matrix by matrix, so each matrix's result is what it would be alone. */
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                   int steps, double eps, ht_dtype ns_dtype, float *work) {
+                   int steps, double eps, ht_dtype ns_dtype, bool gram, float *work) {
     const bool tall = rows > cols; /* docs/NUMERICS.md transposes it so that r <= c */
     const int64_t r = tall ? cols : rows, n = rows * cols, rr = r * r, all = count * n;
     const int K = steps;
     float *S = work + all, *T = S + count * rr; /* (count, r, r) each */
     float *Xb = T + count * rr, *Sb = Xb + all, *Tb = Sb + count * rr;
     const ht_dtype st = ht_gemm_storage(ns_dtype);
+    gram = gram && ns_dtype == HT_DTYPE_F32 && gram_pays(r, tall ? rows : cols, K);
 
-    /* X lives in O and `work` by turns, so that the last iteration lands in O. */
-    float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
+    /* X lives in O and `work` by turns, so that the last iteration lands in
+     * O: the standard form writes X K times, the Gram form once a block. */
+    const int writes = gram ? (K - 1) / GRAM_BLOCK + 1 : K;
+    float *X = writes % 2 == 0 ? O : work, *Y = writes % 2 == 0 ? work : O;
     for (int64_t e = 0; e < count; e++) {
         const float inv = (float)(1.0 / (frobenius(G + e * n, n) + eps));
         const float *g = G + e * n;
         float *x = X + e * n;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) x[i] = g[i] * inv;
+    }
+    if (gram) {
+        ns_gram(X, Y, count, rows, cols, coeffs, K, S);
+        return;
     }
 
     for (int k = 0; k < K; k++) {

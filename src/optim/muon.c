@@ -91,15 +91,15 @@ static ht_status check_param(const ht_param *p, ht_error *err) {
 #define BATCH_FLOATS ((size_t)4 << 20)
 
 /* One (rows, cols) matrix's update plus its Newton-Schulz workspace. */
-static size_t matrix_floats(int64_t rows, int64_t cols, ht_dtype ns_dtype) {
-    return (size_t)(rows * cols) + ht_newton_schulz_workspace(rows, cols, ns_dtype);
+static size_t matrix_floats(int64_t rows, int64_t cols, const ht_muon_config *c) {
+    return (size_t)(rows * cols) + ht_newton_schulz_workspace(rows, cols, &c->schedule, c->ns_dtype);
 }
 
 /* How many of the slots idx[0], idx[1], ... (n of them) form one batch: the
  * same shape, and together within the workspace. */
 static int batch_length(const ht_muon *opt, const int *idx, int n) {
     const ht_muon_slot *s = &opt->slots[idx[0]];
-    const size_t per = matrix_floats(s->rows, s->cols, opt->config.ns_dtype);
+    const size_t per = matrix_floats(s->rows, s->cols, &opt->config);
     int k = 1;
     while (k < n && (size_t)(k + 1) * per <= opt->work_floats && opt->slots[idx[k]].rows == s->rows &&
            opt->slots[idx[k]].cols == s->cols)
@@ -117,7 +117,7 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
         const ht_param *p = params[i];
         /* A matrix's global shape: a tensor-parallel slice is orthogonalized whole. */
         const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
-        size_t need = matrix_floats(dims[p->ndim - 2], dims[p->ndim - 1], cfg->ns_dtype);
+        size_t need = matrix_floats(dims[p->ndim - 2], dims[p->ndim - 1], cfg);
         if (need > work) work = need;
         total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
         floats += (size_t)ht_param_local_numel(p);
@@ -359,7 +359,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
         ht_param *p = s->param;
         if (p->ndim != 3) continue;
         const int64_t n = s->rows * s->cols, local = p->row1 - p->row0;
-        const size_t per = matrix_floats(s->rows, s->cols, c->ns_dtype);
+        const size_t per = matrix_floats(s->rows, s->cols, c);
         const int64_t batch = opt->work_floats / per > 1 ? (int64_t)(opt->work_floats / per) : 1;
         const size_t elem = ht_dtype_size(p->dtype);
         const bool separate = (void *)p->main_param != p->data;

@@ -694,8 +694,10 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
     if (segmented && length >= 1 &&
         ht_config_key_source(c, "optimizer.muon_config.muon_ns_steps", &line) == HT_CONFIG_SOURCE_DEFAULT)
         steps = length;
-    return ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], steps, segments, nc->count, &mc->schedule,
-                                 err);
+    ht_status s =
+        ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], steps, segments, nc->count, &mc->schedule, err);
+    mc->schedule.gram = c->optimizer.muon.ns_form == HT_CONFIG_NS_GRAM;
+    return s;
 }
 
 /* QK-clip sees each layer's q/k projections (found by their Hugging Face names) and its head layout. */

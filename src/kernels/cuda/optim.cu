@@ -104,11 +104,43 @@ void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, voi
 
 /* kernels/optim.c's workspace (X, S, T in FP32, and their 16-bit operands),
  * then each matrix's sum of squares in double, 8-byte aligned. */
-size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype) {
+size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
     size_t floats = rc + 2 * r * r;
-    if (ns_dtype != HT_DTYPE_F32) floats += rc + 2 * r * r;
+    if (ns_dtype != HT_DTYPE_F32)
+        floats += rc + 2 * r * r;
+    else if (gram)
+        floats += 2 * r * r; /* the Gram form's R, P, Q and a product */
     return (size_t)count * floats + 2 * (size_t)count + 2;
+}
+
+/* The Gram form (kernels/optim.c, docs/NUMERICS.md): R formed again every
+ * NS_GRAM_BLOCK iterations, the same blocks as the CPU's. */
+#define NS_GRAM_BLOCK 3
+
+/* Whether the Gram form takes fewer multiply-adds than the standard one for
+ * K iterations on (r, c), r <= c, every product whole (optim.c's count
+ * without its symmetric panels). */
+static bool ns_gram_pays(int64_t r, int64_t c, int K) {
+    const double rrc = (double)r * r * c, r3 = (double)r * r * r;
+    const double standard = K * (2 * rrc + r3);
+    double gram = rrc;
+    for (int k = 0; k < K; k++) {
+        if (k % NS_GRAM_BLOCK == 0) gram += (k ? rrc : 0) + rrc;
+        gram += r3;
+        if (k % NS_GRAM_BLOCK) gram += r3;
+        if ((k + 1) % NS_GRAM_BLOCK && k + 1 < K) gram += 2 * r3;
+    }
+    return gram < standard;
+}
+
+/* P = a I + b R + c R2 on (count, r, r). */
+__global__ void ns_polynomial_kernel(float *P, const float *R, const float *R2, int64_t r, int64_t all, float a,
+                                     float b, float c) {
+    CUDA_FOR(i, all) {
+        const int64_t at = i % (r * r);
+        P[i] = b * R[i] + c * R2[i] + (at / r == at % r ? a : 0.0f);
+    }
 }
 
 /* X[i] = G[i] / (‖G_e‖ + eps) with e the matrix of element i. */
@@ -131,8 +163,56 @@ __global__ void ns_residual_kernel(uint16_t *b, const float *x, int64_t n, bool 
 
 /* kernels/optim.c's ht_ns_iterate (docs/NUMERICS.md, Newton–Schulz iteration), step for step, the
  * 16-bit operands always held as 16-bit values (the GPU's products take them natively). */
+/* optim.c's ns_gram: X normalized in X, `other` free, the result in O (the caller's parity). */
+static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3], int K,
+                    float *ws) {
+    const ht_dtype ns_dtype = HT_DTYPE_F32;
+    cudaStream_t stream = cuda_ctx()->stream;
+    const bool tall = rows > cols;
+    const int64_t r = tall ? cols : rows, n = rows * cols, rr = r * r;
+    float *R = ws, *P = R + count * rr, *Q = P + count * rr, *W = Q + count * rr;
+    for (int k = 0; k < K; k++) {
+        const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
+        if (k % NS_GRAM_BLOCK == 0) {
+            if (k) {
+                if (tall)
+                    NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
+                else
+                    NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+                float *swap = X;
+                X = other;
+                other = swap;
+            }
+            if (tall)
+                NS_GEMM(true, false, r, r, rows, 1.0f, X, cols, n, X, cols, n, 0.0f, R, r, rr);
+            else
+                NS_GEMM(false, true, r, r, cols, 1.0f, X, cols, n, X, cols, n, 0.0f, R, r, rr);
+        }
+        NS_GEMM(false, false, r, r, r, 1.0f, R, r, rr, R, r, rr, 0.0f, W, r, rr);
+        LAUNCH("newton_schulz", ns_polynomial_kernel, cuda_blocks(count * rr), CUDA_THREADS, P, R, W, r, count * rr, a,
+               b, c);
+        if (k % NS_GRAM_BLOCK == 0) {
+            cuda_ok(cudaMemcpyAsync(Q, P, (size_t)(count * rr) * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                    "newton_schulz (copy)");
+        } else {
+            NS_GEMM(false, false, r, r, r, 1.0f, P, r, rr, Q, r, rr, 0.0f, W, r, rr);
+            float *swap = Q;
+            Q = W;
+            W = swap;
+        }
+        if ((k + 1) % NS_GRAM_BLOCK && k + 1 < K) {
+            NS_GEMM(false, false, r, r, r, 1.0f, R, r, rr, P, r, rr, 0.0f, W, r, rr);
+            NS_GEMM(false, false, r, r, r, 1.0f, P, r, rr, W, r, rr, 0.0f, R, r, rr);
+        }
+    }
+    if (tall)
+        NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
+    else
+        NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+}
+
 void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                        int steps, double eps, ht_dtype ns_dtype, float *work) {
+                        int steps, double eps, ht_dtype ns_dtype, bool gram, float *work) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     cudaStream_t stream = cuda_ctx()->stream;
     const bool tall = rows > cols, half = ns_dtype != HT_DTYPE_F32, bf16 = ns_dtype == HT_DTYPE_BF16;
@@ -141,13 +221,19 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
     float *S = work + all, *T = S + count * rr;
     uint16_t *Xb = (uint16_t *)(T + count * rr), *Sb = (uint16_t *)((float *)Xb + all),
              *Tb = (uint16_t *)((float *)Sb + count * rr);
-    size_t used = (size_t)(all + 2 * count * rr) * (half ? 2 : 1);
+    gram = gram && !half && ns_gram_pays(r, tall ? rows : cols, K);
+    size_t used = (size_t)(all + 2 * count * rr) * (half ? 2 : 1) + (gram ? 2 * count * rr : 0);
     used += used & 1; /* the doubles 8-byte aligned */
     double *squares = (double *)(work + used);
 
-    float *X = K % 2 == 0 ? O : work, *Y = K % 2 == 0 ? work : O;
+    const int writes = gram ? (K - 1) / NS_GRAM_BLOCK + 1 : K; /* optim.c's parity: the last write lands in O */
+    float *X = writes % 2 == 0 ? O : work, *Y = writes % 2 == 0 ? work : O;
     for (int64_t e = 0; e < count; e++) cuda_sum_squares_into(squares + e, G + e * n, n);
     LAUNCH("newton_schulz", ns_normalize_kernel, cuda_blocks(all), CUDA_THREADS, X, G, squares, n, all, eps);
+    if (gram) {
+        ns_gram(X, Y, count, rows, cols, coeffs, K, S);
+        return;
+    }
 
     for (int k = 0; k < K; k++) {
         const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
