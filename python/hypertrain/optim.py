@@ -290,16 +290,64 @@ def _schedule(ns_coefficients, ns_steps, ns_variant):
     return triples
 
 
+_ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's
+
+
+def _muon_derived(prefix, g, saved=False):
+    """A Muon group's keys the step reads that its arguments imply, the arguments checked: momentum_style,
+    ns_variant, ns_dtype and matched_adamw_rms (torch's meaning where absent, as in torch.optim.Muon's state
+    dicts: 'ema', None, 'float32', adjust_lr_fn's scale) and the Newton-Schulz schedule. prefix names the group
+    in errors; saved: g is a state dict's group (a key is named as the group's, not as an argument)."""
+    def name(key, value):
+        return f"{prefix}{key!r} is {value!r}" if saved else f"{prefix}{key} {value!r}"
+
+    style = g.get("momentum_style", "ema")
+    if style not in ("ema", "sum"):
+        raise ValueError(f"{name('momentum_style', style)}; expected 'ema' (torch's) or 'sum' (HyperParallel's)")
+    ns_dtype = g.get("ns_dtype", "float32")
+    if ns_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"{name('ns_dtype', ns_dtype)}; expected 'float32' or 'bfloat16'")
+    adjust = g.get("adjust_lr_fn")
+    if adjust not in _ADJUST_LR_FNS:
+        raise ValueError(f"{name('adjust_lr_fn', adjust)}; expected None, 'original', 'match_rms_adamw' or "
+                         "'spectral_unclamped' (torch.optim.Muon's)")
+    rms = {None: 0.0, "original": 0.0, "match_rms_adamw": 0.2, "spectral_unclamped": 0.0}[adjust]
+    given = g.get("matched_adamw_rms")
+    if given is not None:
+        if not float(given) >= 0.0:
+            raise ValueError(f"{name('matched_adamw_rms', given)}; expected >= 0")
+        if adjust is not None and float(given) != rms and not saved:
+            raise ValueError(f"{prefix}adjust_lr_fn {adjust!r} and matched_adamw_rms {given} disagree")
+        rms = float(given)
+    if adjust == "spectral_unclamped" and rms != 0.0:
+        raise ValueError(f"{prefix}adjust_lr_fn 'spectral_unclamped' and matched_adamw_rms {rms} disagree")
+    schedule = _schedule(g.get("ns_coefficients", _TORCH_NS_COEFFICIENTS), g.get("ns_steps", 5),
+                         g.get("ns_variant"))
+    return dict(momentum_style=style, ns_variant=g.get("ns_variant"), ns_dtype=ns_dtype, matched_adamw_rms=rms,
+                schedule=schedule)
+
+
+def _update_scale(group, A, B):
+    """The update's scale for an (A, B) matrix (docs/NUMERICS.md, Muon; torch.optim.Muon's _adjust_lr)."""
+    if group.get("adjust_lr_fn") == "spectral_unclamped":
+        return math.sqrt(A / B)
+    rms = group["matched_adamw_rms"]
+    return rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's arguments, with torch's meaning (momentum as torch's lerp,
-    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original" or
-    "match_rms_adamw"), and HyperParallel's and MindFormers' names:
+    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original",
+    "match_rms_adamw" or "spectral_unclamped"), and HyperParallel's and MindFormers' names:
     momentum_style ("ema", torch's, or "sum": B <- mu B + g), ns_variant
     ("legacy", "asym5", "polar_express", "deepseek_v4"), matched_adamw_rms (the
     update scale rms * sqrt(max(A, B)); 0: sqrt(max(1, A / B))), ns_eps,
     learning_rate, ns_dtype ("float32" or "bfloat16"). A param (A, B) is one
     matrix; (E, A, B) is E matrices, each orthogonalized on its own with the
-    scale of an (A, B) one."""
+    scale of an (A, B) one. A torch.optim.Muon state dict loads (its groups
+    take torch's meaning) and this one's loads into torch.optim.Muon, which
+    goes on as this one does where the groups have torch's meaning
+    (momentum_style "ema", no ns_variant, matched_adamw_rms as adjust_lr_fn's)."""
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
@@ -315,30 +363,15 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"hypertrain.optim.Muon: momentum {momentum}; expected [0, 1)")
         if not eps > 0.0:
             raise ValueError(f"hypertrain.optim.Muon: eps {eps}; expected > 0 (a zero matrix would divide by zero)")
-        if momentum_style not in ("ema", "sum"):
-            raise ValueError(f"hypertrain.optim.Muon: momentum_style {momentum_style!r}; expected 'ema' or 'sum'")
         if comm_strategy not in ("allgather", "deredundancy"):
             raise ValueError(f"hypertrain.optim.Muon: comm_strategy {comm_strategy!r}; expected 'allgather' or "
                              "'deredundancy'")
         self.comm_strategy = comm_strategy
-        if ns_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"hypertrain.optim.Muon: ns_dtype {ns_dtype!r}; expected 'float32' or 'bfloat16'")
-        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
-            raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r}; expected None, 'original' or "
-                             "'match_rms_adamw'")
-        rms = {None: 0.0, "original": 0.0, "match_rms_adamw": 0.2}[adjust_lr_fn]
-        if matched_adamw_rms is not None:
-            if adjust_lr_fn is not None and float(matched_adamw_rms) != rms:
-                raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r} and matched_adamw_rms "
-                                 f"{matched_adamw_rms} disagree")
-            if not float(matched_adamw_rms) >= 0.0:
-                raise ValueError(f"hypertrain.optim.Muon: matched_adamw_rms {matched_adamw_rms}; expected >= 0")
-            rms = float(matched_adamw_rms)
-        schedule = _schedule(ns_coefficients, ns_steps, ns_variant)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=rms,
-                        ns_dtype=ns_dtype, schedule=schedule)
+                        momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=matched_adamw_rms,
+                        ns_dtype=ns_dtype)
+        defaults.update(_muon_derived("hypertrain.optim.Muon: ", defaults))
         super().__init__(params, defaults)
         _check_params("hypertrain.optim.Muon", self.param_groups)
         for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
@@ -400,15 +433,22 @@ class Muon(torch.optim.Optimizer):
             else:
                 _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
                                  group["eps"], group["ns_dtype"])
-            rms = group["matched_adamw_rms"]
-            scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+            scale = _update_scale(group, A, B)
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
                               *model)
 
     def load_state_dict(self, state_dict):
+        """torch.optim.Muon's state dicts too: their groups lack hypertrain's keys, which take torch's meaning
+        (momentum_style 'ema', the ns_coefficients triple ns_steps times, the update scale of adjust_lr_fn)."""
         _check_loaded_state("hypertrain.optim.Muon", self, state_dict, ("momentum_buffer",))
+        derived = []
+        if isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list):
+            for i, g in enumerate(state_dict["param_groups"]):  # checked before anything is replaced
+                derived.append(_muon_derived(f"hypertrain.optim.Muon.load_state_dict: group {i}'s ", g, saved=True))
         super().load_state_dict(state_dict)
+        for group, d in zip(self.param_groups, derived):
+            group.update(d)
 
 
 def _gather(p, local):

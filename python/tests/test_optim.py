@@ -156,6 +156,52 @@ def test_muon_against_torch_large(torch_muon_fp32):
             assert rel(a.detach(), b.detach()) <= 1e-6, f"{shape}: {rel(a.detach(), b.detach()):.3g} from torch"
 
 
+def _muon_run(opt, ps, grads):
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        opt.step()
+
+
+@pytest.mark.parametrize("nesterov,adjust", [(True, None), (False, "match_rms_adamw"), (True, "spectral_unclamped")])
+def test_muon_state_dict_crosses_torch_both_ways(torch_muon_fp32, tmp_path, nesterov, adjust):
+    """A torch.optim.Muon state dict (saved and loaded through a file) loads into hypertrain's Muon, which goes on
+    as torch's would; hypertrain's loads into torch.optim.Muon, which goes on as hypertrain's would (before: the
+    first, a KeyError 'momentum_style' at the first step)."""
+    shapes = [(24, 16), (16, 40)]
+    grads = grads_for(shapes, 6, 21)
+    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    for first, second in ((torch.optim.Muon, optim.Muon), (optim.Muon, torch.optim.Muon)):
+        ps = params_for(shapes, 22)
+        opt = first(ps, **kw)
+        _muon_run(opt, ps, grads[:3])
+        torch.save({"params": [p.detach() for p in ps], "optim": opt.state_dict()}, tmp_path / "muon.pt")
+        _muon_run(opt, ps, grads[3:])  # the run that went on
+        saved = torch.load(tmp_path / "muon.pt")
+        qs = [torch.nn.Parameter(t.clone()) for t in saved["params"]]
+        cont = second(qs, lr=0.5, momentum=0.5)  # the state dict's groups replace these
+        cont.load_state_dict(saved["optim"])
+        _muon_run(cont, qs, grads[3:])
+        for p, q, shape in zip(ps, qs, shapes):
+            assert rel(q.detach(), p.detach()) <= 1e-6, \
+                f"{first.__module__}.Muon -> {second.__module__}.Muon {shape}: {rel(q.detach(), p.detach()):.3g}"
+            assert rel(cont.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"]) <= 1e-6
+
+
+def test_muon_state_dict_group_the_kernels_cannot_run_is_refused():
+    """A loaded group's keys are checked as the constructor checks them, naming the group and the key."""
+    (p,) = params_for([(8, 4)], 23)
+    for key, bad, match in (("momentum_style", "nesterov", r"group 0's 'momentum_style' is 'nesterov'"),
+                            ("ns_dtype", "float16", r"group 0's 'ns_dtype' is 'float16'"),
+                            ("adjust_lr_fn", "unknown", r"group 0's 'adjust_lr_fn' is 'unknown'"),
+                            ("ns_steps", 0, r"ns_steps 0")):
+        sd = optim.Muon([p], lr=0.02).state_dict()
+        sd["param_groups"][0][key] = bad
+        opt = optim.Muon([p], lr=0.02)
+        with pytest.raises(ValueError, match=match):
+            opt.load_state_dict(sd)
+
+
 def test_muon_hyperparallel_style():
     """sum momentum, asym5, matched_adamw_rms 0.2 (get_hyper_optimizer's defaults) against the formulas."""
     shape, lr, wd, mu = (40, 24), 0.02, 0.1, 0.95
