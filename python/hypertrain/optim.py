@@ -16,6 +16,7 @@ load_state_dict; an error names the param by index and by name where known.
 bf16/f16 params take the FP32 main-param wrapper (hypertrain.mixed_precision).
 """
 
+import logging
 import math
 import operator
 
@@ -629,18 +630,65 @@ def _flatten(params):
     return out
 
 
-# HyperParallel's Muon (docs/NUMERICS.md's defaults): sum momentum, Nesterov, asym5, matched AdamW RMS 0.2.
-_HYPER_MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="sum",
-                   ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2)
+# What Muon's keyword arguments mean under each semantics: the values a key not given takes.
+# HyperParallel's (docs/NUMERICS.md's defaults): sum momentum, Nesterov, asym5, matched AdamW RMS 0.2.
+# torch's: torch.optim.Muon's (hypertrain.optim.Muon's own defaults).
+MUON_SEMANTICS = {
+    "hyperparallel": dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="sum",
+                          ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2),
+    "torch": dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="ema",
+                  ns_coefficients=_TORCH_NS_COEFFICIENTS, ns_steps=5, eps=1e-7, adjust_lr_fn=None),
+}
+_SEMANTICS_NAMES = {"hyperparallel": "HyperParallel's", "torch": "torch.optim.Muon's"}
+_SAID = set()  # the semantics lines get_hyper_optimizer has logged (each once a process)
+_log = logging.getLogger("hypertrain")
+
+
+def muon_kwargs(semantics, **given):
+    """Muon's keyword arguments under `semantics` ("hyperparallel" or "torch", MUON_SEMANTICS): its values,
+    then the ones given (ns_coefficients given drops the semantics' ns_variant, adjust_lr_fn its
+    matched_adamw_rms, and the reverse). hypertrain.optim.Muon(params, **muon_kwargs("hyperparallel", lr=0.02))
+    is get_hyper_optimizer's Muon."""
+    if semantics not in MUON_SEMANTICS:
+        raise ValueError(f"muon_semantics {semantics!r}; expected 'hyperparallel' or 'torch'")
+    kw = dict(MUON_SEMANTICS[semantics])
+    for mine, theirs in (("ns_coefficients", "ns_variant"), ("ns_variant", "ns_coefficients"),
+                         ("adjust_lr_fn", "matched_adamw_rms"), ("matched_adamw_rms", "adjust_lr_fn")):
+        if mine in given:
+            kw.pop(theirs, None)
+    kw.update(given)
+    return kw
+
+
+_muon_kwargs = muon_kwargs  # get_hyper_optimizer's argument of that name hides it there
+
+
+def _say_semantics(semantics, chosen, kw):
+    """Once a process for each distinct line: which Muon semantics get_hyper_optimizer used, with the values."""
+    values = ", ".join(f"{k}={v!r}" for k, v in kw.items() if k != "comm_strategy")
+    line = f"get_hyper_optimizer: Muon with {_SEMANTICS_NAMES[semantics]} semantics ({values})"
+    if not chosen:
+        other = "torch" if semantics == "hyperparallel" else "hyperparallel"
+        line += (f"; muon_semantics='{semantics}' is the default: the same muon_kwargs under "
+                 f"muon_semantics='{other}' ({_SEMANTICS_NAMES[other]}, as hypertrain.optim.Muon) mean another "
+                 "update; pass muon_semantics= to choose")
+    if line in _SAID:
+        return
+    _SAID.add(line)
+    _log.log(logging.INFO if chosen else logging.WARNING, line)
 
 
 def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kwargs=None, adamw_kwargs=None,
-                        fp32_main_params=False):
+                        fp32_main_params=False, muon_semantics=None):
     """HyperParallel's factory: Muon on muon_params, AdamW on adamw_params (each a
     list of tensors or of param-group dicts), chained. An empty group creates no
-    optimizer. muon_kwargs and adamw_kwargs pass straight to Muon and AdamW: over
-    HyperParallel's Muon defaults (lr 0.02, momentum 0.95 summed, Nesterov, asym5,
-    matched_adamw_rms 0.2, weight decay 0.1), torch's AdamW's. fp32_main_params:
+    optimizer. muon_kwargs and adamw_kwargs pass to Muon and AdamW: over the Muon
+    defaults of muon_semantics (MUON_SEMANTICS; None: "hyperparallel",
+    HyperParallel's: lr 0.02, momentum 0.95 summed, Nesterov, asym5,
+    matched_adamw_rms 0.2, weight decay 0.1; "torch": torch.optim.Muon's, as
+    hypertrain.optim.Muon), torch's AdamW's. The semantics and the values used are
+    logged once (logger "hypertrain": a warning where muon_semantics was not
+    given). fp32_main_params:
     the AutoModels Trainer's FP32 main-param wrapper around the chain
     (hypertrain.mixed_precision; needs model=, whose names key the main params)."""
     muon_params, adamw_params = list(muon_params or []), list(adamw_params or [])
@@ -660,16 +708,15 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         if id(p) in muon_ids:
             raise ValueError(f"get_hyper_optimizer: param {names.get(id(p), '(unnamed)')} is in both muon_params "
                              "and adamw_params")
+    semantics = "hyperparallel" if muon_semantics is None else muon_semantics
+    if semantics not in MUON_SEMANTICS:
+        raise ValueError(f"get_hyper_optimizer: muon_semantics {muon_semantics!r}; expected 'hyperparallel' or "
+                         "'torch'")
     optimizers = []
     if muon_params:
-        kw = dict(_HYPER_MUON)
-        given = dict(muon_kwargs or {})
-        if "ns_coefficients" in given:
-            kw.pop("ns_variant")
-        if "adjust_lr_fn" in given:
-            kw.pop("matched_adamw_rms")
-        kw.update(given)
+        kw = _muon_kwargs(semantics, **dict(muon_kwargs or {}))
         optimizers.append(Muon(muon_params, **kw))
+        _say_semantics(semantics, muon_semantics is not None, kw)
     if adamw_params:
         optimizers.append(AdamW(adamw_params, **dict(adamw_kwargs or {})))
     if not optimizers:

@@ -219,6 +219,50 @@ def test_muon_hyperparallel_style():
         assert rel(p.detach(), ref) <= 1e-6
 
 
+def test_muon_semantics_are_chosen_and_said(torch_muon_fp32, caplog):
+    """get_hyper_optimizer(muon_semantics=): 'hyperparallel' (the default: summed momentum, asym5, 0.2 sqrt(max(A,
+    B))) or 'torch' (torch.optim.Muon's, as hypertrain.optim.Muon): the same muon_kwargs mean either, so the factory
+    says once which it used and with what values, a warning where the caller did not choose."""
+    import logging
+    shape = (40, 24)
+    grads = grads_for([shape], STEPS, 31)
+    kw = {"lr": 0.02, "momentum": 0.95}
+
+    def run(make):
+        (p,) = params_for([shape], 32)
+        opt = make(p)
+        for (g,) in grads:
+            p.grad = g.clone()
+            opt.step()
+        return p.detach()
+
+    optim._SAID.clear()
+    with caplog.at_level(logging.INFO, logger="hypertrain"):
+        default = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw))
+        hyper = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw,
+                                                        muon_semantics="hyperparallel"))
+        as_torch = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw, muon_semantics="torch"))
+        run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw))  # said once: not again
+    theirs = run(lambda p: torch.optim.Muon([p], **kw))
+    direct = run(lambda p: optim.Muon([p], **kw))
+    assert torch.equal(default, hyper), "the default is not muon_semantics='hyperparallel'"
+    assert rel(as_torch, theirs) <= 1e-6 and torch.equal(as_torch, direct), "muon_semantics='torch' is not torch's"
+    assert rel(hyper, theirs) > 1e-2, "the two semantics agree: the test cannot tell them apart"
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("hypertrain")]
+    assert len(said) == 3, said
+    (lvl0, m0), (lvl1, m1), (lvl2, m2) = said
+    assert lvl0 == logging.WARNING and "HyperParallel's" in m0 and "muon_semantics='torch'" in m0, m0
+    for part in ("lr=0.02", "momentum=0.95", "momentum_style='sum'", "ns_variant='asym5'", "matched_adamw_rms=0.2"):
+        assert part in m0 and part in m1, (part, m0, m1)
+    assert lvl1 == logging.INFO and lvl2 == logging.INFO and "torch.optim.Muon's" in m2 and \
+        "momentum_style='ema'" in m2 and "adjust_lr_fn=None" in m2, m2
+    (p,) = params_for([shape], 32)
+    with pytest.raises(ValueError, match=r"muon_semantics 'keras'; expected 'hyperparallel' or 'torch'"):
+        optim.get_hyper_optimizer(muon_params=[p], muon_semantics="keras")
+    assert optim.muon_kwargs("torch", lr=0.02)["momentum_style"] == "ema"
+    assert optim.muon_kwargs("hyperparallel", lr=0.05) == dict(optim.MUON_SEMANTICS["hyperparallel"], lr=0.05)
+
+
 def test_newton_schulz_on_a_slice_is_not_the_slice():
     """Why tensor parallelism gathers a matrix whole before Newton-Schulz (docs/NUMERICS.md)."""
     gen = torch.Generator().manual_seed(7)
