@@ -483,7 +483,8 @@ def test_hyper_lr_scheduler_cosine_closed_form():
 def test_mindformers_schedules_by_name():
     for name in scheduler_types():
         opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
-        extra = {"t_0": 4} if name == "CosineAnnealingWarmRestarts" else {}  # its default cycle is 1 step
+        extra = {"CosineAnnealingWarmRestarts": {"t_0": 4},  # neither has a default (the trainer's rules)
+                 "ConstantWithCoolDownLR": {"decay_steps": 4}}.get(name, {})
         sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=10, warmup_steps=2, **extra)
         lrs = []
         for _ in range(10):
@@ -495,6 +496,47 @@ def test_mindformers_schedules_by_name():
             assert lrs[0] == 0 and abs(lrs[1] - 5e-4) <= 1e-15, f"{name} does not warm up: {lrs}"
         else:
             assert lrs[0] == 1e-3 and lrs[1] < lrs[0], f"{name}: {lrs}"
+
+
+def lrs_of(name, T=20, **keys):
+    opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
+    sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=T, **keys)
+    out = []
+    for _ in range(T):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_schedules_that_would_be_degenerate_have_the_trainers_defaults_or_are_refused():
+    """The C trainer's defaults and rules (src/config/keys.c, validate.c), through its own config code: restarts
+    cycle whole by default (num_cycles 1.0, MindFormers' and seed 004's: the last step near lr_end, not 0.54 of the
+    base lr); ConstantWithCoolDownLR without decay_steps or decay_ratio and CosineAnnealingWarmRestarts without t_0
+    are errors naming the key (before: 0 after warmup, and a constant lr); lr_end2 not given is lr_end1."""
+    restarts = lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2)
+    assert restarts[-1] < 0.02 * 1e-3, f"CosineWithRestartsAndWarmUpLR ends at {restarts[-1] / 1e-3:.3g} x base"
+    assert restarts == lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2, num_cycles=1.0)
+    assert lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2, num_cycles=0.5)[-1] > 0.5e-3  # given: kept
+    assert lrs_of("CosineWithWarmUpLR", warmup_steps=2) == lrs_of("CosineWithWarmUpLR", warmup_steps=2,
+                                                                  num_cycles=0.5)
+    with pytest.raises(ValueError, match=r"ConstantWithCoolDownLR needs the length of its cosine phase: set "
+                                         r"lr_scheduler.decay_steps or lr_scheduler.decay_ratio"):
+        lrs_of("ConstantWithCoolDownLR", warmup_steps=2)
+    with pytest.raises(ValueError, match=r"lr_scheduler.t_0 \(default\): expected an integer >= 1 for "
+                                         r"CosineAnnealingWarmRestarts"):
+        lrs_of("CosineAnnealingWarmRestarts")
+    cool = lrs_of("ConstantWithCoolDownLR", warmup_steps=2, keep_steps=3, decay_steps=5, final_steps=2, lr_end1=1e-5)
+    assert cool[2:5] == [1e-3] * 3 and cool[-1] == 1e-5, cool  # lr_end2 not given: lr_end1
+    wsd = lrs_of("WarmUpStableDecayLR", warmup_steps=2)  # decay_start_ratio 0.8: stable to step 16
+    assert wsd[2:17] == [1e-3] * 15 and wsd[17] < 1e-3, wsd
+    for bad, match in (({"num_cycles": 0}, r"lr_scheduler.num_cycles \(--set\): expected a number > 0"),
+                       ({"power": -1.0}, r"lr_scheduler.power"),
+                       ({"decay_ratio": 1.5}, r"lr_scheduler.decay_ratio")):
+        with pytest.raises(ValueError, match=match):
+            lrs_of("CosineWithWarmUpLR", **bad)
+    with pytest.raises(TypeError, match=r"unknown schedule key\(s\) \['num_cycle'\]"):
+        lrs_of("CosineWithWarmUpLR", num_cycle=1.0)
 
 
 # ---------------------------------------------------------------- bad input
