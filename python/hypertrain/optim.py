@@ -126,9 +126,10 @@ def _check_loaded_state(who, opt, state_dict, keys):
                                  "of another model?)")
 
 
-def _check_params(who, groups):
-    """At construction: every param a floating-point CPU tensor."""
-    for i, p in enumerate(q for g in groups for q in g["params"]):
+def _check_params(who, groups, first=0):
+    """At construction (and add_param_group): every param a floating-point CPU tensor; first: the index of
+    the groups' first param over the optimizer's groups."""
+    for i, p in enumerate((q for g in groups for q in g["params"]), first):
         if not p.is_floating_point():
             raise TypeError(f"{who}: param {i} has dtype {p.dtype}; expected a floating-point param")
         if p.device.type != "cpu":
@@ -171,7 +172,49 @@ def _model_copy(who, label, p, pl):
     return ml.data_ptr(), str(model.dtype).removeprefix("torch.")
 
 
-class AdamW(torch.optim.Optimizer):
+class _Leaf(torch.optim.Optimizer):
+    """What AdamW and Muon share beyond torch.optim.Optimizer: pickling and deepcopy keep the attributes
+    step() reads (torch's __getstate__ keeps defaults, state and param_groups only), the params' names by
+    their place (errors name them; the params are new objects in a copy), and a group added later is checked
+    as the constructor checks its params."""
+
+    _KEPT = ()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for key in self._KEPT:
+            if key in self.__dict__:
+                state[key] = self.__dict__[key]
+        names = self.__dict__.get("_param_names")
+        if names is not None:
+            state["_param_names_by_place"] = [names.get(id(p)) for g in self.param_groups for p in g["params"]]
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        by_place = state.pop("_param_names_by_place", None)
+        super().__setstate__(state)
+        if by_place is not None:
+            params = [p for g in self.param_groups for p in g["params"]]
+            self._param_names = {id(p): n for p, n in zip(params, by_place) if n is not None}
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        try:
+            self._check_group(self.param_groups[-1])
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def _first_index(self):
+        """The index of the last group's first param over the groups (errors' param numbers)."""
+        return sum(len(g["params"]) for g in self.param_groups[:-1])
+
+    def _check_group(self, group):
+        _check_params(f"hypertrain.optim.{type(self).__name__}", [group], self._first_index())
+
+
+class AdamW(_Leaf):
     """torch.optim.AdamW's arguments, with torch's meaning; MindFormers' names too
     (learning_rate, beta1, beta2). One fused pass a param: decoupled weight decay,
     the moments, the bias-corrected step, rounded as torch's fused=True kernel;
@@ -201,7 +244,6 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay, amsgrad=False, maximize=False,
                         foreach=None, capturable=False, differentiable=False, fused=True)
         super().__init__(params, defaults)
-        _check_params("hypertrain.optim.AdamW", self.param_groups)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -336,7 +378,24 @@ def _update_scale(group, A, B):
     return rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
 
 
-class Muon(torch.optim.Optimizer):
+class _MuonGroup(dict):
+    """A Muon param group. Its "betas" is (momentum, 0.0): torch's OneCycleLR and CyclicLR write "betas" on every
+    group of an optimizer whose defaults hold betas (a chain of Muon and AdamW does), and here that writing is
+    momentum's, as they cycle torch.optim.Muon's momentum on Muon alone. Not a key of its own: the state
+    dict holds momentum."""
+
+    def __getitem__(self, key):
+        if key == "betas" and not dict.__contains__(self, "betas"):
+            return (dict.__getitem__(self, "momentum"), 0.0)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key, value):
+        if key == "betas":
+            key, value = "momentum", value[0]
+        dict.__setitem__(self, key, value)
+
+
+class Muon(_Leaf):
     """torch.optim.Muon's arguments, with torch's meaning (momentum as torch's lerp,
     ns_coefficients applied ns_steps times, adjust_lr_fn None/"original",
     "match_rms_adamw" or "spectral_unclamped"), and HyperParallel's and MindFormers' names:
@@ -374,10 +433,20 @@ class Muon(torch.optim.Optimizer):
                         ns_dtype=ns_dtype)
         defaults.update(_muon_derived("hypertrain.optim.Muon: ", defaults))
         super().__init__(params, defaults)
-        _check_params("hypertrain.optim.Muon", self.param_groups)
-        for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
+
+    _KEPT = ("comm_strategy",)
+
+    def add_param_group(self, param_group):
+        if isinstance(param_group, dict) and not isinstance(param_group, _MuonGroup):
+            param_group = _MuonGroup(param_group)
+        super().add_param_group(param_group)
+
+    def _check_group(self, group):
+        first = self._first_index()
+        _check_params("hypertrain.optim.Muon", [group], first)
+        for i, p in enumerate(group["params"]):
             if p.ndim not in (2, 3):
-                raise ValueError(f"hypertrain.optim.Muon: param {i} has shape {tuple(p.shape)}; Muon takes "
+                raise ValueError(f"hypertrain.optim.Muon: param {first + i} has shape {tuple(p.shape)}; Muon takes "
                                  "matrices (A, B) and stacks of them (E, A, B): give it to AdamW")
 
     @torch.no_grad()
@@ -448,6 +517,7 @@ class Muon(torch.optim.Optimizer):
             for i, g in enumerate(state_dict["param_groups"]):  # checked before anything is replaced
                 derived.append(_muon_derived(f"hypertrain.optim.Muon.load_state_dict: group {i}'s ", g, saved=True))
         super().load_state_dict(state_dict)
+        self.param_groups[:] = [_MuonGroup(g) for g in self.param_groups]
         for group, d in zip(self.param_groups, derived):
             group.update(d)
 
@@ -539,10 +609,23 @@ class _MergedState(dict):
     """Several optimizers' states as one mapping (their params are disjoint)."""
 
 
+# torch.optim.Optimizer's hooks; like torch's own optimizers, a pickled or copied one has none.
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+               "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+               "_optimizer_load_state_dict_post_hooks")
+
+
 class _Delegating(torch.optim.Optimizer):
     """An optimizer whose param groups and state are other optimizers' (the
     same dicts, so a scheduler or a state dict reaches them all): the base of
-    ChainedOptimizer and of the FP32 main-param wrapper."""
+    ChainedOptimizer and of the FP32 main-param wrapper. param_groups, state and
+    defaults are views, read from the optimizers at each use: a group a
+    sub-optimizer gains or replaces (its add_param_group, its load_state_dict)
+    is the chain's at once. defaults are the sub-optimizers' together (the first
+    optimizer's value where two hold a key): "momentum" with a Muon, "betas"
+    with an AdamW, as torch's schedulers look for them."""
+
+    _UNPICKLED = ()  # attributes a pickled copy rebuilds itself (__setstate__)
 
     def _adopt(self, optimizers):
         self.optimizers = list(optimizers)
@@ -550,17 +633,30 @@ class _Delegating(torch.optim.Optimizer):
         self._building = True
         super().__init__(params, {})
         self._building = False
-        self._relink()
-        self.defaults = {}
 
-    def _relink(self):
-        """The groups again after a sub-optimizer's load_state_dict (torch's makes new group dicts)."""
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+    @property
+    def param_groups(self):
+        return [g for o in self.__dict__.get("optimizers", []) for g in o.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value):  # torch.optim.Optimizer.__init__ assigns one; the sub-optimizers hold them
+        pass
+
+    @property
+    def defaults(self):
+        merged = {}
+        for o in reversed(self.__dict__.get("optimizers", [])):
+            merged.update(o.defaults)
+        return merged
+
+    @defaults.setter
+    def defaults(self, value):
+        pass
 
     @property
     def state(self):
         merged = _MergedState()
-        for o in getattr(self, "optimizers", []):
+        for o in self.__dict__.get("optimizers", []):
             merged.update(o.state)
         return merged
 
@@ -569,16 +665,55 @@ class _Delegating(torch.optim.Optimizer):
         pass
 
     def add_param_group(self, param_group):
-        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own call
-            return super().add_param_group(param_group)
-        raise NotImplementedError(f"hypertrain.optim.{type(self).__name__}: add the group to one of its optimizers")
+        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own calls: the groups are there
+            return None
+        raise NotImplementedError(f"hypertrain.optim.{type(self).__name__}.add_param_group")
+
+    def __getstate__(self):
+        """Everything but the hooks and what a scheduler patched in (torch's optimizers pickle without them)."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in _HOOK_DICTS and k not in ("step", "_opt_called") and k not in self._UNPICKLED}
+
+    def __setstate__(self, state):
+        torch.optim.Optimizer.__setstate__(self, state)
+
+    def _state_dict_hooks(self, state_dict=None):
+        """torch.optim.Optimizer.state_dict's hooks around an overriding state_dict: the pre hooks (state_dict
+        None), else the post hooks, any returning a replacement."""
+        if state_dict is None:
+            for hook in self._optimizer_state_dict_pre_hooks.values():
+                hook(self)
+            return None
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            out = hook(self, state_dict)
+            state_dict = state_dict if out is None else out
+        return state_dict
+
+    def _load_state_dict_hooks(self, state_dict=None, post=False):
+        """torch.optim.Optimizer.load_state_dict's hooks around an overriding load_state_dict."""
+        if post:
+            for hook in self._optimizer_load_state_dict_post_hooks.values():
+                hook(self)
+            return None
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            out = hook(self, state_dict)
+            state_dict = state_dict if out is None else out
+        return state_dict
+
+
+def _kind(o):
+    return type(o).__name__
 
 
 class ChainedOptimizer(_Delegating):
-    """Several optimizers stepped as one (HyperParallel's Muon + AdamW): step(),
-    zero_grad(), param_groups (every sub-optimizer's groups, the same dicts, so a
-    scheduler reaches them all), state_dict() in torch's layout over all the
-    groups in order, and load_state_dict() handing each optimizer its groups."""
+    """Several optimizers stepped as one (HyperParallel's Muon + AdamW), with
+    torch.optim.Optimizer's contract: step() (its hooks too), zero_grad(),
+    param_groups (every sub-optimizer's groups, the same dicts, so torch's
+    schedulers, OneCycleLR and ReduceLROnPlateau included, reach them all),
+    defaults, add_param_group (to the optimizer named, else by the params'
+    shapes), state_dict() in torch's layout over all the groups in order and
+    load_state_dict() handing each optimizer its groups (both with their hooks),
+    and pickling and deepcopy (a copy steps as the original)."""
 
     def __init__(self, optimizers):
         optimizers = list(optimizers)
@@ -606,7 +741,67 @@ class ChainedOptimizer(_Delegating):
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
 
+    def _route(self, param_group, optimizer):
+        """The sub-optimizer a new group goes to: `optimizer` (one of them, its index, or its class name), else by
+        the params' shapes: matrices and stacks of them (2-D, 3-D) to the chain's Muon, the others to its AdamW."""
+        who = "hypertrain.optim.ChainedOptimizer.add_param_group"
+        kinds = ", ".join(f"{i}: {_kind(o)}" for i, o in enumerate(self.optimizers))
+        if optimizer is not None:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                if not any(optimizer is o for o in self.optimizers):
+                    raise ValueError(f"{who}: optimizer= is not one of the chain's ({kinds})")
+                return optimizer
+            if isinstance(optimizer, int) and not isinstance(optimizer, bool):
+                if not 0 <= optimizer < len(self.optimizers):
+                    raise ValueError(f"{who}: optimizer={optimizer}; the chain has {kinds}")
+                return self.optimizers[optimizer]
+            named = [o for o in self.optimizers if _kind(o).lower() == str(optimizer).lower()]
+            if len(named) != 1:
+                raise ValueError(f"{who}: optimizer={optimizer!r} names {len(named)} of the chain's optimizers "
+                                 f"({kinds}); give one of them, or its index")
+            return named[0]
+        params = param_group.get("params")
+        params = [params] if isinstance(params, torch.Tensor) else list(params or [])
+        if not params:
+            raise ValueError(f"{who}: the group has no params")
+        tensors = [q[1] if isinstance(q, tuple) else q for q in params]
+        names = [q[0] if isinstance(q, tuple) else None for q in params]
+        matrix = [isinstance(t, torch.Tensor) and t.ndim in (2, 3) for t in tensors]
+        if any(matrix) and not all(matrix):
+            i = matrix.index(not matrix[0])
+            raise ValueError(f"{who}: the group mixes matrices and other shapes (param {i}"
+                             f"{' (' + names[i] + ')' if names[i] else ''} has shape {tuple(tensors[i].shape)}, "
+                             f"param 0 {tuple(tensors[0].shape)}): give each kind its own group, or name the "
+                             "optimizer (optimizer=)")
+        want = Muon if matrix[0] else AdamW
+        fits = [o for o in self.optimizers if isinstance(o, want)]
+        if len(fits) != 1:
+            raise ValueError(f"{who}: params of shape {tuple(tensors[0].shape)} go to a {want.__name__} by their "
+                             f"shape, and the chain has {len(fits)} ({kinds}): name the optimizer (optimizer=)")
+        return fits[0]
+
+    def add_param_group(self, param_group, optimizer=None):
+        """torch's add_param_group, to `optimizer` (a sub-optimizer, its index or its class name) or by shape
+        (2-D and 3-D params to Muon, the others to AdamW); the group takes that optimizer's defaults and is the
+        chain's next group from then on. Returns the optimizer that took it."""
+        if getattr(self, "_building", False):
+            return None
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        target = self._route(param_group, optimizer)
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        known = {id(p) for g in self.param_groups for p in g["params"]}
+        for i, q in enumerate(params):
+            t = q[1] if isinstance(q, tuple) else q
+            if id(t) in known:
+                raise ValueError(f"hypertrain.optim.ChainedOptimizer.add_param_group: param {i} of the group is "
+                                 "already one of the chain's")
+        target.add_param_group(param_group)
+        return target
+
     def load_state_dict(self, state_dict):
+        state_dict = self._load_state_dict_hooks(state_dict)
         groups, state, at = state_dict["param_groups"], state_dict["state"], 0
         if len(groups) != len(self.param_groups):
             raise ValueError(f"hypertrain.optim.ChainedOptimizer: the state dict has {len(groups)} param groups; "
@@ -616,7 +811,7 @@ class ChainedOptimizer(_Delegating):
             ids = [i for g in mine for i in g["params"]]
             o.load_state_dict({"state": {i: state[i] for i in ids if i in state}, "param_groups": mine})
             at += len(o.param_groups)
-        self._relink()
+        self._load_state_dict_hooks(post=True)
 
 
 def _named(model):
