@@ -883,10 +883,14 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
     matched_adamw_rms 0.2, weight decay 0.1; "torch": torch.optim.Muon's, as
     hypertrain.optim.Muon), torch's AdamW's. The semantics and the values used are
     logged once (logger "hypertrain": a warning where muon_semantics was not
-    given). fp32_main_params:
+    given). With model=, a param listed as it was before hypertrain.fully_shard
+    replaced it (the seed groups, then shards) is the sharded param of its name.
+    fp32_main_params:
     the AutoModels Trainer's FP32 main-param wrapper around the chain
     (hypertrain.mixed_precision; needs model=, whose names key the main params)."""
-    muon_params, adamw_params = list(muon_params or []), list(adamw_params or [])
+    from .fsdp import sharded_params  # params listed before hypertrain.fully_shard: the sharded ones of their names
+    muon_params = sharded_params(model, list(muon_params or []))
+    adamw_params = sharded_params(model, list(adamw_params or []))
     if fp32_main_params and model is None:
         raise ValueError("get_hyper_optimizer: fp32_main_params=True needs model= (the state dict keys the FP32 "
                          "main params by parameter name)")
