@@ -21,6 +21,8 @@ cmake --build build/python --target hypertrain_python -j"$(nproc)" > build/pytho
 stage=build/python/pkg/hypertrain
 rm -rf "$stage"
 mkdir -p "$stage"
-cp python/hypertrain/*.py build/python/_C*.so "$stage"/
+cp -r python/hypertrain/. "$stage"/
+find "$stage" -name __pycache__ -prune -exec rm -rf {} +
+cp build/python/_C*.so "$stage"/
 cd build/python
 PYTHONPATH=$PWD/pkg OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "$py" -m pytest -q -p no:cacheprovider ../../python/tests "$@"

@@ -911,6 +911,34 @@ static void test_set_overrides(void **state) {
     assert_string_equal(ht_config_source_name(HT_CONFIG_SOURCE_CLI), "command line");
 }
 
+/* CosineWithRestartsAndWarmUpLR's num_cycles defaults to whole cycles (1.0) in every dialect, the other
+ * cosines' to a half wave (0.5); a value given stays. ht_config_validate_lr_scheduler checks the schedule
+ * alone (what hypertrain.lr_scheduler checks from Python). */
+static void test_schedule_defaults(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    char *restarts[] = {"lr_scheduler.type=CosineWithRestartsAndWarmUpLR"};
+    assert_ht_ok(ht_config_load(NULL, 1, restarts, &cfg, &err), &err);
+    assert_true(cfg.lr_scheduler.num_cycles == 1.0);
+    assert_source(&cfg, "lr_scheduler.num_cycles", HT_CONFIG_SOURCE_DEFAULT, 0);
+    char *cosine[] = {"lr_scheduler.type=CosineWithWarmUpLR"};
+    assert_ht_ok(ht_config_load(NULL, 1, cosine, &cfg, &err), &err);
+    assert_true(cfg.lr_scheduler.num_cycles == 0.5);
+    char *given[] = {"lr_scheduler.type=CosineWithRestartsAndWarmUpLR", "lr_scheduler.num_cycles=0.5"};
+    assert_ht_ok(ht_config_load(NULL, 2, given, &cfg, &err), &err);
+    assert_true(cfg.lr_scheduler.num_cycles == 0.5);
+    assert_ht_ok(ht_config_validate_lr_scheduler(&cfg, &err), &err);
+    char *cooldown[] = {"lr_scheduler.type=ConstantWithCoolDownLR", "training.steps=10"};
+    assert_ht_ok(ht_config_load(NULL, 2, cooldown, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate_lr_scheduler(&cfg, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "set lr_scheduler.decay_steps or lr_scheduler.decay_ratio");
+    char *restarts_t0[] = {"lr_scheduler.type=CosineAnnealingWarmRestarts", "training.steps=10"};
+    assert_ht_ok(ht_config_load(NULL, 2, restarts_t0, &cfg, &err), &err);
+    assert_int_equal(ht_config_validate_lr_scheduler(&cfg, &err), HT_ERR_CONFIG);
+    assert_contains(err.msg, "lr_scheduler.t_0");
+}
+
 static void expect_set_error(const char *assignment, ...) {
     static ht_config cfg, before;
     ht_error err = {0};
@@ -2057,6 +2085,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_types),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_schedule_defaults),
         cmocka_unit_test(test_set_errors),
         cmocka_unit_test(test_paths_as_a_shell_takes_them),
         cmocka_unit_test(test_fp32_main_params_rule),

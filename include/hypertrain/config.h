@@ -309,6 +309,9 @@ ht_status ht_config_set(ht_config *cfg, const char *assignment, ht_error *err);
  * data-parallel size is world / (ulysses x ring)); lists every violation,
  * one per line. Never changes a value. */
 ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err);
+/* ht_config_validate's rules for the learning-rate schedule alone (lr_scheduler.* and
+ * training.steps): what hypertrain.lr_scheduler checks from Python. */
+ht_status ht_config_validate_lr_scheduler(const ht_config *cfg, ht_error *err);
 /* The data-parallel size of a valid config on `world` ranks. */
 int ht_config_data_parallel_size(const ht_config *cfg, int world);
 

@@ -121,6 +121,11 @@ typedef struct ht_trainer {
     int stopped_by; /* the stop_request value that ended the run early; 0: it ran to training.steps */
 } ht_trainer;
 
+/* The schedule a leaf with base lr `base_lr` follows under config `c` (docs/NUMERICS.md,
+ * learning-rate schedules): the derived counts resolved (W, D, S, lr_end2) as the trainer
+ * runs them; hypertrain.lr_scheduler builds its schedules through it. */
+void ht_train_lr_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr);
+
 /* Validates the config, builds or loads the model, applies model_init_dtype,
  * opens the data, creates the FP32 main params and the optimizer. */
 ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err);

@@ -14,9 +14,22 @@ whose gradients are to be scaled.
 
 Importing hypertrain installs it as FSDPModule.set_gradient_scaling_factor
 where PyTorch has none.
+
+fully_shard and init_device_mesh, as seed 002 imports them from hyper_parallel:
+PyTorch's, with two of HyperParallel's meanings. init_device_mesh("npu", ...)
+on a PyTorch without an Ascend backend is a CPU mesh (hypertrain's optimizers
+run on CPU tensors), said once in the log. fully_shard records the names of
+the params it replaces, so that get_hyper_optimizer(model=...) given the
+params of before the sharding (the seed groups them, then shards) takes the
+sharded params of the same names.
 """
 
+import logging
+
 import torch
+
+_log = logging.getLogger("hypertrain")
+PRESHARD_NAMES = "_hypertrain_preshard_names"  # on a fully_shard module: {id(param before): its name there}
 
 
 def _check_factor(factor):
@@ -67,6 +80,66 @@ def set_gradient_scaling_factor(module, factor=None, *, scale_factor=None):
         hook = group._all_reduce_hook
         inner = hook.inner if isinstance(hook, _Scaling) else hook
         group._all_reduce_hook = inner if factor is None else _Scaling(inner, factor)
+
+
+def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, **kwargs):
+    """torch.distributed.device_mesh.init_device_mesh; "npu" where PyTorch has no Ascend backend (torch.npu) is
+    "cpu", said once (logger "hypertrain")."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+
+    if device_type == "npu" and not hasattr(torch, "npu"):
+        if not getattr(init_device_mesh, "_said", False):
+            init_device_mesh._said = True
+            _log.warning("init_device_mesh: no Ascend NPU backend in this PyTorch; the \"npu\" mesh is a CPU mesh "
+                         "(hypertrain's optimizers run on CPU tensors)")
+        device_type = "cpu"
+    return torch_init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names, **kwargs)
+
+
+def fully_shard(module, *args, **kwargs):
+    """torch.distributed.fsdp.fully_shard, the names of the params it replaces recorded on the module (for
+    get_hyper_optimizer given the params of before the sharding)."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    modules = module if isinstance(module, (list, tuple)) else [module]
+    before = [{id(p): n for n, p in m.named_parameters()} for m in modules]
+    out = torch_fully_shard(module, *args, **kwargs)
+    for m, names in zip(modules, before):
+        recorded = getattr(m, PRESHARD_NAMES, {})
+        recorded.update(names)
+        object.__setattr__(m, PRESHARD_NAMES, recorded)
+    return out
+
+
+def sharded_params(model, params):
+    """params (tensors or param-group dicts) with each param that a fully_shard call on model or one of its
+    submodules replaced taken as the model's param of the same name now (the same global shape, checked)."""
+    if model is None:
+        return params
+    now = {id(p) for p in model.parameters()}
+    renamed = {}
+    for prefix, m in model.named_modules():
+        for old, name in getattr(m, PRESHARD_NAMES, {}).items():
+            renamed.setdefault(old, f"{prefix}.{name}" if prefix else name)
+
+    def current(p):
+        if not isinstance(p, torch.Tensor) or id(p) in now or id(p) not in renamed:
+            return p
+        q = model.get_parameter(renamed[id(p)])
+        if tuple(q.shape) != tuple(p.shape):
+            raise ValueError(f"get_hyper_optimizer: param {renamed[id(p)]} was {tuple(p.shape)} before fully_shard "
+                             f"and is {tuple(q.shape)} now")
+        return q
+
+    out = []
+    for x in params:
+        if isinstance(x, dict):
+            x = dict(x, params=[current(p) for p in ([x["params"]] if isinstance(x["params"], torch.Tensor)
+                                                      else x["params"])])
+            out.append(x)
+        else:
+            out.append(current(x))
+    return out
 
 
 def _install():

@@ -68,56 +68,96 @@ class Float16OptimizerWithFloat16Params(_Delegating):
         if model is None:
             raise ValueError("Float16OptimizerWithFloat16Params: model= is needed (the state dict keys the FP32 "
                              "main params by parameter name)")
-        names = {id(p): n for n, p in model.named_parameters()}
+        self._names = {id(p): n for n, p in model.named_parameters()}
         self.inner = optimizer
         self.pairs = []  # (name, model param, main param) of every low-precision param
         self.fp32_params = []  # the float32 params, their own main params
         self._hooks = []
         leaves = getattr(optimizer, "optimizers", [optimizer])
         for leaf in leaves:
-            leaf._param_names = known = dict(getattr(leaf, "_param_names", {}))  # errors name the main params
             for group in leaf.param_groups:
-                for i, p in enumerate(group["params"]):
-                    name = names.get(id(p))
-                    if name is None:
-                        raise ValueError("Float16OptimizerWithFloat16Params: an optimizer param is not one of the "
-                                         "model's parameters")
-                    known[id(p)] = name
-                    if p.dtype == torch.float32:
-                        p.main_param = p
-                        self.fp32_params.append(p)
-                        continue
-                    if p.dtype not in _LOW:
-                        raise TypeError(f"Float16OptimizerWithFloat16Params: param {name} has dtype {p.dtype}; "
-                                        "expected float16, bfloat16 or float32")
-                    local = _local(p)
-                    if local.device.type != "cpu" or not local.is_contiguous():
-                        raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
-                                         f"tensor (it is on {local.device})")
-                    if not _has_grad_dtype(p):
-                        raise RuntimeError(f"Float16OptimizerWithFloat16Params: this PyTorch ({torch.__version__}) "
-                                           "has no Tensor.grad_dtype, which the wrapper needs: autograd must "
-                                           f"accumulate {name}'s gradient in FP32 as its .grad, where "
-                                           "model.zero_grad() and torch.nn.utils.clip_grad_norm_ see it; upgrade "
-                                           "PyTorch")
-                    main = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad)
-                    main._hypertrain_model_param = p  # hypertrain's kernels write p in the step's pass
-                    early, p.grad = p.grad, None  # a gradient from before the wrapping: kept, in FP32
-                    p.grad_dtype = torch.float32  # autograd, and FSDP2's reduction, deliver FP32 gradients
-                    if early is not None:
-                        p.grad = early.to(torch.float32)
-                    p.main_param, p.main_grad = main, p.grad
-                    group["params"][i] = main
-                    known[id(main)] = name
-                    if p in leaf.state:
-                        leaf.state[main] = leaf.state.pop(p)
-                    self.pairs.append((name, p, main))
-                    self._hooks.append(p.register_post_accumulate_grad_hook(_main_grad_is_grad))
+                self._wrap_group(leaf, group)
         self.fused_writeback = all(isinstance(leaf, (AdamW, Muon)) for leaf in leaves)
         self._adopt([optimizer])
 
-    def _relink(self):
-        self.param_groups = self.inner.param_groups
+    def _wrap_group(self, leaf, group):
+        """Each low-precision param of `group` (one of leaf's) replaced by its FP32 main param, its grad_dtype
+        float32 and its main_grad hook set; a float32 one its own main param."""
+        known = leaf.__dict__.setdefault("_param_names", {})  # errors name the main params
+        if not isinstance(known, dict):
+            known = leaf._param_names = {}
+        for i, p in enumerate(group["params"]):
+            name = self._names.get(id(p))
+            if name is None:
+                raise ValueError("Float16OptimizerWithFloat16Params: an optimizer param is not one of the "
+                                 "model's parameters")
+            known[id(p)] = name
+            if p.dtype == torch.float32:
+                p.main_param = p
+                self.fp32_params.append(p)
+                continue
+            if p.dtype not in _LOW:
+                raise TypeError(f"Float16OptimizerWithFloat16Params: param {name} has dtype {p.dtype}; "
+                                "expected float16, bfloat16 or float32")
+            local = _local(p)
+            if local.device.type != "cpu" or not local.is_contiguous():
+                raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
+                                 f"tensor (it is on {local.device})")
+            if not _has_grad_dtype(p):
+                raise RuntimeError(f"Float16OptimizerWithFloat16Params: this PyTorch ({torch.__version__}) "
+                                   "has no Tensor.grad_dtype, which the wrapper needs: autograd must "
+                                   f"accumulate {name}'s gradient in FP32 as its .grad, where "
+                                   "model.zero_grad() and torch.nn.utils.clip_grad_norm_ see it; upgrade "
+                                   "PyTorch")
+            main = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad)
+            main._hypertrain_model_param = p  # hypertrain's kernels write p in the step's pass
+            early, p.grad = p.grad, None  # a gradient from before the wrapping: kept, in FP32
+            p.grad_dtype = torch.float32  # autograd, and FSDP2's reduction, deliver FP32 gradients
+            if early is not None:
+                p.grad = early.to(torch.float32)
+            p.main_param, p.main_grad = main, p.grad
+            group["params"][i] = main
+            known[id(main)] = name
+            if p in leaf.state:
+                leaf.state[main] = leaf.state.pop(p)
+            self.pairs.append((name, p, main))
+            self._hooks.append(p.register_post_accumulate_grad_hook(_main_grad_is_grad))
+
+    def add_param_group(self, param_group, optimizer=None):
+        """The inner optimizer's add_param_group (a chain's: to `optimizer`, else by shape), the group's
+        low-precision params then given FP32 main params as the constructor gives them."""
+        if getattr(self, "_building", False):
+            return None
+        if hasattr(self.inner, "optimizers"):
+            leaf = self.inner.add_param_group(param_group, optimizer=optimizer)
+        else:
+            if optimizer is not None and optimizer is not self.inner:
+                raise ValueError("Float16OptimizerWithFloat16Params.add_param_group: optimizer= names a "
+                                 "sub-optimizer of a chain; this wrapper holds one optimizer")
+            self.inner.add_param_group(param_group)
+            leaf = self.inner
+        self._wrap_group(leaf, leaf.param_groups[-1])
+        self.fused_writeback = self.fused_writeback and isinstance(leaf, (AdamW, Muon))
+        return leaf
+
+    _UNPICKLED = ("_hooks",)
+
+    def __setstate__(self, state):
+        """A pickled or copied wrapper: its model params (copies, in a copy) are linked to their main params
+        and take FP32 gradients and the main_grad hook again, which neither pickling nor deepcopy carries."""
+        super().__setstate__(state)
+        self._hooks = []
+        for _, p, main in self.pairs:  # tensors' Python attributes do not survive deepcopy or pickle
+            p.grad_dtype = torch.float32
+            main._hypertrain_model_param = p
+            p.main_param, p.main_grad = main, p.grad
+            self._hooks.append(p.register_post_accumulate_grad_hook(_main_grad_is_grad))
+        for p in self.fp32_params:
+            p.main_param = p
+        self._names = {}  # by the leaves' names, which pickling keeps by place
+        for leaf in getattr(self.inner, "optimizers", [self.inner]):
+            self._names.update(getattr(leaf, "_param_names", {}))
+        self._names.update({id(p): name for name, p, _ in self.pairs})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -157,13 +197,14 @@ class Float16OptimizerWithFloat16Params(_Delegating):
             p.main_grad = p.grad
 
     def state_dict(self):
+        self._state_dict_hooks()
         sd = self.inner.state_dict()
         sd[KEY] = {"fp32_from_fp16_params": {name: main.detach() for name, _, main in self.pairs}}
-        return sd
+        return self._state_dict_hooks(sd)
 
     @torch.no_grad()
     def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
+        state_dict = dict(self._load_state_dict_hooks(state_dict))
         mixed = state_dict.pop(KEY, None)
         saved = None
         if mixed is not None:
@@ -186,7 +227,6 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                                      f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}; expected "
                                      f"torch.float32 {tuple(main.shape)}")
         self.inner.load_state_dict(state_dict)
-        self._relink()
         if saved is None and self.pairs:
             warnings.warn("Float16OptimizerWithFloat16Params: the state dict has no "
                           f"{KEY}.fp32_from_fp16_params; the FP32 main params start from the model's "
@@ -199,3 +239,4 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                 if hasattr(main, "to_local") and not hasattr(t, "to_local"):  # a whole tensor: this rank's rows
                     t = _keep_local(main, t)
                 _local(main).copy_(_local(t))
+        self._load_state_dict_hooks(post=True)

@@ -16,6 +16,7 @@ load_state_dict; an error names the param by index and by name where known.
 bf16/f16 params take the FP32 main-param wrapper (hypertrain.mixed_precision).
 """
 
+import logging
 import math
 import operator
 
@@ -125,9 +126,10 @@ def _check_loaded_state(who, opt, state_dict, keys):
                                  "of another model?)")
 
 
-def _check_params(who, groups):
-    """At construction: every param a floating-point CPU tensor."""
-    for i, p in enumerate(q for g in groups for q in g["params"]):
+def _check_params(who, groups, first=0):
+    """At construction (and add_param_group): every param a floating-point CPU tensor; first: the index of
+    the groups' first param over the optimizer's groups."""
+    for i, p in enumerate((q for g in groups for q in g["params"]), first):
         if not p.is_floating_point():
             raise TypeError(f"{who}: param {i} has dtype {p.dtype}; expected a floating-point param")
         if p.device.type != "cpu":
@@ -170,7 +172,49 @@ def _model_copy(who, label, p, pl):
     return ml.data_ptr(), str(model.dtype).removeprefix("torch.")
 
 
-class AdamW(torch.optim.Optimizer):
+class _Leaf(torch.optim.Optimizer):
+    """What AdamW and Muon share beyond torch.optim.Optimizer: pickling and deepcopy keep the attributes
+    step() reads (torch's __getstate__ keeps defaults, state and param_groups only), the params' names by
+    their place (errors name them; the params are new objects in a copy), and a group added later is checked
+    as the constructor checks its params."""
+
+    _KEPT = ()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for key in self._KEPT:
+            if key in self.__dict__:
+                state[key] = self.__dict__[key]
+        names = self.__dict__.get("_param_names")
+        if names is not None:
+            state["_param_names_by_place"] = [names.get(id(p)) for g in self.param_groups for p in g["params"]]
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        by_place = state.pop("_param_names_by_place", None)
+        super().__setstate__(state)
+        if by_place is not None:
+            params = [p for g in self.param_groups for p in g["params"]]
+            self._param_names = {id(p): n for p, n in zip(params, by_place) if n is not None}
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        try:
+            self._check_group(self.param_groups[-1])
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def _first_index(self):
+        """The index of the last group's first param over the groups (errors' param numbers)."""
+        return sum(len(g["params"]) for g in self.param_groups[:-1])
+
+    def _check_group(self, group):
+        _check_params(f"hypertrain.optim.{type(self).__name__}", [group], self._first_index())
+
+
+class AdamW(_Leaf):
     """torch.optim.AdamW's arguments, with torch's meaning; MindFormers' names too
     (learning_rate, beta1, beta2). One fused pass a param: decoupled weight decay,
     the moments, the bias-corrected step, rounded as torch's fused=True kernel;
@@ -200,7 +244,6 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay, amsgrad=False, maximize=False,
                         foreach=None, capturable=False, differentiable=False, fused=True)
         super().__init__(params, defaults)
-        _check_params("hypertrain.optim.AdamW", self.param_groups)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -290,16 +333,81 @@ def _schedule(ns_coefficients, ns_steps, ns_variant):
     return triples
 
 
-class Muon(torch.optim.Optimizer):
+_ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's
+
+
+def _muon_derived(prefix, g, saved=False):
+    """A Muon group's keys the step reads that its arguments imply, the arguments checked: momentum_style,
+    ns_variant, ns_dtype and matched_adamw_rms (torch's meaning where absent, as in torch.optim.Muon's state
+    dicts: 'ema', None, 'float32', adjust_lr_fn's scale) and the Newton-Schulz schedule. prefix names the group
+    in errors; saved: g is a state dict's group (a key is named as the group's, not as an argument)."""
+    def name(key, value):
+        return f"{prefix}{key!r} is {value!r}" if saved else f"{prefix}{key} {value!r}"
+
+    style = g.get("momentum_style", "ema")
+    if style not in ("ema", "sum"):
+        raise ValueError(f"{name('momentum_style', style)}; expected 'ema' (torch's) or 'sum' (HyperParallel's)")
+    ns_dtype = g.get("ns_dtype", "float32")
+    if ns_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"{name('ns_dtype', ns_dtype)}; expected 'float32' or 'bfloat16'")
+    adjust = g.get("adjust_lr_fn")
+    if adjust not in _ADJUST_LR_FNS:
+        raise ValueError(f"{name('adjust_lr_fn', adjust)}; expected None, 'original', 'match_rms_adamw' or "
+                         "'spectral_unclamped' (torch.optim.Muon's)")
+    rms = {None: 0.0, "original": 0.0, "match_rms_adamw": 0.2, "spectral_unclamped": 0.0}[adjust]
+    given = g.get("matched_adamw_rms")
+    if given is not None:
+        if not float(given) >= 0.0:
+            raise ValueError(f"{name('matched_adamw_rms', given)}; expected >= 0")
+        if adjust is not None and float(given) != rms and not saved:
+            raise ValueError(f"{prefix}adjust_lr_fn {adjust!r} and matched_adamw_rms {given} disagree")
+        rms = float(given)
+    if adjust == "spectral_unclamped" and rms != 0.0:
+        raise ValueError(f"{prefix}adjust_lr_fn 'spectral_unclamped' and matched_adamw_rms {rms} disagree")
+    schedule = _schedule(g.get("ns_coefficients", _TORCH_NS_COEFFICIENTS), g.get("ns_steps", 5),
+                         g.get("ns_variant"))
+    return dict(momentum_style=style, ns_variant=g.get("ns_variant"), ns_dtype=ns_dtype, matched_adamw_rms=rms,
+                schedule=schedule)
+
+
+def _update_scale(group, A, B):
+    """The update's scale for an (A, B) matrix (docs/NUMERICS.md, Muon; torch.optim.Muon's _adjust_lr)."""
+    if group.get("adjust_lr_fn") == "spectral_unclamped":
+        return math.sqrt(A / B)
+    rms = group["matched_adamw_rms"]
+    return rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+
+
+class _MuonGroup(dict):
+    """A Muon param group. Its "betas" is (momentum, 0.0): torch's OneCycleLR and CyclicLR write "betas" on every
+    group of an optimizer whose defaults hold betas (a chain of Muon and AdamW does), and here that writing is
+    momentum's, as they cycle torch.optim.Muon's momentum on Muon alone. Not a key of its own: the state
+    dict holds momentum."""
+
+    def __getitem__(self, key):
+        if key == "betas" and not dict.__contains__(self, "betas"):
+            return (dict.__getitem__(self, "momentum"), 0.0)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key, value):
+        if key == "betas":
+            key, value = "momentum", value[0]
+        dict.__setitem__(self, key, value)
+
+
+class Muon(_Leaf):
     """torch.optim.Muon's arguments, with torch's meaning (momentum as torch's lerp,
-    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original" or
-    "match_rms_adamw"), and HyperParallel's and MindFormers' names:
+    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original",
+    "match_rms_adamw" or "spectral_unclamped"), and HyperParallel's and MindFormers' names:
     momentum_style ("ema", torch's, or "sum": B <- mu B + g), ns_variant
     ("legacy", "asym5", "polar_express", "deepseek_v4"), matched_adamw_rms (the
     update scale rms * sqrt(max(A, B)); 0: sqrt(max(1, A / B))), ns_eps,
     learning_rate, ns_dtype ("float32" or "bfloat16"). A param (A, B) is one
     matrix; (E, A, B) is E matrices, each orthogonalized on its own with the
-    scale of an (A, B) one."""
+    scale of an (A, B) one. A torch.optim.Muon state dict loads (its groups
+    take torch's meaning) and this one's loads into torch.optim.Muon, which
+    goes on as this one does where the groups have torch's meaning
+    (momentum_style "ema", no ns_variant, matched_adamw_rms as adjust_lr_fn's)."""
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
@@ -315,35 +423,30 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"hypertrain.optim.Muon: momentum {momentum}; expected [0, 1)")
         if not eps > 0.0:
             raise ValueError(f"hypertrain.optim.Muon: eps {eps}; expected > 0 (a zero matrix would divide by zero)")
-        if momentum_style not in ("ema", "sum"):
-            raise ValueError(f"hypertrain.optim.Muon: momentum_style {momentum_style!r}; expected 'ema' or 'sum'")
         if comm_strategy not in ("allgather", "deredundancy"):
             raise ValueError(f"hypertrain.optim.Muon: comm_strategy {comm_strategy!r}; expected 'allgather' or "
                              "'deredundancy'")
         self.comm_strategy = comm_strategy
-        if ns_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"hypertrain.optim.Muon: ns_dtype {ns_dtype!r}; expected 'float32' or 'bfloat16'")
-        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
-            raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r}; expected None, 'original' or "
-                             "'match_rms_adamw'")
-        rms = {None: 0.0, "original": 0.0, "match_rms_adamw": 0.2}[adjust_lr_fn]
-        if matched_adamw_rms is not None:
-            if adjust_lr_fn is not None and float(matched_adamw_rms) != rms:
-                raise ValueError(f"hypertrain.optim.Muon: adjust_lr_fn {adjust_lr_fn!r} and matched_adamw_rms "
-                                 f"{matched_adamw_rms} disagree")
-            if not float(matched_adamw_rms) >= 0.0:
-                raise ValueError(f"hypertrain.optim.Muon: matched_adamw_rms {matched_adamw_rms}; expected >= 0")
-            rms = float(matched_adamw_rms)
-        schedule = _schedule(ns_coefficients, ns_steps, ns_variant)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=rms,
-                        ns_dtype=ns_dtype, schedule=schedule)
+                        momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=matched_adamw_rms,
+                        ns_dtype=ns_dtype)
+        defaults.update(_muon_derived("hypertrain.optim.Muon: ", defaults))
         super().__init__(params, defaults)
-        _check_params("hypertrain.optim.Muon", self.param_groups)
-        for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
+
+    _KEPT = ("comm_strategy",)
+
+    def add_param_group(self, param_group):
+        if isinstance(param_group, dict) and not isinstance(param_group, _MuonGroup):
+            param_group = _MuonGroup(param_group)
+        super().add_param_group(param_group)
+
+    def _check_group(self, group):
+        first = self._first_index()
+        _check_params("hypertrain.optim.Muon", [group], first)
+        for i, p in enumerate(group["params"]):
             if p.ndim not in (2, 3):
-                raise ValueError(f"hypertrain.optim.Muon: param {i} has shape {tuple(p.shape)}; Muon takes "
+                raise ValueError(f"hypertrain.optim.Muon: param {first + i} has shape {tuple(p.shape)}; Muon takes "
                                  "matrices (A, B) and stacks of them (E, A, B): give it to AdamW")
 
     @torch.no_grad()
@@ -400,15 +503,23 @@ class Muon(torch.optim.Optimizer):
             else:
                 _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
                                  group["eps"], group["ns_dtype"])
-            rms = group["matched_adamw_rms"]
-            scale = rms * math.sqrt(max(A, B)) if rms > 0 else math.sqrt(max(1.0, A / B))
+            scale = _update_scale(group, A, B)
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
                               *model)
 
     def load_state_dict(self, state_dict):
+        """torch.optim.Muon's state dicts too: their groups lack hypertrain's keys, which take torch's meaning
+        (momentum_style 'ema', the ns_coefficients triple ns_steps times, the update scale of adjust_lr_fn)."""
         _check_loaded_state("hypertrain.optim.Muon", self, state_dict, ("momentum_buffer",))
+        derived = []
+        if isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list):
+            for i, g in enumerate(state_dict["param_groups"]):  # checked before anything is replaced
+                derived.append(_muon_derived(f"hypertrain.optim.Muon.load_state_dict: group {i}'s ", g, saved=True))
         super().load_state_dict(state_dict)
+        self.param_groups[:] = [_MuonGroup(g) for g in self.param_groups]
+        for group, d in zip(self.param_groups, derived):
+            group.update(d)
 
 
 def _gather(p, local):
@@ -498,10 +609,23 @@ class _MergedState(dict):
     """Several optimizers' states as one mapping (their params are disjoint)."""
 
 
+# torch.optim.Optimizer's hooks; like torch's own optimizers, a pickled or copied one has none.
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+               "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+               "_optimizer_load_state_dict_post_hooks")
+
+
 class _Delegating(torch.optim.Optimizer):
     """An optimizer whose param groups and state are other optimizers' (the
     same dicts, so a scheduler or a state dict reaches them all): the base of
-    ChainedOptimizer and of the FP32 main-param wrapper."""
+    ChainedOptimizer and of the FP32 main-param wrapper. param_groups, state and
+    defaults are views, read from the optimizers at each use: a group a
+    sub-optimizer gains or replaces (its add_param_group, its load_state_dict)
+    is the chain's at once. defaults are the sub-optimizers' together (the first
+    optimizer's value where two hold a key): "momentum" with a Muon, "betas"
+    with an AdamW, as torch's schedulers look for them."""
+
+    _UNPICKLED = ()  # attributes a pickled copy rebuilds itself (__setstate__)
 
     def _adopt(self, optimizers):
         self.optimizers = list(optimizers)
@@ -509,17 +633,30 @@ class _Delegating(torch.optim.Optimizer):
         self._building = True
         super().__init__(params, {})
         self._building = False
-        self._relink()
-        self.defaults = {}
 
-    def _relink(self):
-        """The groups again after a sub-optimizer's load_state_dict (torch's makes new group dicts)."""
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+    @property
+    def param_groups(self):
+        return [g for o in self.__dict__.get("optimizers", []) for g in o.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value):  # torch.optim.Optimizer.__init__ assigns one; the sub-optimizers hold them
+        pass
+
+    @property
+    def defaults(self):
+        merged = {}
+        for o in reversed(self.__dict__.get("optimizers", [])):
+            merged.update(o.defaults)
+        return merged
+
+    @defaults.setter
+    def defaults(self, value):
+        pass
 
     @property
     def state(self):
         merged = _MergedState()
-        for o in getattr(self, "optimizers", []):
+        for o in self.__dict__.get("optimizers", []):
             merged.update(o.state)
         return merged
 
@@ -528,16 +665,55 @@ class _Delegating(torch.optim.Optimizer):
         pass
 
     def add_param_group(self, param_group):
-        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own call
-            return super().add_param_group(param_group)
-        raise NotImplementedError(f"hypertrain.optim.{type(self).__name__}: add the group to one of its optimizers")
+        if getattr(self, "_building", False):  # torch.optim.Optimizer.__init__'s own calls: the groups are there
+            return None
+        raise NotImplementedError(f"hypertrain.optim.{type(self).__name__}.add_param_group")
+
+    def __getstate__(self):
+        """Everything but the hooks and what a scheduler patched in (torch's optimizers pickle without them)."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in _HOOK_DICTS and k not in ("step", "_opt_called") and k not in self._UNPICKLED}
+
+    def __setstate__(self, state):
+        torch.optim.Optimizer.__setstate__(self, state)
+
+    def _state_dict_hooks(self, state_dict=None):
+        """torch.optim.Optimizer.state_dict's hooks around an overriding state_dict: the pre hooks (state_dict
+        None), else the post hooks, any returning a replacement."""
+        if state_dict is None:
+            for hook in self._optimizer_state_dict_pre_hooks.values():
+                hook(self)
+            return None
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            out = hook(self, state_dict)
+            state_dict = state_dict if out is None else out
+        return state_dict
+
+    def _load_state_dict_hooks(self, state_dict=None, post=False):
+        """torch.optim.Optimizer.load_state_dict's hooks around an overriding load_state_dict."""
+        if post:
+            for hook in self._optimizer_load_state_dict_post_hooks.values():
+                hook(self)
+            return None
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            out = hook(self, state_dict)
+            state_dict = state_dict if out is None else out
+        return state_dict
+
+
+def _kind(o):
+    return type(o).__name__
 
 
 class ChainedOptimizer(_Delegating):
-    """Several optimizers stepped as one (HyperParallel's Muon + AdamW): step(),
-    zero_grad(), param_groups (every sub-optimizer's groups, the same dicts, so a
-    scheduler reaches them all), state_dict() in torch's layout over all the
-    groups in order, and load_state_dict() handing each optimizer its groups."""
+    """Several optimizers stepped as one (HyperParallel's Muon + AdamW), with
+    torch.optim.Optimizer's contract: step() (its hooks too), zero_grad(),
+    param_groups (every sub-optimizer's groups, the same dicts, so torch's
+    schedulers, OneCycleLR and ReduceLROnPlateau included, reach them all),
+    defaults, add_param_group (to the optimizer named, else by the params'
+    shapes), state_dict() in torch's layout over all the groups in order and
+    load_state_dict() handing each optimizer its groups (both with their hooks),
+    and pickling and deepcopy (a copy steps as the original)."""
 
     def __init__(self, optimizers):
         optimizers = list(optimizers)
@@ -565,7 +741,67 @@ class ChainedOptimizer(_Delegating):
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
 
+    def _route(self, param_group, optimizer):
+        """The sub-optimizer a new group goes to: `optimizer` (one of them, its index, or its class name), else by
+        the params' shapes: matrices and stacks of them (2-D, 3-D) to the chain's Muon, the others to its AdamW."""
+        who = "hypertrain.optim.ChainedOptimizer.add_param_group"
+        kinds = ", ".join(f"{i}: {_kind(o)}" for i, o in enumerate(self.optimizers))
+        if optimizer is not None:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                if not any(optimizer is o for o in self.optimizers):
+                    raise ValueError(f"{who}: optimizer= is not one of the chain's ({kinds})")
+                return optimizer
+            if isinstance(optimizer, int) and not isinstance(optimizer, bool):
+                if not 0 <= optimizer < len(self.optimizers):
+                    raise ValueError(f"{who}: optimizer={optimizer}; the chain has {kinds}")
+                return self.optimizers[optimizer]
+            named = [o for o in self.optimizers if _kind(o).lower() == str(optimizer).lower()]
+            if len(named) != 1:
+                raise ValueError(f"{who}: optimizer={optimizer!r} names {len(named)} of the chain's optimizers "
+                                 f"({kinds}); give one of them, or its index")
+            return named[0]
+        params = param_group.get("params")
+        params = [params] if isinstance(params, torch.Tensor) else list(params or [])
+        if not params:
+            raise ValueError(f"{who}: the group has no params")
+        tensors = [q[1] if isinstance(q, tuple) else q for q in params]
+        names = [q[0] if isinstance(q, tuple) else None for q in params]
+        matrix = [isinstance(t, torch.Tensor) and t.ndim in (2, 3) for t in tensors]
+        if any(matrix) and not all(matrix):
+            i = matrix.index(not matrix[0])
+            raise ValueError(f"{who}: the group mixes matrices and other shapes (param {i}"
+                             f"{' (' + names[i] + ')' if names[i] else ''} has shape {tuple(tensors[i].shape)}, "
+                             f"param 0 {tuple(tensors[0].shape)}): give each kind its own group, or name the "
+                             "optimizer (optimizer=)")
+        want = Muon if matrix[0] else AdamW
+        fits = [o for o in self.optimizers if isinstance(o, want)]
+        if len(fits) != 1:
+            raise ValueError(f"{who}: params of shape {tuple(tensors[0].shape)} go to a {want.__name__} by their "
+                             f"shape, and the chain has {len(fits)} ({kinds}): name the optimizer (optimizer=)")
+        return fits[0]
+
+    def add_param_group(self, param_group, optimizer=None):
+        """torch's add_param_group, to `optimizer` (a sub-optimizer, its index or its class name) or by shape
+        (2-D and 3-D params to Muon, the others to AdamW); the group takes that optimizer's defaults and is the
+        chain's next group from then on. Returns the optimizer that took it."""
+        if getattr(self, "_building", False):
+            return None
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        target = self._route(param_group, optimizer)
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        known = {id(p) for g in self.param_groups for p in g["params"]}
+        for i, q in enumerate(params):
+            t = q[1] if isinstance(q, tuple) else q
+            if id(t) in known:
+                raise ValueError(f"hypertrain.optim.ChainedOptimizer.add_param_group: param {i} of the group is "
+                                 "already one of the chain's")
+        target.add_param_group(param_group)
+        return target
+
     def load_state_dict(self, state_dict):
+        state_dict = self._load_state_dict_hooks(state_dict)
         groups, state, at = state_dict["param_groups"], state_dict["state"], 0
         if len(groups) != len(self.param_groups):
             raise ValueError(f"hypertrain.optim.ChainedOptimizer: the state dict has {len(groups)} param groups; "
@@ -575,7 +811,7 @@ class ChainedOptimizer(_Delegating):
             ids = [i for g in mine for i in g["params"]]
             o.load_state_dict({"state": {i: state[i] for i in ids if i in state}, "param_groups": mine})
             at += len(o.param_groups)
-        self._relink()
+        self._load_state_dict_hooks(post=True)
 
 
 def _named(model):
@@ -589,21 +825,72 @@ def _flatten(params):
     return out
 
 
-# HyperParallel's Muon (docs/NUMERICS.md's defaults): sum momentum, Nesterov, asym5, matched AdamW RMS 0.2.
-_HYPER_MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="sum",
-                   ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2)
+# What Muon's keyword arguments mean under each semantics: the values a key not given takes.
+# HyperParallel's (docs/NUMERICS.md's defaults): sum momentum, Nesterov, asym5, matched AdamW RMS 0.2.
+# torch's: torch.optim.Muon's (hypertrain.optim.Muon's own defaults).
+MUON_SEMANTICS = {
+    "hyperparallel": dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="sum",
+                          ns_variant="asym5", ns_steps=5, eps=1e-7, matched_adamw_rms=0.2),
+    "torch": dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="ema",
+                  ns_coefficients=_TORCH_NS_COEFFICIENTS, ns_steps=5, eps=1e-7, adjust_lr_fn=None),
+}
+_SEMANTICS_NAMES = {"hyperparallel": "HyperParallel's", "torch": "torch.optim.Muon's"}
+_SAID = set()  # the semantics lines get_hyper_optimizer has logged (each once a process)
+_log = logging.getLogger("hypertrain")
+
+
+def muon_kwargs(semantics, **given):
+    """Muon's keyword arguments under `semantics` ("hyperparallel" or "torch", MUON_SEMANTICS): its values,
+    then the ones given (ns_coefficients given drops the semantics' ns_variant, adjust_lr_fn its
+    matched_adamw_rms, and the reverse). hypertrain.optim.Muon(params, **muon_kwargs("hyperparallel", lr=0.02))
+    is get_hyper_optimizer's Muon."""
+    if semantics not in MUON_SEMANTICS:
+        raise ValueError(f"muon_semantics {semantics!r}; expected 'hyperparallel' or 'torch'")
+    kw = dict(MUON_SEMANTICS[semantics])
+    for mine, theirs in (("ns_coefficients", "ns_variant"), ("ns_variant", "ns_coefficients"),
+                         ("adjust_lr_fn", "matched_adamw_rms"), ("matched_adamw_rms", "adjust_lr_fn")):
+        if mine in given:
+            kw.pop(theirs, None)
+    kw.update(given)
+    return kw
+
+
+_muon_kwargs = muon_kwargs  # get_hyper_optimizer's argument of that name hides it there
+
+
+def _say_semantics(semantics, chosen, kw):
+    """Once a process for each distinct line: which Muon semantics get_hyper_optimizer used, with the values."""
+    values = ", ".join(f"{k}={v!r}" for k, v in kw.items() if k != "comm_strategy")
+    line = f"get_hyper_optimizer: Muon with {_SEMANTICS_NAMES[semantics]} semantics ({values})"
+    if not chosen:
+        other = "torch" if semantics == "hyperparallel" else "hyperparallel"
+        line += (f"; muon_semantics='{semantics}' is the default: the same muon_kwargs under "
+                 f"muon_semantics='{other}' ({_SEMANTICS_NAMES[other]}, as hypertrain.optim.Muon) mean another "
+                 "update; pass muon_semantics= to choose")
+    if line in _SAID:
+        return
+    _SAID.add(line)
+    _log.log(logging.INFO if chosen else logging.WARNING, line)
 
 
 def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kwargs=None, adamw_kwargs=None,
-                        fp32_main_params=False):
+                        fp32_main_params=False, muon_semantics=None):
     """HyperParallel's factory: Muon on muon_params, AdamW on adamw_params (each a
     list of tensors or of param-group dicts), chained. An empty group creates no
-    optimizer. muon_kwargs and adamw_kwargs pass straight to Muon and AdamW: over
-    HyperParallel's Muon defaults (lr 0.02, momentum 0.95 summed, Nesterov, asym5,
-    matched_adamw_rms 0.2, weight decay 0.1), torch's AdamW's. fp32_main_params:
+    optimizer. muon_kwargs and adamw_kwargs pass to Muon and AdamW: over the Muon
+    defaults of muon_semantics (MUON_SEMANTICS; None: "hyperparallel",
+    HyperParallel's: lr 0.02, momentum 0.95 summed, Nesterov, asym5,
+    matched_adamw_rms 0.2, weight decay 0.1; "torch": torch.optim.Muon's, as
+    hypertrain.optim.Muon), torch's AdamW's. The semantics and the values used are
+    logged once (logger "hypertrain": a warning where muon_semantics was not
+    given). With model=, a param listed as it was before hypertrain.fully_shard
+    replaced it (the seed groups, then shards) is the sharded param of its name.
+    fp32_main_params:
     the AutoModels Trainer's FP32 main-param wrapper around the chain
     (hypertrain.mixed_precision; needs model=, whose names key the main params)."""
-    muon_params, adamw_params = list(muon_params or []), list(adamw_params or [])
+    from .fsdp import sharded_params  # params listed before hypertrain.fully_shard: the sharded ones of their names
+    muon_params = sharded_params(model, list(muon_params or []))
+    adamw_params = sharded_params(model, list(adamw_params or []))
     if fp32_main_params and model is None:
         raise ValueError("get_hyper_optimizer: fp32_main_params=True needs model= (the state dict keys the FP32 "
                          "main params by parameter name)")
@@ -620,16 +907,15 @@ def get_hyper_optimizer(model=None, muon_params=None, adamw_params=None, muon_kw
         if id(p) in muon_ids:
             raise ValueError(f"get_hyper_optimizer: param {names.get(id(p), '(unnamed)')} is in both muon_params "
                              "and adamw_params")
+    semantics = "hyperparallel" if muon_semantics is None else muon_semantics
+    if semantics not in MUON_SEMANTICS:
+        raise ValueError(f"get_hyper_optimizer: muon_semantics {muon_semantics!r}; expected 'hyperparallel' or "
+                         "'torch'")
     optimizers = []
     if muon_params:
-        kw = dict(_HYPER_MUON)
-        given = dict(muon_kwargs or {})
-        if "ns_coefficients" in given:
-            kw.pop("ns_variant")
-        if "adjust_lr_fn" in given:
-            kw.pop("matched_adamw_rms")
-        kw.update(given)
+        kw = _muon_kwargs(semantics, **dict(muon_kwargs or {}))
         optimizers.append(Muon(muon_params, **kw))
+        _say_semantics(semantics, muon_semantics is not None, kw)
     if adamw_params:
         optimizers.append(AdamW(adamw_params, **dict(adamw_kwargs or {})))
     if not optimizers:

@@ -262,6 +262,51 @@ static PyObject *py_lr_at(PyObject *self, PyObject *args, PyObject *kw) {
     return PyFloat_FromDouble(ht_lr_at(&s, step));
 }
 
+/* lr_schedule(overrides): the schedule the trainer would follow under the
+ * config of the defaults and `overrides` ("training.steps=T",
+ * "lr_scheduler.type=...", "lr_scheduler.key=value", as --set): its type and
+ * fields (ht_lr_schedule's names, the derived counts resolved) as a dict for
+ * lr_at; ValueError with the config's sentence where the schedule's rules
+ * (ht_config_validate_lr_scheduler) refuse it. One set of defaults, the
+ * trainer's, for C and Python. */
+static PyObject *py_lr_schedule(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O", &list)) return NULL;
+    PyObject *seq = PySequence_Fast(list, "hypertrain: lr_schedule's overrides must be a sequence of strings");
+    if (!seq) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **overrides = calloc((size_t)n + 1, sizeof(char *));
+    ht_config *cfg = malloc(sizeof(ht_config));
+    PyObject *result = NULL;
+    if (!overrides || !cfg) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!(overrides[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) goto done;
+    ht_error err = {0};
+    if (ht_config_load(NULL, (int)n, overrides, cfg, &err) != HT_OK ||
+        ht_config_validate_lr_scheduler(cfg, &err) != HT_OK) {
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        goto done;
+    }
+    ht_lr_schedule s;
+    ht_train_lr_schedule(&s, cfg, 1.0);
+    result = Py_BuildValue("{s:s,s:d,s:d,s:L,s:L,s:d,s:L,s:d,s:L,s:d,s:L,s:L,s:L,s:d,s:d,s:L,s:L}", "type",
+                           ht_lr_type_name(s.type), "warmup_lr_init", s.warmup_lr_init, "lr_end", s.lr_end,
+                           "total_steps", (long long)s.total_steps, "warmup_steps", (long long)s.warmup_steps,
+                           "num_cycles", s.num_cycles, "decay_steps", (long long)s.decay_steps, "power", s.power,
+                           "decay_start", (long long)s.decay_start, "eta_min", s.eta_min, "t_max", (long long)s.t_max,
+                           "keep_steps", (long long)s.keep_steps, "final_steps", (long long)s.final_steps, "lr_end1",
+                           s.lr_end1, "lr_end2", s.lr_end2, "t_0", (long long)s.t_0, "t_mult", (long long)s.t_mult);
+done:
+    Py_DECREF(seq);
+    free(overrides);
+    free(cfg);
+    return result;
+}
+
 /* SIGINT and SIGTERM while train() runs: the first asks the trainer to stop
  * at the next step boundary, saving a checkpoint; a second ends the process
  * at once, by that signal (as `hypertrain train` does). */
@@ -427,6 +472,7 @@ static PyMethodDef methods[] = {
     {"sum_squares", py_sum_squares, METH_VARARGS, "the sum of squares of FP32 elements, in double"},
     {"lr_types", py_lr_types, METH_NOARGS, "the learning-rate schedules' type names"},
     {"lr_at", (PyCFunction)(void (*)(void))py_lr_at, METH_VARARGS | METH_KEYWORDS, "a schedule's lr at a step"},
+    {"lr_schedule", py_lr_schedule, METH_VARARGS, "the trainer's schedule under a config's lr_scheduler keys"},
     {NULL, NULL, 0, NULL},
 };
 

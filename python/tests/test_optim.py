@@ -156,6 +156,52 @@ def test_muon_against_torch_large(torch_muon_fp32):
             assert rel(a.detach(), b.detach()) <= 1e-6, f"{shape}: {rel(a.detach(), b.detach()):.3g} from torch"
 
 
+def _muon_run(opt, ps, grads):
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = g.clone()
+        opt.step()
+
+
+@pytest.mark.parametrize("nesterov,adjust", [(True, None), (False, "match_rms_adamw"), (True, "spectral_unclamped")])
+def test_muon_state_dict_crosses_torch_both_ways(torch_muon_fp32, tmp_path, nesterov, adjust):
+    """A torch.optim.Muon state dict (saved and loaded through a file) loads into hypertrain's Muon, which goes on
+    as torch's would; hypertrain's loads into torch.optim.Muon, which goes on as hypertrain's would (before: the
+    first, a KeyError 'momentum_style' at the first step)."""
+    shapes = [(24, 16), (16, 40)]
+    grads = grads_for(shapes, 6, 21)
+    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    for first, second in ((torch.optim.Muon, optim.Muon), (optim.Muon, torch.optim.Muon)):
+        ps = params_for(shapes, 22)
+        opt = first(ps, **kw)
+        _muon_run(opt, ps, grads[:3])
+        torch.save({"params": [p.detach() for p in ps], "optim": opt.state_dict()}, tmp_path / "muon.pt")
+        _muon_run(opt, ps, grads[3:])  # the run that went on
+        saved = torch.load(tmp_path / "muon.pt")
+        qs = [torch.nn.Parameter(t.clone()) for t in saved["params"]]
+        cont = second(qs, lr=0.5, momentum=0.5)  # the state dict's groups replace these
+        cont.load_state_dict(saved["optim"])
+        _muon_run(cont, qs, grads[3:])
+        for p, q, shape in zip(ps, qs, shapes):
+            assert rel(q.detach(), p.detach()) <= 1e-6, \
+                f"{first.__module__}.Muon -> {second.__module__}.Muon {shape}: {rel(q.detach(), p.detach()):.3g}"
+            assert rel(cont.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"]) <= 1e-6
+
+
+def test_muon_state_dict_group_the_kernels_cannot_run_is_refused():
+    """A loaded group's keys are checked as the constructor checks them, naming the group and the key."""
+    (p,) = params_for([(8, 4)], 23)
+    for key, bad, match in (("momentum_style", "nesterov", r"group 0's 'momentum_style' is 'nesterov'"),
+                            ("ns_dtype", "float16", r"group 0's 'ns_dtype' is 'float16'"),
+                            ("adjust_lr_fn", "unknown", r"group 0's 'adjust_lr_fn' is 'unknown'"),
+                            ("ns_steps", 0, r"ns_steps 0")):
+        sd = optim.Muon([p], lr=0.02).state_dict()
+        sd["param_groups"][0][key] = bad
+        opt = optim.Muon([p], lr=0.02)
+        with pytest.raises(ValueError, match=match):
+            opt.load_state_dict(sd)
+
+
 def test_muon_hyperparallel_style():
     """sum momentum, asym5, matched_adamw_rms 0.2 (get_hyper_optimizer's defaults) against the formulas."""
     shape, lr, wd, mu = (40, 24), 0.02, 0.1, 0.95
@@ -171,6 +217,50 @@ def test_muon_hyperparallel_style():
         u = g + mu * B
         ref = ref * (1 - lr * wd) - lr * 0.2 * math.sqrt(max(shape)) * ns_fp32(u, coeffs, 1e-7)
         assert rel(p.detach(), ref) <= 1e-6
+
+
+def test_muon_semantics_are_chosen_and_said(torch_muon_fp32, caplog):
+    """get_hyper_optimizer(muon_semantics=): 'hyperparallel' (the default: summed momentum, asym5, 0.2 sqrt(max(A,
+    B))) or 'torch' (torch.optim.Muon's, as hypertrain.optim.Muon): the same muon_kwargs mean either, so the factory
+    says once which it used and with what values, a warning where the caller did not choose."""
+    import logging
+    shape = (40, 24)
+    grads = grads_for([shape], STEPS, 31)
+    kw = {"lr": 0.02, "momentum": 0.95}
+
+    def run(make):
+        (p,) = params_for([shape], 32)
+        opt = make(p)
+        for (g,) in grads:
+            p.grad = g.clone()
+            opt.step()
+        return p.detach()
+
+    optim._SAID.clear()
+    with caplog.at_level(logging.INFO, logger="hypertrain"):
+        default = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw))
+        hyper = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw,
+                                                        muon_semantics="hyperparallel"))
+        as_torch = run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw, muon_semantics="torch"))
+        run(lambda p: optim.get_hyper_optimizer(muon_params=[p], muon_kwargs=kw))  # said once: not again
+    theirs = run(lambda p: torch.optim.Muon([p], **kw))
+    direct = run(lambda p: optim.Muon([p], **kw))
+    assert torch.equal(default, hyper), "the default is not muon_semantics='hyperparallel'"
+    assert rel(as_torch, theirs) <= 1e-6 and torch.equal(as_torch, direct), "muon_semantics='torch' is not torch's"
+    assert rel(hyper, theirs) > 1e-2, "the two semantics agree: the test cannot tell them apart"
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("hypertrain")]
+    assert len(said) == 3, said
+    (lvl0, m0), (lvl1, m1), (lvl2, m2) = said
+    assert lvl0 == logging.WARNING and "HyperParallel's" in m0 and "muon_semantics='torch'" in m0, m0
+    for part in ("lr=0.02", "momentum=0.95", "momentum_style='sum'", "ns_variant='asym5'", "matched_adamw_rms=0.2"):
+        assert part in m0 and part in m1, (part, m0, m1)
+    assert lvl1 == logging.INFO and lvl2 == logging.INFO and "torch.optim.Muon's" in m2 and \
+        "momentum_style='ema'" in m2 and "adjust_lr_fn=None" in m2, m2
+    (p,) = params_for([shape], 32)
+    with pytest.raises(ValueError, match=r"muon_semantics 'keras'; expected 'hyperparallel' or 'torch'"):
+        optim.get_hyper_optimizer(muon_params=[p], muon_semantics="keras")
+    assert optim.muon_kwargs("torch", lr=0.02)["momentum_style"] == "ema"
+    assert optim.muon_kwargs("hyperparallel", lr=0.05) == dict(optim.MUON_SEMANTICS["hyperparallel"], lr=0.05)
 
 
 def test_newton_schulz_on_a_slice_is_not_the_slice():
@@ -393,7 +483,8 @@ def test_hyper_lr_scheduler_cosine_closed_form():
 def test_mindformers_schedules_by_name():
     for name in scheduler_types():
         opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
-        extra = {"t_0": 4} if name == "CosineAnnealingWarmRestarts" else {}  # its default cycle is 1 step
+        extra = {"CosineAnnealingWarmRestarts": {"t_0": 4},  # neither has a default (the trainer's rules)
+                 "ConstantWithCoolDownLR": {"decay_steps": 4}}.get(name, {})
         sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=10, warmup_steps=2, **extra)
         lrs = []
         for _ in range(10):
@@ -405,6 +496,47 @@ def test_mindformers_schedules_by_name():
             assert lrs[0] == 0 and abs(lrs[1] - 5e-4) <= 1e-15, f"{name} does not warm up: {lrs}"
         else:
             assert lrs[0] == 1e-3 and lrs[1] < lrs[0], f"{name}: {lrs}"
+
+
+def lrs_of(name, T=20, **keys):
+    opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
+    sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=T, **keys)
+    out = []
+    for _ in range(T):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_schedules_that_would_be_degenerate_have_the_trainers_defaults_or_are_refused():
+    """The C trainer's defaults and rules (src/config/keys.c, validate.c), through its own config code: restarts
+    cycle whole by default (num_cycles 1.0, MindFormers' and seed 004's: the last step near lr_end, not 0.54 of the
+    base lr); ConstantWithCoolDownLR without decay_steps or decay_ratio and CosineAnnealingWarmRestarts without t_0
+    are errors naming the key (before: 0 after warmup, and a constant lr); lr_end2 not given is lr_end1."""
+    restarts = lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2)
+    assert restarts[-1] < 0.02 * 1e-3, f"CosineWithRestartsAndWarmUpLR ends at {restarts[-1] / 1e-3:.3g} x base"
+    assert restarts == lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2, num_cycles=1.0)
+    assert lrs_of("CosineWithRestartsAndWarmUpLR", warmup_steps=2, num_cycles=0.5)[-1] > 0.5e-3  # given: kept
+    assert lrs_of("CosineWithWarmUpLR", warmup_steps=2) == lrs_of("CosineWithWarmUpLR", warmup_steps=2,
+                                                                  num_cycles=0.5)
+    with pytest.raises(ValueError, match=r"ConstantWithCoolDownLR needs the length of its cosine phase: set "
+                                         r"lr_scheduler.decay_steps or lr_scheduler.decay_ratio"):
+        lrs_of("ConstantWithCoolDownLR", warmup_steps=2)
+    with pytest.raises(ValueError, match=r"lr_scheduler.t_0 \(default\): expected an integer >= 1 for "
+                                         r"CosineAnnealingWarmRestarts"):
+        lrs_of("CosineAnnealingWarmRestarts")
+    cool = lrs_of("ConstantWithCoolDownLR", warmup_steps=2, keep_steps=3, decay_steps=5, final_steps=2, lr_end1=1e-5)
+    assert cool[2:5] == [1e-3] * 3 and cool[-1] == 1e-5, cool  # lr_end2 not given: lr_end1
+    wsd = lrs_of("WarmUpStableDecayLR", warmup_steps=2)  # decay_start_ratio 0.8: stable to step 16
+    assert wsd[2:17] == [1e-3] * 15 and wsd[17] < 1e-3, wsd
+    for bad, match in (({"num_cycles": 0}, r"lr_scheduler.num_cycles \(--set\): expected a number > 0"),
+                       ({"power": -1.0}, r"lr_scheduler.power"),
+                       ({"decay_ratio": 1.5}, r"lr_scheduler.decay_ratio")):
+        with pytest.raises(ValueError, match=match):
+            lrs_of("CosineWithWarmUpLR", **bad)
+    with pytest.raises(TypeError, match=r"unknown schedule key\(s\) \['num_cycle'\]"):
+        lrs_of("CosineWithWarmUpLR", num_cycle=1.0)
 
 
 # ---------------------------------------------------------------- bad input

@@ -293,3 +293,34 @@ print("NOT STOPPED")
     assert not (tmp_path / "run" / "latest").exists()
     r = hypertrain.train(DEFAULT, tiny(tmp_path / "run", corpus, **{"checkpoint.restore_from": "latest"}))
     assert r.final["step"] == 4 and r.stopped_by == 0
+
+
+@pytest.mark.parametrize("name,keys", [("CosineWithRestartsAndWarmUpLR", {}), ("CosineWithWarmUpLR", {}),
+                                       ("WarmUpStableDecayLR", {}), ("PolynomialWithWarmUpLR", {}),
+                                       ("ConstantWithCoolDownLR", {"decay_steps": 4, "lr_end1": 1e-4}),
+                                       ("CosineAnnealingWarmRestarts", {"t_0": 3})])
+def test_schedules_from_python_are_the_c_trainers(tmp_path, corpus, name, keys):
+    """get_hyper_lr_scheduler with only the type, the warmup and the keys a schedule cannot do without: each
+    step's lr is the C trainer's under the same lr_scheduler keys (metrics.jsonl's lr, printed to 7 digits: the
+    Python lr printed the same way is the same text). One set of defaults (before: num_cycles 0.5 for
+    restarts from Python, 1.0 for the trainer's MindFormers configs)."""
+    from hypertrain.lr_scheduler import get_hyper_lr_scheduler
+    T, W, lr = 9, 2, 1e-3
+    sets = {f"lr_scheduler.{k}": v for k, v in keys.items()}
+    run = tiny(tmp_path / "run", corpus, steps=T, **sets, **{
+        "lr_scheduler.type": name, "lr_scheduler.warmup_steps": W, "training.eval_interval": 0,
+        "checkpoint.save_interval": 0, "optimizer.adamw_config.adamw_lr": lr})
+    del run["lr_scheduler.warmup_ratio"]  # given, it wins over warmup_steps: not given at all here
+    config = tmp_path / "config.yaml"
+    config.write_text("".join(line for line in DEFAULT.read_text().splitlines(keepends=True)
+                              if "warmup_ratio:" not in line))
+    r = hypertrain.train(config, run)
+    theirs = [m["lr"] for m in r.metrics if "loss" in m]
+    opt = optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=lr)
+    sched = get_hyper_lr_scheduler(opt, scheduler_type=name, total_steps=T, warmup_steps=W, **keys)
+    ours = []
+    for _ in range(T):
+        ours.append(float(f"{opt.param_groups[0]['lr']:.6e}"))
+        opt.step()
+        sched.step()
+    assert ours == theirs, f"{name}: python {ours}, the C trainer {theirs}"

@@ -119,8 +119,25 @@ static const struct {
     {"deepseek_v3", "model.norm_topk_prob", "true"},
 };
 
+/* Defaults that depend on lr_scheduler.type, in every dialect: CosineWithRestartsAndWarmUpLR's
+ * cycles are whole (MindFormers' default 1.0; 0.5, the cosine's half wave, would end it at 0.54x
+ * the base lr). */
+static const struct {
+    ht_config_lr_schedule type;
+    const char *key, *value;
+} SCHEDULE_DEFAULTS[] = {
+    {HT_CONFIG_LR_COSINE_RESTARTS, "lr_scheduler.num_cycles", "1.0"},
+};
+
 void ht_config_apply_dialect_defaults(ht_config *cfg) {
     origin o = {NULL, NULL, HT_CONFIG_SOURCE_DEFAULT};
+    for (size_t d = 0; d < sizeof(SCHEDULE_DEFAULTS) / sizeof(SCHEDULE_DEFAULTS[0]); d++) {
+        int i = ht_config_key_index_exact(SCHEDULE_DEFAULTS[d].key);
+        if (cfg->lr_scheduler.type != SCHEDULE_DEFAULTS[d].type || cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT) continue;
+        ht_error err;
+        if (ht_config_assign_text(cfg, i, SCHEDULE_DEFAULTS[d].value, &o, -1, &err) != HT_OK)
+            ht_log(HT_LOG_ERROR, "config table: %s", err.msg);
+    }
     for (size_t d = 0; d < sizeof(MODEL_DEFAULTS) / sizeof(MODEL_DEFAULTS[0]); d++) {
         int i = ht_config_key_index_exact(MODEL_DEFAULTS[d].key);
         if (strcmp(cfg->model.arch.name, MODEL_DEFAULTS[d].model) != 0 || cfg->source[i] != HT_CONFIG_SOURCE_DEFAULT)

@@ -330,6 +330,37 @@ static void check_ns_coefficients(report *r) {
             at(cfg, key, a, sizeof(a)), cfg->optimizer.muon.ns_steps, at(cfg, steps_key, b, sizeof(b)), length);
 }
 
+/* The learning-rate schedule's rules (lr_scheduler.* and training.steps): the trainer's, and
+ * hypertrain.lr_scheduler's from Python (ht_config_validate_lr_scheduler). */
+static void check_lr_scheduler(report *r) {
+    const ht_config *cfg = r->cfg;
+    check(r, cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1, "lr_scheduler.warmup_ratio",
+          "a number in [0, 1]");
+    check(r, cfg->lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps", "an integer >= 0");
+    /* The derived count is checked only from valid parts (a bad ratio is its own error, not a second one). */
+    bool ratio_ok = cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1;
+    if (cfg->lr_scheduler.warmup_steps >= 0 && cfg->training.steps > 0 && ratio_ok)
+        check(r, ht_config_warmup_steps(cfg) <= cfg->training.steps, "lr_scheduler.warmup_steps",
+              "at most training.steps");
+    check(r, cfg->lr_scheduler.warmup_lr_init >= 0, "lr_scheduler.warmup_lr_init", "a number >= 0");
+    check(r, cfg->lr_scheduler.lr_end >= 0, "lr_scheduler.lr_end", "a number >= 0");
+    check(r, cfg->lr_scheduler.num_cycles > 0, "lr_scheduler.num_cycles", "a number > 0");
+    check(r, cfg->lr_scheduler.decay_steps >= 0, "lr_scheduler.decay_steps", "an integer >= 0 (0: training.steps)");
+    check(r, cfg->lr_scheduler.power > 0, "lr_scheduler.power", "a number > 0");
+    check(r, cfg->lr_scheduler.decay_start_steps >= 0, "lr_scheduler.decay_start_steps", "an integer >= 0");
+    check(r, cfg->lr_scheduler.decay_start_ratio >= 0 && cfg->lr_scheduler.decay_start_ratio <= 1,
+          "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
+    check(r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
+    check_new_schedules(r);
+    /* PolynomialWithWarmUpLR runs (1 - (s - W)/D)^power up to s = T: with W + D < T the base turns negative
+     * (a negative lr, or NaN for a fractional power), so D must cover the rest of the run. */
+    if (cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP && ht_config_decay_steps(cfg) > 0)
+        check(r, ht_config_warmup_steps(cfg) + ht_config_decay_steps(cfg) >= cfg->training.steps,
+              "lr_scheduler.decay_steps",
+              "at least training.steps minus the warmup steps for PolynomialWithWarmUpLR (past W + D its formula "
+              "goes negative)");
+}
+
 ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     static report zero;
     report r = zero;
@@ -490,31 +521,7 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     }
 
     /* Learning-rate schedule. */
-    check(&r, cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1, "lr_scheduler.warmup_ratio",
-          "a number in [0, 1]");
-    check(&r, cfg->lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps", "an integer >= 0");
-    /* The derived count is checked only from valid parts (a bad ratio is its own error, not a second one). */
-    bool ratio_ok = cfg->lr_scheduler.warmup_ratio >= 0 && cfg->lr_scheduler.warmup_ratio <= 1;
-    if (cfg->lr_scheduler.warmup_steps >= 0 && cfg->training.steps > 0 && ratio_ok)
-        check(&r, ht_config_warmup_steps(cfg) <= cfg->training.steps, "lr_scheduler.warmup_steps",
-              "at most training.steps");
-    check(&r, cfg->lr_scheduler.warmup_lr_init >= 0, "lr_scheduler.warmup_lr_init", "a number >= 0");
-    check(&r, cfg->lr_scheduler.lr_end >= 0, "lr_scheduler.lr_end", "a number >= 0");
-    check(&r, cfg->lr_scheduler.num_cycles > 0, "lr_scheduler.num_cycles", "a number > 0");
-    check(&r, cfg->lr_scheduler.decay_steps >= 0, "lr_scheduler.decay_steps", "an integer >= 0 (0: training.steps)");
-    check(&r, cfg->lr_scheduler.power > 0, "lr_scheduler.power", "a number > 0");
-    check(&r, cfg->lr_scheduler.decay_start_steps >= 0, "lr_scheduler.decay_start_steps", "an integer >= 0");
-    check(&r, cfg->lr_scheduler.decay_start_ratio >= 0 && cfg->lr_scheduler.decay_start_ratio <= 1,
-          "lr_scheduler.decay_start_ratio", "a number in [0, 1]");
-    check(&r, cfg->lr_scheduler.t_max >= 0, "lr_scheduler.t_max", "an integer >= 0 (0: training.steps)");
-    check_new_schedules(&r);
-    /* PolynomialWithWarmUpLR runs (1 - (s - W)/D)^power up to s = T: with W + D < T the base turns negative
-     * (a negative lr, or NaN for a fractional power), so D must cover the rest of the run. */
-    if (cfg->lr_scheduler.type == HT_CONFIG_LR_POLYNOMIAL_WARMUP && ht_config_decay_steps(cfg) > 0)
-        check(&r, ht_config_warmup_steps(cfg) + ht_config_decay_steps(cfg) >= cfg->training.steps,
-              "lr_scheduler.decay_steps",
-              "at least training.steps minus the warmup steps for PolynomialWithWarmUpLR (past W + D its formula "
-              "goes negative)");
+    check_lr_scheduler(&r);
     check_polynomial(&r, "optimizer.adamw_config.adamw_lr", cfg->optimizer.adamw.lr);
     /* One shared learning_rate that set both is one error, not two. */
     const char *muon_as = ht_config_key_spelling(cfg, "optimizer.muon_config.muon_lr");
@@ -563,4 +570,13 @@ int ht_config_data_parallel_size(const ht_config *cfg, int world) {
     const int cp = cfg->parallel.ulysses_parallel_size * cfg->parallel.ring_attention_size,
               tp = cfg->parallel.tensor_parallel_size;
     return cp > 0 && tp > 0 ? world / (cp * tp) : world;
+}
+
+ht_status ht_config_validate_lr_scheduler(const ht_config *cfg, ht_error *err) {
+    report r = {.cfg = cfg, .world = 1};
+    check(&r, cfg->training.steps >= 1, "training.steps", "an integer >= 1");
+    check_lr_scheduler(&r);
+    if (r.count == 0) return HT_OK;
+    if (r.count > 1) return ht_fail(err, HT_ERR_CONFIG, "%d configuration errors:\n%s", r.count, r.msg);
+    return ht_fail(err, HT_ERR_CONFIG, "%s", r.msg);
 }

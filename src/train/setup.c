@@ -629,7 +629,7 @@ _Static_assert((int)HT_CONFIG_LR_CONSTANT_WARMUP == (int)HT_LR_CONSTANT_WARMUP &
                    (int)HT_CONFIG_LR_WISE_LAYER == (int)HT_LR_WISE_LAYER,
                "the config's and the optimizer's schedule enums must follow docs/NUMERICS.md's order");
 
-static void fill_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
+void ht_train_lr_schedule(ht_lr_schedule *sc, const ht_config *c, double base_lr) {
     memset(sc, 0, sizeof(*sc));
     sc->type = (ht_lr_type)c->lr_scheduler.type; /* both enums follow docs/NUMERICS.md's order */
     sc->base_lr = base_lr;
@@ -866,8 +866,8 @@ static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
                     c->optimizer.use_fused_adamw ? "true" : "false");
     ht_status s = muon_config(c, &oc.muon, err);
     if (s != HT_OK) return s;
-    fill_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
-    fill_schedule(&oc.muon_schedule, c, oc.muon.lr);
+    ht_train_lr_schedule(&oc.adamw_schedule, c, oc.adamw.lr);
+    ht_train_lr_schedule(&oc.muon_schedule, c, oc.muon.lr);
     oc.max_norm = c->training.max_norm;
     /* float16 models train with a dynamic loss scale (docs/NUMERICS.md). */
     oc.loss_scaling = t->model->params.items[0].dtype == HT_DTYPE_F16;
