@@ -17,6 +17,7 @@
 #include "hypertrain/config.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/train.h"
+#include "train/events.h"
 
 static const char *corpus =
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -115,6 +116,85 @@ static void test_an_mfu_above_the_peak_is_not_reported(void **state) {
     free(text);
     trainer_delete(t);
     free(cfg);
+}
+
+/* Little-endian integers of an event file. */
+static uint64_t le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* training.tensorboard's framing: CRC-32C against its published values
+ * (RFC 3720's, and the usual "123456789"), and an event file read back
+ * record by record: each length and each Event under its masked CRC, the
+ * file_version first, a resumed file's SessionLog START at its first step,
+ * one scalar's tag and float where protobuf puts them. A file the disk
+ * refuses is an error that names it. */
+static void test_tensorboard_event_framing(void **state) {
+    (void)state;
+    unsigned char zeros[32] = {0}, ones[32];
+    memset(ones, 0xff, sizeof(ones));
+    assert_int_equal(ht_crc32c("123456789", 9, 0), 0xE3069283u);
+    assert_int_equal(ht_crc32c(zeros, 32, 0), 0x8A9136AAu);
+    assert_int_equal(ht_crc32c(ones, 32, 0), 0x62A8AB43u);
+    assert_int_equal(ht_crc32c("6789", 4, ht_crc32c("12345", 5, 0)), 0xE3069283u); /* chained */
+    const char *dir = scratch_dir("train_tensorboard_framing");
+    ht_events w;
+    ht_error err;
+    assert_ht_ok(ht_events_open(&w, dir, 5, &err), &err);
+    assert_non_null(strstr(w.path, "/events.out.tfevents."));
+    ht_events_begin(&w, 7);
+    ht_events_scalar(&w, "train/loss", 2.5);
+    ht_events_scalar(&w, "left/out", NAN);
+    assert_ht_ok(ht_events_end(&w, &err), &err);
+    char path[sizeof(w.path)];
+    snprintf(path, sizeof(path), "%s", w.path);
+    assert_ht_ok(ht_events_close(&w, &err), &err);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char buf[1024];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    int records = 0;
+    const unsigned char *data[3] = {0};
+    size_t lens[3] = {0};
+    for (size_t at = 0; at < n; records++) {
+        assert_true(at + 12 <= n && records < 3);
+        uint64_t len = le(buf + at, 8);
+        assert_int_equal(le(buf + at + 8, 4), ht_events_masked_crc(buf + at, 8));
+        assert_true(at + 16 + len <= n);
+        assert_int_equal(le(buf + at + 12 + len, 4), ht_events_masked_crc(buf + at + 12, len));
+        data[records] = buf + at + 12, lens[records] = len;
+        at += 16 + len;
+    }
+    assert_int_equal(records, 3);
+    /* Event{1: wall_time (fixed64), 3: "brain.Event:2"} */
+    assert_int_equal(data[0][0], 0x09);
+    assert_int_equal(lens[0], 9 + 2 + 13);
+    assert_memory_equal(data[0] + 11, "brain.Event:2", 13);
+    /* Event{1: wall_time, 2: step 5, 7: SessionLog{1: START}} */
+    const unsigned char start[] = {0x10, 5, 0x3a, 2, 0x08, 1};
+    assert_int_equal(lens[1], 9 + sizeof(start));
+    assert_memory_equal(data[1] + 9, start, sizeof(start));
+    /* Event{1: wall_time, 2: step 7, 5: Summary{1: Value{1: "train/loss", 2: 2.5f}}}; the NaN left out */
+    const unsigned char scalar[] = {0x10, 7,   0x2a, 19,  0x0a, 17,  0x0a, 10, 't', 'r',  'a', 'i',
+                                    'n',  '/', 'l',  'o', 's',  's', 0x15, 0,  0,   0x20, 0x40};
+    assert_int_equal(lens[2], 9 + sizeof(scalar));
+    assert_memory_equal(data[2] + 9, scalar, sizeof(scalar));
+
+    /* A full disk: the flush fails, naming the file. */
+    assert_ht_ok(ht_events_open(&w, dir, 1, &err), &err);
+    fclose(w.f);
+    w.f = fopen("/dev/full", "w");
+    assert_non_null(w.f);
+    ht_events_begin(&w, 1);
+    ht_events_scalar(&w, "train/loss", 1.0);
+    assert_ht_ok(ht_events_end(&w, &err), &err); /* buffered */
+    assert_int_equal(ht_events_flush(&w, &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "events.out.tfevents."));
+    assert_non_null(strstr(err.msg, "No space left on device"));
+    assert_int_equal(ht_events_close(&w, &err), HT_ERR_IO);
 }
 
 static void test_training_lowers_validation_loss(void **state) {
@@ -1415,6 +1495,7 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lm_head_chunk_bound),
+        cmocka_unit_test(test_tensorboard_event_framing),
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_an_mfu_above_the_peak_is_not_reported),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),

@@ -219,6 +219,10 @@ uint64_t ht_fnv1a64(const void *data, size_t n, uint64_t seed);
  * 8-byte words, ~10 GB/s on one core) over a byte range. Checkpoints name it
  * "xxh64" and hash every file with seed 0. */
 uint64_t ht_xxh64(const void *data, size_t n, uint64_t seed);
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78; "123456789" ->
+ * 0xE3069283), chainable through `crc` (start with 0): the checksum of
+ * TFRecord framing (TensorBoard's event files). */
+uint32_t ht_crc32c(const void *data, size_t n, uint32_t crc);
 
 /* ---------------------------------------------------------------- files */
 
