@@ -197,6 +197,50 @@ static void test_tensorboard_event_framing(void **state) {
     assert_int_equal(ht_events_close(&w, &err), HT_ERR_IO);
 }
 
+/* The plot: the loss panel and, on the same step axis, the learning rates,
+ * the gradient norm and the tokens a second, each axis labelled; a null
+ * (an fp16 step skipped on overflow has no norm) is left out, never a point
+ * at 0; a run with validation points alone is the loss panel alone. */
+static void test_plot_panels(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_plot_panels");
+    char metrics[1300], svg[1300];
+    snprintf(metrics, sizeof(metrics), "%s/metrics.jsonl", dir);
+    snprintf(svg, sizeof(svg), "%s/loss.svg", dir);
+    const char *lines = "{\"step\": 0, \"val_loss\": 5.5}\n"
+                        "{\"step\": 1, \"loss\": 5.4, \"lr\": 1e-4, \"muon_lr\": 2e-3, \"grad_norm\": 1.5, "
+                        "\"tokens_per_s\": 1000.0}\n"
+                        "{\"step\": 2, \"loss\": 5.0, \"lr\": 2e-4, \"muon_lr\": 4e-3, \"grad_norm\": null, "
+                        "\"tokens_per_s\": 1200.0}\n"
+                        "{\"step\": 3, \"loss\": 4.5, \"lr\": 3e-4, \"muon_lr\": 6e-3, \"grad_norm\": 1.25, "
+                        "\"tokens_per_s\": 1100.0}\n";
+    write_file(metrics, lines, strlen(lines));
+    ht_error err;
+    assert_ht_ok(ht_plot_metrics(metrics, svg, &err), &err);
+    char *text = read_text(svg);
+    const char *labels[] = {">cross-entropy (nats/token)<",
+                            ">AdamW lr<",
+                            ">Muon lr<",
+                            ">gradient norm<",
+                            ">tokens / s<",
+                            ">optimizer step<",
+                            ">validation loss<"};
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++)
+        if (!strstr(text, labels[i])) fail_msg("no %s in the plot:\n%s", labels[i], text);
+    /* the step labels once, under the last panel: "3" at the end of the axis */
+    int steps = 0;
+    for (const char *p = text; (p = strstr(p, "text-anchor=\"middle\">3<")) != NULL; p++) steps++;
+    assert_int_equal(steps, 1);
+    free(text);
+    const char *alone = "{\"step\": 0, \"val_loss\": 5.5}\n{\"step\": 4, \"val_loss\": 4.0}\n";
+    write_file(metrics, alone, strlen(alone));
+    assert_ht_ok(ht_plot_metrics(metrics, svg, &err), &err);
+    text = read_text(svg);
+    assert_non_null(strstr(text, ">cross-entropy (nats/token)<"));
+    assert_null(strstr(text, ">gradient norm<"));
+    free(text);
+}
+
 static void test_training_lowers_validation_loss(void **state) {
     (void)state;
     const char *dir = scratch_dir("train_tiny");
@@ -1496,6 +1540,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lm_head_chunk_bound),
         cmocka_unit_test(test_tensorboard_event_framing),
+        cmocka_unit_test(test_plot_panels),
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_an_mfu_above_the_peak_is_not_reported),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),
