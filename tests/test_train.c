@@ -684,6 +684,119 @@ static void test_memory_log_with_and_without_main_params(void **state) {
         fail_msg("the log lines without main params: %s", msg);
 }
 
+/* A trace file against Chrome's trace-event format, parsed with the
+ * project's JSON reader: {"traceEvents": [...]}, every event a "ph" of "X"
+ * (a span: "name", "cat", "ts", "dur" >= 0, "pid" = rank, "tid", "args") or
+ * "M" (metadata); each track's spans in time order, each one inside the span
+ * enclosing it where they overlap. Counts the spans whose name starts with
+ * each of `names` into counts[], and those with "bytes" in *with_bytes. */
+static void check_trace(const char *path, int rank, const char *const *names, int *counts, int n, int *with_bytes) {
+    char *text = read_text(path);
+    ht_json *root;
+    ht_error err;
+    assert_ht_ok(ht_json_parse(text, strlen(text), path, &root, &err), &err);
+    free(text);
+    const ht_json *events = ht_json_get(root, "traceEvents");
+    assert_non_null(events);
+    assert_int_equal(events->type, HT_JSON_ARRAY);
+    double open_end[16][64], last_ts[16]; /* each track's spans still open at the last start, innermost last */
+    int open[16] = {0};
+    for (int k = 0; k < 16; k++) last_ts[k] = -1;
+    memset(counts, 0, (size_t)n * sizeof(int));
+    *with_bytes = 0;
+    for (size_t i = 0; i < events->count; i++) {
+        const ht_json *e = &events->items[i], *ph = ht_json_get(e, "ph"), *name = ht_json_get(e, "name"),
+                      *pid = ht_json_get(e, "pid"), *tid = ht_json_get(e, "tid"), *args = ht_json_get(e, "args");
+        assert_true(ph && ph->type == HT_JSON_STRING && name && name->type == HT_JSON_STRING);
+        assert_true(pid && pid->type == HT_JSON_NUMBER && pid->number == rank);
+        assert_true(tid && tid->type == HT_JSON_NUMBER && tid->number >= 0 && tid->number < 16);
+        assert_true(args && args->type == HT_JSON_OBJECT);
+        if (strcmp(ph->string, "M") == 0) continue;
+        assert_string_equal(ph->string, "X");
+        const ht_json *ts = ht_json_get(e, "ts"), *dur = ht_json_get(e, "dur"), *cat = ht_json_get(e, "cat");
+        assert_true(ts && ts->type == HT_JSON_NUMBER && dur && dur->type == HT_JSON_NUMBER && dur->number >= 0);
+        assert_true(cat && cat->type == HT_JSON_STRING);
+        const int k = (int)tid->number;
+        if (ts->number < last_ts[k])
+            fail_msg("%s: %s at %.3f before the span before it (%.3f)", path, name->string, ts->number, last_ts[k]);
+        last_ts[k] = ts->number;
+        const double end = ts->number + dur->number, slack = 0.002; /* the microseconds' last printed digit */
+        while (open[k] > 0 && open_end[k][open[k] - 1] <= ts->number + slack) open[k]--;
+        if (open[k] > 0 && end > open_end[k][open[k] - 1] + slack)
+            fail_msg("%s: %s (%.3f to %.3f) overlaps the end of the span it starts in (%.3f)", path, name->string,
+                     ts->number, end, open_end[k][open[k] - 1]);
+        assert_true(open[k] < 64);
+        open_end[k][open[k]++] = end;
+        for (int j = 0; j < n; j++) counts[j] += strncmp(name->string, names[j], strlen(names[j])) == 0;
+        const ht_json *bytes = ht_json_get(args, "bytes");
+        *with_bytes += bytes && bytes->type == HT_JSON_NUMBER && bytes->number > 0;
+    }
+    ht_json_free(root);
+}
+
+/* training.trace on the steps it names: each rank's trace_rank{r}.json holds
+ * the phases of those steps (and the checkpoint and evaluation after one),
+ * each kernel entry (the profiled table), and on 2 ranks each FSDP unit's
+ * all-gather and reduce-scatter on their tracks and the collectives, with
+ * their bytes; the steps not named are not in it. With tensorboard on, only
+ * rank 0 writes an event file. */
+static void test_trace_of_named_steps(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], path[1400];
+    const char *dir = tiny_data("train_trace", data, sizeof(data));
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    const char *names[] = {"step",
+                           "forward",
+                           "backward",
+                           "gradient sync",
+                           "optimizer",
+                           "checkpoint",
+                           "evaluation",
+                           "gemm",
+                           "all-gather model.layers.0",
+                           "reduce-scatter model.layers.0",
+                           "all_reduce_f64"};
+    const int n = sizeof(names) / sizeof(names[0]);
+    int counts[16], with_bytes;
+    int rc = run_cli(dir, yaml,
+                     "--set training.steps=3 --set 'training.trace=[2]' --set checkpoint.save_interval=2 "
+                     "--set training.eval_interval=2",
+                     msg, sizeof(msg));
+    if (rc != 0) fail_msg("the traced run failed: %s", msg);
+    snprintf(path, sizeof(path), "%s/out/trace_rank0.json", dir);
+    check_trace(path, 0, names, counts, n, &with_bytes);
+    const int one_rank[] = {1, 1, 1, 1, 1, 1, 1, -1, 0, 0, 0}; /* -1: some */
+    for (int j = 0; j < n; j++)
+        if (one_rank[j] >= 0 ? counts[j] != one_rank[j] : counts[j] == 0)
+            fail_msg("%d spans named %s in %s", counts[j], names[j], path);
+
+    snprintf(path, sizeof(path), "rm -rf '%s/out'", dir);
+    assert_int_equal(system(path), 0);
+    char args[2048], log_path[1300], *log;
+    snprintf(args, sizeof(args),
+             "train '%s/run.yaml' --set training.steps=2 --set training.global_batch_size=4 "
+             "--set 'training.trace=true' --set training.tensorboard=true",
+             dir);
+    snprintf(log_path, sizeof(log_path), "%s/mpirun.txt", dir);
+    rc = run_hypertrain(MPIRUN "-np 2 ", args, log_path, false, &log);
+    if (rc != 0) fail_msg("the 2-rank traced run failed: %s", log);
+    free(log);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof(path), "%s/out/trace_rank%d.json", dir, r);
+        check_trace(path, r, names, counts, n, &with_bytes);
+        const int two_ranks[] = {2, 2, 2, 2, 2, 0, 0, -1, -1, -1, -1};
+        for (int j = 0; j < n; j++)
+            if (two_ranks[j] >= 0 ? counts[j] != two_ranks[j] : counts[j] == 0)
+                fail_msg("%d spans named %s in %s", counts[j], names[j], path);
+        assert_true(with_bytes >= counts[8] + counts[9] + counts[10]);
+    }
+    glob_t g;
+    snprintf(path, sizeof(path), "%s/out/tensorboard/events.out.tfevents.*", dir);
+    assert_int_equal(glob(path, 0, NULL, &g), 0);
+    assert_int_equal(g.gl_pathc, 1);
+    globfree(&g);
+}
+
 /* An fp16 run whose first steps overflow (an absurd initial loss scale):
  * the skipped steps' grad_norm is null, not "-nan", so metrics.jsonl stays
  * JSON and the plot is drawn; a resume keeps those lines. A line in the middle
@@ -1541,6 +1654,7 @@ int main(void) {
         cmocka_unit_test(test_lm_head_chunk_bound),
         cmocka_unit_test(test_tensorboard_event_framing),
         cmocka_unit_test(test_plot_panels),
+        cmocka_unit_test(test_trace_of_named_steps),
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_an_mfu_above_the_peak_is_not_reported),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),

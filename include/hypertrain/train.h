@@ -97,6 +97,7 @@ typedef struct ht_trainer {
     int32_t *share_inputs, *share_targets; /* (B, Tc) this rank's tokens of them (context parallelism; else NULL) */
     FILE *metrics;                         /* output_dir/metrics.jsonl */
     struct ht_events *events;              /* training.tensorboard: rank 0's event file (train/events.h); else NULL */
+    FILE *trace;                           /* training.trace: this rank's trace_rank{r}.json once a step is traced */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
     double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */

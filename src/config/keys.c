@@ -284,6 +284,7 @@ const key_desc ht_config_keys[] = {
     BOOL("tools.profile.enable", training.profile, "false"),
     BOOL("tools.memory_profile.enable", training.memory_profile, "false"),
     SWITCH_PATH("training.tensorboard", training.tensorboard, "false"),
+    STEPS("training.trace", training.trace, "false"),
     FLT("training.distributed_timeout_minutes", training.distributed_timeout_minutes, "10"),
     INT("training.log_interval", training.log_interval, "10"),
     INT("training.eval_interval", training.eval_interval, "100"),

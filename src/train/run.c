@@ -282,6 +282,53 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     return s;
 }
 
+/* training.trace: whether the run traces step (true: every one). */
+static bool traced(const ht_config *c, int64_t step) {
+    const ht_config_steps *tr = &c->training.trace;
+    if (!tr->on || tr->count == 0) return tr->on;
+    for (int i = 0; i < tr->count; i++)
+        if (tr->items[i] == step) return true;
+    return false;
+}
+
+/* A traced step's spans appended to this rank's trace_rank{r}.json (opened
+ * at the first, replacing an earlier run's), flushed: a crash loses the
+ * step in hand, and leaves a file whose array is not closed. */
+static ht_status write_trace(ht_trainer *t, ht_error *err) {
+    char path[HT_CONFIG_STR_MAX + 48];
+    snprintf(path, sizeof(path), "%s/trace_rank%d.json", t->config.checkpoint.output_dir, t->comm->rank);
+    const bool first = !t->trace;
+    if (first) {
+        t->trace = open_own_file(path, "w");
+        if (!t->trace) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        fprintf(t->trace, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    }
+    ht_trace_flush(t->trace, t->comm->rank, first);
+    if (fflush(t->trace) != 0 || ferror(t->trace))
+        return ht_fail(err, HT_ERR_IO, "%s: cannot write step %lld's trace: %s", path, (long long)t->step,
+                       strerror(errno));
+    return HT_OK;
+}
+
+/* The trace's array closed (the last event names the file's process
+ * again, so that no comma is left hanging), synced and closed. */
+static ht_status close_trace(ht_trainer *t, ht_error *err) {
+    FILE *f = t->trace;
+    if (!f) return HT_OK;
+    t->trace = NULL;
+    fprintf(f,
+            "{\"name\": \"process_labels\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"labels\": "
+            "\"hypertrain\"}}\n]}\n",
+            t->comm->rank);
+    bool kept = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && kept) kept = false, e = errno;
+    if (!kept)
+        return ht_fail(err, HT_ERR_IO, "%s/trace_rank%d.json: cannot finish writing: %s",
+                       t->config.checkpoint.output_dir, t->comm->rank, strerror(e));
+    return HT_OK;
+}
+
 /* What the FSDP collectives cost a step over the run (evaluations included). */
 static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
     const ht_fsdp_stats *st = ht_fsdp_stats_get(t->fsdp);
@@ -520,9 +567,14 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
     while (t->step < steps) {
         if ((t->stopped_by = stop_agreed(t)) != 0) break;
+        const bool tracing = traced(c, t->step + 1);
+        if (tracing) ht_trace_start();
         ht_step_stats st;
+        const double s0 = ht_time_seconds();
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
+        const double s1 = ht_time_seconds();
+        ht_trace_span("phase", "step", HT_TRACE_THREAD, s0, s1, -1, t->step);
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
         mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
         const bool logged = t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps;
@@ -552,19 +604,33 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                         (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
         }
         double p0 = ht_time_seconds();
-        if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
+        const bool saving = c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0;
+        const bool evaluating =
+            c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps;
+        if (saving) {
             s = ht_trainer_save_checkpoint(t, err);
             if (s != HT_OK) return s;
             saved_step = t->step;
         }
         double p1 = ht_time_seconds();
-        if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
+        if (evaluating) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+        const double p2 = ht_time_seconds();
         t->checkpoint_seconds += p1 - p0;
-        t->eval_seconds += ht_time_seconds() - p1;
+        t->eval_seconds += p2 - p1;
+        if (tracing) {
+            ht_trace_span("phase", "metrics and log", HT_TRACE_THREAD, s1, p0, -1, t->step);
+            if (saving) ht_trace_span("phase", "checkpoint", HT_TRACE_THREAD, p0, p1, -1, t->step);
+            if (evaluating) ht_trace_span("phase", "evaluation", HT_TRACE_THREAD, p1, p2, -1, t->step);
+            ht_trace_stop();
+            s = write_trace(t, err);
+            if (s != HT_OK) return s;
+        }
     }
+    s = close_trace(t, err);
+    if (s != HT_OK) return s;
     if (t->stopped_by) return stop_run(t, saved_step, err);
     if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
     if (t->step > first_step) {

@@ -178,7 +178,7 @@ static const char *kind_of(const struct stat *sb) {
 }
 
 /* Rank 0's half of ht_rundir_check. */
-static ht_status check_entries(const ht_config *cfg, int64_t first, ht_error *err) {
+static ht_status check_entries(const ht_config *cfg, int64_t first, int ranks, ht_error *err) {
     const char *dir = cfg->checkpoint.output_dir;
     const int64_t last = cfg->training.steps;
     char path[HT_CONFIG_STR_MAX + 64];
@@ -188,6 +188,15 @@ static ht_status check_entries(const ht_config *cfg, int64_t first, ht_error *er
     static const char *const files[] = {"metrics.jsonl", "metrics.jsonl.tmp", "loss.svg.tmp"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+            return ht_fail(err, HT_ERR_IO,
+                           "%s is %s, where this run writes a file: move it away (nothing is ever "
+                           "written through a link)",
+                           path, kind_of(&sb));
+    }
+    /* training.trace: every rank's trace_rank{r}.json. */
+    for (int r = 0; cfg->training.trace.on && r < ranks; r++) {
+        snprintf(path, sizeof(path), "%s/trace_rank%d.json", dir, r);
         if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
             return ht_fail(err, HT_ERR_IO,
                            "%s is %s, where this run writes a file: move it away (nothing is ever "
@@ -234,6 +243,6 @@ static ht_status check_entries(const ht_config *cfg, int64_t first, ht_error *er
 }
 
 ht_status ht_run_dir_check(const ht_config *cfg, int64_t first, ht_comm *comm, ht_error *err) {
-    ht_status s = comm->rank == 0 ? check_entries(cfg, first, err) : HT_OK;
+    ht_status s = comm->rank == 0 ? check_entries(cfg, first, comm->size, err) : HT_OK;
     return share_outcome(comm, s, err);
 }

@@ -961,7 +961,9 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
         if (!(K = ht_kernels_cuda(&why)))
             return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
     }
-    ht_kernels_use(K);
+    /* training.trace: the profiled table over it, so that the traced steps
+     * show each entry (the same bits; every entry waited for). */
+    ht_kernels_use(t->config.training.trace.on ? ht_kernels_profiled(K) : K);
     if (K->host_memory) return HT_OK;
     /* MPI's collectives read and write host memory: every group the trainer
      * splits comes from a staged one, and on CUDA from an NCCL group over
@@ -1023,6 +1025,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
 
 void ht_trainer_free(ht_trainer *t) {
     if (t->metrics) fclose(t->metrics);
+    if (t->trace) fclose(t->trace);
+    ht_trace_stop();
     if (t->events) { /* a run that failed: what it wrote stays, its error was the run's */
         ht_error ignored;
         (void)ht_events_close(t->events, &ignored);

@@ -155,8 +155,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         double f0 = ht_time_seconds();
         ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
         if (s != HT_OK) return s;
-        t->forward_seconds += ht_time_seconds() - f0;
+        const double f1 = ht_time_seconds();
+        t->forward_seconds += f1 - f0;
         ht_model_backward(m, grad_scale);
+        ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
+        ht_trace_span("phase", "backward", HT_TRACE_THREAD, f1, ht_time_seconds(), -1, t->step + 1);
         loss_sum += loss;
     }
     m->dropout_seed = 0;                           /* forwards outside a training step (evaluation) drop nothing */
@@ -186,6 +189,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_all_reduce_f32(t->replica_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
     }
     double t2 = ht_time_seconds();
+    ht_trace_span("phase", "gradient sync", HT_TRACE_THREAD, t1, t2, -1, t->step + 1);
     ht_step_result r;
     state_dump *dump = t->config.training.dump_state ? calloc(1, sizeof(state_dump)) : NULL;
     ht_status s = HT_OK;
@@ -198,6 +202,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         dump_free(dump);
         return s;
     }
+    const double updated = ht_time_seconds();
+    ht_trace_span("phase", "optimizer", HT_TRACE_THREAD, t2, updated, -1, t->step + 1);
     int clipped = 0;
     double max_logit = NAN;
     if (t->qk_layers) { /* the step's largest logit, over every head: each rank of a tensor-parallel group has its own
@@ -228,6 +234,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         return s;
     }
     ht_fsdp_weights_changed(t->fsdp);
+    ht_trace_span("phase", "after the update (QK-clip, expert counts)", HT_TRACE_THREAD, updated, ht_time_seconds(), -1,
+                  t->step + 1);
     t->step++;
     if (t->config.training.dump_state) {
         s = dump_tensors(t, dump, "param.", err);
