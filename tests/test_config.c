@@ -309,6 +309,8 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "  seed: 12345678901\n"                                                             /* 111 */
                           "  deterministic: true\n"                                                           /* 112 */
                           "  dump_state: true\n"
+                          "  tensorboard: runs/full/tb\n"
+                          "  trace: [2, 4]\n"
                           "  log_interval: 5\n"                          /* 112 */
                           "  eval_interval: 0\n"                         /* 113 */
                           "  eval_batches: 3\n"                          /* 114 */
@@ -452,6 +454,9 @@ static void check_full(const ht_config *cfg) {
     assert_true(cfg->training.seed == 12345678901LL);
     assert_true(cfg->training.deterministic);
     assert_true(cfg->training.dump_state);
+    assert_true(cfg->training.tensorboard.on);
+    assert_string_equal(cfg->training.tensorboard.path, "runs/full/tb");
+    assert_true(cfg->training.trace.on && cfg->training.trace.count == 2 && cfg->training.trace.items[0] == 2);
     assert_int_equal(cfg->training.log_interval, 5);
     assert_int_equal(cfg->training.eval_interval, 0);
     assert_int_equal(cfg->training.eval_batches, 3);
@@ -978,6 +983,58 @@ static void test_set_errors(void **state) {
     assert_int_equal(ht_config_load(NULL, 2, bad, &cfg, &err), HT_ERR_CONFIG);
     assert_contains(err.msg, "--set training.deterministic=maybe");
     assert_contains(err.msg, "expected true or false");
+}
+
+/* A switch that may name a directory (training.tensorboard): true, false,
+ * null (false) or a path, ~ expanded as the other path keys'; an empty
+ * string, a number or a list is refused; the value formats back. One that
+ * may name steps (training.trace): true, false or a list of steps >= 1. */
+static void test_switch_keys(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    char value[HT_CONFIG_STR_MAX + 8];
+    ht_config_defaults(&cfg);
+    assert_false(cfg.training.tensorboard.on);
+    assert_ht_ok(ht_config_set(&cfg, "training.tensorboard=true", &err), &err);
+    assert_true(cfg.training.tensorboard.on);
+    assert_string_equal(cfg.training.tensorboard.path, "");
+    assert_true(ht_config_format_value(&cfg, "training.tensorboard", value, sizeof(value)));
+    assert_string_equal(value, "true");
+    assert_ht_ok(ht_config_set(&cfg, "training.tensorboard=runs/tb", &err), &err);
+    assert_true(cfg.training.tensorboard.on);
+    assert_string_equal(cfg.training.tensorboard.path, "runs/tb");
+    assert_true(ht_config_format_value(&cfg, "training.tensorboard", value, sizeof(value)));
+    assert_string_equal(value, "\"runs/tb\"");
+    assert_ht_ok(ht_config_set(&cfg, "training.tensorboard=\"true\"", &err), &err); /* a directory named true */
+    assert_string_equal(cfg.training.tensorboard.path, "true");
+    const char *home = getenv("HOME");
+    if (home && home[0]) {
+        char want[HT_CONFIG_STR_MAX + 8];
+        snprintf(want, sizeof(want), "%s/tb", home);
+        assert_ht_ok(ht_config_set(&cfg, "training.tensorboard=~/tb", &err), &err);
+        assert_string_equal(cfg.training.tensorboard.path, want);
+    }
+    assert_ht_ok(ht_config_set(&cfg, "training.tensorboard=null", &err), &err);
+    assert_false(cfg.training.tensorboard.on);
+    expect_set_error("training.tensorboard=\"\"", "training.tensorboard", "expected true, false or a directory", NULL);
+    expect_set_error("training.tensorboard=3", "expected true, false or a directory", NULL);
+    expect_set_error("training.tensorboard=[a]", "expected true, false or a directory", NULL);
+    expect_set_error("training.tensorboard=$HOME/tb", "names an environment variable", NULL);
+    /* training.trace: true (every step), false, null, or the steps. */
+    assert_false(cfg.training.trace.on);
+    assert_ht_ok(ht_config_set(&cfg, "training.trace=true", &err), &err);
+    assert_true(cfg.training.trace.on && cfg.training.trace.count == 0);
+    assert_ht_ok(ht_config_set(&cfg, "training.trace=[3, 10]", &err), &err);
+    assert_true(cfg.training.trace.on && cfg.training.trace.count == 2 && cfg.training.trace.items[1] == 10);
+    assert_true(ht_config_format_value(&cfg, "training.trace", value, sizeof(value)));
+    assert_string_equal(value, "[3, 10]");
+    assert_ht_ok(ht_config_set(&cfg, "training.trace=false", &err), &err);
+    assert_false(cfg.training.trace.on);
+    expect_set_error("training.trace=[0]", "training.trace", "expected true, false or a list of at most 64 steps",
+                     NULL);
+    expect_set_error("training.trace=[]", "expected true, false or a list", NULL);
+    expect_set_error("training.trace=5", "expected true, false or a list", NULL);
 }
 
 /* Path keys as a shell takes them: ~ and ~/x are $HOME's (a run never makes
@@ -2087,6 +2144,7 @@ int main(void) {
         cmocka_unit_test(test_set_overrides),
         cmocka_unit_test(test_schedule_defaults),
         cmocka_unit_test(test_set_errors),
+        cmocka_unit_test(test_switch_keys),
         cmocka_unit_test(test_paths_as_a_shell_takes_them),
         cmocka_unit_test(test_fp32_main_params_rule),
         cmocka_unit_test(test_hyperparallel_defaults),

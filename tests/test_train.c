@@ -17,6 +17,7 @@
 #include "hypertrain/config.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/train.h"
+#include "train/events.h"
 
 static const char *corpus =
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -154,6 +155,129 @@ static void test_an_mfu_above_the_peak_is_not_reported(void **state) {
     free(text);
     trainer_delete(t);
     free(cfg);
+}
+
+/* Little-endian integers of an event file. */
+static uint64_t le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* training.tensorboard's framing: CRC-32C against its published values
+ * (RFC 3720's, and the usual "123456789"), and an event file read back
+ * record by record: each length and each Event under its masked CRC, the
+ * file_version first, a resumed file's SessionLog START at its first step,
+ * one scalar's tag and float where protobuf puts them. A file the disk
+ * refuses is an error that names it. */
+static void test_tensorboard_event_framing(void **state) {
+    (void)state;
+    unsigned char zeros[32] = {0}, ones[32];
+    memset(ones, 0xff, sizeof(ones));
+    assert_int_equal(ht_crc32c("123456789", 9, 0), 0xE3069283u);
+    assert_int_equal(ht_crc32c(zeros, 32, 0), 0x8A9136AAu);
+    assert_int_equal(ht_crc32c(ones, 32, 0), 0x62A8AB43u);
+    assert_int_equal(ht_crc32c("6789", 4, ht_crc32c("12345", 5, 0)), 0xE3069283u); /* chained */
+    const char *dir = scratch_dir("train_tensorboard_framing");
+    ht_events w;
+    ht_error err;
+    assert_ht_ok(ht_events_open(&w, dir, 5, &err), &err);
+    assert_non_null(strstr(w.path, "/events.out.tfevents."));
+    ht_events_begin(&w, 7);
+    ht_events_scalar(&w, "train/loss", 2.5);
+    ht_events_scalar(&w, "left/out", NAN);
+    assert_ht_ok(ht_events_end(&w, &err), &err);
+    char path[sizeof(w.path)];
+    snprintf(path, sizeof(path), "%s", w.path);
+    assert_ht_ok(ht_events_close(&w, &err), &err);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char buf[1024];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    int records = 0;
+    const unsigned char *data[3] = {0};
+    size_t lens[3] = {0};
+    for (size_t at = 0; at < n; records++) {
+        assert_true(at + 12 <= n && records < 3);
+        uint64_t len = le(buf + at, 8);
+        assert_int_equal(le(buf + at + 8, 4), ht_events_masked_crc(buf + at, 8));
+        assert_true(at + 16 + len <= n);
+        assert_int_equal(le(buf + at + 12 + len, 4), ht_events_masked_crc(buf + at + 12, len));
+        data[records] = buf + at + 12, lens[records] = len;
+        at += 16 + len;
+    }
+    assert_int_equal(records, 3);
+    /* Event{1: wall_time (fixed64), 3: "brain.Event:2"} */
+    assert_int_equal(data[0][0], 0x09);
+    assert_int_equal(lens[0], 9 + 2 + 13);
+    assert_memory_equal(data[0] + 11, "brain.Event:2", 13);
+    /* Event{1: wall_time, 2: step 5, 7: SessionLog{1: START}} */
+    const unsigned char start[] = {0x10, 5, 0x3a, 2, 0x08, 1};
+    assert_int_equal(lens[1], 9 + sizeof(start));
+    assert_memory_equal(data[1] + 9, start, sizeof(start));
+    /* Event{1: wall_time, 2: step 7, 5: Summary{1: Value{1: "train/loss", 2: 2.5f}}}; the NaN left out */
+    const unsigned char scalar[] = {0x10, 7,   0x2a, 19,  0x0a, 17,  0x0a, 10, 't', 'r',  'a', 'i',
+                                    'n',  '/', 'l',  'o', 's',  's', 0x15, 0,  0,   0x20, 0x40};
+    assert_int_equal(lens[2], 9 + sizeof(scalar));
+    assert_memory_equal(data[2] + 9, scalar, sizeof(scalar));
+
+    /* A full disk: the flush fails, naming the file. */
+    assert_ht_ok(ht_events_open(&w, dir, 1, &err), &err);
+    fclose(w.f);
+    w.f = fopen("/dev/full", "w");
+    assert_non_null(w.f);
+    ht_events_begin(&w, 1);
+    ht_events_scalar(&w, "train/loss", 1.0);
+    assert_ht_ok(ht_events_end(&w, &err), &err); /* buffered */
+    assert_int_equal(ht_events_flush(&w, &err), HT_ERR_IO);
+    assert_non_null(strstr(err.msg, "events.out.tfevents."));
+    assert_non_null(strstr(err.msg, "No space left on device"));
+    assert_int_equal(ht_events_close(&w, &err), HT_ERR_IO);
+}
+
+/* The plot: the loss panel and, on the same step axis, the learning rates,
+ * the gradient norm and the tokens a second, each axis labelled; a null
+ * (an fp16 step skipped on overflow has no norm) is left out, never a point
+ * at 0; a run with validation points alone is the loss panel alone. */
+static void test_plot_panels(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_plot_panels");
+    char metrics[1300], svg[1300];
+    snprintf(metrics, sizeof(metrics), "%s/metrics.jsonl", dir);
+    snprintf(svg, sizeof(svg), "%s/loss.svg", dir);
+    const char *lines = "{\"step\": 0, \"val_loss\": 5.5}\n"
+                        "{\"step\": 1, \"loss\": 5.4, \"lr\": 1e-4, \"muon_lr\": 2e-3, \"grad_norm\": 1.5, "
+                        "\"tokens_per_s\": 1000.0}\n"
+                        "{\"step\": 2, \"loss\": 5.0, \"lr\": 2e-4, \"muon_lr\": 4e-3, \"grad_norm\": null, "
+                        "\"tokens_per_s\": 1200.0}\n"
+                        "{\"step\": 3, \"loss\": 4.5, \"lr\": 3e-4, \"muon_lr\": 6e-3, \"grad_norm\": 1.25, "
+                        "\"tokens_per_s\": 1100.0}\n";
+    write_file(metrics, lines, strlen(lines));
+    ht_error err;
+    assert_ht_ok(ht_plot_metrics(metrics, svg, &err), &err);
+    char *text = read_text(svg);
+    const char *labels[] = {">cross-entropy (nats/token)<",
+                            ">AdamW lr<",
+                            ">Muon lr<",
+                            ">gradient norm<",
+                            ">tokens / s<",
+                            ">optimizer step<",
+                            ">validation loss<"};
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++)
+        if (!strstr(text, labels[i])) fail_msg("no %s in the plot:\n%s", labels[i], text);
+    /* the step labels once, under the last panel: "3" at the end of the axis */
+    int steps = 0;
+    for (const char *p = text; (p = strstr(p, "text-anchor=\"middle\">3<")) != NULL; p++) steps++;
+    assert_int_equal(steps, 1);
+    free(text);
+    const char *alone = "{\"step\": 0, \"val_loss\": 5.5}\n{\"step\": 4, \"val_loss\": 4.0}\n";
+    write_file(metrics, alone, strlen(alone));
+    assert_ht_ok(ht_plot_metrics(metrics, svg, &err), &err);
+    text = read_text(svg);
+    assert_non_null(strstr(text, ">cross-entropy (nats/token)<"));
+    assert_null(strstr(text, ">gradient norm<"));
+    free(text);
 }
 
 static void test_training_lowers_validation_loss(void **state) {
@@ -597,6 +721,119 @@ static void test_memory_log_with_and_without_main_params(void **state) {
         !strstr(msg, "FP32 main params 0.0, main_grad 0.1") ||
         !strstr(msg, "Memory rank 0:   FP32 main params (off: no copies)         0.0    0.0%"))
         fail_msg("the log lines without main params: %s", msg);
+}
+
+/* A trace file against Chrome's trace-event format, parsed with the
+ * project's JSON reader: {"traceEvents": [...]}, every event a "ph" of "X"
+ * (a span: "name", "cat", "ts", "dur" >= 0, "pid" = rank, "tid", "args") or
+ * "M" (metadata); each track's spans in time order, each one inside the span
+ * enclosing it where they overlap. Counts the spans whose name starts with
+ * each of `names` into counts[], and those with "bytes" in *with_bytes. */
+static void check_trace(const char *path, int rank, const char *const *names, int *counts, int n, int *with_bytes) {
+    char *text = read_text(path);
+    ht_json *root;
+    ht_error err;
+    assert_ht_ok(ht_json_parse(text, strlen(text), path, &root, &err), &err);
+    free(text);
+    const ht_json *events = ht_json_get(root, "traceEvents");
+    assert_non_null(events);
+    assert_int_equal(events->type, HT_JSON_ARRAY);
+    double open_end[16][64], last_ts[16]; /* each track's spans still open at the last start, innermost last */
+    int open[16] = {0};
+    for (int k = 0; k < 16; k++) last_ts[k] = -1;
+    memset(counts, 0, (size_t)n * sizeof(int));
+    *with_bytes = 0;
+    for (size_t i = 0; i < events->count; i++) {
+        const ht_json *e = &events->items[i], *ph = ht_json_get(e, "ph"), *name = ht_json_get(e, "name"),
+                      *pid = ht_json_get(e, "pid"), *tid = ht_json_get(e, "tid"), *args = ht_json_get(e, "args");
+        assert_true(ph && ph->type == HT_JSON_STRING && name && name->type == HT_JSON_STRING);
+        assert_true(pid && pid->type == HT_JSON_NUMBER && pid->number == rank);
+        assert_true(tid && tid->type == HT_JSON_NUMBER && tid->number >= 0 && tid->number < 16);
+        assert_true(args && args->type == HT_JSON_OBJECT);
+        if (strcmp(ph->string, "M") == 0) continue;
+        assert_string_equal(ph->string, "X");
+        const ht_json *ts = ht_json_get(e, "ts"), *dur = ht_json_get(e, "dur"), *cat = ht_json_get(e, "cat");
+        assert_true(ts && ts->type == HT_JSON_NUMBER && dur && dur->type == HT_JSON_NUMBER && dur->number >= 0);
+        assert_true(cat && cat->type == HT_JSON_STRING);
+        const int k = (int)tid->number;
+        if (ts->number < last_ts[k])
+            fail_msg("%s: %s at %.3f before the span before it (%.3f)", path, name->string, ts->number, last_ts[k]);
+        last_ts[k] = ts->number;
+        const double end = ts->number + dur->number, slack = 0.002; /* the microseconds' last printed digit */
+        while (open[k] > 0 && open_end[k][open[k] - 1] <= ts->number + slack) open[k]--;
+        if (open[k] > 0 && end > open_end[k][open[k] - 1] + slack)
+            fail_msg("%s: %s (%.3f to %.3f) overlaps the end of the span it starts in (%.3f)", path, name->string,
+                     ts->number, end, open_end[k][open[k] - 1]);
+        assert_true(open[k] < 64);
+        open_end[k][open[k]++] = end;
+        for (int j = 0; j < n; j++) counts[j] += strncmp(name->string, names[j], strlen(names[j])) == 0;
+        const ht_json *bytes = ht_json_get(args, "bytes");
+        *with_bytes += bytes && bytes->type == HT_JSON_NUMBER && bytes->number > 0;
+    }
+    ht_json_free(root);
+}
+
+/* training.trace on the steps it names: each rank's trace_rank{r}.json holds
+ * the phases of those steps (and the checkpoint and evaluation after one),
+ * each kernel entry (the profiled table), and on 2 ranks each FSDP unit's
+ * all-gather and reduce-scatter on their tracks and the collectives, with
+ * their bytes; the steps not named are not in it. With tensorboard on, only
+ * rank 0 writes an event file. */
+static void test_trace_of_named_steps(void **state) {
+    (void)state;
+    char data[2048], msg[1 << 16], path[1400];
+    const char *dir = tiny_data("train_trace", data, sizeof(data));
+    const char *yaml = tiny_yaml(dir, data, NULL);
+    const char *names[] = {"step",
+                           "forward",
+                           "backward",
+                           "gradient sync",
+                           "optimizer",
+                           "checkpoint",
+                           "evaluation",
+                           "gemm",
+                           "all-gather model.layers.0",
+                           "reduce-scatter model.layers.0",
+                           "all_reduce_f64"};
+    const int n = sizeof(names) / sizeof(names[0]);
+    int counts[16], with_bytes;
+    int rc = run_cli(dir, yaml,
+                     "--set training.steps=3 --set 'training.trace=[2]' --set checkpoint.save_interval=2 "
+                     "--set training.eval_interval=2",
+                     msg, sizeof(msg));
+    if (rc != 0) fail_msg("the traced run failed: %s", msg);
+    snprintf(path, sizeof(path), "%s/out/trace_rank0.json", dir);
+    check_trace(path, 0, names, counts, n, &with_bytes);
+    const int one_rank[] = {1, 1, 1, 1, 1, 1, 1, -1, 0, 0, 0}; /* -1: some */
+    for (int j = 0; j < n; j++)
+        if (one_rank[j] >= 0 ? counts[j] != one_rank[j] : counts[j] == 0)
+            fail_msg("%d spans named %s in %s", counts[j], names[j], path);
+
+    snprintf(path, sizeof(path), "rm -rf '%s/out'", dir);
+    assert_int_equal(system(path), 0);
+    char args[2048], log_path[1300], *log;
+    snprintf(args, sizeof(args),
+             "train '%s/run.yaml' --set training.steps=2 --set training.global_batch_size=4 "
+             "--set 'training.trace=true' --set training.tensorboard=true",
+             dir);
+    snprintf(log_path, sizeof(log_path), "%s/mpirun.txt", dir);
+    rc = run_hypertrain(MPIRUN "-np 2 ", args, log_path, false, &log);
+    if (rc != 0) fail_msg("the 2-rank traced run failed: %s", log);
+    free(log);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof(path), "%s/out/trace_rank%d.json", dir, r);
+        check_trace(path, r, names, counts, n, &with_bytes);
+        const int two_ranks[] = {2, 2, 2, 2, 2, 0, 0, -1, -1, -1, -1};
+        for (int j = 0; j < n; j++)
+            if (two_ranks[j] >= 0 ? counts[j] != two_ranks[j] : counts[j] == 0)
+                fail_msg("%d spans named %s in %s", counts[j], names[j], path);
+        assert_true(with_bytes >= counts[8] + counts[9] + counts[10]);
+    }
+    glob_t g;
+    snprintf(path, sizeof(path), "%s/out/tensorboard/events.out.tfevents.*", dir);
+    assert_int_equal(glob(path, 0, NULL, &g), 0);
+    assert_int_equal(g.gl_pathc, 1);
+    globfree(&g);
 }
 
 /* An fp16 run whose first steps overflow (an absurd initial loss scale):
@@ -1543,6 +1780,9 @@ static void test_plugin_registers_a_dataset_and_a_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lm_head_chunk_bound),
+        cmocka_unit_test(test_tensorboard_event_framing),
+        cmocka_unit_test(test_plot_panels),
+        cmocka_unit_test(test_trace_of_named_steps),
         cmocka_unit_test(test_training_lowers_validation_loss),
         cmocka_unit_test(test_an_mfu_above_the_peak_is_not_reported),
         cmocka_unit_test(test_trainer_on_the_fenced_backend),

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -142,6 +143,29 @@ void ht_log_warn_once(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 /* Monotonic wall clock in seconds. */
 double ht_time_seconds(void);
 
+/* ---------------------------------------------------------------- tracing */
+
+/* training.trace (src/base/trace.c): spans of named work recorded while a
+ * capture is on, for a Chrome/Perfetto trace. The process-wide switch is read
+ * inline, so a span not captured costs one branch. Tracks: the calling
+ * thread's (nested spans: phases, collectives, kernel entries), and two of
+ * their own for the FSDP exchanges in flight beside the compute. */
+enum { HT_TRACE_THREAD = -1, HT_TRACE_GATHERS = 1, HT_TRACE_REDUCES = 2 };
+extern bool ht_trace_on;
+/* Starts capturing (the calling thread is track 0); stop ends it. */
+void ht_trace_start(void);
+void ht_trace_stop(void);
+/* A span from t0 to t1 (ht_time_seconds) on `track` (HT_TRACE_THREAD: the
+ * calling thread's), of category `cat` ("phase", "comm", "fsdp", "kernel"),
+ * named `name` (copied); bytes >= 0 is recorded as an argument, and so is
+ * step >= 0. Nothing unless a capture is on. */
+void ht_trace_span(const char *cat, const char *name, int track, double t0, double t1, int64_t bytes, int64_t step);
+/* Appends the spans captured so far to f as trace events (Chrome's trace
+ * event format, "X" events with "ts"/"dur" in microseconds, pid `pid`),
+ * each track's in time order, and forgets them; `first`: the file's first
+ * events, after the metadata naming the process and the tracks. */
+void ht_trace_flush(FILE *f, int pid, bool first);
+
 /* OpenMP's idle threads spin only briefly (1000 iterations) before they
  * sleep when the machine is busy at start (other processes running), and as
  * the runtime's default otherwise;
@@ -219,6 +243,10 @@ uint64_t ht_fnv1a64(const void *data, size_t n, uint64_t seed);
  * 8-byte words, ~10 GB/s on one core) over a byte range. Checkpoints name it
  * "xxh64" and hash every file with seed 0. */
 uint64_t ht_xxh64(const void *data, size_t n, uint64_t seed);
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78; "123456789" ->
+ * 0xE3069283), chainable through `crc` (start with 0): the checksum of
+ * TFRecord framing (TensorBoard's event files). */
+uint32_t ht_crc32c(const void *data, size_t n, uint32_t crc);
 
 /* ---------------------------------------------------------------- files */
 

@@ -114,28 +114,55 @@ void ht_comm_set_timeout(ht_comm *c, double seconds);
  * no peer waits forever); the single-process group just returns. */
 void ht_comm_abort(ht_comm *c, int code);
 
+/* training.trace: each blocking collective of a group of more than one rank
+ * is a span on the calling thread, named with the group's size, with the
+ * bytes of its buffer on this rank (an all-reduce's or reduce-scatter's
+ * input, an all-gather's whole result, a broadcast's payload, a gather's or
+ * scatter's share of this rank); outside a capture, one branch. */
+static inline void ht_comm_trace(const ht_comm *c, const char *what, double t0, int64_t bytes) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s (%d ranks)", what, c->size);
+    ht_trace_span("comm", name, HT_TRACE_THREAD, t0, ht_time_seconds(), bytes, -1);
+}
+static inline int64_t ht_comm_sum_counts(const ht_comm *c, const int64_t *counts, int64_t elem) {
+    int64_t sum = 0;
+    for (int r = 0; r < c->size; r++) sum += counts[r] * elem;
+    return sum;
+}
+#define HT_COMM_TRACED(c, what, bytes, call)                                                                           \
+    do {                                                                                                               \
+        if (!ht_trace_on || (c)->size == 1) {                                                                          \
+            call;                                                                                                      \
+        } else {                                                                                                       \
+            const double traced_t0 = ht_time_seconds();                                                                \
+            call;                                                                                                      \
+            ht_comm_trace(c, what, traced_t0, bytes);                                                                  \
+        }                                                                                                              \
+    } while (0)
+
 static inline void ht_all_reduce_f64(ht_comm *c, double *buf, int64_t n, ht_reduce_op op) {
-    c->ops->all_reduce_f64(c, buf, n, op);
+    HT_COMM_TRACED(c, "all_reduce_f64", n * 8, c->ops->all_reduce_f64(c, buf, n, op));
 }
 static inline void ht_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_op op) {
-    c->ops->all_reduce_f32(c, buf, n, op);
+    HT_COMM_TRACED(c, "all_reduce_f32", n * 4, c->ops->all_reduce_f32(c, buf, n, op));
 }
 static inline void ht_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
-    c->ops->reduce_scatter_f32(c, send, recv, counts);
+    HT_COMM_TRACED(c, "reduce_scatter_f32", ht_comm_sum_counts(c, counts, 4),
+                   c->ops->reduce_scatter_f32(c, send, recv, counts));
 }
 static inline void ht_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
-    c->ops->broadcast(c, buf, bytes, root);
+    HT_COMM_TRACED(c, "broadcast", bytes, c->ops->broadcast(c, buf, bytes, root));
 }
 static inline void ht_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
-    c->ops->all_gather(c, send, recv, bytes);
+    HT_COMM_TRACED(c, "all_gather", ht_comm_sum_counts(c, bytes, 1), c->ops->all_gather(c, send, recv, bytes));
 }
 static inline void ht_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
-    c->ops->gather(c, send, recv, bytes, root);
+    HT_COMM_TRACED(c, "gather", bytes[c->rank], c->ops->gather(c, send, recv, bytes, root));
 }
 static inline void ht_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
-    c->ops->scatter(c, send, recv, bytes, root);
+    HT_COMM_TRACED(c, "scatter", bytes[c->rank], c->ops->scatter(c, send, recv, bytes, root));
 }
-static inline void ht_barrier(ht_comm *c) { c->ops->barrier(c); }
+static inline void ht_barrier(ht_comm *c) { HT_COMM_TRACED(c, "barrier", 0, c->ops->barrier(c)); }
 static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
     return c->ops->start_exchange(c, send, recv);
 }

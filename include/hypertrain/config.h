@@ -98,6 +98,22 @@ typedef struct ht_config_ns_coefficients {
     int repeat[HT_CONFIG_NS_MAX];
 } ht_config_ns_coefficients;
 
+/* A switch that may name a directory (training.tensorboard): false, true
+ * (the run's own place for it), or a directory (on). */
+typedef struct ht_config_switch_path {
+    bool on;
+    char path[HT_CONFIG_STR_MAX]; /* "": the default place; else the directory given */
+} ht_config_switch_path;
+
+/* A switch that may name steps (training.trace): false, true (every step),
+ * or a list of steps (on for those). */
+#define HT_CONFIG_STEPS_MAX 64
+typedef struct ht_config_steps {
+    bool on;
+    int count; /* 0: every step; else the steps in items */
+    int64_t items[HT_CONFIG_STEPS_MAX];
+} ht_config_steps;
+
 /* model.lora (PEFT's LoraConfig names are aliases): the model's ht_lora_config comes from it. */
 typedef struct ht_config_lora {
     int rank; /* 0: off */
@@ -224,6 +240,8 @@ typedef struct ht_config {
         char save[HT_CONFIG_STR_MAX];       /* MindSpeed-MM's training.save: the output_dir, or "" */
         bool profile;                       /* tools.profile: a per-phase timing table at the end */
         bool memory_profile;                /* tools.memory_profile: peak memory by category at the end */
+        ht_config_switch_path tensorboard;  /* TensorBoard event files (rank 0): output_dir/tensorboard or path */
+        ht_config_steps trace;              /* trace_rank{r}.json of these steps (every rank, its own) */
         double distributed_timeout_minutes; /* a collective waiting longer ends the world; 0: never */
         int log_interval;
         int eval_interval; /* 0: never */

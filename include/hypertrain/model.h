@@ -364,10 +364,11 @@ struct ht_model {
     uint64_t dropout_seed;
     int64_t dropout_first_sequence;
     void *impl; /* the builder's own state */
-    /* deepseek_v3: (sparse layers, E), the rows each routed expert of each
-     * sparse layer (in layer order) was given by this rank's forwards since
-     * the last ht_model_reset_expert_tokens: the counts the aux-loss-free
-     * bias update sums over the ranks. NULL: no DeepSeekMoE routing. */
+    /* (sparse layers, E), the rows each routed expert of each sparse layer
+     * (in layer order) was given by this rank's forwards since the last
+     * ht_model_reset_expert_tokens: the counts the aux-loss-free bias update
+     * (deepseek_v3) and the experts' load in the metrics sum over the ranks.
+     * NULL: no sparse block. */
     int64_t *expert_tokens;
 };
 

@@ -27,7 +27,12 @@ typedef struct ht_step_stats {
     double loss_scale;    /* the fp16 loss scale the step ran with (1 otherwise) */
     bool skipped;         /* fp16 overflow: the step did not update */
     int qk_clipped_heads; /* heads QK-clip rescaled after this step */
-    double grad_norm;     /* before clipping */
+    double qk_max_logit;  /* QK-clip on: the step's largest attention logit over every head (its S_h); else NAN */
+    /* A model with experts: over the sparse layers, the most and the fewest
+     * tokens of the global batch an expert was routed, over its layer's mean
+     * (1: balanced; 0: an expert got none); NAN without experts. */
+    double expert_load_max, expert_load_min;
+    double grad_norm; /* before clipping */
     double tokens_per_s;
     /* Model FLOP utilization: model FLOPs (ht_model_flops_per_token) a second
      * per rank, over the GEMM rate measured at start for the compute dtype's
@@ -105,6 +110,8 @@ typedef struct ht_trainer {
     int32_t *inputs, *targets;             /* (B, T) */
     int32_t *share_inputs, *share_targets; /* (B, Tc) this rank's tokens of them (context parallelism; else NULL) */
     FILE *metrics;                         /* output_dir/metrics.jsonl */
+    struct ht_events *events;              /* training.tensorboard: rank 0's event file (train/events.h); else NULL */
+    FILE *trace;                           /* training.trace: this rank's trace_rank{r}.json once a step is traced */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
     double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */

@@ -11,20 +11,22 @@
 #include <yaml.h>
 
 typedef enum key_type {
-    KT_INT,      /* int */
-    KT_I64,      /* int64_t */
-    KT_FLOAT,    /* double */
-    KT_BOOL,     /* bool: true | false */
-    KT_STR,      /* char[size] */
-    KT_ENUM,     /* an int-sized enum, by name */
-    KT_DTYPE,    /* ht_dtype: float16 | bfloat16 | float32 */
-    KT_STRS,     /* ht_config_strings */
-    KT_FLOATS,   /* double[size / sizeof(double)] */
-    KT_LAYERS,   /* ht_layer_list: a list of layer indices */
-    KT_NS,       /* ht_config_ns_coefficients */
-    KT_SHARD,    /* int: auto (0) or a positive integer */
-    KT_AUTO_INT, /* int: auto (-1) or an integer >= 0 */
-    KT_REJECT,   /* a key some dialects know that is an error here */
+    KT_INT,         /* int */
+    KT_I64,         /* int64_t */
+    KT_FLOAT,       /* double */
+    KT_BOOL,        /* bool: true | false */
+    KT_STR,         /* char[size] */
+    KT_ENUM,        /* an int-sized enum, by name */
+    KT_DTYPE,       /* ht_dtype: float16 | bfloat16 | float32 */
+    KT_STRS,        /* ht_config_strings */
+    KT_FLOATS,      /* double[size / sizeof(double)] */
+    KT_LAYERS,      /* ht_layer_list: a list of layer indices */
+    KT_NS,          /* ht_config_ns_coefficients */
+    KT_SHARD,       /* int: auto (0) or a positive integer */
+    KT_AUTO_INT,    /* int: auto (-1) or an integer >= 0 */
+    KT_SWITCH_PATH, /* ht_config_switch_path: true | false | null (false) | a directory */
+    KT_STEPS,       /* ht_config_steps: true | false | null (false) | a list of steps >= 1 */
+    KT_REJECT,      /* a key some dialects know that is an error here */
 } key_type;
 
 #define NULLABLE 1u

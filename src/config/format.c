@@ -198,6 +198,25 @@ static void format_value(const ht_config *cfg, int i, char *buf, size_t n) {
         else
             put(buf, n, &used, "%d", *(const int *)src);
         break;
+    case KT_SWITCH_PATH: {
+        const ht_config_switch_path *sp = src;
+        if (sp->on && sp->path[0])
+            put_quoted(buf, n, &used, sp->path);
+        else
+            put(buf, n, &used, "%s", sp->on ? "true" : "false");
+        break;
+    }
+    case KT_STEPS: {
+        const ht_config_steps *st = src;
+        if (!st->on || st->count == 0) {
+            put(buf, n, &used, "%s", st->on ? "true" : "false");
+            break;
+        }
+        put(buf, n, &used, "[");
+        for (int j = 0; j < st->count; j++) put(buf, n, &used, "%s%lld", j ? ", " : "", (long long)st->items[j]);
+        put(buf, n, &used, "]");
+        break;
+    }
     case KT_REJECT: put(buf, n, &used, "null"); break;
     }
 }

@@ -132,6 +132,10 @@ static const enum_name TOTAL_STEPS_MSG[] = {
     { path, KT_SHARD, F(field), def, NULL, 0 }
 #define AUTO_INT(path, field, def)                                                                                     \
     { path, KT_AUTO_INT, F(field), def, NULL, 0 }
+#define SWITCH_PATH(path, field, def)                                                                                  \
+    { path, KT_SWITCH_PATH, F(field), def, NULL, FS_PATH }
+#define STEPS(path, field, def)                                                                                        \
+    { path, KT_STEPS, F(field), def, NULL, 0 }
 #define REJECT_BUT_AUTO(path, msg)                                                                                     \
     { path, KT_REJECT, 0, 0, NULL, msg, AUTO_OK }
 
@@ -285,6 +289,8 @@ const key_desc ht_config_keys[] = {
     STR_OR_NULL("training.save", training.save, "null"),
     BOOL("tools.profile.enable", training.profile, "false"),
     BOOL("tools.memory_profile.enable", training.memory_profile, "false"),
+    SWITCH_PATH("training.tensorboard", training.tensorboard, "false"),
+    STEPS("training.trace", training.trace, "false"),
     FLT("training.distributed_timeout_minutes", training.distributed_timeout_minutes, "10"),
     INT("training.log_interval", training.log_interval, "10"),
     INT("training.eval_interval", training.eval_interval, "100"),

@@ -125,6 +125,10 @@ static void expected(const key_desc *k, char *buf, size_t n) {
         break;
     case KT_SHARD: snprintf(buf, n, "auto or a positive integer"); break;
     case KT_AUTO_INT: snprintf(buf, n, "auto or an integer >= 0"); break;
+    case KT_SWITCH_PATH: snprintf(buf, n, "true, false or a directory"); break;
+    case KT_STEPS:
+        snprintf(buf, n, "true, false or a list of at most %d steps (integers >= 1)", HT_CONFIG_STEPS_MAX);
+        break;
     case KT_REJECT: snprintf(buf, n, "nothing: %s", k->names[0].name); break;
     }
 }
@@ -395,6 +399,37 @@ static bool convert(const key_desc *k, yaml_document_t *doc, const yaml_node_t *
         if (!node_int(node, 0, INT_MAX, &iv)) return false;
         *(int *)dst = (int)iv;
         return true;
+    case KT_SWITCH_PATH: {
+        ht_config_switch_path *sp = dst;
+        memset(sp, 0, sizeof(*sp));
+        if (node_is_null(node)) return true;
+        if (node->type == YAML_SCALAR_NODE && ht_config_classify(node, &iv, &dv, &bv) == SC_BOOL) {
+            sp->on = bv;
+            return true;
+        }
+        if (node->type != YAML_SCALAR_NODE || ht_config_classify(node, &iv, &dv, &bv) != SC_STR ||
+            !node_string(node, sp->path, sizeof(sp->path)) || !sp->path[0])
+            return false; /* a number is no directory: quote one named so */
+        sp->on = true;
+        return expand_path(sp->path, sizeof(sp->path), why, why_size);
+    }
+    case KT_STEPS: {
+        ht_config_steps *st = dst;
+        memset(st, 0, sizeof(*st));
+        if (node_is_null(node)) return true;
+        if (node->type == YAML_SCALAR_NODE && ht_config_classify(node, &iv, &dv, &bv) == SC_BOOL) {
+            st->on = bv;
+            return true;
+        }
+        if (node->type != YAML_SEQUENCE_NODE || seq_len(node) == 0 || seq_len(node) > HT_CONFIG_STEPS_MAX) return false;
+        for (int i = 0; i < seq_len(node); i++) {
+            if (!node_int(seq_item(doc, node, i), 1, INT64_MAX, &iv)) return false;
+            st->items[i] = (int64_t)iv;
+        }
+        st->count = seq_len(node);
+        st->on = true;
+        return true;
+    }
     case KT_REJECT: return (k->flags & AUTO_OK) && (node_is_null(node) || node_int(node, -1, -1, &iv));
     }
     return false;

@@ -13,7 +13,8 @@
  * with the device's work, so a profiled step is slower than a plain one;
  * the rows say where the device's time goes, not how fast a step is.
  * An entry called inside another (a backend's entry that calls the table
- * in use) is the outer one's time, timed once. */
+ * in use) is the outer one's time, timed once. While training.trace
+ * captures a step, each entry is also a span of the trace. */
 #include "hypertrain/kernels.h"
 #include "kernels/entries.h"
 
@@ -54,7 +55,9 @@ static void leave(const char *key, double t0) {
     if (--depth != 0 || t0 < 0) return;
     ht_error err;
     (void)prof.base->synchronize(&err); /* a failure stays the backend's, for the step's own wait */
-    add(key, ht_time_seconds() - t0);
+    const double t1 = ht_time_seconds();
+    add(key, t1 - t0);
+    ht_trace_span("kernel", key, HT_TRACE_THREAD, t0, t1, -1, -1); /* training.trace */
 }
 
 #define PROFILED(name, params, args, checks)                                                                           \

@@ -227,11 +227,12 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
     moe->params = ht_alloc((size_t)(layers ? layers : 1) * sizeof(ht_moe_params));
     moe->acts = ht_alloc((size_t)(layers ? layers : 1) * sizeof(moe_acts));
     moe->count = ht_alloc((size_t)moe->E * 2 * sizeof(double) + 64);
-    if (moe->deepseek) moe->tokens = ht_alloc((size_t)(layers ? layers : 1) * (size_t)moe->E * sizeof(int64_t));
-    if (!moe->params || !moe->acts || !moe->count || (moe->deepseek && !moe->tokens)) {
+    moe->tokens = ht_alloc((size_t)(layers ? layers : 1) * (size_t)moe->E * sizeof(int64_t));
+    if (!moe->params || !moe->acts || !moe->count || !moe->tokens) {
         ht_moe_free(moe);
         return NULL;
     }
+    memset(moe->tokens, 0, (size_t)(layers ? layers : 1) * (size_t)moe->E * sizeof(int64_t));
     moe->prob_sum = moe->count + moe->E;
     return moe;
 }
@@ -610,16 +611,15 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     const ht_dtype cd = p->gate_up->compute_dtype;
     const size_t cds = ht_dtype_size(cd);
 
-    /* The router and its load-balancing sums (deepseek_v3: the tokens each
-     * expert was routed, for the aux-loss-free bias update), read by the host. */
+    /* The router and its load-balancing sums, read by the host; every
+     * router counts the tokens each expert was routed (the experts' load in
+     * the metrics; deepseek_v3's aux-loss-free bias update). */
     const int32_t *sel;
     linear(a->probs, router_input(moe, p->router, x, cd, N), p->router, N);
     if (moe->deepseek) {
         ht_kernels()->moe_route_grouped(a->probs, a->sel, a->weight, a->psum, p->bias->compute, N, moe->E, moe->k,
                                         moe->n_group, moe->topk_group, moe->norm_topk, moe->scaling);
         sel = host_view(a->sel, moe->sel_h, (size_t)(N * k) * sizeof(int32_t));
-        int64_t *tokens = moe->tokens + (size_t)index * (size_t)E;
-        for (int64_t i = 0; i < N * k; i++) tokens[sel[i]]++;
     } else {
         ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
         sel = host_view(a->sel, moe->sel_h, (size_t)(N * k) * sizeof(int32_t));
@@ -627,7 +627,11 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
         for (int64_t n = 0; n < N; n++)
             for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += probs[n * E + e];
     }
-    for (int64_t i = 0; i < N * k; i++) moe->count[sel[i]] += 1.0;
+    int64_t *tokens = moe->tokens + (size_t)index * (size_t)E; /* the experts' load, and DeepSeek's bias update */
+    for (int64_t i = 0; i < N * k; i++) {
+        moe->count[sel[i]] += 1.0;
+        tokens[sel[i]]++;
+    }
     moe->rows += N;
 
     /* Routed experts: the rows in expert order, to the experts' ranks, one

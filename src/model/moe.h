@@ -55,9 +55,9 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
                      ht_dtype round);
 /* The bytes the block keeps for backward and its scratch. */
 size_t ht_moe_activation_bytes(const ht_moe *moe);
-/* deepseek_v3: (sparse layers, E) the rows each expert of each sparse layer
- * was routed in the forwards since they were last zeroed (the decoder points
- * ht_model.expert_tokens at them); NULL for Qwen2-MoE. */
+/* (sparse layers, E) the rows each expert of each sparse layer was routed in
+ * the forwards since they were last zeroed (the decoder points
+ * ht_model.expert_tokens at them). */
 int64_t *ht_moe_expert_tokens(ht_moe *moe);
 
 #endif

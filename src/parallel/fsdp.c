@@ -114,6 +114,7 @@ typedef struct unit {
     void *sent;            /* a whole gradient being reduced, in reduce_dtype (the previous backward's grad) */
     void *stage;           /* (world, rows_floats) in reduce_dtype: every rank's gradients of this rank's rows */
     ht_request *reducing;  /* the reduce-scatter of sent into stage */
+    double gather_began, reduce_began; /* when they were started (training.trace's spans) */
 } unit;
 
 struct ht_fsdp {
@@ -351,16 +352,28 @@ static void start_gather(ht_fsdp *f, unit *u) {
     }
     sfirst[P] = rfirst[P] = P * n;
     ht_spans s = {send, sfirst}, rv = {recv, rfirst};
+    u->gather_began = ht_time_seconds();
     u->gathering = ht_start_exchange(u->comm, &s, &rv);
     f->stats.gathers++;
     f->stats.gathered_bytes += (double)u->weight_bytes;
 }
 
-static void wait_timed(ht_fsdp *f, ht_comm *comm, ht_request *r) {
+/* Waits for r; returns its time in flight. */
+static double wait_timed(ht_fsdp *f, ht_comm *comm, ht_request *r) {
     double t0 = ht_time_seconds(), flight = 0.0;
     ht_wait(comm, r, &flight);
     f->stats.waited_seconds += ht_time_seconds() - t0;
     f->stats.in_flight_seconds += flight;
+    return flight;
+}
+
+/* training.trace: a unit's exchange as a span of its own track, from its
+ * start for its time in flight (it runs beside the compute). */
+static void trace_exchange(const unit *u, int track, double began, double flight, double bytes) {
+    if (!ht_trace_on) return;
+    char name[HT_PARAM_NAME_MAX + 32];
+    snprintf(name, sizeof(name), "%s %s", track == HT_TRACE_GATHERS ? "all-gather" : "reduce-scatter", u->name);
+    ht_trace_span("fsdp", name, track, began, began + flight, (int64_t)bytes, -1);
 }
 
 /* u's whole weights, gathered and in place for its params' `compute`. */
@@ -368,7 +381,8 @@ static void use_weights(ht_fsdp *f, unit *u) {
     if (u->resident) return;
     start_gather(f, u);
     if (u->gathering) {
-        wait_timed(f, u->comm, u->gathering);
+        trace_exchange(u, HT_TRACE_GATHERS, u->gather_began, wait_timed(f, u->comm, u->gathering),
+                       (double)u->weight_bytes);
         u->gathering = NULL;
     }
     for (int i = 0; i < u->count; i++) u->params[i]->compute = (char *)u->weights + u->woff[i];
@@ -377,7 +391,8 @@ static void use_weights(ht_fsdp *f, unit *u) {
 static void release_weights(ht_fsdp *f, unit *u) {
     if (u->resident || !u->weights) return;
     if (u->gathering) { /* a prefetch never used: it still has to complete */
-        wait_timed(f, u->comm, u->gathering);
+        trace_exchange(u, HT_TRACE_GATHERS, u->gather_began, wait_timed(f, u->comm, u->gathering),
+                       (double)u->weight_bytes);
         u->gathering = NULL;
     }
     for (int i = 0; i < u->count; i++) u->params[i]->compute = NULL;
@@ -420,7 +435,9 @@ static void sum_contributions(float *out, const void *stage, ht_dtype dtype, siz
  * rank's gradient for them, once the reduce-scatter of u is complete. */
 static void complete_reduce(ht_fsdp *f, unit *u) {
     if (!u->stage) return; /* none started (a group of one rank completes at once: no request) */
-    if (u->reducing) wait_timed(f, u->comm, u->reducing);
+    if (u->reducing)
+        trace_exchange(u, HT_TRACE_REDUCES, u->reduce_began, wait_timed(f, u->comm, u->reducing),
+                       (double)u->grad_floats * (double)ht_dtype_size(f->opt.reduce_dtype));
     u->reducing = NULL;
     pool_put(&f->pool, u->sent);
     u->sent = NULL;
@@ -496,6 +513,7 @@ static void start_reduce(ht_fsdp *f, int ui) {
     sfirst[P] = P * n;
     rfirst[P] = P;
     ht_spans s = {send, sfirst}, rv = {recv, rfirst};
+    u->reduce_began = ht_time_seconds();
     u->reducing = ht_start_exchange(u->comm, &s, &rv);
     f->reducing = ui;
     /* The whole gradient goes back to the pool once sent. */

@@ -17,6 +17,7 @@
 #include "hypertrain/ckpt.h"
 #include "hypertrain/parallel.h"
 #include "hypertrain/optimizer.h"
+#include "train/events.h"
 
 /* This process's resident bytes at most so far. */
 static double rss_peak(void) {
@@ -184,6 +185,11 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
         fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
         write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
         if (st->mfu > 0 && st->mfu <= 1.0) write_number(f, "mfu", "%.4f", st->mfu); /* above 1: unreliable */
+        if (!isnan(st->qk_max_logit)) write_number(f, "qk_max_logit", "%.4f", st->qk_max_logit);
+        if (!isnan(st->expert_load_max)) {
+            write_number(f, "expert_load_max", "%.4f", st->expert_load_max);
+            write_number(f, "expert_load_min", "%.4f", st->expert_load_min);
+        }
     }
     if (isfinite(eval_loss)) write_number(f, "val_loss", "%.6f", eval_loss);
     fprintf(f, "}\n");
@@ -193,6 +199,71 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
     return HT_OK;
 }
 
+/* training.tensorboard: rank 0's event file, in the directory given or
+ * output_dir/tensorboard; a resumed run starts a new file. */
+static ht_status open_events(ht_trainer *t, ht_error *err) {
+    const ht_config_switch_path *tb = &t->config.training.tensorboard;
+    if (!tb->on) return HT_OK;
+    char dir[HT_CONFIG_STR_MAX + 16];
+    if (tb->path[0])
+        snprintf(dir, sizeof(dir), "%s", tb->path);
+    else
+        snprintf(dir, sizeof(dir), "%s/tensorboard", t->config.checkpoint.output_dir);
+    ht_events *w = calloc(1, sizeof(*w));
+    if (!w) return ht_fail(err, HT_ERR_OOM, "training.tensorboard: out of memory");
+    ht_status s = ht_events_open(w, dir, t->step + 1, err);
+    if (s != HT_OK) {
+        free(w);
+        return s;
+    }
+    t->events = w;
+    ht_log_info("TensorBoard: %s (tensorboard --logdir %s)%s", w->path, dir,
+                t->step > 0 ? "; from this step on it replaces what earlier files hold" : "");
+    return HT_OK;
+}
+
+/* The event file synced and closed: an error if the disk did not take it. */
+static ht_status close_events(ht_trainer *t, ht_error *err) {
+    if (!t->events) return HT_OK;
+    ht_status s = ht_events_close(t->events, err);
+    free(t->events);
+    t->events = NULL;
+    return s;
+}
+
+/* A step's scalars as one TensorBoard event: metrics.jsonl's values, and at
+ * a logged step (when it is flushed, so that a crash loses at most one log
+ * interval) the largest peak resident memory of any rank. Every rank calls
+ * it (the memory's maximum is a collective); rank 0 writes. */
+static ht_status write_events(ht_trainer *t, const ht_step_stats *st, bool logged, ht_error *err) {
+    if (!t->config.training.tensorboard.on) return HT_OK;
+    double rss = 0;
+    if (logged) {
+        rss = rss_peak() / (1024.0 * 1024.0);
+        if (t->comm->size > 1) ht_all_reduce_f64(t->comm, &rss, 1, HT_REDUCE_MAX);
+    }
+    ht_events *w = t->events;
+    if (!w) return HT_OK;
+    ht_events_begin(w, st->step);
+    ht_events_scalar(w, "train/loss", st->loss);
+    ht_events_scalar(w, "train/grad_norm", st->grad_norm);
+    ht_events_scalar(w, "lr/adamw", st->lr);
+    if (t->optimizer.muon) ht_events_scalar(w, "lr/muon", st->muon_lr);
+    if (t->optimizer.loss_scaling) ht_events_scalar(w, "train/loss_scale", st->loss_scale);
+    ht_events_scalar(w, "perf/tokens_per_s", st->tokens_per_s);
+    if (st->mfu > 0 && st->mfu <= 1.0) ht_events_scalar(w, "perf/mfu", st->mfu);
+    if (!isnan(st->qk_max_logit)) {
+        ht_events_scalar(w, "qk_clip/max_logit", st->qk_max_logit);
+        ht_events_scalar(w, "qk_clip/clipped_heads", st->qk_clipped_heads);
+    }
+    ht_events_scalar(w, "moe/expert_load_max", st->expert_load_max); /* NAN, left out, without experts */
+    ht_events_scalar(w, "moe/expert_load_min", st->expert_load_min);
+    if (logged) ht_events_scalar(w, "memory/peak_rss_mib", rss);
+    ht_status s = ht_events_end(w, err);
+    if (s == HT_OK && logged) s = ht_events_flush(w, err);
+    return s;
+}
+
 static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     double vl;
     ht_status s = ht_trainer_evaluate(t, &vl, err);
@@ -200,8 +271,61 @@ static ht_status evaluate_and_log(ht_trainer *t, ht_error *err) {
     if (isfinite(vl)) {
         ht_log_info("eval  step %5lld | validation loss %.4f (%.3f bits/token)", (long long)t->step, vl, vl / log(2.0));
         t->last_eval_loss = vl;
-        return write_metrics(t, NULL, vl, err);
+        s = write_metrics(t, NULL, vl, err);
+        if (s == HT_OK && t->events) {
+            ht_events_begin(t->events, t->step);
+            ht_events_scalar(t->events, "val/loss", vl);
+            s = ht_events_end(t->events, err);
+            if (s == HT_OK) s = ht_events_flush(t->events, err);
+        }
     }
+    return s;
+}
+
+/* training.trace: whether the run traces step (true: every one). */
+static bool traced(const ht_config *c, int64_t step) {
+    const ht_config_steps *tr = &c->training.trace;
+    if (!tr->on || tr->count == 0) return tr->on;
+    for (int i = 0; i < tr->count; i++)
+        if (tr->items[i] == step) return true;
+    return false;
+}
+
+/* A traced step's spans appended to this rank's trace_rank{r}.json (opened
+ * at the first, replacing an earlier run's), flushed: a crash loses the
+ * step in hand, and leaves a file whose array is not closed. */
+static ht_status write_trace(ht_trainer *t, ht_error *err) {
+    char path[HT_CONFIG_STR_MAX + 48];
+    snprintf(path, sizeof(path), "%s/trace_rank%d.json", t->config.checkpoint.output_dir, t->comm->rank);
+    const bool first = !t->trace;
+    if (first) {
+        t->trace = open_own_file(path, "w");
+        if (!t->trace) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        fprintf(t->trace, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    }
+    ht_trace_flush(t->trace, t->comm->rank, first);
+    if (fflush(t->trace) != 0 || ferror(t->trace))
+        return ht_fail(err, HT_ERR_IO, "%s: cannot write step %lld's trace: %s", path, (long long)t->step,
+                       strerror(errno));
+    return HT_OK;
+}
+
+/* The trace's array closed (the last event names the file's process
+ * again, so that no comma is left hanging), synced and closed. */
+static ht_status close_trace(ht_trainer *t, ht_error *err) {
+    FILE *f = t->trace;
+    if (!f) return HT_OK;
+    t->trace = NULL;
+    fprintf(f,
+            "{\"name\": \"process_labels\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"labels\": "
+            "\"hypertrain\"}}\n]}\n",
+            t->comm->rank);
+    bool kept = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && kept) kept = false, e = errno;
+    if (!kept)
+        return ht_fail(err, HT_ERR_IO, "%s/trace_rank%d.json: cannot finish writing: %s",
+                       t->config.checkpoint.output_dir, t->comm->rank, strerror(e));
     return HT_OK;
 }
 
@@ -417,6 +541,7 @@ static ht_status stop_run(ht_trainer *t, int64_t saved_step, ht_error *err) {
     ht_status s = HT_OK;
     if (c->checkpoint.save_interval > 0 && t->step != saved_step) s = ht_trainer_save_checkpoint(t, err);
     if (s == HT_OK && root) s = close_metrics(t, err);
+    if (s == HT_OK && root) s = close_events(t, err);
     if (s != HT_OK || !root) return s;
     if (c->checkpoint.save_interval <= 0)
         ht_log_warn("stopped at step %lld: checkpoint.save_interval is 0, so no checkpoint was saved; the %lld steps "
@@ -441,6 +566,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
     ht_status s = root ? open_metrics(t, err) : HT_OK;
+    if (s == HT_OK && root) s = open_events(t, err);
     if (s != HT_OK) return s;
     int steps = c->training.steps;
     s = evaluate_and_log(t, err);
@@ -455,14 +581,21 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
     while (t->step < steps) {
         if ((t->stopped_by = stop_agreed(t)) != 0) break;
+        const bool tracing = traced(c, t->step + 1);
+        if (tracing) ht_trace_start();
         ht_step_stats st;
+        const double s0 = ht_time_seconds();
         s = ht_trainer_step(t, &st, err);
         if (s != HT_OK) return s;
+        const double s1 = ht_time_seconds();
+        ht_trace_span("phase", "step", HT_TRACE_THREAD, s0, s1, -1, t->step);
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
         mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
+        const bool logged = t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps;
         s = write_metrics(t, &st, NAN, err);
+        if (s == HT_OK) s = write_events(t, &st, logged, err);
         if (s != HT_OK) return s;
-        if (t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps) {
+        if (logged) {
             double elapsed = ht_time_seconds() - start;
             char eta[32], el[32];
             format_duration(eta, sizeof(eta), elapsed / (double)(t->step - first_step) * (double)(steps - t->step));
@@ -485,19 +618,33 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                         (long long)t->step, steps, st.loss, st.lr, st.grad_norm, scale, tokens_per_s, util, el, eta);
         }
         double p0 = ht_time_seconds();
-        if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0) {
+        const bool saving = c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval == 0;
+        const bool evaluating =
+            c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps;
+        if (saving) {
             s = ht_trainer_save_checkpoint(t, err);
             if (s != HT_OK) return s;
             saved_step = t->step;
         }
         double p1 = ht_time_seconds();
-        if (c->training.eval_interval > 0 && t->step % c->training.eval_interval == 0 && t->step != steps) {
+        if (evaluating) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+        const double p2 = ht_time_seconds();
         t->checkpoint_seconds += p1 - p0;
-        t->eval_seconds += ht_time_seconds() - p1;
+        t->eval_seconds += p2 - p1;
+        if (tracing) {
+            ht_trace_span("phase", "metrics and log", HT_TRACE_THREAD, s1, p0, -1, t->step);
+            if (saving) ht_trace_span("phase", "checkpoint", HT_TRACE_THREAD, p0, p1, -1, t->step);
+            if (evaluating) ht_trace_span("phase", "evaluation", HT_TRACE_THREAD, p1, p2, -1, t->step);
+            ht_trace_stop();
+            s = write_trace(t, err);
+            if (s != HT_OK) return s;
+        }
     }
+    s = close_trace(t, err);
+    if (s != HT_OK) return s;
     if (t->stopped_by) return stop_run(t, saved_step, err);
     if (c->training.profile && t->step > first_step) log_profile(t, t->step - first_step, ht_time_seconds() - start);
     if (t->step > first_step) {
@@ -560,6 +707,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     /* The metrics are complete: synced and closed, an error if the disk did not take them. */
     snprintf(path, sizeof(path), "%s/metrics.jsonl", c->checkpoint.output_dir);
     s = close_metrics(t, err);
+    if (s == HT_OK) s = close_events(t, err);
     if (s != HT_OK) return s;
     char svg[HT_CONFIG_STR_MAX + 64];
     snprintf(svg, sizeof(svg), "%s/loss.svg", c->checkpoint.output_dir);

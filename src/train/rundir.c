@@ -178,7 +178,9 @@ static const char *kind_of(const struct stat *sb) {
 }
 
 /* Rank 0's half of ht_rundir_check. */
-static ht_status check_entries(const char *dir, int64_t first, int64_t last, bool dump_state, ht_error *err) {
+static ht_status check_entries(const ht_config *cfg, int64_t first, int ranks, ht_error *err) {
+    const char *dir = cfg->checkpoint.output_dir;
+    const int64_t last = cfg->training.steps;
     char path[HT_CONFIG_STR_MAX + 64];
     struct stat sb;
     /* Files the run writes in place or through a temporary beside them:
@@ -192,16 +194,29 @@ static ht_status check_entries(const char *dir, int64_t first, int64_t last, boo
                            "written through a link)",
                            path, kind_of(&sb));
     }
+    /* training.trace: every rank's trace_rank{r}.json. */
+    for (int r = 0; cfg->training.trace.on && r < ranks; r++) {
+        snprintf(path, sizeof(path), "%s/trace_rank%d.json", dir, r);
+        if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+            return ht_fail(err, HT_ERR_IO,
+                           "%s is %s, where this run writes a file: move it away (nothing is ever "
+                           "written through a link)",
+                           path, kind_of(&sb));
+    }
     /* Directories it writes files into. */
-    static const char *const dirs[] = {"final", "state"};
+    static const struct {
+        const char *name, *what;
+    } dirs[] = {{"final", "final weights"}, {"state", "state dumps"}, {"tensorboard", "TensorBoard events"}};
+    const bool used[] = {true, cfg->training.dump_state,
+                         cfg->training.tensorboard.on && !cfg->training.tensorboard.path[0]};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
-        if (i == 1 && !dump_state) continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, dirs[i]);
+        if (!used[i]) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, dirs[i].name);
         if (lstat(path, &sb) == 0 && !S_ISDIR(sb.st_mode))
             return ht_fail(err, HT_ERR_IO,
                            "%s is %s, where this run writes its %s: move it away (nothing is ever "
                            "written through a link)",
-                           path, kind_of(&sb), i == 0 ? "final weights" : "state dumps");
+                           path, kind_of(&sb), dirs[i].what);
     }
     /* Checkpoint names that are not this engine's checkpoints. */
     DIR *d = opendir(dir);
@@ -227,8 +242,7 @@ static ht_status check_entries(const char *dir, int64_t first, int64_t last, boo
     return s;
 }
 
-ht_status ht_run_dir_check(const char *output_dir, int64_t first, int64_t last, bool dump_state, ht_comm *comm,
-                           ht_error *err) {
-    ht_status s = comm->rank == 0 ? check_entries(output_dir, first, last, dump_state, err) : HT_OK;
+ht_status ht_run_dir_check(const ht_config *cfg, int64_t first, ht_comm *comm, ht_error *err) {
+    ht_status s = comm->rank == 0 ? check_entries(cfg, first, comm->size, err) : HT_OK;
     return share_outcome(comm, s, err);
 }

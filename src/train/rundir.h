@@ -8,10 +8,9 @@
 /* Before the run writes anything: every name it writes in output_dir is
  * absent or of the kind it writes (no symlink, no file where a directory
  * goes), and no entry named like a checkpoint that is not one of this
- * engine's sits at a step in (first, last] that the run may save. Other
+ * engine's sits at a step in (first, training.steps] that the run may save. Other
  * such entries are left alone with a warning. Rank 0 checks; every rank
  * learns the outcome. */
-ht_status ht_run_dir_check(const char *output_dir, int64_t first, int64_t last, bool dump_state, ht_comm *comm,
-                           ht_error *err);
+ht_status ht_run_dir_check(const ht_config *cfg, int64_t first, ht_comm *comm, ht_error *err);
 
 #endif

@@ -13,6 +13,7 @@
 #include "hypertrain/parallel.h"
 #include "hypertrain/kernels.h"
 #include "hypertrain/optimizer.h"
+#include "train/events.h"
 #include "train/rundir.h"
 
 _Static_assert(HT_CONFIG_NS_MAX_REPEAT == HT_NS_MAX_STEPS, "the config's bound on a segment is the longest schedule");
@@ -828,7 +829,7 @@ static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
                             ? ", their e_score_correction_bias to no optimizer (it is not trained by gradients)"
                             : "");
     }
-    /* DeepSeek-V3's aux-loss-free balancing (ht_trainer_step's update_expert_bias). */
+    /* DeepSeek-V3's aux-loss-free balancing (ht_trainer_step's count_expert_tokens). */
     const bool balanced = deepseek && ht_model_config_sparse_layers(&t->model->config) > 0;
     if (balanced && t->model->config.moe.bias_update_rate > 0 && !t->model->expert_tokens)
         return ht_fail(err, HT_ERR_CONFIG,
@@ -1015,7 +1016,9 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
         if (!(K = ht_kernels_cuda(&why)))
             return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
     }
-    ht_kernels_use(K);
+    /* training.trace: the profiled table over it, so that the traced steps
+     * show each entry (the same bits; every entry waited for). */
+    ht_kernels_use(t->config.training.trace.on ? ht_kernels_profiled(K) : K);
     if (K->host_memory) return HT_OK;
     /* MPI's collectives read and write host memory: every group the trainer
      * splits comes from a staged one, and on CUDA from an NCCL group over
@@ -1074,15 +1077,20 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     if (s == HT_OK) s = build_optimizer(t, err);
     if (s == HT_OK && cfg->checkpoint.restore_from[0])
         s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
-    if (s == HT_OK)
-        s = ht_run_dir_check(cfg->checkpoint.output_dir, t->step, cfg->training.steps, cfg->training.dump_state, comm,
-                             err);
+    if (s == HT_OK) s = ht_run_dir_check(cfg, t->step, comm, err);
     if (s != HT_OK) ht_trainer_free(t);
     return s;
 }
 
 void ht_trainer_free(ht_trainer *t) {
     if (t->metrics) fclose(t->metrics);
+    if (t->trace) fclose(t->trace);
+    ht_trace_stop();
+    if (t->events) { /* a run that failed: what it wrote stays, its error was the run's */
+        ht_error ignored;
+        (void)ht_events_close(t->events, &ignored);
+        free(t->events);
+    }
     ht_optimizer_free(&t->optimizer);
     ht_fsdp_free(t->fsdp);
     free(t->qk_layers);

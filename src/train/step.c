@@ -75,21 +75,36 @@ static ht_status write_dump(ht_trainer *t, state_dump *d, ht_error *err) {
     return s == HT_OK ? ht_st_writer_write(&d->w, path, err) : s;
 }
 
-/* deepseek_v3 with model.moe_router_bias_update_rate: the step's counts of
- * the tokens each routed expert of each sparse layer was given, summed over
- * every rank of the world (the global batch: each rank routes its own
- * tokens, before any expert-parallel exchange, so each token is counted
- * once; a double sum of integers, exact), then every rank moves the rows of
- * the correction biases it holds by the rule (ht_model_update_expert_bias),
- * so that every layout of the batch ends on the same bits. */
-static ht_status update_expert_bias(ht_trainer *t, ht_error *err) {
+/* A MoE model's step: the tokens each routed expert of each sparse layer
+ * was given (sparse layers, E), summed over every rank of the world (the
+ * global batch: each rank routes its own tokens, before any expert-parallel
+ * exchange, so each token is counted once; a double sum of integers,
+ * exact). From them, the experts' load in the step's stats (the most and
+ * fewest tokens an expert got over the mean of its layer, the extremes over
+ * the layers), and with deepseek_v3's model.moe_router_bias_update_rate
+ * every rank moves the rows of the correction biases it holds by the rule
+ * (ht_model_update_expert_bias), so that every layout of the batch ends on
+ * the same bits. */
+static ht_status count_expert_tokens(ht_trainer *t, double *load_max, double *load_min, ht_error *err) {
     ht_model *m = t->model;
-    const size_t n = (size_t)ht_model_config_sparse_layers(&m->config) * (size_t)m->config.moe.num_experts;
-    double *tokens = malloc((n ? n : 1) * sizeof(double));
+    const int E = m->config.moe.num_experts, layers = ht_model_config_sparse_layers(&m->config);
+    const size_t n = (size_t)layers * (size_t)E;
+    *load_max = *load_min = NAN;
+    if (n == 0) return HT_OK;
+    double *tokens = malloc(n * sizeof(double));
     if (!tokens) return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' token counts");
     for (size_t i = 0; i < n; i++) tokens[i] = (double)m->expert_tokens[i];
     ht_all_reduce_f64(t->comm, tokens, (int64_t)n, HT_REDUCE_SUM);
-    ht_model_update_expert_bias(m, tokens, m->config.moe.bias_update_rate);
+    for (int l = 0; l < layers; l++) {
+        const double *x = tokens + (size_t)l * (size_t)E;
+        double sum = 0, hi = 0, lo = INFINITY;
+        for (int e = 0; e < E; e++) sum += x[e], hi = fmax(hi, x[e]), lo = fmin(lo, x[e]);
+        if (sum <= 0) continue;
+        *load_max = isnan(*load_max) ? hi * E / sum : fmax(*load_max, hi * E / sum);
+        *load_min = isnan(*load_min) ? lo * E / sum : fmin(*load_min, lo * E / sum);
+    }
+    if (ht_model_config_is_deepseek(&m->config) && m->config.moe.bias_update_rate > 0)
+        ht_model_update_expert_bias(m, tokens, m->config.moe.bias_update_rate);
     free(tokens);
     return HT_OK;
 }
@@ -140,8 +155,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         double f0 = ht_time_seconds();
         ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
         if (s != HT_OK) return s;
-        t->forward_seconds += ht_time_seconds() - f0;
+        const double f1 = ht_time_seconds();
+        t->forward_seconds += f1 - f0;
         ht_model_backward(m, grad_scale);
+        ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
+        ht_trace_span("phase", "backward", HT_TRACE_THREAD, f1, ht_time_seconds(), -1, t->step + 1);
         loss_sum += loss;
     }
     m->dropout_seed = 0;                           /* forwards outside a training step (evaluation) drop nothing */
@@ -171,6 +189,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         ht_all_reduce_f32(t->replica_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
     }
     double t2 = ht_time_seconds();
+    ht_trace_span("phase", "gradient sync", HT_TRACE_THREAD, t1, t2, -1, t->step + 1);
     ht_step_result r;
     state_dump *dump = t->config.training.dump_state ? calloc(1, sizeof(state_dump)) : NULL;
     ht_status s = HT_OK;
@@ -183,7 +202,17 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         dump_free(dump);
         return s;
     }
+    const double updated = ht_time_seconds();
+    ht_trace_span("phase", "optimizer", HT_TRACE_THREAD, t2, updated, -1, t->step + 1);
     int clipped = 0;
+    double max_logit = NAN;
+    if (t->qk_layers) { /* the step's largest logit, over every head: each rank of a tensor-parallel group has its own
+                         */
+        const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
+        for (int64_t i = 0; i < n; i++)
+            max_logit = isnan(max_logit) ? m->attn_max_logit[i] : fmax(max_logit, m->attn_max_logit[i]);
+        if (t->tp_size > 1) ht_all_reduce_f64(t->tp_comm, &max_logit, 1, HT_REDUCE_MAX);
+    }
     if (t->qk_layers && !r.skipped) {
         const ht_model_config *a = &m->config;
         for (int l = 0; l < a->num_hidden_layers; l++)
@@ -198,12 +227,15 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     /* Whether or not the optimizer stepped (an fp16 overflow skips it): the
      * routing of the step's tokens happened, and Megatron-Core updates the
      * bias in finalize_model_grads, before the optimizer looks at the grads. */
-    if (m->expert_tokens && m->config.moe.bias_update_rate > 0) s = update_expert_bias(t, err);
+    double load_max = NAN, load_min = NAN;
+    if (m->expert_tokens) s = count_expert_tokens(t, &load_max, &load_min, err);
     if (s != HT_OK) {
         dump_free(dump);
         return s;
     }
     ht_fsdp_weights_changed(t->fsdp);
+    ht_trace_span("phase", "after the update (QK-clip, expert counts)", HT_TRACE_THREAD, updated, ht_time_seconds(), -1,
+                  t->step + 1);
     t->step++;
     if (t->config.training.dump_state) {
         s = dump_tensors(t, dump, "param.", err);
@@ -225,6 +257,9 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->loss_scale = r.loss_scale;
         stats->skipped = r.skipped;
         stats->qk_clipped_heads = clipped;
+        stats->qk_max_logit = max_logit;
+        stats->expert_load_max = load_max;
+        stats->expert_load_min = load_min;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->dp_size * t->B * t->T / dt;
         if (t->gemm_gflops > 0)
