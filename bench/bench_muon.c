@@ -95,24 +95,29 @@ static void ns_one_vs_batched(int count, int64_t rows, int64_t cols, const ht_ns
     ht_free(work);
 }
 
-/* Newton-Schulz of one (rows, cols) matrix in the standard form and in the
- * Gram form (muon_ns_form gram), in turns, fastest of `rounds` each. */
-static void ns_standard_vs_gram(int64_t rows, int64_t cols, const ht_ns_schedule *sched, int rounds, const float *G,
-                                double *standard, double *gram) {
-    ht_ns_schedule g = *sched;
-    g.gram = true;
-    float *O = ht_alloc((size_t)(rows * cols) * sizeof(float));
-    float *work = ht_alloc(ht_newton_schulz_workspace(rows, cols, &g, HT_DTYPE_F32) * sizeof(float));
-    if (!O || !work) die("out of memory");
-    *standard = *gram = INFINITY;
-    for (int r = 0; r <= rounds; r++) { /* round 0 creates the primitives */
-        double t0 = ht_time_seconds();
-        ht_newton_schulz(G, O, rows, cols, sched, 1e-7, HT_DTYPE_F32, work);
-        double t1 = ht_time_seconds();
-        ht_newton_schulz(G, O, rows, cols, &g, 1e-7, HT_DTYPE_F32, work);
-        double t2 = ht_time_seconds();
-        if (r > 0) *standard = fmin(*standard, t1 - t0), *gram = fmin(*gram, t2 - t1);
+/* Newton-Schulz of one (rows, cols) matrix in each form (muon_ns_form,
+ * muon_ns_dtype): FP32 standard, FP32 Gram, bf16 standard, bf16 torch, in
+ * turns, fastest of `rounds` each, into seconds[4]. */
+static void ns_forms(int64_t rows, int64_t cols, const ht_ns_schedule *sched, int rounds, const float *G,
+                     double seconds[4]) {
+    static const ht_ns_form forms[4] = {HT_NS_FORM_STANDARD, HT_NS_FORM_GRAM, HT_NS_FORM_STANDARD, HT_NS_FORM_TORCH};
+    ht_ns_schedule s[4];
+    size_t ws = 0;
+    for (int f = 0; f < 4; f++) {
+        s[f] = *sched;
+        s[f].form = forms[f];
+        size_t w = ht_newton_schulz_workspace(rows, cols, &s[f], f < 2 ? HT_DTYPE_F32 : HT_DTYPE_BF16);
+        ws = w > ws ? w : ws;
     }
+    float *O = ht_alloc((size_t)(rows * cols) * sizeof(float)), *work = ht_alloc(ws * sizeof(float));
+    if (!O || !work) die("out of memory");
+    for (int f = 0; f < 4; f++) seconds[f] = INFINITY;
+    for (int r = 0; r <= rounds; r++) /* round 0 creates the primitives */
+        for (int f = 0; f < 4; f++) {
+            double t0 = ht_time_seconds();
+            ht_newton_schulz(G, O, rows, cols, &s[f], 1e-7, f < 2 ? HT_DTYPE_F32 : HT_DTYPE_BF16, work);
+            if (r > 0) seconds[f] = fmin(seconds[f], ht_time_seconds() - t0);
+        }
     ht_free(O);
     ht_free(work);
 }
@@ -201,11 +206,12 @@ int main(int argc, char **argv) {
     ns_one_vs_batched(count, rows, n, &cfg.schedule, opt.work_floats, 5, store.grad_block, &one, &batched);
     printf("Newton-Schulz of the %d matrices: one call each %.1f ms, batched as Muon does %.1f ms (%.2fx)\n", count,
            one * 1e3, batched * 1e3, one / batched);
-    double standard, gram;
-    ns_standard_vs_gram(rows, n, &cfg.schedule, 5, store.grad_block, &standard, &gram);
-    printf("Newton-Schulz of one %lld x %lld matrix: standard form %.1f ms, Gram form (muon_ns_form gram) %.1f ms "
-           "(%.2fx)\n",
-           (long long)rows, (long long)n, standard * 1e3, gram * 1e3, standard / gram);
+    double forms[4];
+    ns_forms(rows, n, &cfg.schedule, 5, store.grad_block, forms);
+    printf("Newton-Schulz of one %lld x %lld matrix: FP32 standard form %.1f ms, Gram form (muon_ns_form gram) %.1f "
+           "ms (%.2fx); bf16 standard %.1f ms, torch form (muon_ns_form torch) %.1f ms\n",
+           (long long)rows, (long long)n, forms[0] * 1e3, forms[1] * 1e3, forms[0] / forms[1], forms[2] * 1e3,
+           forms[3] * 1e3);
     if (!square) {
         printf("{\"engine\": \"hypertrain\", \"ns\": \"fp32\", \"threads\": %d, \"params\": %d, \"rows\": %lld, "
                "\"size\": %lld, \"ms_per_step_best\": %.1f, \"ms_per_step_mean\": %.1f, \"ns_gflops_step\": %.1f}\n",

@@ -1755,8 +1755,12 @@ static void test_contract_rules(void **state) {
     /* The Gram form of Newton-Schulz on FP32 operands only. */
     expect_invalid("r3g.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: gram\n    muon_ns_dtype: bfloat16\n", 1,
                    "r3g.yaml:3: optimizer.muon_config.muon_ns_form", "not supported in bf16", "found gram", NULL);
+    expect_invalid("r3t.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: torch\n", 1,
+                   "r3t.yaml:3: optimizer.muon_config.muon_ns_form", "torch.optim.Muon's iteration is a bf16 one",
+                   "found torch", NULL);
     expect_load_error("r3h.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: gramm\n",
-                      "r3h.yaml:3:", "optimizer.muon_config.muon_ns_form", "expected one of standard, gram", NULL);
+                      "r3h.yaml:3:", "optimizer.muon_config.muon_ns_form", "expected one of standard, gram, torch",
+                      NULL);
     /* max_norm, batch sizes, the global batch multiple. */
     expect_invalid("r4.yaml", "training:\n  max_grad_norm: 0\n", 1,
                    "r4.yaml:2: training.max_norm (as training.max_grad_norm)", "expected a number > 0", "found 0.0",

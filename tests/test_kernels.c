@@ -1722,22 +1722,25 @@ static void test_backend_optimizers(void **state) {
                                             {3.4445, -4.7750, 2.0315}};
         static const int64_t shapes[2][2] = {{24, 40}, {48, 20}};
         for (int s = 0; s < 2; s++)
-            for (int d = 0; d < 3; d++) {
-                const ht_dtype ns = d == 1 ? HT_DTYPE_BF16 : HT_DTYPE_F32;
-                const bool gram = d == 2;
+            for (int d = 0; d < 4; d++) {
+                const ht_dtype ns = d == 1 || d == 3 ? HT_DTYPE_BF16 : HT_DTYPE_F32;
+                const ht_ns_form form = d == 2 ? HT_NS_FORM_GRAM : d == 3 ? HT_NS_FORM_TORCH : HT_NS_FORM_STANDARD;
                 const int64_t rows = shapes[s][0], cols = shapes[s][1], count = 2, all = count * rows * cols;
                 float *G = normal((size_t)all, 141 + s, 1.0f), *O = malloc((size_t)all * 4);
-                float *work = malloc(cpu->ns_workspace_floats(count, rows, cols, ns, gram) * 4);
-                cpu->newton_schulz(G, O, count, rows, cols, coeffs, 5, 1e-7, ns, gram, work);
+                float *work = malloc(cpu->ns_workspace_floats(count, rows, cols, ns, form) * 4);
+                cpu->newton_schulz(G, O, count, rows, cols, coeffs, 5, 1e-7, ns, form, work);
                 float *kG = dev_copy(K, G, (size_t)all * 4), *kO = dev_new(K, (size_t)all * 4);
-                float *kwork = dev_new(K, K->ns_workspace_floats(count, rows, cols, ns, gram) * 4);
-                K->newton_schulz(kG, kO, count, rows, cols, coeffs, 5, 1e-7, ns, gram, kwork);
+                float *kwork = dev_new(K, K->ns_workspace_floats(count, rows, cols, ns, form) * 4);
+                K->newton_schulz(kG, kO, count, rows, cols, coeffs, 5, 1e-7, ns, form, kwork);
                 char what[64];
-                snprintf(what, sizeof(what), "newton_schulz %s%s %lldx%lld", ht_dtype_name(ns), gram ? " gram" : "",
+                snprintf(what, sizeof(what), "newton_schulz %s%s %lldx%lld", ht_dtype_name(ns),
+                         form == HT_NS_FORM_GRAM    ? " gram"
+                         : form == HT_NS_FORM_TORCH ? " torch"
+                                                    : "",
                          (long long)rows, (long long)cols);
-                /* FP32: summation order alone, grown by five steps of a = 3.4; bf16: two iterations each
-                 * within 5e-2 of float64 (test_muon.c's bound) are within 1e-1 of each other */
-                worst = fmax(worst, against_cpu(K, what, kO, O, (size_t)all, d == 1 ? 1e-1 : 1e-3));
+                /* FP32: summation order alone, grown by five steps of a = 3.4; bf16 (either form): two
+                 * iterations each within 5e-2 of float64 (test_muon.c's bound) are within 1e-1 of each other */
+                worst = fmax(worst, against_cpu(K, what, kO, O, (size_t)all, ns != HT_DTYPE_F32 ? 1e-1 : 1e-3));
                 K->free(kG), K->free(kO), K->free(kwork);
                 free(G), free(O), free(work);
             }

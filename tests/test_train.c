@@ -89,7 +89,7 @@ static void test_gram_form_in_the_trainer(void **state) {
     for (int form = 0; form < 2; form++) {
         if (form) assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_form=gram", &err), &err);
         t[form] = trainer_new(cfg);
-        assert_true(t[form]->optimizer.muon->config.schedule.gram == (form == 1));
+        assert_true(t[form]->optimizer.muon->config.schedule.form == (form ? HT_NS_FORM_GRAM : HT_NS_FORM_STANDARD));
         for (int k = 0; k < 3; k++) {
             ht_step_stats st;
             assert_ht_ok(ht_trainer_step(t[form], &st, &err), &err);

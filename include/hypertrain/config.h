@@ -65,7 +65,7 @@ typedef enum ht_config_loss_type { HT_CONFIG_LOSS_RAW = 0 } ht_config_loss_type;
 typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MOMENTUM_EMA } ht_config_momentum_style;
 
 /* muon_ns_form: how the Newton-Schulz iteration is computed (docs/NUMERICS.md). */
-typedef enum ht_config_ns_form { HT_CONFIG_NS_STANDARD = 0, HT_CONFIG_NS_GRAM } ht_config_ns_form;
+typedef enum ht_config_ns_form { HT_CONFIG_NS_STANDARD = 0, HT_CONFIG_NS_GRAM, HT_CONFIG_NS_TORCH } ht_config_ns_form;
 
 typedef enum ht_config_muon_comm {
     HT_CONFIG_MUON_COMM_ALLGATHER = 0,

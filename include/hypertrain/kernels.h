@@ -143,6 +143,14 @@ typedef struct ht_attention_shape {
     int64_t Tk, q0, k0;
 } ht_attention_shape;
 
+/* How the newton_schulz entry computes the iteration (docs/NUMERICS.md,
+ * Muon): STANDARD, the products as written, X kept in FP32 between them (a
+ * 16-bit ns_dtype with one residual product); GRAM, on the min(A,B)² Gram
+ * matrix where that takes fewer multiply-adds (FP32 ns_dtype); TORCH (16-bit
+ * ns_dtype), torch.optim.Muon's iteration: X, S and T held in ns_dtype, each
+ * product and its scaled sum rounded to it once, as its addmm calls round. */
+typedef enum ht_ns_form { HT_NS_FORM_STANDARD = 0, HT_NS_FORM_GRAM, HT_NS_FORM_TORCH } ht_ns_form;
+
 typedef struct ht_kernel_ops {
     const char *name; /* "cpu", "cuda" */
     /* Whether the backend's memory is the host's: the CPU's is, so a caller
@@ -272,9 +280,10 @@ typedef struct ht_kernel_ops {
     void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
     void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
                        bool stochastic, uint64_t stream, int64_t first);
-    size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram);
+    size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
     void (*newton_schulz)(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
-                          const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, bool gram, float *work);
+                          const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, ht_ns_form form,
+                          float *work);
 } ht_kernel_ops;
 
 /* The tables a run may compute on (kernels.backend). */

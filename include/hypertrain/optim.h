@@ -12,6 +12,7 @@
 
 #include "hypertrain/base.h"
 #include "hypertrain/comm.h"
+#include "hypertrain/kernels.h" /* ht_ns_form */
 #include "hypertrain/param.h"
 
 #include <string.h>
@@ -116,10 +117,11 @@ typedef struct ht_ns_segment {
 typedef struct ht_ns_schedule {
     int steps; /* K */
     double coeffs[HT_NS_MAX_STEPS][3];
-    /* muon_ns_form gram: the Gram form of the iteration where it takes fewer
-     * multiply-adds than the standard one (a wide or tall matrix; FP32
-     * operands), the same iteration in exact arithmetic (docs/NUMERICS.md). */
-    bool gram;
+    /* muon_ns_form: standard; gram, the Gram form where it takes fewer
+     * multiply-adds (a wide or tall matrix; FP32 operands), the same
+     * iteration in exact arithmetic; torch, torch.optim.Muon's bf16 roundings
+     * (docs/NUMERICS.md). */
+    ht_ns_form form;
 } ht_ns_schedule;
 
 /* Expands (variant, ns_steps, custom segments) into one triple per iteration.

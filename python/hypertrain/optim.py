@@ -350,6 +350,11 @@ def _muon_derived(prefix, g, saved=False):
     ns_dtype = g.get("ns_dtype", "float32")
     if ns_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"{name('ns_dtype', ns_dtype)}; expected 'float32' or 'bfloat16'")
+    ns_form = g.get("ns_form", "standard")
+    if (ns_form, ns_dtype) not in (("standard", "float32"), ("standard", "bfloat16"), ("gram", "float32"),
+                                   ("torch", "bfloat16")):
+        raise ValueError(f"{name('ns_form', ns_form)} with ns_dtype {ns_dtype!r}; expected 'standard', 'gram' "
+                         "(with float32: the Gram form) or 'torch' (with bfloat16: torch.optim.Muon's roundings)")
     adjust = g.get("adjust_lr_fn")
     if adjust not in _ADJUST_LR_FNS:
         raise ValueError(f"{name('adjust_lr_fn', adjust)}; expected None, 'original', 'match_rms_adamw' or "
@@ -366,8 +371,8 @@ def _muon_derived(prefix, g, saved=False):
         raise ValueError(f"{prefix}adjust_lr_fn 'spectral_unclamped' and matched_adamw_rms {rms} disagree")
     schedule = _schedule(g.get("ns_coefficients", _TORCH_NS_COEFFICIENTS), g.get("ns_steps", 5),
                          g.get("ns_variant"))
-    return dict(momentum_style=style, ns_variant=g.get("ns_variant"), ns_dtype=ns_dtype, matched_adamw_rms=rms,
-                schedule=schedule)
+    return dict(momentum_style=style, ns_variant=g.get("ns_variant"), ns_dtype=ns_dtype, ns_form=ns_form,
+                matched_adamw_rms=rms, schedule=schedule)
 
 
 def _update_scale(group, A, B):
@@ -402,7 +407,8 @@ class Muon(_Leaf):
     momentum_style ("ema", torch's, or "sum": B <- mu B + g), ns_variant
     ("legacy", "asym5", "polar_express", "deepseek_v4"), matched_adamw_rms (the
     update scale rms * sqrt(max(A, B)); 0: sqrt(max(1, A / B))), ns_eps,
-    learning_rate, ns_dtype ("float32" or "bfloat16"). A param (A, B) is one
+    learning_rate, ns_dtype ("float32" or "bfloat16"), ns_form ("standard"; "gram" with float32, the
+    Gram form; "torch" with bfloat16, torch.optim.Muon's own bf16 roundings: docs/NUMERICS.md). A param (A, B) is one
     matrix; (E, A, B) is E matrices, each orthogonalized on its own with the
     scale of an (A, B) one. A torch.optim.Muon state dict loads (its groups
     take torch's meaning) and this one's loads into torch.optim.Muon, which
@@ -412,7 +418,7 @@ class Muon(_Leaf):
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
                  momentum_style="ema", ns_variant=None, matched_adamw_rms=None, ns_dtype="float32",
-                 comm_strategy="allgather", **aliases):
+                 ns_form="standard", comm_strategy="allgather", **aliases):
         lr = aliases.pop("learning_rate", lr)
         eps = aliases.pop("ns_eps", eps)
         if aliases:
@@ -430,7 +436,7 @@ class Muon(_Leaf):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                         momentum_style=momentum_style, ns_variant=ns_variant, matched_adamw_rms=matched_adamw_rms,
-                        ns_dtype=ns_dtype)
+                        ns_dtype=ns_dtype, ns_form=ns_form)
         defaults.update(_muon_derived("hypertrain.optim.Muon: ", defaults))
         super().__init__(params, defaults)
 
@@ -498,11 +504,11 @@ class Muon(_Leaf):
             elif pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
                 whole = _gather(p, source)
                 _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
-                                 group["schedule"], group["eps"], group["ns_dtype"])
+                                 group["schedule"], group["eps"], group["ns_dtype"], group["ns_form"])
                 update = _keep_local(p, whole)
             else:
                 _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
-                                 group["eps"], group["ns_dtype"])
+                                 group["eps"], group["ns_dtype"], group["ns_form"])
             scale = _update_scale(group, A, B)
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
@@ -592,7 +598,7 @@ def _owner_newton_schulz(p, local, owner, group):
         whole = torch.cat([part[:n] for part, n in zip(parts, rows)]).contiguous()
         A, B = p.shape[-2], p.shape[-1]
         _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B, group["schedule"],
-                         group["eps"], group["ns_dtype"])
+                         group["eps"], group["ns_dtype"], group["ns_form"])
         at, pieces = 0, []
         for n in rows:
             piece = torch.zeros_like(send)

@@ -122,16 +122,20 @@ static bool as_schedule(PyObject *o, ht_ns_schedule *s) {
     return ok;
 }
 
-/* newton_schulz(G, O, count, rows, cols, coeffs, eps, ns_dtype): Newton-Schulz
- * of `count` (rows, cols) FP32 matrices side by side in G into O (G may be O),
- * each on its own (docs/NUMERICS.md, Muon), its products in ns_dtype
- * ("float32", or "bfloat16" operands with FP32 accumulation). */
+/* newton_schulz(G, O, count, rows, cols, coeffs, eps, ns_dtype[, form]):
+ * Newton-Schulz of `count` (rows, cols) FP32 matrices side by side in G into
+ * O (G may be O), each on its own (docs/NUMERICS.md, Muon), its products in
+ * ns_dtype ("float32", or "bfloat16" operands with FP32 accumulation); form
+ * "standard" (default), "gram" (float32) or "torch" (bfloat16: torch.optim.Muon's
+ * roundings). */
 static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *go, *oo, *coeffs, *dtype_o;
     long long count, rows, cols;
     double eps;
-    if (!PyArg_ParseTuple(args, "OOLLLOdO", &go, &oo, &count, &rows, &cols, &coeffs, &eps, &dtype_o)) return NULL;
+    const char *form_name = "standard";
+    if (!PyArg_ParseTuple(args, "OOLLLOdO|s", &go, &oo, &count, &rows, &cols, &coeffs, &eps, &dtype_o, &form_name))
+        return NULL;
     ht_ns_schedule sched;
     ht_dtype dtype;
     const float *G = as_pointer(go);
@@ -140,11 +144,23 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
     if (dtype != HT_DTYPE_F32 && dtype != HT_DTYPE_BF16)
         return PyErr_Format(PyExc_ValueError, "hypertrain: Newton-Schulz runs in float32 or bfloat16, not %s",
                             dtype == HT_DTYPE_COUNT ? "nothing" : ht_dtype_name(dtype));
+    ht_ns_form form;
+    if (!strcmp(form_name, "standard"))
+        form = HT_NS_FORM_STANDARD;
+    else if (!strcmp(form_name, "gram") && dtype == HT_DTYPE_F32)
+        form = HT_NS_FORM_GRAM;
+    else if (!strcmp(form_name, "torch") && dtype == HT_DTYPE_BF16)
+        form = HT_NS_FORM_TORCH;
+    else
+        return PyErr_Format(PyExc_ValueError,
+                            "hypertrain: Newton-Schulz form '%s' with ns_dtype %s; expected 'standard', 'gram' (with "
+                            "float32) or 'torch' (with bfloat16)",
+                            form_name, ht_dtype_name(dtype));
     const ht_kernel_ops *k = ht_kernels();
-    float *work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, false) * sizeof(float) + 64);
+    float *work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64);
     if (!work) return PyErr_NoMemory();
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, false, work);
+    k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form, work);
     PyEval_RestoreThread(unlocked);
     k->free(work);
     Py_RETURN_NONE;

@@ -12,7 +12,7 @@ import torch
 
 import hypertrain
 from conftest import ns_fp32
-from hypertrain import optim
+from hypertrain import _C, optim
 from hypertrain.lr_scheduler import get_hyper_lr_scheduler, scheduler_types
 
 STEPS = 10
@@ -217,6 +217,46 @@ def test_muon_hyperparallel_style():
         u = g + mu * B
         ref = ref * (1 - lr * wd) - lr * 0.2 * math.sqrt(max(shape)) * ns_fp32(u, coeffs, 1e-7)
         assert rel(p.detach(), ref) <= 1e-6
+
+
+def test_muon_torch_form_is_stock_torch_muon():
+    """ns_dtype='bfloat16', ns_form='torch': torch.optim.Muon's own bf16 Newton-Schulz (X, S, T held in bf16,
+    each addmm rounded once). On its own, against torch's _zeropower_via_newtonschulz on wide, tall and square
+    gradients: within the C suite's 0.02 (check_newton_schulz_torch_form), measured bit for bit. In the optimizer,
+    ten steps against stock torch.optim.Muon: within 1e-3, and at least 3x nearer than the standard bf16 form
+    (X in FP32, one residual product; 1.5e-3 to 2.9e-3 away). Not bit for bit there: the EMA momentum is
+    mu B + (1 - mu) g, torch's a lerp (an FMA), one FP32 ulp apart at times, and an ulp of Newton-Schulz's input
+    can tip its bf16 rounding (measured 2.7e-7 to 4.7e-4). A form the dtype cannot run is refused."""
+    from torch.optim import _muon as torch_muon
+    shapes = [(48, 160), (160, 48), (96, 96)]
+    gen = torch.Generator().manual_seed(40)
+    for shape in shapes:
+        g = torch.randn(shape, generator=gen)
+        theirs = torch_muon._zeropower_via_newtonschulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7).float()
+        ours = torch.empty(shape)
+        _C.newton_schulz(g.data_ptr(), ours.data_ptr(), 1, shape[0], shape[1],
+                         optim._schedule((3.4445, -4.7750, 2.0315), 5, None), 1e-7, "bfloat16", "torch")
+        assert rel(ours, theirs) <= 0.02, (shape, rel(ours, theirs))
+    grads = grads_for(shapes, STEPS, 41)
+
+    def run(make):
+        ps = params_for(shapes, 42)
+        opt = make(ps)
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+            opt.step()
+        return [p.detach() for p in ps]
+
+    theirs = run(lambda ps: torch.optim.Muon(ps, lr=0.02))
+    ours = run(lambda ps: optim.Muon(ps, lr=0.02, ns_dtype="bfloat16", ns_form="torch"))
+    standard = run(lambda ps: optim.Muon(ps, lr=0.02, ns_dtype="bfloat16"))
+    for shape, a, b, c in zip(shapes, ours, theirs, standard):
+        assert rel(a, b) <= 1e-3 and rel(c, b) >= 3 * rel(a, b), (shape, rel(a, b), rel(c, b))
+    (p,) = params_for([(8, 8)], 1)
+    for form, dtype in (("torch", "float32"), ("gram", "bfloat16"), ("fast", "float32")):
+        with pytest.raises(ValueError, match=f"ns_form '{form}' with ns_dtype '{dtype}'; expected 'standard'"):
+            optim.Muon([p], ns_dtype=dtype, ns_form=form)
 
 
 def test_muon_semantics_are_chosen_and_said(torch_muon_fp32, caplog):

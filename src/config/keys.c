@@ -66,6 +66,7 @@ static const enum_name LOSS_TYPES[] = {
 static const enum_name NS_FORMS[] = {
     {"standard", HT_CONFIG_NS_STANDARD, false},
     {"gram", HT_CONFIG_NS_GRAM, false},
+    {"torch", HT_CONFIG_NS_TORCH, false},
     {NULL, 0, false},
 };
 static const enum_name NS_DTYPES[] = {

@@ -494,6 +494,9 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     check(&r, cfg->optimizer.muon.ns_form != HT_CONFIG_NS_GRAM || cfg->optimizer.muon.ns_dtype == HT_DTYPE_F32,
           "optimizer.muon_config.muon_ns_form",
           "standard with muon_ns_dtype bfloat16 (the Gram form runs on FP32 operands only: not supported in bf16)");
+    check(&r, cfg->optimizer.muon.ns_form != HT_CONFIG_NS_TORCH || cfg->optimizer.muon.ns_dtype == HT_DTYPE_BF16,
+          "optimizer.muon_config.muon_ns_form",
+          "torch with muon_ns_dtype bfloat16 (torch.optim.Muon's iteration is a bf16 one)");
     if (cfg->optimizer.type == HT_CONFIG_OPTIMIZER_MUON) {
         const char *ns_key = "optimizer.muon_config.muon_ns_steps";
         check(&r, cfg->optimizer.muon.lr >= 0, "optimizer.muon_config.muon_lr", "a number >= 0");

@@ -139,7 +139,7 @@
              (p, O, n, decay, step, model, dt, sr, stream, first), (M(p); M(O); M(model);))                            \
     HT_ENTRY(newton_schulz,                                                                                            \
              (const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double(*coeffs)[3],           \
-              int steps, double eps, ht_dtype dt, bool gram, float *work),                                             \
-             (G, O, count, rows, cols, coeffs, steps, eps, dt, gram, work), (M(G); M(O); M(work);))
+              int steps, double eps, ht_dtype dt, ht_ns_form form, float *work),                                       \
+             (G, O, count, rows, cols, coeffs, steps, eps, dt, form, work), (M(G); M(O); M(work);))
 
 #endif

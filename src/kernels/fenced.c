@@ -181,8 +181,8 @@ static ht_status fenced_synchronize(ht_error *err) { return CPU->synchronize(err
 static size_t fenced_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv) {
     return CPU->attention_workspace_floats(T, Dk, Dv);
 }
-static size_t fenced_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, bool gram) {
-    return CPU->ns_workspace_floats(count, rows, cols, dt, gram);
+static size_t fenced_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, ht_ns_form form) {
+    return CPU->ns_workspace_floats(count, rows, cols, dt, form);
 }
 
 #define E(name) .name = fenced_##name

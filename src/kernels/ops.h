@@ -142,9 +142,9 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void 
  * the matrices. gram: the Gram form where it takes fewer multiply-adds
  * (FP32 operands only; kernels/optim.c). O may be G; work holds ht_ns_workspace_floats() floats
  * (count times one matrix's). */
-size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram);
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                   int steps, double eps, ht_dtype ns_dtype, bool gram, float *work);
+                   int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work);
 
 /* ---------------------------------------------------------------- the sparse blocks (kernels/moe.c) */
 

@@ -70,12 +70,12 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void 
 
 /* ------------------------------------------------------------------ Newton-Schulz */
 
-size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram) {
+size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
     size_t floats = rc + 2 * r * r; /* X (the other ping-pong buffer is O), S, T */
     if (ns_dtype != HT_DTYPE_F32)
         floats += rc + 2 * r * r; /* X, S and T in ns_dtype (ht_gemm_storage) */
-    else if (gram)
+    else if (form == HT_NS_FORM_GRAM)
         floats += 2 * r * r; /* the Gram form's R, P, Q and a product: 4 (r, r) */
     return (size_t)count * floats;
 }
@@ -264,23 +264,36 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
  * side; the elementwise passes run over all of them as one array, the
  * norms matrix by matrix, so each matrix's result is what it would be alone. */
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                   int steps, double eps, ht_dtype ns_dtype, bool gram, float *work) {
+                   int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work) {
     const bool tall = rows > cols; /* docs/NUMERICS.md transposes it so that r <= c */
     const int64_t r = tall ? cols : rows, n = rows * cols, rr = r * r, all = count * n;
     const int K = steps;
     float *S = work + all, *T = S + count * rr; /* (count, r, r) each */
     float *Xb = T + count * rr, *Sb = Xb + all, *Tb = Sb + count * rr;
     const ht_dtype st = ht_gemm_storage(ns_dtype);
-    gram = gram && ns_dtype == HT_DTYPE_F32 && gram_pays(r, tall ? rows : cols, K);
+    const bool gram = form == HT_NS_FORM_GRAM && ns_dtype == HT_DTYPE_F32 && gram_pays(r, tall ? rows : cols, K);
+    const bool torch = form == HT_NS_FORM_TORCH && ns_dtype != HT_DTYPE_F32;
 
     /* X lives in O and `work` by turns, so that the last iteration lands in
      * O: the standard form writes X K times, the Gram form once a block. */
     const int writes = gram ? (K - 1) / GRAM_BLOCK + 1 : K;
     float *X = writes % 2 == 0 ? O : work, *Y = writes % 2 == 0 ? work : O;
     for (int64_t e = 0; e < count; e++) {
-        const float inv = (float)(1.0 / (frobenius(G + e * n, n) + eps));
         const float *g = G + e * n;
         float *x = X + e * n;
+        if (torch) { /* G in ns_dtype, divided by its norm clamped at eps, each rounded to ns_dtype */
+            memcpy(x, g, (size_t)n * sizeof(float));
+            ht_round_to(x, (size_t)n, ns_dtype);
+            float norm = (float)frobenius(x, n), floor = (float)eps;
+            ht_round_to(&norm, 1, ns_dtype);
+            ht_round_to(&floor, 1, ns_dtype);
+            norm = norm > floor ? norm : floor;
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; i++) x[i] = x[i] / norm;
+            ht_round_to(x, (size_t)n, ns_dtype);
+            continue;
+        }
+        const float inv = (float)(1.0 / (frobenius(g, n) + eps));
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) x[i] = g[i] * inv;
     }
@@ -303,10 +316,12 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
          * damps the rounding; an FP32 S beside a rounded S·S leaves their
          * difference to be amplified by b (in a PyTorch emulation of this
          * iteration, 20% further from float64 on 48x160 to 96x96 matrices). */
+        if (torch) ht_round_to(S, (size_t)(count * rr), ns_dtype); /* torch's S = X @ X.T, in ns_dtype */
         memcpy(T, S, (size_t)(count * rr) * sizeof(float));
-        if (ns_dtype != HT_DTYPE_F32) ht_round_to(T, (size_t)(count * rr), ns_dtype);
+        if (ns_dtype != HT_DTYPE_F32 && !torch) ht_round_to(T, (size_t)(count * rr), ns_dtype);
         const void *s = operand(S, Sb, count * rr, ns_dtype, st);
         sym_gemm(count, false, false, r, r, c, s, r, rr, s, r, rr, st, b, T); /* S S is symmetric too */
+        if (torch) ht_round_to(T, (size_t)(count * rr), ns_dtype); /* torch's addmm(S, S, S, beta=b, alpha=c) */
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
         memcpy(Y, X, (size_t)all * sizeof(float));
         const void *t = operand(T, Tb, count * rr, ns_dtype, st);
@@ -322,7 +337,9 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
          * matrices: 1.1-6x closer to float64 than before, and closer than
          * torch's bf16 iteration on each (tests/test_muon.c,
          * bench/RESULTS.md), for one product in four more. */
-        if (ns_dtype != HT_DTYPE_F32) {
+        if (torch) {
+            ht_round_to(Y, (size_t)all, ns_dtype); /* torch's addmm(X, T, X, beta=a) */
+        } else if (ns_dtype != HT_DTYPE_F32) {
             residual_operand(X, Xb, all, ns_dtype, st);
             if (tall)
                 NS_GEMM(false, true, rows, cols, cols, 1.0f, Xb, cols, n, t, cols, rr, 1.0f, Y, cols, n);

@@ -99,8 +99,8 @@ static ht_status profiled_synchronize(ht_error *err) { return prof.base->synchro
 static size_t profiled_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv) {
     return prof.base->attention_workspace_floats(T, Dk, Dv);
 }
-static size_t profiled_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, bool gram) {
-    return prof.base->ns_workspace_floats(count, rows, cols, dt, gram);
+static size_t profiled_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, ht_ns_form form) {
+    return prof.base->ns_workspace_floats(count, rows, cols, dt, form);
 }
 
 #define E(name) .name = profiled_##name

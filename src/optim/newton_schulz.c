@@ -105,7 +105,7 @@ ht_status ht_ns_schedule_expand(ht_ns_variant variant, int ns_steps, const ht_ns
 }
 
 size_t ht_newton_schulz_workspace(int64_t rows, int64_t cols, const ht_ns_schedule *sched, ht_dtype ns_dtype) {
-    return ht_kernels()->ns_workspace_floats(1, rows, cols, ns_dtype, sched->gram);
+    return ht_kernels()->ns_workspace_floats(1, rows, cols, ns_dtype, sched->form);
 }
 
 void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, const ht_ns_schedule *sched, double eps,
@@ -115,5 +115,5 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
 
 void ht_newton_schulz_batch(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
                             const ht_ns_schedule *sched, double eps, ht_dtype ns_dtype, float *work) {
-    ht_kernels()->newton_schulz(G, O, count, rows, cols, sched->coeffs, sched->steps, eps, ns_dtype, sched->gram, work);
+    ht_kernels()->newton_schulz(G, O, count, rows, cols, sched->coeffs, sched->steps, eps, ns_dtype, sched->form, work);
 }

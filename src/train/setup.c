@@ -697,7 +697,10 @@ static ht_status muon_config(const ht_config *c, ht_muon_config *mc, ht_error *e
         steps = length;
     ht_status s =
         ht_ns_schedule_expand(variants[c->optimizer.muon.ns_variant], steps, segments, nc->count, &mc->schedule, err);
-    mc->schedule.gram = c->optimizer.muon.ns_form == HT_CONFIG_NS_GRAM;
+    static const ht_ns_form forms[] = {[HT_CONFIG_NS_STANDARD] = HT_NS_FORM_STANDARD,
+                                       [HT_CONFIG_NS_GRAM] = HT_NS_FORM_GRAM,
+                                       [HT_CONFIG_NS_TORCH] = HT_NS_FORM_TORCH};
+    mc->schedule.form = forms[c->optimizer.muon.ns_form];
     return s;
 }
 

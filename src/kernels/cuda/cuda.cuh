@@ -142,9 +142,9 @@ void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const h
 void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
 void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
                      bool stochastic, uint64_t stream, int64_t first);
-size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram);
+size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
 void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                        int steps, double eps, ht_dtype ns_dtype, bool gram, float *work);
+                        int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work);
 
 /* ---------------------------------------------------------------- device helpers */
 

@@ -104,12 +104,12 @@ void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, voi
 
 /* kernels/optim.c's workspace (X, S, T in FP32, and their 16-bit operands),
  * then each matrix's sum of squares in double, 8-byte aligned. */
-size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, bool gram) {
+size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
     size_t floats = rc + 2 * r * r;
     if (ns_dtype != HT_DTYPE_F32)
         floats += rc + 2 * r * r;
-    else if (gram)
+    else if (form == HT_NS_FORM_GRAM)
         floats += 2 * r * r; /* the Gram form's R, P, Q and a product */
     return (size_t)count * floats + 2 * (size_t)count + 2;
 }
@@ -149,6 +149,18 @@ __global__ void ns_normalize_kernel(float *X, const float *G, const double *squa
     CUDA_FOR(i, all) {
         const float inv = (float)(1.0 / (sqrt(squares[i / n]) + eps));
         X[i] = G[i] * inv;
+    }
+}
+
+/* The torch form's start (optim.c): X holds G in the 16-bit dtype; each
+ * element divided by the matrix's norm (its sum of squares in `squares`)
+ * clamped at eps, the norm, eps and the quotient each rounded to that dtype. */
+__global__ void ns_normalize_torch_kernel(float *X, const double *squares, int64_t n, int64_t all, double eps,
+                                          bool bf16) {
+    CUDA_FOR(i, all) {
+        const float norm = dev_from16(dev_to16((float)sqrt(squares[i / n]), bf16), bf16);
+        const float floor = dev_from16(dev_to16((float)eps, bf16), bf16);
+        X[i] = dev_from16(dev_to16(__fdiv_rn(X[i], fmaxf(norm, floor)), bf16), bf16);
     }
 }
 
@@ -212,7 +224,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
 }
 
 void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                        int steps, double eps, ht_dtype ns_dtype, bool gram, float *work) {
+                        int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     cudaStream_t stream = cuda_ctx()->stream;
     const bool tall = rows > cols, half = ns_dtype != HT_DTYPE_F32, bf16 = ns_dtype == HT_DTYPE_BF16;
@@ -221,15 +233,25 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
     float *S = work + all, *T = S + count * rr;
     uint16_t *Xb = (uint16_t *)(T + count * rr), *Sb = (uint16_t *)((float *)Xb + all),
              *Tb = (uint16_t *)((float *)Sb + count * rr);
-    gram = gram && !half && ns_gram_pays(r, tall ? rows : cols, K);
+    const bool gram = form == HT_NS_FORM_GRAM && !half && ns_gram_pays(r, tall ? rows : cols, K);
+    const bool torch = form == HT_NS_FORM_TORCH && half;
     size_t used = (size_t)(all + 2 * count * rr) * (half ? 2 : 1) + (gram ? 2 * count * rr : 0);
     used += used & 1; /* the doubles 8-byte aligned */
     double *squares = (double *)(work + used);
 
     const int writes = gram ? (K - 1) / NS_GRAM_BLOCK + 1 : K; /* optim.c's parity: the last write lands in O */
     float *X = writes % 2 == 0 ? O : work, *Y = writes % 2 == 0 ? work : O;
-    for (int64_t e = 0; e < count; e++) cuda_sum_squares_into(squares + e, G + e * n, n);
-    LAUNCH("newton_schulz", ns_normalize_kernel, cuda_blocks(all), CUDA_THREADS, X, G, squares, n, all, eps);
+    if (torch) {
+        cuda_ok(cudaMemcpyAsync(X, G, (size_t)all * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                "newton_schulz (copy)");
+        cuda_round_to(X, (size_t)all, ns_dtype);
+        for (int64_t e = 0; e < count; e++) cuda_sum_squares_into(squares + e, X + e * n, n);
+        LAUNCH("newton_schulz", ns_normalize_torch_kernel, cuda_blocks(all), CUDA_THREADS, X, squares, n, all, eps,
+               bf16);
+    } else {
+        for (int64_t e = 0; e < count; e++) cuda_sum_squares_into(squares + e, G + e * n, n);
+        LAUNCH("newton_schulz", ns_normalize_kernel, cuda_blocks(all), CUDA_THREADS, X, G, squares, n, all, eps);
+    }
     if (gram) {
         ns_gram(X, Y, count, rows, cols, coeffs, K, S);
         return;
@@ -245,6 +267,7 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
         else
             NS_GEMM(false, true, r, r, cols, 1.0f, x, cols, n, x, cols, n, 0.0f, S, r, rr);
         /* T = b S + c S S, both terms on S rounded to ns_dtype (optim.c says why) */
+        if (torch) cuda_round_to(S, (size_t)(count * rr), ns_dtype);
         cuda_ok(cudaMemcpyAsync(T, S, (size_t)(count * rr) * sizeof(float), cudaMemcpyDeviceToDevice, stream),
                 "newton_schulz (copy)");
         const void *s = S;
@@ -254,6 +277,7 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
             s = Sb;
         }
         NS_GEMM(false, false, r, r, r, c, s, r, rr, s, r, rr, b, T, r, rr);
+        if (torch) cuda_round_to(T, (size_t)(count * rr), ns_dtype);
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall) */
         cuda_ok(cudaMemcpyAsync(Y, X, (size_t)all * sizeof(float), cudaMemcpyDeviceToDevice, stream),
                 "newton_schulz (copy)");
@@ -263,8 +287,11 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
             NS_GEMM(false, true, rows, cols, cols, 1.0f, x, cols, n, t, cols, rr, a, Y, cols, n);
         else
             NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, x, cols, n, a, Y, cols, n);
-        /* In a 16-bit ns_dtype, T (X − x) gives back the first-order part of X's rounding. */
-        if (half) {
+        /* In a 16-bit ns_dtype, T (X − x) gives back the first-order part of X's rounding; the torch form
+         * rounds Y instead. */
+        if (torch) {
+            cuda_round_to(Y, (size_t)all, ns_dtype);
+        } else if (half) {
             LAUNCH("newton_schulz", ns_residual_kernel, cuda_blocks(all), CUDA_THREADS, Xb, X, all, bf16);
             if (tall)
                 NS_GEMM(false, true, rows, cols, cols, 1.0f, Xb, cols, n, t, cols, rr, 1.0f, Y, cols, n);
