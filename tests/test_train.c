@@ -85,7 +85,7 @@ static void test_gram_form_in_the_trainer(void **state) {
     tiny_config(cfg, dir);
     ht_error err;
     assert_ht_ok(ht_config_set(cfg, "optimizer._target_=Muon", &err), &err);
-    ht_trainer *t[2];
+    ht_trainer *t[2] = {NULL, NULL};
     for (int form = 0; form < 2; form++) {
         if (form) assert_ht_ok(ht_config_set(cfg, "optimizer.muon_config.muon_ns_form=gram", &err), &err);
         t[form] = trainer_new(cfg);
