@@ -23,7 +23,8 @@ for r in $(seq "$rounds"); do
     --set model_init_dtype=bfloat16 --set fsdp_config.mix_precision.param_dtype=bfloat16 \
     --set optimizer._target_=AdamW --set data.seq_len=512 --set training.local_batch_size=4 \
     --set training.global_batch_size=4 --set training.steps=2 --set training.log_interval=1 \
-    --set training.eval_interval=0 --set checkpoint.save_interval=0 --set checkpoint.output_dir="$scratch/out$r" \
+    --set training.eval_interval=0 --set training.eval_batches=0 --set checkpoint.save_interval=0 \
+    --set checkpoint.output_dir="$scratch/out$r" \
     > "$scratch/log$r" 2>&1 &
   pid=$!
   for _ in $(seq 60000); do grep -q "step     1/" "$scratch/log$r" && break; sleep 0.05; done
