@@ -22,6 +22,7 @@ resumes from the same checkpoint reach with every gradient multiplied by
 1 +- 2^-23, 2^-22, 2^-21 (rounding noise alone); each loss the same way.
 Exits non-zero naming the worst tensor."""
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -212,3 +213,8 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Every check has passed and been printed: leave without the interpreter's teardown, where a gloo thread
+    # still joinable aborts the process now and then ("terminate called without an active exception", exit -6)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
