@@ -24,5 +24,9 @@ mkdir -p "$stage"
 cp -r python/hypertrain/. "$stage"/
 find "$stage" -name __pycache__ -prune -exec rm -rf {} +
 cp build/python/_C*.so "$stage"/
+# the package data python/setup.py puts in a wheel: the configs and the default corpus's regular files
+mkdir -p "$stage/configs" "$stage/data/fortunes"
+cp configs/*.yaml "$stage/configs"/
+find "${HT_CORPUS:-/usr/share/games/fortunes}" -maxdepth 1 -type f -exec cp {} "$stage/data/fortunes"/ \;
 cd build/python
 PYTHONPATH=$PWD/pkg OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "$py" -m pytest -q -p no:cacheprovider ../../python/tests "$@"

@@ -131,6 +131,7 @@ typedef enum ht_log_level { HT_LOG_DEBUG = 0, HT_LOG_INFO, HT_LOG_WARN, HT_LOG_E
 
 /* The log sink is process-global: by default stderr, level INFO, rank 0 only. */
 void ht_log_set_level(ht_log_level level);
+ht_log_level ht_log_get_level(void);
 void ht_log_set_rank(int rank);
 void ht_log(ht_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define ht_log_info(...) ht_log(HT_LOG_INFO, __VA_ARGS__)

@@ -266,16 +266,22 @@ class AdamW(_Leaf):
                     continue
                 pl, gl = _local(p), _local(p.grad)  # FSDP2: this rank's rows, stepped where they are
                 _require_cpu_fp32(who, label, pl, gl)
-                state = self.state[p]
-                if not state:  # torch.optim.AdamW's layout: a float32 step tensor and the two moments
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state = self._state_of(p)
                 _require_step(who, label, state["step"])
                 m = _require_state(who, label, "exp_avg", state["exp_avg"], pl)
                 v = _require_state(who, label, "exp_avg_sq", state["exp_avg_sq"], pl)
                 work.append((group, state, pl, gl, m, v, _model_copy(who, label, p, pl)))
         return work
+
+    def _state_of(self, p):
+        """p's state, created where it has none as torch.optim.AdamW creates it at p's first step: a float32
+        step tensor 0 and the two moments zero (the same updates as no state)."""
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
 
     @torch.no_grad()
     def _run(self, work):
@@ -476,14 +482,20 @@ class Muon(_Leaf):
                     continue
                 pl, gl = _local(p), _local(p.grad)
                 _require_cpu_fp32(who, label, pl, gl)
-                state = self.state[p]
-                if not state:  # torch.optim.Muon's layout
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state = self._state_of(p)
                 buf = _require_state(who, label, "momentum_buffer", state["momentum_buffer"], pl)
                 model = _model_copy(who, label, p, pl)
                 if p.numel():  # a matrix with no elements has no update (torch's is empty too)
                     work.append((group, p, pl, gl, buf, model))
         return work
+
+    def _state_of(self, p):
+        """p's state, created where it has none as torch.optim.Muon creates it at p's first step: the momentum
+        buffer zero."""
+        state = self.state[p]
+        if not state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
 
     @torch.no_grad()
     def _run(self, work):

@@ -1,6 +1,12 @@
 """The C trainer from Python: hypertrain.train() runs a YAML config in this
 process, as `hypertrain train CONFIG --set ...` does on one rank, and
-hypertrain.load_checkpoint() reads a checkpoint's tensors by name."""
+hypertrain.load_checkpoint() reads a checkpoint's tensors by name. train()
+needs no PyTorch.
+
+The package carries the repository's configs (CONFIGS, a folder) and the
+default corpus (CORPUS: the text files of Debian's fortunes, which
+configs/default.yaml reads from /usr/share/games/fortunes), so train() with no
+config runs the default model on them from any directory."""
 
 import json
 import math
@@ -10,6 +16,10 @@ import struct
 from pathlib import Path
 
 from . import _C
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+CORPUS = Path(__file__).resolve().parent / "data" / "fortunes"
+LOG_LEVELS = ("debug", "info", "warning", "error")  # the engine's log sink's levels (HT_LOG_DEBUG ..)
 
 
 def _yaml_value(v):
@@ -36,19 +46,49 @@ class TrainResult(dict):
             raise AttributeError(name) from None
 
 
-def train(config, overrides=None):
-    """Runs the trainer on `config` (a YAML file's path) with `overrides`
-    ({"section.key": value} or ["section.key=value", ...], as --set) in this
-    process, one rank, the GIL released while it runs; SIGINT or SIGTERM asks
-    it to stop at the next step, saving a checkpoint (a second one ends the
-    process). Several ranks: `mpirun -n N hypertrain train` (the CLI). A bad
-    config raises ValueError, a failed run RuntimeError, with the engine's
-    sentence; a stopped run raises KeyboardInterrupt once its checkpoint is
-    saved. Returns a TrainResult."""
+def _level(log_level, quiet):
+    """The engine's log level (0 debug .. 3 error) for log_level and quiet; None: as it is (info)."""
+    if quiet and log_level not in (None, "warning"):
+        raise ValueError(f"hypertrain.train: quiet=True is log_level='warning'; log_level={log_level!r} says "
+                         "otherwise: give one of them")
+    if quiet:
+        log_level = "warning"
+    if log_level is None:
+        return None
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"hypertrain.train: log_level {log_level!r}; expected one of {', '.join(LOG_LEVELS)}")
+    return LOG_LEVELS.index(log_level)
+
+
+def train(config=None, overrides=None, *, log_level=None, quiet=False):
+    """Runs the trainer on `config` (a YAML file's path; None: the package's
+    configs/default.yaml on the package's corpus, CORPUS, unless the
+    overrides set data.path) with `overrides` ({"section.key": value} or
+    ["section.key=value", ...], as --set) in this process, one rank, the GIL
+    released while it runs; SIGINT or SIGTERM asks it to stop at the next
+    step, saving a checkpoint (a second one ends the process). The engine
+    logs to stderr: log_level "debug", "info" (the default: the config, the
+    model, the memory plan, every step), "warning" or "error" for this call;
+    quiet=True is "warning" (warnings and errors only). Several ranks:
+    `mpirun -n N hypertrain train` (the CLI). A bad config raises ValueError,
+    a failed run RuntimeError, with the engine's sentence; a stopped run
+    raises KeyboardInterrupt once its checkpoint is saved. Returns a
+    TrainResult."""
+    level = _level(log_level, quiet)
     if isinstance(overrides, dict):
         sets = [f"{k}={_yaml_value(v)}" for k, v in overrides.items()]
     else:
         sets = [str(s) for s in (overrides or [])]
+    if config is None:
+        config = CONFIGS / "default.yaml"
+        if not config.is_file():
+            raise FileNotFoundError(f"hypertrain.train: this install has no packaged configs ({CONFIGS}): give a "
+                                    "config path (the repository's configs/default.yaml)")
+        if not any(s.split("=", 1)[0].strip() == "data.path" for s in sets):
+            if not CORPUS.is_dir():
+                raise FileNotFoundError(f"hypertrain.train: this install has no packaged corpus ({CORPUS}): set "
+                                        "data.path (a text file or folder)")
+            sets.insert(0, f"data.path={CORPUS}")
     path = os.fsdecode(os.fspath(config))
     if "\0" in path:  # the C side reads C strings: a NUL would end it there, silently
         raise ValueError(f"hypertrain.train: the config path {path!r} holds a NUL character")
@@ -56,7 +96,7 @@ def train(config, overrides=None):
         if "\0" in s:
             raise ValueError(f"hypertrain.train: the override {s!r} holds a NUL character (the engine would read "
                              "it only up to there)")
-    output_dir, stopped_by = _C.train(path, sets)
+    output_dir, stopped_by = _C.train(path, sets, -1 if level is None else level)
     out = Path(output_dir)
     metrics = []
     if (out / "metrics.jsonl").exists():

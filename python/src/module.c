@@ -339,7 +339,8 @@ static void on_train_signal(int sig) {
 
 /* train(config, overrides): one run of the trainer in this process, one
  * rank: the config loaded with the overrides ("section.key=value", as
- * --set) and validated, then ht_train with the GIL released. Returns
+ * --set) and validated, then ht_train with the GIL released, the log sink's
+ * level `log_level` (0 debug .. 3 error; -1: as it is) for the call. Returns
  * (output_dir, stopped_by): stopped_by the signal that stopped it after its
  * checkpoint, else 0. A bad config raises ValueError (whether loading,
  * validating or building finds it), a failed run RuntimeError, each with
@@ -348,9 +349,16 @@ static PyObject *py_train(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
     PyObject *list;
-    if (!PyArg_ParseTuple(args, "sO", &path, &list)) return NULL;
+    int log_level = -1;
+    if (!PyArg_ParseTuple(args, "sO|i", &path, &list, &log_level)) return NULL;
+    if (log_level < -1 || log_level > HT_LOG_ERROR) {
+        PyErr_Format(PyExc_ValueError, "hypertrain: train's log level %d; expected 0 (debug) to 3 (error)", log_level);
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(list, "hypertrain: train's overrides must be a sequence of strings");
     if (!seq) return NULL;
+    const ht_log_level old_level = ht_log_get_level();
+    if (log_level >= 0) ht_log_set_level((ht_log_level)log_level);
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     char **overrides = calloc((size_t)n + 1, sizeof(char *));
     ht_config *cfg = malloc(sizeof(ht_config));
@@ -393,6 +401,7 @@ static PyObject *py_train(PyObject *self, PyObject *args) {
     else
         result = Py_BuildValue("(si)", cfg->checkpoint.output_dir, stopped_by);
 done:
+    ht_log_set_level(old_level);
     Py_DECREF(seq);
     free(overrides);
     free(cfg);

@@ -7,6 +7,7 @@ within 1e-6), updates too small for bf16 survive, a save and load continues
 exactly, a float32 model gets no copies, and the seed's checkpoint cases."""
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -55,11 +56,15 @@ def test_the_seeds_checks_on_a_bf16_model():
     opt = wrapped(model)
     low = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     assert all(p.dtype == torch.bfloat16 for _, p in low)
-    stepped = {id(p) for g in opt.param_groups for p in g["params"]}
-    for name, p in low:  # every low-precision trainable param: its own FP32 main param, the one the optimizer holds
+    stepped = {id(p) for o in opt.inner.optimizers for g in o.param_groups for p in g["params"]}
+    shown = [p for g in opt.param_groups for p in g["params"]]  # the wrapper shows the model params (DCP's names)
+    assert [id(p) for p in shown] == [id(p._hypertrain_model_param)
+                                      for o in opt.inner.optimizers for g in o.param_groups for p in g["params"]]
+    for name, p in low:  # every low-precision trainable param: its own FP32 main param, the one Muon or AdamW holds
         assert p.main_param is not p and p.main_param.dtype == torch.float32, name
         assert p.main_param.data_ptr() != p.data_ptr() and torch.equal(p.main_param, p.float()), name
         assert id(p.main_param) in stepped and id(p) not in stepped, f"{name}: the optimizer steps the bf16 param"
+        assert opt.state[p]["main_param"] is p.main_param, f"{name}: the wrapper's state lacks its main param"
     assert [type(o).__name__ for o in opt.inner.optimizers] == ["Muon", "AdamW"]
     before = {n: p.main_param.clone() for n, p in low}
     for micro_batches in batches(3, 2):
@@ -334,7 +339,9 @@ def test_the_seeds_checkpoint_cases():
     opt.step()
     opt.zero_grad()
     full = io_roundtrip(opt.state_dict())
-    plain = {k: v for k, v in full.items() if k != KEY}  # an ordinary optimizer checkpoint: loads, with a warning
+    # an ordinary optimizer checkpoint (no main param anywhere): loads, with a warning
+    plain = {"state": {i: {k: v for k, v in st.items() if k != "main_param"} for i, st in full["state"].items()},
+             "param_groups": full["param_groups"]}
     other_model = qwen2(torch.bfloat16, seed=3)
     other = wrapped(other_model)
     stale = {name: main.clone() for name, _, main in other.pairs}
@@ -349,6 +356,23 @@ def test_the_seeds_checkpoint_cases():
     partial[KEY] = {"fp32_from_fp16_params": dict(list(full[KEY]["fp32_from_fp16_params"].items())[2:])}
     missing = list(full[KEY]["fp32_from_fp16_params"])[:2]
     with pytest.raises(ValueError, match=f"lacks 2 of the .*{missing[0]}, {missing[1]}"):
+        wrapped(qwen2(torch.bfloat16)).load_state_dict(partial)
+    # DCP keeps "state" and "param_groups" only: the main params in their params' state restore exactly
+    dcp_kept = {k: v for k, v in full.items() if k != KEY}
+    again_model = qwen2(torch.bfloat16, seed=3)
+    again_model.load_state_dict(model.state_dict())
+    again = wrapped(again_model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.load_state_dict(dcp_kept)
+    for (name, p, main), (_, _, want) in zip(again.pairs, opt.pairs):
+        assert torch.equal(main, want), f"{name}: the main param in the state is not restored"
+    names = [name for name, _, _ in opt.pairs]
+    partial = {"state": {i: dict(st) for i, st in full["state"].items()}, "param_groups": full["param_groups"]}
+    for i in list(partial["state"])[:2]:
+        del partial["state"][i]["main_param"]
+    with pytest.raises(ValueError, match=f"state \\(its 'main_param' entries\\) lacks 2 of the .*{names[0]}, "
+                                         f"{names[1]}"):
         wrapped(qwen2(torch.bfloat16)).load_state_dict(partial)
 
 
@@ -380,3 +404,99 @@ def test_clip_grad_norm_reads_the_main_grads():
     coef = 0.05 / (got + 1e-6)
     for (name, p), r in zip(model.named_parameters(), raw):
         assert p.grad is p.main_grad and torch.equal(p.main_grad, r * coef), f"{name}: not scaled as torch scales"
+
+
+def dcp_round_trip(model, opt, fresh_model, fresh_opt, path):
+    """torch's distributed checkpoint in one process: dcp.save of get_model_state_dict and
+    get_optimizer_state_dict, then a fresh model's and optimizer's state dicts as the layout, dcp.load into them,
+    set_model_state_dict and set_optimizer_state_dict (a warning is an error: main params refreshed from the
+    model would warn)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=path)
+        sd = {"model": get_model_state_dict(fresh_model), "optim": get_optimizer_state_dict(fresh_model, fresh_opt)}
+        dcp.load(sd, checkpoint_id=path)
+        set_model_state_dict(fresh_model, sd["model"])
+        warnings.simplefilter("error")
+        set_optimizer_state_dict(fresh_model, fresh_opt, sd["optim"])
+    return sd["optim"]
+
+
+@pytest.mark.parametrize("what", ["bf16 wrapper", "float32 wrapper", "chain"])
+def test_torchs_dcp_state_dict_helpers(what, tmp_path):
+    """get_optimizer_state_dict / set_optimizer_state_dict (torch.distributed.checkpoint.state_dict) on the
+    wrapper and the chain: the state keyed by the model's parameter names, each bf16 param's FP32 main param in
+    its state, and a fresh model and optimizer loaded through dcp go on bit for bit (before: KeyError: 0 on the
+    wrapper, whose groups held the main params, and its main params dropped with _mixed_precision_optimizer)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dtype = torch.float32 if what != "bf16 wrapper" else torch.bfloat16
+    data = batches(4, 2)
+
+    def build(seed):
+        model = qwen2(dtype, seed)
+        if what == "chain":
+            m, a = groups(model)
+            return model, optim.get_hyper_optimizer(model=model, muon_params=m, adamw_params=a,
+                                                    muon_kwargs={"lr": 0.02, "momentum": 0.95},
+                                                    adamw_kwargs={"lr": 3e-3, "weight_decay": 0.1})
+        return model, wrapped(model)
+
+    model, opt = build(0)
+    fresh_model, fresh_opt = build(3)
+    layout = get_optimizer_state_dict(fresh_model, fresh_opt)  # a fresh optimizer's: every entry a load fills
+    names = [n for n, _ in model.named_parameters()]
+    assert sorted(layout["state"]) == sorted(names), "not keyed by the model's parameter names"
+    for name, st in layout["state"].items():
+        want = {"momentum_buffer"} if "proj" in name and "bias" not in name else {"step", "exp_avg", "exp_avg_sq"}
+        if what == "bf16 wrapper":
+            want.add("main_param")
+        assert set(st) == want, f"{name}: a fresh optimizer's state dict holds {sorted(st)}"
+    for micro_batches in data[:2]:
+        backward(model, micro_batches)
+        opt.step()
+        opt.zero_grad()
+    osd = dcp_round_trip(model, opt, fresh_model, fresh_opt, tmp_path / "dcp")
+    if what == "bf16 wrapper":
+        for name, p in model.named_parameters():
+            t = osd["state"][name]["main_param"]
+            assert t.dtype == torch.float32 and torch.equal(t, p.main_param), name
+        assert all(torch.equal(q.main_param, p.main_param) for p, q in zip(model.parameters(),
+                                                                          fresh_model.parameters()))
+    for micro_batches in data[2:]:
+        for m, o in ((model, opt), (fresh_model, fresh_opt)):
+            backward(m, micro_batches)
+            o.step()
+            o.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), fresh_model.parameters()):
+        assert torch.equal(p, q), f"{name}: the run resumed through dcp parts from the one that went on"
+        if what == "bf16 wrapper":
+            assert torch.equal(p.main_param, q.main_param), f"{name}: its main param parts"
+
+
+def test_the_wrappers_groups_and_state_are_the_optimizers():
+    """The wrapper's param_groups show the model params and are Muon's and AdamW's groups otherwise (a
+    scheduler's lr reaches them); its state is keyed by the model params, a write reaching the optimizer."""
+    model = qwen2(torch.bfloat16)
+    opt = wrapped(model)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
+    assert [g["lr"] for o in opt.inner.optimizers for g in o.param_groups] == [0.01, 1.5e-3]
+    opt.param_groups[1]["weight_decay"] = 0.25
+    assert opt.inner.optimizers[1].param_groups[0]["weight_decay"] == 0.25
+    assert opt.param_groups[0]["betas"] == (0.95, 0.0) and "initial_lr" in opt.param_groups[0]
+    with pytest.raises(TypeError, match="params are set by the wrapper"):
+        opt.param_groups[0]["params"] = []
+    backward(model, batches(1, 1)[0])
+    opt.step()
+    sched.step()
+    p = next(q for n, q in model.named_parameters() if n.endswith("norm.weight"))
+    assert set(opt.state[p]) == {"main_param", "step", "exp_avg", "exp_avg_sq"}
+    opt.state[p]["exp_avg"] = torch.ones_like(p.main_param)
+    assert torch.equal(opt.inner.optimizers[1].state[p.main_param]["exp_avg"], torch.ones_like(p.main_param))
+    with pytest.raises(TypeError, match="copy into it"):
+        opt.state[p]["main_param"] = p.main_param.clone()

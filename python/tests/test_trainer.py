@@ -324,3 +324,47 @@ def test_schedules_from_python_are_the_c_trainers(tmp_path, corpus, name, keys):
         opt.step()
         sched.step()
     assert ours == theirs, f"{name}: python {ours}, the C trainer {theirs}"
+
+
+def test_train_log_level_and_quiet(tmp_path, corpus, capfd):
+    """train(log_level=..., quiet=...) sets the engine's log sink for the call (before: a TypeError; the default
+    config logs ~270 lines) and puts it back after."""
+    runs = iter(range(100))
+
+    def logged(**kw):
+        capfd.readouterr()
+        hypertrain.train(DEFAULT, tiny(tmp_path / f"log{next(runs)}", corpus, steps=1), **kw)
+        return capfd.readouterr().err
+
+    loud = logged()
+    assert loud.count("[hypertrain info]") > 100, loud[-2000:]
+    assert "[hypertrain info]" not in logged(quiet=True)
+    assert "[hypertrain info]" not in logged(log_level="error")
+    assert "[hypertrain debug]" not in loud
+    assert logged().count("[hypertrain info]") > 100, "a quiet call left the engine quiet"
+    with pytest.raises(ValueError, match="log_level 'loud'; expected one of debug, info, warning, error"):
+        hypertrain.train(DEFAULT, tiny(tmp_path / "log", corpus), log_level="loud")
+    with pytest.raises(ValueError, match="quiet=True is log_level='warning'"):
+        hypertrain.train(DEFAULT, tiny(tmp_path / "log", corpus), quiet=True, log_level="info")
+
+
+def test_train_without_a_config_runs_the_packaged_default(tmp_path, corpus, capfd, monkeypatch):
+    """train() with no config: the package's configs/default.yaml (the repository's, as data) on the package's
+    copy of the default corpus (Debian's fortunes, its regular files), from any directory (before: a TypeError)."""
+    assert (hypertrain.CONFIGS / "default.yaml").read_bytes() == DEFAULT.read_bytes()
+    system = Path("/usr/share/games/fortunes")
+    if system.is_dir():
+        want = sorted(p.name for p in system.iterdir() if p.is_file() and not p.is_symlink())
+        assert sorted(p.name for p in hypertrain.CORPUS.iterdir()) == want
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    r = hypertrain.train(overrides={"training.steps": 1, "training.eval_batches": 1,
+                                    "checkpoint.output_dir": str(tmp_path / "run")})
+    err = capfd.readouterr().err
+    assert r.final["step"] == 1 and 0 < r.final["loss"] < 6, r.final
+    assert f"data: text_bytes {hypertrain.CORPUS}:" in err, err[-3000:]
+    r = hypertrain.train(overrides={"training.steps": 1, "training.eval_batches": 1, "data.path": str(corpus),
+                                    "checkpoint.output_dir": str(tmp_path / "own")})
+    err = capfd.readouterr().err
+    assert r.final["step"] == 1 and str(corpus) in err and str(hypertrain.CORPUS) not in err, \
+        "data.path given: the packaged corpus must not replace it"

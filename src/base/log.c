@@ -10,6 +10,7 @@ static ht_log_level log_level = HT_LOG_INFO;
 static int log_rank = 0;
 
 void ht_log_set_level(ht_log_level level) { log_level = level; }
+ht_log_level ht_log_get_level(void) { return log_level; }
 void ht_log_set_rank(int rank) { log_rank = rank; }
 
 static void log_line(ht_log_level level, const char *fmt, va_list ap) {
