@@ -122,6 +122,16 @@ static void residual_operand(const float *x, void *b, int64_t n, ht_dtype ns_dty
 #define NS_GEMM(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc)                                      \
     ht_gemm_batched(count, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, st, beta, C, ldc, sc)
 
+/* Y = M X + beta Y (wide) or X Mᵀ + beta Y (tall) for `count` (r, r) matrices M: how every form multiplies X (or
+ * an operand of it) by an (r, r) polynomial. Needs tall, rows, cols, n and rr in scope, as NS_GEMM needs count. */
+#define NS_APPLY(M, Xop, beta, Y)                                                                                      \
+    do {                                                                                                               \
+        if (tall)                                                                                                      \
+            NS_GEMM(false, true, rows, cols, cols, 1.0f, Xop, cols, n, M, cols, rr, beta, Y, cols, n);                 \
+        else                                                                                                           \
+            NS_GEMM(false, false, rows, cols, rows, 1.0f, M, rows, rr, Xop, cols, n, beta, Y, cols, n);                \
+    } while (0)
+
 /* Rows of C a panel of sym_gemm holds: about an eighth of r, a multiple of
  * 16; below SYM_MIN_ROWS the whole product is one GEMM (the saving is
  * small there and a panel's GEMM too narrow to run at the full rate). */
@@ -223,10 +233,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
         const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
         if (k % GRAM_BLOCK == 0) {
             if (k) { /* X <- Q X (wide) or X Qᵀ (tall), then its Gram matrix again */
-                if (tall)
-                    NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
-                else
-                    NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+                NS_APPLY(Q, X, 0.0f, other);
                 float *swap = X;
                 X = other;
                 other = swap;
@@ -251,10 +258,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
             sym_gemm(count, false, false, r, r, 1.0f, P, r, rr, W, r, rr, st, 0.0f, R);
         }
     }
-    if (tall)
-        NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
-    else
-        NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+    NS_APPLY(Q, X, 0.0f, other);
 }
 
 /* The iteration works on X (r, c) with r <= c: a wide G as it is, a tall one
@@ -325,10 +329,7 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
         /* Y = a X + T X (wide) or a X + X Tᵀ (tall): X copied into Y, scaled by beta. */
         memcpy(Y, X, (size_t)all * sizeof(float));
         const void *t = operand(T, Tb, count * rr, ns_dtype, st);
-        if (tall)
-            NS_GEMM(false, true, rows, cols, cols, 1.0f, x, cols, n, t, cols, rr, a, Y, cols, n);
-        else
-            NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, x, cols, n, a, Y, cols, n);
+        NS_APPLY(t, x, a, Y);
         /* In a 16-bit ns_dtype, a X takes the FP32 X but T X its rounding x:
          * the difference X − x is not contracted like the rest and, carried
          * by a, dominates the error. One more product, T (X − x), gives back
@@ -341,10 +342,7 @@ void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_
             ht_round_to(Y, (size_t)all, ns_dtype); /* torch's addmm(X, T, X, beta=a) */
         } else if (ns_dtype != HT_DTYPE_F32) {
             residual_operand(X, Xb, all, ns_dtype, st);
-            if (tall)
-                NS_GEMM(false, true, rows, cols, cols, 1.0f, Xb, cols, n, t, cols, rr, 1.0f, Y, cols, n);
-            else
-                NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, Xb, cols, n, 1.0f, Y, cols, n);
+            NS_APPLY(t, Xb, 1.0f, Y);
         }
         float *swap = X;
         X = Y;

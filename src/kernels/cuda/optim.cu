@@ -173,6 +173,16 @@ __global__ void ns_residual_kernel(uint16_t *b, const float *x, int64_t n, bool 
 #define NS_GEMM(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc)                                      \
     cuda_gemm_batched(count, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, ns_dtype, beta, C, ldc, sc)
 
+/* Y = M X + beta Y (wide) or X Mᵀ + beta Y (tall) for `count` (r, r) matrices M: how every form multiplies X (or
+ * an operand of it) by an (r, r) polynomial. Needs tall, rows, cols, n and rr in scope, as NS_GEMM needs count. */
+#define NS_APPLY(M, Xop, beta, Y)                                                                                      \
+    do {                                                                                                               \
+        if (tall)                                                                                                      \
+            NS_GEMM(false, true, rows, cols, cols, 1.0f, Xop, cols, n, M, cols, rr, beta, Y, cols, n);                 \
+        else                                                                                                           \
+            NS_GEMM(false, false, rows, cols, rows, 1.0f, M, rows, rr, Xop, cols, n, beta, Y, cols, n);                \
+    } while (0)
+
 /* kernels/optim.c's ht_ns_iterate (docs/NUMERICS.md, Newton–Schulz iteration), step for step, the
  * 16-bit operands always held as 16-bit values (the GPU's products take them natively). */
 /* optim.c's ns_gram: X normalized in X, `other` free, the result in O (the caller's parity). */
@@ -187,10 +197,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
         const float a = (float)coeffs[k][0], b = (float)coeffs[k][1], c = (float)coeffs[k][2];
         if (k % NS_GRAM_BLOCK == 0) {
             if (k) {
-                if (tall)
-                    NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
-                else
-                    NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+                NS_APPLY(Q, X, 0.0f, other);
                 float *swap = X;
                 X = other;
                 other = swap;
@@ -217,10 +224,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
             NS_GEMM(false, false, r, r, r, 1.0f, P, r, rr, W, r, rr, 0.0f, R, r, rr);
         }
     }
-    if (tall)
-        NS_GEMM(false, true, rows, cols, cols, 1.0f, X, cols, n, Q, cols, rr, 0.0f, other, cols, n);
-    else
-        NS_GEMM(false, false, rows, cols, rows, 1.0f, Q, rows, rr, X, cols, n, 0.0f, other, cols, n);
+    NS_APPLY(Q, X, 0.0f, other);
 }
 
 void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
@@ -283,20 +287,14 @@ void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, i
                 "newton_schulz (copy)");
         const void *t = T;
         if (half) cuda_convert(Tb, ns_dtype, T, HT_DTYPE_F32, (size_t)(count * rr)), t = Tb;
-        if (tall)
-            NS_GEMM(false, true, rows, cols, cols, 1.0f, x, cols, n, t, cols, rr, a, Y, cols, n);
-        else
-            NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, x, cols, n, a, Y, cols, n);
+        NS_APPLY(t, x, a, Y);
         /* In a 16-bit ns_dtype, T (X − x) gives back the first-order part of X's rounding; the torch form
          * rounds Y instead. */
         if (torch) {
             cuda_round_to(Y, (size_t)all, ns_dtype);
         } else if (half) {
             LAUNCH("newton_schulz", ns_residual_kernel, cuda_blocks(all), CUDA_THREADS, Xb, X, all, bf16);
-            if (tall)
-                NS_GEMM(false, true, rows, cols, cols, 1.0f, Xb, cols, n, t, cols, rr, 1.0f, Y, cols, n);
-            else
-                NS_GEMM(false, false, rows, cols, rows, 1.0f, t, rows, rr, Xb, cols, n, 1.0f, Y, cols, n);
+            NS_APPLY(t, Xb, 1.0f, Y);
         }
         float *swap = X;
         X = Y;
