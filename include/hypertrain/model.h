@@ -410,10 +410,13 @@ ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, ui
  * trains (ht_params_freeze), the recompute plan and the bytes all of it
  * will take (ht_params_plan, ht_model_activation_bytes) are known first;
  * ht_model_allocate then gives the params storage and their values from
- * `seed`. The values are ht_model_build_parallel's. */
+ * `seed` (ht_model_build_parallel's), or, `pretrained`, the LoRA adapters
+ * theirs and every other param zeros: values a caller loads over them
+ * (ht_hf_load_weights, which refuses a folder missing any), not drawn to be
+ * overwritten. */
 ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_model_placement *at, ht_model **out,
                            ht_error *err);
-ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, ht_error *err);
+ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, bool pretrained, ht_error *err);
 /* Model FLOPs of one training token (forward and backward) at sequence
  * length T, counted the standard way: 6 per weight of every matmul (the LM
  * head included, the embedding lookup not) plus attention's two products,

@@ -362,7 +362,9 @@ static int64_t init_run_first(const ht_param *p, int64_t r) {
     return first;
 }
 
-static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, ht_error *err) {
+/* adapters_only: every param but the LoRA adapters will be loaded over what
+ * this draws, so they are left as allocated (zero) and only the adapters drawn. */
+static ht_status init_weights(ht_param_store *params, double std, uint64_t seed, bool adapters_only, ht_error *err) {
     float *chunk = NULL;
     void *staged = NULL; /* a chunk in the model dtype, uploaded where the store is not host memory */
     const bool host = ht_params_host_memory(params);
@@ -373,6 +375,7 @@ static ht_status init_weights(ht_param_store *params, double std, uint64_t seed,
         const int64_t runs = init_runs(p, &len);
         uint64_t key = seed ^ ht_fnv1a64(p->name, strlen(p->name), HT_FNV64_INIT);
         char lora = ht_lora_kind(p->name);
+        if (adapters_only && !lora) continue;
         if ((p->dtype != HT_DTYPE_F32 || !host) && !chunk && !(chunk = ht_alloc((size_t)INIT_CHUNK * sizeof(float))))
             return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB to initialise %s",
                            (double)INIT_CHUNK * sizeof(float) / (1 << 20), p->name);
@@ -506,18 +509,18 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
     return s;
 }
 
-ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, ht_error *err) {
+ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, bool pretrained, ht_error *err) {
     ht_param_store *ps = &m->params;
     const int world = at->shard_world > 1 ? at->shard_world : 1;
     ht_status s = ps->data_block ? ht_params_shard(ps, at->shard_rank, world, err) : ht_params_allocate(ps, err);
-    if (s == HT_OK) s = init_weights(ps, m->config.initializer_range, seed, err);
+    if (s == HT_OK) s = init_weights(ps, m->config.initializer_range, seed, pretrained, err);
     return s;
 }
 
 ht_status ht_model_build_parallel(const ht_model_config *cfg, ht_dtype dtype, uint64_t seed,
                                   const ht_model_placement *at, ht_model **out, ht_error *err) {
     ht_status s = ht_model_declare(cfg, dtype, at, out, err);
-    if (s == HT_OK) s = ht_model_allocate(*out, at, seed, err);
+    if (s == HT_OK) s = ht_model_allocate(*out, at, seed, false, err);
     if (s != HT_OK) {
         ht_model_free(*out);
         *out = NULL;

@@ -254,7 +254,8 @@ static ht_status allocate_model(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_model_placement at = placement(t);
     const bool meta = c->training.init_model_with_meta_device;
-    ht_status s = ht_model_allocate(t->model, &at, (uint64_t)c->training.seed, err);
+    /* model.from_pretrained: the folder's weights replace the drawn ones (only the adapters are drawn). */
+    ht_status s = ht_model_allocate(t->model, &at, (uint64_t)c->training.seed, c->model.from_pretrained[0] != 0, err);
     if (s != HT_OK) return s;
     if (c->model.from_pretrained[0]) {
         s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
