@@ -111,6 +111,38 @@ static void test_gram_form_in_the_trainer(void **state) {
     free(cfg);
 }
 
+/* MFU with Newton-Schulz: Muon's iterations are GEMM work the model's FLOPs
+ * leave out. The tiny model's Muon matrices per layer (q and o 32 x 32, k
+ * and v 16 x 32, gate, up and down 64 x 32 or 32 x 64) at 5 iterations of
+ * 4 r^2 c + 2 r^3 come to 14,581,760 FLOPs a step on two layers; the step's
+ * mfu_with_ns is its mfu plus them over the step's seconds and the rate.
+ * AdamW alone has none, and no second figure. */
+static void test_mfu_with_newton_schulz(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_mfu_ns");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    for (int muon = 0; muon < 2; muon++) {
+        assert_ht_ok(ht_config_set(cfg, muon ? "optimizer._target_=Muon" : "optimizer._target_=AdamW", &err), &err);
+        ht_trainer *t = trainer_new(cfg);
+        t->gemm_gflops = 1000;
+        ht_step_stats st;
+        assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+        const double ns = ht_optimizer_ns_flops(&t->optimizer);
+        printf("  %s: Newton-Schulz %.0f FLOPs a step, MFU %.6f, with Newton-Schulz %.6f\n", muon ? "Muon" : "AdamW",
+               ns, st.mfu, st.mfu_with_ns);
+        assert_true(ns == (muon ? 14581760.0 : 0.0));
+        if (muon)
+            assert_true(fabs(st.mfu_with_ns - (st.mfu + ns / st.seconds / 1e12)) <= 1e-12 * st.mfu_with_ns);
+        else
+            assert_true(st.mfu_with_ns == 0.0);
+        trainer_delete(t);
+    }
+    free(cfg);
+}
+
 /* kernels.lm_head_chunk_mib: auto is the kernel table's bound (the CPU's and the fenced one's 64 MiB), a
  * number its MiB, 0 no chunks. */
 static void test_lm_head_chunk_bound(void **state) {
@@ -1802,6 +1834,7 @@ int main(void) {
         cmocka_unit_test(test_memory_refused_before_allocating),
         cmocka_unit_test(test_memory_plan_is_what_is_allocated),
         cmocka_unit_test(test_gram_form_in_the_trainer),
+        cmocka_unit_test(test_mfu_with_newton_schulz),
         cmocka_unit_test(test_seed_configs_train),
         cmocka_unit_test(test_shipped_configs_run_as_written),
         cmocka_unit_test(test_shuffle_and_deterministic),

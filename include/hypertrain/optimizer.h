@@ -125,6 +125,11 @@ size_t ht_optimizer_bytes(const ht_optimizer *opt);
  * ht_optimizer_bytes: Muon's workspace and the whole matrices a rank owns
  * under deredundancy come on top. */
 size_t ht_optimizer_plan_bytes(const ht_param_store *params, const ht_optimizer_config *cfg);
+/* This rank's Newton-Schulz FLOPs a step, counted nominally as the standard
+ * form's 4 r² c + 2 r³ an iteration (r <= c the matrix's sides, whatever
+ * muon_ns_form computes): every matrix it orthogonalizes (under
+ * deredundancy, the ones it owns; of a stack, its own experts). 0 without Muon. */
+double ht_optimizer_ns_flops(const ht_optimizer *opt);
 
 /* ---------------------------------------------------------------- QK-clip */
 

@@ -38,6 +38,9 @@ typedef struct ht_step_stats {
      * per rank, over the GEMM rate measured at start for the compute dtype's
      * kernel; 0 where no rate is known. */
     double mfu;
+    /* The same with this rank's Newton-Schulz FLOPs (ht_optimizer_ns_flops) counted as work done: how busy the
+     * step kept the GEMMs; 0 without Muon or without a measured rate. */
+    double mfu_with_ns;
     double seconds;
 } ht_step_stats;
 

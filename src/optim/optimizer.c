@@ -352,6 +352,21 @@ size_t ht_optimizer_bytes(const ht_optimizer *opt) {
     return floats * sizeof(float);
 }
 
+double ht_optimizer_ns_flops(const ht_optimizer *opt) {
+    const ht_muon *mu = opt->muon;
+    double flops = 0;
+    for (int i = 0; mu && i < mu->count; i++) {
+        const ht_muon_slot *s = &mu->slots[i];
+        if (mu->owner && mu->owner[i] >= 0 && !(mu->owned && mu->owned[i])) continue; /* another rank's to compute */
+        const double r = (double)(s->rows < s->cols ? s->rows : s->cols),
+                     c = (double)(s->rows < s->cols ? s->cols : s->rows);
+        const double matrices =
+            s->param->ndim == 3 ? (double)ht_param_local_numel(s->param) / ((double)s->rows * (double)s->cols) : 1.0;
+        flops += matrices * mu->config.schedule.steps * (4 * r * r * c + 2 * r * r * r);
+    }
+    return flops;
+}
+
 int ht_optimizer_list_state(const ht_optimizer *opt, ht_opt_state *out) {
     int n = 0;
 #define ENTRY(p, k, d, t, s)                                                                                           \

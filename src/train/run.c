@@ -185,6 +185,7 @@ static ht_status write_metrics(ht_trainer *t, const ht_step_stats *st, double ev
         fprintf(f, ", \"skipped\": %s, \"qk_clipped_heads\": %d", st->skipped ? "true" : "false", st->qk_clipped_heads);
         write_number(f, "tokens_per_s", "%.1f", st->tokens_per_s);
         if (st->mfu > 0 && st->mfu <= 1.0) write_number(f, "mfu", "%.4f", st->mfu); /* above 1: unreliable */
+        if (st->mfu_with_ns > 0 && st->mfu_with_ns <= 1.0) write_number(f, "mfu_with_ns", "%.4f", st->mfu_with_ns);
         if (!isnan(st->qk_max_logit)) write_number(f, "qk_max_logit", "%.4f", st->qk_max_logit);
         if (!isnan(st->expert_load_max)) {
             write_number(f, "expert_load_max", "%.4f", st->expert_load_max);
@@ -575,7 +576,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     ht_fsdp_stats_reset(t->fsdp);
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
-    double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0;
+    double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0, mfu_ns = 0.0;
     bool mfu_said = false;        /* an MFU above 100% was said to be unreliable */
     int64_t first_step = t->step; /* > 0 when resumed: the ETA counts this run's steps only */
     int64_t saved_step = t->step; /* the step the newest checkpoint holds: resumed from, or saved */
@@ -591,6 +592,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         ht_trace_span("phase", "step", HT_TRACE_THREAD, s0, s1, -1, t->step);
         tokens_per_s = tokens_per_s == 0.0 ? st.tokens_per_s : 0.9 * tokens_per_s + 0.1 * st.tokens_per_s;
         mfu = mfu == 0.0 ? st.mfu : 0.9 * mfu + 0.1 * st.mfu;
+        mfu_ns = mfu_ns == 0.0 ? st.mfu_with_ns : 0.9 * mfu_ns + 0.1 * st.mfu_with_ns;
         const bool logged = t->step % c->training.log_interval == 0 || t->step == 1 || t->step == steps;
         s = write_metrics(t, &st, NAN, err);
         if (s == HT_OK) s = write_events(t, &st, logged, err);
@@ -603,7 +605,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             char scale[48] = "";
             if (t->optimizer.loss_scaling)
                 snprintf(scale, sizeof(scale), " | loss scale %g%s", st.loss_scale, st.skipped ? " (skipped)" : "");
-            char util[32] = "";
+            char util[64] = "";
             if (mfu > 1.0 && !mfu_said)
                 ht_log_warn("MFU: this run's steps compute faster than the matrix-product rate measured at start "
                             "(%.0f GFLOP/s a rank), which was measured on a busy machine or is not what these "
@@ -612,6 +614,8 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             mfu_said |= mfu > 1.0;
             if (mfu > 1.0)
                 snprintf(util, sizeof(util), " | MFU n/a");
+            else if (mfu > 0 && mfu_ns > 0 && mfu_ns <= 1.0) /* Muon's Newton-Schulz is GEMM work too */
+                snprintf(util, sizeof(util), " | MFU %4.1f%% (%.1f%% with Newton-Schulz)", 100.0 * mfu, 100.0 * mfu_ns);
             else if (mfu > 0)
                 snprintf(util, sizeof(util), " | MFU %4.1f%%", 100.0 * mfu);
             ht_log_info("step %5lld/%d | loss %.4f | lr %.3e | grad norm %7.4f%s | %8.0f tok/s%s | %s elapsed, ETA %s",

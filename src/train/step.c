@@ -262,9 +262,12 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->expert_load_min = load_min;
         stats->seconds = dt;
         stats->tokens_per_s = (double)t->grad_accum * t->dp_size * t->B * t->T / dt;
-        if (t->gemm_gflops > 0)
+        if (t->gemm_gflops > 0) {
             stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
                          (t->gemm_gflops * 1e9);
+            const double ns = ht_optimizer_ns_flops(&t->optimizer);
+            stats->mfu_with_ns = ns > 0 ? stats->mfu + ns / dt / (t->gemm_gflops * 1e9) : 0.0;
+        }
     }
     return HT_OK;
 }
