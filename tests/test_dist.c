@@ -2163,13 +2163,15 @@ static int ring_shift_rank(void) {
 
 /* ------------------------------------------------------------------ the fenced backend on several ranks */
 
-/* A run's metrics.jsonl without its speed (tokens_per_s, mfu): what two runs of the same arithmetic share. */
+/* A run's metrics.jsonl without its speed (tokens_per_s, mfu, mfu_with_ns): what two runs of the same arithmetic
+ * share. */
 static char *metrics_without_speed(const char *dir, const char *out) {
     char path[1300];
     snprintf(path, sizeof(path), "%s/%s/metrics.jsonl", dir, out);
     char *text = read_text(path), *w = text;
     for (const char *r = text; *r;) {
-        if (strncmp(r, ", \"tokens_per_s\": ", 18) == 0 || strncmp(r, ", \"mfu\": ", 9) == 0) {
+        if (strncmp(r, ", \"tokens_per_s\": ", 18) == 0 || strncmp(r, ", \"mfu\": ", 9) == 0 ||
+            strncmp(r, ", \"mfu_with_ns\": ", 17) == 0) {
             r += 2;
             while (*r && *r != ',' && *r != '}') r++;
             continue;
