@@ -278,6 +278,34 @@ static PyObject *py_lr_at(PyObject *self, PyObject *args, PyObject *kw) {
     return PyFloat_FromDouble(ht_lr_at(&s, step));
 }
 
+/* A config of the defaults, the file at `path` (NULL: none) and `list`'s
+ * overrides ("section.key=value", as --set), as the command line loads it,
+ * into cfg (malloc'ed; the caller frees it). NULL with a Python error set:
+ * TypeError/MemoryError for the list, ValueError with the config's sentence. */
+static ht_config *load_config(const char *path, PyObject *list, const char *what) {
+    PyObject *seq = PySequence_Fast(list, what);
+    if (!seq) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **overrides = calloc((size_t)n + 1, sizeof(char *));
+    ht_config *cfg = malloc(sizeof(ht_config));
+    bool ok = overrides && cfg;
+    if (!ok) PyErr_NoMemory();
+    for (Py_ssize_t i = 0; ok && i < n; i++) /* UTF-8 buffers the strings own: valid while seq holds them */
+        ok = (overrides[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i))) != NULL;
+    ht_error err = {0};
+    if (ok && ht_config_load(path, (int)n, overrides, cfg, &err) != HT_OK) {
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        ok = false;
+    }
+    Py_DECREF(seq);
+    free(overrides);
+    if (!ok) {
+        free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
 /* lr_schedule(overrides): the schedule the trainer would follow under the
  * config of the defaults and `overrides` ("training.steps=T",
  * "lr_scheduler.type=...", "lr_scheduler.key=value", as --set): its type and
@@ -289,21 +317,11 @@ static PyObject *py_lr_schedule(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *list;
     if (!PyArg_ParseTuple(args, "O", &list)) return NULL;
-    PyObject *seq = PySequence_Fast(list, "hypertrain: lr_schedule's overrides must be a sequence of strings");
-    if (!seq) return NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    char **overrides = calloc((size_t)n + 1, sizeof(char *));
-    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_config *cfg = load_config(NULL, list, "hypertrain: lr_schedule's overrides must be a sequence of strings");
+    if (!cfg) return NULL;
     PyObject *result = NULL;
-    if (!overrides || !cfg) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!(overrides[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) goto done;
     ht_error err = {0};
-    if (ht_config_load(NULL, (int)n, overrides, cfg, &err) != HT_OK ||
-        ht_config_validate_lr_scheduler(cfg, &err) != HT_OK) {
+    if (ht_config_validate_lr_scheduler(cfg, &err) != HT_OK) {
         PyErr_SetString(PyExc_ValueError, err.msg);
         goto done;
     }
@@ -317,8 +335,6 @@ static PyObject *py_lr_schedule(PyObject *self, PyObject *args) {
                            "keep_steps", (long long)s.keep_steps, "final_steps", (long long)s.final_steps, "lr_end1",
                            s.lr_end1, "lr_end2", s.lr_end2, "t_0", (long long)s.t_0, "t_mult", (long long)s.t_mult);
 done:
-    Py_DECREF(seq);
-    free(overrides);
     free(cfg);
     return result;
 }
@@ -355,22 +371,13 @@ static PyObject *py_train(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "hypertrain: train's log level %d; expected 0 (debug) to 3 (error)", log_level);
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(list, "hypertrain: train's overrides must be a sequence of strings");
-    if (!seq) return NULL;
     const ht_log_level old_level = ht_log_get_level();
     if (log_level >= 0) ht_log_set_level((ht_log_level)log_level);
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    char **overrides = calloc((size_t)n + 1, sizeof(char *));
-    ht_config *cfg = malloc(sizeof(ht_config));
     PyObject *result = NULL;
-    if (!overrides || !cfg) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) /* UTF-8 buffers the strings own: valid while seq holds them */
-        if (!(overrides[i] = (char *)PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) goto done;
+    ht_config *cfg = load_config(path, list, "hypertrain: train's overrides must be a sequence of strings");
+    if (!cfg) goto done;
     ht_error err = {0};
-    if (ht_config_load(path, (int)n, overrides, cfg, &err) != HT_OK || ht_config_validate(cfg, 1, &err) != HT_OK) {
+    if (ht_config_validate(cfg, 1, &err) != HT_OK) {
         PyErr_SetString(PyExc_ValueError, err.msg);
         goto done;
     }
@@ -402,8 +409,6 @@ static PyObject *py_train(PyObject *self, PyObject *args) {
         result = Py_BuildValue("(si)", cfg->checkpoint.output_dir, stopped_by);
 done:
     ht_log_set_level(old_level);
-    Py_DECREF(seq);
-    free(overrides);
     free(cfg);
     return result;
 }
