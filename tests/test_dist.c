@@ -313,6 +313,16 @@ static void test_float32_on_1_to_4_ranks(void **state) {
     check_ranks("dist_f32", "float32", false, 6, 1e-5, NULL);
 }
 
+/* optimizer.muon_config.muon_ns_form gram on 1-4 ranks, sharded and
+ * replicated: the tiny Llama's 16 x 32 k_proj and v_proj take the Gram form
+ * (their 32 x 32 and 48 x 32 matrices do not pay), every rank computing each
+ * whole matrix as one process does; within the float32 bound of
+ * docs/NUMERICS.md's rule, as the standard form. */
+static void test_gram_form_on_1_to_4_ranks(void **state) {
+    (void)state;
+    check_ranks("dist_gram", "float32", false, 6, 1e-5, "--set optimizer.muon_config.muon_ns_form=gram");
+}
+
 /* Qwen2 in float32 with its q/k/v biases: hidden 64, 4 heads / 2 KV heads,
  * global batch 24, 3 steps at full lr from the first (no warmup: AdamW's
  * first update is sign(g) for every element, however small its gradient).
@@ -2766,6 +2776,7 @@ int main(int argc, char **argv) {
         return expert_bias_rank(argv[2], atoi(argv[3]), argv[4]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32_on_1_to_4_ranks),
+        cmocka_unit_test(test_gram_form_on_1_to_4_ranks),
         cmocka_unit_test(test_float32_qwen2_with_biases_on_1_to_4_ranks),
         cmocka_unit_test(test_bf16_on_1_to_4_ranks),
         cmocka_unit_test(test_freeze_on_1_to_4_ranks),

@@ -402,7 +402,7 @@ static void test_newton_schulz_symmetric_products(void **state) {
  * standard form's largest distance from float64 over these shapes, for the
  * schedule and kind of matrix (the standard form itself is up to 2.1e-5
  * away on the gradient-like ones; measured, the Gram form at most 2.3x the
- * standard form's distance on one matrix, 0.93x its largest); a batch of two
+ * standard form's distance on one matrix, at most 1.02x its largest); a batch of two
  * gives each matrix its own bits. Where the Gram form does not pay (a
  * square matrix) the result is the standard form's, bit for bit. */
 #define GRAM_LIMIT 1e-5
