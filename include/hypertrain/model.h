@@ -310,6 +310,10 @@ typedef struct ht_model_ops {
      * the model's own sizes those of the slices. An error naming the sizes
      * when they do not divide. NULL: the model has no tensor-parallel plan. */
     ht_status (*set_tensor_parallel)(ht_model *m, int size, int rank, ht_error *err);
+    /* Optional, generation: gives the model a key/value cache of
+     * `max_tokens` positions of one sequence (ht_model_set_cache; 0: none,
+     * freed). NULL: the model cannot generate. */
+    ht_status (*set_cache)(ht_model *m, int64_t max_tokens, ht_error *err);
 } ht_model_ops;
 
 struct ht_model {
@@ -370,6 +374,15 @@ struct ht_model {
      * (deepseek_v3) and the experts' load in the metrics sum over the ranks.
      * NULL: no sparse block. */
     int64_t *expert_tokens;
+    /* Generation's key/value cache (ht_model_set_cache): room for
+     * cache_capacity positions of one sequence (0: no cache), of which the
+     * first cache_tokens are filled. With the cache, forward takes B = 1 and
+     * no targets, its T tokens take positions cache_tokens .. cache_tokens +
+     * T - 1 and attend to every cached token and to themselves (none
+     * recomputed), their keys and values join the cache, cache_tokens grows
+     * by T, and `logits` holds the last token's row alone (V). A caller sets
+     * cache_tokens to 0 to start a new sequence. */
+    int64_t cache_capacity, cache_tokens;
 };
 
 static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {
@@ -454,8 +467,43 @@ void ht_model_module_list(const ht_model *m, char *out, size_t cap);
  * an error naming the model's modules. Call it between steps, not between a
  * forward and its backward. */
 ht_status ht_model_set_recompute(ht_model *m, const char *const *patterns, int count, ht_error *err);
+/* Generation: a key/value cache of max_tokens positions (ht_model.cache_capacity
+ * says how forward then runs), cache_tokens 0; max_tokens 0 frees it and
+ * forward is the training forward again. An error for a model without one
+ * (ht_model_ops.set_cache NULL), under tensor or context parallelism, or
+ * beyond model.max_position_embeddings. */
+ht_status ht_model_set_cache(ht_model *m, int64_t max_tokens, ht_error *err);
 /* Starts a new window for attn_max_logit (every entry -Inf). */
 void ht_model_reset_attn_max(ht_model *m);
+
+/* ------------------------------------------------------------------ generation */
+
+/* How each new token is chosen from its logits, in transformers' order:
+ * temperature, then top-k, then top-p. */
+typedef struct ht_sampling {
+    double temperature; /* <= 0: greedy, the largest logit (the lowest id of equal ones, as torch.argmax) */
+    int top_k;          /* keep the k largest logits (0: all) */
+    double top_p;       /* then the fewest most likely tokens whose probabilities sum to >= top_p (0 or 1: all) */
+    uint64_t seed;      /* of the draws (ht_rng) */
+} ht_sampling;
+
+/* One token from a row of V logits (host memory) by `s`, drawing from rng;
+ * order (V) is scratch. */
+int32_t ht_sample(const float *logits, int64_t V, const ht_sampling *s, ht_rng *rng, int32_t *order);
+
+/* Called with each token as it is chosen and the logits it was chosen from
+ * (V, host memory); false stops the generation after it. */
+typedef bool (*ht_generate_fn)(void *ctx, int32_t token, const float *logits, int64_t V);
+
+/* Continues `prompt` (n tokens) by up to max_new tokens on one process
+ * through the model's key/value cache (ht_model_set_cache of n + max_new,
+ * freed after): the prompt in one forward, then one forward per token, none
+ * recomputed. Stops after a token of `stop` (stop_count of them; it is kept),
+ * or when fn (NULL: none) returns false. out (max_new) gets the tokens,
+ * *produced their count. The model computes as it is set (its dtype,
+ * ht_model_set_compute). */
+ht_status ht_generate(ht_model *m, const int32_t *prompt, int n, int max_new, const ht_sampling *s, const int32_t *stop,
+                      int stop_count, ht_generate_fn fn, void *ctx, int32_t *out, int *produced, ht_error *err);
 
 /* ------------------------------------------------------------------ LoRA */
 

@@ -166,6 +166,10 @@ typedef struct decoder {
     float *lora_dx;        /* (N, widest input) FP32 scratch of the dropout (dropout only) */
     uint64_t dropout_seed; /* the last forward's masks (0: none) */
     int64_t dropout_first; /* and the index of its first sequence in the global batch */
+    /* generation's key/value cache (ht_model_set_cache; m->cache_capacity
+     * positions P): every layer's keys after rotary (L, P, KVh, Dk) and
+     * values (L, P, KVh, Dv), and the attention scratch for P keys */
+    float *kcache, *vcache, *cache_work;
 } decoder;
 
 /* ------------------------------------------------------------------ params */
@@ -941,8 +945,18 @@ static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
  * fold_head_max adds to m->attn_max_logit after the last layer. */
 static void attention_forward(ht_model *m, decoder *d, int l, layer_acts *a, bool track) {
     const size_t slot = (size_t)l * d->B * d->H;
-    const ht_attention_shape shape = attention_shape(d);
-    if (d->cp)
+    ht_attention_shape shape = attention_shape(d);
+    if (m->cache_capacity > 0) {
+        /* Generation: this forward's T keys and values join the layer's
+         * cache after the P cached ones, and the queries (positions P ..)
+         * attend to all P + T of them. */
+        const int64_t P = m->cache_tokens, kd = (int64_t)d->KVh * d->Dk, vd = (int64_t)d->KVh * d->Dv;
+        float *k = d->kcache + (size_t)l * m->cache_capacity * kd, *v = d->vcache + (size_t)l * m->cache_capacity * vd;
+        ht_kernels()->copy(k + P * kd, a->k, (size_t)(d->T * kd) * sizeof(float));
+        ht_kernels()->copy(v + P * vd, a->v, (size_t)(d->T * vd) * sizeof(float));
+        shape.Tk = P + d->T, shape.q0 = P;
+        ht_kernels()->attention_forward(a->o, a->lse, NULL, a->q, k, v, &shape, operand_precision(m, d), d->cache_work);
+    } else if (d->cp)
         ht_cp_attention_forward(d->cp, &m->context, a->o, a->lse, track ? d->head_max_host + slot : NULL, a->q, a->k,
                                 a->v, operand_precision(m, d));
     else
@@ -1167,7 +1181,8 @@ static void cast_input(const ht_model *m, int module, float *x, int64_t n) {
 static ht_status prepare_context(ht_model *m, decoder *d, int T, ht_error *err) {
     d->context = &m->context;
     d->cp_size = ht_context_size(&m->context);
-    d->rope_cos = d->cos_t, d->rope_sin = d->sin_t;
+    const int64_t half = d->rope_dim / 2, P = m->cache_capacity > 0 ? m->cache_tokens : 0;
+    d->rope_cos = d->cos_t + P * half, d->rope_sin = d->sin_t + P * half; /* generation: from the cache's end */
     if (d->cp_size <= 1) {
         ht_cp_attention_free(d->cp);
         d->cp = NULL;
@@ -1176,7 +1191,6 @@ static ht_status prepare_context(ht_model *m, decoder *d, int T, ht_error *err) 
     const ht_attention_shape shape = attention_shape(d);
     ht_status s = ht_cp_attention_size(&d->cp, &m->context, &shape, err);
     if (s != HT_OK) return s;
-    const int64_t half = d->rope_dim / 2;
     const size_t row = (size_t)half * sizeof(float);
     if (d->cp_T < T) {
         ht_kernels()->free(d->cp_cos);
@@ -1200,7 +1214,13 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     decoder *d = m->impl;
     if (B <= 0 || T <= 0) return ht_fail(err, HT_ERR_INVALID, "forward: batch %d x %d is empty", B, T);
     /* Under context parallelism the sequences are the group's size times the T tokens this rank holds. */
-    const int64_t Tg = (int64_t)T * ht_context_size(&m->context);
+    const bool cached = m->cache_capacity > 0;
+    const int64_t Tg = cached ? m->cache_tokens + T : (int64_t)T * ht_context_size(&m->context);
+    if (cached && (B != 1 || targets || Tg > m->cache_capacity))
+        return ht_fail(err, HT_ERR_INVALID,
+                       "forward with the key/value cache: batch %d x %d after %lld cached tokens%s; it takes one "
+                       "sequence (batch 1), no targets, and %lld tokens in all",
+                       B, T, (long long)m->cache_tokens, targets ? " with targets" : "", (long long)m->cache_capacity);
     if (Tg > m->config.max_position_embeddings)
         return ht_fail(err, HT_ERR_INVALID, "sequence length %lld is longer than model.max_position_embeddings (%d)",
                        (long long)Tg, m->config.max_position_embeddings);
@@ -1256,7 +1276,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
-    if (m->track_attn_max) fold_head_max(m, d);
+    if (m->track_attn_max && !cached) fold_head_max(m, d);
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
     cast_input(m, MOD_NORM(d), d->resid_final, Ns * C);
     ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, Ns, C,
@@ -1267,6 +1287,16 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     double sum = 0.0, mean = NAN;
     const void *lnf = tp_gather_input(d, d->lnf); /* every token's final norm */
+    if (cached) {                                 /* generation: the last token's logits alone */
+        head_forward(m, d, lnf, N - 1, 1);
+        ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
+        m->logits = d->logits;
+        m->B = B, m->T = T;
+        m->cache_tokens += T;
+        if (loss) *loss = NAN;
+        m->aux_loss = NAN;
+        return HT_OK;
+    }
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
         head_forward(m, d, lnf, r0, n);
@@ -1398,10 +1428,33 @@ static void decoder_backward(ht_model *m, float scale) {
     ht_model_event(m, MOD_EMBED, HT_AFTER_BACKWARD);
 }
 
+static void free_cache(decoder *d) {
+    ht_kernels()->free(d->kcache);
+    ht_kernels()->free(d->vcache);
+    ht_kernels()->free(d->cache_work);
+    d->kcache = d->vcache = d->cache_work = NULL;
+}
+
+static ht_status decoder_set_cache(ht_model *m, int64_t max_tokens, ht_error *err) {
+    decoder *d = m->impl;
+    free_cache(d);
+    if (max_tokens <= 0) return HT_OK;
+    const size_t keys = (size_t)d->L * (size_t)max_tokens * (size_t)d->KVh, threads = (size_t)omp_get_max_threads();
+    d->kcache = ht_kernels()->alloc(keys * (size_t)d->Dk * sizeof(float));
+    d->vcache = ht_kernels()->alloc(keys * (size_t)d->Dv * sizeof(float));
+    d->cache_work = ht_kernels()->alloc(threads * ht_kernels()->attention_workspace_floats(max_tokens, d->Dk, d->Dv) *
+                                        sizeof(float));
+    if (d->kcache && d->vcache && d->cache_work) return HT_OK;
+    free_cache(d);
+    return ht_fail(err, HT_ERR_OOM, "cannot allocate a key/value cache of %lld tokens (%.1f MiB)",
+                   (long long)max_tokens, (double)keys * (d->Dk + d->Dv) * sizeof(float) / (1 << 20));
+}
+
 static void decoder_free(ht_model *m) {
     decoder *d = m->impl;
     ht_free(m->recompute);
     if (d) {
+        free_cache(d);
         ht_kernels()->free(d->act_block);
         ht_free(d->head_max_host);
         ht_free(d->tp_host);
@@ -1492,6 +1545,7 @@ static const ht_model_ops decoder_ops = {
     .free = decoder_free,
     .activation_bytes = decoder_activation_bytes,
     .set_tensor_parallel = decoder_set_tensor_parallel,
+    .set_cache = decoder_set_cache,
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {

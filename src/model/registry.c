@@ -638,6 +638,23 @@ ht_status ht_model_set_recompute(ht_model *m, const char *const *patterns, int c
     return HT_OK;
 }
 
+ht_status ht_model_set_cache(ht_model *m, int64_t max_tokens, ht_error *err) {
+    if (!m->ops->set_cache)
+        return ht_fail(err, HT_ERR_INVALID, "model %s has no key/value cache: it cannot generate", m->config.name);
+    if (max_tokens > 0 && (m->tensor.size > 1 || ht_context_size(&m->context) > 1))
+        return ht_fail(err, HT_ERR_INVALID,
+                       "generation runs on one process: the model is a share of a tensor- or context-parallel group");
+    if (max_tokens > m->config.max_position_embeddings)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "%lld tokens are more than the model's max_position_embeddings (%d): it has no position for "
+                       "the rest",
+                       (long long)max_tokens, m->config.max_position_embeddings);
+    ht_status s = m->ops->set_cache(m, max_tokens > 0 ? max_tokens : 0, err);
+    m->cache_capacity = s == HT_OK && max_tokens > 0 ? max_tokens : 0;
+    m->cache_tokens = 0;
+    return s;
+}
+
 void ht_model_reset_attn_max(ht_model *m) {
     int n = m->config.num_hidden_layers * m->config.num_attention_heads;
     for (int i = 0; i < n; i++) m->attn_max_logit[i] = -INFINITY;
