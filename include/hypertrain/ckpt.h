@@ -322,6 +322,13 @@ ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dty
  * (ht_peft_save_adapter) in `dtype` (HT_DTYPE_COUNT: float32, from the FP32
  * main params where the checkpoint has them). */
 ht_status ht_ckpt_export_adapter(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, ht_error *err);
+/* A model to run (generation) from `path`: a training checkpoint (any
+ * layout: the boxes are read whole, LoRA adapters merged as export merges
+ * them), a run's output_dir (its `latest`), or a Hugging Face model folder;
+ * its params in `dtype` (float32 from a bf16/fp16 checkpoint: its FP32 main
+ * params where it has them), on one process. dir (n bytes) gets the folder
+ * read. Errors name the folder and what it lacks. */
+ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, char *dir, size_t n, ht_error *err);
 /* Prints step, world size, trainer state, every file with its hash check and
  * the keys by kind. Fails (after printing) when a file does not match. */
 ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err);

@@ -87,6 +87,29 @@ ht_status ht_dataset_check_vocab(const ht_dataset *ds, int vocab_size, const cha
  * model's vocab and its added_tokens. `file` gets the file read. */
 ht_status ht_tokenizer_vocab_size(const char *path, int *vocab_size, char *file, size_t n, ht_error *err);
 
+/* A byte-level BPE tokenizer from a Hugging Face tokenizer.json (`path`: the
+ * file or a folder holding it), as GPT-2, Qwen2 and Llama 3 have: a BPE
+ * model (vocab, merges, ignore_merges) over GPT-2's byte alphabet, the
+ * added tokens, and a pre-tokenizer of GPT-2's, Qwen2's or Llama 3's
+ * pattern (written out by hand: src/data/tokenizer.c); another model,
+ * pre-tokenizer or normalizer is an error naming it. An NFC normalizer is
+ * taken as the identity: text already in NFC (nearly all typed text)
+ * encodes as the tokenizers package encodes it. */
+typedef struct ht_tokenizer ht_tokenizer;
+ht_status ht_tokenizer_load(const char *path, ht_tokenizer **out, ht_error *err);
+void ht_tokenizer_free(ht_tokenizer *t);
+/* text (len bytes of UTF-8) -> *ids (malloc'ed, *count of them) as the
+ * tokenizers package's encode(text) with its special tokens added (the
+ * post-processor's before the text, as Llama 3's <|begin_of_text|>). */
+ht_status ht_tokenizer_encode(const ht_tokenizer *t, const char *text, size_t len, int32_t **ids, int *count,
+                              ht_error *err);
+/* The bytes of token `id` into out (at most cap), their count (0: no such
+ * token); an added token's text as it is. */
+size_t ht_tokenizer_decode(const ht_tokenizer *t, int32_t id, char *out, size_t cap);
+/* The ids [0, n) the tokenizer has; a token's id by its text (-1: none). */
+int32_t ht_tokenizer_vocab(const ht_tokenizer *t);
+int32_t ht_tokenizer_find(const ht_tokenizer *t, const char *token);
+
 /* Where a loader stands: the next global batch starts at window perm[index]
  * of epoch `epoch`. It does not depend on B or the world size, so a
  * checkpoint resumes on a different process count at the same place. */

@@ -1,9 +1,12 @@
 /* A training checkpoint out to Hugging Face (the LoRA adapters merged, or
- * the PEFT adapter folder alone) and `hypertrain inspect` (docs/DESIGN.md,
- * Checkpoints). */
+ * the PEFT adapter folder alone), into a model to run (generation, from a
+ * checkpoint or a Hugging Face folder), and `hypertrain inspect`
+ * (docs/DESIGN.md, Checkpoints). */
 #include "ckpt/checkpoint_internal.h"
+#include "ckpt/hf_internal.h"
 
 #include <inttypes.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,25 +93,37 @@ static ht_status read_store(const ht_checkpoint *ck, const ht_model_config *cfg,
     return s;
 }
 
+/* The model of an open checkpoint as whole tensors in `store` (*dtype:
+ * theirs; HT_DTYPE_COUNT, the checkpoint's), its architecture in cfg, and
+ * with LoRA adapters their merge in `merged` (*out: the one to read). */
+static ht_status read_model(const ht_checkpoint *ck, ht_model_config *cfg, ht_dtype *dtype, ht_param_store *store,
+                            ht_param_store *merged, const ht_param_store **out, int *adapters, ht_error *err) {
+    ht_status s = HT_OK;
+    *adapters = 0;
+    if (ht_ckpt_find_file(ck, "config.json") < 0)
+        s = ht_fail(err, HT_ERR_FORMAT, "%s: no config.json: saved without the model architecture", ck->dir);
+    if (s == HT_OK) s = ht_hf_read_config(ck->dir, cfg, err);
+    if (s == HT_OK) s = read_store(ck, cfg, dtype, false, store, adapters, err);
+    *out = store;
+    char base[HT_CONFIG_STR_MAX];
+    if (s == HT_OK && *adapters) { /* model.lora: W + scale B A, so that transformers loads it as it is */
+        s = saved_lora(ck, &cfg->lora, base, sizeof(base), err);
+        if (s == HT_OK) s = ht_lora_merge(store, ht_lora_scale(&cfg->lora), merged, err);
+        *out = merged;
+    }
+    return s;
+}
+
 ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, size_t max_shard_bytes,
                          ht_error *err) {
     ht_checkpoint *ck;
     ht_status s = ht_ckpt_open(ckpt_dir, &ck, err);
     if (s != HT_OK) return s;
     ht_model_config cfg;
-    if (ht_ckpt_find_file(ck, "config.json") < 0)
-        s = ht_fail(err, HT_ERR_FORMAT, "%s: no config.json: saved without the model architecture", ck->dir);
-    if (s == HT_OK) s = ht_hf_read_config(ck->dir, &cfg, err);
     ht_param_store store = {0}, merged = {0};
-    int adapters = 0;
-    if (s == HT_OK) s = read_store(ck, &cfg, &dtype, false, &store, &adapters, err);
-    const ht_param_store *out = &store;
-    char base[HT_CONFIG_STR_MAX];
-    if (s == HT_OK && adapters) { /* model.lora: W + scale B A, so that transformers loads it as it is */
-        s = saved_lora(ck, &cfg.lora, base, sizeof(base), err);
-        if (s == HT_OK) s = ht_lora_merge(&store, ht_lora_scale(&cfg.lora), &merged, err);
-        out = &merged;
-    }
+    const ht_param_store *out;
+    int adapters;
+    s = read_model(ck, &cfg, &dtype, &store, &merged, &out, &adapters, err);
     if (s == HT_OK) s = ht_hf_save(out_dir, &cfg, out, dtype, max_shard_bytes, err);
     if (s == HT_OK)
         ht_log_info("exported %s (step %lld) to %s in %s%s", ck->dir, (long long)ck->step, out_dir,
@@ -116,6 +131,86 @@ ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dty
     ht_params_free(&merged);
     ht_params_free(&store);
     ht_ckpt_close(ck);
+    return s;
+}
+
+/* A model of cfg (LoRA off: merged) in `dtype`, its params allocated and not drawn. */
+static ht_status empty_model(ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
+    cfg->lora.rank = 0;
+    const ht_model_placement whole = {0, 1, 0, 1};
+    ht_status s = ht_model_declare(cfg, dtype, &whole, out, err);
+    if (s == HT_OK) s = ht_model_allocate(*out, &whole, 0, true, err);
+    if (s != HT_OK) {
+        ht_model_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* Every param of m from the tensor of its name in `from` (whole tensors). */
+static ht_status fill_model(ht_model *m, const ht_param_store *from, const char *dir, ht_error *err) {
+    for (int i = 0; i < m->params.count; i++) {
+        ht_param *p = &m->params.items[i];
+        const ht_param *q = ht_params_find(from, p->name);
+        if (!q) return ht_fail(err, HT_ERR_FORMAT, "%s holds no tensor %s, which the model has", dir, p->name);
+        ht_st_tensor t = {.name = q->name, .dtype = q->dtype, .ndim = q->ndim, .data = q->data};
+        memcpy(t.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
+        t.nbytes = (size_t)ht_param_numel(q) * ht_dtype_size(q->dtype);
+        ht_status s = ht_hf_copy_rows_into(&m->params, p, &t, dir, err);
+        if (s != HT_OK) return s;
+    }
+    return HT_OK;
+}
+
+static bool file_in(const char *dir, const char *name) {
+    char path[HT_CKPT_PATH_MAX];
+    struct stat sb;
+    ht_ckpt_join(path, sizeof(path), dir, name);
+    return stat(path, &sb) == 0;
+}
+
+ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, char *dir, size_t n, ht_error *err) {
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ht_fail(err, HT_ERR_IO,
+                       "%s: no such folder (a training checkpoint, a run's output_dir or a Hugging "
+                       "Face model folder)",
+                       path);
+    snprintf(dir, n, "%s", path);
+    ht_status s = HT_OK;
+    if (!file_in(path, "metadata.json") && file_in(path, "latest")) { /* a run's output_dir: its newest */
+        s = ht_ckpt_resolve("latest", path, dir, n, err);
+        if (s != HT_OK) return s;
+    }
+    ht_model_config cfg;
+    if (!file_in(dir, "metadata.json")) {
+        if (!file_in(dir, "config.json"))
+            return ht_fail(err, HT_ERR_FORMAT,
+                           "%s is neither a training checkpoint (no metadata.json) nor a Hugging Face model folder "
+                           "(no config.json)",
+                           dir);
+        s = ht_hf_read_config(dir, &cfg, err);
+        if (s == HT_OK) s = empty_model(&cfg, dtype, out, err);
+        if (s == HT_OK) s = ht_hf_load_weights(dir, &(*out)->params, err);
+    } else {
+        ht_checkpoint *ck;
+        if ((s = ht_ckpt_open(dir, &ck, err)) != HT_OK) return s;
+        ht_param_store store = {0}, merged = {0};
+        const ht_param_store *weights;
+        int adapters;
+        ht_dtype read = dtype; /* float32: the FP32 main params where the checkpoint has them */
+        s = read_model(ck, &cfg, &read, &store, &merged, &weights, &adapters, err);
+        if (s == HT_OK) s = empty_model(&cfg, dtype, out, err);
+        if (s == HT_OK) s = fill_model(*out, weights, dir, err);
+        ht_params_free(&merged);
+        ht_params_free(&store);
+        ht_ckpt_close(ck);
+    }
+    if (s != HT_OK) {
+        ht_model_free(*out);
+        *out = NULL;
+    }
     return s;
 }
 
