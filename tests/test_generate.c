@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hypertrain/ckpt.h"
+#include "hypertrain/config.h"
 #include "hypertrain/model.h"
 
 /* The fixture's model folder (under tests/fixtures/) built in float32. */
@@ -195,6 +196,139 @@ static void test_errors(void **state) {
     ht_model_free(m);
 }
 
+/* `hypertrain ARGS` with its stdout into dir/NAME.out and its stderr into dir/NAME.err (read into *out, *err,
+ * malloc'ed); the exit status. */
+static int run_cli(const char *dir, const char *name, const char *args, char **out, char **err) {
+    const char *bin = getenv("HT_BIN");
+    if (!bin) fail_msg("HT_BIN is not set: run this test through ctest");
+    char cmd[8192], o[1200], e[1200];
+    snprintf(o, sizeof(o), "%s/%s.out", dir, name);
+    snprintf(e, sizeof(e), "%s/%s.err", dir, name);
+    snprintf(cmd, sizeof(cmd), "cd '%s' && '%s' %s > '%s' 2> '%s'", dir, bin, args, o, e);
+    int rc = run_logged(cmd, e, err);
+    *out = read_text(o);
+    return rc;
+}
+
+/* A byte-level model trained 6 steps with a sample every 3: samples.jsonl; then `hypertrain generate` from the
+ * run's output_dir, from its checkpoint and from its export as a Hugging Face folder: one text. */
+static void test_cli_from_a_run(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("generate_run");
+    harness_write_corpus(dir, two_cities, 8);
+    write_run_yaml(dir,
+                   "model:\n  name: qwen2\n%smodel_init_dtype: float32\n"
+                   "data:\n  dataset_type: text_bytes\n  path: %s/corpus.txt\n  seq_len: 16\n"
+                   "optimizer:\n  _target_: AdamW\n"
+                   "training:\n  steps: 6\n  local_batch_size: 2\n  global_batch_size: 2\n  sample_interval: 3\n"
+                   "  sample_prompt: \"It was\"\n  sample_tokens: 12\n"
+                   "checkpoint:\n  output_dir: %s/out\n",
+                   tiny_model_yaml((tiny_model){64, 1, 64}), dir, dir);
+    char *out, *err;
+    if (run_cli(dir, "train", "train run.yaml", &out, &err) != 0) fail_msg("training failed: %s", err);
+    assert_non_null(strstr(err, "sample at step 3 (12 tokens after 6 of the prompt"));
+    free(out), free(err);
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/out/samples.jsonl", dir);
+    char *samples = read_text(path);
+    assert_non_null(strstr(samples, "{\"step\": 3, \"prompt\": \"It was\", \"text\": "));
+    assert_non_null(strstr(samples, "{\"step\": 6, \"prompt\": \"It was\", \"text\": "));
+    free(samples);
+    const char *sources[] = {"out", "out/step_00000006", "hf"};
+    char *texts[3];
+    if (run_cli(dir, "export", "export out/step_00000006 hf", &out, &err) != 0) fail_msg("export failed: %s", err);
+    free(out), free(err);
+    for (int i = 0; i < 3; i++) {
+        char args[256];
+        snprintf(args, sizeof(args), "generate %s --prompt 'It was' --max-new-tokens 20", sources[i]);
+        if (run_cli(dir, "generate", args, &texts[i], &err) != 0) fail_msg("generate %s failed: %s", sources[i], err);
+        assert_int_equal(strncmp(texts[i], "It was", 6), 0);
+        assert_non_null(strstr(err, "20 new tokens"));
+        free(err);
+    }
+    assert_string_equal(texts[0], texts[1]);
+    assert_string_equal(texts[0], texts[2]);
+    for (int i = 0; i < 3; i++) free(texts[i]);
+}
+
+/* Ids in and out where the folder has no tokenizer: the fixture's greedy continuation. */
+static void test_cli_ids(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("generate_ids");
+    char args[1200], *out, *err;
+    snprintf(args, sizeof(args), "generate '%s' --prompt-ids 44,39,33,60,63,79,27,3,97 --max-new-tokens 16",
+             fixture_path("model/qwen2_untied"));
+    if (run_cli(dir, "ids", args, &out, &err) != 0) fail_msg("generate failed: %s", err);
+    assert_string_equal(out, "67,81,31,50,59,31,59,31,59,31,59,31,59,31,59,31\n"); /* transformers' (the fixture) */
+    free(out), free(err);
+}
+
+/* Bad input: each a sentence naming what was wrong, exit status 2 for the command line, 1 for the rest. */
+static void test_cli_errors(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("generate_errors");
+    char model[1200];
+    snprintf(model, sizeof(model), "'%s'", fixture_path("model/llama_untied"));
+    const struct {
+        const char *args, *expect;
+        int rc;
+    } cases[] = {
+        {"generate missing --prompt x", "missing: no such folder", 1},
+        {"generate . --prompt x", "neither a training checkpoint (no metadata.json) nor a Hugging Face", 1},
+        {"generate MODEL", "give the prompt as --prompt TEXT or as --prompt-ids", 2},
+        {"generate MODEL --prompt a --prompt-ids 1", "(one of them)", 2},
+        {"generate MODEL --prompt-ids 1 --top-p 2", "--top-p 2: expected a number in [0, 1]", 2},
+        {"generate MODEL --prompt-ids 1 --temperature -1", "--temperature -1: expected a number", 2},
+        {"generate MODEL --prompt-ids 1 --max-new-tokens 2.5", "expected a whole number", 2},
+        {"generate MODEL --prompt-ids 1 --dtype int8", "--dtype int8: expected float32, bfloat16 or float16", 2},
+        {"generate MODEL --prompt-ids 1 --sampling", "no value after '--sampling'", 2},
+        {"generate MODEL --prompt-ids 1 --bogus 3", "unexpected argument '--bogus'", 2},
+        {"generate MODEL --prompt-ids 1,100", "--prompt-ids 1,100: expected ids in [0, 100)", 2},
+        {"generate MODEL --prompt-ids 1,x", "expected ids in [0, 100)", 2},
+        {"generate MODEL --prompt hello", "no tokenizer", 1},
+        {"generate MODEL --prompt-ids 1,2,3 --max-new-tokens 62", "the prompt's 3 tokens and 62 new ones are more", 1},
+        {"generate MODEL --prompt hi --tokenizer TOKENIZER", "the tokenizer has 1000 tokens, more than the model's", 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char args[4096], *out, *err;
+        const char *m = strstr(cases[i].args, "MODEL"), *tk = strstr(cases[i].args, "TOKENIZER");
+        if (m)
+            snprintf(args, sizeof(args), "%.*s%s%.*s%s", (int)(m - cases[i].args), cases[i].args, model,
+                     (int)(tk ? tk - (m + 5) : (long)strlen(m + 5)), m + 5,
+                     tk ? fixture_path("tokenizer/qwen2.json") : "");
+        else
+            snprintf(args, sizeof(args), "%s", cases[i].args);
+        int rc = run_cli(dir, "err", args, &out, &err);
+        if (rc != cases[i].rc || !strstr(err, cases[i].expect))
+            fail_msg("`hypertrain %s`: exit %d (expected %d), stderr \"%s\" (expected \"%s\")", args, rc, cases[i].rc,
+                     err, cases[i].expect);
+        free(out), free(err);
+    }
+}
+
+/* training.sample_*: the keys' own errors. */
+static void test_sample_keys(void **state) {
+    (void)state;
+    ht_config *cfg = malloc(sizeof(ht_config));
+    ht_error err;
+    const struct {
+        const char *set, *expect;
+    } cases[] = {
+        {"training.sample_interval=-1", "training.sample_interval"},
+        {"training.sample_tokens=0", "training.sample_tokens"},
+        {"data.dataset_type=token_bin", "samples are text"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ht_config_defaults(cfg);
+        assert_ht_ok(ht_config_set(cfg, "training.sample_interval=10", &err), &err);
+        assert_ht_ok(ht_config_set(cfg, cases[i].set, &err), &err);
+        assert_int_not_equal(ht_config_validate(cfg, 1, &err), HT_OK);
+        if (!strstr(err.msg, cases[i].expect))
+            fail_msg("%s: \"%s\" does not name %s", cases[i].set, err.msg, cases[i].expect);
+    }
+    free(cfg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_qwen2),
@@ -205,6 +339,10 @@ int main(void) {
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_sample_distribution),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_cli_from_a_run),
+        cmocka_unit_test(test_cli_ids),
+        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_sample_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

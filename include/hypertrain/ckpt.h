@@ -322,13 +322,30 @@ ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dty
  * (ht_peft_save_adapter) in `dtype` (HT_DTYPE_COUNT: float32, from the FP32
  * main params where the checkpoint has them). */
 ht_status ht_ckpt_export_adapter(const char *ckpt_dir, const char *out_dir, ht_dtype dtype, ht_error *err);
+/* What generation needs to know of a model's folder besides its weights. */
+typedef struct ht_ckpt_model_info {
+    char dir[HT_CKPT_PATH_MAX]; /* the folder read (a run's output_dir: its newest checkpoint) */
+    /* The text's tokenizer: the saving run's data.tokenizer, or the folder's
+     * own tokenizer.json; "" none. */
+    char tokenizer[HT_CKPT_PATH_MAX];
+    bool bytes; /* the saving run read text_bytes: a token is a byte */
+    /* The tokens that end a text: generation_config.json's eos_token_id, else config.json's (none: 0). */
+    int32_t eos[8];
+    int eos_count;
+} ht_ckpt_model_info;
 /* A model to run (generation) from `path`: a training checkpoint (any
  * layout: the boxes are read whole, LoRA adapters merged as export merges
  * them), a run's output_dir (its `latest`), or a Hugging Face model folder;
  * its params in `dtype` (float32 from a bf16/fp16 checkpoint: its FP32 main
- * params where it has them), on one process. dir (n bytes) gets the folder
- * read. Errors name the folder and what it lacks. */
-ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, char *dir, size_t n, ht_error *err);
+ * params where it has them), on one process. Errors name the folder and
+ * what it lacks. */
+ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, ht_ckpt_model_info *info, ht_error *err);
+/* A model of cfg (its LoRA adapters off: `from` holds them merged, or none)
+ * in `dtype` on one process, every param from the whole tensor of its name
+ * in `from` (any dtype, converted; in any memory, staged through the host):
+ * the training's samples run on it. */
+ht_status ht_ckpt_model_from_params(const ht_model_config *cfg, const ht_param_store *from, ht_dtype dtype,
+                                    ht_model **out, ht_error *err);
 /* Prints step, world size, trainer state, every file with its hash check and
  * the keys by kind. Fails (after printing) when a file does not match. */
 ht_status ht_ckpt_inspect(const char *dir, FILE *out, ht_error *err);

@@ -246,6 +246,10 @@ typedef struct ht_config {
         int log_interval;
         int eval_interval; /* 0: never */
         int eval_batches;  /* validation batches per evaluation */
+        /* A sample of sample_tokens tokens continuing sample_prompt ("": a
+         * newline) every sample_interval steps and at the end (0: never) */
+        int sample_interval, sample_tokens;
+        char sample_prompt[HT_CONFIG_STR_MAX];
         ht_config_strings plugin;
         /* fp16 dynamic loss scaling (docs/NUMERICS.md, Megatron's DynamicGradScaler). */
         double loss_scale_initial;

@@ -147,19 +147,38 @@ static ht_status empty_model(ht_model_config *cfg, ht_dtype dtype, ht_model **ou
     return s;
 }
 
-/* Every param of m from the tensor of its name in `from` (whole tensors). */
-static ht_status fill_model(ht_model *m, const ht_param_store *from, const char *dir, ht_error *err) {
-    for (int i = 0; i < m->params.count; i++) {
-        ht_param *p = &m->params.items[i];
+ht_status ht_ckpt_model_from_params(const ht_model_config *cfg, const ht_param_store *from, ht_dtype dtype,
+                                    ht_model **out, ht_error *err) {
+    ht_model_config arch = *cfg;
+    ht_status s = empty_model(&arch, dtype, out, err);
+    void *host = NULL;
+    for (int i = 0; s == HT_OK && i < (*out)->params.count; i++) {
+        ht_param *p = &(*out)->params.items[i];
         const ht_param *q = ht_params_find(from, p->name);
-        if (!q) return ht_fail(err, HT_ERR_FORMAT, "%s holds no tensor %s, which the model has", dir, p->name);
+        if (!q) {
+            s = ht_fail(err, HT_ERR_FORMAT, "the weights hold no tensor %s, which the model has", p->name);
+            break;
+        }
         ht_st_tensor t = {.name = q->name, .dtype = q->dtype, .ndim = q->ndim, .data = q->data};
         memcpy(t.shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
         t.nbytes = (size_t)ht_param_numel(q) * ht_dtype_size(q->dtype);
-        ht_status s = ht_hf_copy_rows_into(&m->params, p, &t, dir, err);
-        if (s != HT_OK) return s;
+        if (!ht_params_host_memory(from)) { /* staged through the host */
+            free(host);
+            if (!(host = malloc(t.nbytes ? t.nbytes : 1))) {
+                s = ht_fail(err, HT_ERR_OOM, "cannot stage %s", q->name);
+                break;
+            }
+            ht_params_download(from, host, q->data, t.nbytes);
+            t.data = host;
+        }
+        s = ht_hf_copy_rows_into(&(*out)->params, p, &t, "the weights", err);
     }
-    return HT_OK;
+    free(host);
+    if (s != HT_OK) {
+        ht_model_free(*out);
+        *out = NULL;
+    }
+    return s;
 }
 
 static bool file_in(const char *dir, const char *name) {
@@ -169,13 +188,42 @@ static bool file_in(const char *dir, const char *name) {
     return stat(path, &sb) == 0;
 }
 
-ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, char *dir, size_t n, ht_error *err) {
+/* eos_token_id (a number or a list) of dir/name into info; whether it had one. */
+static bool read_eos(const char *dir, const char *name, ht_ckpt_model_info *info) {
+    char path[HT_CKPT_PATH_MAX];
+    ht_ckpt_join(path, sizeof(path), dir, name);
+    ht_json *root;
+    ht_error ignored;
+    if (!file_in(dir, name) || ht_json_read_file(path, name, &root, &ignored) != HT_OK) return false;
+    const ht_json *eos = ht_json_get(root, "eos_token_id");
+    const ht_json *one[1] = {eos};
+    const size_t n = eos && eos->type == HT_JSON_ARRAY ? eos->count : eos && eos->type == HT_JSON_NUMBER ? 1 : 0;
+    const int cap = (int)(sizeof(info->eos) / sizeof(info->eos[0]));
+    for (size_t i = 0; i < n && info->eos_count < cap; i++) {
+        const ht_json *v = eos->type == HT_JSON_ARRAY ? &eos->items[i] : one[0];
+        if (v->type == HT_JSON_NUMBER) info->eos[info->eos_count++] = (int32_t)v->number;
+    }
+    ht_json_free(root);
+    return n > 0;
+}
+
+/* The saving run's data.tokenizer and whether it read bytes (its effective config). */
+static void saved_text(const ht_checkpoint *ck, ht_ckpt_model_info *info) {
+    const char *tok = ht_ckpt_config_value(ck, "data.tokenizer"), *type = ht_ckpt_config_value(ck, "data.dataset_type");
+    if (tok && strcmp(tok, "null") != 0) snprintf(info->tokenizer, sizeof(info->tokenizer), "%s", tok);
+    info->bytes = type && strcmp(type, "text_bytes") == 0;
+}
+
+ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, ht_ckpt_model_info *info,
+                             ht_error *err) {
     *out = NULL;
+    memset(info, 0, sizeof(*info));
+    char *dir = info->dir;
+    const size_t n = sizeof(info->dir);
     struct stat sb;
     if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return ht_fail(err, HT_ERR_IO,
-                       "%s: no such folder (a training checkpoint, a run's output_dir or a Hugging "
-                       "Face model folder)",
+                       "%s: no such folder (a training checkpoint, a run's output_dir or a Hugging Face model folder)",
                        path);
     snprintf(dir, n, "%s", path);
     ht_status s = HT_OK;
@@ -193,6 +241,8 @@ ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, c
         s = ht_hf_read_config(dir, &cfg, err);
         if (s == HT_OK) s = empty_model(&cfg, dtype, out, err);
         if (s == HT_OK) s = ht_hf_load_weights(dir, &(*out)->params, err);
+        if (file_in(dir, "tokenizer.json"))
+            ht_ckpt_join(info->tokenizer, sizeof(info->tokenizer), dir, "tokenizer.json");
     } else {
         ht_checkpoint *ck;
         if ((s = ht_ckpt_open(dir, &ck, err)) != HT_OK) return s;
@@ -201,12 +251,13 @@ ht_status ht_ckpt_load_model(const char *path, ht_dtype dtype, ht_model **out, c
         int adapters;
         ht_dtype read = dtype; /* float32: the FP32 main params where the checkpoint has them */
         s = read_model(ck, &cfg, &read, &store, &merged, &weights, &adapters, err);
-        if (s == HT_OK) s = empty_model(&cfg, dtype, out, err);
-        if (s == HT_OK) s = fill_model(*out, weights, dir, err);
+        if (s == HT_OK) s = ht_ckpt_model_from_params(&cfg, weights, dtype, out, err);
+        saved_text(ck, info);
         ht_params_free(&merged);
         ht_params_free(&store);
         ht_ckpt_close(ck);
     }
+    if (!read_eos(dir, "generation_config.json", info)) read_eos(dir, "config.json", info);
     if (s != HT_OK) {
         ht_model_free(*out);
         *out = NULL;

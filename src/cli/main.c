@@ -1,6 +1,8 @@
 /* The hypertrain command: `train` runs a config, `plot` draws a metrics file,
- * `export` writes a checkpoint as a Hugging Face model, `inspect` describes one.
+ * `export` writes a checkpoint as a Hugging Face model, `inspect` describes one,
+ * `generate` continues a prompt with one.
  * Only this file calls exit() (by returning from main). */
+#include <errno.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "hypertrain/ckpt.h"
 #include "hypertrain/config.h"
 #include "hypertrain/comm.h"
+#include "hypertrain/data.h"
 #include "hypertrain/train.h"
 
 /* The exit status of a run stopped by a signal after saving its checkpoint:
@@ -34,7 +37,15 @@ static void usage(FILE *f) {
                "      adapters merged into the weights; --adapter: the LoRA adapters alone, as PEFT's\n"
                "      adapter_config.json + adapter_model.safetensors (default dtype float32)\n"
                "  hypertrain inspect CKPT\n"
-               "      print a checkpoint's step, world size, keys by kind, sizes and hash check\n");
+               "      print a checkpoint's step, world size, keys by kind, sizes and hash check\n"
+               "  hypertrain generate CKPT_OR_HF_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]\n"
+               "                      [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+               "                      [--dtype float32|bfloat16|float16] [--tokenizer PATH]\n"
+               "      continue a prompt with a training checkpoint (or a run's output_dir) or a Hugging Face\n"
+               "      folder, one process, through a key/value cache; greedy at temperature 0 (the default);\n"
+               "      defaults: 64 new tokens, top-k 0 and top-p 1 (off), seed 0, float32. Text through the\n"
+               "      folder's tokenizer.json (or the run's data.tokenizer), bytes for a byte-level model;\n"
+               "      without either, ids in and out\n");
 }
 
 static int fail(const ht_error *err) {
@@ -292,6 +303,174 @@ static int cmd_inspect(int argc, char **argv) {
     return 0;
 }
 
+/* How generate reads and writes text: a tokenizer, bytes, or ids. */
+typedef struct gen_text {
+    ht_tokenizer *tok;
+    bool bytes;
+    int printed;
+    double first; /* when the first new token was chosen */
+} gen_text;
+
+static void print_token(const gen_text *g, int32_t id, bool first) {
+    char buf[1024];
+    if (g->tok)
+        fwrite(buf, 1, ht_tokenizer_decode(g->tok, id, buf, sizeof(buf)), stdout);
+    else if (g->bytes)
+        fputc((unsigned char)id, stdout);
+    else
+        printf("%s%d", first ? "" : ",", id);
+}
+
+static bool on_token(void *ctx, int32_t token, const float *logits, int64_t V) {
+    (void)logits, (void)V;
+    gen_text *g = ctx;
+    if (g->printed++ == 0) g->first = ht_time_seconds();
+    print_token(g, token, g->printed == 1);
+    fflush(stdout);
+    return true;
+}
+
+static bool parse_number(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(s, &end);
+    if (*s && !*end && errno == 0 && *out >= lo && *out <= hi) return true;
+    fprintf(stderr, "hypertrain generate: %s %s: expected a number in [%g, %g]\n", flag, s, lo, hi);
+    return false;
+}
+
+/* "1,2,3" -> ids (malloc'ed); false with a message where it is not a list of ids below V. */
+static bool parse_ids(const char *s, int64_t V, int32_t **ids, int *n) {
+    *n = 0;
+    *ids = malloc((strlen(s) / 2 + 2) * sizeof(int32_t));
+    for (const char *p = s; *ids && *p;) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= V || (*end && *end != ',')) {
+            fprintf(stderr, "hypertrain generate: --prompt-ids %s: expected ids in [0, %lld) separated by commas\n", s,
+                    (long long)V);
+            free(*ids);
+            *ids = NULL;
+            return false;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    return *ids != NULL;
+}
+
+/* hypertrain generate CKPT_OR_HF_DIR (--prompt TEXT | --prompt-ids IDS) [options] */
+static int cmd_generate(int argc, char **argv) {
+    if (argc < 1 || argv[0][0] == '-') {
+        usage(stderr);
+        return 2;
+    }
+    const char *prompt = NULL, *prompt_ids = NULL, *tokenizer = NULL;
+    double max_new = 64, temperature = 0, top_k = 0, top_p = 1, seed = 0;
+    ht_dtype dtype = HT_DTYPE_F32;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (ok && strcmp(a, "--prompt") == 0)
+            prompt = v;
+        else if (ok && strcmp(a, "--prompt-ids") == 0)
+            prompt_ids = v;
+        else if (ok && strcmp(a, "--tokenizer") == 0)
+            tokenizer = v;
+        else if (ok && strcmp(a, "--max-new-tokens") == 0)
+            ok = parse_number(a, v, 0, 1 << 24, &max_new);
+        else if (ok && strcmp(a, "--temperature") == 0)
+            ok = parse_number(a, v, 0, 1e6, &temperature);
+        else if (ok && strcmp(a, "--top-k") == 0)
+            ok = parse_number(a, v, 0, 1 << 30, &top_k);
+        else if (ok && strcmp(a, "--top-p") == 0)
+            ok = parse_number(a, v, 0, 1, &top_p);
+        else if (ok && strcmp(a, "--seed") == 0)
+            ok = parse_number(a, v, 0, 9007199254740992.0, &seed);
+        else if (ok && strcmp(a, "--dtype") == 0) {
+            if (!ht_dtype_from_name(v, &dtype) || !ht_dtype_is_float(dtype)) {
+                fprintf(stderr, "hypertrain generate: --dtype %s: expected float32, bfloat16 or float16\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "hypertrain generate: %s '%s'\n", v ? "unexpected argument" : "no value after", a);
+            return 2;
+        }
+        if (!ok) return 2;
+        if (max_new != (int)max_new || top_k != (int)top_k) {
+            fprintf(stderr, "hypertrain generate: %s %s: expected a whole number\n", a, v);
+            return 2;
+        }
+        i++;
+    }
+    if (!prompt == !prompt_ids) {
+        fprintf(stderr,
+                "hypertrain generate: give the prompt as --prompt TEXT or as --prompt-ids 1,2,3 (one of them)\n");
+        return 2;
+    }
+    ht_error err = {0};
+    ht_model *m = NULL;
+    ht_ckpt_model_info *info = malloc(sizeof(ht_ckpt_model_info));
+    gen_text g = {0};
+    int32_t *ids = NULL, *out = NULL;
+    int n = 0, rc = 0, produced = 0;
+    double t0 = ht_time_seconds();
+    ht_status s =
+        info ? ht_ckpt_load_model(argv[0], dtype, &m, info, &err) : ht_fail(&err, HT_ERR_OOM, "out of memory");
+    if (s == HT_OK && dtype != HT_DTYPE_F32) s = ht_model_set_compute(m, dtype, &err);
+    if (s == HT_OK && (tokenizer || info->tokenizer[0]))
+        s = ht_tokenizer_load(tokenizer ? tokenizer : info->tokenizer, &g.tok, &err);
+    if (s != HT_OK) goto done;
+    const int64_t V = m->config.vocab_size;
+    g.bytes = !g.tok && (info->bytes || V == 256);
+    if (g.tok && ht_tokenizer_vocab(g.tok) > V) {
+        s = ht_fail(&err, HT_ERR_INVALID, "the tokenizer has %d tokens, more than the model's vocabulary (%lld)",
+                    ht_tokenizer_vocab(g.tok), (long long)V);
+    } else if (prompt_ids) {
+        if (!parse_ids(prompt_ids, V, &ids, &n)) {
+            rc = 2;
+            goto done;
+        }
+    } else if (g.tok) {
+        s = ht_tokenizer_encode(g.tok, prompt, strlen(prompt), &ids, &n, &err);
+    } else if (g.bytes) {
+        n = (int)strlen(prompt);
+        ids = malloc((size_t)(n + 1) * sizeof(int32_t));
+        for (int i = 0; ids && i < n; i++) ids[i] = (unsigned char)prompt[i];
+    } else {
+        s = ht_fail(&err, HT_ERR_INVALID,
+                    "%s has no tokenizer (no tokenizer.json; a checkpoint: no data.tokenizer) and its vocabulary "
+                    "(%lld) is not bytes: give --tokenizer PATH, or the prompt as --prompt-ids 1,2,3",
+                    info->dir, (long long)V);
+    }
+    if (s == HT_OK && !(out = malloc(((size_t)max_new + 1) * sizeof(int32_t))))
+        s = ht_fail(&err, HT_ERR_OOM, "out of memory");
+    if (s != HT_OK) goto done;
+    int64_t numel = 0;
+    for (int i = 0; i < m->params.count; i++) numel += ht_param_numel(&m->params.items[i]);
+    ht_log_info("generate: %s (%s, %lld parameters in %s), loaded in %.2f s; the prompt is %d tokens", info->dir,
+                m->config.name, (long long)numel, ht_dtype_name(dtype), ht_time_seconds() - t0, n);
+    if (!prompt_ids && (g.tok || g.bytes)) fwrite(prompt, 1, strlen(prompt), stdout);
+    const ht_sampling how = {temperature, (int)top_k, top_p, (uint64_t)seed};
+    t0 = ht_time_seconds();
+    s = ht_generate(m, ids, n, (int)max_new, &how, info->eos, info->eos_count, on_token, &g, out, &produced, &err);
+    const double t1 = ht_time_seconds();
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (s == HT_OK && produced > 0)
+        ht_log_info("generate: %d new tokens; the prompt's %d in %.3f s, then %.1f tokens/s", produced, n, g.first - t0,
+                    produced > 1 ? (produced - 1) / (t1 - g.first) : 0.0);
+done:
+    if (s != HT_OK) rc = fail(&err);
+    ht_tokenizer_free(g.tok);
+    ht_model_free(m);
+    free(info);
+    free(ids);
+    free(out);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     ht_openmp_settle(argv);
     if (argc < 2) {
@@ -307,6 +486,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "plot") == 0) return cmd_plot(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     fprintf(stderr, "hypertrain: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

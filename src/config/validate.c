@@ -468,6 +468,14 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
     check(&r, cfg->training.log_interval > 0, "training.log_interval", pos);
     check(&r, cfg->training.eval_interval >= 0, "training.eval_interval", "an integer >= 0 (0: never)");
     check(&r, cfg->training.eval_interval == 0 || cfg->training.eval_batches > 0, "training.eval_batches", pos);
+    check(&r, cfg->training.sample_interval >= 0, "training.sample_interval", "an integer >= 0 (0: never)");
+    check(&r, cfg->training.sample_interval == 0 || cfg->training.sample_tokens > 0, "training.sample_tokens", pos);
+    if (cfg->training.sample_interval > 0 && strcmp(cfg->data.dataset_type, "text_bytes") != 0 &&
+        !cfg->data.tokenizer[0])
+        add(&r,
+            "%s: samples are text, and data.dataset_type %s has no text without data.tokenizer (the tokenizer.json "
+            "its shards were made with); set it, or sample_interval 0",
+            at(cfg, "training.sample_interval", a, sizeof(a)), cfg->data.dataset_type);
     /* fp16 loss scaling (docs/NUMERICS.md): checked whatever the dtype, so that a later switch to
      * fp16 cannot fail late. */
     check(&r, cfg->training.loss_scale_min > 0, "training.loss_scale_min", "a number > 0");

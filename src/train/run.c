@@ -18,6 +18,7 @@
 #include "hypertrain/parallel.h"
 #include "hypertrain/optimizer.h"
 #include "train/events.h"
+#include "train/sample.h"
 
 /* This process's resident bytes at most so far. */
 static double rss_peak(void) {
@@ -453,6 +454,22 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     return HT_OK;
 }
 
+/* training.sample_interval: a sample from the whole weights (gathered on
+ * rank 0 by every rank where they are sharded) into samples.jsonl, which a
+ * fresh run starts anew and a resumed one appends to. */
+static ht_status sample(ht_trainer *t, ht_error *err) {
+    ht_param_store gathered = {0};
+    const ht_param_store *whole = &t->model->params;
+    if (t->sharded || t->tp_size > 1) {
+        ht_status s = gather_whole_model(t, &gathered, err);
+        if (s != HT_OK) return s;
+        whole = &gathered;
+    }
+    ht_status s = t->comm->rank == 0 ? ht_trainer_sample(t, whole, err) : HT_OK;
+    ht_params_free(&gathered);
+    return s;
+}
+
 /* tools.profile: where the training loop's time went, phase by phase. */
 static void log_profile(const ht_trainer *t, int64_t steps, double total) {
     const struct {
@@ -567,6 +584,12 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const bool root = t->comm->rank == 0; /* rank 0 writes the metrics, the final weights and the plot */
     ht_status s = root ? open_metrics(t, err) : HT_OK;
+    if (s == HT_OK && root && c->training.sample_interval > 0) {
+        char path[HT_CONFIG_STR_MAX + 32];
+        snprintf(path, sizeof(path), "%s/samples.jsonl", c->checkpoint.output_dir);
+        if (!(t->samples = open_own_file(path, t->step > 0 ? "a" : "w"))) /* a resumed run's go after its samples */
+            s = ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     if (s == HT_OK && root) s = open_events(t, err);
     if (s != HT_OK) return s;
     int steps = c->training.steps;
@@ -635,6 +658,8 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
             s = evaluate_and_log(t, err);
             if (s != HT_OK) return s;
         }
+        const int every = c->training.sample_interval;
+        if (every > 0 && (t->step % every == 0 || t->step == steps) && (s = sample(t, err)) != HT_OK) return s;
         const double p2 = ht_time_seconds();
         t->checkpoint_seconds += p1 - p0;
         t->eval_seconds += p2 - p1;

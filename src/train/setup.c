@@ -1089,6 +1089,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
 void ht_trainer_free(ht_trainer *t) {
     if (t->metrics) fclose(t->metrics);
     if (t->trace) fclose(t->trace);
+    if (t->samples) fclose(t->samples);
+    ht_tokenizer_free(t->sample_tokenizer);
     ht_trace_stop();
     if (t->events) { /* a run that failed: what it wrote stays, its error was the run's */
         ht_error ignored;
