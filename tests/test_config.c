@@ -311,9 +311,12 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "  dump_state: true\n"
                           "  tensorboard: runs/full/tb\n"
                           "  trace: [2, 4]\n"
-                          "  log_interval: 5\n"                          /* 112 */
-                          "  eval_interval: 0\n"                         /* 113 */
-                          "  eval_batches: 3\n"                          /* 114 */
+                          "  log_interval: 5\n"  /* 112 */
+                          "  eval_interval: 0\n" /* 113 */
+                          "  eval_batches: 3\n"  /* 114 */
+                          "  sample_interval: 50\n"
+                          "  sample_prompt: \"Once upon\"\n"
+                          "  sample_tokens: 32\n"
                           "  plugin: [libmine.so, /opt/x/libother.so]\n" /* 115 */
                           "  loss_scale_initial: 4096\n"                 /* 116 */
                           "  loss_scale_growth_interval: 200\n"          /* 117 */
@@ -460,6 +463,9 @@ static void check_full(const ht_config *cfg) {
     assert_int_equal(cfg->training.log_interval, 5);
     assert_int_equal(cfg->training.eval_interval, 0);
     assert_int_equal(cfg->training.eval_batches, 3);
+    assert_int_equal(cfg->training.sample_interval, 50);
+    assert_string_equal(cfg->training.sample_prompt, "Once upon");
+    assert_int_equal(cfg->training.sample_tokens, 32);
     assert_int_equal(cfg->training.plugin.count, 2);
     assert_string_equal(cfg->training.plugin.items[0], "libmine.so");
     assert_string_equal(cfg->training.plugin.items[1], "/opt/x/libother.so");

@@ -45,7 +45,7 @@ static void usage(FILE *f) {
                "      folder, one process, through a key/value cache; greedy at temperature 0 (the default);\n"
                "      defaults: 64 new tokens, top-k 0 and top-p 1 (off), seed 0, float32. Text through the\n"
                "      folder's tokenizer.json (or the run's data.tokenizer), bytes for a byte-level model;\n"
-               "      without either, ids in and out\n");
+               "      --prompt-ids: ids in and out\n");
 }
 
 static int fail(const ht_error *err) {
@@ -424,6 +424,10 @@ static int cmd_generate(int argc, char **argv) {
     if (s != HT_OK) goto done;
     const int64_t V = m->config.vocab_size;
     g.bytes = !g.tok && (info->bytes || V == 256);
+    if (prompt_ids) { /* ids in, ids out */
+        ht_tokenizer_free(g.tok);
+        g.tok = NULL, g.bytes = false;
+    }
     if (g.tok && ht_tokenizer_vocab(g.tok) > V) {
         s = ht_fail(&err, HT_ERR_INVALID, "the tokenizer has %d tokens, more than the model's vocabulary (%lld)",
                     ht_tokenizer_vocab(g.tok), (long long)V);
