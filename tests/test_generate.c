@@ -208,7 +208,8 @@ static int run_cli(const char *dir, const char *name, const char *args, char **o
     return rc;
 }
 
-/* A byte-level model trained 6 steps with a sample every 3: samples.jsonl; then `hypertrain generate` from the
+/* A byte-level model trained 6 steps with a sample every 3: samples.jsonl, which a resume from step 3 cuts back
+ * to step 3's line before it samples step 6 again (the same file as before); then `hypertrain generate` from the
  * run's output_dir, from its checkpoint and from its export as a Hugging Face folder: one text. */
 static void test_cli_from_a_run(void **state) {
     (void)state;
@@ -220,7 +221,7 @@ static void test_cli_from_a_run(void **state) {
                    "optimizer:\n  _target_: AdamW\n"
                    "training:\n  steps: 6\n  local_batch_size: 2\n  global_batch_size: 2\n  sample_interval: 3\n"
                    "  sample_prompt: \"It was\"\n  sample_tokens: 12\n"
-                   "checkpoint:\n  output_dir: %s/out\n",
+                   "checkpoint:\n  output_dir: %s/out\n  save_interval: 3\n",
                    tiny_model_yaml((tiny_model){64, 1, 64}), dir, dir);
     char *out, *err;
     if (run_cli(dir, "train", "train run.yaml", &out, &err) != 0) fail_msg("training failed: %s", err);
@@ -231,6 +232,12 @@ static void test_cli_from_a_run(void **state) {
     char *samples = read_text(path);
     assert_non_null(strstr(samples, "{\"step\": 3, \"prompt\": \"It was\", \"text\": "));
     assert_non_null(strstr(samples, "{\"step\": 6, \"prompt\": \"It was\", \"text\": "));
+    if (run_cli(dir, "resume", "train run.yaml --set checkpoint.restore_from=out/step_00000003", &out, &err) != 0)
+        fail_msg("the resume failed: %s", err);
+    free(out), free(err);
+    char *again = read_text(path);
+    assert_string_equal(again, samples);
+    free(again);
     free(samples);
     const char *sources[] = {"out", "out/step_00000006", "hf"};
     char *texts[3];

@@ -116,7 +116,8 @@ typedef struct ht_trainer {
     struct ht_events *events;              /* training.tensorboard: rank 0's event file (train/events.h); else NULL */
     FILE *trace;                           /* training.trace: this rank's trace_rank{r}.json once a step is traced */
     FILE *samples;                         /* training.sample_interval: rank 0's output_dir/samples.jsonl */
-    ht_tokenizer *sample_tokenizer;        /* and data.tokenizer's, for their text (NULL: bytes) */
+    bool new_lineage; /* rank 0: output_dir's history is not this run's own (it starts from step 0 or another's) */
+    ht_tokenizer *sample_tokenizer; /* and data.tokenizer's, for their text (NULL: bytes) */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
     double gemm_gflops;  /* the measured GEMM rate of the compute dtype's kernel (the MFU's peak); 0: unknown */

@@ -68,13 +68,71 @@ static ht_status set_aside(const char *path, ht_error *err) {
     return HT_OK;
 }
 
+/* path (metrics.jsonl, samples.jsonl: a JSON object with "step" a line)
+ * opened for appending. step < 0: a fresh history, the file started anew.
+ * Otherwise a resumed run's: the lines up to `step` are kept (a crashed run
+ * may have written past its last checkpoint). The kept lines go to
+ * path.tmp, fsynced, then renamed over the old file: a kill at any moment
+ * leaves the whole old history or the whole kept one, never an empty or cut
+ * file. */
+static ht_status open_history(const char *path, int64_t step, FILE **out, ht_error *err) {
+    char tmp[HT_CONFIG_STR_MAX + 80];
+    char *old = NULL;
+    size_t len = 0;
+    if (step < 0 || ht_read_file(path, &old, &len, NULL) != HT_OK) {
+        *out = open_own_file(path, "w");
+        if (!*out) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        return HT_OK;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = open_own_file(tmp, "w");
+    if (!f) {
+        free(old);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
+    }
+    /* Every line is kept or dropped for a reason: past the restored step, or
+     * the last line cut by a kill mid-write. Any other line that is not JSON
+     * stops the resume rather than vanish. */
+    int number = 0;
+    for (char *line = old; line && *line;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        ht_json *obj;
+        number++;
+        if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
+            const ht_json *at = ht_json_get(obj, "step");
+            if (at && at->type == HT_JSON_NUMBER && at->number <= (double)step)
+                fprintf(f, "%.*s\n", (int)n, line);
+            ht_json_free(obj);
+        } else if (!end) {
+            ht_log_warn("%s: line %d was cut short (a kill while it was written): dropped", path, number);
+        } else if (n > 0) {
+            fclose(f);
+            remove(tmp);
+            free(old);
+            return ht_fail(err, HT_ERR_FORMAT,
+                           "%s: line %d is not a JSON object: fix or move the file before resuming (it is never "
+                           "rewritten without its lines)",
+                           path, number);
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(old);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return ht_fail(err, HT_ERR_IO, "%s: cannot write the kept lines: %s", tmp, strerror(errno));
+    }
+    *out = open_own_file(path, "a");
+    if (!*out) return ht_fail(err, HT_ERR_IO, "%s: cannot open for appending", path);
+    return HT_OK;
+}
+
 /* A fresh run starts metrics.jsonl anew; a resumed one keeps the lines up to
- * the restored step (a crashed run may have written past its last checkpoint)
- * and appends. The kept lines go to metrics.jsonl.tmp, fsynced, then renamed
- * over the old file: a kill at any moment leaves the whole old history or the
- * whole kept one, never an empty or cut file. */
+ * the restored step and appends (open_history). */
 static ht_status open_metrics(ht_trainer *t, ht_error *err) {
-    char path[HT_CONFIG_STR_MAX + 32], tmp[HT_CONFIG_STR_MAX + 40];
+    char path[HT_CONFIG_STR_MAX + 32];
     ht_status s = ht_make_dirs(t->config.checkpoint.output_dir, err);
     if (s != HT_OK) return s;
     snprintf(path, sizeof(path), "%s/metrics.jsonl", t->config.checkpoint.output_dir);
@@ -109,56 +167,8 @@ static ht_status open_metrics(ht_trainer *t, ht_error *err) {
         ht_log_warn("checkpoint.overwrite: this run replaces the one in %s (%s)", t->config.checkpoint.output_dir,
                     what);
     }
-    char *old = NULL;
-    size_t len = 0;
-    if (new_lineage || ht_read_file(path, &old, &len, NULL) != HT_OK) {
-        t->metrics = open_own_file(path, "w");
-        if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
-        return HT_OK;
-    }
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = open_own_file(tmp, "w");
-    if (!f) {
-        free(old);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
-    }
-    /* Every line is kept or dropped for a reason: past the restored step, or
-     * the last line cut by a kill mid-write. Any other line that is not JSON
-     * stops the resume rather than vanish. */
-    int number = 0;
-    for (char *line = old; line && *line;) {
-        char *end = strchr(line, '\n');
-        size_t n = end ? (size_t)(end - line) : strlen(line);
-        ht_json *obj;
-        number++;
-        if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
-            const ht_json *step = ht_json_get(obj, "step");
-            if (step && step->type == HT_JSON_NUMBER && step->number <= (double)t->step)
-                fprintf(f, "%.*s\n", (int)n, line);
-            ht_json_free(obj);
-        } else if (!end) {
-            ht_log_warn("%s: line %d was cut short (a kill while it was written): dropped", path, number);
-        } else if (n > 0) {
-            fclose(f);
-            remove(tmp);
-            free(old);
-            return ht_fail(err, HT_ERR_FORMAT,
-                           "%s: line %d is not a JSON object: fix or move the file before resuming (it is never "
-                           "rewritten without its lines)",
-                           path, number);
-        }
-        line = end ? end + 1 : NULL;
-    }
-    free(old);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return ht_fail(err, HT_ERR_IO, "%s: cannot write the kept metrics: %s", tmp, strerror(errno));
-    }
-    t->metrics = open_own_file(path, "a");
-    if (!t->metrics) return ht_fail(err, HT_ERR_IO, "%s: cannot open for appending", path);
-    return HT_OK;
+    t->new_lineage = new_lineage;
+    return open_history(path, new_lineage ? -1 : t->step, &t->metrics, err);
 }
 
 /* ", \"key\": value" in `fmt`; JSON has no NaN or Inf, so a non-finite value
@@ -587,8 +597,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (s == HT_OK && root && c->training.sample_interval > 0) {
         char path[HT_CONFIG_STR_MAX + 32];
         snprintf(path, sizeof(path), "%s/samples.jsonl", c->checkpoint.output_dir);
-        if (!(t->samples = open_own_file(path, t->step > 0 ? "a" : "w"))) /* a resumed run's go after its samples */
-            s = ht_fail(err, HT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        s = open_history(path, t->new_lineage ? -1 : t->step, &t->samples, err); /* as metrics.jsonl */
     }
     if (s == HT_OK && root) s = open_events(t, err);
     if (s != HT_OK) return s;

@@ -34,7 +34,7 @@ static bool holds_own_checkpoint(const char *dir) {
 /* Before the lock file is made: output_dir is a directory a run may own.
  * Never the root. An existing directory that no run of this engine has used
  * (no hypertrain.lock, no checkpoint of its own) is the user's: the names a
- * run replaces there (latest, loss.svg, final/, metrics.jsonl) are someone
+ * run replaces there (latest, loss.svg, final/, metrics.jsonl, samples.jsonl) are someone
  * else's files, refused unless checkpoint.overwrite. */
 static ht_status check_owner(const char *output_dir, bool overwrite, ht_error *err) {
     char real[PATH_MAX], path[HT_CONFIG_STR_MAX + 32];
@@ -47,14 +47,13 @@ static ht_status check_owner(const char *output_dir, bool overwrite, ht_error *e
     struct stat sb;
     snprintf(path, sizeof(path), "%s/" LOCK_NAME, output_dir);
     if (stat(output_dir, &sb) != 0 || lstat(path, &sb) == 0 || holds_own_checkpoint(output_dir)) return HT_OK;
-    static const char *const replaced[] = {"latest", "loss.svg", "final", "metrics.jsonl"};
+    static const char *const replaced[] = {"latest", "loss.svg", "final", "metrics.jsonl", "samples.jsonl"};
     char found[128] = "";
     for (size_t i = 0; i < sizeof(replaced) / sizeof(replaced[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", output_dir, replaced[i]);
         if (lstat(path, &sb) != 0) continue;
-        /* a link where the run writes metrics.jsonl or final/ is check_entries' to name */
-        if (S_ISLNK(sb.st_mode) && (strcmp(replaced[i], "final") == 0 || strcmp(replaced[i], "metrics.jsonl") == 0))
-            continue;
+        /* a link where the run writes final/ or a .jsonl is check_entries' to name */
+        if (S_ISLNK(sb.st_mode) && (strcmp(replaced[i], "final") == 0 || strstr(replaced[i], ".jsonl"))) continue;
         size_t at = strlen(found);
         snprintf(found + at, sizeof(found) - at, "%s%s", at ? ", " : "", replaced[i]);
     }
@@ -185,7 +184,8 @@ static ht_status check_entries(const ht_config *cfg, int64_t first, int ranks, h
     struct stat sb;
     /* Files the run writes in place or through a temporary beside them:
      * written through a symlink, they would land outside the directory. */
-    static const char *const files[] = {"metrics.jsonl", "metrics.jsonl.tmp", "loss.svg.tmp"};
+    static const char *const files[] = {"metrics.jsonl", "metrics.jsonl.tmp", "samples.jsonl", "samples.jsonl.tmp",
+                                        "loss.svg.tmp"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
         if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
