@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof(name), "model.layers.%d.mlp.up_proj.weight", i);
         ht_params_add(&ps, name, 2, shape, HT_DTYPE_BF16);
     }
-    if (ht_params_allocate(&ps, &err) != HT_OK || ht_params_create_main(&ps, &err) != HT_OK) {
+    if (ht_params_allocate(&ps, &err) != HT_OK || ht_params_create_main(&ps, HT_MAIN_COPY, &err) != HT_OK) {
         fprintf(stderr, "bench_adamw: %s\n", err.msg);
         return 1;
     }

@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
     size_t total = (size_t)count * (size_t)(rows * n);
     uint16_t *data = store.data_block;
     for (size_t i = 0; i < total; i++) data[i] = ht_f32_to_bf16(0.02f * ht_rng_normal(&rng));
-    if (ht_params_create_main(&store, &err) != HT_OK) die(err.msg);
+    if (ht_params_create_main(&store, HT_MAIN_COPY, &err) != HT_OK) die(err.msg);
     for (size_t i = 0; i < total; i++) store.grad_block[i] = ht_rng_normal(&rng);
 
     ht_muon_config cfg;

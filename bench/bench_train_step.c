@@ -179,7 +179,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (ht_params_convert(&m->params, dtype, &err) != HT_OK || ht_model_set_compute(m, dtype, &err) != HT_OK ||
-        ht_params_create_main(&m->params, &err) != HT_OK) {
+        ht_params_create_main(&m->params, HT_MAIN_COPY, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }

@@ -951,7 +951,7 @@ static void shard_init(shard *sh, const ht_param_store *full, int r, int w) {
         ht_param_set_rows(q, p->shape[0] * r / w, p->shape[0] * (r + 1) / w);
     }
     assert_ht_ok(ht_params_allocate(&sh->ps, &err), &err);
-    assert_ht_ok(ht_params_create_main(&sh->ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(&sh->ps, HT_MAIN_COPY, &err), &err);
     size_t floats = 0;
     for (int i = 0; i < sh->ps.count; i++) floats += 2 * (size_t)ht_param_local_numel(&sh->ps.items[i]);
     sh->state = ht_alloc(floats * sizeof(float) + 64);

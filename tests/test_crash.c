@@ -33,7 +33,7 @@ static void world_init(world *w) {
     ht_params_add(&w->ps, "model.layers.0.mlp.up_proj.weight", 2, ws, HT_DTYPE_BF16);
     ht_params_add(&w->ps, "model.norm.weight", 1, bs, HT_DTYPE_F32);
     assert_ht_ok(ht_params_allocate(&w->ps, &err), &err);
-    assert_ht_ok(ht_params_create_main(&w->ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(&w->ps, HT_MAIN_COPY, &err), &err);
     size_t n0 = (size_t)ht_param_local_numel(&w->ps.items[0]), n1 = (size_t)ht_param_local_numel(&w->ps.items[1]);
     w->state = ht_alloc(2 * (n0 + n1) * sizeof(float));
     w->slots[0] = (ht_adamw_slot){.param = &w->ps.items[0], .exp_avg = w->state, .exp_avg_sq = w->state + n0};

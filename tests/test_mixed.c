@@ -387,7 +387,7 @@ static void check_qk_clip_without_main_params(int kv_heads) {
                 d[k] = ht_f32_to_bf16(ht_rng_normal(&rng));
         }
     }
-    assert_ht_ok(ht_params_create_main(&with, &err), &err);
+    assert_ht_ok(ht_params_create_main(&with, HT_MAIN_COPY, &err), &err);
     assert_int_equal(without.main_bytes, 0);
     uint16_t before[H * D * C];
     memcpy(before, ht_params_find(&without, "q.weight")->data, sizeof(before));

@@ -54,7 +54,7 @@ static void make_params(const ht_safetensors *st, ht_dtype dtype, ht_param_store
         const ht_st_tensor *t = tensor(st, "init.%s", NAMES[i]);
         ht_convert(params[i]->data, dtype, t->data, t->dtype, (size_t)ht_param_numel(params[i]));
     }
-    assert_ht_ok(ht_params_create_main(store, &err), &err);
+    assert_ht_ok(ht_params_create_main(store, HT_MAIN_COPY, &err), &err);
 }
 
 static void load_grads(const ht_safetensors *st, ht_param **params, int t) {
@@ -726,7 +726,7 @@ static void test_update_scale(void **state) {
     ht_param *p = ht_params_add(&store, "experts", 3, (int64_t[]){3, 24, 40}, HT_DTYPE_F32);
     assert_ht_ok(ht_params_allocate(&store, &err), &err);
     p = ht_params_find(&store, "experts");
-    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    assert_ht_ok(ht_params_create_main(&store, HT_MAIN_COPY, &err), &err);
     ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
     ht_muon opt;
     assert_ht_ok(ht_muon_init(&opt, &cfg, &p, 1, &err), &err);
@@ -761,7 +761,7 @@ static void test_3d_equals_slices(void **state) {
         slices[e] = ht_params_find(&store, names[e]);
         memcpy(slices[e]->data, sd + e * A * B, A * B * 2);
     }
-    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    assert_ht_ok(ht_params_create_main(&store, HT_MAIN_COPY, &err), &err);
     ht_muon_config cfg = base_config(HT_NS_POLAR_EXPRESS, HT_MUON_MOMENTUM_SUM, true, 0.2);
     ht_muon a, b;
     assert_ht_ok(ht_muon_init(&a, &cfg, &stack, 1, &err), &err);
@@ -814,7 +814,7 @@ static void test_batches_equal_one_at_a_time(void **state) {
         ht_convert(params[i]->data, HT_DTYPE_BF16, w, HT_DTYPE_F32, (size_t)n);
         free(w);
     }
-    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    assert_ht_ok(ht_params_create_main(&store, HT_MAIN_COPY, &err), &err);
     /* The same params twice over: one optimizer for all, one per param. */
     ht_param_store twin = {0};
     for (int i = 0; i < P; i++) ht_params_add(&twin, names[i], params[i]->ndim, params[i]->shape, HT_DTYPE_BF16);
@@ -824,7 +824,7 @@ static void test_batches_equal_one_at_a_time(void **state) {
         alone[i] = ht_params_find(&twin, names[i]);
         memcpy(alone[i]->data, params[i]->data, (size_t)ht_param_numel(params[i]) * 2);
     }
-    assert_ht_ok(ht_params_create_main(&twin, &err), &err);
+    assert_ht_ok(ht_params_create_main(&twin, HT_MAIN_COPY, &err), &err);
     ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
     ht_muon all, one[P];
     assert_ht_ok(ht_muon_init(&all, &cfg, params, P, &err), &err);
@@ -869,7 +869,7 @@ static void test_refusals(void **state) {
     ht_params_add(&store, "conv.weight", 4, (int64_t[]){2, 3, 4, 5}, HT_DTYPE_F32);
     ht_params_add(&store, "model.layers.0.mlp.up_proj.weight", 2, (int64_t[]){16, 8}, HT_DTYPE_F32);
     assert_ht_ok(ht_params_allocate(&store, &err), &err);
-    assert_ht_ok(ht_params_create_main(&store, &err), &err);
+    assert_ht_ok(ht_params_create_main(&store, HT_MAIN_COPY, &err), &err);
     ht_muon_config cfg = base_config(HT_NS_ASYM5, HT_MUON_MOMENTUM_SUM, true, 0.2);
     expect_refused(ht_params_find(&store, "model.norm.weight"), &cfg, "1 dims");
     expect_refused(ht_params_find(&store, "conv.weight"), &cfg, "4 dims");

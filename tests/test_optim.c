@@ -82,7 +82,7 @@ static void store_from_fixture(ht_param_store *ps, const ht_safetensors *st, con
         const ht_st_tensor *t = need(st, "init.%s", names[i]);
         memcpy(ps->items[i].data, t->data, t->nbytes);
     }
-    assert_ht_ok(ht_params_create_main(ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(ps, HT_MAIN_COPY, &err), &err);
 }
 
 static void make_optimizer(ht_adamw *opt, ht_param_store *ps, const ht_safetensors *st) {
@@ -324,7 +324,7 @@ static void test_adamw_no_wd_routing(void **state) {
     int64_t shape[1] = {8};
     for (int i = 0; i < 7; i++) assert_non_null(ht_params_add(&ps, names[i], 1, shape, HT_DTYPE_F32));
     assert_ht_ok(ht_params_allocate(&ps, &err), &err);
-    assert_ht_ok(ht_params_create_main(&ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(&ps, HT_MAIN_COPY, &err), &err);
     ht_param *list[7];
     for (int i = 0; i < 7; i++) list[i] = &ps.items[i];
     ht_adamw_config cfg = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};

@@ -111,6 +111,108 @@ static void test_gram_form_in_the_trainer(void **state) {
     free(cfg);
 }
 
+/* Whether two trainers hold the same weights and FP32 main params, bit for
+ * bit (the main params read through ht_param_main_read, however held). */
+static void assert_same_state(const ht_trainer *a, const ht_trainer *b, int step) {
+    const ht_param_store *x = &a->model->params, *y = &b->model->params;
+    for (int i = 0; i < x->count; i++) {
+        const ht_param *p = &x->items[i], *q = &y->items[i];
+        const int64_t n = ht_param_local_numel(p);
+        if (memcmp(p->data, q->data, (size_t)n * ht_dtype_size(p->dtype)) != 0)
+            fail_msg("step %d: %s's weights differ", step, p->name);
+        if (!p->trainable) continue;
+        float *u = malloc((size_t)n * sizeof(float)), *v = malloc((size_t)n * sizeof(float));
+        ht_param_main_read(p, 0, n, u);
+        ht_param_main_read(q, 0, n, v);
+        if (memcmp(u, v, (size_t)n * sizeof(float)) != 0) fail_msg("step %d: %s's main params differ", step, p->name);
+        free(u);
+        free(v);
+    }
+}
+
+/* optimizer.main_param_storage residual16: a bf16 weight with the low 16
+ * bits of its FP32 main param beside it is the FP32 copy, bit for bit:
+ * every step's loss, weights and main params equal a copy's (Muon, AdamW
+ * and QK-clip updating them), in half the main params' bytes; and a
+ * checkpoint of either resumes into the other with the same steps after. */
+static void test_residual16_is_the_fp32_copy_bit_for_bit(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("train_residual16");
+    write_corpus(dir);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    tiny_config(cfg, dir);
+    ht_error err;
+    const char *sets[] = {"optimizer._target_=Muon",
+                          "model_init_dtype=bfloat16",
+                          "fsdp_config.mix_precision.param_dtype=bfloat16",
+                          "optimizer.muon_config.muon_lr=0.05",
+                          "optimizer.muon_config.qk_clip_enabled=true",
+                          "optimizer.muon_config.qk_clip_threshold=2"};
+    for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) assert_ht_ok(ht_config_set(cfg, sets[k], &err), &err);
+    char set[1200];
+    ht_trainer *t[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(set, sizeof(set), "checkpoint.output_dir=%s/run_%s", dir, r ? "residual16" : "fp32");
+        assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+        assert_ht_ok(ht_config_set(cfg,
+                                   r ? "optimizer.main_param_storage=residual16" : "optimizer.main_param_storage=fp32",
+                                   &err),
+                     &err);
+        t[r] = trainer_new(cfg);
+    }
+    const ht_param_store *a = &t[0]->model->params, *b = &t[1]->model->params;
+    size_t halves = 0;
+    for (int i = 0; i < b->count; i++) {
+        const ht_param *p = &b->items[i];
+        if (!p->trainable || p->dtype == HT_DTYPE_F32) continue;
+        assert_null(p->main_param);
+        assert_non_null(p->main_low);
+        halves += ht_align64((size_t)ht_param_local_numel(p) * sizeof(uint16_t));
+    }
+    printf("  main params: %zu bytes as FP32 copies, %zu as residual16\n", a->main_bytes, b->main_bytes);
+    assert_true(halves > 0 && b->main_bytes == halves && a->main_bytes >= 2 * halves - 64 * (size_t)b->count);
+    int64_t ties = 0;
+    for (int step = 1; step <= 8; step++) {
+        ht_step_stats s[2];
+        for (int r = 0; r < 2; r++) assert_ht_ok(ht_trainer_step(t[r], &s[r], &err), &err);
+        if (memcmp(&s[0].loss, &s[1].loss, sizeof(double)) != 0)
+            fail_msg("step %d: loss %.17g with FP32 copies, %.17g with residual16", step, s[0].loss, s[1].loss);
+        assert_same_state(t[0], t[1], step);
+        for (int i = 0; i < b->count; i++) ties += b->items[i].main_tie_count;
+    }
+    printf("  8 steps: losses, weights and main params equal; %lld ties listed along the way\n", (long long)ties);
+    /* Each checkpoint resumes into the other storage. */
+    for (int r = 0; r < 2; r++) assert_ht_ok(ht_trainer_save_checkpoint(t[r], &err), &err);
+    ht_trainer *u[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(set, sizeof(set), "checkpoint.output_dir=%s/resumed_%d", dir, r);
+        assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+        snprintf(set, sizeof(set), "checkpoint.restore_from=%s/run_%s/step_00000008", dir, r ? "residual16" : "fp32");
+        assert_ht_ok(ht_config_set(cfg, set, &err), &err);
+        assert_ht_ok(ht_config_set(cfg,
+                                   r ? "optimizer.main_param_storage=fp32" : "optimizer.main_param_storage=residual16",
+                                   &err),
+                     &err);
+        u[r] = trainer_new(cfg);
+        assert_same_state(t[r], u[r], 8);
+    }
+    for (int step = 9; step <= 10; step++) {
+        ht_step_stats s[4];
+        for (int r = 0; r < 2; r++) {
+            assert_ht_ok(ht_trainer_step(t[r], &s[r], &err), &err);
+            assert_ht_ok(ht_trainer_step(u[r], &s[2 + r], &err), &err);
+            if (memcmp(&s[r].loss, &s[2 + r].loss, sizeof(double)) != 0)
+                fail_msg("step %d: the resumed loss differs", step);
+            assert_same_state(t[r], u[r], step);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        trainer_delete(t[r]);
+        trainer_delete(u[r]);
+    }
+    free(cfg);
+}
+
 /* MFU with Newton-Schulz: Muon's iterations are GEMM work the model's FLOPs
  * leave out. The tiny model's Muon matrices per layer (q and o 32 x 32, k
  * and v 16 x 32, gate, up and down 64 x 32 or 32 x 64) at 5 iterations of
@@ -1834,6 +1936,7 @@ int main(void) {
         cmocka_unit_test(test_memory_refused_before_allocating),
         cmocka_unit_test(test_memory_plan_is_what_is_allocated),
         cmocka_unit_test(test_gram_form_in_the_trainer),
+        cmocka_unit_test(test_residual16_is_the_fp32_copy_bit_for_bit),
         cmocka_unit_test(test_mfu_with_newton_schulz),
         cmocka_unit_test(test_seed_configs_train),
         cmocka_unit_test(test_shipped_configs_run_as_written),

@@ -73,6 +73,9 @@ typedef struct ht_st_entry {
     /* The store whose memory src is (ht_st_writer_add_from): read through
      * its downloads in bounded blocks; NULL, host memory. */
     const struct ht_param_store *memory;
+    /* ht_st_writer_add_main: this param's FP32 main params, rebuilt block by
+     * block as they are written (ht_param_main_read); src unused. */
+    const struct ht_param *main_of;
 } ht_st_entry;
 
 typedef struct ht_st_writer {
@@ -92,6 +95,11 @@ ht_status ht_st_writer_add(ht_st_writer *w, const char *name, ht_dtype dtype, in
 ht_status ht_st_writer_add_from(ht_st_writer *w, const char *name, ht_dtype dtype, int ndim, const int64_t *shape,
                                 const void *src, ht_dtype src_dtype, const struct ht_param_store *memory,
                                 ht_error *err);
+/* ht_st_writer_add of p's FP32 main params (shape: its local box), read
+ * through ht_param_main_read as they are written: a residual16 param's are
+ * rebuilt a block at a time, never whole in memory. */
+ht_status ht_st_writer_add_main(ht_st_writer *w, const char *name, int ndim, const int64_t *shape,
+                                const struct ht_param *p, ht_error *err);
 ht_status ht_st_writer_add_metadata(ht_st_writer *w, const char *key, const char *value, ht_error *err);
 /* Writes path atomically: path.tmp.<pid> is written, fsynced, renamed over
  * path, and the directory fsynced. The header is padded with spaces to a

@@ -65,6 +65,8 @@ typedef enum ht_config_loss_type { HT_CONFIG_LOSS_RAW = 0 } ht_config_loss_type;
 typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MOMENTUM_EMA } ht_config_momentum_style;
 
 /* muon_ns_form: how the Newton-Schulz iteration is computed (docs/NUMERICS.md). */
+/* optimizer.main_param_storage: how a bfloat16 weight's FP32 main param is held (docs/NUMERICS.md). */
+typedef enum ht_config_main_storage { HT_CONFIG_MAIN_FP32 = 0, HT_CONFIG_MAIN_RESIDUAL16 } ht_config_main_storage;
 typedef enum ht_config_ns_form { HT_CONFIG_NS_STANDARD = 0, HT_CONFIG_NS_GRAM, HT_CONFIG_NS_TORCH } ht_config_ns_form;
 
 typedef enum ht_config_muon_comm {
@@ -168,6 +170,7 @@ typedef struct ht_config {
     struct {
         ht_config_optimizer type; /* _target_ (HyperParallel) or type (MindFormers) */
         bool fp32_main_params;
+        ht_config_main_storage main_param_storage;
         struct {
             double lr, weight_decay, momentum;
             bool nesterov;

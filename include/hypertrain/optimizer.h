@@ -35,6 +35,10 @@ typedef struct ht_optimizer_config {
     /* false: bf16/f16 params get no FP32 copy (main_param NULL, main_bytes 0);
      * the leaves update the model's own values, each step from them. */
     bool fp32_main_params;
+    /* with fp32_main_params: a bfloat16 param's main param held as the low
+     * 16 bits beside its weight (HT_MAIN_RESIDUAL16), bit for bit the copy's
+     * values at half its bytes */
+    bool residual16;
     ht_adamw_config adamw;
     const char *const *no_weight_decay; /* patterns (ht_name_match): AdamW weight decay 0 */
     int no_weight_decay_count;
@@ -67,8 +71,10 @@ typedef struct ht_optimizer {
     bool fp32_main_params;
     double max_norm;
     /* Megatron's three groups, named for what they hold. */
-    ht_param **float16_groups;        /* bf16/fp16 model params */
-    float **fp32_from_float16_groups; /* their FP32 main params, in the same order (NULL without fp32_main_params) */
+    ht_param **float16_groups; /* bf16/fp16 model params */
+    /* their FP32 main params, in the same order (NULL without fp32_main_params, or held as residual16:
+     * ht_param_main_read) */
+    float **fp32_from_float16_groups;
     int float16_count;
     ht_param **fp32_from_fp32_groups; /* float32 params: their own main params */
     int fp32_count;

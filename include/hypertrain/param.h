@@ -58,6 +58,15 @@ typedef struct ht_param {
      * a bf16/f16 param of a run without FP32 copies (optimizer.fp32_main_params
      * false): the optimizer then updates `data` itself. */
     float *main_param;
+    /* residual16 (optimizer.main_param_storage; a bfloat16 param, main_param
+     * NULL): the FP32 main param kept as its low 16 bits beside `data`, which
+     * is its high half rounded to nearest even. The high half is data's, one
+     * less where data was rounded up: where the low bits are above 0x8000, or
+     * exactly 0x8000 (a tie) at an element listed in main_ties. Read and
+     * write it through ht_param_main_read / ht_param_main_write. */
+    uint16_t *main_low;
+    int64_t *main_ties; /* sorted local element indices, main_tie_count of them */
+    int64_t main_tie_count, main_tie_capacity;
     /* What forward and backward read: the whole weights in the compute dtype
      * (fsdp_config.mix_precision.param_dtype). Unsharded: `data` when the
      * dtypes agree, otherwise a cast copy refreshed after every update.
@@ -87,7 +96,7 @@ typedef struct ht_param_store {
     int capacity;
     void *data_block;    /* one allocation carved into every param's data */
     float *grad_block;   /* one allocation carved into every main_grad */
-    float *main_block;   /* one allocation for the FP32 masters of non-F32 params (NULL if none) */
+    void *main_block;    /* one allocation for the FP32 masters of non-F32 params, or their low halves (NULL if none) */
     void *compute_block; /* the compute copies of params whose dtype differs from the compute dtype */
     size_t data_bytes, grad_bytes, main_bytes, compute_bytes;
     int shard_rank, shard_world; /* the rows this store holds: ht_param_rows_of(rank, world); world 0 or 1: all */
@@ -123,8 +132,15 @@ ht_status ht_params_allocate(ht_param_store *store, ht_error *err);
 typedef struct ht_params_bytes {
     size_t data, grad, main, compute;
 } ht_params_bytes;
-ht_params_bytes ht_params_plan(const ht_param_store *store, bool fp32_main_params, ht_dtype compute,
-                               ht_dtype precision);
+
+/* How a bf16/f16 param's FP32 main param is held. */
+typedef enum ht_main_storage {
+    HT_MAIN_NONE = 0,   /* none (optimizer.fp32_main_params false): updates go through the model's own values */
+    HT_MAIN_COPY,       /* an FP32 copy beside the weight: 4 more bytes a value */
+    HT_MAIN_RESIDUAL16, /* bfloat16 params: the FP32 value's low 16 bits (main_low): 2 more bytes a value */
+} ht_main_storage;
+
+ht_params_bytes ht_params_plan(const ht_param_store *store, ht_main_storage main, ht_dtype compute, ht_dtype precision);
 /* Tensor parallelism, before storage: p's model tensor becomes slice `rank`
  * of `size` of dim `dim` of the global tensor (ht_param_rows_of's balanced
  * split of that dim), and its shard the whole slice. */
@@ -152,9 +168,29 @@ static inline bool ht_param_is_sharded(const ht_param *p) { return p->sharded; }
  * layout do not change. On a store declared but not allocated it sets the
  * dtypes storage will have: nothing is converted, nothing rounded twice. */
 ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err);
-/* Gives every non-F32 trainable param an FP32 main_param (a copy of data);
- * an F32 param's main_param is its data pointer: no extra bytes. */
-ht_status ht_params_create_main(ht_param_store *store, ht_error *err);
+/* Gives every non-F32 trainable param an FP32 main param equal to its data:
+ * a copy (main_param), or with HT_MAIN_RESIDUAL16 a bf16 param's low halves
+ * (main_low, zero; host memory only, and every trainable non-F32 param must
+ * be bf16). An F32 param's main_param is its data pointer: no extra bytes.
+ * HT_MAIN_NONE is ht_params_drop_main. */
+ht_status ht_params_create_main(ht_param_store *store, ht_main_storage storage, ht_error *err);
+/* Whether p has an FP32 main param apart from its data (a copy or residual16). */
+static inline bool ht_param_has_main(const ht_param *p) {
+    return p->main_low || (p->main_param && (void *)p->main_param != p->data);
+}
+/* p's FP32 main params [first, first + n) (local elements) into x (host
+ * memory): the copy's, residual16's rebuilt bit for bit, or without either
+ * data widened. */
+void ht_param_main_read(const ht_param *p, int64_t first, int64_t n, float *x);
+/* Sets p's FP32 main params [first, first + n) to x, and its data there to
+ * x rounded to nearest even (a float32 param's data to x). Host memory. */
+void ht_param_main_write(ht_param *p, int64_t first, int64_t n, const float *x);
+/* fn over p's FP32 main params [first, first + n), a block of them at a time
+ * in host scratch: read (ht_param_main_read), fn(x, at, len, ctx) with x
+ * holding elements [at, at + len), written back (ht_param_main_write). For
+ * the passes that update residual16 main params (host memory). */
+typedef void ht_main_fn(float *x, int64_t at, int64_t len, void *ctx);
+void ht_param_main_pass(ht_param *p, int64_t first, int64_t n, ht_main_fn *fn, void *ctx);
 /* Makes forward and backward read every float param stored in `dtype` with
  * values of `precision` (its own precision or a coarser one: FP32 storage of
  * bf16 values runs bf16 numerics on FP32 GEMM kernels). Params already in that
@@ -170,6 +206,8 @@ void ht_params_drop_main(ht_param_store *store);
 /* Copies every model param into its FP32 main_param (Megatron's reload_model_params:
  * used when a checkpoint holds no main params). */
 void ht_params_reload_main(ht_param_store *store);
+/* The same for one param of the store. */
+void ht_param_reload_main(const ht_param_store *store, ht_param *p);
 /* Writes every main_param back into data, rounding to the model dtype. */
 void ht_params_cast_main_to_model(ht_param_store *store);
 void ht_params_zero_grad(ht_param_store *store);

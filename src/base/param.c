@@ -194,8 +194,10 @@ static size_t data_size(const ht_param *p) {
 static size_t grad_size(const ht_param *p) {
     return p->trainable ? ht_align64((size_t)ht_param_local_numel(p) * sizeof(float)) : 0;
 }
-static size_t main_size(const ht_param *p) {
-    return p->trainable && p->dtype != HT_DTYPE_F32 ? ht_align64((size_t)ht_param_local_numel(p) * sizeof(float)) : 0;
+static size_t main_size(const ht_param *p, ht_main_storage storage) {
+    if (!p->trainable || p->dtype == HT_DTYPE_F32 || storage == HT_MAIN_NONE) return 0;
+    size_t per = storage == HT_MAIN_RESIDUAL16 ? sizeof(uint16_t) : sizeof(float);
+    return ht_align64((size_t)ht_param_local_numel(p) * per);
 }
 /* Whether a param of this dtype can be read in place as (dtype, precision). */
 static bool reads_in_place(ht_dtype have, ht_dtype dtype, ht_dtype precision) {
@@ -211,14 +213,14 @@ static size_t compute_size(const ht_param *p, ht_dtype dtype, ht_dtype precision
                                                    : 0;
 }
 
-ht_params_bytes ht_params_plan(const ht_param_store *store, bool fp32_main_params, ht_dtype compute,
+ht_params_bytes ht_params_plan(const ht_param_store *store, ht_main_storage main, ht_dtype compute,
                                ht_dtype precision) {
     ht_params_bytes b = {0};
     for (int i = 0; i < store->count; i++) {
         const ht_param *p = &store->items[i];
         b.data += data_size(p);
         b.grad += grad_size(p);
-        b.main += fp32_main_params ? main_size(p) : 0;
+        b.main += main_size(p, main);
         b.compute += compute_size(p, compute, precision);
     }
     return b;
@@ -265,6 +267,12 @@ ht_status ht_params_convert(ht_param_store *store, ht_dtype dtype, ht_error *err
         }
         return HT_OK;
     }
+    for (int i = 0; i < store->count; i++)
+        if (store->items[i].main_low)
+            return ht_fail(err, HT_ERR_INVALID,
+                           "cannot convert parameters to %s: %s holds its FP32 main param as residual16 low bits of "
+                           "its bfloat16 weight (convert before the main params exist)",
+                           ht_dtype_name(dtype), store->items[i].name);
     size_t bytes = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
@@ -342,22 +350,51 @@ void ht_params_refresh_compute(ht_param_store *store) {
     }
 }
 
-void ht_params_reload_main(ht_param_store *store) {
-    for (int i = 0; i < store->count; i++) {
-        ht_param *p = &store->items[i];
-        if (p->main_param && p->main_param != p->data)
-            mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+void ht_param_reload_main(const ht_param_store *store, ht_param *p) {
+    if (p->main_low) { /* the weight's own value: no low bits, no ties */
+        memset(p->main_low, 0, (size_t)ht_param_local_numel(p) * sizeof(uint16_t));
+        p->main_tie_count = 0;
+    } else if (p->main_param && (void *)p->main_param != p->data) {
+        mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
     }
 }
 
-ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
+void ht_params_reload_main(ht_param_store *store) {
+    for (int i = 0; i < store->count; i++) ht_param_reload_main(store, &store->items[i]);
+}
+
+static void drop_ties(ht_param *p) {
+    free(p->main_ties);
+    p->main_ties = NULL;
+    p->main_tie_count = p->main_tie_capacity = 0;
+}
+
+ht_status ht_params_create_main(ht_param_store *store, ht_main_storage storage, ht_error *err) {
+    if (storage == HT_MAIN_NONE) {
+        ht_params_drop_main(store);
+        return HT_OK;
+    }
+    const bool residual = storage == HT_MAIN_RESIDUAL16;
+    for (int i = 0; residual && i < store->count; i++) {
+        const ht_param *p = &store->items[i];
+        if (!ht_params_host_memory(store))
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.main_param_storage: residual16 keeps the main params in host memory; this "
+                           "run's parameters are a device's (kernels.backend): use main_param_storage: fp32");
+        if (p->trainable && p->dtype != HT_DTYPE_F32 && p->dtype != HT_DTYPE_BF16)
+            return ht_fail(err, HT_ERR_CONFIG,
+                           "optimizer.main_param_storage: residual16 holds the low 16 bits of bfloat16 weights, and "
+                           "%s is %s (a float16 value is not the high half of its FP32 value): use "
+                           "main_param_storage: fp32",
+                           p->name, ht_dtype_name(p->dtype));
+    }
+    ht_params_drop_main(store);
     size_t bytes = 0;
-    for (int i = 0; i < store->count; i++) bytes += main_size(&store->items[i]);
-    mem_free(store, store->main_block);
-    store->main_block = NULL;
-    store->main_bytes = 0;
+    for (int i = 0; i < store->count; i++) bytes += main_size(&store->items[i], storage);
     char *block = bytes ? mem_alloc(store, bytes) : NULL;
-    if (bytes && !block) return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of FP32 main params", bytes);
+    if (bytes && !block)
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %zu bytes of FP32 main params%s", bytes,
+                       residual ? " (their residual16 low halves)" : "");
     size_t off = 0;
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
@@ -366,11 +403,17 @@ ht_status ht_params_create_main(ht_param_store *store, ht_error *err) {
             p->main_param = p->data;
             continue;
         }
-        p->main_param = (float *)(block + off);
-        off += main_size(p);
-        mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+        size_t n = (size_t)ht_param_local_numel(p);
+        if (residual) { /* the weight's own value: all low bits zero */
+            p->main_low = (uint16_t *)(block + off);
+            memset(p->main_low, 0, n * sizeof(uint16_t));
+        } else {
+            p->main_param = (float *)(block + off);
+            mem_convert(store, p->main_param, HT_DTYPE_F32, p->data, p->dtype, n);
+        }
+        off += main_size(p, storage);
     }
-    store->main_block = (float *)block;
+    store->main_block = block;
     store->main_bytes = bytes;
     return HT_OK;
 }
@@ -382,7 +425,103 @@ void ht_params_drop_main(ht_param_store *store) {
     for (int i = 0; i < store->count; i++) {
         ht_param *p = &store->items[i];
         p->main_param = p->dtype == HT_DTYPE_F32 ? p->data : NULL;
+        p->main_low = NULL;
+        drop_ties(p);
     }
+}
+
+/* ------------------------------------------------------------------ residual16 */
+
+/* A tie rounded up: low half exactly 0x8000 under an odd high half, which
+ * rounding to nearest even carried into the weight. */
+static inline bool tie_rounded_up(uint32_t bits) { return (bits & 0x1ffffu) == 0x18000u; }
+
+/* The first listed tie at or after element i. */
+static int64_t first_tie(const ht_param *p, int64_t i) {
+    int64_t lo = 0, hi = p->main_tie_count;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (p->main_ties[mid] < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void ht_param_main_read(const ht_param *p, int64_t first, int64_t n, float *x) {
+    if (p->main_low) {
+        const uint16_t *w = (const uint16_t *)p->data + first, *low = p->main_low + first;
+        uint32_t *bits = (uint32_t *)x;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+        for (int64_t i = 0; i < n; i++)
+            bits[i] = (uint32_t)(w[i] - (low[i] > 0x8000u)) << 16 | low[i]; /* a tie: data's own high half */
+        for (int64_t t = first_tie(p, first); t < p->main_tie_count && p->main_ties[t] < first + n; t++) {
+            int64_t i = p->main_ties[t] - first;
+            bits[i] = (uint32_t)(w[i] - 1u) << 16 | 0x8000u;
+        }
+    } else if (p->main_param) {
+        memcpy(x, p->main_param + first, (size_t)n * sizeof(float));
+    } else {
+        ht_convert(x, HT_DTYPE_F32, (const char *)p->data + (size_t)first * ht_dtype_size(p->dtype), p->dtype,
+                   (size_t)n);
+    }
+}
+
+/* The block of a main-param pass: 1 MiB, large enough for the kernels'
+ * threads, small enough to stay in cache between the read and the write. */
+#define MAIN_PASS_BLOCK ((int64_t)1 << 18)
+
+void ht_param_main_pass(ht_param *p, int64_t first, int64_t n, ht_main_fn *fn, void *ctx) {
+    if (n <= 0) return;
+    int64_t block = n < MAIN_PASS_BLOCK ? n : MAIN_PASS_BLOCK;
+    float *x = ht_alloc((size_t)block * sizeof(float));
+    if (!x) {
+        ht_log(HT_LOG_ERROR, "out of memory for a %lld-value block of %s's main params", (long long)block, p->name);
+        abort();
+    }
+    for (int64_t at = first; at < first + n; at += block) {
+        int64_t len = first + n - at < block ? first + n - at : block;
+        ht_param_main_read(p, at, len, x);
+        fn(x, at, len, ctx);
+        ht_param_main_write(p, at, len, x);
+    }
+    ht_free(x);
+}
+
+void ht_param_main_write(ht_param *p, int64_t first, int64_t n, const float *x) {
+    if (!p->main_low) {
+        if (p->main_param && (void *)p->main_param != p->data)
+            memcpy(p->main_param + first, x, (size_t)n * sizeof(float));
+        ht_convert((char *)p->data + (size_t)first * ht_dtype_size(p->dtype), p->dtype, x, HT_DTYPE_F32, (size_t)n);
+        return;
+    }
+    uint16_t *w = (uint16_t *)p->data + first, *low = p->main_low + first;
+    const uint32_t *bits = (const uint32_t *)x;
+    int64_t ties = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ties) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = ht_f32_to_bf16(x[i]);
+        low[i] = (uint16_t)bits[i];
+        ties += tie_rounded_up(bits[i]);
+    }
+    /* The list's entries in [first, first + n) give way to these elements' own. */
+    int64_t a = first_tie(p, first), e = first_tie(p, first + n);
+    int64_t count = p->main_tie_count - (e - a) + ties;
+    if (count > p->main_tie_capacity) {
+        int64_t cap = count > 2 * p->main_tie_capacity ? count : 2 * p->main_tie_capacity;
+        int64_t *grown = realloc(p->main_ties, (size_t)cap * sizeof(int64_t));
+        if (!grown) {
+            ht_log(HT_LOG_ERROR, "out of memory listing %lld residual16 ties of %s", (long long)count, p->name);
+            abort();
+        }
+        p->main_ties = grown;
+        p->main_tie_capacity = cap;
+    }
+    memmove(p->main_ties + a + ties, p->main_ties + e, (size_t)(p->main_tie_count - e) * sizeof(int64_t));
+    for (int64_t i = 0, k = a; k < a + ties; i++)
+        if (tie_rounded_up(bits[i])) p->main_ties[k++] = first + i;
+    p->main_tie_count = count;
 }
 
 void ht_params_cast_main_to_model(ht_param_store *store) {
@@ -494,6 +633,7 @@ ht_status ht_params_shard(ht_param_store *store, int rank, int world, ht_error *
 }
 
 void ht_params_free(ht_param_store *store) {
+    for (int i = 0; i < store->count; i++) drop_ties(&store->items[i]);
     mem_free(store, store->data_block);
     mem_free(store, store->grad_block);
     mem_free(store, store->main_block);

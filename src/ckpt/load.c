@@ -84,8 +84,35 @@ static ht_status check_key(const ht_checkpoint *ck, const ck_key *k, const ht_pa
     return HT_OK;
 }
 
-static bool has_separate_main(const ht_param *p) {
-    return p->trainable && p->main_param && (void *)p->main_param != p->data;
+static bool has_separate_main(const ht_param *p) { return p->trainable && ht_param_has_main(p); }
+
+/* A residual16 param's main params from the checkpoint's FP32 key, a block
+ * of rows at a time (never whole in memory); its weights become them
+ * rounded to nearest, which they are unless the run that saved them rounded
+ * stochastically: `moved` counts the weights that changed. */
+static ht_status read_residual_main(const ht_checkpoint *ck, ht_param *p, const char *name, int64_t *moved,
+                                    ht_error *err) {
+    const int64_t row = ht_param_row_numel(p), rows = p->box.length[0];
+    if (row == 0 || rows == 0) return HT_OK;
+    const int64_t per = row < ((int64_t)1 << 18) ? ((int64_t)1 << 18) / row : 1;
+    float *x = malloc((size_t)(per * row) * sizeof(float));
+    if (!x)
+        return ht_fail(err, HT_ERR_OOM, "%s: key %s: cannot allocate %lld rows to read it", ck->dir, name,
+                       (long long)per);
+    const uint16_t *w = p->data;
+    ht_status s = HT_OK;
+    for (int64_t r = 0; s == HT_OK && r < rows; r += per) {
+        ht_box b = p->box;
+        b.offset[0] += r;
+        b.length[0] = rows - r < per ? rows - r : per;
+        s = ht_ckpt_read_box(ck, name, &b, x, HT_DTYPE_F32, err);
+        if (s != HT_OK) break;
+        const int64_t first = r * row, n = b.length[0] * row;
+        for (int64_t i = 0; i < n; i++) *moved += ht_f32_to_bf16(x[i]) != w[first + i];
+        ht_param_main_write(p, first, n, x);
+    }
+    free(x);
+    return s;
 }
 
 /* An optimizer tensor for a slot, when the checkpoint has it: checked, then returned. */
@@ -286,11 +313,13 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
      * false) steps from the model weights just loaded, so the checkpoint's
      * stay unread. */
     int rebuilt = 0, ignored = 0;
+    int64_t moved = 0;
     for (int i = 0; i < ps->count; i++) {
         ht_param *p = &ps->items[i];
         char name[HT_CKPT_KEY_MAX];
         ht_ckpt_key_name(name, KIND_MAIN, p->name);
-        if (restore_optimizer && p->trainable && !p->main_param && ht_ckpt_find_key(ck, name)) ignored++;
+        if (restore_optimizer && p->trainable && !p->main_param && !p->main_low && ht_ckpt_find_key(ck, name))
+            ignored++;
     }
     if (ignored)
         ht_log_info("%s: %d FP32 main params (_mixed_precision_optimizer) not loaded: this run keeps none "
@@ -303,7 +332,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         ht_ckpt_key_name(name, KIND_MODEL, p->name);
         const ck_key *mk = ht_ckpt_find_key(ck, name);
         if (!mk) { /* load_strict false: kept as initialised, its main param with it */
-            ht_params_convert_into(ps, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            ht_param_reload_main(ps, p);
             continue;
         }
         if (restore_optimizer && mk->dtype != HT_DTYPE_F32) {
@@ -311,13 +340,19 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
             mk = ht_ckpt_find_key(ck, name);
         }
         if (restore_optimizer && mk && mk->dtype == HT_DTYPE_F32) {
-            ht_status s = read_box_into(ck, ps, mk->name, p->ndim, &p->box, p->main_param, HT_DTYPE_F32, err);
+            ht_status s = p->main_low
+                              ? read_residual_main(ck, p, mk->name, &moved, err)
+                              : read_box_into(ck, ps, mk->name, p->ndim, &p->box, p->main_param, HT_DTYPE_F32, err);
             if (s != HT_OK) return s;
         } else {
-            ht_params_convert_into(ps, p->main_param, HT_DTYPE_F32, p->data, p->dtype, (size_t)ht_param_local_numel(p));
+            ht_param_reload_main(ps, p);
             rebuilt++;
         }
     }
+    if (moved)
+        ht_log_warn("%s: %lld weights differ from their FP32 main params rounded to nearest (saved with "
+                    "stochastic rounding?); optimizer.main_param_storage residual16 keeps them rounded to nearest",
+                    ck->dir, (long long)moved);
     /* A run that kept no FP32 main params stepped from its model weights
      * alone: built from them, its main params lose nothing. */
     const char *saved_main = ht_ckpt_config_value(ck, "optimizer.fp32_main_params");

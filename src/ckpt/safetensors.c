@@ -479,12 +479,27 @@ static ht_status build_header(const ht_st_writer *w, const ht_st_entry *const *o
     return HT_OK;
 }
 
+ht_status ht_st_writer_add_main(ht_st_writer *w, const char *name, int ndim, const int64_t *shape, const ht_param *p,
+                                ht_error *err) {
+    ht_status s = ht_st_writer_add_from(w, name, HT_DTYPE_F32, ndim, shape, p->data, HT_DTYPE_F32, NULL, err);
+    if (s == HT_OK) w->entries[w->count - 1].main_of = p;
+    return s;
+}
+
 /* Streams one entry, converting in bounded chunks when the dtypes differ;
  * one in a store's memory that the host cannot read is downloaded into
  * `stage` (chunk_elems elements of any dtype) a chunk at a time. */
 static bool write_entry(FILE *f, const ht_st_entry *e, void *chunk, void *stage, size_t chunk_elems) {
     size_t n = entry_numel(e);
     if (n == 0) return true;
+    if (e->main_of) { /* FP32, each block rebuilt into `chunk` (chunk_elems floats) */
+        for (size_t i = 0; i < n; i += chunk_elems) {
+            size_t k = n - i < chunk_elems ? n - i : chunk_elems;
+            ht_param_main_read(e->main_of, (int64_t)i, (int64_t)k, chunk);
+            if (fwrite(chunk, sizeof(float), k, f) != k) return false;
+        }
+        return true;
+    }
     if (e->dtype == e->src_dtype && !e->memory) return fwrite(e->src, ht_dtype_size(e->dtype), n, f) == n;
     const char *src = e->src;
     size_t ssize = ht_dtype_size(e->src_dtype), dsize = ht_dtype_size(e->dtype);

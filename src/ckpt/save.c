@@ -223,6 +223,7 @@ static ht_status add_chunk(ht_st_writer *w, ht_ckpt_rank_file *rf, const ht_ckpt
         rf->capacity = cap;
     }
     rf->chunks[rf->count++] = c;
+    if (kind == KIND_MAIN && p->main_low) return ht_st_writer_add_main(w, c.key, c.ndim, c.box.length, p, err);
     /* the step count is the host's; every tensor is in the store's memory */
     return ht_st_writer_add_from(w, c.key, dtype, c.ndim, c.box.length, src, dtype, kind == KIND_STEP ? NULL : memory,
                                  err);
@@ -239,7 +240,7 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
         const ht_param *p = &ps->items[i];
         s = add_chunk(&w, rf, o, v->params, KIND_MODEL, p, p->dtype, p->data, err);
         /* Only bf16/fp16 params have an FP32 master distinct from the model. */
-        if (s == HT_OK && o->save_optimizer && p->trainable && p->main_param && (void *)p->main_param != p->data)
+        if (s == HT_OK && o->save_optimizer && p->trainable && ht_param_has_main(p))
             s = add_chunk(&w, rf, o, v->params, KIND_MAIN, p, HT_DTYPE_F32, p->main_param, err);
     }
     /* The optimizer's own list of its state; a slot that never stepped has

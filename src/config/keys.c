@@ -69,6 +69,11 @@ static const enum_name NS_FORMS[] = {
     {"torch", HT_CONFIG_NS_TORCH, false},
     {NULL, 0, false},
 };
+static const enum_name MAIN_STORAGES[] = {
+    {"fp32", HT_CONFIG_MAIN_FP32, false},
+    {"residual16", HT_CONFIG_MAIN_RESIDUAL16, false},
+    {NULL, 0, false},
+};
 static const enum_name NS_DTYPES[] = {
     {"float32", HT_DTYPE_F32, false},
     {"bfloat16", HT_DTYPE_BF16, false},
@@ -225,6 +230,7 @@ const key_desc ht_config_keys[] = {
 
     ENUM("optimizer._target_", optimizer.type, OPTIMIZERS, "Muon"),
     BOOL("optimizer.fp32_main_params", optimizer.fp32_main_params, "true"),
+    ENUM("optimizer.main_param_storage", optimizer.main_param_storage, MAIN_STORAGES, "fp32"),
     FLT("optimizer.muon_config.muon_lr", optimizer.muon.lr, "0.02"),
     FLT("optimizer.muon_config.muon_weight_decay", optimizer.muon.weight_decay, "0.1"),
     FLT("optimizer.muon_config.muon_momentum", optimizer.muon.momentum, "0.95"),

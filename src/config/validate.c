@@ -384,6 +384,29 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
             cfg->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? " (missing)" : "");
     }
 
+    /* residual16 rebuilds each FP32 main param from its weight rounded to
+     * nearest: there must be main params, weights rounded to nearest, and
+     * host memory to hold their low halves. */
+    if (cfg->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16) {
+        at(cfg, "optimizer.main_param_storage", a, sizeof(a));
+        if (!cfg->optimizer.fp32_main_params)
+            add(&r, "%s: residual16 is a way to hold FP32 main params, and optimizer.fp32_main_params is false (%s)", a,
+                at(cfg, "optimizer.fp32_main_params", b, sizeof(b)));
+        if (cfg->optimizer.stochastic_rounding)
+            add(&r,
+                "%s: residual16 needs every weight rounded to nearest even from its main param, and "
+                "optimizer.stochastic_rounding is true (%s): use main_param_storage: fp32 with stochastic rounding",
+                a, at(cfg, "optimizer.stochastic_rounding", b, sizeof(b)));
+        if (cfg->kernels.backend == HT_KERNELS_CUDA)
+            add(&r, "%s: residual16 is not supported on kernels.backend cuda yet (%s): use main_param_storage: fp32", a,
+                at(cfg, "kernels.backend", b, sizeof(b)));
+        if (cfg->model_init_dtype == HT_DTYPE_F16)
+            add(&r,
+                "%s: residual16 holds the low 16 bits of bfloat16 weights, and model_init_dtype is float16 (%s): a "
+                "float16 value is not the high half of its FP32 value; use main_param_storage: fp32",
+                a, at(cfg, "model_init_dtype", b, sizeof(b)));
+    }
+
     /* MindFormers' switch for FP32 gradient accumulation and reduction: here
      * gradients always accumulate in FP32 main_grad and reduce in FP32 when
      * main params are FP32, so false would be a promise the engine cannot keep. */

@@ -98,6 +98,20 @@ ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **pa
     return HT_OK;
 }
 
+/* One block of a residual16 param's main params (ht_param_main_pass): the
+ * pass of an FP32 param, whose values are written back to the weight after. */
+typedef struct residual_step {
+    const ht_adamw_slot *slot;
+    const ht_adamw_hparams *h;
+} residual_step;
+
+static void residual_block(float *x, int64_t at, int64_t len, void *ctx) {
+    const residual_step *r = ctx;
+    const ht_adamw_slot *s = r->slot;
+    ht_kernels()->adamw(x, s->param->main_grad + at, s->exp_avg + at, s->exp_avg_sq + at, len, r->h, NULL, HT_DTYPE_F32,
+                        false, 0);
+}
+
 void ht_adamw_step(ht_adamw *opt, double lr) {
     const ht_adamw_config *c = &opt->config;
     for (int i = 0; i < opt->count; i++) {
@@ -106,6 +120,10 @@ void ht_adamw_step(ht_adamw *opt, double lr) {
         s->step++;
         bool separate = (void *)p->main_param != p->data;
         const ht_adamw_hparams h = {s->step, lr, c->beta1, c->beta2, c->eps, s->weight_decay};
+        if (p->main_low) {
+            ht_param_main_pass(p, 0, ht_param_local_numel(p), residual_block, &(residual_step){s, &h});
+            continue;
+        }
         ht_kernels()->adamw(p->main_param, p->main_grad, s->exp_avg, s->exp_avg_sq, ht_param_local_numel(p), &h,
                             separate ? p->data : NULL, p->dtype, opt->rounding.stochastic,
                             opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0);

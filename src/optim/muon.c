@@ -281,6 +281,33 @@ static void update_rows(const ht_muon_slot *s, const ht_muon_config *c, float *m
     if (!c->nesterov) ht_kernels()->copy(mine, s->momentum_buffer, (size_t)local * sizeof(float));
 }
 
+/* One block of a residual16 param's main params (ht_param_main_pass), as
+ * an FP32 param's: update holds elements [first, first + n). */
+typedef struct residual_apply {
+    float *update;
+    int64_t first;
+    float decay, step;
+} residual_apply;
+
+static void residual_block(float *x, int64_t at, int64_t len, void *ctx) {
+    const residual_apply *r = ctx;
+    ht_kernels()->muon_apply(x, r->update + (at - r->first), len, r->decay, r->step, NULL, HT_DTYPE_F32, false, 0, 0);
+}
+
+/* p's elements [first, first + n) <- p decay - step update (update: n values,
+ * scratch), and the model's copy from the main params in the same pass. */
+static void apply_update(const ht_muon *opt, ht_param *p, float *update, int64_t first, int64_t n, float decay,
+                         float step) {
+    if (p->main_low) {
+        ht_param_main_pass(p, first, n, residual_block, &(residual_apply){update, first, decay, step});
+        return;
+    }
+    const bool separate = (void *)p->main_param != p->data, stochastic = opt->rounding.stochastic;
+    ht_kernels()->muon_apply(p->main_param ? p->main_param + first : NULL, update, n, decay, step,
+                             separate ? (char *)p->data + (size_t)first * ht_dtype_size(p->dtype) : NULL, p->dtype,
+                             stochastic, stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, first);
+}
+
 void ht_muon_step(ht_muon *opt, double lr) {
     const ht_muon_config *c = &opt->config;
     ht_comm *comm = opt->comm ? opt->comm : ht_comm_single();
@@ -347,10 +374,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
                                         len[1], false);
                 update = opt->tp_box;
             }
-            ht_kernels()->muon_apply(p->main_param, update, ht_param_local_numel(p), decay, (float)(lr * s->scale),
-                                     (void *)p->main_param != p->data ? p->data : NULL, p->dtype,
-                                     opt->rounding.stochastic,
-                                     opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
+            apply_update(opt, p, update, 0, ht_param_local_numel(p), decay, (float)(lr * s->scale));
         }
     }
     /* (E, A, B): this rank's whole matrices [row0, row1) of E, as many at once as the workspace holds. */
@@ -361,18 +385,13 @@ void ht_muon_step(ht_muon *opt, double lr) {
         const int64_t n = s->rows * s->cols, local = p->row1 - p->row0;
         const size_t per = matrix_floats(s->rows, s->cols, c);
         const int64_t batch = opt->work_floats / per > 1 ? (int64_t)(opt->work_floats / per) : 1;
-        const size_t elem = ht_dtype_size(p->dtype);
-        const bool separate = (void *)p->main_param != p->data;
-        const uint64_t stream = opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0;
         for (int64_t e = 0; e < local; e += batch) {
             const int64_t m = local - e < batch ? local - e : batch;
             float *B = s->momentum_buffer + e * n, *u = opt->work;
             momentum_update(B, p->main_grad + e * n, u, m * n, c);
             ht_newton_schulz_batch(c->nesterov ? u : B, u, m, s->rows, s->cols, &c->schedule, c->ns_eps, c->ns_dtype,
                                    u + m * n);
-            ht_kernels()->muon_apply(p->main_param ? p->main_param + e * n : NULL, u, m * n, decay,
-                                     (float)(lr * s->scale), separate ? (char *)p->data + (size_t)(e * n) * elem : NULL,
-                                     p->dtype, opt->rounding.stochastic, stream, e * n);
+            apply_update(opt, p, u, e * n, m * n, decay, (float)(lr * s->scale));
         }
     }
     /* deredundancy, phase 3: each owner's result rows back to their ranks, applied there. */
@@ -389,10 +408,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
             }
             if (opt->replicas) /* the computing replica's rows to the others */
                 ht_broadcast(opt->replicas, mine, local * (int64_t)sizeof(float), opt->owner_replica[i]);
-            ht_kernels()->muon_apply(p->main_param, mine, local, decay, (float)(lr * s->scale),
-                                     (void *)p->main_param != p->data ? p->data : NULL, p->dtype,
-                                     opt->rounding.stochastic,
-                                     opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, 0);
+            apply_update(opt, p, mine, 0, local, decay, (float)(lr * s->scale));
         }
 }
 

@@ -124,11 +124,11 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
     /* With fp32_main_params every low-precision param gets its own FP32 main
      * param; without, it has none and the leaves update its model values
      * (each step starts from them). An FP32 param is its own either way. */
-    ht_status s = HT_OK;
-    if (opt->fp32_main_params)
-        s = ht_params_create_main(params, err);
-    else
-        ht_params_drop_main(params);
+    ht_status s = ht_params_create_main(params,
+                                        !opt->fp32_main_params ? HT_MAIN_NONE
+                                        : cfg->residual16      ? HT_MAIN_RESIDUAL16
+                                                               : HT_MAIN_COPY,
+                                        err);
     if (s != HT_OK) return s;
 
     size_t n = (size_t)params->count;
@@ -179,7 +179,11 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
         log_routing("Muon", to_muon, NULL, n_muon);
         log_routing("AdamW", to_adamw, wd, n_adamw);
         free(wd);
-        if (opt->fp32_main_params)
+        if (opt->fp32_main_params && cfg->residual16)
+            ht_log_info("FP32 main params: on, residual16; %d bfloat16 params with the low 16 bits of their FP32 "
+                        "values beside them (%.1f MiB), %d float32 params that are their own",
+                        opt->float16_count, (double)params->main_bytes / (1 << 20), opt->fp32_count);
+        else if (opt->fp32_main_params)
             ht_log_info("FP32 main params: on; %d low-precision params with their own FP32 copy (%.1f MiB), %d "
                         "float32 params that are their own",
                         opt->float16_count, (double)params->main_bytes / (1 << 20), opt->fp32_count);
@@ -276,6 +280,11 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
 
 /* ------------------------------------------------------------------ QK-clip */
 
+static void scale_block(float *x, int64_t at, int64_t len, void *k) {
+    (void)at;
+    ht_kernels()->scale(x, len, *(const float *)k);
+}
+
 /* Multiplies rows [r0, r1) of a param's main copy by k (those of them this
  * rank holds) and writes them back to the model dtype. Without a main param
  * the model's own values are scaled, through FP32 blocks, and rounded back. */
@@ -286,6 +295,10 @@ static void scale_rows(ht_param *p, int64_t r0, int64_t r1, float k) {
     if (r0 >= r1) return;
     int64_t row = ht_param_row_numel(p), n = (r1 - r0) * row;
     char *model = (char *)p->data + (size_t)((r0 - p->row0) * row) * ht_dtype_size(p->dtype);
+    if (p->main_low) {
+        ht_param_main_pass(p, (r0 - p->row0) * row, n, scale_block, &k);
+        return;
+    }
     if (!p->main_param) {
         /* FP32 blocks in the kernels' memory; where even one block cannot be had, the values stay unscaled and
          * the log says so */

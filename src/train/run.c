@@ -410,8 +410,10 @@ static void log_memory(ht_trainer *t) {
         if (!t->config.training.memory_profile) continue;
         const char *const names[] = {"at start (libraries, MPI, config)",
                                      "weights (model dtype)",
-                                     t->config.optimizer.fp32_main_params ? "FP32 main params"
-                                                                          : "FP32 main params (off: no copies)",
+                                     !t->config.optimizer.fp32_main_params ? "FP32 main params (off: no copies)"
+                                     : t->config.optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16
+                                         ? "FP32 main params (residual16 low halves)"
+                                         : "FP32 main params",
                                      "main_grad (FP32)",
                                      "optimizer state",
                                      "whole FSDP units at once",

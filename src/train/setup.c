@@ -489,11 +489,15 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
  * the optimizer state and one micro-batch's activations (lower bounds), the
  * corpus. Every rank agrees on the largest plan (one all-reduce), and all
  * refuse it together: a run refused here could not run. */
+static ht_main_storage main_storage(const ht_config *c) {
+    if (!c->optimizer.fp32_main_params) return HT_MAIN_NONE;
+    return c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16 ? HT_MAIN_RESIDUAL16 : HT_MAIN_COPY;
+}
+
 static ht_status plan_memory(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
-    const ht_params_bytes pb =
-        ht_params_plan(ps, c->optimizer.fp32_main_params, c->fsdp.param_dtype, c->fsdp.param_dtype);
+    const ht_params_bytes pb = ht_params_plan(ps, main_storage(c), c->fsdp.param_dtype, c->fsdp.param_dtype);
     ht_memory_plan *m = &t->memory_plan;
     *m = (ht_memory_plan){
         .weights = (double)(pb.data + pb.compute),
@@ -792,6 +796,7 @@ static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
     oc.replicas = t->sharded ? t->replica_comm : NULL;
     oc.tp = t->tp_comm;
     oc.fp32_main_params = c->optimizer.fp32_main_params;
+    oc.residual16 = c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16;
     oc.adamw = (ht_adamw_config){
         .lr = c->optimizer.adamw.lr,
         .beta1 = c->optimizer.adamw.betas[0],
