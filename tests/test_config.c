@@ -246,68 +246,69 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "optimizer:\n"                                                                      /* 48 */
                           "  _target_: Muon\n"                                                                /* 49 */
                           "  fp32_main_params: false\n"                                                       /* 50 */
-                          "  muon_config:\n"                                                                  /* 51 */
-                          "    muon_lr: 0.03\n"                                                               /* 52 */
-                          "    muon_weight_decay: 0.2\n"                                                      /* 53 */
-                          "    muon_momentum: 0.9\n"                                                          /* 54 */
-                          "    muon_nesterov: false\n"                                                        /* 55 */
-                          "    muon_ns_steps: 7\n"                                                            /* 56 */
-                          "    muon_ns_variant: custom\n"                                                     /* 57 */
-                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 58 */
-                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 59 */
-                          "    muon_matched_adamw_rms: 0\n"                                                   /* 60 */
-                          "    muon_momentum_style: ema\n"                                                    /* 61 */
-                          "    muon_comm_strategy: deredundancy\n"                                            /* 62 */
-                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 63 */
-                          "    qk_clip_enabled: true\n"                                                       /* 64 */
-                          "    qk_clip_threshold: 50.5\n"                                                     /* 65 */
-                          "    muon_ns_dtype: bfloat16\n"                                                     /* 66 */
-                          "    muon_ns_form: standard\n"                                                      /* 67 */
-                          "  adamw_config:\n"                                                                 /* 68 */
-                          "    adamw_lr: 0.0003\n"                                                            /* 69 */
-                          "    adamw_weight_decay: 0.1\n"                                                     /* 70 */
-                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 71 */
-                          "    adamw_eps: 1.0e-6\n"                                                           /* 72 */
-                          "    no_weight_decay:\n"                                                            /* 73 */
-                          "      - \"*bias*\"\n"                                                              /* 74 */
-                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 75 */
-                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 76 */
-                          "  stochastic_rounding: true\n"                                                     /* 77 */
-                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 78 */
-                          "  use_fused_adamw: true\n"                                                         /* 79 */
-                          "lr_scheduler:\n"                                                                   /* 80 */
-                          "  type: WarmUpStableDecayLR\n"                                                     /* 81 */
-                          "  warmup_ratio: 0.1\n"                                                             /* 82 */
-                          "  warmup_steps: 7\n"                                                               /* 83 */
-                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 84 */
-                          "  lr_end: 1.0e-5\n"                                                                /* 85 */
-                          "  num_cycles: 2\n"                                                                 /* 86 */
-                          "  decay_steps: 90\n"                                                               /* 87 */
-                          "  power: 2.0\n"                                                                    /* 88 */
-                          "  decay_start_steps: 60\n"                                                         /* 89 */
-                          "  decay_start_ratio: 0.5\n"                                                        /* 90 */
-                          "  eta_min: 1.0e-6\n"                                                               /* 91 */
-                          "  t_max: 80\n"                                                                     /* 92 */
-                          "  decay_ratio: 0.6\n"                                                              /* 93 */
-                          "  keep_steps: 5\n"                                                                 /* 94 */
-                          "  lr_end1: 2.0e-6\n"                                                               /* 95 */
-                          "  final_steps: 3\n"                                                                /* 96 */
-                          "  lr_end2: 1.0e-6\n"                                                               /* 97 */
-                          "  t_0: 10\n"                                                                       /* 98 */
-                          "  t_mult: 2\n"                                                                     /* 99 */
-                          "training:\n"                                                                       /* 100 */
-                          "  steps: 100\n"                                                                    /* 101 */
-                          "  local_batch_size: 4\n"                                                           /* 102 */
-                          "  global_batch_size: 64\n"                                                         /* 103 */
-                          "  max_norm: 0.5\n"                                                                 /* 104 */
-                          "  gradient_accumulation_steps: 4\n"                                                /* 105 */
-                          "  no_save_rng: false\n"                                                            /* 106 */
-                          "  no_load_rng: false\n"                                                            /* 107 */
-                          "  load_strict: true\n"                                                             /* 108 */
-                          "  save: null\n"                                                                    /* 109 */
-                          "  gradient_scaling_factor: 0.5\n"                                                  /* 110 */
-                          "  seed: 12345678901\n"                                                             /* 111 */
-                          "  deterministic: true\n"                                                           /* 112 */
+                          "  main_param_storage: fp32\n"                                                      /* 51 */
+                          "  muon_config:\n"                                                                  /* 52 */
+                          "    muon_lr: 0.03\n"                                                               /* 53 */
+                          "    muon_weight_decay: 0.2\n"                                                      /* 54 */
+                          "    muon_momentum: 0.9\n"                                                          /* 55 */
+                          "    muon_nesterov: false\n"                                                        /* 56 */
+                          "    muon_ns_steps: 7\n"                                                            /* 57 */
+                          "    muon_ns_variant: custom\n"                                                     /* 58 */
+                          "    muon_ns_coefficients: [[[3.4445, -4.7750, 2.0315], 8], [[2, -1.5, 0.5], 2]]\n" /* 59 */
+                          "    muon_ns_eps: 1.0e-6\n"                                                         /* 60 */
+                          "    muon_matched_adamw_rms: 0\n"                                                   /* 61 */
+                          "    muon_momentum_style: ema\n"                                                    /* 62 */
+                          "    muon_comm_strategy: deredundancy\n"                                            /* 63 */
+                          "    adamw_include: [\"*embed_tokens*\"]\n"                                         /* 64 */
+                          "    qk_clip_enabled: true\n"                                                       /* 65 */
+                          "    qk_clip_threshold: 50.5\n"                                                     /* 66 */
+                          "    muon_ns_dtype: bfloat16\n"                                                     /* 67 */
+                          "    muon_ns_form: standard\n"                                                      /* 68 */
+                          "  adamw_config:\n"                                                                 /* 69 */
+                          "    adamw_lr: 0.0003\n"                                                            /* 70 */
+                          "    adamw_weight_decay: 0.1\n"                                                     /* 71 */
+                          "    adamw_betas: [0.8, 0.95]\n"                                                    /* 72 */
+                          "    adamw_eps: 1.0e-6\n"                                                           /* 73 */
+                          "    no_weight_decay:\n"                                                            /* 74 */
+                          "      - \"*bias*\"\n"                                                              /* 75 */
+                          "    weight_decay_include: [\"*norm*\"]\n"                                          /* 76 */
+                          "    weight_decay_exclude: [\"*lm_head*\"]\n"                                       /* 77 */
+                          "  stochastic_rounding: true\n"                                                     /* 78 */
+                          "  accumulate_allreduce_grads_in_fp32: true\n"                                      /* 79 */
+                          "  use_fused_adamw: true\n"                                                         /* 80 */
+                          "lr_scheduler:\n"                                                                   /* 81 */
+                          "  type: WarmUpStableDecayLR\n"                                                     /* 82 */
+                          "  warmup_ratio: 0.1\n"                                                             /* 83 */
+                          "  warmup_steps: 7\n"                                                               /* 84 */
+                          "  warmup_lr_init: 1.0e-6\n"                                                        /* 85 */
+                          "  lr_end: 1.0e-5\n"                                                                /* 86 */
+                          "  num_cycles: 2\n"                                                                 /* 87 */
+                          "  decay_steps: 90\n"                                                               /* 88 */
+                          "  power: 2.0\n"                                                                    /* 89 */
+                          "  decay_start_steps: 60\n"                                                         /* 90 */
+                          "  decay_start_ratio: 0.5\n"                                                        /* 91 */
+                          "  eta_min: 1.0e-6\n"                                                               /* 92 */
+                          "  t_max: 80\n"                                                                     /* 93 */
+                          "  decay_ratio: 0.6\n"                                                              /* 94 */
+                          "  keep_steps: 5\n"                                                                 /* 95 */
+                          "  lr_end1: 2.0e-6\n"                                                               /* 96 */
+                          "  final_steps: 3\n"                                                                /* 97 */
+                          "  lr_end2: 1.0e-6\n"                                                               /* 98 */
+                          "  t_0: 10\n"                                                                       /* 99 */
+                          "  t_mult: 2\n"                                                                     /* 100 */
+                          "training:\n"                                                                       /* 101 */
+                          "  steps: 100\n"                                                                    /* 102 */
+                          "  local_batch_size: 4\n"                                                           /* 103 */
+                          "  global_batch_size: 64\n"                                                         /* 104 */
+                          "  max_norm: 0.5\n"                                                                 /* 105 */
+                          "  gradient_accumulation_steps: 4\n"                                                /* 106 */
+                          "  no_save_rng: false\n"                                                            /* 107 */
+                          "  no_load_rng: false\n"                                                            /* 108 */
+                          "  load_strict: true\n"                                                             /* 109 */
+                          "  save: null\n"                                                                    /* 110 */
+                          "  gradient_scaling_factor: 0.5\n"                                                  /* 111 */
+                          "  seed: 12345678901\n"                                                             /* 112 */
+                          "  deterministic: true\n"                                                           /* 113 */
                           "  dump_state: true\n"
                           "  tensorboard: runs/full/tb\n"
                           "  trace: [2, 4]\n"
@@ -1764,6 +1765,20 @@ static void test_contract_rules(void **state) {
     expect_invalid("r3t.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: torch\n", 1,
                    "r3t.yaml:3: optimizer.muon_config.muon_ns_form", "torch.optim.Muon's iteration is a bf16 one",
                    "found torch", NULL);
+    /* residual16: with main params, rounding to nearest, host memory, bfloat16 weights. */
+    expect_invalid("r3r.yaml", "optimizer:\n  fp32_main_params: false\n  main_param_storage: residual16\n", 1,
+                   "r3r.yaml:3: optimizer.main_param_storage", "r3r.yaml:2: optimizer.fp32_main_params", NULL);
+    expect_invalid("r3s.yaml", "optimizer:\n  main_param_storage: residual16\n  stochastic_rounding: true\n", 1,
+                   "r3s.yaml:2: optimizer.main_param_storage", "rounded to nearest even",
+                   "r3s.yaml:3: optimizer.stochastic_rounding", NULL);
+    expect_invalid("r3c.yaml", "optimizer:\n  main_param_storage: residual16\nkernels:\n  backend: cuda\n", 1,
+                   "r3c.yaml:2: optimizer.main_param_storage", "not supported on kernels.backend cuda",
+                   "r3c.yaml:4: kernels.backend", NULL);
+    expect_invalid("r3f.yaml", "model_init_dtype: float16\noptimizer:\n  main_param_storage: residual16\n", 1,
+                   "r3f.yaml:3: optimizer.main_param_storage", "r3f.yaml:1: model_init_dtype",
+                   "not the high half of its FP32 value", NULL);
+    expect_load_error("r3x.yaml", "optimizer:\n  main_param_storage: bf16\n",
+                      "r3x.yaml:2:", "optimizer.main_param_storage", "expected one of fp32, residual16", NULL);
     expect_load_error("r3h.yaml", "optimizer:\n  muon_config:\n    muon_ns_form: gramm\n",
                       "r3h.yaml:3:", "optimizer.muon_config.muon_ns_form", "expected one of standard, gram, torch",
                       NULL);

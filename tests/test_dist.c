@@ -376,6 +376,50 @@ static void test_bf16_without_main_params_on_1_to_4_ranks(void **state) {
     printf("stochastic rounding on 3 ranks without main params: deredundancy bitwise as allgather\n");
 }
 
+/* optimizer.main_param_storage residual16 on 1-4 ranks: each rank keeps the
+ * low halves of its own rows, and every layout (sharded, replicated,
+ * deredundancy, HSDP) trains as its FP32 copies do on the same ranks, bit
+ * for bit: the same losses and final weights. */
+static void test_residual16_on_1_to_4_ranks(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_residual16");
+    write_config(dir, "bfloat16", 4, true);
+    static const struct {
+        int ranks;
+        const char *set;
+    } runs[] = {
+        {0, ""},
+        {2, ""},
+        {3, ""},
+        {4, ""},
+        {2, "--set fsdp_config.shard_size=1"},
+        {3, "--set optimizer.muon_config.muon_comm_strategy=allgather_deredundency"},
+        {4, "--set fsdp_config.shard_size=2"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char out[2][32], set[512], *log[2];
+        double l[2][8];
+        for (int r = 0; r < 2; r++) {
+            snprintf(out[r], sizeof(out[r]), "%s%zu", r ? "residual16_" : "fp32_", i);
+            snprintf(set, sizeof(set), "%s --set optimizer.main_param_storage=%s", runs[i].set,
+                     r ? "residual16" : "fp32");
+            int rc = run_in(dir, out[r], runs[i].ranks, set, &log[r]);
+            if (rc != 0) fail_msg("%s failed (%d):\n%s", out[r], rc, log[r]);
+            assert_int_equal(losses(log[r], l[r], 8), 4);
+        }
+        if (!strstr(log[1], "FP32 main params: on, residual16"))
+            fail_msg("%s: no residual16 line in its log:\n%s", out[1], log[1]);
+        for (int s = 0; s < 4; s++)
+            if (l[0][s] != l[1][s])
+                fail_msg("%s: step %d's loss %.9g, %.9g with FP32 copies", out[1], s + 1, l[1][s], l[0][s]);
+        compare_final(dir, out[1], out[0], 0.0);
+        printf("%d rank(s) %s: residual16 trains as the FP32 copies do, bit for bit\n",
+               runs[i].ranks ? runs[i].ranks : 1, runs[i].set);
+        free(log[0]);
+        free(log[1]);
+    }
+}
+
 /* The tensors of DIR/<ref>/final whose names contain `part` ("": all, and DIR/<out>/final holds no other):
  * DIR/<out>/final's bit for bit; returns how many. */
 static int tensors_identical(const char *dir, const char *out, const char *ref, const char *part) {
@@ -2782,6 +2826,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_freeze_on_1_to_4_ranks),
         cmocka_unit_test(test_recompute_on_3_ranks),
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
+        cmocka_unit_test(test_residual16_on_1_to_4_ranks),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),

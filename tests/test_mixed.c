@@ -597,9 +597,88 @@ static void test_qk_clip_mha(void **state) {
     check_qk_clip(4, 4);
 }
 
+/* residual16's values: element i of version v, a finite FP32 value whose low
+ * half is a tie (0x8000) at every 5th element, over an odd high half (the
+ * weight rounded up) at every other of those. */
+static float residual_value(int64_t i, uint32_t v) {
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (v * 0x9e3779b9u);
+    h = (h ^ (h >> 15)) * 0x85ebca6bu;
+    uint32_t bits = (h & 0x3effffffu) | 0x3a000000u; /* |x| in [2^-11, 2) */
+    if ((i + v) % 5 == 0) bits = (bits & 0xfffe0000u) | ((uint32_t)((i + v) / 5 % 2) << 16) | 0x8000u;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static void next_version(float *x, int64_t at, int64_t len, void *v) {
+    for (int64_t k = 0; k < len; k++) {
+        float want = residual_value(at + k, *(uint32_t *)v - 1);
+        if (memcmp(&x[k], &want, 4) != 0) fail_msg("the pass read element %lld wrong", (long long)(at + k));
+        x[k] = residual_value(at + k, *(uint32_t *)v);
+    }
+}
+
+static void expect_version(const ht_param *p, int64_t n, const uint32_t *version) {
+    float *x = malloc((size_t)n * sizeof(float));
+    ht_param_main_read(p, 0, n, x);
+    int64_t ties = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float want = residual_value(i, version[i]);
+        uint32_t bits;
+        memcpy(&bits, &want, 4);
+        ties += (bits & 0x1ffff) == 0x18000;
+        if (memcmp(&x[i], &want, 4) != 0) fail_msg("element %lld: %a, expected %a", (long long)i, x[i], want);
+        if (((uint16_t *)p->data)[i] != ht_f32_to_bf16(want))
+            fail_msg("element %lld: weight not rounded", (long long)i);
+    }
+    assert_int_equal(p->main_tie_count, ties);
+    free(x);
+}
+
+/* residual16's low halves rebuild every value exactly, ties both ways
+ * included, through whole writes, a pass over a middle range on two
+ * threads in blocks (the range's ties replaced, the rest kept) and a write
+ * of a few elements. */
+static void test_residual16_ties(void **state) {
+    (void)state;
+    ht_error err;
+    ht_param_store ps = {0};
+    const int64_t n = 300007;
+    ht_params_add(&ps, "w", 2, (int64_t[]){n, 1}, HT_DTYPE_BF16);
+    assert_ht_ok(ht_params_allocate(&ps, &err), &err);
+    assert_ht_ok(ht_params_create_main(&ps, HT_MAIN_RESIDUAL16, &err), &err);
+    ht_param *p = &ps.items[0];
+    assert_null(p->main_param);
+    assert_int_equal(ps.main_bytes, ht_align64((size_t)n * 2));
+    uint32_t *version = calloc((size_t)n, sizeof(uint32_t));
+    float *x = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = residual_value(i, 0);
+    ht_param_main_write(p, 0, n, x);
+    expect_version(p, n, version);
+    assert_true(p->main_tie_count > 20000);
+    uint32_t v = 1;
+    ht_param_main_pass(p, 1000, 250001, next_version, &v);
+    for (int64_t i = 1000; i < 251001; i++) version[i] = 1;
+    expect_version(p, n, version);
+    for (int64_t i = 0; i < 11; i++) x[i] = residual_value(123456 + i, 2);
+    ht_param_main_write(p, 123456, 11, x);
+    for (int64_t i = 123456; i < 123467; i++) version[i] = 2;
+    expect_version(p, n, version);
+    ht_params_reload_main(&ps);
+    assert_int_equal(p->main_tie_count, 0);
+    ht_param_main_read(p, 0, n, x);
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != ht_bf16_to_f32(((uint16_t *)p->data)[i]))
+            fail_msg("reloaded element %lld is not its weight", (long long)i);
+    free(x);
+    free(version);
+    ht_params_free(&ps);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_model_with_fp32_main_params),
+        cmocka_unit_test(test_residual16_ties),
         cmocka_unit_test(test_f32_model_is_its_own_main_param),
         cmocka_unit_test(test_tiny_updates_survive_only_with_fp32_main_params),
         cmocka_unit_test(test_without_main_params_bitwise_as_reloaded),

@@ -4,6 +4,7 @@
 #include "hypertrain/kernels.h" /* the table type only: the store calls its memory entries, nothing else */
 
 #include <limits.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -468,25 +469,91 @@ void ht_param_main_read(const ht_param *p, int64_t first, int64_t n, float *x) {
     }
 }
 
-/* The block of a main-param pass: 1 MiB, large enough for the kernels'
- * threads, small enough to stay in cache between the read and the write. */
-#define MAIN_PASS_BLOCK ((int64_t)1 << 18)
+/* Element indices in order, grown as they come (ties are rare: most lists
+ * stay empty and allocate nothing). */
+typedef struct tie_list {
+    int64_t *at;
+    int64_t count, capacity;
+} tie_list;
+
+static void grow_to(int64_t **at, int64_t *capacity, int64_t count, const char *name) {
+    if (count <= *capacity) return;
+    int64_t cap = count > 2 * *capacity ? count : 2 * *capacity;
+    int64_t *grown = realloc(*at, (size_t)cap * sizeof(int64_t));
+    if (!grown) {
+        ht_log(HT_LOG_ERROR, "out of memory listing %lld residual16 ties of %s", (long long)count, name);
+        abort();
+    }
+    *at = grown;
+    *capacity = cap;
+}
+
+/* Data (rounded to nearest even) and low halves of elements [first,
+ * first + n) from x; the ties rounded up appended to l. */
+static void write_halves(ht_param *p, int64_t first, int64_t n, const float *x, tie_list *l) {
+    uint16_t *w = (uint16_t *)p->data + first, *low = p->main_low + first;
+    const uint32_t *bits = (const uint32_t *)x;
+    int64_t ties = 0;
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = ht_f32_to_bf16(x[i]);
+        low[i] = (uint16_t)bits[i];
+        ties += tie_rounded_up(bits[i]);
+    }
+    if (!ties) return;
+    grow_to(&l->at, &l->capacity, l->count + ties, p->name);
+    for (int64_t i = 0; i < n; i++)
+        if (tie_rounded_up(bits[i])) l->at[l->count++] = first + i;
+}
+
+/* The param's listed ties in [first, first + n) give way to those of
+ * lists[0..count), which are in order and inside that range. */
+static void replace_ties(ht_param *p, int64_t first, int64_t n, const tie_list *lists, int count) {
+    int64_t ties = 0;
+    for (int k = 0; k < count; k++) ties += lists[k].count;
+    int64_t a = first_tie(p, first), e = first_tie(p, first + n);
+    if (ties == 0 && a == e) return;
+    int64_t total = p->main_tie_count - (e - a) + ties;
+    grow_to(&p->main_ties, &p->main_tie_capacity, total, p->name);
+    memmove(p->main_ties + a + ties, p->main_ties + e, (size_t)(p->main_tie_count - e) * sizeof(int64_t));
+    for (int k = 0, at = 0; k < count; k++) {
+        memcpy(p->main_ties + a + at, lists[k].at, (size_t)lists[k].count * sizeof(int64_t));
+        at += (int)lists[k].count;
+    }
+    p->main_tie_count = total;
+}
+
+/* A thread's block of a main-param pass: 32 KiB on its stack, in the core's
+ * L1 between the read, the update and the write. */
+#define MAIN_PASS_BLOCK 8192
 
 void ht_param_main_pass(ht_param *p, int64_t first, int64_t n, ht_main_fn *fn, void *ctx) {
     if (n <= 0) return;
-    int64_t block = n < MAIN_PASS_BLOCK ? n : MAIN_PASS_BLOCK;
-    float *x = ht_alloc((size_t)block * sizeof(float));
-    if (!x) {
-        ht_log(HT_LOG_ERROR, "out of memory for a %lld-value block of %s's main params", (long long)block, p->name);
+    const int threads = n >= 65536 ? omp_get_max_threads() : 1;
+    tie_list *lists = calloc((size_t)threads, sizeof(tie_list));
+    if (!lists) {
+        ht_log(HT_LOG_ERROR, "out of memory for %d tie lists of %s", threads, p->name);
         abort();
     }
-    for (int64_t at = first; at < first + n; at += block) {
-        int64_t len = first + n - at < block ? first + n - at : block;
-        ht_param_main_read(p, at, len, x);
-        fn(x, at, len, ctx);
-        ht_param_main_write(p, at, len, x);
+    /* Each thread its own range (64-value aligned), a block at a time; fn
+     * runs inside it (a kernel's own parallel region then runs on the
+     * calling thread). The old list is only read until every thread is done. */
+#pragma omp parallel num_threads(threads)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t chunk = ((n + nt - 1) / nt + 63) & ~(int64_t)63;
+        const int64_t lo = first + (chunk * t < n ? chunk * t : n),
+                      hi = lo + chunk < first + n ? lo + chunk : first + n;
+        _Alignas(64) float x[MAIN_PASS_BLOCK];
+        for (int64_t at = lo; at < hi; at += MAIN_PASS_BLOCK) {
+            const int64_t len = hi - at < MAIN_PASS_BLOCK ? hi - at : MAIN_PASS_BLOCK;
+            ht_param_main_read(p, at, len, x);
+            fn(x, at, len, ctx);
+            write_halves(p, at, len, x, &lists[t]);
+        }
     }
-    ht_free(x);
+    replace_ties(p, first, n, lists, threads);
+    for (int t = 0; t < threads; t++) free(lists[t].at);
+    free(lists);
 }
 
 void ht_param_main_write(ht_param *p, int64_t first, int64_t n, const float *x) {
@@ -496,32 +563,10 @@ void ht_param_main_write(ht_param *p, int64_t first, int64_t n, const float *x) 
         ht_convert((char *)p->data + (size_t)first * ht_dtype_size(p->dtype), p->dtype, x, HT_DTYPE_F32, (size_t)n);
         return;
     }
-    uint16_t *w = (uint16_t *)p->data + first, *low = p->main_low + first;
-    const uint32_t *bits = (const uint32_t *)x;
-    int64_t ties = 0;
-#pragma omp parallel for schedule(static) reduction(+ : ties) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) {
-        w[i] = ht_f32_to_bf16(x[i]);
-        low[i] = (uint16_t)bits[i];
-        ties += tie_rounded_up(bits[i]);
-    }
-    /* The list's entries in [first, first + n) give way to these elements' own. */
-    int64_t a = first_tie(p, first), e = first_tie(p, first + n);
-    int64_t count = p->main_tie_count - (e - a) + ties;
-    if (count > p->main_tie_capacity) {
-        int64_t cap = count > 2 * p->main_tie_capacity ? count : 2 * p->main_tie_capacity;
-        int64_t *grown = realloc(p->main_ties, (size_t)cap * sizeof(int64_t));
-        if (!grown) {
-            ht_log(HT_LOG_ERROR, "out of memory listing %lld residual16 ties of %s", (long long)count, p->name);
-            abort();
-        }
-        p->main_ties = grown;
-        p->main_tie_capacity = cap;
-    }
-    memmove(p->main_ties + a + ties, p->main_ties + e, (size_t)(p->main_tie_count - e) * sizeof(int64_t));
-    for (int64_t i = 0, k = a; k < a + ties; i++)
-        if (tie_rounded_up(bits[i])) p->main_ties[k++] = first + i;
-    p->main_tie_count = count;
+    tie_list l = {0};
+    write_halves(p, first, n, x, &l);
+    replace_ties(p, first, n, &l, 1);
+    free(l.at);
 }
 
 void ht_params_cast_main_to_model(ht_param_store *store) {
