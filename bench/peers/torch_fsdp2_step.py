@@ -21,7 +21,7 @@ Rank 0 prints one line with global tokens/s and s/step over --steps timed
 steps after --warmup untimed ones, and every rank's peak RSS.
 
 Usage: torchrun --standalone --nproc_per_node=N bench/peers/torch_fsdp2_step.py
-           [--threads 1] [--steps 5] [--warmup 1] [--batch 2] [--seq 256]
+           [--threads 1] [--steps 5] [--warmup 1] [--batch 2] [--seq 256] [--hf-config DIR]
            [--global-batch 8] [--accum A] [--attn sdpa|eager]
            [--optimizer muon|adamw]
 """
@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--global-batch", type=int, default=8, help="sequences per step over all ranks")
     ap.add_argument("--accum", type=int, default=0, help="micro-batches per step (default: global/(B*world))")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--hf-config", metavar="DIR",
+                    help="a Hugging Face folder: its architecture with random FP32 weights instead of the 31M model")
     ap.add_argument("--optimizer", choices=["muon", "adamw"], default="muon",
                     help="muon: Muon + AdamW (falls back to adamw if Muon fails on DTensor)")
     args = ap.parse_args()
@@ -94,7 +96,13 @@ def main():
         raise SystemExit(f"global batch {args.global_batch} is not a multiple of batch {args.batch} x {world} ranks")
 
     torch.manual_seed(0)  # the same initial weights on every rank
-    model, cfg = build_model(args.attn)
+    if args.hf_config:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        cfg = AutoConfig.from_pretrained(args.hf_config)
+        cfg._attn_implementation = args.attn
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    else:
+        model, cfg = build_model(args.attn)
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
     shard(model, mesh)
