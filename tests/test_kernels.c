@@ -1685,32 +1685,47 @@ static void test_backend_optimizers(void **state) {
             against_cpu(K, what, kv, v, N, 0);
             if (half) same_bytes(K, what, kmodel, model, sizeof(model));
         }
-        /* Muon: momentum with and without Nesterov, then the update on each path */
-        for (int nesterov = 0; nesterov < 2; nesterov++) {
-            memcpy(B, m0, sizeof(B));
-            cpu->muon_momentum(B, g, u, N, 0.95f, 1.0f, nesterov);
-            K->upload(km, m0, N * 4);
-            K->muon_momentum(km, kg, kv, N, 0.95f, 1.0f, nesterov);
-            worst = fmax(worst, against_cpu(K, "muon_momentum B", km, B, N, 1e-6));
-            if (nesterov) worst = fmax(worst, against_cpu(K, "muon_momentum u", kv, u, N, 1e-6));
+        /* Muon: momentum with and without Nesterov, summed (plain) and as torch's lerps, on either side of
+         * their weight's 0.5 (one FMA each: the same bits), then the update on each path, plain and fused */
+        static const struct {
+            float mu, gw;
+            ht_muon_arith arith;
+        } moms[] = {{0.95f, 1.0f, HT_MUON_ARITH_PLAIN},
+                    {0.95f, (float)(1.0 - 0.95), HT_MUON_ARITH_TORCH},
+                    {0.3f, (float)(1.0 - 0.3), HT_MUON_ARITH_TORCH}};
+        for (size_t k = 0; k < sizeof(moms) / sizeof(moms[0]); k++)
+            for (int nesterov = 0; nesterov < 2; nesterov++) {
+                const double tol = moms[k].arith == HT_MUON_ARITH_TORCH ? 0 : 1e-6;
+                memcpy(B, m0, sizeof(B));
+                cpu->muon_momentum(B, g, u, N, moms[k].mu, moms[k].gw, nesterov, moms[k].arith);
+                K->upload(km, m0, N * 4);
+                K->muon_momentum(km, kg, kv, N, moms[k].mu, moms[k].gw, nesterov, moms[k].arith);
+                worst = fmax(worst, against_cpu(K, "muon_momentum B", km, B, N, tol));
+                if (nesterov) worst = fmax(worst, against_cpu(K, "muon_momentum u", kv, u, N, tol));
+            }
+        for (int a = 0; a < 2; a++) {
+            const ht_muon_arith arith = a ? HT_MUON_ARITH_TORCH : HT_MUON_ARITH_PLAIN;
+            for (size_t t = 1; t < sizeof(paths) / sizeof(paths[0]); t++) {
+                memcpy(p, p0, sizeof(p)), memcpy(u, g, sizeof(u));
+                ht_convert(model0, paths[t].model, p0, HT_DTYPE_F32, N);
+                memcpy(model, model0, sizeof(model));
+                cpu->muon_apply(paths[t].main ? p : NULL, u, N, 0.999f, 0.02f, arith, model, paths[t].model,
+                                paths[t].stochastic, 77, 1000);
+                K->upload(kp, p0, N * 4), K->upload(kv, g, N * 4), K->upload(kmodel, model0, sizeof(model0));
+                K->muon_apply(paths[t].main ? kp : NULL, kv, N, 0.999f, 0.02f, arith, kmodel, paths[t].model,
+                              paths[t].stochastic, 77, 1000);
+                if (paths[t].main) worst = fmax(worst, against_cpu(K, "muon_apply p", kp, p, N, a ? 0 : 1e-6));
+                if (a) /* a product and an FMA, rounded alike everywhere: the copy is the same rounding */
+                    same_bytes(K, "muon_apply model copy (fused)", kmodel, model, sizeof(model));
+                else
+                    within_one_ulp16(K, "muon_apply model copy", kmodel, model, N);
+            }
+            K->upload(kp, p0, N * 4);
+            cpu->muon_apply(memcpy(p, p0, sizeof(p)), u, N, 0.999f, 0.02f, arith, NULL, HT_DTYPE_F32, false, 0, 0);
+            K->upload(kv, u, N * 4);
+            K->muon_apply(kp, kv, N, 0.999f, 0.02f, arith, NULL, HT_DTYPE_F32, false, 0, 0);
+            worst = fmax(worst, against_cpu(K, "muon_apply (no model copy)", kp, p, N, a ? 0 : 1e-6));
         }
-        for (size_t t = 1; t < sizeof(paths) / sizeof(paths[0]); t++) {
-            memcpy(p, p0, sizeof(p)), memcpy(u, g, sizeof(u));
-            ht_convert(model0, paths[t].model, p0, HT_DTYPE_F32, N);
-            memcpy(model, model0, sizeof(model));
-            cpu->muon_apply(paths[t].main ? p : NULL, u, N, 0.999f, 0.02f, model, paths[t].model, paths[t].stochastic,
-                            77, 1000);
-            K->upload(kp, p0, N * 4), K->upload(kv, g, N * 4), K->upload(kmodel, model0, sizeof(model0));
-            K->muon_apply(paths[t].main ? kp : NULL, kv, N, 0.999f, 0.02f, kmodel, paths[t].model, paths[t].stochastic,
-                          77, 1000);
-            if (paths[t].main) worst = fmax(worst, against_cpu(K, "muon_apply p", kp, p, N, 1e-6));
-            within_one_ulp16(K, "muon_apply model copy", kmodel, model, N);
-        }
-        K->upload(kp, p0, N * 4);
-        cpu->muon_apply(memcpy(p, p0, sizeof(p)), u, N, 0.999f, 0.02f, NULL, HT_DTYPE_F32, false, 0, 0);
-        K->upload(kv, u, N * 4);
-        K->muon_apply(kp, kv, N, 0.999f, 0.02f, NULL, HT_DTYPE_F32, false, 0, 0);
-        worst = fmax(worst, against_cpu(K, "muon_apply (no model copy)", kp, p, N, 1e-6));
         K->free(kp), K->free(kg), K->free(km), K->free(kv), K->free(kmodel);
 
         /* Newton-Schulz: two wide and two tall matrices, five steps of the legacy quintic, in FP32, with bf16

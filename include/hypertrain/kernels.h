@@ -151,6 +151,13 @@ typedef struct ht_attention_shape {
  * product and its scaled sum rounded to it once, as its addmm calls round. */
 typedef enum ht_ns_form { HT_NS_FORM_STANDARD = 0, HT_NS_FORM_GRAM, HT_NS_FORM_TORCH } ht_ns_form;
 
+/* Muon's elementwise arithmetic (docs/NUMERICS.md, Muon: Momentum, Update
+ * scale and step). PLAIN: B <- mu B + gw g, u = gw g + mu B, p <- p decay -
+ * step O. TORCH, torch.optim.Muon's ops as torch's kernels round them:
+ * B.lerp_(g, gw) and u = g.lerp(B, mu), one FMA each; p <- p decay, then
+ * p + (-step) O in one FMA (add_ with alpha). */
+typedef enum ht_muon_arith { HT_MUON_ARITH_PLAIN = 0, HT_MUON_ARITH_TORCH } ht_muon_arith;
+
 typedef struct ht_kernel_ops {
     const char *name; /* "cpu", "cuda" */
     /* Whether the backend's memory is the host's: the CPU's is, so a caller
@@ -277,9 +284,10 @@ typedef struct ht_kernel_ops {
     /* the optimizers': ht_adamw_pass, ht_muon_momentum, ht_muon_apply, ht_ns_* */
     void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
                   ht_dtype model_dtype, bool stochastic, uint64_t stream);
-    void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
-    void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
-                       bool stochastic, uint64_t stream, int64_t first);
+    void (*muon_momentum)(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
+                          ht_muon_arith arith);
+    void (*muon_apply)(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
+                       ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first);
     size_t (*ns_workspace_floats)(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
     void (*newton_schulz)(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
                           const double (*coeffs)[3], int steps, double eps, ht_dtype ns_dtype, ht_ns_form form,

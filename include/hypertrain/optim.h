@@ -152,7 +152,8 @@ void ht_newton_schulz_batch(const float *G, float *O, int64_t count, int64_t row
 
 typedef enum ht_muon_momentum_style {
     HT_MUON_MOMENTUM_SUM = 0, /* B <- mu B + g; nesterov u = g + mu B (HyperParallel, Moonlight) */
-    HT_MUON_MOMENTUM_EMA,     /* B <- mu B + (1 - mu) g; nesterov u = (1 - mu) g + mu B (PyTorch) */
+    HT_MUON_MOMENTUM_EMA,     /* B <- mu B + (1 - mu) g; nesterov u = (1 - mu) g + mu B (PyTorch): torch's
+                                 lerps and its update's FMA, bit for bit (HT_MUON_ARITH_TORCH) */
 } ht_muon_momentum_style;
 
 /* How a sharded matrix reaches Newton-Schulz (muon_comm_strategy). */

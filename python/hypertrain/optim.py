@@ -407,8 +407,8 @@ class _MuonGroup(dict):
 
 
 class Muon(_Leaf):
-    """torch.optim.Muon's arguments, with torch's meaning (momentum as torch's lerp,
-    ns_coefficients applied ns_steps times, adjust_lr_fn None/"original",
+    """torch.optim.Muon's arguments, with torch's meaning and rounding (momentum as torch's lerps, the decay and
+    update as its mul_ and add_, bit for bit as docs/NUMERICS.md's Muon says, ns_coefficients applied ns_steps times, adjust_lr_fn None/"original",
     "match_rms_adamw" or "spectral_unclamped"), and HyperParallel's and MindFormers' names:
     momentum_style ("ema", torch's, or "sum": B <- mu B + g), ns_variant
     ("legacy", "asym5", "polar_express", "deepseek_v4"), matched_adamw_rms (the
@@ -503,13 +503,15 @@ class Muon(_Leaf):
             if self.comm_strategy == "deredundancy" else {}
         for group, p, pl, gl, buf, model in work:
             lr, mu = _float(group["lr"]), float(group["momentum"])
-            gw = 1.0 - mu if group["momentum_style"] == "ema" else 1.0
+            ema = group["momentum_style"] == "ema"
+            gw = 1.0 - mu if ema else 1.0
+            arith = "torch" if ema else "plain"  # ema: torch.optim.Muon's lerps and add_ (docs/NUMERICS.md, Muon)
             nesterov = bool(group["nesterov"])
             n = pl.numel()
             A, B = p.shape[-2], p.shape[-1]  # the whole matrix's (a DTensor's global shape)
             update = torch.empty_like(pl)
             if n:
-                _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov)
+                _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov, arith)
             source = update if nesterov else buf
             if pl is not p and self.comm_strategy == "deredundancy":
                 update = _owner_newton_schulz(p, source, owners[id(p)], group)
@@ -524,7 +526,7 @@ class Muon(_Leaf):
             scale = _update_scale(group, A, B)
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
-                              *model)
+                              *model, arith)
 
     def load_state_dict(self, state_dict):
         """torch.optim.Muon's state dicts too: their groups lack hypertrain's keys, which take torch's meaning

@@ -67,40 +67,59 @@ static PyObject *py_adamw(PyObject *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
-/* muon_momentum(B, g, u, n, mu, gw, nesterov): B <- mu B + gw g; with
- * nesterov u = gw g + mu B (else u is not written). */
+/* The Muon arithmetic a Python name spells: "plain" or "torch" (ht_muon_arith). */
+static bool as_arith(const char *name, ht_muon_arith *out) {
+    if (!strcmp(name, "plain") || !strcmp(name, "torch")) {
+        *out = name[0] == 't' ? HT_MUON_ARITH_TORCH : HT_MUON_ARITH_PLAIN;
+        return true;
+    }
+    PyErr_Format(PyExc_ValueError, "hypertrain: Muon arithmetic \"%s\"; expected \"plain\" or \"torch\"", name);
+    return false;
+}
+
+/* muon_momentum(B, g, u, n, mu, gw, nesterov, arith="plain"): B <- mu B + gw g;
+ * with nesterov u = gw g + mu B (else u is not written); arith "torch":
+ * torch.optim.Muon's lerps, B.lerp_(g, gw) and u = g.lerp(B, mu). */
 static PyObject *py_muon_momentum(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *bo, *go, *uo;
     long long n;
     float mu, gw;
     int nesterov;
-    if (!PyArg_ParseTuple(args, "OOOLffp", &bo, &go, &uo, &n, &mu, &gw, &nesterov)) return NULL;
+    const char *arith_name = "plain";
+    ht_muon_arith arith;
+    if (!PyArg_ParseTuple(args, "OOOLffp|s", &bo, &go, &uo, &n, &mu, &gw, &nesterov, &arith_name)) return NULL;
+    if (!as_arith(arith_name, &arith)) return NULL;
     float *B = as_pointer(bo), *u = as_pointer(uo);
     const float *g = as_pointer(go);
     if (PyErr_Occurred()) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    ht_kernels()->muon_momentum(B, g, u, n, mu, gw, nesterov != 0);
+    ht_kernels()->muon_momentum(B, g, u, n, mu, gw, nesterov != 0, arith);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
 }
 
-/* muon_apply(p, O, n, decay, step, model=None, model_dtype=None):
- * p <- p decay - step O (O is scratch), and the bf16/f16 model copy. */
+/* muon_apply(p, O, n, decay, step, model=None, model_dtype=None, arith="plain"):
+ * p <- p decay - step O (arith "torch": p decay, then one FMA, as
+ * torch.optim.Muon's add_), and the bf16/f16 model copy; O is scratch. */
 static PyObject *py_muon_apply(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *names[] = {"p", "O", "n", "decay", "step", "model", "model_dtype", NULL};
+    static char *names[] = {"p", "O", "n", "decay", "step", "model", "model_dtype", "arith", NULL};
     PyObject *po, *oo, *model_o = Py_None, *dtype_o = Py_None;
     long long n;
     float decay, step;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLff|OO", names, &po, &oo, &n, &decay, &step, &model_o, &dtype_o))
+    const char *arith_name = "plain";
+    ht_muon_arith arith;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLff|OOs", names, &po, &oo, &n, &decay, &step, &model_o, &dtype_o,
+                                     &arith_name))
         return NULL;
+    if (!as_arith(arith_name, &arith)) return NULL;
     float *p = as_pointer(po), *O = as_pointer(oo);
     void *model = as_pointer(model_o);
     ht_dtype dtype;
     if (PyErr_Occurred() || !as_dtype(dtype_o, &dtype)) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    ht_kernels()->muon_apply(p, O, n, decay, step, model, dtype, false, 0, 0);
+    ht_kernels()->muon_apply(p, O, n, decay, step, arith, model, dtype, false, 0, 0);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
 }
@@ -496,7 +515,8 @@ static PyMethodDef methods[] = {
     {"ckpt_read", py_ckpt_read, METH_VARARGS, "a checkpoint key, whole, into a buffer"},
     {"adamw", (PyCFunction)(void (*)(void))py_adamw, METH_VARARGS | METH_KEYWORDS, "one AdamW step (FP32)"},
     {"muon_momentum", py_muon_momentum, METH_VARARGS, "Muon's momentum step"},
-    {"muon_apply", (PyCFunction)(void (*)(void))py_muon_apply, METH_VARARGS | METH_KEYWORDS, "p <- p decay - step O"},
+    {"muon_apply", (PyCFunction)(void (*)(void))py_muon_apply, METH_VARARGS | METH_KEYWORDS,
+     "p <- p decay - step O, and the model copy"},
     {"newton_schulz", py_newton_schulz, METH_VARARGS, "Newton-Schulz of a batch of matrices"},
     {"ns_schedule", py_ns_schedule, METH_VARARGS, "a named Newton-Schulz schedule's triples"},
     {"sum_squares", py_sum_squares, METH_VARARGS, "the sum of squares of FP32 elements, in double"},

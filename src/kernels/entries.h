@@ -131,12 +131,13 @@
              (float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,         \
               ht_dtype md, bool sr, uint64_t stream),                                                                  \
              (p, g, m, v, n, h, model, md, sr, stream), (M(p); M(g); M(m); M(v); M(model);))                           \
-    HT_ENTRY(muon_momentum, (float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov),        \
-             (B, g, u, n, mu, gw, nesterov), (M(B); M(g); M(u);))                                                      \
+    HT_ENTRY(muon_momentum,                                                                                            \
+             (float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov, ht_muon_arith ar),     \
+             (B, g, u, n, mu, gw, nesterov, ar), (M(B); M(g); M(u);))                                                  \
     HT_ENTRY(muon_apply,                                                                                               \
-             (float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dt, bool sr,               \
-              uint64_t stream, int64_t first),                                                                         \
-             (p, O, n, decay, step, model, dt, sr, stream, first), (M(p); M(O); M(model);))                            \
+             (float *p, float *O, int64_t n, float decay, float step, ht_muon_arith ar, void *model, ht_dtype dt,      \
+              bool sr, uint64_t stream, int64_t first),                                                                \
+             (p, O, n, decay, step, ar, model, dt, sr, stream, first), (M(p); M(O); M(model);))                        \
     HT_ENTRY(newton_schulz,                                                                                            \
              (const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double(*coeffs)[3],           \
               int steps, double eps, ht_dtype dt, ht_ns_form form, float *work),                                       \

@@ -126,15 +126,17 @@ typedef struct ht_adamw_hparams ht_adamw_hparams;
  * rounded back). */
 void ht_adamw_pass(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
                    ht_dtype model_dtype, bool stochastic, uint64_t stream);
-/* B <- mu B + gw g; with nesterov u = gw g + mu B (else u is not written). */
-void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
-/* p <- p decay - step O for n elements, elements [first, first + n) of the
+/* B <- mu B + gw g; with nesterov u = gw g + mu B (else u is not written);
+ * arith TORCH: torch's lerps, B.lerp_(g, gw) and u = g.lerp(B, mu). */
+void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
+                      ht_muon_arith arith);
+/* p <- p decay - step O (arith TORCH: p decay, then one FMA) for n elements, elements [first, first + n) of the
  * param's local rows, and the model copy from the new p in the same pass
  * when model != NULL, rounded to nearest or stochastically (stream). p
  * NULL: the model copy holds the values, widened (exactly) into O, which
  * takes the new values before they are rounded back; O is scratch either way. */
-void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
-                   uint64_t stream, int64_t first);
+void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
+                   ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first);
 /* Newton-Schulz (docs/NUMERICS.md, Muon): O = NS(G) for `count` (rows, cols)
  * FP32 matrices, one after the other in G and O, each normalized by its
  * Frobenius norm (in double) + eps, then `steps` iterations of coeffs[k] =

@@ -19,11 +19,39 @@
 
 /* ------------------------------------------------------------------ Muon */
 
+/* torch's lerp (at::native's lerp kernels, CPU and CUDA) with weight w:
+ * start + w (end - start) for |w| < 0.5, else end + (w - 1)(end - start),
+ * each one FMA. The weight's branch is the call's, not the element's: the
+ * FMA's coefficient and base chosen once. */
+typedef struct torch_lerp {
+    float coeff; /* w, or w - 1 */
+    bool small;  /* |w| < 0.5: the base is start, else end */
+} torch_lerp;
+
+static torch_lerp torch_lerp_of(float w) {
+    const bool small = fabsf(w) < 0.5f;
+    return (torch_lerp){small ? w : w - 1.0f, small};
+}
+
+static inline float torch_lerp_at(torch_lerp l, float start, float end) {
+    return fmaf(l.coeff, end - start, l.small ? start : end);
+}
+
 /* B <- mu B + gw g (the momentum buffer) and, with nesterov, u = gw g + mu B
  * (the matrix Newton-Schulz takes); without nesterov u is B itself and
- * nothing is written to u. */
-void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov) {
-    if (nesterov) {
+ * nothing is written to u. TORCH: B <- B.lerp(g, gw), u = g.lerp(B, mu),
+ * torch.optim.Muon's (gw = 1 - mu rounded from double, as its weight). */
+void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
+                      ht_muon_arith arith) {
+    if (arith == HT_MUON_ARITH_TORCH) {
+        const torch_lerp lb = torch_lerp_of(gw), lu = torch_lerp_of(mu);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const float b = torch_lerp_at(lb, B[i], g[i]);
+            B[i] = b;
+            if (nesterov) u[i] = torch_lerp_at(lu, g[i], b);
+        }
+    } else if (nesterov) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
             float b = mu * B[i] + gw * g[i];
@@ -37,32 +65,38 @@ void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, f
 }
 
 /* p (1 - lr wd) - lr scale O: one expression for every path below, so that
- * the values from a main param and from the model round alike. */
-static inline float decayed_step(float p, float o, float decay, float step) { return p * decay - step * o; }
+ * the values from a main param and from the model round alike. TORCH:
+ * param.mul_(decay) and then param.add_(O, alpha=-step), one FMA. */
+static inline float decayed_step(float p, float o, float decay, float step, bool fused) {
+    return fused ? fmaf(-step, o, p * decay) : p * decay - step * o;
+}
 
-void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype, bool stochastic,
-                   uint64_t stream, int64_t first) {
+void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
+                   ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first) {
     uint16_t *out = model;
-    const bool bf16 = dtype == HT_DTYPE_BF16;
+    const bool bf16 = dtype == HT_DTYPE_BF16, fused = arith == HT_MUON_ARITH_TORCH;
     if (!model) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) p[i] = decayed_step(p[i], O[i], decay, step);
+        for (int64_t i = 0; i < n; i++) p[i] = decayed_step(p[i], O[i], decay, step, fused);
     } else if (stochastic) {
         float *x = p ? p : O;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++)
-            x[i] = decayed_step(p ? p[i] : bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+            x[i] = decayed_step(p      ? p[i]
+                                : bf16 ? ht_bf16_to_f32(out[i])
+                                       : ht_f16_to_f32(out[i]),
+                                O[i], decay, step, fused);
         ht_convert_stochastic_at(out, dtype, x, (size_t)n, stream, (size_t)first);
     } else if (p) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            p[i] = decayed_step(p[i], O[i], decay, step);
+            p[i] = decayed_step(p[i], O[i], decay, step, fused);
             out[i] = bf16 ? ht_f32_to_bf16(p[i]) : ht_f32_to_f16(p[i]);
         }
     } else {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            float x = decayed_step(bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step);
+            float x = decayed_step(bf16 ? ht_bf16_to_f32(out[i]) : ht_f16_to_f32(out[i]), O[i], decay, step, fused);
             out[i] = bf16 ? ht_f32_to_bf16(x) : ht_f32_to_f16(x);
         }
     }

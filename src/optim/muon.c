@@ -162,11 +162,17 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
     return HT_OK;
 }
 
+/* The elementwise arithmetic of the momentum style: ema is torch.optim.Muon's,
+ * rounded as its lerps and add_ round (docs/NUMERICS.md, Muon). */
+static ht_muon_arith arith_of(const ht_muon_config *c) {
+    return c->momentum_style == HT_MUON_MOMENTUM_EMA ? HT_MUON_ARITH_TORCH : HT_MUON_ARITH_PLAIN;
+}
+
 /* B <- momentum(B, g) and u, the matrix Newton-Schulz takes (docs/NUMERICS.md,
  * Muon), through the kernel table. */
 static void momentum_update(float *B, const float *g, float *u, int64_t n, const ht_muon_config *c) {
     const float gw = c->momentum_style == HT_MUON_MOMENTUM_EMA ? (float)(1.0 - c->momentum) : 1.0f;
-    ht_kernels()->muon_momentum(B, g, u, n, (float)c->momentum, gw, c->nesterov);
+    ht_kernels()->muon_momentum(B, g, u, n, (float)c->momentum, gw, c->nesterov, arith_of(c));
 }
 
 /* Newton-Schulz FLOPs of an (A, B) matrix, up to the schedule's length:
@@ -287,23 +293,26 @@ typedef struct residual_apply {
     float *update;
     int64_t first;
     float decay, step;
+    ht_muon_arith arith;
 } residual_apply;
 
 static void residual_block(float *x, int64_t at, int64_t len, void *ctx) {
     const residual_apply *r = ctx;
-    ht_kernels()->muon_apply(x, r->update + (at - r->first), len, r->decay, r->step, NULL, HT_DTYPE_F32, false, 0, 0);
+    ht_kernels()->muon_apply(x, r->update + (at - r->first), len, r->decay, r->step, r->arith, NULL, HT_DTYPE_F32,
+                             false, 0, 0);
 }
 
 /* p's elements [first, first + n) <- p decay - step update (update: n values,
  * scratch), and the model's copy from the main params in the same pass. */
 static void apply_update(const ht_muon *opt, ht_param *p, float *update, int64_t first, int64_t n, float decay,
                          float step) {
+    const ht_muon_arith arith = arith_of(&opt->config);
     if (p->main_low) {
-        ht_param_main_pass(p, first, n, residual_block, &(residual_apply){update, first, decay, step});
+        ht_param_main_pass(p, first, n, residual_block, &(residual_apply){update, first, decay, step, arith});
         return;
     }
     const bool separate = (void *)p->main_param != p->data, stochastic = opt->rounding.stochastic;
-    ht_kernels()->muon_apply(p->main_param ? p->main_param + first : NULL, update, n, decay, step,
+    ht_kernels()->muon_apply(p->main_param ? p->main_param + first : NULL, update, n, decay, step, arith,
                              separate ? (char *)p->data + (size_t)first * ht_dtype_size(p->dtype) : NULL, p->dtype,
                              stochastic, stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0, first);
 }

@@ -139,9 +139,10 @@ bool cuda_flash_attention(const cuda_flash_call *c);
 /* optim.cu */
 void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
                 ht_dtype model_dtype, bool stochastic, uint64_t stream);
-void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov);
-void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
-                     bool stochastic, uint64_t stream, int64_t first);
+void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
+                        ht_muon_arith arith);
+void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
+                     ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first);
 size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
 void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
                         int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work);

@@ -53,31 +53,48 @@ void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const h
 
 /* ---------------------------------------------------------------- Muon */
 
-__global__ void muon_momentum_kernel(float *B, const float *g, float *u, int64_t n, float mu, float gw) {
+/* torch's lerp as kernels/optim.c's torch_lerp: one FMA whose coefficient
+ * (w, or w - 1) and base (start, or end) the weight chose once. */
+__device__ __forceinline__ float torch_lerp_at(float coeff, bool small, float start, float end) {
+    return __fmaf_rn(coeff, __fsub_rn(end, start), small ? start : end);
+}
+
+__global__ void muon_momentum_kernel(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool torch) {
+    const bool small_b = fabsf(gw) < 0.5f, small_u = fabsf(mu) < 0.5f;
+    const float cb = small_b ? gw : __fsub_rn(gw, 1.0f), cu = small_u ? mu : __fsub_rn(mu, 1.0f);
     CUDA_FOR(i, n) {
+        if (torch) {
+            const float b = torch_lerp_at(cb, small_b, B[i], g[i]);
+            B[i] = b;
+            if (u) u[i] = torch_lerp_at(cu, small_u, g[i], b);
+            continue;
+        }
         const float b = mu * B[i] + gw * g[i];
         B[i] = b;
         if (u) u[i] = gw * g[i] + mu * b;
     }
 }
 
-void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov) {
+void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
+                        ht_muon_arith arith) {
     if (n <= 0) return;
-    LAUNCH("muon_momentum", muon_momentum_kernel, cuda_blocks(n), CUDA_THREADS, B, g, nesterov ? u : NULL, n, mu, gw);
+    LAUNCH("muon_momentum", muon_momentum_kernel, cuda_blocks(n), CUDA_THREADS, B, g, nesterov ? u : NULL, n, mu, gw,
+           arith == HT_MUON_ARITH_TORCH);
 }
 
-/* p (1 - lr wd) - lr scale O, as kernels/optim.c's decayed_step. */
-__device__ __forceinline__ float decayed_step(float p, float o, float decay, float step) {
-    return __fsub_rn(__fmul_rn(p, decay), __fmul_rn(step, o));
+/* p (1 - lr wd) - lr scale O, as kernels/optim.c's decayed_step; fused
+ * (TORCH): p decay, then one FMA. */
+__device__ __forceinline__ float decayed_step(float p, float o, float decay, float step, bool fused) {
+    return fused ? __fmaf_rn(-step, o, __fmul_rn(p, decay)) : __fsub_rn(__fmul_rn(p, decay), __fmul_rn(step, o));
 }
 
 /* Elements [first, first + n) of a param: p and the model copy from the new
  * value, or (p NULL) the copy widened, updated and rounded back; with
  * stochastic rounding O takes the new values first, as on the CPU. */
-__global__ void muon_apply_kernel(float *p, float *O, int64_t n, float decay, float step, uint16_t *model, bool bf16,
-                                  bool stochastic, uint64_t stream, int64_t first) {
+__global__ void muon_apply_kernel(float *p, float *O, int64_t n, float decay, float step, bool fused, uint16_t *model,
+                                  bool bf16, bool stochastic, uint64_t stream, int64_t first) {
     CUDA_FOR(i, n) {
-        const float x = decayed_step(p ? p[i] : dev_from16(model[i], bf16), O[i], decay, step);
+        const float x = decayed_step(p ? p[i] : dev_from16(model[i], bf16), O[i], decay, step, fused);
         if (!model) {
             p[i] = x;
         } else if (stochastic) {
@@ -93,11 +110,11 @@ __global__ void muon_apply_kernel(float *p, float *O, int64_t n, float decay, fl
     }
 }
 
-void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, void *model, ht_dtype dtype,
-                     bool stochastic, uint64_t stream, int64_t first) {
+void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
+                     ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first) {
     if (n <= 0 || (!p && !model)) return;
-    LAUNCH("muon_apply", muon_apply_kernel, cuda_blocks(n), CUDA_THREADS, p, O, n, decay, step, (uint16_t *)model,
-           dtype == HT_DTYPE_BF16, stochastic, stream, first);
+    LAUNCH("muon_apply", muon_apply_kernel, cuda_blocks(n), CUDA_THREADS, p, O, n, decay, step,
+           arith == HT_MUON_ARITH_TORCH, (uint16_t *)model, dtype == HT_DTYPE_BF16, stochastic, stream, first);
 }
 
 /* ---------------------------------------------------------------- Newton-Schulz */
