@@ -28,6 +28,7 @@
 #   scripts/device-check.sh --fetch    # here, on Debian 12: the .debs into .device-deps/
 #   scripts/device-check.sh --dry-run  # here: every step that needs no GPU, into $OUT or a temp folder
 #   scripts/device-check.sh            # there: OUT set, .device-deps carried
+#   scripts/device-check.sh --python   # there: the Python package on torch's CUDA tensors alone (below)
 # From a session with a device: run(command="scripts/device-check.sh",
 # carry=[".device-deps"], timeout_s=540).
 set -uo pipefail
@@ -134,10 +135,45 @@ if ! ls /usr/local/cuda*/lib*/libcublasLt.so* /usr/local/cuda*/targets/*/lib/lib
     fi
 fi
 
-# ------------------------------------------------------------ build
-build=build/device
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+
+# ------------------------------------------------------------ --python: the package on torch's CUDA tensors
+# Only this section runs with --python (issue 42, item 9): hypertrain._C built with the CUDA backend for one
+# process (-DHT_PYTHON=ON -DHT_CUDA=ON -DHT_MPI=OFF, libyaml carried), staged with python/hypertrain, then
+# scripts/device_check_optim.py on the machine's torch: AdamW bit for bit against torch's fused AdamW,
+# Muon against torch.optim.Muon (FP32 and its bf16 iteration), the FP32 wrapper's bf16 copies, clip_grad_norm_
+# against torch's, on the default and a side stream, and ms a step of each on a Qwen2.5-0.5B layer's
+# matrices (python_optim.log). From a session with a device:
+#   run(command="scripts/device-check.sh --python", carry=[".device-deps"], timeout_s=420)
+if [ "${1:-}" = "--python" ]; then
+    pybuild=build/device-python
+    rm -rf "$pybuild"
+    t0=$SECONDS
+    {
+        timeout 90 cmake -S . -B "$pybuild" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHT_PYTHON=ON -DHT_CUDA=ON \
+            -DHT_MPI=OFF -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DHT_WERROR=OFF -DHT_CUDA_ARCHITECTURES=90a \
+            -DPython3_EXECUTABLE="$(command -v python3)" -DCMAKE_PREFIX_PATH="$prefix/usr" \
+            -DCMAKE_LIBRARY_PATH="$libdir" "${cmake_extra[@]}" &&
+            timeout 240 cmake --build "$pybuild" -j"$(nproc)" --target hypertrain_python
+    } >"$OUT/python_build.log" 2>&1
+    rc=$?
+    note "hypertrain._C with the CUDA backend: rc $rc in $((SECONDS - t0)) s (python_build.log)"
+    [ $rc -ne 0 ] && tail -30 "$OUT/python_build.log" && exit 1
+    stage=$pybuild/pkg
+    mkdir -p "$stage/hypertrain"
+    cp -r python/hypertrain/. "$stage/hypertrain/"
+    cp "$pybuild"/_C*.so "$stage/hypertrain/"
+    t0=$SECONDS
+    PYTHONPATH=$stage timeout "$(within 150)" python3 scripts/device_check_optim.py >"$OUT/python_optim.log" 2>&1
+    rc=$?
+    note "device_check_optim.py: rc $rc in $((SECONDS - t0)) s (python_optim.log)"
+    tee -a "$summary" <"$OUT/python_optim.log" | tail -40
+    exit $rc
+fi
+
+# ------------------------------------------------------------ build
+build=build/device
 rm -rf "$build"
 log "build: cmake -DHT_KERNELS_ONLY=ON -DHT_CUDA=ON for 90a"
 t0=$SECONDS

@@ -339,6 +339,16 @@ void ht_kernels_profile_reset(void);
  * called from one host thread at a time and queue their work on one
  * stream. */
 const ht_kernel_ops *ht_kernels_cuda(ht_error *err);
+/* The stream the CUDA backend's entries queue their work on from now on (a
+ * cudaStream_t; NULL is CUDA's default stream), returning the one it
+ * replaces, which the caller gives back when done. For a caller whose
+ * tensors live on its own stream (the Python package: torch's current
+ * stream), so that the backend's work and its own stay in order without a
+ * wait. Call it after ht_kernels_cuda succeeded; NULL, and nothing done,
+ * in a build without the CUDA backend. */
+void *ht_kernels_cuda_stream(void *stream);
+/* The CUDA device the backend's table runs on (-1 without one). */
+int ht_kernels_cuda_device(void);
 
 #ifdef __cplusplus
 }

@@ -62,7 +62,7 @@ import warnings
 
 import torch
 
-from .optim import AdamW, Muon, _closure_loss, _Delegating, _keep_local, _local, _MergedState
+from .optim import AdamW, Muon, _closure_loss, _Delegating, _keep_local, _local, _MergedState, _require_device
 
 _LOW = (torch.bfloat16, torch.float16)
 KEY = "_mixed_precision_optimizer"
@@ -212,9 +212,9 @@ class Float16OptimizerWithFloat16Params(_Delegating):
                 raise TypeError(f"Float16OptimizerWithFloat16Params: param {name} has dtype {p.dtype}; "
                                 "expected float16, bfloat16 or float32")
             local = _local(p)
-            if local.device.type != "cpu" or not local.is_contiguous():
-                raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous CPU "
-                                 f"tensor (it is on {local.device})")
+            _require_device("Float16OptimizerWithFloat16Params", f"param {name}", local)
+            if not local.is_contiguous():
+                raise ValueError(f"Float16OptimizerWithFloat16Params: param {name} must be a contiguous tensor")
             if not _has_grad_dtype(p):
                 raise RuntimeError(f"Float16OptimizerWithFloat16Params: this PyTorch ({torch.__version__}) "
                                    "has no Tensor.grad_dtype, which the wrapper needs: autograd must "

@@ -7,8 +7,9 @@ Muon's torch.optim.Muon's), so torch.save, torch's schedulers and checkpoints
 written by torch's optimizers work with them. The arithmetic is hypertrain's
 (docs/NUMERICS.md): AdamW rounds as torch's fused kernel, bit for bit; Muon's
 Newton-Schulz runs in FP32 (or bf16 operands, ns_dtype="bfloat16"). The
-kernels read the tensors where they are (CPU, contiguous, float32): nothing
-is copied, and the GIL is released while they run. So every tensor a kernel
+kernels read the tensors where they are (contiguous, float32; on the CPU, or
+on CUDA where hypertrain is built with its CUDA backend, queued on torch's
+current stream): nothing is copied, and the GIL is released while they run. So every tensor a kernel
 takes (the param, its gradient, each state tensor, the FP32 wrapper's model
 copy) is checked at every step, before any is written, against the param's
 (local) shape, dtype, device and layout, and a state dict's state shapes at
@@ -54,11 +55,34 @@ def _low_precision_error(who, label, dtype):
                      "hypertrain.Float16OptimizerWithFloat16Params(this optimizer, model) around it")
 
 
-def _require_cpu_fp32(who, label, p, g):
+def _require_device(who, label, t):
+    """t on a device the kernels run on: the CPU, or the CUDA device of hypertrain's CUDA backend (a build with
+    cmake -DHT_CUDA=ON); else an error saying what is supported."""
+    if t.device.type == "cpu":
+        return
+    if t.device.type == "cuda":
+        device, why = _C.cuda_backend()
+        if device is None:
+            raise ValueError(f"{who}: {label} is on {t.device}, and {why}. hypertrain runs AdamW, Muon, the FP32 "
+                             "main-param wrapper and clip_grad_norm_ on CPU tensors, and on CUDA tensors when built "
+                             "with its CUDA backend (cmake -DHT_CUDA=ON) on a machine with a GPU")
+        if (t.device.index if t.device.index is not None else device) != device:
+            raise ValueError(f"{who}: {label} is on {t.device}; hypertrain's CUDA backend computes on cuda:{device} "
+                             "(the process's current device when it started)")
+        return
+    raise ValueError(f"{who}: {label} is on {t.device}; hypertrain's optimizers run on CPU tensors and, with its "
+                     "CUDA backend, CUDA tensors")
+
+
+def _stream(t):
+    """The kernels' `stream` argument for tensor t: None for a CPU tensor; for a CUDA tensor torch's current
+    stream on its device, where the kernels queue their work, in order with torch's."""
+    return None if t.device.type == "cpu" else torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _require_fp32(who, label, p, g):
     """p and its gradient g as the kernels read them, or an error naming the param."""
-    if p.device.type != "cpu":
-        raise ValueError(f"{who}: {label} is on {p.device}; hypertrain's optimizers run on CPU tensors "
-                         "(its CUDA backend is not reachable from Python yet)")
+    _require_device(who, label, p)
     if not p.is_floating_point():
         raise TypeError(f"{who}: {label} has dtype {p.dtype}; expected a floating-point param")
     if p.dtype in _LOW:
@@ -88,10 +112,11 @@ def _require_state(who, label, key, t, pl):
 
 
 def _require_step(who, label, s):
-    """AdamW's step count: a one-element tensor holding a whole number >= 0 (torch's float32 layout)."""
-    if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.device.type != "cpu" or s.is_complex():
+    """AdamW's step count: a one-element tensor holding a whole number >= 0 (torch's float32 layout; on the
+    param's device where torch's fused CUDA AdamW keeps it)."""
+    if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.is_complex():
         what = f"{s.dtype} {tuple(s.shape)} on {s.device}" if isinstance(s, torch.Tensor) else type(s).__name__
-        raise ValueError(f"{who}: {label}'s state 'step' is {what}; expected a one-element CPU tensor (torch's "
+        raise ValueError(f"{who}: {label}'s state 'step' is {what}; expected a one-element tensor (torch's "
                          "float32 step count)")
     v = float(s.item())
     if not (math.isfinite(v) and v >= 0 and v == int(v)):
@@ -127,14 +152,12 @@ def _check_loaded_state(who, opt, state_dict, keys):
 
 
 def _check_params(who, groups, first=0):
-    """At construction (and add_param_group): every param a floating-point CPU tensor; first: the index of
-    the groups' first param over the optimizer's groups."""
+    """At construction (and add_param_group): every param a floating-point tensor on a device the kernels run
+    on (_require_device); first: the index of the groups' first param over the optimizer's groups."""
     for i, p in enumerate((q for g in groups for q in g["params"]), first):
         if not p.is_floating_point():
             raise TypeError(f"{who}: param {i} has dtype {p.dtype}; expected a floating-point param")
-        if p.device.type != "cpu":
-            raise ValueError(f"{who}: param {i} is on {p.device}; hypertrain's optimizers run on CPU tensors "
-                             "(its CUDA backend is not reachable from Python yet)")
+        _require_device(who, f"param {i}", p)
 
 
 def _float(x):
@@ -265,7 +288,7 @@ class AdamW(_Leaf):
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)  # FSDP2: this rank's rows, stepped where they are
-                _require_cpu_fp32(who, label, pl, gl)
+                _require_fp32(who, label, pl, gl)
                 state = self._state_of(p)
                 _require_step(who, label, state["step"])
                 m = _require_state(who, label, "exp_avg", state["exp_avg"], pl)
@@ -291,7 +314,7 @@ class AdamW(_Leaf):
             if pl.numel():
                 _C.adamw(pl.data_ptr(), gl.data_ptr(), m.data_ptr(), v.data_ptr(), pl.numel(),
                          int(state["step"].item()), _float(group["lr"]), b1, b2, group["eps"],
-                         group["weight_decay"], *model)
+                         group["weight_decay"], *model, stream=_stream(pl))
 
     def load_state_dict(self, state_dict):
         _check_loaded_state("hypertrain.optim.AdamW", self, state_dict, ("exp_avg", "exp_avg_sq"))
@@ -481,7 +504,7 @@ class Muon(_Leaf):
                 if p.grad is None:
                     continue
                 pl, gl = _local(p), _local(p.grad)
-                _require_cpu_fp32(who, label, pl, gl)
+                _require_fp32(who, label, pl, gl)
                 state = self._state_of(p)
                 buf = _require_state(who, label, "momentum_buffer", state["momentum_buffer"], pl)
                 model = _model_copy(who, label, p, pl)
@@ -509,24 +532,24 @@ class Muon(_Leaf):
             nesterov = bool(group["nesterov"])
             n = pl.numel()
             A, B = p.shape[-2], p.shape[-1]  # the whole matrix's (a DTensor's global shape)
-            update = torch.empty_like(pl)
+            update, stream = torch.empty_like(pl), _stream(pl)
             if n:
-                _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov, arith)
+                _C.muon_momentum(buf.data_ptr(), gl.data_ptr(), update.data_ptr(), n, mu, gw, nesterov, arith, stream)
             source = update if nesterov else buf
             if pl is not p and self.comm_strategy == "deredundancy":
                 update = _owner_newton_schulz(p, source, owners[id(p)], group)
             elif pl is not p:  # FSDP2: Newton-Schulz needs the whole matrix (the seed's allgather strategy)
                 whole = _gather(p, source)
                 _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B,
-                                 group["schedule"], group["eps"], group["ns_dtype"], group["ns_form"])
+                                 group["schedule"], group["eps"], group["ns_dtype"], group["ns_form"], stream)
                 update = _keep_local(p, whole)
             else:
                 _C.newton_schulz(source.data_ptr(), update.data_ptr(), n // (A * B), A, B, group["schedule"],
-                                 group["eps"], group["ns_dtype"], group["ns_form"])
+                                 group["eps"], group["ns_dtype"], group["ns_form"], stream)
             scale = _update_scale(group, A, B)
             if n:
                 _C.muon_apply(pl.data_ptr(), update.data_ptr(), n, 1.0 - lr * group["weight_decay"], lr * scale,
-                              *model, arith)
+                              *model, arith, stream=stream)
 
     def load_state_dict(self, state_dict):
         """torch.optim.Muon's state dicts too: their groups lack hypertrain's keys, which take torch's meaning
@@ -602,7 +625,7 @@ def _owner_newton_schulz(p, local, owner, group):
     if rows[me] != local.shape[0]:
         raise RuntimeError(f"hypertrain.optim.Muon: rank {me} holds {local.shape[0]} of {p.shape[0]} rows; "
                            f"deredundancy expects torch.chunk's {rows[me]}")
-    send = torch.zeros((pad,) + tail, dtype=torch.float32)
+    send = torch.zeros((pad,) + tail, dtype=torch.float32, device=local.device)
     send[:local.shape[0]] = local
     dst = dist.get_global_rank(pg, owner)
     parts = [torch.empty_like(send) for _ in range(size)] if me == owner else None
@@ -612,7 +635,7 @@ def _owner_newton_schulz(p, local, owner, group):
         whole = torch.cat([part[:n] for part, n in zip(parts, rows)]).contiguous()
         A, B = p.shape[-2], p.shape[-1]
         _C.newton_schulz(whole.data_ptr(), whole.data_ptr(), whole.numel() // (A * B), A, B, group["schedule"],
-                         group["eps"], group["ns_dtype"], group["ns_form"])
+                         group["eps"], group["ns_dtype"], group["ns_form"], _stream(whole))
         at, pieces = 0, []
         for n in rows:
             piece = torch.zeros_like(send)
@@ -988,8 +1011,9 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     local, by_groups = 0.0, {}
     for g in grads:
         t = g.to_local() if hasattr(g, "to_local") else g
-        if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
-            s = _C.sum_squares(t.data_ptr(), t.numel())
+        if t.dtype == torch.float32 and t.device.type in ("cpu", "cuda") and t.is_contiguous():
+            _require_device("hypertrain.optim.clip_grad_norm_", "a gradient", t)
+            s = _C.sum_squares(t.data_ptr(), t.numel(), _stream(t))
         else:
             s = float(t.double().square().sum())
         if hasattr(g, "to_local"):

@@ -5,8 +5,12 @@
  *
  * Tensors arrive as their data pointers (torch.Tensor.data_ptr()) with
  * their element counts: the Python side has checked that each is a
- * contiguous CPU tensor of the dtype the kernel takes, so nothing is
- * copied. Every kernel runs with the GIL released. */
+ * contiguous tensor of the dtype the kernel takes, so nothing is copied.
+ * A kernel's `stream` argument says where it computes: None, the CPU's
+ * table on CPU tensors; an int (a cudaStream_t, torch's current stream),
+ * the CUDA backend's table on CUDA tensors, its work queued on that stream
+ * (in a build without the backend: an error saying so). Every kernel runs
+ * with the GIL released. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -41,20 +45,81 @@ static bool as_dtype(PyObject *o, ht_dtype *out) {
     return false;
 }
 
-/* adamw(p, g, m, v, n, step, lr, beta1, beta2, eps, weight_decay, model=None, model_dtype=None):
+/* Where a call computes (the module's comment): the table, and for CUDA the
+ * caller's stream, the backend's own given back when the call is done. */
+typedef struct py_device {
+    const ht_kernel_ops *k;
+    bool cuda;
+    void *stream, *saved;
+} py_device;
+
+static bool device_of(PyObject *stream, py_device *d) {
+    memset(d, 0, sizeof(*d));
+    d->k = ht_kernels();
+    if (!stream || stream == Py_None) return true;
+    ht_error err;
+    if (!(d->k = ht_kernels_cuda(&err))) {
+        PyErr_Format(PyExc_RuntimeError, "hypertrain: a CUDA tensor needs hypertrain's CUDA backend: %s", err.msg);
+        return false;
+    }
+    d->cuda = true;
+    d->stream = PyLong_AsVoidPtr(stream);
+    return !PyErr_Occurred();
+}
+
+/* With the GIL released: the call's stream in, and out again. */
+static void device_enter(py_device *d) {
+    if (d->cuda) d->saved = ht_kernels_cuda_stream(d->stream);
+}
+static void device_leave(py_device *d) {
+    if (d->cuda) ht_kernels_cuda_stream(d->saved);
+}
+
+/* cuda_backend(): (device, why): the CUDA device hypertrain's CUDA backend
+ * computes on and "", or (None, the reason there is none). */
+static PyObject *py_cuda_backend(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    ht_error err;
+    if (!ht_kernels_cuda(&err)) return Py_BuildValue("(Os)", Py_None, err.msg);
+    return Py_BuildValue("(is)", ht_kernels_cuda_device(), "");
+}
+
+/* cuda_synchronize(stream): waits for the CUDA backend's work on `stream`
+ * and raises the first failure of any of its kernels or products. */
+static PyObject *py_cuda_synchronize(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *stream_o = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &stream_o)) return NULL;
+    py_device d;
+    if (!device_of(stream_o, &d)) return NULL;
+    ht_error err;
+    ht_status st;
+    PyThreadState *unlocked = PyEval_SaveThread();
+    device_enter(&d);
+    st = d.k->synchronize(&err);
+    device_leave(&d);
+    PyEval_RestoreThread(unlocked);
+    if (st != HT_OK) return PyErr_Format(PyExc_RuntimeError, "hypertrain: %s", err.msg);
+    Py_RETURN_NONE;
+}
+
+/* adamw(p, g, m, v, n, step, lr, beta1, beta2, eps, weight_decay, model=None, model_dtype=None, stream=None):
  * one AdamW step of n FP32 elements (docs/NUMERICS.md, AdamW: torch's fused
  * kernel's rounding), the rounded result written to a bf16/f16 model copy
  * in the same pass where one is given. */
 static PyObject *py_adamw(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *names[] = {
-        "p", "g", "m", "v", "n", "step", "lr", "beta1", "beta2", "eps", "weight_decay", "model", "model_dtype", NULL};
-    PyObject *po, *go, *mo, *vo, *model_o = Py_None, *dtype_o = Py_None;
+        "p",     "g",           "m",      "v", "n", "step", "lr", "beta1", "beta2", "eps", "weight_decay",
+        "model", "model_dtype", "stream", NULL};
+    PyObject *po, *go, *mo, *vo, *model_o = Py_None, *dtype_o = Py_None, *stream_o = Py_None;
     long long n, step;
     ht_adamw_hparams h;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOLLddddd|OO", names, &po, &go, &mo, &vo, &n, &step, &h.lr, &h.beta1,
-                                     &h.beta2, &h.eps, &h.weight_decay, &model_o, &dtype_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOLLddddd|OOO", names, &po, &go, &mo, &vo, &n, &step, &h.lr, &h.beta1,
+                                     &h.beta2, &h.eps, &h.weight_decay, &model_o, &dtype_o, &stream_o))
         return NULL;
+    py_device d;
+    if (!device_of(stream_o, &d)) return NULL;
     h.step = step;
     float *p = as_pointer(po), *m = as_pointer(mo), *v = as_pointer(vo);
     const float *g = as_pointer(go);
@@ -62,7 +127,9 @@ static PyObject *py_adamw(PyObject *self, PyObject *args, PyObject *kw) {
     ht_dtype dtype;
     if (PyErr_Occurred() || !as_dtype(dtype_o, &dtype)) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    ht_kernels()->adamw(p, g, m, v, n, &h, model, dtype, false, 0);
+    device_enter(&d);
+    d.k->adamw(p, g, m, v, n, &h, model, dtype, false, 0);
+    device_leave(&d);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
 }
@@ -77,7 +144,7 @@ static bool as_arith(const char *name, ht_muon_arith *out) {
     return false;
 }
 
-/* muon_momentum(B, g, u, n, mu, gw, nesterov, arith="plain"): B <- mu B + gw g;
+/* muon_momentum(B, g, u, n, mu, gw, nesterov, arith="plain", stream=None): B <- mu B + gw g;
  * with nesterov u = gw g + mu B (else u is not written); arith "torch":
  * torch.optim.Muon's lerps, B.lerp_(g, gw) and u = g.lerp(B, mu). */
 static PyObject *py_muon_momentum(PyObject *self, PyObject *args) {
@@ -87,39 +154,47 @@ static PyObject *py_muon_momentum(PyObject *self, PyObject *args) {
     float mu, gw;
     int nesterov;
     const char *arith_name = "plain";
+    PyObject *stream_o = Py_None;
     ht_muon_arith arith;
-    if (!PyArg_ParseTuple(args, "OOOLffp|s", &bo, &go, &uo, &n, &mu, &gw, &nesterov, &arith_name)) return NULL;
-    if (!as_arith(arith_name, &arith)) return NULL;
+    py_device d;
+    if (!PyArg_ParseTuple(args, "OOOLffp|sO", &bo, &go, &uo, &n, &mu, &gw, &nesterov, &arith_name, &stream_o))
+        return NULL;
+    if (!as_arith(arith_name, &arith) || !device_of(stream_o, &d)) return NULL;
     float *B = as_pointer(bo), *u = as_pointer(uo);
     const float *g = as_pointer(go);
     if (PyErr_Occurred()) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    ht_kernels()->muon_momentum(B, g, u, n, mu, gw, nesterov != 0, arith);
+    device_enter(&d);
+    d.k->muon_momentum(B, g, u, n, mu, gw, nesterov != 0, arith);
+    device_leave(&d);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
 }
 
-/* muon_apply(p, O, n, decay, step, model=None, model_dtype=None, arith="plain"):
+/* muon_apply(p, O, n, decay, step, model=None, model_dtype=None, arith="plain", stream=None):
  * p <- p decay - step O (arith "torch": p decay, then one FMA, as
  * torch.optim.Muon's add_), and the bf16/f16 model copy; O is scratch. */
 static PyObject *py_muon_apply(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *names[] = {"p", "O", "n", "decay", "step", "model", "model_dtype", "arith", NULL};
-    PyObject *po, *oo, *model_o = Py_None, *dtype_o = Py_None;
+    static char *names[] = {"p", "O", "n", "decay", "step", "model", "model_dtype", "arith", "stream", NULL};
+    PyObject *po, *oo, *model_o = Py_None, *dtype_o = Py_None, *stream_o = Py_None;
     long long n;
     float decay, step;
     const char *arith_name = "plain";
     ht_muon_arith arith;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLff|OOs", names, &po, &oo, &n, &decay, &step, &model_o, &dtype_o,
-                                     &arith_name))
+    py_device d;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLff|OOsO", names, &po, &oo, &n, &decay, &step, &model_o, &dtype_o,
+                                     &arith_name, &stream_o))
         return NULL;
-    if (!as_arith(arith_name, &arith)) return NULL;
+    if (!as_arith(arith_name, &arith) || !device_of(stream_o, &d)) return NULL;
     float *p = as_pointer(po), *O = as_pointer(oo);
     void *model = as_pointer(model_o);
     ht_dtype dtype;
     if (PyErr_Occurred() || !as_dtype(dtype_o, &dtype)) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    ht_kernels()->muon_apply(p, O, n, decay, step, arith, model, dtype, false, 0, 0);
+    device_enter(&d);
+    d.k->muon_apply(p, O, n, decay, step, arith, model, dtype, false, 0, 0);
+    device_leave(&d);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
 }
@@ -141,7 +216,7 @@ static bool as_schedule(PyObject *o, ht_ns_schedule *s) {
     return ok;
 }
 
-/* newton_schulz(G, O, count, rows, cols, coeffs, eps, ns_dtype[, form]):
+/* newton_schulz(G, O, count, rows, cols, coeffs, eps, ns_dtype[, form[, stream]]):
  * Newton-Schulz of `count` (rows, cols) FP32 matrices side by side in G into
  * O (G may be O), each on its own (docs/NUMERICS.md, Muon), its products in
  * ns_dtype ("float32", or "bfloat16" operands with FP32 accumulation); form
@@ -153,7 +228,9 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
     long long count, rows, cols;
     double eps;
     const char *form_name = "standard";
-    if (!PyArg_ParseTuple(args, "OOLLLOdO|s", &go, &oo, &count, &rows, &cols, &coeffs, &eps, &dtype_o, &form_name))
+    PyObject *stream_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OOLLLOdO|sO", &go, &oo, &count, &rows, &cols, &coeffs, &eps, &dtype_o, &form_name,
+                          &stream_o))
         return NULL;
     ht_ns_schedule sched;
     ht_dtype dtype;
@@ -175,13 +252,20 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
                             "hypertrain: Newton-Schulz form '%s' with ns_dtype %s; expected 'standard', 'gram' (with "
                             "float32) or 'torch' (with bfloat16)",
                             form_name, ht_dtype_name(dtype));
-    const ht_kernel_ops *k = ht_kernels();
-    float *work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64);
-    if (!work) return PyErr_NoMemory();
+    py_device d;
+    if (!device_of(stream_o, &d)) return NULL;
+    const ht_kernel_ops *k = d.k;
+    float *work = NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form, work);
+    device_enter(&d);
+    work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64);
+    if (work)
+        k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form,
+                         work);
+    k->free(work); /* on CUDA, after the device is done with it (cudaFree waits) */
+    device_leave(&d);
     PyEval_RestoreThread(unlocked);
-    k->free(work);
+    if (!work) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -207,18 +291,26 @@ static PyObject *py_ns_schedule(PyObject *self, PyObject *args) {
     return list;
 }
 
-/* sum_squares(x, n): Σ x² of n FP32 elements, in double. */
+/* sum_squares(x, n, stream=None): Σ x² of n FP32 elements, in double (on
+ * CUDA: waits for it, and raises a failure of the backend's work). */
 static PyObject *py_sum_squares(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *xo;
+    PyObject *xo, *stream_o = Py_None;
     long long n;
-    if (!PyArg_ParseTuple(args, "OL", &xo, &n)) return NULL;
+    if (!PyArg_ParseTuple(args, "OL|O", &xo, &n, &stream_o)) return NULL;
     const float *x = as_pointer(xo);
-    if (PyErr_Occurred()) return NULL;
+    py_device d;
+    if (PyErr_Occurred() || !device_of(stream_o, &d)) return NULL;
     double s;
+    ht_error err;
+    ht_status st = HT_OK;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
-    s = ht_kernels()->sum_squares(x, n);
+    device_enter(&d);
+    s = d.k->sum_squares(x, n);
+    if (d.cuda) st = d.k->synchronize(&err);
+    device_leave(&d);
     PyEval_RestoreThread(unlocked);
+    if (st != HT_OK) return PyErr_Format(PyExc_RuntimeError, "hypertrain: %s", err.msg);
     return PyFloat_FromDouble(s);
 }
 
@@ -520,6 +612,8 @@ static PyMethodDef methods[] = {
     {"newton_schulz", py_newton_schulz, METH_VARARGS, "Newton-Schulz of a batch of matrices"},
     {"ns_schedule", py_ns_schedule, METH_VARARGS, "a named Newton-Schulz schedule's triples"},
     {"sum_squares", py_sum_squares, METH_VARARGS, "the sum of squares of FP32 elements, in double"},
+    {"cuda_backend", py_cuda_backend, METH_NOARGS, "the CUDA backend's device, or None and why"},
+    {"cuda_synchronize", py_cuda_synchronize, METH_VARARGS, "waits for the CUDA backend and raises its failure"},
     {"lr_types", py_lr_types, METH_NOARGS, "the learning-rate schedules' type names"},
     {"lr_at", (PyCFunction)(void (*)(void))py_lr_at, METH_VARARGS | METH_KEYWORDS, "a schedule's lr at a step"},
     {"lr_schedule", py_lr_schedule, METH_VARARGS, "the trainer's schedule under a config's lr_scheduler keys"},

@@ -90,4 +90,9 @@ const ht_kernel_ops *ht_kernels_cuda(ht_error *err) {
     ht_fail(err, HT_ERR_INVALID, "this build has no CUDA backend (cmake -DHT_CUDA=ON, make build-cuda)");
     return NULL;
 }
+void *ht_kernels_cuda_stream(void *stream) {
+    (void)stream;
+    return NULL;
+}
+int ht_kernels_cuda_device(void) { return -1; }
 #endif

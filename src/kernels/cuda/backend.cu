@@ -289,3 +289,12 @@ cuda_context *cuda_context_get(ht_error *err) {
 }
 
 extern "C" const ht_kernel_ops *ht_kernels_cuda(ht_error *err) { return cuda_context_get(err) ? &g_cuda.table : NULL; }
+
+extern "C" void *ht_kernels_cuda_stream(void *stream) {
+    if (!g_cuda.ready) return NULL;
+    void *was = (void *)g_cuda.ctx.stream;
+    g_cuda.ctx.stream = (cudaStream_t)stream;
+    return was;
+}
+
+extern "C" int ht_kernels_cuda_device(void) { return g_cuda.ready ? g_cuda.ctx.device : -1; }
