@@ -132,8 +132,9 @@ static void assert_same_state(const ht_trainer *a, const ht_trainer *b, int step
 
 /* optimizer.main_param_storage residual16: a bf16 weight with the low 16
  * bits of its FP32 main param beside it is the FP32 copy, bit for bit:
- * every step's loss, weights and main params equal a copy's (Muon, AdamW
- * and QK-clip updating them), in half the main params' bytes; and a
+ * every step's loss, weights and main params equal a copy's (Muon with
+ * torch's arithmetic (ema), AdamW and QK-clip updating them; test_dist runs
+ * the sum style), in half the main params' bytes; and a
  * checkpoint of either resumes into the other with the same steps after. */
 static void test_residual16_is_the_fp32_copy_bit_for_bit(void **state) {
     (void)state;
@@ -147,7 +148,8 @@ static void test_residual16_is_the_fp32_copy_bit_for_bit(void **state) {
                           "fsdp_config.mix_precision.param_dtype=bfloat16",
                           "optimizer.muon_config.muon_lr=0.05",
                           "optimizer.muon_config.qk_clip_enabled=true",
-                          "optimizer.muon_config.qk_clip_threshold=2"};
+                          "optimizer.muon_config.qk_clip_threshold=2",
+                          "optimizer.muon_config.muon_momentum_style=ema"};
     for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) assert_ht_ok(ht_config_set(cfg, sets[k], &err), &err);
     char set[1200];
     ht_trainer *t[2];

@@ -65,10 +65,12 @@ void ht_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, f
 }
 
 /* p (1 - lr wd) - lr scale O: one expression for every path below, so that
- * the values from a main param and from the model round alike. TORCH:
+ * the values from a main param and from the model round alike, each FMA
+ * written out (a contraction left to the compiler may differ from loop to
+ * loop). PLAIN: p decay + (-(step O)), the product rounded first. TORCH:
  * param.mul_(decay) and then param.add_(O, alpha=-step), one FMA. */
 static inline float decayed_step(float p, float o, float decay, float step, bool fused) {
-    return fused ? fmaf(-step, o, p * decay) : p * decay - step * o;
+    return fused ? fmaf(-step, o, p * decay) : fmaf(p, decay, -(step * o));
 }
 
 void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
