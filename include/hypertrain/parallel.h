@@ -129,6 +129,64 @@ typedef struct ht_mesh {
 /* Rank `rank`'s place in a mesh of valid sizes (each divides what it must). */
 void ht_mesh_of(const ht_mesh_sizes *sizes, int rank, ht_mesh *mesh);
 
+/* The one owner of the mesh (src/parallel/dims.c): its sizes, this rank's
+ * place, and every group the rank joins, split from `world` once. An axis
+ * of size 1 has a group of one rank (ht_comm_single); expert and ep are
+ * NULL without expert parallelism. What crosses more than one axis is
+ * done here: the gradients' sums after backward, the attention logits'
+ * maxima, the tokens a rank holds. */
+typedef struct ht_parallel {
+    ht_mesh_sizes sizes;
+    ht_mesh mesh;
+    ht_comm *world; /* the ranks training together, not owned */
+    /* fsdp_config.shard_size S: shard groups of S ranks share the state
+     * (shard), the ranks of the same place in each hold the same rows
+     * (replica): HSDP. S = world: one shard group; S = 1: every rank holds
+     * everything. */
+    ht_comm *shard, *replica;
+    /* Context parallelism: the CP = U x R consecutive ranks reading the same
+     * sequences (cp), the U splitting the heads (ulysses) and the R the
+     * key/value blocks go round (ring). */
+    ht_comm *cp, *ulysses, *ring;
+    /* Tensor parallelism: the T consecutive ranks of tp hold the same tokens
+     * and each its slices of the weights; model joins one replica's ranks
+     * over every place, each holding a box of its own: the model once (its
+     * first replica writes checkpoints). */
+    ht_comm *tp, *model;
+    /* Expert parallelism P > 1: P groups of W / P consecutive ranks hold the
+     * same experts (expert: FSDP's expert units gather and reduce over it);
+     * ep joins the ranks of the same place in each, which split the experts
+     * and exchange the tokens' rows. */
+    ht_comm *expert, *ep;
+    int dp_rank, dp_size, cp_size, tp_size;
+    bool sharded; /* S > 1: each rank holds its rows of every param and its state */
+} ht_parallel;
+
+/* Every group of `world` as `sizes` (valid, world its size) asks. */
+ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm *world, ht_error *err);
+/* One rank, every axis of size 1 (before ht_parallel_init, or instead of it). */
+void ht_parallel_single(ht_parallel *par, ht_comm *world);
+void ht_parallel_free(ht_parallel *par);
+/* The sizes, every rank's coordinates (the first 64) and the groups, in the log. */
+void ht_parallel_log(const ht_parallel *par);
+/* After backward: every trainable param's main_grad becomes the global
+ * batch's. FSDP's reduce-scatters over the shard group finished, the sum
+ * over the replicas (HSDP), and with sequence parallelism the params the
+ * tensor-parallel group holds whole (the norms, a router, routed experts:
+ * each rank got its tokens' part) summed over it in rank order, as
+ * Megatron's finalize_model_grads sums the norms'. */
+void ht_parallel_finish_grads(const ht_parallel *par, ht_fsdp *fsdp, ht_param_store *params, bool sequence_parallel);
+/* The attention logits' maxima (n, one a layer's head) over the ranks
+ * holding the same heads: a tensor-parallel place's, its shard and replica
+ * groups. */
+void ht_parallel_max_logits(const ht_parallel *par, float *max_logit, int64_t n);
+/* The B sequences of T tokens of `in` as this rank's model takes them: under
+ * context parallelism its Tc tokens of each (ht_context_position of the
+ * model's ht_context_parallel) into `out`; otherwise `in` itself. */
+struct ht_context_parallel;
+const int32_t *ht_parallel_token_share(const ht_parallel *par, const struct ht_context_parallel *cp, const int32_t *in,
+                                       int B, int T, int Tc, int32_t *out);
+
 /* Context parallelism: the model's attention exchanges over `ulysses` (the
  * ranks that split the heads, parallel.ulysses_parallel_size) and `ring`
  * (parallel.ring_attention_size), their ranks being this rank's place on

@@ -63,33 +63,7 @@ typedef struct ht_trainer {
      * is not the host's, the group inside comm (a staged group over it,
      * ht_comm_staged), as are the groups split from comm. */
     ht_comm *world;
-    /* fsdp_config.shard_size S: the world splits into groups of S ranks that
-     * shard the state among them (shard_comm), and the ranks with the same
-     * place in each group hold the same rows (replica_comm): HSDP. S = world:
-     * one shard group; S = 1: every rank holds everything. */
-    ht_comm *shard_comm, *replica_comm;
-    /* parallel.expert_parallel_size P > 1: the world is P groups of W / P
-     * consecutive ranks holding the same experts (expert_comm,
-     * FSDP's expert units gather and reduce over it), and ep_comm joins the
-     * ranks of the same place in each, which split the experts between them
-     * and exchange the tokens' rows. NULL: no expert parallelism. */
-    ht_comm *expert_comm, *ep_comm;
-    /* The mesh (docs/DESIGN.md, The mesh): the world is DP data-parallel
-     * replicas x CP = U x R context-parallel ranks, consecutive (Ulysses
-     * innermost). The ranks of a context-parallel group read the same
-     * sequences and hold Tc = T / CP tokens of each (ht_context_position);
-     * ulysses_comm joins the U ranks that split the heads, ring_comm the R
-     * ranks the key/value blocks go round, cp_comm the whole group. One
-     * process: all single. */
-    ht_comm *cp_comm, *ulysses_comm, *ring_comm;
-    /* parallel.tensor_parallel_size T: the T consecutive ranks of tp_comm
-     * hold the same tokens and each its slices of the weights (the shard
-     * and replica groups above join the ranks of one tensor-parallel place);
-     * model_comm joins one replica's ranks over every place, each holding a
-     * box of its own: the model once (its first replica writes checkpoints). */
-    ht_comm *tp_comm, *model_comm;
-    int dp_rank, dp_size, cp_size, tp_size;
-    bool sharded; /* S > 1: each rank holds its rows of every param and its state */
+    ht_parallel par; /* the mesh and every group of it (docs/DESIGN.md, The mesh), split from comm */
     ht_model *model;
     ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */
     ht_dataset *data;

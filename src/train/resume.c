@@ -82,7 +82,7 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     ht_trainer_checkpoint_view(t, &v);
     ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer,
                               .keep_last = c->checkpoint.keep_last,
-                              .tp_rank = t->tp_comm->rank};
+                              .tp_rank = t->par.tp->rank};
     double t0 = ht_time_seconds();
     ht_comm *comm = t->comm;
     const bool root = comm->rank == 0;
@@ -93,7 +93,7 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
      * rank 0 writes metadata.json from every rank's chunk list and commits,
      * and the other ranks wait until it is complete. A rank that fails ends
      * the world (CLI), and the .tmp is never loaded. */
-    ht_comm *group = t->model_comm;
+    ht_comm *group = t->par.model;
     if (comm->rank < group->size) {
         char tmp[HT_CKPT_PATH_MAX] = "";
         ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
@@ -238,8 +238,8 @@ static void warn_changed_batch(const ht_trainer *t, const ht_checkpoint *ck, con
     long long then = describe_batch(saved_int(ck, "training.local_batch_size"),
                                     saved_int(ck, "training.gradient_accumulation_steps"), saved_data_parallel(ck),
                                     saved_int(ck, "training.global_batch_size"), then_how, sizeof(then_how));
-    long long now = describe_batch(t->B, c->training.gradient_accumulation_steps, t->dp_size,
-                                   (long long)t->B * t->grad_accum * t->dp_size, now_how, sizeof(now_how));
+    long long now = describe_batch(t->B, c->training.gradient_accumulation_steps, t->par.dp_size,
+                                   (long long)t->B * t->grad_accum * t->par.dp_size, now_how, sizeof(now_how));
     if (then <= 0 || then == now) return;
     if (st->no_rng || c->training.no_load_rng)
         snprintf(data, sizeof(data), "starts again from its beginning (no data position is restored)");

@@ -101,8 +101,7 @@ static ht_status open_history(const char *path, int64_t step, FILE **out, ht_err
         number++;
         if (n > 0 && ht_json_parse(line, n, path, &obj, NULL) == HT_OK) {
             const ht_json *at = ht_json_get(obj, "step");
-            if (at && at->type == HT_JSON_NUMBER && at->number <= (double)step)
-                fprintf(f, "%.*s\n", (int)n, line);
+            if (at && at->type == HT_JSON_NUMBER && at->number <= (double)step) fprintf(f, "%.*s\n", (int)n, line);
             ht_json_free(obj);
         } else if (!end) {
             ht_log_warn("%s: line %d was cut short (a kill while it was written): dropped", path, number);
@@ -439,7 +438,7 @@ static void log_memory(ht_trainer *t) {
 static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
     const ht_param_store *ps = &t->model->params;
     bool root = t->comm->rank == 0;
-    if (t->comm->rank >= t->model_comm->size) return HT_OK; /* not the first replica */
+    if (t->comm->rank >= t->par.model->size) return HT_OK; /* not the first replica */
     for (int i = 0; root && i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
         ht_param *q = ht_params_add(whole, p->name, p->ndim, p->global_shape, p->dtype);
@@ -452,14 +451,14 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     }
     /* Every rank of the group learns whether rank 0 could hold the model before anyone sends. */
     int64_t ok = root ? ht_params_allocate(whole, err) == HT_OK : 1;
-    ht_broadcast(t->model_comm, &ok, (int64_t)sizeof(ok), 0);
+    ht_broadcast(t->par.model, &ok, (int64_t)sizeof(ok), 0);
     if (!ok) {
         ht_params_free(whole);
         return root ? HT_ERR_OOM : ht_fail(err, HT_ERR_OOM, "rank 0 cannot hold the whole model to save it");
     }
     for (int i = 0; i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
-        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, p->data, p->dtype,
+        ht_status s = ht_param_gather_global(p, t->par.shard, t->par.tp, p->data, p->dtype,
                                              root ? whole->items[i].data : NULL, true, NULL, err);
         if (s != HT_OK) return s;
     }
@@ -472,7 +471,7 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
 static ht_status sample(ht_trainer *t, ht_error *err) {
     ht_param_store gathered = {0};
     const ht_param_store *whole = &t->model->params;
-    if (t->sharded || t->tp_size > 1) {
+    if (t->par.sharded || t->par.tp_size > 1) {
         ht_status s = gather_whole_model(t, &gathered, err);
         if (s != HT_OK) return s;
         whole = &gathered;
@@ -690,7 +689,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     if (t->step > first_step) {
         double n = (double)(t->step - first_step);
         char a2a[96] = "";
-        if (t->ep_comm)
+        if (t->par.ep)
             snprintf(a2a, sizeof(a2a), " (the experts' all-to-all %.3f s of it, %.0f%%)", t->all_to_all_seconds / n,
                      100.0 * t->all_to_all_seconds / fmax(t->forward_backward_seconds, 1e-12));
         ht_log_info("time a step (over %lld steps): forward + backward %.3f s%s, gradient sync %.3f s, optimizer %.3f "
@@ -698,7 +697,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     (long long)(t->step - first_step), t->forward_backward_seconds / n, a2a, t->sync_seconds / n,
                     t->optimizer_seconds / n);
     }
-    if (t->cp_size > 1 && t->step > first_step) {
+    if (t->par.cp_size > 1 && t->step > first_step) {
         /* This rank's (rank 0's) exchanges, evaluation forwards included. */
         const ht_context_parallel *cp = &t->model->context;
         const double n = (double)(t->step - first_step), flight = cp->ring_seconds;
@@ -707,7 +706,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     cp->all_to_all_seconds / n, flight / n,
                     flight > 0 ? 100.0 * fmax(0.0, 1.0 - cp->ring_waited_seconds / flight) : 0.0);
     }
-    if (t->tp_size > 1 && t->step > first_step) {
+    if (t->par.tp_size > 1 && t->step > first_step) {
         /* Rank 0's, evaluation forwards included; they block the layers, nothing overlaps them yet. */
         const ht_tensor_parallel *tp = &t->model->tensor;
         const double n = (double)(t->step - first_step);
@@ -716,7 +715,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     tp->seconds / n, 100.0 * tp->seconds / fmax(t->forward_backward_seconds, 1e-12),
                     tp->bytes / n / (1 << 20));
     }
-    if (t->sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
+    if (t->par.sharded && t->step > first_step) log_fsdp_stats(t, t->step - first_step);
     log_memory(t);
     if (c->checkpoint.save_interval > 0 && t->step % c->checkpoint.save_interval != 0 && t->step != saved_step) {
         s = ht_trainer_save_checkpoint(t, err); /* the end of the run */
@@ -730,7 +729,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     /* The final weights, whole: a sharded run gathers every param's rows first. */
     ht_param_store gathered = {0};
     const ht_param_store *model = &t->model->params;
-    if (t->sharded || t->tp_size > 1) {
+    if (t->par.sharded || t->par.tp_size > 1) {
         s = gather_whole_model(t, &gathered, err);
         if (s != HT_OK) return s;
         model = &gathered;

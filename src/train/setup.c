@@ -145,10 +145,10 @@ static ht_status use_pretrained(ht_trainer *t, ht_error *err) {
  * only those rows; otherwise it builds the whole model first. */
 static ht_model_placement placement(const ht_trainer *t) {
     const bool meta = t->config.training.init_model_with_meta_device;
-    return (ht_model_placement){.shard_rank = meta ? t->shard_comm->rank : 0,
-                                .shard_world = meta ? t->shard_comm->size : 1,
-                                .tp_rank = t->tp_comm->rank,
-                                .tp_size = t->tp_comm->size};
+    return (ht_model_placement){.shard_rank = meta ? t->par.shard->rank : 0,
+                                .shard_world = meta ? t->par.shard->size : 1,
+                                .tp_rank = t->par.tp->rank,
+                                .tp_size = t->par.tp->size};
 }
 
 /* The model with its params declared, not yet stored: their dtypes
@@ -160,7 +160,7 @@ static ht_status declare_model(ht_trainer *t, ht_error *err) {
     lora_config(&c->model.lora, &arch.lora);
     const ht_model_placement at = placement(t);
     ht_status s = ht_model_declare(&arch, HT_DTYPE_F32, &at, &t->model, err);
-    if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->tp_comm, c->parallel.sequence_parallel, err);
+    if (s == HT_OK) s = ht_tensor_parallel_attach(t->model, t->par.tp, c->parallel.sequence_parallel, err);
     /* model_init_dtype: the dtype the weights are stored in, initialised or loaded straight into it. */
     if (s == HT_OK && c->model_init_dtype != HT_CONFIG_DTYPE_NONE)
         s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
@@ -207,8 +207,8 @@ static ht_status declare_model(ht_trainer *t, ht_error *err) {
             a->moe.num_experts, a->moe.n_group, a->moe.topk_group, a->moe.num_experts_per_tok, a->moe.n_shared_experts,
             a->moe.moe_intermediate_size, a->moe.routed_scaling_factor,
             a->moe.norm_topk_prob ? " after normalising" : "", a->moe.first_k_dense_replace);
-    const int X = t->comm->size / t->tp_size; /* the data x context-parallel ranks FSDP spans */
-    if (t->tp_size > 1) {
+    const int X = t->comm->size / t->par.tp_size; /* the data x context-parallel ranks FSDP spans */
+    if (t->par.tp_size > 1) {
         double global = 0;
         for (int i = 0; i < t->model->params.count; i++)
             global += (double)ht_param_global_numel(&t->model->params.items[i]);
@@ -216,34 +216,34 @@ static ht_status declare_model(ht_trainer *t, ht_error *err) {
                     "(whole heads, %d of %d here), o_proj and down by input columns, the embedding and the LM head "
                     "by vocabulary (a vocabulary-parallel cross-entropy), the norms whole on every rank%s; this "
                     "rank's slices hold %.2fM of the model's %.2fM values",
-                    t->tp_size,
+                    t->par.tp_size,
                     c->parallel.sequence_parallel
                         ? "sequence parallel: the residual stream and the norms hold 1/TP of the tokens, gathered "
                           "before each column-parallel pair and reduce-scattered after each row-parallel product"
                         : "no sequence parallelism: every rank of the group holds the whole hidden states, "
                           "all-reduced after each row-parallel product",
-                    a->num_attention_heads / t->tp_size, a->num_attention_heads,
+                    a->num_attention_heads / t->par.tp_size, a->num_attention_heads,
                     a->moe.num_experts > 0 ? "; a sparse layer's shared expert split as an MLP, its router, "
                                              "shared-expert gate and routed experts whole (each on the rank's "
                                              "tokens; the experts split by expert parallelism)"
                                            : "",
                     (double)ht_params_total_numel(&t->model->params) / 1e6, global / 1e6);
     }
-    if (t->sharded)
+    if (t->par.sharded)
         ht_log_info(
             "%s over %d ranks, %s (fsdp_config.shard_size %d: %d shard group(s) x %d replica(s)): "
             "each rank holds its rows of every parameter, %smain_grad and optimizer state "
             "(%.2fM of %.2fM values on this rank); each FSDP unit gathers its whole weights around its "
             "modules and sums its FP32 gradients into each rank's rows%s",
-            t->cp_size > 1 ? "Data x context parallel" : "Data parallel", X,
-            t->replica_comm->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded", t->shard_comm->size,
-            X / t->shard_comm->size, t->replica_comm->size, c->optimizer.fp32_main_params ? "FP32 main param, " : "",
+            t->par.cp_size > 1 ? "Data x context parallel" : "Data parallel", X,
+            t->par.replica->size > 1 ? "hybrid sharded (HSDP)" : "fully sharded", t->par.shard->size,
+            X / t->par.shard->size, t->par.replica->size, c->optimizer.fp32_main_params ? "FP32 main param, " : "",
             (double)local_numel(&t->model->params) / 1e6, (double)ht_params_total_numel(&t->model->params) / 1e6,
-            t->replica_comm->size > 1 ? ", then over the replicas" : "");
+            t->par.replica->size > 1 ? ", then over the replicas" : "");
     else if (X > 1)
         ht_log_info("Data parallel over %d ranks, replicated (fsdp_config.shard_size 1): every rank holds the whole "
                     "model%s and optimizer state; the FP32 gradients are summed over the ranks before each step",
-                    X, t->tp_size > 1 ? " (its tensor-parallel slices)" : "");
+                    X, t->par.tp_size > 1 ? " (its tensor-parallel slices)" : "");
     return HT_OK;
 }
 
@@ -261,14 +261,14 @@ static ht_status allocate_model(ht_trainer *t, ht_error *err) {
         s = ht_hf_load_weights(c->model.from_pretrained, &t->model->params, err);
         if (s != HT_OK) return s;
         ht_log_info("loaded weights from %s%s", c->model.from_pretrained,
-                    t->sharded && meta ? " (this rank's rows)" : "");
+                    t->par.sharded && meta ? " (this rank's rows)" : "");
     }
     if (c->model.lora.from_pretrained[0]) {
         s = ht_peft_load_adapter(c->model.lora.from_pretrained, &t->model->config.lora, &t->model->params, err);
         if (s != HT_OK) return s;
     }
     if (!meta) {
-        s = ht_params_shard(&t->model->params, t->shard_comm->rank, t->shard_comm->size, err);
+        s = ht_params_shard(&t->model->params, t->par.shard->rank, t->par.shard->size, err);
         if (s != HT_OK) return s;
     }
     return HT_OK;
@@ -358,7 +358,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
  * expert param must be whole experts of its group's share (E a multiple of W). */
 static ht_status check_experts(const ht_trainer *t, ht_error *err) {
     const ht_model_config *a = &t->model->config;
-    const int P = t->ep_comm->size, W = t->comm->size / t->tp_size, E = a->moe.num_experts; /* FSDP's ranks */
+    const int P = t->par.ep->size, W = t->comm->size / t->par.tp_size, E = a->moe.num_experts; /* FSDP's ranks */
     if (E <= 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.expert_parallel_size is %d, but the model (%s) has no experts (model.num_experts %d)",
@@ -368,7 +368,7 @@ static ht_status check_experts(const ht_trainer *t, ht_error *err) {
                        "model.num_experts (%d) is not a multiple of parallel.expert_parallel_size (%d): the %d ranks "
                        "of an expert-parallel group must hold the same number of experts",
                        E, P, P);
-    if (E % W != 0 && t->tp_size == 1)
+    if (E % W != 0 && t->par.tp_size == 1)
         return ht_fail(err, HT_ERR_CONFIG,
                        "model.num_experts (%d) is not a multiple of the %d ranks: with expert parallelism each rank "
                        "shards whole experts of its group's %d (FSDP over the %d ranks holding them); use a world "
@@ -381,7 +381,7 @@ static ht_status check_experts(const ht_trainer *t, ht_error *err) {
             "parallel.tensor_parallel_size %d): with expert parallelism each of them shards whole experts "
             "of its group's %d (FSDP over the %d ranks holding them); use a number of ranks whose quotient "
             "by %d divides %d",
-            E, W, t->comm->size, t->tp_size, E / P, W / P, t->tp_size, E);
+            E, W, t->comm->size, t->par.tp_size, E / P, W / P, t->par.tp_size, E);
     return HT_OK;
 }
 
@@ -390,14 +390,14 @@ static ht_status check_experts(const ht_trainer *t, ht_error *err) {
  * too) is known to split: Ulysses gives each rank whole heads. */
 static ht_status attach_context(ht_trainer *t, ht_error *err) {
     const ht_model_config *a = &t->model->config;
-    const int U = t->ulysses_comm->size, R = t->ring_comm->size, T = t->T;
+    const int U = t->par.ulysses->size, R = t->par.ring->size, T = t->T;
     const int H = a->num_attention_heads, KV = ht_model_config_has_mla(a) ? H : a->num_key_value_heads;
     if (H % U != 0 || KV % U != 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.ulysses_parallel_size %d does not divide the model's %d attention heads and %d "
                        "key/value heads (%s): Ulysses gives each rank whole heads of every sequence",
                        U, H, KV, a->name);
-    ht_status s = ht_context_parallel_attach(t->model, t->cp_comm, t->ulysses_comm, t->ring_comm, err);
+    ht_status s = ht_context_parallel_attach(t->model, t->par.cp, t->par.ulysses, t->par.ring, err);
     if (s != HT_OK || t->comm->rank != 0) return s;
     char ring[160] = "";
     if (R > 1)
@@ -433,17 +433,17 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                           .reduce_dtype = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype
                                                                                        : c->fsdp.reduce_dtype};
     const char *ep_modules[HT_CONFIG_LIST_MAX];
-    if (t->ep_comm) {
+    if (t->par.ep) {
         s = check_experts(t, err);
         if (s != HT_OK) return s;
         for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
-        fo.expert_group = t->expert_comm;
+        fo.expert_group = t->par.expert;
         /* in the shard group's numbering (expert parallelism shards over all the data x context ranks) */
-        fo.expert_first = t->shard_comm->rank / t->expert_comm->size * t->expert_comm->size;
+        fo.expert_first = t->par.shard->rank / t->par.expert->size * t->par.expert->size;
         fo.expert_modules = ep_modules;
         fo.expert_count = c->parallel.ep_modules.count;
     }
-    s = ht_fsdp_create(t->model, t->shard_comm, &fo, &t->fsdp, err);
+    s = ht_fsdp_create(t->model, t->par.shard, &fo, &t->fsdp, err);
     if (s != HT_OK) return s;
     ht_fsdp_log_plan(t->fsdp);
     /* cast_forward_inputs: FSDP2 casts a unit's floating-point forward inputs to param_dtype; here those are
@@ -460,16 +460,16 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
         ht_log_info("fsdp_config.mix_precision.cast_forward_inputs: the FP32 hidden states entering %d FSDP "
                     "unit(s) rounded to %s, as FSDP2 casts a unit's floating-point inputs to param_dtype",
                     cast, ht_dtype_name(c->fsdp.param_dtype));
-    if (t->ep_comm) {
-        ht_expert_parallel_attach(t->model, t->ep_comm);
+    if (t->par.ep) {
+        ht_expert_parallel_attach(t->model, t->par.ep);
         const ht_moe_config *mc = &t->model->config.moe;
         if (t->comm->rank == 0)
             ht_log_info("Expert parallelism: groups of %d ranks split the %d experts of each sparse layer (%d per "
                         "rank), the tokens' rows exchanged all-to-all; the ranks holding the same experts (%d "
                         "consecutive ones) shard them and reduce their gradients",
-                        t->ep_comm->size, mc->num_experts, mc->num_experts / t->ep_comm->size, t->expert_comm->size);
+                        t->par.ep->size, mc->num_experts, mc->num_experts / t->par.ep->size, t->par.expert->size);
     }
-    if (t->cp_size > 1) {
+    if (t->par.cp_size > 1) {
         s = attach_context(t, err);
         if (s != HT_OK) return s;
     }
@@ -578,11 +578,11 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     }
     t->B = c->training.local_batch_size;
     t->T = c->data.seq_len;
-    t->Tc = t->T / t->cp_size;
+    t->Tc = t->T / t->par.cp_size;
     /* Every data-parallel replica takes its own local batches of each global
      * batch (the loader's rank split); the ranks of a context-parallel group
      * read the same ones. */
-    int world = t->dp_size, rank = t->dp_rank;
+    int world = t->par.dp_size, rank = t->par.dp_rank;
     size_t train_tokens = ht_dataset_split_tokens(t->data, HT_SPLIT_TRAIN);
     size_t windows = train_tokens > 0 ? (train_tokens - 1) / (size_t)t->T : 0, wanted = (size_t)world * (size_t)t->B;
     if (windows < wanted)
@@ -619,7 +619,7 @@ static ht_status open_data(ht_trainer *t, ht_error *err) {
     t->inputs = ht_alloc(n * sizeof(int32_t));
     t->targets = ht_alloc(n * sizeof(int32_t));
     if (!t->batch || !t->inputs || !t->targets) return ht_fail(err, HT_ERR_OOM, "cannot allocate batch buffers");
-    if (t->cp_size > 1) {
+    if (t->par.cp_size > 1) {
         t->share_inputs = ht_alloc((size_t)t->B * (size_t)t->Tc * sizeof(int32_t));
         t->share_targets = ht_alloc((size_t)t->B * (size_t)t->Tc * sizeof(int32_t));
         if (!t->share_inputs || !t->share_targets) return ht_fail(err, HT_ERR_OOM, "cannot allocate batch buffers");
@@ -747,8 +747,8 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
                            "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
                            l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
         /* Tensor parallelism: this rank's heads, whose rows its slices of the projections hold. */
-        t->qk_layers[l].num_heads = a->num_attention_heads / t->tp_size;
-        t->qk_layers[l].num_kv_heads = a->num_key_value_heads / t->tp_size;
+        t->qk_layers[l].num_heads = a->num_attention_heads / t->par.tp_size;
+        t->qk_layers[l].num_kv_heads = a->num_key_value_heads / t->par.tp_size;
         t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
     }
     return HT_OK;
@@ -792,9 +792,9 @@ static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     ht_optimizer_config oc = {0};
     oc.use_muon = c->optimizer.type == HT_CONFIG_OPTIMIZER_MUON;
-    oc.comm = t->shard_comm; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
-    oc.replicas = t->sharded ? t->replica_comm : NULL;
-    oc.tp = t->tp_comm;
+    oc.comm = t->par.shard; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
+    oc.replicas = t->par.sharded ? t->par.replica : NULL;
+    oc.tp = t->par.tp;
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.residual16 = c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16;
     oc.adamw = (ht_adamw_config){
@@ -938,58 +938,22 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err) {
     return ht_trainer_init_on(t, cfg, ht_comm_single(), err);
 }
 
-static ht_status split(ht_trainer *t, ht_mesh_group g, ht_comm **out, ht_error *err) {
-    return ht_comm_split(t->comm, g.color, g.key, out, err);
-}
-
-/* The mesh, every group of it in one place (docs/DESIGN.md, The mesh;
- * ht_mesh_of): the world W = DP x CP x TP, Megatron's order.
- * FSDP shards over DP x CP (the CP ranks' gradients sum like data-parallel
- * ones): fsdp_config.shard_size S (auto: all of them) splits them into
- * shard groups of S consecutive ones and S replicate groups (HSDP). Expert
- * parallelism is carved out of DP x CP too. */
+/* The mesh (docs/DESIGN.md, The mesh; ht_mesh_of): the world W = DP x CP x
+ * TP, Megatron's order. FSDP shards over DP x CP (the CP ranks' gradients
+ * sum like data-parallel ones): fsdp_config.shard_size S (auto: all of them)
+ * splits them into shard groups of S consecutive ones and S replicate groups
+ * (HSDP). Expert parallelism is carved out of DP x CP too. */
 static ht_status make_groups(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    const int W = t->comm->size, r = t->comm->rank;
-    const ht_mesh_sizes sizes = {.world = W,
+    const ht_mesh_sizes sizes = {.world = t->comm->size,
                                  .tp = c->parallel.tensor_parallel_size,
                                  .ulysses = c->parallel.ulysses_parallel_size,
                                  .ring = c->parallel.ring_attention_size,
                                  .ep = c->parallel.expert_parallel_size,
                                  .shard = c->fsdp.shard_size};
-    ht_mesh m;
-    ht_mesh_of(&sizes, r, &m);
-    t->cp_size = m.cp_size;
-    t->dp_size = m.dp_size;
-    t->dp_rank = m.dp;
-    t->tp_size = m.tp_group.size;
-    ht_status s = split(t, m.shard_group, &t->shard_comm, err);
-    if (s == HT_OK) s = split(t, m.replica_group, &t->replica_comm, err);
-    t->sharded = m.shard_group.size > 1;
-    if (s == HT_OK) s = split(t, m.cp_group, &t->cp_comm, err);
-    if (s == HT_OK) s = split(t, m.ulysses_group, &t->ulysses_comm, err);
-    if (s == HT_OK) s = split(t, m.ring_group, &t->ring_comm, err);
-    if (s == HT_OK) s = split(t, m.tp_group, &t->tp_comm, err);
-    if (s == HT_OK) s = split(t, m.model_group, &t->model_comm, err);
-    /* Expert parallelism (validated: P divides W, no HSDP). */
-    if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.expert_group, &t->expert_comm, err);
-    if (s == HT_OK && m.ep_group.size > 1) s = split(t, m.ep_group, &t->ep_comm, err);
-    if (s != HT_OK || r != 0 || W == 1) return s;
-    /* Said once, by rank 0: the sizes, every rank's coordinates and the groups. */
-    ht_log_info("Mesh: %d ranks = data parallel %d x context parallel %d (Ulysses %d x ring %d) x tensor parallel %d; "
-                "expert parallel %d over data x context; FSDP shard groups of %d, %d replica(s)",
-                W, m.dp_size, m.cp_size, m.ulysses_group.size, m.ring_group.size, m.tp_group.size, m.ep_group.size,
-                m.shard_group.size, m.replica_group.size);
-    const int shown = W < 64 ? W : 64;
-    for (int q = 0; q < shown; q++) {
-        ht_mesh o;
-        ht_mesh_of(&sizes, q, &o);
-        ht_log_info("  rank %d: dp %d, cp %d (ulysses %d, ring %d), tp %d, ep %d; shard group %d (rank %d of %d)", q,
-                    o.dp, o.cp, o.ulysses, o.ring, o.tp, o.ep, o.shard_group.color, o.shard_group.key,
-                    o.shard_group.size);
-    }
-    if (shown < W) ht_log_info("  ... and %d more ranks, by the same rule", W - shown);
-    return HT_OK;
+    ht_status s = ht_parallel_init(&t->par, &sizes, t->comm, err);
+    if (s == HT_OK && t->comm->rank == 0 && t->comm->size > 1) ht_parallel_log(&t->par); /* said once */
+    return s;
 }
 
 /* Keys a seed system has that change nothing here, by the nature of a CPU
@@ -1058,9 +1022,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
     t->comm = t->world = comm;
-    t->shard_comm = t->replica_comm = t->cp_comm = t->ulysses_comm = t->ring_comm = ht_comm_single();
-    t->tp_comm = t->model_comm = ht_comm_single();
-    t->dp_size = t->cp_size = t->tp_size = 1;
+    ht_parallel_single(&t->par, comm);
     t->last_eval_loss = NAN;
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
@@ -1112,17 +1074,9 @@ void ht_trainer_free(ht_trainer *t) {
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);
-    if (t->ring_comm) ht_comm_free(t->ring_comm);
-    if (t->tp_comm) ht_comm_free(t->tp_comm);
-    if (t->model_comm) ht_comm_free(t->model_comm);
-    if (t->ulysses_comm) ht_comm_free(t->ulysses_comm);
-    if (t->cp_comm) ht_comm_free(t->cp_comm);
     ht_free(t->share_inputs);
     ht_free(t->share_targets);
-    if (t->ep_comm) ht_comm_free(t->ep_comm);
-    if (t->expert_comm) ht_comm_free(t->expert_comm);
-    if (t->replica_comm) ht_comm_free(t->replica_comm);
-    if (t->shard_comm) ht_comm_free(t->shard_comm);
+    ht_parallel_free(&t->par);
     if (t->comm != t->world) ht_comm_free(t->comm);
     ht_comm *comm = t->world;
     memset(t, 0, sizeof(*t));

@@ -55,7 +55,7 @@ static ht_status dump_tensors(ht_trainer *t, state_dump *d, const char *prefix, 
             ht_params_download(ps, staged, rows, n);
             rows = staged;
         }
-        ht_status s = ht_param_gather_global(p, t->shard_comm, t->tp_comm, rows, dt, whole, true, NULL, err);
+        ht_status s = ht_param_gather_global(p, t->par.shard, t->par.tp, rows, dt, whole, true, NULL, err);
         free(staged);
         if (s != HT_OK) return s;
         char name[HT_PARAM_NAME_MAX + 16];
@@ -109,20 +109,11 @@ static ht_status count_expert_tokens(ht_trainer *t, double *load_max, double *lo
     return HT_OK;
 }
 
-/* The B sequences of t->inputs and t->targets as the model takes them: whole,
- * or under context parallelism the Tc tokens of each this rank holds (at
- * ht_context_position), into the share buffers. */
+/* The B sequences of t->inputs and t->targets as the model takes them (this rank's share of their tokens). */
 static void take_share(ht_trainer *t, int B, const int32_t **inputs, const int32_t **targets) {
-    *inputs = t->inputs, *targets = t->targets;
-    if (t->cp_size <= 1) return;
     const ht_context_parallel *cp = &t->model->context;
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < t->Tc; i++) {
-            const int64_t from = (int64_t)b * t->T + ht_context_position(cp, t->Tc, i), to = (int64_t)b * t->Tc + i;
-            t->share_inputs[to] = t->inputs[from];
-            t->share_targets[to] = t->targets[from];
-        }
-    *inputs = t->share_inputs, *targets = t->share_targets;
+    *inputs = ht_parallel_token_share(&t->par, cp, t->inputs, B, t->T, t->Tc, t->share_inputs);
+    *targets = ht_parallel_token_share(&t->par, cp, t->targets, B, t->T, t->Tc, t->share_targets);
 }
 
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
@@ -133,7 +124,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
      * the ranks (data x context parallel: the ranks of a tensor-parallel
      * group hold the same tokens, each its slices' whole gradient). */
     float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
-                               ((double)t->grad_accum * t->comm->size / t->tp_size));
+                               ((double)t->grad_accum * t->comm->size / t->par.tp_size));
     ht_model_reset_attn_max(m);
     ht_model_reset_expert_tokens(m); /* this step's tokens alone (evaluation forwards counted too) */
     double loss_sum = 0.0;
@@ -150,7 +141,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         const int32_t *inputs, *targets;
         take_share(t, t->B, &inputs, &targets);
         m->dropout_seed = dropout;
-        m->dropout_first_sequence = ((int64_t)micro * t->dp_size + t->dp_rank) * t->B;
+        m->dropout_first_sequence = ((int64_t)micro * t->par.dp_size + t->par.dp_rank) * t->B;
         float loss;
         double f0 = ht_time_seconds();
         ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
@@ -166,28 +157,11 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_status gs = ht_kernels()->synchronize(err); /* before any rank sums this rank's gradients */
     if (gs != HT_OK) return gs;
     double t1 = ht_time_seconds();
-    /* Data parallel: every rank's FP32 gradients summed over the shard
-     * group into each rank's rows (each unit's reduce-scatter, started in
-     * backward), then over the replicas. */
-    ht_fsdp_finish_backward(t->fsdp);
-    ht_fsdp_reduce_replicas(t->fsdp, t->replica_comm, m->params.grad_block,
-                            (int64_t)(m->params.grad_bytes / sizeof(float)));
-    /* Sequence parallelism: a param the tensor-parallel group holds whole
-     * (the norms, a router, routed experts) got from each rank its tokens'
-     * part of its gradient: summed over the group, in rank order (as
-     * Megatron's finalize_model_grads sums the norms'). */
-    if (t->tp_size > 1 && t->config.parallel.sequence_parallel)
-        for (int i = 0; i < m->params.count; i++) {
-            ht_param *p = &m->params.items[i];
-            if (p->trainable && p->main_grad && p->tp_dim < 0)
-                ht_all_reduce_f32(t->tp_comm, p->main_grad, ht_param_local_numel(p), HT_REDUCE_SUM);
-        }
+    ht_parallel_finish_grads(&t->par, t->fsdp, &m->params, t->config.parallel.sequence_parallel);
     ht_all_reduce_f64(t->comm, &loss_sum, 1, HT_REDUCE_SUM);
-    if (t->qk_layers) { /* over the ranks holding the same heads: a tensor-parallel place's */
-        const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
-        ht_all_reduce_f32(t->shard_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
-        ht_all_reduce_f32(t->replica_comm, m->attn_max_logit, n, HT_REDUCE_MAX);
-    }
+    if (t->qk_layers)
+        ht_parallel_max_logits(&t->par, m->attn_max_logit,
+                               (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads);
     double t2 = ht_time_seconds();
     ht_trace_span("phase", "gradient sync", HT_TRACE_THREAD, t1, t2, -1, t->step + 1);
     ht_step_result r;
@@ -211,16 +185,16 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
         for (int64_t i = 0; i < n; i++)
             max_logit = isnan(max_logit) ? m->attn_max_logit[i] : fmax(max_logit, m->attn_max_logit[i]);
-        if (t->tp_size > 1) ht_all_reduce_f64(t->tp_comm, &max_logit, 1, HT_REDUCE_MAX);
+        if (t->par.tp_size > 1) ht_all_reduce_f64(t->par.tp, &max_logit, 1, HT_REDUCE_MAX);
     }
     if (t->qk_layers && !r.skipped) {
         const ht_model_config *a = &m->config;
         for (int l = 0; l < a->num_hidden_layers; l++)
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
-        if (t->tp_size > 1) { /* each rank rescaled its own heads: the count is the group's */
+        if (t->par.tp_size > 1) { /* each rank rescaled its own heads: the count is the group's */
             double heads = clipped;
-            ht_all_reduce_f64(t->tp_comm, &heads, 1, HT_REDUCE_SUM);
+            ht_all_reduce_f64(t->par.tp, &heads, 1, HT_REDUCE_SUM);
             clipped = (int)heads;
         }
     }
@@ -261,7 +235,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         stats->expert_load_max = load_max;
         stats->expert_load_min = load_min;
         stats->seconds = dt;
-        stats->tokens_per_s = (double)t->grad_accum * t->dp_size * t->B * t->T / dt;
+        stats->tokens_per_s = (double)t->grad_accum * t->par.dp_size * t->B * t->T / dt;
         if (t->gemm_gflops > 0) {
             stats->mfu = stats->tokens_per_s / t->comm->size * ht_model_flops_per_token(&m->config, t->T) /
                          (t->gemm_gflops * 1e9);
@@ -281,7 +255,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
      * on any rank count, so its loss (and a load-balancing term, which is the
      * forward's) is the same computation: only the double sum's order
      * depends on the rank count. */
-    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->dp_size, rank = (uint64_t)t->dp_rank;
+    const uint64_t B = (uint64_t)t->eval_B, world = (uint64_t)t->par.dp_size, rank = (uint64_t)t->par.dp_rank;
     uint64_t n = (uint64_t)t->config.training.eval_batches * B;
     if (n > t->valid_loader.n_windows) n = t->valid_loader.n_windows;
     const uint64_t groups = (n + B - 1) / B, rounds = (groups + world - 1) / world;
@@ -306,7 +280,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         if (g < groups) sum += (double)l * count;
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
-    sum /= (double)t->cp_size * t->tp_size; /* a tensor-parallel group's ranks hold the same loss */
+    sum /= (double)t->par.cp_size * t->par.tp_size; /* a tensor-parallel group's ranks hold the same loss */
     if (n) *loss = sum / (double)n;
     return HT_OK;
 }
