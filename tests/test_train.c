@@ -1597,8 +1597,9 @@ static void test_memory_refused_before_allocating(void **state) {
 }
 
 /* The plan the memory refusal compares is what the run then allocates: the
- * weights (the model dtype; compute copies at least param_dtype's size), the
- * FP32 main params and main_grad to the byte, the optimizer state and the
+ * weights (the model dtype, and the compute copies of the GEMM kernel chosen:
+ * FP32 ones of bf16 values where it is fp32_rounded), the FP32 main params
+ * and main_grad to the byte, the optimizer state and the
  * activations as lower bounds of what they take (equal for AdamW alone), over
  * float32 and bfloat16 models, Muon and AdamW, a frozen part and LoRA. */
 static void test_memory_plan_is_what_is_allocated(void **state) {
@@ -1609,6 +1610,9 @@ static void test_memory_plan_is_what_is_allocated(void **state) {
         {"optimizer._target_=AdamW"},
         {"optimizer._target_=Muon", "model_init_dtype=bfloat16", "fsdp_config.mix_precision.param_dtype=bfloat16"},
         {"optimizer._target_=Muon", "model.freeze=[model.embed_tokens, model.layers.0.mlp]"},
+        {"optimizer._target_=Muon", "model_init_dtype=bfloat16", "fsdp_config.mix_precision.param_dtype=bfloat16",
+         "kernels.bf16_gemm=fp32_rounded"},
+        {"model_init_dtype=bfloat16", "optimizer.main_param_storage=residual16"},
         {"model.lora.rank=4", "model_init_dtype=bfloat16", "optimizer.fp32_main_params=false"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1627,9 +1631,9 @@ static void test_memory_plan_is_what_is_allocated(void **state) {
                "activations %.0f of %.0f\n",
                i, p->weights, ps->data_bytes, ps->compute_bytes, p->main, ps->main_bytes, p->grad, ps->grad_bytes,
                p->optimizer, optim, p->activations, acts);
-        if (p->weights < (double)ps->data_bytes || p->weights > (double)(ps->data_bytes + ps->compute_bytes) ||
-            p->main != (double)ps->main_bytes || p->grad != (double)ps->grad_bytes || p->optimizer > optim ||
-            p->activations > acts || p->activations <= 0 || p->main + p->grad + p->optimizer <= 0)
+        if (p->weights != (double)(ps->data_bytes + ps->compute_bytes) || p->main != (double)ps->main_bytes ||
+            p->grad != (double)ps->grad_bytes || p->optimizer > optim || p->activations > acts || p->activations <= 0 ||
+            p->main + p->grad + p->optimizer <= 0)
             fail_msg("case %zu: the plan is not what was allocated", i);
         if (i == 0 && p->optimizer != optim) fail_msg("AdamW alone: planned %.0f, allocated %.0f", p->optimizer, optim);
         ht_trainer_free(t);

@@ -418,9 +418,7 @@ static ht_status attach_context(ht_trainer *t, ht_error *err) {
 /* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
 static ht_status set_compute(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
-    ht_status s = choose_kernels(t, err);
-    if (s != HT_OK) return s;
-    s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
+    ht_status s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
     if (s != HT_OK) return s;
     /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
     const char *apply[HT_CONFIG_LIST_MAX];
@@ -497,7 +495,10 @@ static ht_main_storage main_storage(const ht_config *c) {
 static ht_status plan_memory(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
-    const ht_params_bytes pb = ht_params_plan(ps, main_storage(c), c->fsdp.param_dtype, c->fsdp.param_dtype);
+    /* the compute copies as ht_model_set_compute will make them: the storage of the GEMM kernel chosen (an
+     * FP32 copy of bf16 values where the kernel is fp32_rounded) */
+    const ht_params_bytes pb =
+        ht_params_plan(ps, main_storage(c), ht_gemm_storage(c->fsdp.param_dtype), c->fsdp.param_dtype);
     ht_memory_plan *m = &t->memory_plan;
     *m = (ht_memory_plan){
         .weights = (double)(pb.data + pb.compute),
@@ -1041,6 +1042,8 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
      * storage, its optimizer state or anything sized by the batch is allocated. */
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = configure_optimizer(t, err);
+    /* The GEMM kernels (chosen by timing on the model's shapes) decide the compute copies the plan counts. */
+    if (s == HT_OK) s = choose_kernels(t, err);
     if (s == HT_OK) s = plan_memory(t, err);
     if (s == HT_OK) s = allocate_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
