@@ -107,8 +107,7 @@ fi
 
 # Check 3: docs/DESIGN.md's layer table is the order of the includes. Each row's folder
 # (src/NAME/) and public headers (`x.h`); a file of a layer that includes the header of a
-# layer further down the table is reported, but for base's param.c and kernels.h (the one
-# exception docs/DESIGN.md names).
+# layer further down the table is reported.
 if [ -f docs/DESIGN.md ]; then
     layers=$(awk '/^## Layers/ { f = 1 } f && /^\| [a-z]/ && !/^\| layer/ { print } f && /^## / && !/Layers/ { exit }' \
         docs/DESIGN.md | sed -nE 's/^\| [^|]+ \| `src\/([a-z]+)\/` \|.*\| ([^|]*) \|$/\1 \2/p' | tr -d '`,')
@@ -132,7 +131,6 @@ LAYERS
         for h in $(sed -nE 's/^#include "hypertrain\/([a-z_]+\.h)".*/\1/p' "$f"); do
             to=${layer_of_header[$h]:-}
             [ -n "$to" ] || continue
-            [ "$f" = src/base/param.c ] && [ "$h" = kernels.h ] && continue
             if [ "${layer_rank[$to]}" -gt "${layer_rank[$own]}" ]; then
                 report "$f: includes hypertrain/$h of layer $to, below its own ($own) in docs/DESIGN.md's layer table"
             fi

@@ -2074,7 +2074,7 @@ static int expert_bias_rank(const char *dir, int ep, const char *out) {
     float before[8][64], after[64];
     int64_t *all = malloc(sizeof(int64_t) * (size_t)(W * L * E)), bytes[64];
     for (int q = 0; q < W; q++) bytes[q] = (int64_t)sizeof(int64_t) * L * E;
-    for (int i = 0; i < L; i++) ht_fsdp_gather_rows(bias[i], t->par.shard, bias[i]->data, before[i], sizeof(float));
+    for (int i = 0; i < L; i++) ht_param_gather_rows(bias[i], t->par.shard, bias[i]->data, before[i], sizeof(float));
     for (int64_t step = 1; step <= cfg->training.steps; step++) {
         ht_step_stats st;
         if (ht_trainer_step(t, &st, &err) != HT_OK) {
@@ -2093,7 +2093,7 @@ static int expert_bias_rank(const char *dir, int ep, const char *out) {
                         comm->rank, (long long)step, i, (long long)sum, (long long)rows);
                 failures++;
             }
-            ht_fsdp_gather_rows(bias[i], t->par.shard, bias[i]->data, after, sizeof(float));
+            ht_param_gather_rows(bias[i], t->par.shard, bias[i]->data, after, sizeof(float));
             float tokens[64], average = 0.0f;
             for (int e = 0; e < E; e++) {
                 tokens[e] = (float)count[e];

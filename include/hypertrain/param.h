@@ -8,6 +8,7 @@
 #define HYPERTRAIN_PARAM_H
 
 #include "hypertrain/base.h"
+#include "hypertrain/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -253,6 +254,25 @@ bool ht_box_intersect(int ndim, const ht_box *a, const ht_box *b, ht_box *out);
  * elements copied: 0 when the boxes do not overlap. */
 int64_t ht_box_copy(int ndim, void *dst, ht_dtype dst_dtype, const ht_box *dst_box, const void *src, ht_dtype src_dtype,
                     const ht_box *src_box);
+
+/* ------------------------------------------------------------------ whole tensors (src/param/gather.c) */
+
+/* A param's global tensor (global_shape, in dtype) from every rank's box:
+ * its FSDP rows over `shard` (`rows`: this rank's, in dtype), then its
+ * tensor-parallel slices over `tp` (NULL or size 1, or a param not split:
+ * none). to_root: only rank 0 of both groups gets it (global may be NULL
+ * elsewhere); otherwise every rank does. Every rank of both groups takes
+ * part. A split param passes through `scratch` (numel + global numel
+ * elements; NULL: allocated here, an error when it cannot be). `global`
+ * may be the kernels' memory (where it is not the host's) for a 2-D FP32
+ * param, with a scratch of it too. */
+ht_status ht_param_gather_global(const ht_param *p, ht_comm *shard, ht_comm *tp, const void *rows, ht_dtype dtype,
+                                 void *global, bool to_root, void *scratch, ht_error *err);
+
+/* A param's full tensor from its rows on every rank (`rows` holds this
+ * rank's (row1 - row0) x row_numel values; full gets the whole tensor): an
+ * all-gather of ht_param_row_bytes (param.h) over comm. */
+void ht_param_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size);
 
 #ifdef __cplusplus
 }

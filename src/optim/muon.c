@@ -6,7 +6,6 @@
  * GEMM per product. It owns the momentum buffers and one workspace, sized
  * for the largest matrix or a batch. */
 #include "hypertrain/optim.h"
-#include "hypertrain/parallel.h" /* the shards' row helpers */
 
 #include <math.h>
 #include <stdio.h>
@@ -369,7 +368,7 @@ void ht_muon_step(ht_muon *opt, double lr) {
                 continue;
             }
             update_rows(s, c, mine);
-            ht_fsdp_gather_rows(s->param, comm, mine, u, sizeof(float));
+            ht_param_gather_rows(s->param, comm, mine, u, sizeof(float));
         }
         ht_newton_schulz_batch(opt->work, opt->work, nb, rows, cols, &c->schedule, c->ns_eps, c->ns_dtype,
                                opt->work + nb * n);

@@ -759,11 +759,3 @@ void ht_fsdp_free(ht_fsdp *f) {
     pool_free(&f->pool);
     free(f);
 }
-
-/* ------------------------------------------------------------------ whole tensors */
-
-void ht_fsdp_gather_rows(const ht_param *p, ht_comm *comm, const void *rows, void *full, size_t elem_size) {
-    int64_t bytes[comm->size];
-    ht_param_row_bytes(p, comm->size, bytes, elem_size);
-    ht_all_gather(comm, rows, full, bytes);
-}

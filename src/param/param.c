@@ -1,7 +1,7 @@
 /* The named parameter store: declaration, one-block allocation, dtype
  * conversion that keeps each ht_param in place, and the FP32 masters. */
 #include "hypertrain/param.h"
-#include "hypertrain/kernels.h" /* the table type only: the store calls its memory entries, nothing else */
+#include "hypertrain/kernels.h" /* the table type: the store allocates and converts through its memory entries */
 
 #include <limits.h>
 #include <omp.h>
