@@ -420,6 +420,77 @@ static void test_residual16_on_1_to_4_ranks(void **state) {
     }
 }
 
+/* Rank r's total in `hypertrain plan`'s table (rows "  FIRST[-LAST]  ... TOTAL"), as printed. */
+static bool plan_total_of(const char *text, int r, char *out, size_t n) {
+    for (const char *line = strstr(text, "\n  ranks"); line && (line = strchr(line + 1, '\n'));) {
+        int first, last, used = 0;
+        if (sscanf(line, " %d-%d%n", &first, &last, &used) != 2) {
+            if (sscanf(line, " %d%n", &first, &used) != 1) return false;
+            last = first;
+        }
+        if (r < first || r > last) continue;
+        const char *end = strchr(line + 1, '\n'), *at = end ? end : line + strlen(line);
+        while (at > line && at[-1] == ' ') at--;
+        const char *start = at;
+        while (start > line && start[-1] != ' ') start--;
+        snprintf(out, n, "%.*s", (int)(at - start), start);
+        return true;
+    }
+    return false;
+}
+
+/* `hypertrain plan CONFIG --world N`, without MPI or allocation, plans each
+ * rank as the run on N ranks does: every rank's total is the one its run
+ * logs as planned before allocating (sharded, HSDP, tensor and context
+ * parallel); a world the config does not factor into is the launch's
+ * refusal, first; a budget it exceeds exits 3. */
+static void test_plan_is_each_ranks_plan(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_plan");
+    write_config(dir, "bfloat16", 2, true);
+    static const struct {
+        int ranks;
+        const char *set;
+    } runs[] = {
+        {2, ""},
+        {4, "--set fsdp_config.shard_size=2"},
+        {2, "--set parallel.tensor_parallel_size=2"},
+        {2, "--set parallel.ring_attention_size=2"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char args[2048], log[1300], out[32], *plan, *run;
+        snprintf(args, sizeof(args), "plan '%s/run.yaml' --world %d %s", dir, runs[i].ranks, runs[i].set);
+        snprintf(log, sizeof(log), "%s/plan%zu.log", dir, i);
+        if (run_hypertrain("", args, log, false, &plan) != 0) fail_msg("plan %s failed:\n%s", args, plan);
+        snprintf(out, sizeof(out), "run%zu", i);
+        if (run_in(dir, out, runs[i].ranks, runs[i].set, &run) != 0) fail_msg("%s failed:\n%s", out, run);
+        for (int r = 0; r < runs[i].ranks; r++) {
+            char want[64], line[64], total[32];
+            snprintf(line, sizeof(line), "memory rank %d: peak RSS", r);
+            const char *at = strstr(run, line), *planned = at ? strstr(at, "planned before allocating ") : NULL;
+            if (!planned || sscanf(planned, "planned before allocating %63s", want) != 1)
+                fail_msg("%s: no planned memory for rank %d in its log:\n%s", out, r, run);
+            if (!plan_total_of(plan, r, total, sizeof(total))) fail_msg("plan: no rank %d in:\n%s", r, plan);
+            if (strcmp(total, want) != 0)
+                fail_msg("%s rank %d: hypertrain plan says %s MiB, the run planned %s:\n%s", out, r, total, want, plan);
+        }
+        printf("plan on %d ranks %s: each rank's total as its run planned it\n", runs[i].ranks, runs[i].set);
+        free(plan);
+        free(run);
+    }
+    char args[2048], log[1300], *plan;
+    snprintf(args, sizeof(args), "plan '%s/run.yaml' --world 5", dir);
+    snprintf(log, sizeof(log), "%s/plan_refused.log", dir);
+    assert_int_equal(run_hypertrain("", args, log, false, &plan), 1);
+    if (!strstr(plan, "rank 0 of 5") || !strstr(plan, "training.global_batch_size"))
+        fail_msg("plan on 5 ranks: not the launch's refusal:\n%s", plan);
+    free(plan);
+    snprintf(args, sizeof(args), "plan '%s/run.yaml' --world 2 --memory 0.000001", dir);
+    assert_int_equal(run_hypertrain("", args, log, false, &plan), 3);
+    assert_non_null(strstr(plan, "Does not fit: rank 0 needs"));
+    free(plan);
+}
+
 /* The tensors of DIR/<ref>/final whose names contain `part` ("": all, and DIR/<out>/final holds no other):
  * DIR/<out>/final's bit for bit; returns how many. */
 static int tensors_identical(const char *dir, const char *out, const char *ref, const char *part) {
@@ -2827,6 +2898,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_recompute_on_3_ranks),
         cmocka_unit_test(test_bf16_without_main_params_on_1_to_4_ranks),
         cmocka_unit_test(test_residual16_on_1_to_4_ranks),
+        cmocka_unit_test(test_plan_is_each_ranks_plan),
         cmocka_unit_test(test_lora_on_1_to_4_ranks),
         cmocka_unit_test(test_ring_shift),
         cmocka_unit_test(test_started_all_reduce),

@@ -78,6 +78,13 @@ struct ht_comm {
 
 /* The one-process group: rank 0 of 1; every collective leaves its data as it is. */
 ht_comm *ht_comm_single(void);
+/* Rank `rank` of a world of `size` that does not run (`hypertrain plan`
+ * declares each rank of N with one, in one process): every collective
+ * leaves this rank's data as it is, as if every rank held the same; it is
+ * not split (ht_parallel makes its groups virtual from the mesh). NULL when
+ * out of memory; free it with ht_comm_free. */
+ht_comm *ht_comm_virtual(int rank, int size);
+bool ht_comm_is_virtual(const ht_comm *c);
 
 /* The MPI world when this process was started by a launcher (mpirun, srun):
  * MPI is initialised and *out is the world. Started without one, *out is

@@ -162,7 +162,9 @@ typedef struct ht_parallel {
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
 } ht_parallel;
 
-/* Every group of `world` as `sizes` (valid, world its size) asks. */
+/* Every group of `world` as `sizes` (valid, world its size) asks; of a
+ * virtual world (ht_comm_virtual), virtual groups with the mesh's ranks and
+ * sizes. */
 ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm *world, ht_error *err);
 /* One rank, every axis of size 1 (before ht_parallel_init, or instead of it). */
 void ht_parallel_single(ht_parallel *par, ht_comm *world);

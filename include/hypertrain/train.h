@@ -90,7 +90,11 @@ typedef struct ht_trainer {
     struct ht_events *events;              /* training.tensorboard: rank 0's event file (train/events.h); else NULL */
     FILE *trace;                           /* training.trace: this rank's trace_rank{r}.json once a step is traced */
     FILE *samples;                         /* training.sample_interval: rank 0's output_dir/samples.jsonl */
-    bool new_lineage; /* rank 0: output_dir's history is not this run's own (it starts from step 0 or another's) */
+    bool new_lineage;
+    bool planning;
+        /* ht_trainer_plan: nothing is allocated, nothing logged but refusals */ /* rank 0: output_dir's history is not
+                                                                                    this run's own (it starts from step
+                                                                                    0 or another's) */
     ht_tokenizer *sample_tokenizer; /* and data.tokenizer's, for their text (NULL: bytes) */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
@@ -120,6 +124,12 @@ ht_status ht_trainer_init(ht_trainer *t, const ht_config *cfg, ht_error *err);
  * batch, and the FP32 gradients are summed over the ranks before each step.
  * Every rank of comm calls it (and everything after it) together. */
 ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err);
+/* What ht_trainer_init_on decides before it allocates, for rank world->rank
+ * of world->size (a virtual world: `hypertrain plan`): every refusal a launch
+ * would give, the groups, the declared model, the data, the optimizer's
+ * routing and t->memory_plan, never refused for the memory itself. Free it
+ * with ht_trainer_free. */
+ht_status ht_trainer_plan(ht_trainer *t, const ht_config *cfg, ht_comm *world, ht_error *err);
 /* One optimizer step over grad_accum micro-batches. */
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err);
 /* Mean loss over the first training.eval_batches x B windows of the

@@ -45,7 +45,12 @@ static void usage(FILE *f) {
                "      folder, one process, through a key/value cache; greedy at temperature 0 (the default);\n"
                "      defaults: 64 new tokens, top-k 0 and top-p 1 (off), seed 0, float32. Text through the\n"
                "      folder's tokenizer.json (or the run's data.tokenizer), bytes for a byte-level model;\n"
-               "      --prompt-ids: ids in and out\n");
+               "      --prompt-ids: ids in and out\n"
+               "  hypertrain plan CONFIG.yaml [--world N] [--memory GIB] [--set section.key=value ...]\n"
+               "      without MPI and without allocating the model: the mesh of N ranks (default 1) or the error\n"
+               "      a launch would give, each rank's memory by category against GIB a rank (default this\n"
+               "      machine's memory over N), the model FLOPs and FSDP's bytes a step. Exit status: 0 it fits,\n"
+               "      1 an error, 3 it does not fit\n");
 }
 
 static int fail(const ht_error *err) {
@@ -224,6 +229,154 @@ static int cmd_train(int argc, char **argv) {
         rc = HT_EXIT_STOPPED;
 done:
     ht_comm_free(comm);
+    free(cfg);
+    free(overrides);
+    return rc;
+}
+
+/* One rank's plan, and the ranks that share it. */
+typedef struct rank_plan {
+    ht_memory_plan m;
+    double total;
+    int first, last; /* ranks [first, last] (consecutive) plan alike */
+} rank_plan;
+
+static double plan_total(const ht_memory_plan *m) {
+    return m->weights + m->main + m->grad + m->optimizer + m->activations + m->corpus;
+}
+
+/* FSDP's traffic a step on a rank, in bytes (docs/DESIGN.md, FSDP units): each
+ * sharded param gathered whole in param_dtype once a micro-batch's forward and
+ * again for its backward where the units reshard after forward, its gradient
+ * reduce-scattered in reduce_dtype once a micro-batch, each receiving
+ * (S - 1) / S of the whole; HSDP's replicas then all-reduce the shard's
+ * gradients once a step (a ring: 2 (R - 1) / R of them). */
+static void fsdp_bytes(const ht_trainer *t, double *gather, double *scatter, double *replicas) {
+    const ht_config *c = &t->config;
+    const int S = t->par.mesh.shard_group.size, R = t->par.mesh.replica_group.size;
+    const ht_dtype reduce = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype : c->fsdp.reduce_dtype;
+    double whole = 0, grads = 0, local = 0;
+    for (int i = 0; i < t->model->params.count; i++) {
+        const ht_param *p = &t->model->params.items[i];
+        whole += (double)ht_param_numel(p) * ht_dtype_size(c->fsdp.param_dtype);
+        if (p->trainable) grads += (double)ht_param_numel(p) * ht_dtype_size(reduce);
+        if (p->trainable) local += (double)ht_param_local_numel(p) * sizeof(float);
+    }
+    const double share = S > 1 ? (double)(S - 1) / S : 0.0;
+    *gather = whole * share * t->grad_accum * (c->fsdp.reshard_after_forward ? 2 : 1);
+    *scatter = grads * share * t->grad_accum;
+    *replicas = R > 1 ? local * 2.0 * (R - 1) / R : 0.0;
+}
+
+static int cmd_plan(int argc, char **argv) {
+    if (argc < 1) {
+        usage(stderr);
+        return 2;
+    }
+    const char *path = argv[0];
+    char **overrides = malloc((size_t)argc * sizeof(char *));
+    int n = 0, world = 1;
+    double budget_gib = 0;
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+            overrides[n++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            overrides[n++] = argv[i] + 6;
+        } else if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) {
+            long w = strtol(argv[++i], &end, 10);
+            if (*end || w < 1 || w > 65536) {
+                fprintf(stderr, "hypertrain: --world %s: expected a number of ranks from 1 to 65536\n", argv[i]);
+                free(overrides);
+                return 2;
+            }
+            world = (int)w;
+        } else if (strcmp(argv[i], "--memory") == 0 && i + 1 < argc) {
+            budget_gib = strtod(argv[++i], &end);
+            if (*end || !(budget_gib > 0)) {
+                fprintf(stderr, "hypertrain: --memory %s: expected GiB a rank, a number > 0\n", argv[i]);
+                free(overrides);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "hypertrain: plan: unexpected argument '%s' (--world N, --memory GIB, --set key=value)\n",
+                    argv[i]);
+            free(overrides);
+            return 2;
+        }
+    }
+    ht_config *cfg = malloc(sizeof(ht_config));
+    rank_plan *plans = calloc((size_t)world, sizeof(rank_plan));
+    ht_trainer *t = malloc(sizeof(ht_trainer));
+    ht_error err = {0};
+    int rc = 0, count = 0, largest = 0;
+    double flops = 0, gather = 0, scatter = 0, replicas = 0;
+    const ht_log_level level = ht_log_get_level();
+    if (ht_config_load(path, n, overrides, cfg, &err) != HT_OK) {
+        rc = fail(&err);
+        goto done;
+    }
+    /* Each rank's decisions in turn, in this process, quietly: refusals are errors, the rest is the table below. */
+    for (int r = 0; r < world; r++) {
+        ht_comm *v = ht_comm_virtual(r, world);
+        ht_log_set_level(HT_LOG_WARN);
+        ht_log_set_rank(r);
+        ht_status s = v ? ht_trainer_plan(t, cfg, v, &err) : ht_fail(&err, HT_ERR_OOM, "out of memory");
+        ht_log_set_level(level);
+        ht_log_set_rank(0);
+        if (s != HT_OK) {
+            fprintf(stderr, "hypertrain: error: rank %d of %d: %s\n", r, world, err.msg);
+            ht_comm_free(v);
+            rc = 1;
+            goto done;
+        }
+        if (r == 0) {
+            ht_log_set_level(HT_LOG_INFO);
+            if (world > 1) ht_parallel_log(&t->par);
+            ht_log_set_level(HT_LOG_WARN);
+            flops = ht_model_flops_per_token(&t->model->config, t->T);
+            fsdp_bytes(t, &gather, &scatter, &replicas);
+        }
+        const ht_memory_plan m = t->memory_plan;
+        ht_trainer_free(t);
+        ht_comm_free(v);
+        if (count && memcmp(&plans[count - 1].m, &m, sizeof(m)) == 0) {
+            plans[count - 1].last = r;
+        } else {
+            plans[count++] = (rank_plan){.m = m, .total = plan_total(&m), .first = r, .last = r};
+        }
+        if (plans[count - 1].total > plans[largest].total) largest = count - 1;
+    }
+    const double mib = 1 << 20, gib = 1 << 30; /* --memory is in GiB */
+    const double budget = budget_gib > 0 ? budget_gib * gib : (double)ht_physical_memory() / world;
+    printf("Plan of %s on %d rank(s), each rank's memory (MiB; optimizer state and activations as lower bounds):\n",
+           path, world);
+    printf("  %-14s %10s %10s %10s %10s %12s %8s %10s\n", "ranks", "weights", "main", "main_grad", "optimizer",
+           "activations", "corpus", "total");
+    for (int k = 0; k < count; k++) {
+        const ht_memory_plan *m = &plans[k].m;
+        char ranks[32];
+        if (plans[k].first == plans[k].last)
+            snprintf(ranks, sizeof(ranks), "%d", plans[k].first);
+        else
+            snprintf(ranks, sizeof(ranks), "%d-%d", plans[k].first, plans[k].last);
+        printf("  %-14s %10.1f %10.1f %10.1f %10.1f %12.1f %8.1f %10.1f\n", ranks, m->weights / mib, m->main / mib,
+               m->grad / mib, m->optimizer / mib, m->activations / mib, m->corpus / mib, plans[k].total / mib);
+    }
+    printf("Model: %.4g FLOPs a token (forward and backward), %.4g a step of %lld tokens\n", flops,
+           flops * (double)cfg->training.global_batch_size * cfg->data.seq_len,
+           (long long)cfg->training.global_batch_size * cfg->data.seq_len);
+    printf("FSDP a step, rank 0: %.1f MiB gathered, %.1f MiB reduce-scattered, %.1f MiB over the replicas (HSDP); "
+           "tensor, context and expert parallelism's exchanges not estimated\n",
+           gather / mib, scatter / mib, replicas / mib);
+    const bool fits = plans[largest].total <= budget;
+    printf("%s: rank %d needs %.1f MiB, %s %.1f MiB a rank (%s)\n", fits ? "Fits" : "Does not fit",
+           plans[largest].first, plans[largest].total / mib, fits ? "within" : "more than", budget / mib,
+           budget_gib > 0 ? "--memory" : "this machine's memory over the ranks");
+    rc = fits ? 0 : 3;
+done:
+    free(t);
+    free(plans);
     free(cfg);
     free(overrides);
     return rc;
@@ -491,6 +644,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     fprintf(stderr, "hypertrain: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

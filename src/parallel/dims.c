@@ -15,8 +15,11 @@ void ht_parallel_single(ht_parallel *par, ht_comm *world) {
     par->dp_size = par->cp_size = par->tp_size = 1;
 }
 
+/* A virtual world's groups are virtual too: their rank and size are the mesh's. */
 static ht_status split(ht_comm *world, ht_mesh_group g, ht_comm **out, ht_error *err) {
-    return ht_comm_split(world, g.color, g.key, out, err);
+    if (!ht_comm_is_virtual(world)) return ht_comm_split(world, g.color, g.key, out, err);
+    if (!(*out = ht_comm_virtual(g.key, g.size))) return ht_fail(err, HT_ERR_OOM, "out of memory for a virtual group");
+    return HT_OK;
 }
 
 ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm *world, ht_error *err) {

@@ -313,6 +313,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
      * kept native kernel this CPU lacks is measured afresh, not refused. */
     ht_gemm_choice choice;
     int64_t M = (int64_t)c->training.local_batch_size * c->data.seq_len, C = t->model->config.hidden_size;
+    if (t->planning && t->comm->rank != 0) return HT_OK; /* one process plans every rank: rank 0's choice holds */
     ht_status s = HT_OK;
     if (t->comm->rank == 0) {
         s = ht_gemm_choose(bf16, f16, M, C, C, &choice, err);
@@ -338,6 +339,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     char line[512];
     ht_gemm_describe(&choice, line, sizeof(line));
     ht_log_info("%s%s", line, kept);
+    if (t->planning) return HT_OK;
     /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
      * this product, or on one of PEAK_MIN a side where the model's is smaller
      * (a small model's products run far below what the CPU can, and an MFU
@@ -517,6 +519,7 @@ static ht_status plan_memory(ht_trainer *t, ht_error *err) {
                       m->activations,
                       m->corpus};
     ht_all_reduce_f64(t->comm, most, N, HT_REDUCE_MAX); /* each the most of any rank */
+    if (t->planning) return HT_OK;                      /* hypertrain plan weighs it against its own budget */
     const int local = t->comm->local_size > 0 ? t->comm->local_size : 1;
     const double have = (double)ht_physical_memory(), gib = 1 << 30;
     if (most[0] * local <= have) return HT_OK;
@@ -1019,23 +1022,27 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
+/* Everything a run decides before it allocates: the config in force, the
+ * groups, the declared model, the data, the optimizer's routing, the GEMM
+ * kernels and the memory plan (ht_trainer_init and ht_trainer_plan). */
+static ht_status prepare(ht_trainer *t, const ht_config *cfg, ht_comm *comm, bool planning, ht_error *err) {
     memset(t, 0, sizeof(*t));
     t->config = *cfg;
     t->comm = t->world = comm;
+    t->planning = planning;
     ht_parallel_single(&t->par, comm);
     t->last_eval_loss = NAN;
     t->rss_at_start = rss_now();
     /* Every rank validates the same config before any collective: all fail, or none. */
     ht_status s = ht_config_validate(cfg, comm->size, err);
     if (s == HT_OK) s = use_pretrained(t, err);
-    if (s == HT_OK && comm->rank == 0) {
+    if (s == HT_OK && comm->rank == 0 && !planning) {
         ht_config_log(&t->config); /* the values in force: model.from_pretrained's architecture included */
         log_not_applicable(cfg);
     }
     if (s == HT_OK) ht_comm_set_timeout(comm, cfg->training.distributed_timeout_minutes * 60.0);
     if (s == HT_OK) s = check_same_config(t, err);
-    if (s == HT_OK) s = use_backend(t, err);
+    if (s == HT_OK && !planning) s = use_backend(t, err); /* a plan counts bytes, wherever they would live */
     if (s == HT_OK) s = make_groups(t, err);
     if (s == HT_OK) s = declare_model(t, err);
     /* The batch against the data, then the memory all of it takes against the machine's, before the model's
@@ -1045,6 +1052,17 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     /* The GEMM kernels (chosen by timing on the model's shapes) decide the compute copies the plan counts. */
     if (s == HT_OK) s = choose_kernels(t, err);
     if (s == HT_OK) s = plan_memory(t, err);
+    return s;
+}
+
+ht_status ht_trainer_plan(ht_trainer *t, const ht_config *cfg, ht_comm *world, ht_error *err) {
+    ht_status s = prepare(t, cfg, world, true, err);
+    if (s != HT_OK) ht_trainer_free(t);
+    return s;
+}
+
+ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm, ht_error *err) {
+    ht_status s = prepare(t, cfg, comm, false, err);
     if (s == HT_OK) s = allocate_model(t, err);
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
