@@ -41,9 +41,9 @@ typedef struct ht_error {
 ht_status ht_fail(ht_error *err, ht_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *ht_status_name(ht_status status);
 
-/* Allocation that is zeroed and 64-byte aligned; NULL on failure. Fresh
- * pages are left for their first writer to touch. Free it with ht_free
- * (never free(): the block does not start where calloc's does). */
+/* Allocation that is zeroed and 64-byte aligned; NULL on failure. A large
+ * block's pages are mapped by all the threads, not zeroed by one. Free it
+ * with ht_free, never free(): the block does not start where calloc's does. */
 void *ht_alloc(size_t bytes);
 void ht_free(void *ptr);
 
