@@ -301,6 +301,35 @@ static const variant qwen2_bf16_muon = {.name = "cuda_trainer_qwen2_bf16_muon",
                                         .sets = {"optimizer._target_=Muon", "model.hidden_size=128",
                                                  "model.intermediate_size=256", "kernels.bf16_gemm=widened", NULL}};
 
+/* DeepSeek-V3's grouped routing has no CUDA kernel yet: its first step is
+ * refused, naming the backend, never a call through an empty entry. */
+static void test_deepseek_v3_refused_on_cuda(void **state) {
+    (void)state;
+    if (!cuda_present()) skip();
+    const char *dir = scratch_dir("cuda_trainer_deepseek_refused");
+    harness_write_corpus(dir, corpus_text, 60);
+    ht_config *cfg = malloc(sizeof(ht_config));
+    const tiny_model model = {.intermediate_size = 64, .num_hidden_layers = 2, .max_position_embeddings = 64};
+    const char *sets[] = {"model.name=deepseek_v3",      "model.n_routed_experts=4",
+                          "model.num_experts_per_tok=2", "model.n_group=2",
+                          "model.topk_group=1",          "model.moe_intermediate_size=16",
+                          "model.q_lora_rank=16",        "model.kv_lora_rank=16",
+                          "model.qk_nope_head_dim=8",    "model.qk_rope_head_dim=8",
+                          "model.v_head_dim=8",          "model.first_k_dense_replace=1",
+                          "model.attention_bias=false",  "model_init_dtype=float32",
+                          "kernels.backend=cuda",        "training.steps=1",
+                          "training.eval_interval=0",    "checkpoint.save_interval=0"};
+    config_scratch_run(cfg, dir, model, 32, sets, sizeof(sets) / sizeof(sets[0]));
+    ht_trainer *t = trainer_new(cfg);
+    ht_step_stats st;
+    ht_error err = {0};
+    assert_int_equal(ht_trainer_step(t, &st, &err), HT_ERR_CONFIG);
+    if (!strstr(err.msg, "grouped expert routing has no kernel in the cuda backend"))
+        fail_msg("not the refusal: %s", err.msg);
+    trainer_delete(t);
+    free(cfg);
+}
+
 static void test_qwen2_float32_muon(void **state) {
     (void)state;
     if (!cuda_present()) skip();
@@ -327,6 +356,7 @@ static void test_qwen2_bf16_muon(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_deepseek_v3_refused_on_cuda),
         cmocka_unit_test(test_qwen2_float32_muon),
         cmocka_unit_test(test_qwen2_float32_adamw),
         cmocka_unit_test(test_qwen2_moe_float32),

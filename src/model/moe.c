@@ -264,6 +264,12 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
                        "model.num_experts (%d) must be a multiple of parallel.expert_parallel_size (%d): each rank "
                        "of an expert-parallel group holds the same number of experts",
                        moe->E, P);
+    /* A backend without DeepSeekMoE's grouped routing (the CUDA table has none yet) refuses, never calls NULL. */
+    if (moe->deepseek && (!ht_kernels()->moe_route_grouped || !ht_kernels()->moe_route_grouped_backward))
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "deepseek_v3's grouped expert routing has no kernel in the %s backend yet (kernels.backend): "
+                       "expected kernels.backend cpu for this model",
+                       ht_kernels()->name);
     moe->ep = P > 1 ? ep : NULL;
     moe->El = moe->E / P;
     moe->e0 = P > 1 ? ep->rank * moe->El : 0;
