@@ -80,6 +80,56 @@ static void test_read_llama_defaults(void **state) {
     assert_true(cfg.tie_word_embeddings);
 }
 
+/* A sparse family's config.json with only the required fields: transformers'
+ * defaults (Qwen2MoeConfig's, DeepseekV3Config's), not the YAML's small ones. */
+static void test_read_moe_defaults(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("hf_moe_defaults");
+    const char *base = "\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 128, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"max_position_embeddings\": 256}";
+    char json[512];
+    snprintf(json, sizeof(json), "{\"model_type\": \"qwen2_moe\", %s", base);
+    write_config(dir, json);
+    ht_model_config cfg;
+    ht_error err = {0};
+    assert_ht_ok(ht_hf_read_config(dir, &cfg, &err), &err);
+    const ht_moe_config *mc = &cfg.moe;
+    assert_true(cfg.attention_bias); /* qkv_bias */
+    assert_int_equal(mc->num_experts, 60);
+    assert_int_equal(mc->num_experts_per_tok, 4);
+    assert_int_equal(mc->moe_intermediate_size, 1408);
+    assert_int_equal(mc->shared_expert_intermediate_size, 5632);
+    assert_false(mc->norm_topk_prob);
+    assert_int_equal(mc->decoder_sparse_step, 1);
+    assert_int_equal(mc->mlp_only_layers.count, 0);
+    assert_false(mc->output_router_logits);
+    assert_true(mc->router_aux_loss_coef == 0.001);
+    assert_int_equal(mc->n_shared_experts + mc->n_group + mc->topk_group + mc->first_k_dense_replace, 0);
+    assert_int_equal(cfg.mla.kv_lora_rank + cfg.mla.q_lora_rank, 0);
+
+    snprintf(json, sizeof(json), "{\"model_type\": \"deepseek_v3\", %s", base);
+    write_config(dir, json);
+    assert_ht_ok(ht_hf_read_config(dir, &cfg, &err), &err);
+    const ht_mla_config *a = &cfg.mla;
+    assert_false(cfg.attention_bias);
+    assert_int_equal(a->q_lora_rank, 1536);
+    assert_int_equal(a->kv_lora_rank, 512);
+    assert_int_equal(a->qk_nope_head_dim, 128);
+    assert_int_equal(a->qk_rope_head_dim, 64);
+    assert_int_equal(a->v_head_dim, 128);
+    assert_true(a->rope_interleave);
+    assert_int_equal(mc->num_experts, 256); /* n_routed_experts */
+    assert_int_equal(mc->n_shared_experts, 1);
+    assert_int_equal(mc->num_experts_per_tok, 8);
+    assert_int_equal(mc->moe_intermediate_size, 2048);
+    assert_int_equal(mc->n_group, 8);
+    assert_int_equal(mc->topk_group, 4);
+    assert_true(mc->routed_scaling_factor == 2.5);
+    assert_true(mc->norm_topk_prob);
+    assert_int_equal(mc->first_k_dense_replace, 3);
+    assert_int_equal(mc->shared_expert_intermediate_size + mc->decoder_sparse_step, 0);
+}
+
 static void expect_config_error(const char *dir, const char *json, const char *p1, const char *p2) {
     write_config(dir, json);
     ht_model_config cfg;
@@ -480,10 +530,10 @@ static void test_load_errors(void **state) {
 int main(void) {
     ht_log_set_level(HT_LOG_ERROR); /* the expected "unused tensors" warnings */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_qwen2),    cmocka_unit_test(test_read_llama_defaults),
-        cmocka_unit_test(test_config_errors), cmocka_unit_test(test_config_round_trip),
-        cmocka_unit_test(test_save_load),     cmocka_unit_test(test_sharded),
-        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_read_qwen2),        cmocka_unit_test(test_read_llama_defaults),
+        cmocka_unit_test(test_read_moe_defaults), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_config_round_trip), cmocka_unit_test(test_save_load),
+        cmocka_unit_test(test_sharded),           cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

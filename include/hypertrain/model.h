@@ -135,6 +135,75 @@ typedef struct ht_model_config {
     ht_lora_config lora; /* rank 0: none; never read from or written to config.json */
 } ht_model_config;
 
+/* Every scalar architecture field, declared once: config/keys.c makes its
+ * YAML key from it and ckpt/hf.c reads and writes config.json by it, in this
+ * order (the effective-config log's and config.json's). A row is
+ *   X(member of ht_model_config, YAML key (model.<key>), config.json name,
+ *     type, default of a model built from the YAML,
+ *     transformers' default when config.json omits it: qwen2, llama, qwen2_moe, deepseek_v3)
+ * with a transformers default of `req` (config.json must have it), `-` (that
+ * family's config.json has no such field: 0 when read, not written), a value,
+ * or another field's config.json name (that field's value). The two defaults
+ * differ on purpose: the YAML's build a small model that trains in seconds
+ * (kv_lora_rank 64), transformers' are the published model's
+ * (DeepseekV3Config's kv_lora_rank 512).
+ * Types: INT, FLT, BOOL; DIM, an int where 0 means derived (head_dim:
+ * hidden_size / num_attention_heads), left out of config.json when 0;
+ * INT_OR_NULL, where config.json's null is 0 and 0 itself an error
+ * (q_lora_rank: null is a plain q_proj); LAYERS, a list of layer indices.
+ * Not here, handled by hand: model.name (config.json's model_type), the RoPE
+ * scaling (model.rope_scaling.*, config.json's rope_scaling and
+ * rope_parameters objects, which also hold rope_theta in transformers 5),
+ * LoRA (never in config.json), two config.json spellings
+ * (HT_ARCH_SPELLINGS below) and the engine's defaults that depend on
+ * model.name (config/dialects.c: deepseek_v3 has no attention bias and
+ * normalises its top-k). */
+/* clang-format off */
+#define HT_ARCH_FIELDS(X)                                                                                              \
+    X(vocab_size, vocab_size, vocab_size, INT, 256, req, req, req, req)                                                \
+    X(hidden_size, hidden_size, hidden_size, INT, 256, req, req, req, req)                                             \
+    X(intermediate_size, intermediate_size, intermediate_size, INT, 688, req, req, req, req)                           \
+    X(num_hidden_layers, num_hidden_layers, num_hidden_layers, INT, 4, req, req, req, req)                             \
+    X(num_attention_heads, num_attention_heads, num_attention_heads, INT, 8, req, req, req, req)                       \
+    X(num_key_value_heads, num_key_value_heads, num_key_value_heads, INT, 2,                                           \
+      num_attention_heads, num_attention_heads, num_attention_heads, num_attention_heads)                              \
+    X(head_dim, head_dim, head_dim, DIM, 0, 0, 0, 0, 0)                                                                \
+    X(max_position_embeddings, max_position_embeddings, max_position_embeddings, INT, 512, req, req, req, req)         \
+    X(rope_theta, rope_theta, rope_theta, FLT, 10000.0, 10000.0, 10000.0, 10000.0, 10000.0)                            \
+    X(rms_norm_eps, rms_norm_eps, rms_norm_eps, FLT, 1.0e-6, 1e-6, 1e-6, 1e-6, 1e-6)                                   \
+    X(attention_bias, attention_bias, attention_bias, BOOL, true, true, false, true, false)                            \
+    X(tie_word_embeddings, tie_word_embeddings, tie_word_embeddings, BOOL, false, false, false, false, false)          \
+    X(initializer_range, initializer_range, initializer_range, FLT, 0.02, 0.02, 0.02, 0.02, 0.02)                      \
+    /* Multi-Latent Attention (deepseek_v3) */                                                                         \
+    X(mla.q_lora_rank, q_lora_rank, q_lora_rank, INT_OR_NULL, null, -, -, -, 1536)                                    \
+    X(mla.kv_lora_rank, kv_lora_rank, kv_lora_rank, INT, 64, -, -, -, 512)                                             \
+    X(mla.qk_nope_head_dim, qk_nope_head_dim, qk_nope_head_dim, INT, 32, -, -, -, 128)                                 \
+    X(mla.qk_rope_head_dim, qk_rope_head_dim, qk_rope_head_dim, INT, 16, -, -, -, 64)                                  \
+    X(mla.v_head_dim, v_head_dim, v_head_dim, INT, 32, -, -, -, 128)                                                   \
+    X(mla.rope_interleave, rope_interleave, rope_interleave, BOOL, true, -, -, -, true)                                \
+    /* The sparse MLP (qwen2_moe, deepseek_v3) */                                                                      \
+    X(moe.num_experts, num_experts, num_experts, INT, 0, -, -, 60, 256)                                                \
+    X(moe.n_shared_experts, n_shared_experts, n_shared_experts, INT, 1, -, -, -, 1)                                    \
+    X(moe.num_experts_per_tok, num_experts_per_tok, num_experts_per_tok, INT, 4, -, -, 4, 8)                           \
+    X(moe.moe_intermediate_size, moe_intermediate_size, moe_intermediate_size, INT, 1408, -, -, 1408, 2048)            \
+    X(moe.shared_expert_intermediate_size, shared_expert_intermediate_size, shared_expert_intermediate_size, INT,      \
+      5632, -, -, 5632, -)                                                                                             \
+    X(moe.n_group, n_group, n_group, INT, 1, -, -, -, 8)                                                               \
+    X(moe.topk_group, topk_group, topk_group, INT, 1, -, -, -, 4)                                                      \
+    X(moe.routed_scaling_factor, routed_scaling_factor, routed_scaling_factor, FLT, 1.0, -, -, -, 2.5)                 \
+    X(moe.norm_topk_prob, norm_topk_prob, norm_topk_prob, BOOL, false, -, -, false, true)                              \
+    X(moe.decoder_sparse_step, decoder_sparse_step, decoder_sparse_step, INT, 1, -, -, 1, -)                           \
+    X(moe.mlp_only_layers, mlp_only_layers, mlp_only_layers, LAYERS, [], -, -, [], -)                                  \
+    X(moe.output_router_logits, output_router_logits, output_router_logits, BOOL, false, -, -, false, -)               \
+    X(moe.router_aux_loss_coef, router_aux_loss_coef, router_aux_loss_coef, FLT, 0.001, -, -, 0.001, -)                \
+    X(moe.first_k_dense_replace, first_k_dense_replace, first_k_dense_replace, INT, 0, -, -, -, 3)                     \
+    X(moe.bias_update_rate, moe_router_bias_update_rate, -, FLT, 0.0, -, -, -, -)
+/* A family whose config.json spells a field otherwise: X(family, member, name). */
+#define HT_ARCH_SPELLINGS(X)                                                                                           \
+    X(qwen2_moe, attention_bias, qkv_bias) /* transformers 5's; always on before it */                                 \
+    X(deepseek_v3, moe.num_experts, n_routed_experts)
+/* clang-format on */
+
 /* Whether layer l of cfg has the sparse MLP. */
 bool ht_model_config_layer_is_sparse(const ht_model_config *cfg, int l);
 /* Whether cfg is DeepSeek-V3 (its routing), and whether its attention is MLA. */

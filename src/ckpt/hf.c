@@ -116,32 +116,93 @@ static ht_status check_rope(const char *path, const ht_json *root, const char *n
     return HT_OK;
 }
 
-/* DeepSeek-V3's attention and routing, with DeepseekV3Config's defaults. */
-static ht_status read_deepseek_fields(const char *path, const ht_json *root, ht_model_config *cfg, ht_error *err) {
-    ht_moe_config *mc = &cfg->moe;
-    ht_mla_config *a = &cfg->mla;
-    ht_status s;
-    if ((s = get_int(path, root, "q_lora_rank", false, 0, &a->q_lora_rank, err)) != HT_OK ||
-        (s = get_int(path, root, "kv_lora_rank", false, 512, &a->kv_lora_rank, err)) != HT_OK ||
-        (s = get_int(path, root, "qk_nope_head_dim", false, 128, &a->qk_nope_head_dim, err)) != HT_OK ||
-        (s = get_int(path, root, "qk_rope_head_dim", false, 64, &a->qk_rope_head_dim, err)) != HT_OK ||
-        (s = get_int(path, root, "v_head_dim", false, 128, &a->v_head_dim, err)) != HT_OK ||
-        (s = get_bool(path, root, "rope_interleave", true, &a->rope_interleave, err)) != HT_OK ||
-        (s = get_int(path, root, "n_routed_experts", false, 256, &mc->num_experts, err)) != HT_OK ||
-        (s = get_int(path, root, "n_shared_experts", false, 1, &mc->n_shared_experts, err)) != HT_OK ||
-        (s = get_int(path, root, "num_experts_per_tok", false, 8, &mc->num_experts_per_tok, err)) != HT_OK ||
-        (s = get_int(path, root, "moe_intermediate_size", false, 2048, &mc->moe_intermediate_size, err)) != HT_OK ||
-        (s = get_int(path, root, "n_group", false, 8, &mc->n_group, err)) != HT_OK ||
-        (s = get_int(path, root, "topk_group", false, 4, &mc->topk_group, err)) != HT_OK ||
-        (s = get_double(path, root, "routed_scaling_factor", 2.5, &mc->routed_scaling_factor, err)) != HT_OK ||
-        (s = get_bool(path, root, "norm_topk_prob", true, &mc->norm_topk_prob, err)) != HT_OK ||
-        (s = get_int(path, root, "first_k_dense_replace", false, 3, &mc->first_k_dense_replace, err)) != HT_OK)
+/* config.json's architecture fields, from model.h's table (HT_ARCH_FIELDS): per
+ * family (model_type), its name there and transformers' default as the table
+ * writes it. */
+enum { QWEN2, LLAMA, QWEN2_MOE, DEEPSEEK_V3, N_FAMILIES };
+static const char *const FAMILIES[N_FAMILIES] = {"qwen2", "llama", "qwen2_moe", "deepseek_v3"};
+typedef enum { ARCH_INT, ARCH_DIM, ARCH_INT_OR_NULL, ARCH_FLT, ARCH_BOOL, ARCH_LAYERS } arch_type;
+typedef struct arch_field {
+    const char *json;
+    arch_type type;
+    size_t offset;
+    const char *def[N_FAMILIES]; /* "req", "-", a value, or another field's name */
+} arch_field;
+#define ARCH_FIELD(member, key, json, type, def, qwen2, llama, qwen2_moe, deepseek_v3)                                 \
+    {#json, ARCH_##type, offsetof(ht_model_config, member), {#qwen2, #llama, #qwen2_moe, #deepseek_v3}},
+static const arch_field ARCH[] = {HT_ARCH_FIELDS(ARCH_FIELD)};
+#define N_ARCH ((int)(sizeof(ARCH) / sizeof(ARCH[0])))
+#define ARCH_SPELLING(family, member, name) {FAMILY_##family, offsetof(ht_model_config, member), #name},
+enum { FAMILY_qwen2 = QWEN2, FAMILY_llama = LLAMA, FAMILY_qwen2_moe = QWEN2_MOE, FAMILY_deepseek_v3 = DEEPSEEK_V3 };
+static const struct {
+    int family;
+    size_t offset;
+    const char *name;
+} SPELLINGS[] = {HT_ARCH_SPELLINGS(ARCH_SPELLING)};
+
+static const char *json_name(const arch_field *f, int family) {
+    for (size_t i = 0; i < sizeof(SPELLINGS) / sizeof(SPELLINGS[0]); i++)
+        if (SPELLINGS[i].family == family && SPELLINGS[i].offset == f->offset) return SPELLINGS[i].name;
+    return f->json;
+}
+
+/* The value of a table default: a number, true or false, or an int field's (read before it). */
+static double arch_default(const char *def, const ht_model_config *cfg) {
+    if (strcmp(def, "true") == 0) return 1;
+    if (strcmp(def, "false") == 0 || strcmp(def, "req") == 0) return 0;
+    for (int i = 0; i < N_ARCH; i++)
+        if (strcmp(ARCH[i].json, def) == 0) return *(const int *)((const char *)cfg + ARCH[i].offset);
+    return strtod(def, NULL);
+}
+
+static ht_status get_layers(const char *path, const ht_json *root, const char *name, ht_layer_list *out,
+                            ht_error *err) {
+    const ht_json *list = field(root, name);
+    out->count = 0;
+    if (!list) return HT_OK;
+    if (list->type != HT_JSON_ARRAY || list->count > (size_t)HT_LAYER_LIST_MAX)
+        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be a list of at most %d layer indices", path, name,
+                       HT_LAYER_LIST_MAX);
+    for (size_t i = 0; i < list->count; i++) {
+        const ht_json *v = &list->items[i];
+        if (v->type != HT_JSON_NUMBER || v->number != floor(v->number) || v->number < 0 || v->number > INT_MAX)
+            return ht_fail(err, HT_ERR_CONFIG, "%s: %s[%zu] must be a layer index (an integer >= 0)", path, name, i);
+        out->items[out->count++] = (int)v->number;
+    }
+    return HT_OK;
+}
+
+static ht_status read_arch_field(const char *path, const ht_json *root, int family, const arch_field *f,
+                                 ht_model_config *cfg, ht_error *err) {
+    const char *def = f->def[family], *name = json_name(f, family);
+    if (strcmp(def, "-") == 0) return HT_OK; /* not this family's: stays 0 */
+    void *out = (char *)cfg + f->offset;
+    const double d = arch_default(def, cfg);
+    if (strcmp(name, "rope_theta") == 0) {
+        /* transformers 5 moved rope_theta into rope_parameters; older files have it at the top. */
+        const ht_json *rope_params = field(root, "rope_parameters");
+        if (!field(root, "rope_theta") && rope_params) root = rope_params;
+    }
+    switch (f->type) {
+    case ARCH_INT:
+    case ARCH_DIM: return get_int(path, root, name, strcmp(def, "req") == 0, (int)d, out, err);
+    case ARCH_INT_OR_NULL: {
+        /* Absent: the default; null: 0 (field() takes null for absent); 0 itself is neither. */
+        const ht_json *v = ht_json_get(root, name);
+        ht_status s = get_int(path, root, name, false, v ? 0 : (int)d, out, err);
+        if (s == HT_OK && v && v->type == HT_JSON_NUMBER && *(int *)out == 0)
+            return ht_fail(err, HT_ERR_CONFIG, "%s: field \"%s\" must be positive or null, not 0", path, name);
         return s;
-    /* An explicit null q_lora_rank is a plain q_proj (field() treats null as absent: 0). */
-    const ht_json *q = ht_json_get(root, "q_lora_rank");
-    if (!q) a->q_lora_rank = 1536;
-    if (a->q_lora_rank == 0 && q && q->type == HT_JSON_NUMBER)
-        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"q_lora_rank\" must be positive or null, not 0", path);
+    }
+    case ARCH_FLT: return get_double(path, root, name, d, out, err);
+    case ARCH_BOOL: return get_bool(path, root, name, d != 0, out, err);
+    case ARCH_LAYERS: return get_layers(path, root, name, out, err);
+    }
+    return HT_OK;
+}
+
+/* DeepSeek-V3's fields whose other values change the model, beyond the table's. */
+static ht_status check_deepseek_fields(const char *path, const ht_json *root, ht_error *err) {
     const char *unsupported[] = {"moe_layer_freq", "ep_size", "scoring_func", "topk_method"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++) {
         const ht_json *v = field(root, unsupported[i]);
@@ -156,35 +217,6 @@ static ht_status read_deepseek_fields(const char *path, const ht_json *root, ht_
     return HT_OK;
 }
 
-/* Qwen2-MoE's sparse MLP, with transformers' defaults. */
-static ht_status read_moe_fields(const char *path, const ht_json *root, ht_moe_config *mc, ht_error *err) {
-    ht_status s;
-    if ((s = get_int(path, root, "num_experts", false, 60, &mc->num_experts, err)) != HT_OK ||
-        (s = get_int(path, root, "num_experts_per_tok", false, 4, &mc->num_experts_per_tok, err)) != HT_OK ||
-        (s = get_int(path, root, "moe_intermediate_size", false, 1408, &mc->moe_intermediate_size, err)) != HT_OK ||
-        (s = get_int(path, root, "shared_expert_intermediate_size", false, 5632, &mc->shared_expert_intermediate_size,
-                     err)) != HT_OK ||
-        (s = get_bool(path, root, "norm_topk_prob", false, &mc->norm_topk_prob, err)) != HT_OK ||
-        (s = get_int(path, root, "decoder_sparse_step", false, 1, &mc->decoder_sparse_step, err)) != HT_OK ||
-        (s = get_bool(path, root, "output_router_logits", false, &mc->output_router_logits, err)) != HT_OK ||
-        (s = get_double(path, root, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef, err)) != HT_OK)
-        return s;
-    const ht_json *list = field(root, "mlp_only_layers");
-    mc->mlp_only_layers.count = 0;
-    if (!list || list->type == HT_JSON_NULL) return HT_OK;
-    if (list->type != HT_JSON_ARRAY || list->count > (size_t)HT_LAYER_LIST_MAX)
-        return ht_fail(err, HT_ERR_CONFIG, "%s: field \"mlp_only_layers\" must be a list of at most %d layer indices",
-                       path, HT_LAYER_LIST_MAX);
-    for (size_t i = 0; i < list->count; i++) {
-        const ht_json *v = &list->items[i];
-        if (v->type != HT_JSON_NUMBER || v->number != floor(v->number) || v->number < 0 || v->number > INT_MAX)
-            return ht_fail(err, HT_ERR_CONFIG, "%s: mlp_only_layers[%zu] must be a layer index (an integer >= 0)", path,
-                           i);
-        mc->mlp_only_layers.items[mc->mlp_only_layers.count++] = (int)v->number;
-    }
-    return HT_OK;
-}
-
 static ht_status read_config_fields(const char *path, const ht_json *root, ht_model_config *cfg, ht_error *err) {
     if (root->type != HT_JSON_OBJECT) return ht_fail(err, HT_ERR_CONFIG, "%s: not a JSON object", path);
     const ht_json *type = field(root, "model_type");
@@ -192,13 +224,12 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     if (type->type != HT_JSON_STRING)
         return ht_fail(err, HT_ERR_CONFIG, "%s: field \"model_type\" must be a string, not %s", path,
                        json_type_name(type));
-    if (strcmp(type->string, "qwen2") != 0 && strcmp(type->string, "llama") != 0 &&
-        strcmp(type->string, "qwen2_moe") != 0 && strcmp(type->string, "deepseek_v3") != 0)
+    int family = 0;
+    while (family < N_FAMILIES && strcmp(type->string, FAMILIES[family]) != 0) family++;
+    if (family == N_FAMILIES)
         return ht_fail(err, HT_ERR_CONFIG,
                        "%s: model_type \"%s\" is not supported (supported: qwen2, llama, qwen2_moe, deepseek_v3)", path,
                        type->string);
-    bool qwen2 = strcmp(type->string, "qwen2") == 0, moe = strcmp(type->string, "qwen2_moe") == 0;
-    bool deepseek = strcmp(type->string, "deepseek_v3") == 0;
     snprintf(cfg->name, sizeof(cfg->name), "%s", type->string);
 
     const ht_json *act = field(root, "hidden_act");
@@ -222,30 +253,9 @@ static ht_status read_config_fields(const char *path, const ht_json *root, ht_mo
     if (sliding) return ht_fail(err, HT_ERR_CONFIG, "%s: use_sliding_window true is not supported", path);
     if ((s = check_rope(path, root, "rope_scaling", &cfg->rope_scaling, err)) != HT_OK) return s;
     if ((s = check_rope(path, root, "rope_parameters", &cfg->rope_scaling, err)) != HT_OK) return s;
-
-    if ((s = get_int(path, root, "vocab_size", true, 0, &cfg->vocab_size, err)) != HT_OK ||
-        (s = get_int(path, root, "hidden_size", true, 0, &cfg->hidden_size, err)) != HT_OK ||
-        (s = get_int(path, root, "intermediate_size", true, 0, &cfg->intermediate_size, err)) != HT_OK ||
-        (s = get_int(path, root, "num_hidden_layers", true, 0, &cfg->num_hidden_layers, err)) != HT_OK ||
-        (s = get_int(path, root, "num_attention_heads", true, 0, &cfg->num_attention_heads, err)) != HT_OK ||
-        (s = get_int(path, root, "num_key_value_heads", false, cfg->num_attention_heads, &cfg->num_key_value_heads,
-                     err)) != HT_OK ||
-        (s = get_int(path, root, "head_dim", false, 0, &cfg->head_dim, err)) != HT_OK ||
-        (s = get_int(path, root, "max_position_embeddings", true, 0, &cfg->max_position_embeddings, err)) != HT_OK)
-        return s;
-    /* transformers 5 moved rope_theta into rope_parameters; older files have it at the top. */
-    const ht_json *rope_params = field(root, "rope_parameters");
-    const ht_json *theta_home = field(root, "rope_theta") || !rope_params ? root : rope_params;
-    if ((s = get_double(path, theta_home, "rope_theta", 10000.0, &cfg->rope_theta, err)) != HT_OK ||
-        (s = get_double(path, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps, err)) != HT_OK ||
-        /* Qwen2-MoE's q/k/v biases are "qkv_bias" (transformers 5; always on before it). */
-        (s = get_bool(path, root, moe ? "qkv_bias" : "attention_bias", qwen2 || moe, &cfg->attention_bias, err)) !=
-            HT_OK ||
-        (deepseek && (s = read_deepseek_fields(path, root, cfg, err)) != HT_OK) ||
-        (s = get_bool(path, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err)) != HT_OK ||
-        (s = get_double(path, root, "initializer_range", 0.02, &cfg->initializer_range, err)) != HT_OK)
-        return s;
-    return moe ? read_moe_fields(path, root, &cfg->moe, err) : HT_OK;
+    for (int i = 0; i < N_ARCH; i++)
+        if ((s = read_arch_field(path, root, family, &ARCH[i], cfg, err)) != HT_OK) return s;
+    return family == DEEPSEEK_V3 ? check_deepseek_fields(path, root, err) : HT_OK;
 }
 
 ht_status ht_hf_read_config(const char *dir, ht_model_config *cfg, ht_error *err) {
@@ -286,8 +296,7 @@ static void write_rope(FILE *f, const ht_model_config *cfg) {
     const ht_rope_scaling *r = &cfg->rope_scaling;
     const bool yarn = ht_rope_is_yarn(r);
     for (int spelling = 0; spelling < (yarn ? 2 : 1); spelling++) {
-        fprintf(f,
-                ",\n  \"%s\": {\"rope_type\": \"%s\", \"rope_theta\": ", spelling ? "rope_scaling" : "rope_parameters",
+        fprintf(f, "  \"%s\": {\"rope_type\": \"%s\", \"rope_theta\": ", spelling ? "rope_scaling" : "rope_parameters",
                 yarn ? "yarn" : "default");
         ht_json_write_number(f, cfg->rope_theta);
         if (yarn) {
@@ -303,42 +312,48 @@ static void write_rope(FILE *f, const ht_model_config *cfg) {
             fputs(", \"mscale_all_dim\": ", f);
             ht_json_write_number(f, r->mscale_all_dim);
         }
-        fputs("}", f);
+        fputs("},\n", f);
     }
 }
 
-static void write_deepseek(FILE *f, const ht_model_config *cfg) {
-    const ht_mla_config *a = &cfg->mla;
-    const ht_moe_config *mc = &cfg->moe;
-    if (a->q_lora_rank > 0)
-        fprintf(f, "  \"q_lora_rank\": %d,\n", a->q_lora_rank);
-    else
-        fputs("  \"q_lora_rank\": null,\n", f);
-    fprintf(f, "  \"kv_lora_rank\": %d,\n  \"qk_nope_head_dim\": %d,\n  \"qk_rope_head_dim\": %d,\n", a->kv_lora_rank,
-            a->qk_nope_head_dim, a->qk_rope_head_dim);
-    fprintf(f, "  \"v_head_dim\": %d,\n  \"rope_interleave\": %s,\n", a->v_head_dim,
-            a->rope_interleave ? "true" : "false");
-    fprintf(f, "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n",
-            mc->num_experts, mc->n_shared_experts, mc->num_experts_per_tok);
-    fprintf(f, "  \"moe_intermediate_size\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n",
-            mc->moe_intermediate_size, mc->n_group, mc->topk_group);
-    fputs("  \"routed_scaling_factor\": ", f);
-    ht_json_write_number(f, mc->routed_scaling_factor);
-    fprintf(f, ",\n  \"norm_topk_prob\": %s,\n  \"first_k_dense_replace\": %d,\n",
-            mc->norm_topk_prob ? "true" : "false", mc->first_k_dense_replace);
+/* One field of the table as `  "name": value,`; nothing where the family has no such field, or a DIM is 0. */
+static void write_arch_field(FILE *f, const ht_model_config *cfg, int family, const arch_field *a) {
+    const void *v = (const char *)cfg + a->offset;
+    if (strcmp(a->def[family], "-") == 0 || (a->type == ARCH_DIM && *(const int *)v == 0)) return;
+    fprintf(f, "  \"%s\": ", json_name(a, family));
+    switch (a->type) {
+    case ARCH_INT:
+    case ARCH_DIM: fprintf(f, "%d", *(const int *)v); break;
+    case ARCH_INT_OR_NULL:
+        if (*(const int *)v > 0)
+            fprintf(f, "%d", *(const int *)v);
+        else
+            fputs("null", f);
+        break;
+    case ARCH_FLT: ht_json_write_number(f, *(const double *)v); break;
+    case ARCH_BOOL: fputs(*(const bool *)v ? "true" : "false", f); break;
+    case ARCH_LAYERS: {
+        const ht_layer_list *l = v;
+        fputc('[', f);
+        for (int i = 0; i < l->count; i++) fprintf(f, "%s%d", i ? ", " : "", l->items[i]);
+        fputc(']', f);
+        break;
+    }
+    }
+    fputs(",\n", f);
 }
 
 ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dtype torch_dtype, ht_error *err) {
     if (check_dir_name(dir, err) != HT_OK) return HT_ERR_INVALID;
     char path[HF_PATH_MAX];
     join(path, dir, "config.json");
-    bool qwen2 = strcmp(cfg->name, "qwen2") == 0, moe = strcmp(cfg->name, "qwen2_moe") == 0;
-    bool deepseek = ht_model_config_is_deepseek(cfg);
-    if (!qwen2 && !moe && !deepseek && strcmp(cfg->name, "llama") != 0)
+    int family = 0;
+    while (family < N_FAMILIES && strcmp(cfg->name, FAMILIES[family]) != 0) family++;
+    if (family == N_FAMILIES)
         return ht_fail(err, HT_ERR_CONFIG,
                        "%s: model \"%s\" has no Hugging Face export (supported: qwen2, llama, qwen2_moe, deepseek_v3)",
                        path, cfg->name);
-    if (qwen2 && !cfg->attention_bias)
+    if (family == QWEN2 && !cfg->attention_bias)
         return ht_fail(err, HT_ERR_CONFIG,
                        "%s: transformers' Qwen2 always has q/k/v biases; a qwen2 model without attention_bias "
                        "cannot be exported as qwen2",
@@ -350,44 +365,20 @@ ht_status ht_hf_write_config(const char *dir, const ht_model_config *cfg, ht_dty
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return ht_fail(err, HT_ERR_OOM, "%s: cannot build config.json", path);
-    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n",
-            qwen2      ? "Qwen2ForCausalLM"
-            : moe      ? "Qwen2MoeForCausalLM"
-            : deepseek ? "DeepseekV3ForCausalLM"
-                       : "LlamaForCausalLM");
+    static const char *const architectures[N_FAMILIES] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen2MoeForCausalLM",
+                                                          "DeepseekV3ForCausalLM"};
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n", architectures[family]);
     fprintf(f, "  \"model_type\": \"%s\",\n  \"hidden_act\": \"silu\",\n", cfg->name);
-    fprintf(f, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", cfg->vocab_size,
-            cfg->hidden_size, cfg->intermediate_size);
-    fprintf(f, "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n",
-            cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads);
-    if (cfg->head_dim) fprintf(f, "  \"head_dim\": %d,\n", cfg->head_dim); /* absent, not null: HF would use null */
-    fprintf(f, "  \"max_position_embeddings\": %d,\n  \"rope_theta\": ", cfg->max_position_embeddings);
-    ht_json_write_number(f, cfg->rope_theta);
-    /* Both spellings of rope_theta: transformers < 5 reads the top-level one, 5 reads rope_parameters. */
-    write_rope(f, cfg);
-    fputs(",\n  \"rms_norm_eps\": ", f);
-    ht_json_write_number(f, cfg->rms_norm_eps);
-    fprintf(f, ",\n  \"%s\": %s,\n  \"tie_word_embeddings\": %s,\n  \"initializer_range\": ",
-            moe ? "qkv_bias" : "attention_bias", cfg->attention_bias ? "true" : "false",
-            cfg->tie_word_embeddings ? "true" : "false");
-    ht_json_write_number(f, cfg->initializer_range);
-    fprintf(f, ",\n  \"attention_dropout\": 0.0,\n  \"use_cache\": true,\n");
-    if (moe) {
-        const ht_moe_config *mc = &cfg->moe;
-        fprintf(f, "  \"use_sliding_window\": false,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n",
-                mc->num_experts, mc->num_experts_per_tok);
-        fprintf(f, "  \"moe_intermediate_size\": %d,\n  \"shared_expert_intermediate_size\": %d,\n",
-                mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
-        fprintf(f, "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": %d,\n  \"mlp_only_layers\": [",
-                mc->norm_topk_prob ? "true" : "false", mc->decoder_sparse_step);
-        for (int i = 0; i < mc->mlp_only_layers.count; i++)
-            fprintf(f, "%s%d", i ? ", " : "", mc->mlp_only_layers.items[i]);
-        fprintf(f, "],\n  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": ",
-                mc->output_router_logits ? "true" : "false");
-        ht_json_write_number(f, mc->router_aux_loss_coef);
-        fputs(",\n", f);
+    for (int i = 0; i < N_ARCH; i++) {
+        write_arch_field(f, cfg, family, &ARCH[i]);
+        /* Both spellings of rope_theta: transformers < 5 reads the top-level one, 5 reads rope_parameters. */
+        if (strcmp(ARCH[i].json, "rope_theta") == 0) write_rope(f, cfg);
+        /* What transformers writes after the dense model's fields, before the MLA's and the sparse MLP's. */
+        if (strcmp(ARCH[i].json, "initializer_range") == 0) {
+            fputs("  \"attention_dropout\": 0.0,\n  \"use_cache\": true,\n", f);
+            if (family == QWEN2_MOE) fputs("  \"use_sliding_window\": false,\n", f);
+        }
     }
-    if (deepseek) write_deepseek(f, cfg);
     fprintf(f, "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n", ht_dtype_name(torch_dtype),
             ht_dtype_name(torch_dtype));
     if (fclose(f) != 0 || !text) {

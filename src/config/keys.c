@@ -145,45 +145,21 @@ static const enum_name TOTAL_STEPS_MSG[] = {
 #define REJECT_BUT_AUTO(path, msg)                                                                                     \
     { path, KT_REJECT, 0, 0, NULL, msg, AUTO_OK }
 
+/* The architecture's keys, from model.h's table of its fields. */
+#define ARCH_KEY(member, key, json, type, def, qwen2, llama, qwen2_moe, deepseek_v3)                                   \
+    ARCH_##type("model." #key, model.arch.member, #def),
+#define ARCH_INT INT
+#define ARCH_DIM INT
+#define ARCH_INT_OR_NULL INT_OR_NULL
+#define ARCH_FLT FLT
+#define ARCH_BOOL BOOL
+#define ARCH_LAYERS LAYERS
+
 /* Every key of docs/CONFIG.md, in the order the log prints them. */
 const key_desc ht_config_keys[] = {
     STR("model.name", model.arch.name, "qwen2"),
     PATH_OR_NULL("model.from_pretrained", model.from_pretrained, "null"),
-    INT("model.vocab_size", model.arch.vocab_size, "256"),
-    INT("model.hidden_size", model.arch.hidden_size, "256"),
-    INT("model.intermediate_size", model.arch.intermediate_size, "688"),
-    INT("model.num_hidden_layers", model.arch.num_hidden_layers, "4"),
-    INT("model.num_attention_heads", model.arch.num_attention_heads, "8"),
-    INT("model.num_key_value_heads", model.arch.num_key_value_heads, "2"),
-    INT("model.head_dim", model.arch.head_dim, "0"),
-    INT("model.max_position_embeddings", model.arch.max_position_embeddings, "512"),
-    FLT("model.rope_theta", model.arch.rope_theta, "10000.0"),
-    FLT("model.rms_norm_eps", model.arch.rms_norm_eps, "1.0e-6"),
-    BOOL("model.attention_bias", model.arch.attention_bias, "true"),
-    BOOL("model.tie_word_embeddings", model.arch.tie_word_embeddings, "false"),
-    FLT("model.initializer_range", model.arch.initializer_range, "0.02"),
-    INT("model.num_experts", model.arch.moe.num_experts, "0"),
-    INT("model.num_experts_per_tok", model.arch.moe.num_experts_per_tok, "4"),
-    INT("model.moe_intermediate_size", model.arch.moe.moe_intermediate_size, "1408"),
-    INT("model.shared_expert_intermediate_size", model.arch.moe.shared_expert_intermediate_size, "5632"),
-    BOOL("model.norm_topk_prob", model.arch.moe.norm_topk_prob, "false"),
-    INT("model.decoder_sparse_step", model.arch.moe.decoder_sparse_step, "1"),
-    LAYERS("model.mlp_only_layers", model.arch.moe.mlp_only_layers, "[]"),
-    BOOL("model.output_router_logits", model.arch.moe.output_router_logits, "false"),
-    FLT("model.router_aux_loss_coef", model.arch.moe.router_aux_loss_coef, "0.001"),
-    INT("model.n_shared_experts", model.arch.moe.n_shared_experts, "1"),
-    INT("model.n_group", model.arch.moe.n_group, "1"),
-    INT("model.topk_group", model.arch.moe.topk_group, "1"),
-    FLT("model.routed_scaling_factor", model.arch.moe.routed_scaling_factor, "1.0"),
-    INT("model.first_k_dense_replace", model.arch.moe.first_k_dense_replace, "0"),
-    FLT("model.moe_router_bias_update_rate", model.arch.moe.bias_update_rate, "0.0"),
-    INT_OR_NULL("model.q_lora_rank", model.arch.mla.q_lora_rank, "null"),
-    INT("model.kv_lora_rank", model.arch.mla.kv_lora_rank, "64"),
-    INT("model.qk_nope_head_dim", model.arch.mla.qk_nope_head_dim, "32"),
-    INT("model.qk_rope_head_dim", model.arch.mla.qk_rope_head_dim, "16"),
-    INT("model.v_head_dim", model.arch.mla.v_head_dim, "32"),
-    BOOL("model.rope_interleave", model.arch.mla.rope_interleave, "true"),
-    BOOL("model.multi_latent_attention", model.multi_latent_attention, "false"),
+    HT_ARCH_FIELDS(ARCH_KEY) BOOL("model.multi_latent_attention", model.multi_latent_attention, "false"),
     STR_OR_NULL("model.rope_scaling.type", model.arch.rope_scaling.type, "null"),
     FLT("model.rope_scaling.factor", model.arch.rope_scaling.factor, "1.0"),
     INT("model.rope_scaling.original_max_position_embeddings", model.arch.rope_scaling.original_max_position_embeddings,
