@@ -96,7 +96,11 @@ EOF
 # Check 2: the key table's every key in docs/CONFIG.md.
 if [ -f docs/CONFIG.md ]; then
     keys=$(awk '/^const key_desc ht_config_keys\[\] = \{/ { f = 1; next } f && /^\};/ { f = 0 } f' src/config/keys.c |
-        sed -nE 's/^ *[A-Z0-9_]+\("([^"]+)".*/\1/p')
+        sed -nE 's/^ *[A-Z0-9_]+\("([^"]+)".*/\1/p; s/.*\) ([A-Z0-9_]+)\("([^"]+)".*/\2/p')
+    # the architecture keys, made from include/hypertrain/model.h's HT_ARCH_FIELDS (X(member, key, ...): model.KEY)
+    keys="$keys
+$(awk '/^#define HT_ARCH_FIELDS\(X\)/ { f = 1 } f { print } f && !/\\$/ { f = 0 }' include/hypertrain/model.h |
+        sed -nE 's/^ *X\([a-z_.]+, ([a-z_]+),.*/model.\1/p')"
     [ -n "$keys" ] || report "src/config/keys.c: no key table found (const key_desc ht_config_keys[])"
     for key in $keys; do
         grep -qF -- "\`$key\`" docs/CONFIG.md || report "docs/CONFIG.md: the key $key (src/config/keys.c) is not documented"
