@@ -494,13 +494,13 @@ static ht_main_storage main_storage(const ht_config *c) {
     return c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16 ? HT_MAIN_RESIDUAL16 : HT_MAIN_COPY;
 }
 
-static ht_status plan_memory(ht_trainer *t, ht_error *err) {
+/* `compute`: the storage of the compute copies, as ht_model_set_compute will
+ * make them once the GEMM kernel is chosen (an FP32 copy of bf16 values where
+ * it is fp32_rounded); before, param_dtype's own (no copy): a lower bound. */
+static ht_status plan_memory(ht_trainer *t, ht_dtype compute, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
-    /* the compute copies as ht_model_set_compute will make them: the storage of the GEMM kernel chosen (an
-     * FP32 copy of bf16 values where the kernel is fp32_rounded) */
-    const ht_params_bytes pb =
-        ht_params_plan(ps, main_storage(c), ht_gemm_storage(c->fsdp.param_dtype), c->fsdp.param_dtype);
+    const ht_params_bytes pb = ht_params_plan(ps, main_storage(c), compute, c->fsdp.param_dtype);
     ht_memory_plan *m = &t->memory_plan;
     *m = (ht_memory_plan){
         .weights = (double)(pb.data + pb.compute),
@@ -1049,9 +1049,11 @@ static ht_status prepare(ht_trainer *t, const ht_config *cfg, ht_comm *comm, boo
      * storage, its optimizer state or anything sized by the batch is allocated. */
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = configure_optimizer(t, err);
-    /* The GEMM kernels (chosen by timing on the model's shapes) decide the compute copies the plan counts. */
+    /* The plan without the compute copies (a lower bound: a run it refuses could not run) before the GEMM
+     * kernels are timed on the model's shapes, then with the copies the chosen kernel makes. */
+    if (s == HT_OK) s = plan_memory(t, cfg->fsdp.param_dtype, err);
     if (s == HT_OK) s = choose_kernels(t, err);
-    if (s == HT_OK) s = plan_memory(t, err);
+    if (s == HT_OK) s = plan_memory(t, ht_gemm_storage(cfg->fsdp.param_dtype), err);
     return s;
 }
 
