@@ -44,7 +44,8 @@ from torch_train_step import build_model
 def shard(model, mesh):
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kw = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=True)
-    fully_shard(model.model.embed_tokens, **kw)
+    if not getattr(model.config, "tie_word_embeddings", False):  # a tied one belongs to the root with lm_head
+        fully_shard(model.model.embed_tokens, **kw)
     for layer in model.model.layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)  # root unit: final norm + lm_head

@@ -92,9 +92,9 @@ typedef struct ht_trainer {
     FILE *samples;                         /* training.sample_interval: rank 0's output_dir/samples.jsonl */
     bool new_lineage;
     bool planning;
-        /* ht_trainer_plan: nothing is allocated, nothing logged but refusals */ /* rank 0: output_dir's history is not
-                                                                                    this run's own (it starts from step
-                                                                                    0 or another's) */
+    /* ht_trainer_plan: nothing is allocated, nothing logged but refusals */ /* rank 0: output_dir's history is not
+                                                                                this run's own (it starts from step
+                                                                                0 or another's) */
     ht_tokenizer *sample_tokenizer; /* and data.tokenizer's, for their text (NULL: bytes) */
     double last_eval_loss;
     double rss_at_start; /* bytes resident when the trainer began: libraries, MPI, the config */
