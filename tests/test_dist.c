@@ -461,7 +461,9 @@ static void test_plan_is_each_ranks_plan(void **state) {
         char args[2048], log[1300], out[32], *plan, *run;
         snprintf(args, sizeof(args), "plan '%s/run.yaml' --world %d %s", dir, runs[i].ranks, runs[i].set);
         snprintf(log, sizeof(log), "%s/plan%zu.log", dir, i);
-        if (run_hypertrain("", args, log, false, &plan) != 0) fail_msg("plan %s failed:\n%s", args, plan);
+        /* the environment the launch gives its ranks (MPIRUN: no OMP_NUM_THREADS, the cores shared) */
+        if (run_hypertrain("env -u OMP_NUM_THREADS ", args, log, false, &plan) != 0)
+            fail_msg("plan %s failed:\n%s", args, plan);
         snprintf(out, sizeof(out), "run%zu", i);
         if (run_in(dir, out, runs[i].ranks, runs[i].set, &run) != 0) fail_msg("%s failed:\n%s", out, run);
         for (int r = 0; r < runs[i].ranks; r++) {

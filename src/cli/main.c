@@ -316,6 +316,11 @@ static int cmd_plan(int argc, char **argv) {
         rc = fail(&err);
         goto done;
     }
+    /* The threads a rank of a launch on this node would have (set_threads): a rank's scratch depends on them. */
+    if (!getenv("OMP_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        omp_set_num_threads(cores / world > 0 ? (int)(cores / world) : 1);
+    }
     /* Each rank's decisions in turn, in this process, quietly: refusals are errors, the rest is the table below. */
     for (int r = 0; r < world; r++) {
         ht_comm *v = ht_comm_virtual(r, world);
@@ -349,8 +354,9 @@ static int cmd_plan(int argc, char **argv) {
     }
     const double mib = 1 << 20, gib = 1 << 30; /* --memory is in GiB */
     const double budget = budget_gib > 0 ? budget_gib * gib : (double)ht_physical_memory() / world;
-    printf("Plan of %s on %d rank(s), each rank's memory (MiB; optimizer state and activations as lower bounds):\n",
-           path, world);
+    printf("Plan of %s on %d rank(s) of %d OpenMP thread(s) (OMP_NUM_THREADS, or this node's cores over the ranks), "
+           "each rank's memory (MiB; optimizer state and activations as lower bounds):\n",
+           path, world, omp_get_max_threads());
     printf("  %-14s %10s %10s %10s %10s %12s %8s %10s\n", "ranks", "weights", "main", "main_grad", "optimizer",
            "activations", "corpus", "total");
     for (int k = 0; k < count; k++) {
