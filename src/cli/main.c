@@ -528,7 +528,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *prompt_ids = NULL, *tokenizer = NULL;
     double max_new = 64, temperature = 0, top_k = 0, top_p = 1, seed = 0;
     ht_dtype dtype = HT_DTYPE_F32;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* each flag with its value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
         if (ok && strcmp(a, "--prompt") == 0)
@@ -561,7 +561,6 @@ static int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "hypertrain generate: %s %s: expected a whole number\n", a, v);
             return 2;
         }
-        i++;
     }
     if (!prompt == !prompt_ids) {
         fprintf(stderr,
