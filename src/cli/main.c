@@ -191,6 +191,20 @@ static void set_threads(const ht_comm *comm) {
                 getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : "", ht_openmp_wait());
 }
 
+/* argv[*i] as an override (`--set KEY=VALUE` or `--set=KEY=VALUE`) into
+ * overrides[*n]; *i steps past its value. False: not one. */
+static bool take_set(int argc, char **argv, int *i, char **overrides, int *n) {
+    if (strcmp(argv[*i], "--set") == 0 && *i + 1 < argc) {
+        overrides[(*n)++] = argv[++*i];
+        return true;
+    }
+    if (strncmp(argv[*i], "--set=", 6) == 0) {
+        overrides[(*n)++] = argv[*i] + 6;
+        return true;
+    }
+    return false;
+}
+
 static int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         usage(stderr);
@@ -200,11 +214,7 @@ static int cmd_train(int argc, char **argv) {
     char **overrides = malloc((size_t)argc * sizeof(char *));
     int n = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-            overrides[n++] = argv[++i];
-        } else if (strncmp(argv[i], "--set=", 6) == 0) {
-            overrides[n++] = argv[i] + 6;
-        } else {
+        if (!take_set(argc, argv, &i, overrides, &n)) {
             fprintf(stderr, "hypertrain: unexpected argument '%s' (overrides are --set section.key=value)\n", argv[i]);
             free(overrides);
             return 2;
@@ -279,11 +289,8 @@ static int cmd_plan(int argc, char **argv) {
     double budget_gib = 0;
     for (int i = 1; i < argc; i++) {
         char *end = NULL;
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-            overrides[n++] = argv[++i];
-        } else if (strncmp(argv[i], "--set=", 6) == 0) {
-            overrides[n++] = argv[i] + 6;
-        } else if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) {
+        if (take_set(argc, argv, &i, overrides, &n)) continue;
+        if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) {
             long w = strtol(argv[++i], &end, 10);
             if (*end || w < 1 || w > 65536) {
                 fprintf(stderr, "hypertrain: --world %s: expected a number of ranks from 1 to 65536\n", argv[i]);

@@ -47,20 +47,24 @@ static void single_wait(ht_comm *c, ht_request *r, double *seconds) {
     (void)c, (void)r;
     if (seconds) *seconds = 0.0;
 }
+/* These collectives serve the one-process group (the static `single`
+ * below) and every virtual rank (ht_comm_virtual, allocated): only the
+ * split and the free tell them apart. */
+static ht_comm single;
+
 static ht_status single_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
-    (void)color, (void)key, (void)err;
+    (void)color, (void)key;
+    if (c != &single)
+        return ht_fail(err, HT_ERR_INVALID,
+                       "the virtual rank %d of %d cannot split a group (its groups come from the mesh)", c->rank,
+                       c->size);
     *out = c;
     return HT_OK;
 }
 static void single_abort(ht_comm *c, int code) { (void)c, (void)code; }
-static void single_free(ht_comm *c) { (void)c; }
-
-static ht_status virtual_split(ht_comm *c, int color, int key, ht_comm **out, ht_error *err) {
-    (void)color, (void)key, (void)out;
-    return ht_fail(err, HT_ERR_INVALID,
-                   "the virtual rank %d of %d cannot split a group (its groups come from the mesh)", c->rank, c->size);
+static void single_free(ht_comm *c) {
+    if (c != &single) free(c);
 }
-static void virtual_free(ht_comm *c) { free(c); }
 
 ht_request *ht_start_shift(ht_comm *c, const void *send, void *recv, int64_t bytes, int offset) {
     const int P = c->size, to = ((c->rank + offset) % P + P) % P, from = ((c->rank - offset) % P + P) % P;
@@ -145,34 +149,17 @@ static const ht_comm_ops single_ops = {
     .free = single_free,
 };
 
-static const ht_comm_ops virtual_ops = {
-    .all_reduce_f64 = single_all_reduce_f64,
-    .all_reduce_f32 = single_all_reduce_f32,
-    .reduce_scatter_f32 = single_reduce_scatter_f32,
-    .broadcast = single_broadcast,
-    .all_gather = single_all_gather,
-    .gather = single_gather,
-    .scatter = single_gather,
-    .barrier = single_barrier,
-    .start_exchange = single_start_exchange,
-    .wait = single_wait,
-    .split = virtual_split,
-    .abort = single_abort,
-    .free = virtual_free,
-};
+static ht_comm single = {.ops = &single_ops, .rank = 0, .size = 1, .local_size = 1, .name = "single process"};
+
+ht_comm *ht_comm_single(void) { return &single; }
 
 ht_comm *ht_comm_virtual(int rank, int size) {
     ht_comm *c = calloc(1, sizeof(*c));
-    if (c) *c = (ht_comm){.ops = &virtual_ops, .rank = rank, .size = size, .local_size = size, .name = "virtual"};
+    if (c) *c = (ht_comm){.ops = &single_ops, .rank = rank, .size = size, .local_size = size, .name = "virtual"};
     return c;
 }
 
-bool ht_comm_is_virtual(const ht_comm *c) { return c && c->ops == &virtual_ops; }
-
-ht_comm *ht_comm_single(void) {
-    static ht_comm single = {.ops = &single_ops, .rank = 0, .size = 1, .local_size = 1, .name = "single process"};
-    return &single;
-}
+bool ht_comm_is_virtual(const ht_comm *c) { return c && c->ops == &single_ops && c != &single; }
 
 /* The world size a launcher announced in the environment, or 0 when none did. */
 static int launcher_world_size(const char **which) {
