@@ -355,9 +355,11 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "parallel:\n"                 /* 146 */
                           "  tensor_parallel_size: 1\n" /* 147 */
                           "  sequence_parallel: false\n"
-                          "  ring_attention_size: 1\n"                      /* 148 */
-                          "  ulysses_parallel_size: 1\n"                    /* 149 */
-                          "  expert_parallel_size: 1\n"                     /* 150 */
+                          "  ring_attention_size: 1\n"   /* 148 */
+                          "  ulysses_parallel_size: 1\n" /* 149 */
+                          "  expert_parallel_size: 1\n"  /* 150 */
+                          "  pipeline_parallel_size: 1\n"
+                          "  pipeline_schedule: gpipe\n"
                           "  ep_plan:\n"                                    /* 151 */
                           "    apply_modules: [\"model.layers.{*}.mlp\"]\n" /* 152 */
                           "tools:\n"                                        /* 153 */
@@ -369,7 +371,8 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
 static void check_full(const ht_config *cfg) {
     assert_string_equal(cfg->model.arch.name, "qwen2_moe");
     assert_string_equal(cfg->model.from_pretrained, "/models/tiny");
-    assert_false(cfg->parallel.sequence_parallel); /* its default is true */
+    assert_false(cfg->parallel.sequence_parallel);                         /* its default is true */
+    assert_int_equal(cfg->parallel.pipeline_schedule, HT_CONFIG_PP_GPIPE); /* its default is 1f1b */
     const ht_moe_config *mc = &cfg->model.arch.moe;
     assert_int_equal(mc->num_experts, 4);
     assert_int_equal(mc->num_experts_per_tok, 1);
@@ -1448,6 +1451,59 @@ static void test_mindspeed_dialect(void **state) {
                       "data.path and data.dataset", "give one", NULL);
 }
 
+/* Pipeline parallelism (parallel.pipeline_parallel_size): the mesh it
+ * makes with the ranks, and each refusal naming its key and why. */
+static void test_pipeline_parallel_mesh(void **state) {
+    (void)state;
+    static ht_config cfg;
+    ht_error err = {0};
+    const char *model = "model:\n  num_hidden_layers: 4\n%s"
+                        "training:\n  local_batch_size: 1\n  global_batch_size: 4\nparallel:\n%s%s";
+    const char *untied = "  tie_word_embeddings: false\n";
+    char text[2048];
+    snprintf(text, sizeof(text), model, untied, "  pipeline_parallel_size: 2\n", "");
+    assert_ht_ok(load_text("pp.yaml", text, &cfg, &err), &err);
+    assert_int_equal(cfg.parallel.pipeline_schedule, HT_CONFIG_PP_1F1B);
+    assert_ht_ok(ht_config_validate(&cfg, 2, &err), &err); /* 2 stages of 1 rank: 4 micro-batches a step */
+    assert_int_equal(ht_config_data_parallel_size(&cfg, 2), 1);
+    assert_ht_ok(ht_config_validate(&cfg, 4, &err), &err); /* x DP 2: 2 micro-batches each, as many as stages */
+    assert_int_equal(ht_config_data_parallel_size(&cfg, 4), 2);
+    static const struct {
+        const char *model, *parallel, *rest;
+        int world;
+        const char *want1, *want2;
+    } bad[] = {
+        {NULL, "  pipeline_parallel_size: 3\n", "", 4, "parallel.pipeline_parallel_size: 3 does not divide the 4 ranks",
+         "a multiple of 3"},
+        {NULL, "  pipeline_parallel_size: 0\n", "", 1, "parallel.pipeline_parallel_size", "an integer >= 1"},
+        {NULL, "  pipeline_parallel_size: 8\n", "", 8, "8 stages, but the model has 4 layers", "at least one"},
+        {NULL, "  pipeline_parallel_size: 2\n", "", 8, "1f1b over 2 stages needs at least 2 micro-batches a step",
+         "has 1"},
+        {NULL, "  pipeline_parallel_size: 2\n  tensor_parallel_size: 2\n", "", 4,
+         "not supported with tensor parallelism yet", "expected parallel.pipeline_parallel_size 1"},
+        {NULL, "  pipeline_parallel_size: 2\n  ring_attention_size: 2\n", "", 4, "with context parallelism yet", NULL},
+        {"  tie_word_embeddings: true\n", "  pipeline_parallel_size: 2\n", "", 2, "with tied embeddings",
+         "model.tie_word_embeddings"},
+        {"  name: qwen2_moe\n", "  pipeline_parallel_size: 2\n", "", 2,
+         "with a model with experts or Multi-Latent Attention yet", NULL},
+        {"  tie_word_embeddings: false\n  lora:\n    rank: 4\n", "  pipeline_parallel_size: 2\n", "", 2,
+         "with LoRA adapters yet", NULL},
+        {NULL, "  pipeline_parallel_size: 2\n", "optimizer:\n  muon_config:\n    qk_clip_enabled: true\n", 2,
+         "with QK-clip yet", NULL},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(text, sizeof(text), model, bad[i].model ? bad[i].model : untied, bad[i].parallel, bad[i].rest);
+        if (load_text("ppbad.yaml", text, &cfg, &err) != HT_OK) fail_msg("case %zu: %s", i, err.msg);
+        if (ht_config_validate(&cfg, bad[i].world, &err) == HT_OK) fail_msg("case %zu accepted:\n%s", i, text);
+        assert_contains(err.msg, bad[i].want1);
+        if (bad[i].want2) assert_contains(err.msg, bad[i].want2);
+    }
+    /* gpipe takes any count of micro-batches */
+    snprintf(text, sizeof(text), model, untied, "  pipeline_parallel_size: 2\n  pipeline_schedule: gpipe\n", "");
+    assert_ht_ok(load_text("pp.yaml", text, &cfg, &err), &err);
+    assert_ht_ok(ht_config_validate(&cfg, 8, &err), &err);
+}
+
 /* Context parallelism (parallel.ulysses_parallel_size x ring_attention_size):
  * the mesh it makes with the ranks, and every refusal naming its sizes. */
 static void test_context_parallel_mesh(void **state) {
@@ -2190,6 +2246,7 @@ int main(void) {
         cmocka_unit_test(test_config_size_checked_before_reading),
         cmocka_unit_test(test_pretrained_architecture_in_force),
         cmocka_unit_test(test_lora_keys),
+        cmocka_unit_test(test_pipeline_parallel_mesh),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

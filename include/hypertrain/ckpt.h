@@ -211,6 +211,10 @@ typedef struct ht_ckpt_view {
      * not refusals. A param without its tensor keeps its value here, and its
      * optimizer state starts from zero. */
     bool lenient;
+    /* Pipeline parallelism: every stage's params (declared, no storage), of
+     * which `params` holds one stage's: tensors of the others' are the
+     * checkpoint's, not unknown ones. NULL: params is the whole model. */
+    const ht_param_store *whole;
 } ht_ckpt_view;
 
 typedef struct ht_ckpt_save_options {
@@ -224,6 +228,10 @@ typedef struct ht_ckpt_save_options {
      * holds whole on every place (ht_param.tp_dim < 0), and its state, is
      * written by place 0 alone: the boxes of a checkpoint never overlap. */
     int tp_rank;
+    /* The rank of the writing group that writes the optimizer's step counts
+     * of this rank's params, which every rank holding them shares: 0, or
+     * with pipeline parallelism the first rank of this rank's stage. */
+    int steps_rank;
 } ht_ckpt_save_options;
 
 /* One chunk of one key that a rank wrote: the box of the global tensor it holds. */

@@ -67,6 +67,8 @@ typedef enum ht_config_momentum_style { HT_CONFIG_MOMENTUM_SUM = 0, HT_CONFIG_MO
 /* muon_ns_form: how the Newton-Schulz iteration is computed (docs/NUMERICS.md). */
 /* optimizer.main_param_storage: how a bfloat16 weight's FP32 main param is held (docs/NUMERICS.md). */
 typedef enum ht_config_main_storage { HT_CONFIG_MAIN_FP32 = 0, HT_CONFIG_MAIN_RESIDUAL16 } ht_config_main_storage;
+/* parallel.pipeline_schedule: the order each stage runs its micro-batches' forwards and backwards in. */
+typedef enum ht_config_pp_schedule { HT_CONFIG_PP_1F1B = 0, HT_CONFIG_PP_GPIPE } ht_config_pp_schedule;
 typedef enum ht_config_ns_form { HT_CONFIG_NS_STANDARD = 0, HT_CONFIG_NS_GRAM, HT_CONFIG_NS_TORCH } ht_config_ns_form;
 
 typedef enum ht_config_muon_comm {
@@ -163,6 +165,8 @@ typedef struct ht_config {
     /* The mesh's axes beyond data (docs/DESIGN.md, The mesh): MindSpeed-MM's and Megatron's names. */
     struct {
         int tensor_parallel_size, ring_attention_size, ulysses_parallel_size, expert_parallel_size;
+        int pipeline_parallel_size;              /* stages of whole decoder layers, the outermost axis */
+        ht_config_pp_schedule pipeline_schedule; /* with pipeline_parallel_size > 1 */
         bool sequence_parallel;       /* with tensor_parallel_size > 1: the residual stream split over its ranks */
         ht_config_strings ep_modules; /* ep_plan.apply_modules: used with expert_parallel_size > 1 only */
     } parallel;

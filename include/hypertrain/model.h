@@ -359,6 +359,21 @@ typedef struct ht_module_hook {
     void *ctx;
 } ht_module_hook;
 
+/* A pipeline stage's part of a model: decoder layers [first_layer,
+ * end_layer); `first`: it holds the embedding and its forward reads token
+ * ids, `last`: the final norm, the LM head and the loss. */
+typedef struct ht_pipeline_stage {
+    int first_layer, end_layer;
+    bool first, last;
+} ht_pipeline_stage;
+
+/* Stage s of P's layers of L (docs/DESIGN.md, Pipeline parallelism): L / P
+ * each, the first L mod P stages one more. */
+ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int s);
+/* The stage of P holding the param `name` of a decoder of cfg: its layer's, the embedding's the first, the rest the
+ * last. */
+int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, const char *name);
+
 typedef struct ht_model_ops {
     /* inputs, targets: (B, T) token ids. Computes logits and the mean
      * cross-entropy over all B*T positions (targets < 0 are ignored). */
@@ -383,6 +398,12 @@ typedef struct ht_model_ops {
      * `max_tokens` positions of one sequence (ht_model_set_cache; 0: none,
      * freed). NULL: the model cannot generate. */
     ht_status (*set_cache)(ht_model *m, int64_t max_tokens, ht_error *err);
+    /* Optional, pipeline parallelism: makes the declared (not yet allocated)
+     * model the part `stage` names (its layers' params, the embedding on the
+     * first stage, the final norm and LM head on the last), with forward and
+     * backward taking and giving the stage's boundary tensors (ht_model's
+     * stage_in ... stage_in_grad). NULL: the model cannot be split. */
+    ht_status (*set_pipeline_stage)(ht_model *m, const ht_pipeline_stage *stage, ht_error *err);
 } ht_model_ops;
 
 struct ht_model {
@@ -452,6 +473,20 @@ struct ht_model {
      * by T, and `logits` holds the last token's row alone (V). A caller sets
      * cache_tokens to 0 to start a new sequence. */
     int64_t cache_capacity, cache_tokens;
+    /* Pipeline parallelism (ops.set_pipeline_stage; zero: the whole model).
+     * A stage keeps the activations of `slots` micro-batches at once (1 as
+     * built; set before a forward sizes them), forward writes slot `slot`'s
+     * and backward reads them. On a stage that is not the first, forward
+     * reads its input hidden states (B·T, C) FP32 from stage_in and backward
+     * leaves their gradient in stage_in_grad (the model's, valid until the
+     * next backward); on one that is not the last, forward leaves its output
+     * (B·T, C) in stage_out (the slot's, valid until the slot's next
+     * forward) and computes no loss, and backward reads the gradient of that
+     * output from stage_out_grad. */
+    ht_pipeline_stage stage;
+    int slots, slot;
+    const float *stage_in, *stage_out_grad;
+    const float *stage_out, *stage_in_grad;
 };
 
 static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {
@@ -479,6 +514,7 @@ ht_status ht_model_build_shard(const ht_model_config *cfg, ht_dtype dtype, uint6
 typedef struct ht_model_placement {
     int shard_rank, shard_world;
     int tp_rank, tp_size;
+    int pp_rank, pp_size; /* pipeline stage pp_rank of pp_size (ht_pipeline_stage_of) */
 } ht_model_placement;
 /* ht_model_build_shard's with tensor parallelism: the model is the share of
  * tp_rank (ht_model_ops.set_tensor_parallel; an error for a model without

@@ -64,6 +64,9 @@ typedef struct ht_optimizer_config {
      * params (ht_param.tp_dim; NULL: none). The gradient norm sums over them
      * (a param not split counted once), Muon gathers each split matrix whole. */
     ht_comm *tp;
+    /* Pipeline parallelism: the ranks holding the other stages' params
+     * (NULL: none). The gradient norm sums over them. */
+    ht_comm *stages;
 } ht_optimizer_config;
 
 typedef struct ht_optimizer {
@@ -86,7 +89,7 @@ typedef struct ht_optimizer {
     bool stochastic_rounding;
     uint64_t seed;
     int64_t step; /* successful steps: the schedules' step index */
-    ht_comm *comm, *tp;
+    ht_comm *comm, *tp, *stages;
 } ht_optimizer;
 
 typedef struct ht_step_result {

@@ -95,8 +95,9 @@ void ht_fsdp_free(ht_fsdp *f);
  * [q·E/size, (q + 1)·E/size)). The group must outlive the model's use of it. */
 void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
 
-/* The mesh (docs/DESIGN.md, The mesh): world = DP x CP x TP in Megatron's
- * order, tensor parallel innermost (consecutive ranks), then the CP =
+/* The mesh (docs/DESIGN.md, The mesh): world = PP x DP x CP x TP in Megatron's
+ * order, tensor parallel innermost (consecutive ranks), pipeline stages
+ * outermost (each stage laid out as a world of its own), then the CP =
  * ulysses x ring ranks of a context-parallel group (Ulysses innermost), then
  * data parallel. FSDP shards over DP x CP (groups of `shard` of those
  * ranks, 0: all of them; the rest replicate: HSDP), and the expert-parallel
@@ -104,6 +105,7 @@ void ht_expert_parallel_attach(ht_model *m, ht_comm *group);
  * ones hold the same experts. */
 typedef struct ht_mesh_sizes {
     int world, tp, ulysses, ring, ep, shard;
+    int pp; /* pipeline stages: the outermost axis, world / pp consecutive ranks a stage (0 or 1: one) */
 } ht_mesh_sizes;
 
 /* One group of the mesh as ht_comm_split makes it: the ranks of the same
@@ -113,8 +115,8 @@ typedef struct ht_mesh_group {
 } ht_mesh_group;
 
 typedef struct ht_mesh {
-    int dp, cp, tp, ulysses, ring, ep; /* this rank's coordinates */
-    int dp_size, cp_size;
+    int dp, cp, tp, ulysses, ring, ep, pp; /* this rank's coordinates (pp: its pipeline stage) */
+    int dp_size, cp_size, pp_size;
     ht_mesh_group tp_group, cp_group, ulysses_group, ring_group;
     ht_mesh_group shard_group, replica_group; /* FSDP's, over DP x CP */
     ht_mesh_group expert_group;               /* the ranks holding the same experts (FSDP over them) */
@@ -124,6 +126,9 @@ typedef struct ht_mesh {
      * own (the ranks that write a checkpoint, the first of them world ranks
      * 0 .. shard x TP - 1). */
     ht_mesh_group model_group;
+    /* The ranks of the same place in every pipeline stage, in stage order:
+     * activations go forward and gradients back between neighbours in it. */
+    ht_mesh_group pp_group;
 } ht_mesh;
 
 /* Rank `rank`'s place in a mesh of valid sizes (each divides what it must). */
@@ -158,7 +163,10 @@ typedef struct ht_parallel {
      * ep joins the ranks of the same place in each, which split the experts
      * and exchange the tokens' rows. */
     ht_comm *expert, *ep;
-    int dp_rank, dp_size, cp_size, tp_size;
+    /* Pipeline parallelism: the ranks of this one's place in every stage,
+     * in stage order (pp_rank: this rank's stage, of pp_size). */
+    ht_comm *pp;
+    int dp_rank, dp_size, cp_size, tp_size, pp_rank, pp_size;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
 } ht_parallel;
 
@@ -204,6 +212,40 @@ ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulyss
  * sequence: sequence parallelism too (ht_tensor_parallel.sequence). The
  * group must outlive the model's use of it. */
 ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, ht_error *err);
+
+/* Pipeline parallelism's schedule (src/parallel/pipeline.c): which
+ * operation each stage takes in each tick, a step's `micro` micro-batches
+ * through the `comm->size` stages of the pipeline group, and the slots
+ * each stage keeps micro-batches' activations in. */
+typedef enum ht_pipe_schedule { HT_PIPE_1F1B = 0, HT_PIPE_GPIPE } ht_pipe_schedule;
+typedef struct ht_pipeline {
+    ht_comm *comm; /* the pipeline group: rank = stage */
+    int stages, stage, micro, ticks;
+    int slots;        /* micro-batches this stage keeps at once (its model's m->slots) */
+    int *ops;         /* (ticks, stages): -1 none, 2i micro-batch i's forward, 2i + 1 its backward */
+    int *slot_of;     /* (stages, micro): the slot each micro-batch takes on each stage */
+    int64_t floats;   /* the largest boundary tensor (B·T x hidden) the buffers hold */
+    float *in, *grad; /* (slots, floats), kernel memory: each slot's received activations and gradients */
+} ht_pipeline;
+/* The schedule (nothing the size of a tensor is allocated: a plan makes it too). */
+ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int micro, int64_t floats,
+                           ht_error *err);
+/* The bytes of the slots' buffers, and their allocation (one stage: none). */
+size_t ht_pipeline_buffer_bytes(const ht_pipeline *p);
+ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err);
+void ht_pipeline_free(ht_pipeline *p);
+/* What `stage` does in `tick` (ops' encoding). */
+int ht_pipeline_op(const ht_pipeline *p, int tick, int stage);
+int ht_pipeline_slot(const ht_pipeline *p, int stage, int micro);
+/* A slot's received input hidden states and output gradient (NULL: one stage). */
+float *ht_pipeline_input(const ht_pipeline *p, int slot);
+float *ht_pipeline_grad(const ht_pipeline *p, int slot);
+/* After a tick whose operations over the stages are `row` (stages): this
+ * stage's forward output or backward input gradient (`sent`, `floats` of
+ * them) to its neighbour, and its neighbours' into this stage's slots; no
+ * exchange in a tick where nothing crosses. Every rank of the group calls it
+ * after every tick. */
+void ht_pipeline_exchange(const ht_pipeline *p, const int *row, const float *sent, int64_t floats);
 
 #ifdef __cplusplus
 }

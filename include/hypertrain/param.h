@@ -120,6 +120,10 @@ bool ht_path_covers(const char *pattern, const char *name);
 /* Declares a parameter (no storage yet). Shard is the whole tensor until
  * set; tp_dim -1 (no tensor-parallel slice) until ht_param_split. */
 ht_param *ht_params_add(ht_param_store *store, const char *name, int ndim, const int64_t *shape, ht_dtype dtype);
+/* Keeps the declared (not yet allocated) params for which keep[i] is true,
+ * in their order, and drops the rest (a pipeline stage's part of a model):
+ * pointers into the store taken before are stale. */
+void ht_params_retain(ht_param_store *store, const bool *keep);
 /* The first param of that name, or NULL: a hash lookup, constant time in the count. */
 ht_param *ht_params_find(const ht_param_store *store, const char *name);
 /* Allocates data (zeroed) and, for trainable params, main_grad, in one block each. */

@@ -63,8 +63,13 @@ typedef struct ht_trainer {
      * is not the host's, the group inside comm (a staged group over it,
      * ht_comm_staged), as are the groups split from comm. */
     ht_comm *world;
-    ht_parallel par; /* the mesh and every group of it (docs/DESIGN.md, The mesh), split from comm */
+    ht_parallel par;  /* the mesh and every group of it (docs/DESIGN.md, The mesh), split from comm */
+    ht_pipeline pipe; /* the order a step's micro-batches run in on this rank's pipeline stage (one stage: in turn) */
     ht_model *model;
+    /* Pipeline parallelism: the whole model declared, without storage (every
+     * stage's params' names, shapes and dtypes: what a checkpoint holds and
+     * the final weights gather); NULL with one stage. */
+    ht_model *whole;
     ht_fsdp *fsdp; /* the model's FSDP units over shard_comm */
     ht_dataset *data;
     ht_loader train_loader;

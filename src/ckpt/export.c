@@ -137,7 +137,7 @@ ht_status ht_ckpt_export(const char *ckpt_dir, const char *out_dir, ht_dtype dty
 /* A model of cfg (LoRA off: merged) in `dtype`, its params allocated and not drawn. */
 static ht_status empty_model(ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
     cfg->lora.rank = 0;
-    const ht_model_placement whole = {0, 1, 0, 1};
+    const ht_model_placement whole = {.shard_world = 1, .tp_size = 1, .pp_size = 1};
     ht_status s = ht_model_declare(cfg, dtype, &whole, out, err);
     if (s == HT_OK) s = ht_model_allocate(*out, &whole, 0, true, err);
     if (s != HT_OK) {

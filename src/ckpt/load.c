@@ -209,7 +209,8 @@ static ht_status optimizer_pass(const ht_checkpoint *ck, ht_ckpt_view *v, bool a
         key_fqn(&ck->keys[k], fqn, sizeof(fqn));
         const ht_param *p = ht_params_find(v->params, fqn);
         if (p && !p->trainable) continue; /* a param this run freezes (model.freeze): its state is not needed */
-        if (!p && v->lenient) continue;   /* listed with the model tensors this model lacks */
+        if (!p && v->whole && ht_params_find(v->whole, fqn)) continue; /* another pipeline stage's */
+        if (!p && v->lenient) continue; /* listed with the model tensors this model lacks */
         append_name(extra, sizeof(extra), ck->keys[k].name);
         n_extra++;
     }
@@ -266,6 +267,7 @@ ht_status ht_ckpt_load(const ht_checkpoint *ck, ht_ckpt_view *v, bool restore_op
         char fqn[HT_CKPT_KEY_MAX];
         key_fqn(&ck->keys[k], fqn, sizeof(fqn));
         if (ck->keys[k].kind != KIND_MODEL || ht_params_find(ps, fqn)) continue;
+        if (v->whole && ht_params_find(v->whole, fqn)) continue; /* another pipeline stage's */
         append_name(unknown, sizeof(unknown), ck->keys[k].name);
         n_unknown++;
     }

@@ -245,14 +245,14 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
     }
     /* The optimizer's own list of its state; a slot that never stepped has
      * none yet (PyTorch creates it at the first step); the step, one number
-     * the ranks share, is written by rank 0. */
+     * the ranks share, is written by one (o->steps_rank). */
     ht_opt_state *state = NULL;
     int n = 0;
     s = s == HT_OK ? ht_ckpt_optimizer_state(o->save_optimizer ? v->optimizer : NULL, &state, &n, err) : s;
     for (int i = 0; s == HT_OK && i < n; i++) {
         const ht_opt_state *e = &state[i];
         key_kind kind = ht_ckpt_state_kind(e->key);
-        if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != 0)) continue;
+        if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != o->steps_rank)) continue;
         s = add_chunk(&w, rf, o, v->params, kind, e->param, e->dtype, e->data, err);
     }
     free(state);

@@ -79,6 +79,11 @@ static const enum_name NS_DTYPES[] = {
     {"bfloat16", HT_DTYPE_BF16, false},
     {NULL, 0, false},
 };
+static const enum_name PP_SCHEDULES[] = {
+    {"1f1b", HT_CONFIG_PP_1F1B, false},
+    {"gpipe", HT_CONFIG_PP_GPIPE, false},
+    {NULL, 0, false},
+};
 static const enum_name KERNEL_BACKENDS[] = {
     {"cpu", HT_KERNELS_CPU, false},
     {"fenced", HT_KERNELS_FENCED, false},
@@ -202,6 +207,8 @@ const key_desc ht_config_keys[] = {
     INT("parallel.ring_attention_size", parallel.ring_attention_size, "1"),
     INT("parallel.ulysses_parallel_size", parallel.ulysses_parallel_size, "1"),
     INT("parallel.expert_parallel_size", parallel.expert_parallel_size, "1"),
+    INT("parallel.pipeline_parallel_size", parallel.pipeline_parallel_size, "1"),
+    ENUM("parallel.pipeline_schedule", parallel.pipeline_schedule, PP_SCHEDULES, "1f1b"),
     STRS("parallel.ep_plan.apply_modules", parallel.ep_modules, "[]"),
 
     ENUM("optimizer._target_", optimizer.type, OPTIMIZERS, "Muon"),

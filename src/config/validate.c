@@ -89,7 +89,17 @@ static int check_mesh(report *r, int world) {
     check(r, U >= 1, "parallel.ulysses_parallel_size", "an integer >= 1");
     check(r, R >= 1, "parallel.ring_attention_size", "an integer >= 1");
     check(r, TP >= 1, "parallel.tensor_parallel_size", "an integer >= 1");
-    if (U < 1 || R < 1 || TP < 1 || world < 1) return 0;
+    const int PP = cfg->parallel.pipeline_parallel_size;
+    check(r, PP >= 1, "parallel.pipeline_parallel_size", "an integer >= 1");
+    if (U < 1 || R < 1 || TP < 1 || PP < 1 || world < 1) return 0;
+    if (world % PP != 0) {
+        add(r,
+            "%s: %d does not divide the %d ranks: the world is pipeline stages x data parallel x context parallel x "
+            "tensor parallel, so expected a world that is a multiple of %d",
+            at(cfg, "parallel.pipeline_parallel_size", a, sizeof(a)), PP, world, PP);
+        return 0;
+    }
+    world /= PP; /* the ranks of one stage */
     const int cp = U * R;
     if (world % (cp * TP) != 0) {
         add(r,
@@ -141,6 +151,50 @@ static int check_mesh(report *r, int world) {
             at(cfg, "parallel.ulysses_parallel_size", a, sizeof(a)), U, H / TP, KV / TP,
             TP > 1 ? "of a tensor-parallel rank" : "(model.num_attention_heads, model.num_key_value_heads)");
     return world / (cp * TP);
+}
+
+/* Pipeline parallelism (docs/DESIGN.md, Pipeline parallelism): stages of
+ * whole decoder layers, the micro-batches of a step (the gradient
+ * accumulation) flowing through them. What it does not compose with yet is
+ * refused by name. */
+static void check_pipeline(report *r, int accumulation) {
+    const ht_config *cfg = r->cfg;
+    const int PP = cfg->parallel.pipeline_parallel_size;
+    char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
+    if (PP <= 1) return;
+    at(cfg, "parallel.pipeline_parallel_size", a, sizeof(a));
+    const ht_model_config *m = &cfg->model.arch;
+    if (!cfg->model.from_pretrained[0] && m->num_hidden_layers < PP)
+        add(r, "%s: %d stages, but the model has %d layers (model.num_hidden_layers): each stage holds at least one", a,
+            PP, m->num_hidden_layers);
+    const struct {
+        bool on;
+        const char *key, *what;
+    } no[] = {
+        {cfg->parallel.tensor_parallel_size > 1, "parallel.tensor_parallel_size", "tensor parallelism"},
+        {cfg->parallel.ulysses_parallel_size > 1, "parallel.ulysses_parallel_size", "context parallelism"},
+        {cfg->parallel.ring_attention_size > 1, "parallel.ring_attention_size", "context parallelism"},
+        {cfg->parallel.expert_parallel_size > 1, "parallel.expert_parallel_size", "expert parallelism"},
+        {!cfg->model.from_pretrained[0] && (strcmp(m->name, "qwen2_moe") == 0 || strcmp(m->name, "deepseek_v3") == 0),
+         "model.name", "a model with experts or Multi-Latent Attention"},
+        {!cfg->model.from_pretrained[0] && m->tie_word_embeddings, "model.tie_word_embeddings",
+         "tied embeddings (the first stage's embedding and the last stage's LM head would be one weight on two "
+         "ranks)"},
+        {cfg->model.lora.rank > 0, "model.lora.rank", "LoRA adapters"},
+        {cfg->optimizer.muon.qk_clip_enabled, "optimizer.muon_config.qk_clip_enabled", "QK-clip"},
+        {cfg->training.dump_state, "training.dump_state", "training.dump_state"},
+        {cfg->kernels.backend != HT_KERNELS_CPU, "kernels.backend", "a kernel backend other than cpu"},
+    };
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        if (no[i].on)
+            add(r, "%s: not supported with %s yet (%s); expected parallel.pipeline_parallel_size 1", a, no[i].what,
+                at(cfg, no[i].key, b, sizeof(b)));
+    if (cfg->parallel.pipeline_schedule == HT_CONFIG_PP_1F1B && accumulation > 0 && accumulation < PP)
+        add(r,
+            "%s: 1f1b over %d stages needs at least %d micro-batches a step, and a step here has %d (the gradient "
+            "accumulation: training.global_batch_size / (local_batch_size x data parallel)); raise the global batch "
+            "or set parallel.pipeline_schedule: gpipe",
+            at(cfg, "parallel.pipeline_schedule", b, sizeof(b)), PP, PP, accumulation);
 }
 
 /* MindSpeed-MM's keys whose other values ask for what hypertrain does not do
@@ -485,6 +539,11 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
                 at(cfg, "training.global_batch_size", a, sizeof(a)), cfg->training.local_batch_size, data_parallel_size,
                 per_step, at(cfg, "training.local_batch_size", b, sizeof(b)), cfg->training.global_batch_size);
     }
+    if (data_parallel_size > 0 && cfg->training.local_batch_size > 0)
+        check_pipeline(&r,
+                       cfg->training.gradient_accumulation_steps > 0
+                           ? cfg->training.gradient_accumulation_steps
+                           : cfg->training.global_batch_size / (cfg->training.local_batch_size * data_parallel_size));
     check(&r, cfg->training.max_norm > 0, "training.max_norm", "a number > 0");
     check(&r, cfg->training.distributed_timeout_minutes >= 0 && isfinite(cfg->training.distributed_timeout_minutes),
           "training.distributed_timeout_minutes", "minutes >= 0 (0: wait forever)");
@@ -602,8 +661,8 @@ ht_status ht_config_validate(const ht_config *cfg, int world, ht_error *err) {
 
 int ht_config_data_parallel_size(const ht_config *cfg, int world) {
     const int cp = cfg->parallel.ulysses_parallel_size * cfg->parallel.ring_attention_size,
-              tp = cfg->parallel.tensor_parallel_size;
-    return cp > 0 && tp > 0 ? world / (cp * tp) : world;
+              tp = cfg->parallel.tensor_parallel_size, pp = cfg->parallel.pipeline_parallel_size;
+    return cp > 0 && tp > 0 && pp > 0 ? world / (cp * tp * pp) : world;
 }
 
 ht_status ht_config_validate_lr_scheduler(const ht_config *cfg, ht_error *err) {

@@ -70,8 +70,27 @@ typedef struct layer_acts {
     void *lora_h[LIN_COUNT]; /* (N, r) cd: each adapted linear's (dropped-out) input times lora_Aᵀ */
 } layer_acts;
 
+/* What one micro-batch's forward keeps for its backward (m->slots of them
+ * under pipeline parallelism: the micro-batches a stage has forwarded and
+ * not yet taken backward): its layers' activations and the tail's. */
+typedef struct micro_slot {
+    layer_acts *acts; /* (L), of which the stage's layers' are carved */
+    float *resid_final, *rstdf, *logits;
+    void *lnf;
+    int32_t *inputs, *targets;
+    ht_softmax_row *softmax_rows;
+    int64_t target_count;
+    uint64_t dropout_seed;
+    int64_t dropout_first;
+} micro_slot;
+
 typedef struct decoder {
     int L, C, F, H, KV, D, V;
+    /* Pipeline parallelism (m->stage): the layers [l0, l1) this model holds,
+     * with the embedding (has_embed) and the final norm and LM head
+     * (has_head); the whole model: [0, L) with both. */
+    int l0, l1;
+    bool has_embed, has_head;
     /* The attention as the kernel sees it: query/key and value head dims,
      * key/value heads, the logits' scale; the rotary dims (D, or MLA's Dr). */
     int Dk, Dv, KVh, rope_dim;
@@ -107,6 +126,9 @@ typedef struct decoder {
     int B, T;                     /* the shapes the buffers below were sized for */
     size_t activation_bytes;      /* the block's */
     void *act_block;              /* one allocation carved into everything below */
+    micro_slot *slots;            /* (slot_count) each micro-batch's, carved from act_block */
+    layer_acts *all_acts;         /* (slot_count, L) the slots' acts */
+    int slot_count, slot;         /* and the one the buffers below the slot's (acts .. softmax_rows) are */
     layer_acts *acts;             /* (L); a recomputed layer's share one set of buffers (all but resid) */
     int sized_generation;         /* the model's recompute_generation the buffers were carved for */
     size_t sized_cd;              /* the compute dtype's size they were carved for */
@@ -496,13 +518,17 @@ static bool recomputed(const ht_model *m, int l) { return m->recompute && m->rec
  * recomputed layers share): whether any layer's has. */
 static bool lora_in_any(const decoder *d, int l, int lin) {
     if (l >= 0) return d->layers[l].lora_a[lin] != NULL;
-    for (int k = 0; k < d->L; k++)
+    for (int k = d->l0; k < d->l1; k++)
         if (d->layers[k].lora_a[lin]) return true;
     return false;
 }
 
 /* Whether the residual stream is split over the tensor-parallel group. */
 static bool sequence_parallel(const ht_model *m, const decoder *d) { return d->tp_size > 1 && m->tensor.sequence; }
+
+/* The dtype of the matmul operands the activations hold: the weights'
+ * compute dtype (a stage without the embedding: its first layer's o_proj's). */
+static ht_dtype compute_dtype(const decoder *d) { return (d->embed ? d->embed : d->layers[d->l0].o_w)->compute_dtype; }
 
 /* The LM head and the loss over chunks of tokens (m->keep_logits false):
  * no (N, V) logits, nor their gradient, exist at once. Only where they
@@ -520,9 +546,15 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 enum { NPL = 21, NTAIL = 30, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
-    bool shared; /* model.recompute: the recomputed layers share one set of buffers */
-    size_t total;
+    bool shared;        /* model.recompute: the recomputed layers share one set of buffers */
+    int slots;          /* micro-batches kept at once (m->slots) */
+    size_t slot, total; /* one slot's bytes (its layers' and tail's), and everything's */
 } act_plan;
+
+/* The tail's buffers each micro-batch slot has its own of (the rest are backward's scratch). */
+static bool slot_tail(int i) { return i <= 5 || i == 18; }
+
+static int slots_of(const ht_model *m) { return m->slots > 1 ? m->slots : 1; }
 
 static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
@@ -546,11 +578,12 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * 4 * (Rq > 0), N * Rq * cd, N * Rkv * 4, N * 4 * (Rkv > 0),
         N * Rkv * cd,
     };
+    const bool head = d->has_head; /* a stage without it: no norm, logits or loss */
     const size_t tail[NTAIL] = {
         Ns * C * 4,
-        Ns * 4,
-        Ns * C * cd,
-        (size_t)(head_rows * V) * 4,
+        Ns * 4 * head,
+        Ns * C * cd * head,
+        (size_t)(head_rows * V) * 4 * head,
         N * 4,
         N * 4, /* resid_final .. logits, inputs, targets */
         Ns * C * 4,
@@ -564,8 +597,8 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
         (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->Dk, d->Dv) * 4,
-        (size_t)d->L * B * d->H * 4,        /* att_work, head_max */
-        (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
+        (size_t)d->L * B * d->H * 4,               /* att_work, head_max */
+        (size_t)N * sizeof(ht_softmax_row) * head, /* softmax_rows */
         N * KVA * 4,
         N * KVB * 4,
         N * Dr * 4,
@@ -594,17 +627,21 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
      * rest of its buffers are one set all of them share, carved once (as if
      * for layer -1), which backward fills again before the layer's turn. */
     p->shared = false;
-    for (int l = 0; l < d->L; l++) p->shared = p->shared || recomputed(m, l);
-    p->total = 0;
-    for (int l = p->shared ? -1 : 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) p->shared = p->shared || recomputed(m, l);
+    p->slots = slots_of(m);
+    size_t shared = 0;
+    p->slot = 0;
+    for (int l = p->shared ? -1 : d->l0; l < d->l1; l = l < 0 ? d->l0 : l + 1) {
         bool own = l >= 0 && !recomputed(m, l);
+        size_t *into = l < 0 ? &shared : &p->slot;
         for (int i = 0; i < NPL; i++)
-            if (i == 0 ? l >= 0 : l < 0 || own) p->total += ht_align64(p->per_layer[i]);
+            if (i == 0 ? l >= 0 : l < 0 || own) *into += ht_align64(p->per_layer[i]);
         for (int lin = 0; lin < LIN_COUNT; lin++)
-            if ((l < 0 || own) && lora_in_any(d, l, lin)) p->total += ht_align64(p->lora_h);
+            if ((l < 0 || own) && lora_in_any(d, l, lin)) *into += ht_align64(p->lora_h);
     }
-    for (int i = 0; i < NTAIL; i++) p->total += ht_align64(p->tail[i]);
-    for (int i = 0; i < NLORA; i++) p->total += ht_align64(p->lora_tail[i]);
+    for (int i = 0; i < NTAIL; i++) *(slot_tail(i) ? &p->slot : &shared) += ht_align64(p->tail[i]);
+    for (int i = 0; i < NLORA; i++) shared += ht_align64(p->lora_tail[i]);
+    p->total = (size_t)p->slots * p->slot + shared;
 }
 
 /* What plan_activations totals, for a caller asking before anything is
@@ -624,7 +661,8 @@ static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t c
                             d->Rq,
                             2 * (int64_t)d->lora_rank};
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) widest = dims[i] > widest ? dims[i] : widest;
-    const int64_t buffers = (int64_t)(NPL + LIN_COUNT) * (d->L + 1) + NTAIL + NLORA + 2 * (int64_t)threads;
+    const int64_t buffers =
+        ((int64_t)(NPL + LIN_COUNT) * (d->L + 1) + NTAIL) * slots_of(m) + NLORA + 2 * (int64_t)threads;
     if (__builtin_mul_overflow((int64_t)B * T, widest, &bound) || __builtin_mul_overflow(bound, 8 * buffers, &bound))
         return INFINITY;
     act_plan p;
@@ -633,24 +671,82 @@ static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t c
 }
 
 /* Sizes every activation for (B, T) and carves them from one block. */
+/* One layer's activations carved from the arena: all of them, or (a
+ * recomputed layer) its input alone and the shared set `common` for the rest. */
+static void carve_layer(ht_arena *arena, const ht_model *m, const decoder *d, const act_plan *plan, int l,
+                        const layer_acts *common, layer_acts *a) {
+    const size_t *per_layer = plan->per_layer;
+    if (l >= 0) a->resid = ht_arena_take(arena, per_layer[0]);
+    if (l >= 0 && recomputed(m, l)) {
+        float *resid = a->resid;
+        *a = *common;
+        a->resid = resid;
+        for (int lin = 0; lin < LIN_COUNT; lin++)
+            if (!d->layers[l].lora_a[lin]) a->lora_h[lin] = NULL;
+        return;
+    }
+    a->rstd1 = ht_arena_take(arena, per_layer[1]);
+    a->ln1 = ht_arena_take(arena, per_layer[2]);
+    a->q = ht_arena_take(arena, per_layer[3]);
+    a->k = ht_arena_take(arena, per_layer[4]);
+    a->v = ht_arena_take(arena, per_layer[5]);
+    a->o = ht_arena_take(arena, per_layer[6]);
+    a->lse = ht_arena_take(arena, per_layer[7]);
+    a->att = ht_arena_take(arena, per_layer[8]);
+    a->resid_mid = ht_arena_take(arena, per_layer[9]);
+    a->rstd2 = ht_arena_take(arena, per_layer[10]);
+    a->ln2 = ht_arena_take(arena, per_layer[11]);
+    a->gate = ht_arena_take(arena, per_layer[12]);
+    a->up = ht_arena_take(arena, per_layer[13]);
+    a->h = ht_arena_take(arena, per_layer[14]);
+    a->qa = ht_arena_take(arena, per_layer[15]);
+    a->rstd_qa = ht_arena_take(arena, per_layer[16]);
+    a->qa_ln = ht_arena_take(arena, per_layer[17]);
+    a->kv_lat = ht_arena_take(arena, per_layer[18]);
+    a->rstd_kv = ht_arena_take(arena, per_layer[19]);
+    a->kv_ln = ht_arena_take(arena, per_layer[20]);
+    for (int lin = 0; lin < LIN_COUNT; lin++)
+        a->lora_h[lin] = lora_in_any(d, l, lin) ? ht_arena_take(arena, plan->lora_h) : NULL;
+}
+
+/* Makes micro-batch slot k's buffers the current ones (d->acts .. d->softmax_rows
+ * and the forward's counts), keeping the current slot's counts. */
+static void select_slot(decoder *d, int k) {
+    micro_slot *o = &d->slots[d->slot], *n = &d->slots[k];
+    o->target_count = d->target_count, o->dropout_seed = d->dropout_seed, o->dropout_first = d->dropout_first;
+    d->slot = k;
+    d->acts = n->acts;
+    d->resid_final = n->resid_final, d->rstdf = n->rstdf, d->lnf = n->lnf, d->logits = n->logits;
+    d->inputs = n->inputs, d->targets = n->targets, d->softmax_rows = n->softmax_rows;
+    d->target_count = n->target_count, d->dropout_seed = n->dropout_seed, d->dropout_first = n->dropout_first;
+}
+
+/* Sizes every activation for (B, T) and m->slots micro-batches and carves them from one block. */
 static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_error *err) {
     /* The attention scratch is per thread: more threads than it was sized for size it again. */
     /* cd buffers hold matmul operands in the compute dtype: sized for it,
      * and sized again when it changes (ht_model_set_compute). */
-    const size_t cd = ht_dtype_size(d->embed->compute_dtype);
+    const size_t cd = ht_dtype_size(compute_dtype(d));
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     const bool sp = sequence_parallel(m, d);
+    const int S = slots_of(m);
     if (d->act_block && d->B == B && d->T == T && d->threads >= omp_get_max_threads() &&
-        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows && d->sp == sp)
+        d->sized_generation == m->recompute_generation && d->sized_cd == cd && d->head_rows == head_rows &&
+        d->sp == sp && d->slot_count == S)
         return HT_OK;
     ht_kernels()->free(d->act_block);
     ht_free(d->head_max_host);
     ht_free(d->tp_host);
+    ht_free(d->slots);
+    ht_free(d->all_acts);
     d->act_block = NULL;
     d->tp_host = NULL;
+    d->slot_count = d->slot = 0;
     d->threads = omp_get_max_threads();
-    if (!(d->head_max_host = ht_alloc((size_t)d->L * B * d->H * sizeof(float))))
-        return ht_fail(err, HT_ERR_OOM, "cannot allocate the attention maxima for batch %d", B);
+    d->slots = ht_alloc((size_t)S * sizeof(micro_slot));
+    d->all_acts = ht_alloc((size_t)S * (size_t)d->L * sizeof(layer_acts));
+    if (!d->slots || !d->all_acts || !(d->head_max_host = ht_alloc((size_t)d->L * B * d->H * sizeof(float))))
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate the activations' tables for batch %d", B);
     if (d->tp_size > 1) {
         const size_t h = (size_t)head_rows, bytes[4] = {h * 4, h * 16, h * sizeof(ht_softmax_row), h * 4};
         if (!(d->tp_host = ht_alloc(ht_align64(bytes[0]) + ht_align64(bytes[1]) + ht_align64(bytes[2]) + bytes[3])))
@@ -663,53 +759,28 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     }
     act_plan plan;
     plan_activations(m, d, B, T, cd, d->threads, &plan);
-    const size_t *per_layer = plan.per_layer, *tail = plan.tail, *lora_tail = plan.lora_tail;
+    const size_t *tail = plan.tail, *lora_tail = plan.lora_tail;
     char *block = ht_kernels()->alloc(plan.total);
     if (!block)
-        return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d",
-                       (double)plan.total / (1 << 20), B, T);
+        return ht_fail(err, HT_ERR_OOM, "cannot allocate %.1f MiB of activations for batch %d x %d%s",
+                       (double)plan.total / (1 << 20), B, T, S > 1 ? " (every micro-batch slot)" : "");
     ht_arena arena = {.base = block};
     layer_acts common = {0};
-    for (int l = plan.shared ? -1 : 0; l < d->L; l++) {
-        layer_acts *a = l < 0 ? &common : &d->acts[l];
-        if (l >= 0) a->resid = ht_arena_take(&arena, per_layer[0]);
-        if (l >= 0 && recomputed(m, l)) {
-            float *resid = a->resid;
-            *a = common;
-            a->resid = resid;
-            for (int lin = 0; lin < LIN_COUNT; lin++)
-                if (!d->layers[l].lora_a[lin]) a->lora_h[lin] = NULL;
-            continue;
-        }
-        a->rstd1 = ht_arena_take(&arena, per_layer[1]);
-        a->ln1 = ht_arena_take(&arena, per_layer[2]);
-        a->q = ht_arena_take(&arena, per_layer[3]);
-        a->k = ht_arena_take(&arena, per_layer[4]);
-        a->v = ht_arena_take(&arena, per_layer[5]);
-        a->o = ht_arena_take(&arena, per_layer[6]);
-        a->lse = ht_arena_take(&arena, per_layer[7]);
-        a->att = ht_arena_take(&arena, per_layer[8]);
-        a->resid_mid = ht_arena_take(&arena, per_layer[9]);
-        a->rstd2 = ht_arena_take(&arena, per_layer[10]);
-        a->ln2 = ht_arena_take(&arena, per_layer[11]);
-        a->gate = ht_arena_take(&arena, per_layer[12]);
-        a->up = ht_arena_take(&arena, per_layer[13]);
-        a->h = ht_arena_take(&arena, per_layer[14]);
-        a->qa = ht_arena_take(&arena, per_layer[15]);
-        a->rstd_qa = ht_arena_take(&arena, per_layer[16]);
-        a->qa_ln = ht_arena_take(&arena, per_layer[17]);
-        a->kv_lat = ht_arena_take(&arena, per_layer[18]);
-        a->rstd_kv = ht_arena_take(&arena, per_layer[19]);
-        a->kv_ln = ht_arena_take(&arena, per_layer[20]);
-        for (int lin = 0; lin < LIN_COUNT; lin++)
-            a->lora_h[lin] = lora_in_any(d, l, lin) ? ht_arena_take(&arena, plan.lora_h) : NULL;
+    if (plan.shared) carve_layer(&arena, m, d, &plan, -1, NULL, &common);
+    for (int k = 0; k < S; k++) {
+        micro_slot *ms = &d->slots[k];
+        ms->acts = d->all_acts + (size_t)k * (size_t)d->L;
+        for (int l = d->l0; l < d->l1; l++) carve_layer(&arena, m, d, &plan, l, &common, &ms->acts[l]);
+        ms->resid_final = ht_arena_take(&arena, tail[0]);
+        ms->rstdf = ht_arena_take(&arena, tail[1]);
+        ms->lnf = ht_arena_take(&arena, tail[2]);
+        ms->logits = ht_arena_take(&arena, tail[3]);
+        ms->inputs = ht_arena_take(&arena, tail[4]);
+        ms->targets = ht_arena_take(&arena, tail[5]);
+        ms->softmax_rows = ht_arena_take(&arena, tail[18]);
     }
-    d->resid_final = ht_arena_take(&arena, tail[0]);
-    d->rstdf = ht_arena_take(&arena, tail[1]);
-    d->lnf = ht_arena_take(&arena, tail[2]);
-    d->logits = ht_arena_take(&arena, tail[3]);
-    d->inputs = ht_arena_take(&arena, tail[4]);
-    d->targets = ht_arena_take(&arena, tail[5]);
+    d->slot_count = S;
+    select_slot(d, 0);
     d->dresid = ht_arena_take(&arena, tail[6]);
     d->dln = ht_arena_take(&arena, tail[7]);
     d->datt = ht_arena_take(&arena, tail[8]);
@@ -722,7 +793,6 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->dy_cd = ht_arena_take(&arena, tail[15]);
     d->att_work = ht_arena_take(&arena, tail[16]);
     d->head_max = ht_arena_take(&arena, tail[17]);
-    d->softmax_rows = ht_arena_take(&arena, tail[18]);
     d->kva = ht_arena_take(&arena, tail[19]);
     d->kvb = ht_arena_take(&arena, tail[20]);
     d->dkpe = ht_arena_take(&arena, tail[21]);
@@ -794,7 +864,7 @@ static const void *linear_backward(decoder *d, float *dx, float dx_beta, const f
  * the residual stream's gradient (Ns, C) at every token (d_full), or g itself. */
 static const void *tp_gather_input(const decoder *d, const void *x) {
     if (!d->sp) return x;
-    const size_t bytes = (size_t)(d->Ns * d->C) * ht_dtype_size(d->embed->compute_dtype);
+    const size_t bytes = (size_t)(d->Ns * d->C) * ht_dtype_size(compute_dtype(d));
     d->tp->all_gather(d->tp->ctx, x, d->ln_full, (int64_t)bytes);
     return d->ln_full;
 }
@@ -914,7 +984,7 @@ static void lora_backward(decoder *d, int l, int lin, float *dx, const void *dy_
  * kernel that runs 16-bit products in FP32). The attention's products take
  * theirs in it too. */
 static ht_dtype operand_precision(const ht_model *m, const decoder *d) {
-    ht_dtype cd = d->embed->compute_dtype;
+    ht_dtype cd = compute_dtype(d);
     return cd != HT_DTYPE_F32 ? cd : m->compute_precision;
 }
 
@@ -971,7 +1041,7 @@ static void fold_head_max(ht_model *m, decoder *d) {
     const int64_t L = d->L, B = d->B, H = d->H;
     const float *hm = d->head_max_host;
     if (!d->cp) ht_kernels()->download(d->head_max_host, d->head_max, (size_t)(L * B * H) * sizeof(float));
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = d->l0; l < d->l1; l++) { /* the stage's layers (the rest are other ranks') */
         float *max_logit = m->attn_max_logit + l * H;
         for (int64_t h = 0; h < H; h++)
             for (int64_t b = 0; b < B; b++) {
@@ -1066,7 +1136,7 @@ static void mla_backward(decoder *d, int l, layer_acts *a, int64_t N) {
 static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
     int B = d->B, T = d->T;
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, QD = (int64_t)d->H * d->Dv;
-    ht_dtype cd = d->embed->compute_dtype;
+    ht_dtype cd = compute_dtype(d);
     ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
     const float eps = (float)m->config.rms_norm_eps;
     layer_params *p = &d->layers[l];
@@ -1121,7 +1191,7 @@ static void layer_forward(ht_model *m, decoder *d, int l, float *next) {
  * backward pass treats the rounding as the identity). */
 static void head_forward(const ht_model *m, decoder *d, const void *lnf, int64_t r0, int64_t n) {
     const int64_t C = d->C, V = d->V;
-    const size_t row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
+    const size_t row = (size_t)C * ht_dtype_size(compute_dtype(d));
     linear_forward(d->logits, (const char *)lnf + (size_t)r0 * row, d->head, NULL, n);
     if (m->output_dtype == HT_DTYPE_BF16 || m->output_dtype == HT_DTYPE_F16)
         ht_kernels()->round_to(d->logits, (size_t)(n * V), m->output_dtype);
@@ -1244,7 +1314,13 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                        (long long)N, B, T, d->tp_size);
     d->Ns = sequence_parallel(m, d) ? N / d->tp_size : N;
     const int64_t Ns = d->Ns;
+    if (!d->has_embed && !m->stage_in)
+        return ht_fail(err, HT_ERR_INVALID, "forward: pipeline stage of layers %d-%d has no input (m->stage_in)", d->l0,
+                       d->l1 - 1);
+    if (m->slot < 0 || m->slot >= slots_of(m))
+        return ht_fail(err, HT_ERR_INVALID, "forward: micro-batch slot %d of %d", m->slot, slots_of(m));
     ht_status s = size_activations(m, d, B, T, err);
+    if (s == HT_OK) select_slot(d, m->slot);
     if (s == HT_OK) s = prepare_context(m, d, T, err);
     if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, d->tp_size > 1 ? d->tp : NULL, err);
     if (s != HT_OK) return s;
@@ -1252,7 +1328,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                           (d->cp ? 2 * (size_t)d->cp_T * (size_t)(d->rope_dim / 2) * sizeof(float) : 0);
     d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */
     d->dropout_first = m->dropout_first_sequence;
-    ht_dtype cd = d->embed->compute_dtype;
+    ht_dtype cd = compute_dtype(d);
     /* Matmul inputs of a coarser precision than their FP32 storage are rounded where they are made. */
     ht_dtype round = cd == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
     const float eps = (float)m->config.rms_norm_eps;
@@ -1261,29 +1337,43 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     /* Token embedding into the FP32 residual stream: each token's row is on
      * the rank of its vocabulary slice (tensor parallelism), summed over the
      * group into the residual stream's rows. */
-    ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
-    float *embedded = d->sp ? d->dln : d->acts[0].resid;
     ht_kernels()->upload(d->inputs, inputs, (size_t)N * sizeof(int32_t)); /* the caller's, host memory */
-    if (targets) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
-    ht_kernels()->embedding_forward(embedded, d->embed->compute, cd, d->inputs, N, C, d->v0, V);
-    const float *rows = tp_reduce(d, embedded);
-    if (rows != d->acts[0].resid) ht_kernels()->copy(d->acts[0].resid, rows, (size_t)(Ns * C) * sizeof(float));
-    ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
+    if (targets && d->has_head) ht_kernels()->upload(d->targets, targets, (size_t)N * sizeof(int32_t));
+    float *first = d->acts[d->l0].resid;
+    if (d->has_embed) {
+        ht_model_event(m, MOD_EMBED, HT_BEFORE_FORWARD);
+        float *embedded = d->sp ? d->dln : first;
+        ht_kernels()->embedding_forward(embedded, d->embed->compute, cd, d->inputs, N, C, d->v0, V);
+        const float *rows = tp_reduce(d, embedded);
+        if (rows != first) ht_kernels()->copy(first, rows, (size_t)(Ns * C) * sizeof(float));
+        ht_model_event(m, MOD_EMBED, HT_AFTER_FORWARD);
+    } else { /* a later pipeline stage: the previous one's output */
+        ht_kernels()->copy(first, m->stage_in, (size_t)(Ns * C) * sizeof(float));
+    }
 
-    for (int l = 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_FORWARD);
         cast_input(m, MOD_LAYER(l), d->acts[l].resid, Ns * C);
-        layer_forward(m, d, l, l + 1 < d->L ? d->acts[l + 1].resid : d->resid_final);
+        layer_forward(m, d, l, l + 1 < d->l1 ? d->acts[l + 1].resid : d->resid_final);
         ht_model_event(m, MOD_LAYER(l), HT_AFTER_FORWARD);
     }
     if (m->track_attn_max && !cached) fold_head_max(m, d);
+    m->B = B;
+    m->T = T;
+    m->aux_loss = NAN;
+    d->target_count = 0;
+    if (!d->has_head) { /* an earlier pipeline stage: its output goes to the next */
+        m->stage_out = d->resid_final;
+        m->logits = NULL;
+        if (loss) *loss = NAN;
+        return HT_OK;
+    }
     ht_model_event(m, MOD_NORM(d), HT_BEFORE_FORWARD);
     cast_input(m, MOD_NORM(d), d->resid_final, Ns * C);
     ht_kernels()->rmsnorm_forward(d->lnf, cd, d->rstdf, d->resid_final, d->norm->compute, d->norm->compute_dtype, Ns, C,
                                   eps);
     ht_kernels()->round_to(d->lnf, (size_t)(Ns * C), round);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_FORWARD);
-    d->target_count = 0;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_FORWARD);
     double sum = 0.0, mean = NAN;
     const void *lnf = tp_gather_input(d, d->lnf); /* every token's final norm */
@@ -1291,10 +1381,8 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
         head_forward(m, d, lnf, N - 1, 1);
         ht_model_event(m, MOD_HEAD(d), HT_AFTER_FORWARD);
         m->logits = d->logits;
-        m->B = B, m->T = T;
         m->cache_tokens += T;
         if (loss) *loss = NAN;
-        m->aux_loss = NAN;
         return HT_OK;
     }
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
@@ -1315,10 +1403,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
      * ranks): their sum over every target. */
     if (d->head_rows < N || d->tp_size > 1) mean = d->target_count ? sum / (double)d->target_count : NAN;
     m->logits = d->head_rows == N ? d->logits : NULL;
-    m->B = B;
-    m->T = T;
     if (loss) *loss = targets ? (float)mean : NAN;
-    m->aux_loss = NAN;
     if (d->moe && m->config.moe.output_router_logits) {
         /* the sequences' sums, not this rank's share's */
         if (d->cp) ht_moe_sum_routing(d->moe, m->context.sum, m->context.group_ctx);
@@ -1329,27 +1414,14 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     return HT_OK;
 }
 
-static void decoder_backward(ht_model *m, float scale) {
-    decoder *d = m->impl;
-    int B = d->B, T = d->T;
-    int64_t N = (int64_t)B * T, C = d->C, V = d->V;
+/* Loss -> logits -> final norm: the gradient of the last layer's output into d->dresid. */
+static void head_backward(ht_model *m, decoder *d, float scale) {
+    const int64_t N = (int64_t)d->B * d->T, C = d->C, V = d->V;
     /* No target at all still runs backward (adding zeros): every rank runs
      * every module, so that parallel/'s collectives meet. */
-    float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
-    const ht_moe_config *mc = &m->config.moe;
-    /* The load-balancing loss counts every token, targets or not. */
-    /* Context parallelism: every rank of the group has the whole sequences'
-     * load-balancing loss, and its tokens' share of its gradient is summed
-     * over the group with the cross-entropy's, whose each rank's is the
-     * mean over its share: the group's size restores its weight. */
-    const float aux_scale = d->moe && mc->output_router_logits
-                                ? (float)(mc->router_aux_loss_coef * scale * (d->cp ? d->cp_size : 1))
-                                : 0.0f;
-    const ht_dtype round = d->embed->compute_dtype == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
-
-    /* Loss -> logits -> final norm. */
+    const float loss_scale = d->target_count ? scale / (float)d->target_count : 0.0f;
     ht_model_event(m, MOD_HEAD(d), HT_BEFORE_BACKWARD);
-    const size_t lnf_row = (size_t)C * ht_dtype_size(d->embed->compute_dtype);
+    const size_t lnf_row = (size_t)C * ht_dtype_size(compute_dtype(d));
     const void *lnf = tp_gather_input(d, d->lnf); /* every token's final norm again */
     for (int64_t r0 = 0; r0 < N; r0 += d->head_rows) {
         const int64_t n = N - r0 < d->head_rows ? N - r0 : d->head_rows;
@@ -1366,8 +1438,30 @@ static void decoder_backward(ht_model *m, float scale) {
     ht_kernels()->zero(d->dresid, (size_t)(d->Ns * C) * sizeof(float));
     norm_backward(d, d->dresid, d->norm, dnorm_out, d->resid_final, d->rstdf);
     ht_model_event(m, MOD_NORM(d), HT_AFTER_BACKWARD);
+}
 
-    for (int l = d->L - 1; l >= 0; l--) {
+static void decoder_backward(ht_model *m, float scale) {
+    decoder *d = m->impl;
+    select_slot(d, m->slot);
+    int B = d->B, T = d->T;
+    int64_t N = (int64_t)B * T, C = d->C, V = d->V;
+    const ht_moe_config *mc = &m->config.moe;
+    /* The load-balancing loss counts every token, targets or not. */
+    /* Context parallelism: every rank of the group has the whole sequences'
+     * load-balancing loss, and its tokens' share of its gradient is summed
+     * over the group with the cross-entropy's, whose each rank's is the
+     * mean over its share: the group's size restores its weight. */
+    const float aux_scale = d->moe && mc->output_router_logits
+                                ? (float)(mc->router_aux_loss_coef * scale * (d->cp ? d->cp_size : 1))
+                                : 0.0f;
+    const ht_dtype round = compute_dtype(d) == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
+
+    if (d->has_head)
+        head_backward(m, d, scale);
+    else /* an earlier pipeline stage: the gradient of its output, from the next */
+        ht_kernels()->copy(d->dresid, m->stage_out_grad, (size_t)(d->Ns * C) * sizeof(float));
+
+    for (int l = d->l1 - 1; l >= d->l0; l--) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_BACKWARD);
         /* model.recompute: the layer's activations again, from its kept input,
          * into the buffers the recomputed layers share (the same products in
@@ -1422,6 +1516,10 @@ static void decoder_backward(ht_model *m, float scale) {
 
     /* Embedding: scatter-add rows (every token's gradient, into this rank's
      * vocabulary slice). Threads split the columns so no two write the same float. */
+    if (!d->has_embed) { /* a later pipeline stage: the gradient of its input, to the previous */
+        m->stage_in_grad = d->dresid;
+        return;
+    }
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
     if (d->embed->grad)
         ht_kernels()->embedding_backward(d->embed->grad, tp_gather_grad(d, d->dresid), d->inputs, N, C, d->v0, V);
@@ -1459,7 +1557,8 @@ static void decoder_free(ht_model *m) {
         ht_free(d->head_max_host);
         ht_free(d->tp_host);
         ht_moe_free(d->moe);
-        ht_free(d->acts);
+        ht_free(d->slots);
+        ht_free(d->all_acts);
         ht_free(d->layers);
         ht_kernels()->free(d->cos_t);
         ht_kernels()->free(d->sin_t);
@@ -1539,6 +1638,48 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
     return HT_OK;
 }
 
+/* The declared model's part one pipeline stage holds: the params of its
+ * layers, the embedding on the first stage, the final norm and the LM head
+ * on the last; the rest dropped before anything is allocated. Every layer
+ * keeps its module (its index, MOD_LAYER(l), is the same on every stage),
+ * the other stages' with no params. */
+static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage *st, ht_error *err) {
+    decoder *d = m->impl;
+    const char *unsupported = d->moe                          ? "experts (qwen2_moe, deepseek_v3)"
+                              : d->mla                        ? "Multi-Latent Attention (deepseek_v3)"
+                              : d->lora_rank > 0              ? "LoRA adapters (model.lora)"
+                              : m->config.tie_word_embeddings ? "tied embeddings (model.tie_word_embeddings)"
+                                                              : NULL;
+    if (unsupported)
+        return ht_fail(err, HT_ERR_CONFIG,
+                       "parallel.pipeline_parallel_size: pipeline stages of a model with %s are not supported yet; "
+                       "expected 1",
+                       unsupported);
+    ht_param_store *ps = &m->params;
+    bool *keep = malloc((size_t)(ps->count ? ps->count : 1) * sizeof(bool));
+    if (!keep) return ht_fail(err, HT_ERR_OOM, "cannot split the model into pipeline stages");
+    for (int i = 0; i < ps->count; i++) {
+        const char *name = ps->items[i].name;
+        int l = -1;
+        if (sscanf(name, "model.layers.%d.", &l) == 1)
+            keep[i] = l >= st->first_layer && l < st->end_layer;
+        else if (strcmp(name, "model.embed_tokens.weight") == 0)
+            keep[i] = st->first;
+        else
+            keep[i] = st->last; /* model.norm.weight, lm_head.weight */
+    }
+    ht_params_retain(ps, keep);
+    free(keep);
+    d->l0 = st->first_layer, d->l1 = st->end_layer, d->has_embed = st->first, d->has_head = st->last;
+    m->stage = *st;
+    memset(d->layers, 0, (size_t)d->L * sizeof(layer_params));
+    ht_free(m->modules);
+    ht_free(m->input_dtype);
+    m->modules = NULL;
+    m->input_dtype = NULL;
+    return declare_modules(m, d, err); /* the pointers into the store again, and each module's params */
+}
+
 static const ht_model_ops decoder_ops = {
     .forward = decoder_forward,
     .backward = decoder_backward,
@@ -1546,6 +1687,7 @@ static const ht_model_ops decoder_ops = {
     .activation_bytes = decoder_activation_bytes,
     .set_tensor_parallel = decoder_set_tensor_parallel,
     .set_cache = decoder_set_cache,
+    .set_pipeline_stage = decoder_set_pipeline_stage,
 };
 
 ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model **out, ht_error *err) {
@@ -1588,7 +1730,9 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->lora_scale = (float)ht_lora_scale(&cfg->lora);
     d->lora_dropout = d->lora_rank ? (float)cfg->lora.dropout : 0.0f;
     d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
-    d->acts = ht_alloc((size_t)d->L * sizeof(layer_acts));
+    d->l0 = 0, d->l1 = d->L, d->has_embed = d->has_head = true;
+    m->stage = (ht_pipeline_stage){.first_layer = 0, .end_layer = d->L, .first = true, .last = true};
+    m->slots = 1;
     size_t table = (size_t)cfg->max_position_embeddings * (d->rope_dim / 2) * sizeof(float);
     d->cos_t = ht_kernels()->alloc(table);
     d->sin_t = ht_kernels()->alloc(table);
@@ -1598,7 +1742,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     if (sparse) d->moe = ht_moe_new(cfg, sparse);
     m->expert_tokens = ht_moe_expert_tokens(d->moe);
     ht_status s = HT_OK;
-    if (!d->layers || !d->acts || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
+    if (!d->layers || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
     if (s == HT_OK) s = declare_modules(m, d, err);

@@ -471,8 +471,8 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
         return ht_fail(err, HT_ERR_CONFIG, "model parameters must be float16, bfloat16 or float32, not %s",
                        ht_dtype_name(dtype));
     const int rank = at->shard_rank, world = at->shard_world > 1 ? at->shard_world : 1;
-    const int tp = at->tp_size > 1 ? at->tp_size : 1;
-    s = check_memory(cfg, dtype, world * tp, err);
+    const int tp = at->tp_size > 1 ? at->tp_size : 1, pp = at->pp_size > 1 ? at->pp_size : 1;
+    s = check_memory(cfg, dtype, world * tp * pp, err);
     if (s != HT_OK) return s;
     s = builder(cfg, dtype, out, err);
     if (s != HT_OK) return s;
@@ -493,6 +493,25 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
             s = m->ops->set_tensor_parallel(m, tp, at->tp_rank, err);
         m->tensor = (ht_tensor_parallel){.size = tp, .rank = at->tp_rank};
     }
+    if (s == HT_OK && pp > 1) {
+        const ht_pipeline_stage stage = ht_pipeline_stage_of(cfg->num_hidden_layers, pp, at->pp_rank);
+        if (!m->ops->set_pipeline_stage)
+            s = ht_fail(err, HT_ERR_CONFIG,
+                        "parallel.pipeline_parallel_size %d: model %s cannot be split into stages; expected 1", pp,
+                        cfg->name);
+        else if (ps->data_block)
+            s = ht_fail(err, HT_ERR_CONFIG,
+                        "parallel.pipeline_parallel_size %d: model %s allocates its weights as it builds them, so "
+                        "they cannot be split into stages; expected 1",
+                        pp, cfg->name);
+        else if (cfg->num_hidden_layers < pp)
+            s = ht_fail(err, HT_ERR_CONFIG,
+                        "parallel.pipeline_parallel_size %d: more stages than the model's %d layers "
+                        "(num_hidden_layers): each stage holds at least one",
+                        pp, cfg->num_hidden_layers);
+        else
+            s = m->ops->set_pipeline_stage(m, &stage, err);
+    }
     if (s == HT_OK && ps->data_block && !ps->memory && !ht_kernels()->host_memory)
         s = ht_fail(err, HT_ERR_CONFIG,
                     "model %s allocated its weights in host memory as it built them; the %s kernels need them in "
@@ -507,6 +526,23 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
         *out = NULL;
     }
     return s;
+}
+
+ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int s) {
+    const int base = L / P, extra = L % P;
+    const int first = s * base + (s < extra ? s : extra);
+    return (ht_pipeline_stage){
+        .first_layer = first, .end_layer = first + base + (s < extra), .first = s == 0, .last = s == P - 1};
+}
+
+int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, const char *name) {
+    int l = -1;
+    if (sscanf(name, "model.layers.%d.", &l) == 1) {
+        for (int q = 0; q < P; q++)
+            if (l < ht_pipeline_stage_of(cfg->num_hidden_layers, P, q).end_layer) return q;
+        return P - 1;
+    }
+    return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : P - 1;
 }
 
 ht_status ht_model_allocate(ht_model *m, const ht_model_placement *at, uint64_t seed, bool pretrained, ht_error *err) {

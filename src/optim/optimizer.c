@@ -113,6 +113,7 @@ ht_status ht_optimizer_init(ht_optimizer *opt, ht_param_store *params, const ht_
     opt->seed = cfg->seed;
     opt->comm = cfg->comm ? cfg->comm : ht_comm_single();
     opt->tp = cfg->tp ? cfg->tp : ht_comm_single();
+    opt->stages = cfg->stages ? cfg->stages : ht_comm_single();
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];
         if (p->trainable && !ht_dtype_is_float(p->dtype))
@@ -237,6 +238,7 @@ ht_status ht_optimizer_step(ht_optimizer *opt, ht_step_result *r, ht_error *err)
     double squares = ht_grad_sum_squares(ps, opt->tp->size > 1 && opt->tp->rank > 0, &bad);
     ht_all_reduce_f64(opt->comm, &squares, 1, HT_REDUCE_SUM);
     if (opt->tp->size > 1) ht_all_reduce_f64(opt->tp, &squares, 1, HT_REDUCE_SUM);
+    if (opt->stages->size > 1) ht_all_reduce_f64(opt->stages, &squares, 1, HT_REDUCE_SUM); /* each stage its params' */
     double norm = sqrt(squares);
     r->grad_norm = norm;
     if (!isfinite(norm)) {

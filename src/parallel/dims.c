@@ -9,10 +9,10 @@
 void ht_parallel_single(ht_parallel *par, ht_comm *world) {
     memset(par, 0, sizeof(*par));
     par->world = world;
-    par->sizes = (ht_mesh_sizes){.world = 1, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 1};
+    par->sizes = (ht_mesh_sizes){.world = 1, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 1, .pp = 1};
     ht_mesh_of(&par->sizes, 0, &par->mesh);
-    par->shard = par->replica = par->cp = par->ulysses = par->ring = par->tp = par->model = ht_comm_single();
-    par->dp_size = par->cp_size = par->tp_size = 1;
+    par->shard = par->replica = par->cp = par->ulysses = par->ring = par->tp = par->model = par->pp = ht_comm_single();
+    par->dp_size = par->cp_size = par->tp_size = par->pp_size = 1;
 }
 
 /* A virtual world's groups are virtual too: their rank and size are the mesh's. */
@@ -31,6 +31,8 @@ ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm
     par->dp_size = m->dp_size;
     par->dp_rank = m->dp;
     par->tp_size = m->tp_group.size;
+    par->pp_size = m->pp_size;
+    par->pp_rank = m->pp;
     par->sharded = m->shard_group.size > 1;
     /* Each split replaces a single group: a failure leaves the rest single, and ht_parallel_free frees them all. */
     ht_status s = split(world, m->shard_group, &par->shard, err);
@@ -40,14 +42,15 @@ ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm
     if (s == HT_OK) s = split(world, m->ring_group, &par->ring, err);
     if (s == HT_OK) s = split(world, m->tp_group, &par->tp, err);
     if (s == HT_OK) s = split(world, m->model_group, &par->model, err);
+    if (s == HT_OK) s = split(world, m->pp_group, &par->pp, err);
     if (s == HT_OK && m->ep_group.size > 1) s = split(world, m->expert_group, &par->expert, err);
     if (s == HT_OK && m->ep_group.size > 1) s = split(world, m->ep_group, &par->ep, err);
     return s;
 }
 
 void ht_parallel_free(ht_parallel *par) {
-    ht_comm *groups[] = {par->ring, par->tp,     par->model,   par->ulysses, par->cp,
-                         par->ep,   par->expert, par->replica, par->shard};
+    ht_comm *groups[] = {par->pp, par->ring, par->tp,     par->model,   par->ulysses,
+                         par->cp, par->ep,   par->expert, par->replica, par->shard};
     for (size_t i = 0; i < sizeof(groups) / sizeof(groups[0]); i++)
         if (groups[i]) ht_comm_free(groups[i]);
     ht_comm *world = par->world;
@@ -58,17 +61,18 @@ void ht_parallel_free(ht_parallel *par) {
 void ht_parallel_log(const ht_parallel *par) {
     const ht_mesh *m = &par->mesh;
     const int W = par->sizes.world;
-    ht_log_info("Mesh: %d ranks = data parallel %d x context parallel %d (Ulysses %d x ring %d) x tensor parallel %d; "
-                "expert parallel %d over data x context; FSDP shard groups of %d, %d replica(s)",
-                W, m->dp_size, m->cp_size, m->ulysses_group.size, m->ring_group.size, m->tp_group.size,
+    ht_log_info("Mesh: %d ranks = pipeline stages %d x data parallel %d x context parallel %d (Ulysses %d x ring %d) x "
+                "tensor parallel %d; expert parallel %d over data x context; FSDP shard groups of %d, %d replica(s)",
+                W, m->pp_size, m->dp_size, m->cp_size, m->ulysses_group.size, m->ring_group.size, m->tp_group.size,
                 m->ep_group.size, m->shard_group.size, m->replica_group.size);
     const int shown = W < 64 ? W : 64;
     for (int q = 0; q < shown; q++) {
         ht_mesh o;
         ht_mesh_of(&par->sizes, q, &o);
-        ht_log_info("  rank %d: dp %d, cp %d (ulysses %d, ring %d), tp %d, ep %d; shard group %d (rank %d of %d)", q,
-                    o.dp, o.cp, o.ulysses, o.ring, o.tp, o.ep, o.shard_group.color, o.shard_group.key,
-                    o.shard_group.size);
+        ht_log_info(
+            "  rank %d: stage %d, dp %d, cp %d (ulysses %d, ring %d), tp %d, ep %d; shard group %d (rank %d of %d)", q,
+            o.pp, o.dp, o.cp, o.ulysses, o.ring, o.tp, o.ep, o.shard_group.color, o.shard_group.key,
+            o.shard_group.size);
     }
     if (shown < W) ht_log_info("  ... and %d more ranks, by the same rule", W - shown);
 }

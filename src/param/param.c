@@ -105,6 +105,15 @@ bool ht_path_match(const char *pattern, const char *path) { return path_matches(
 
 bool ht_path_covers(const char *pattern, const char *name) { return path_matches(pattern, name, true); }
 
+void ht_params_retain(ht_param_store *store, const bool *keep) {
+    int n = 0;
+    for (int i = 0; i < store->count; i++)
+        if (keep[i]) store->items[n++] = store->items[i];
+    store->count = n;
+    memset(store->slots, 0, store->slot_count * sizeof(int));
+    for (int i = 0; i < n; i++) slot_insert(store, i);
+}
+
 ht_param *ht_params_find(const ht_param_store *store, const char *name) {
     if (store->slot_count == 0) return NULL;
     size_t mask = store->slot_count - 1;

@@ -18,6 +18,7 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->optimizer = &t->optimizer;
     v->config = &t->config;
     v->model = &t->model->config;
+    v->whole = t->whole ? &t->whole->params : NULL;
     v->state.step = t->step;
     v->state.schedule_step = t->optimizer.step;
     v->state.no_rng = t->config.training.no_save_rng;
@@ -82,19 +83,20 @@ ht_status ht_trainer_save_checkpoint(ht_trainer *t, ht_error *err) {
     ht_trainer_checkpoint_view(t, &v);
     ht_ckpt_save_options o = {.save_optimizer = c->checkpoint.save_optimizer,
                               .keep_last = c->checkpoint.keep_last,
-                              .tp_rank = t->par.tp->rank};
+                              .tp_rank = t->par.tp->rank,
+                              .steps_rank = t->par.pp_rank * (t->par.model->size / t->par.pp_size)};
     double t0 = ht_time_seconds();
     ht_comm *comm = t->comm;
     const bool root = comm->rank == 0;
     /* The first replica writes: its shard group of every tensor-parallel
-     * place (the other replicas hold the same boxes; with shard_size 1 and
+     * place of every pipeline stage (the other replicas hold the same boxes; with shard_size 1 and
      * no tensor parallelism that is rank 0 alone, holding everything). Rank 0 opens
      * step_X.tmp/, every rank of the group writes its rows into its own file,
      * rank 0 writes metadata.json from every rank's chunk list and commits,
      * and the other ranks wait until it is complete. A rank that fails ends
      * the world (CLI), and the .tmp is never loaded. */
     ht_comm *group = t->par.model;
-    if (comm->rank < group->size) {
+    if (t->par.mesh.model_group.color == 0) {
         char tmp[HT_CKPT_PATH_MAX] = "";
         ht_status s = root ? ht_ckpt_begin(c->checkpoint.output_dir, t->step, tmp, sizeof(tmp), err) : HT_OK;
         if (s != HT_OK) return s;

@@ -434,13 +434,16 @@ static void log_memory(ht_trainer *t) {
 
 /* A whole, unsharded copy of the model's weights on rank 0, from the rows of
  * the first shard group's ranks (the others hold the same rows) of every
- * tensor-parallel place. The other ranks send theirs and hold nothing more. */
+ * tensor-parallel place and every pipeline stage: each stage's first rank
+ * gathers its params whole, then sends them to rank 0 (the first of the
+ * stages' first ranks). The other ranks send theirs and hold nothing more. */
 static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_error *err) {
     const ht_param_store *ps = &t->model->params;
+    const ht_param_store *all = t->whole ? &t->whole->params : ps; /* every stage's params, in the model's order */
     bool root = t->comm->rank == 0;
-    if (t->comm->rank >= t->par.model->size) return HT_OK; /* not the first replica */
-    for (int i = 0; root && i < ps->count; i++) {
-        const ht_param *p = &ps->items[i];
+    if (t->par.mesh.model_group.color != 0) return HT_OK; /* not the first replica */
+    for (int i = 0; root && i < all->count; i++) {
+        const ht_param *p = &all->items[i];
         ht_param *q = ht_params_add(whole, p->name, p->ndim, p->global_shape, p->dtype);
         if (!q) {
             ht_params_free(whole);
@@ -456,10 +459,25 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
         ht_params_free(whole);
         return root ? HT_ERR_OOM : ht_fail(err, HT_ERR_OOM, "rank 0 cannot hold the whole model to save it");
     }
-    for (int i = 0; i < ps->count; i++) {
-        const ht_param *p = &ps->items[i];
-        ht_status s = ht_param_gather_global(p, t->par.shard, t->par.tp, p->data, p->dtype,
-                                             root ? whole->items[i].data : NULL, true, NULL, err);
+    /* A stage's first rank: its whole params there, then to rank 0 over the stages' first ranks. */
+    const bool leader = t->par.shard->rank == 0 && t->par.tp->rank == 0, staged = t->par.pp_size > 1;
+    for (int i = 0; i < all->count; i++) {
+        const ht_param *p = ht_params_find(ps, all->items[i].name);
+        void *out = root ? whole->items[i].data : NULL;
+        const size_t bytes = (size_t)ht_param_global_numel(&all->items[i]) * ht_dtype_size(all->items[i].dtype);
+        void *mine = NULL;
+        if (p && staged && leader && !root && !(mine = malloc(bytes ? bytes : 1)))
+            return ht_fail(err, HT_ERR_OOM, "cannot gather %s to send it", p->name);
+        ht_status s = p ? ht_param_gather_global(p, t->par.shard, t->par.tp, p->data, p->dtype, root ? out : mine, true,
+                                                 NULL, err)
+                        : HT_OK;
+        if (s == HT_OK && staged && leader) { /* the stage holding it sends, the others send nothing */
+            int64_t sizes[t->par.pp_size];
+            const int owner = ht_pipeline_stage_holding(&t->model->config, t->par.pp_size, all->items[i].name);
+            for (int q = 0; q < t->par.pp_size; q++) sizes[q] = q == owner ? (int64_t)bytes : 0;
+            if (owner != 0) ht_gather(t->par.pp, mine, out, sizes, 0);
+        }
+        free(mine);
         if (s != HT_OK) return s;
     }
     return HT_OK;
@@ -471,7 +489,7 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
 static ht_status sample(ht_trainer *t, ht_error *err) {
     ht_param_store gathered = {0};
     const ht_param_store *whole = &t->model->params;
-    if (t->par.sharded || t->par.tp_size > 1) {
+    if (t->par.sharded || t->par.tp_size > 1 || t->par.pp_size > 1) {
         ht_status s = gather_whole_model(t, &gathered, err);
         if (s != HT_OK) return s;
         whole = &gathered;
@@ -729,7 +747,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     /* The final weights, whole: a sharded run gathers every param's rows first. */
     ht_param_store gathered = {0};
     const ht_param_store *model = &t->model->params;
-    if (t->par.sharded || t->par.tp_size > 1) {
+    if (t->par.sharded || t->par.tp_size > 1 || t->par.pp_size > 1) {
         s = gather_whole_model(t, &gathered, err);
         if (s != HT_OK) return s;
         model = &gathered;

@@ -148,7 +148,9 @@ static ht_model_placement placement(const ht_trainer *t) {
     return (ht_model_placement){.shard_rank = meta ? t->par.shard->rank : 0,
                                 .shard_world = meta ? t->par.shard->size : 1,
                                 .tp_rank = t->par.tp->rank,
-                                .tp_size = t->par.tp->size};
+                                .tp_size = t->par.tp->size,
+                                .pp_rank = t->par.pp_rank,
+                                .pp_size = t->par.pp_size};
 }
 
 /* The model with its params declared, not yet stored: their dtypes
@@ -166,6 +168,12 @@ static ht_status declare_model(ht_trainer *t, ht_error *err) {
         s = ht_params_convert(&t->model->params, c->model_init_dtype, err);
     if (s == HT_OK) s = freeze_params(t, err);
     if (s == HT_OK) s = plan_recompute(t, err);
+    if (s == HT_OK && t->par.pp_size > 1) { /* every stage's params, as this stage's are declared */
+        const ht_model_placement one = {.shard_world = 1, .tp_size = 1, .pp_size = 1};
+        s = ht_model_declare(&arch, HT_DTYPE_F32, &one, &t->whole, err);
+        if (s == HT_OK && c->model_init_dtype != HT_CONFIG_DTYPE_NONE)
+            s = ht_params_convert(&t->whole->params, c->model_init_dtype, err);
+    }
     if (s != HT_OK) return s;
     t->model->output_dtype = c->fsdp.output_dtype;
     t->model->keep_logits = false;         /* the loss is all a run reads of them */
@@ -207,7 +215,7 @@ static ht_status declare_model(ht_trainer *t, ht_error *err) {
             a->moe.num_experts, a->moe.n_group, a->moe.topk_group, a->moe.num_experts_per_tok, a->moe.n_shared_experts,
             a->moe.moe_intermediate_size, a->moe.routed_scaling_factor,
             a->moe.norm_topk_prob ? " after normalising" : "", a->moe.first_k_dense_replace);
-    const int X = t->comm->size / t->par.tp_size; /* the data x context-parallel ranks FSDP spans */
+    const int X = t->par.dp_size * t->par.cp_size; /* the data x context-parallel ranks FSDP spans (a stage's) */
     if (t->par.tp_size > 1) {
         double global = 0;
         for (int i = 0; i < t->model->params.count; i++)
@@ -507,7 +515,8 @@ static ht_status plan_memory(ht_trainer *t, ht_dtype compute, ht_error *err) {
         .main = (double)pb.main,
         .grad = (double)pb.grad,
         .optimizer = (double)ht_optimizer_plan_bytes(ps, &t->optimizer_config),
-        .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype),
+        .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype) +
+                       (double)ht_pipeline_buffer_bytes(&t->pipe), /* every slot's, and what crosses stages */
         .corpus = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
     };
     enum { N = 7 };
@@ -799,6 +808,7 @@ static ht_status configure_optimizer(ht_trainer *t, ht_error *err) {
     oc.comm = t->par.shard; /* the norm and Muon's matrices span a shard group; replicas hold the same rows */
     oc.replicas = t->par.sharded ? t->par.replica : NULL;
     oc.tp = t->par.tp;
+    oc.stages = t->par.pp;
     oc.fp32_main_params = c->optimizer.fp32_main_params;
     oc.residual16 = c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16;
     oc.adamw = (ht_adamw_config){
@@ -954,7 +964,8 @@ static ht_status make_groups(ht_trainer *t, ht_error *err) {
                                  .ulysses = c->parallel.ulysses_parallel_size,
                                  .ring = c->parallel.ring_attention_size,
                                  .ep = c->parallel.expert_parallel_size,
-                                 .shard = c->fsdp.shard_size};
+                                 .shard = c->fsdp.shard_size,
+                                 .pp = c->parallel.pipeline_parallel_size};
     ht_status s = ht_parallel_init(&t->par, &sizes, t->comm, err);
     if (s == HT_OK && t->comm->rank == 0 && t->comm->size > 1) ht_parallel_log(&t->par); /* said once */
     return s;
@@ -976,6 +987,8 @@ static void log_not_applicable(const ht_config *c) {
         {"model.recompute_plan.apply_modules", c->model.recompute, "it applies with model.recompute true"},
         {"parallel.sequence_parallel", c->parallel.tensor_parallel_size > 1,
          "it applies with parallel.tensor_parallel_size > 1 (1 here)"},
+        {"parallel.pipeline_schedule", c->parallel.pipeline_parallel_size > 1,
+         "it applies with parallel.pipeline_parallel_size > 1 (1 here: each forward and its backward in turn)"},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         int line;
@@ -1022,6 +1035,32 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* The order a step's micro-batches run in on this rank's stage
+ * (parallel.pipeline_schedule; one stage: each forward and its backward in
+ * turn, as gradient accumulation does) and the buffers between stages. */
+static ht_status make_pipeline(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    const int P = t->par.pp_size, m = t->grad_accum, B = t->B > t->eval_B ? t->B : t->eval_B;
+    const bool gpipe = P > 1 && c->parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE;
+    ht_status s = ht_pipeline_init(&t->pipe, gpipe ? HT_PIPE_GPIPE : HT_PIPE_1F1B, t->par.pp, m,
+                                   (int64_t)B * t->Tc * t->model->config.hidden_size, err);
+    if (s == HT_OK) t->model->slots = t->pipe.slots; /* the activations the plan and the run size */
+    if (s != HT_OK || P == 1 || t->comm->rank != 0 || t->planning) return s;
+    char stages[1024] = "";
+    for (int q = 0; q < P && strlen(stages) + 96 < sizeof(stages); q++) {
+        const ht_pipeline_stage st = ht_pipeline_stage_of(t->model->config.num_hidden_layers, P, q);
+        char layers[32];
+        snprintf(layers, sizeof(layers), st.end_layer - st.first_layer > 1 ? "layers %d-%d" : "layer %d",
+                 st.first_layer, st.end_layer - 1);
+        snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s%d: %s%s%s", q ? "; " : "", q, layers,
+                 st.first ? " and the embedding" : "", st.last ? " and the final norm, LM head and loss" : "");
+    }
+    ht_log_info("Pipeline parallel %d (%s, %d micro-batches a step: the gradient accumulation; %d ticks, bubble "
+                "(P - 1) / (m + P - 1) = %.0f%%): stage %s; stage 0 keeps %d micro-batches' activations at once",
+                P, gpipe ? "gpipe" : "1f1b", m, t->pipe.ticks, 100.0 * (P - 1) / (m + P - 1), stages, t->pipe.slots);
+    return HT_OK;
+}
+
 /* Everything a run decides before it allocates: the config in force, the
  * groups, the declared model, the data, the optimizer's routing, the GEMM
  * kernels and the memory plan (ht_trainer_init and ht_trainer_plan). */
@@ -1049,6 +1088,7 @@ static ht_status prepare(ht_trainer *t, const ht_config *cfg, ht_comm *comm, boo
      * storage, its optimizer state or anything sized by the batch is allocated. */
     if (s == HT_OK) s = open_data(t, err);
     if (s == HT_OK) s = configure_optimizer(t, err);
+    if (s == HT_OK) s = make_pipeline(t, err);
     /* The plan without the compute copies (a lower bound: a run it refuses could not run) before the GEMM
      * kernels are timed on the model's shapes, then with the copies the chosen kernel makes. */
     if (s == HT_OK) s = plan_memory(t, cfg->fsdp.param_dtype, err);
@@ -1069,6 +1109,7 @@ ht_status ht_trainer_init_on(ht_trainer *t, const ht_config *cfg, ht_comm *comm,
     /* fsdp_config.mix_precision.param_dtype: the dtype forward and backward compute with. */
     if (s == HT_OK) s = set_compute(t, err);
     if (s == HT_OK) s = build_optimizer(t, err);
+    if (s == HT_OK) s = ht_pipeline_allocate(&t->pipe, err);
     if (s == HT_OK && cfg->checkpoint.restore_from[0])
         s = ht_trainer_restore(t, cfg->checkpoint.restore_from, cfg->checkpoint.restore_optimizer, err);
     if (s == HT_OK) s = ht_run_dir_check(cfg, t->step, comm, err);
@@ -1088,12 +1129,14 @@ void ht_trainer_free(ht_trainer *t) {
         free(t->events);
     }
     ht_optimizer_free(&t->optimizer);
+    ht_pipeline_free(&t->pipe);
     ht_fsdp_free(t->fsdp);
     free(t->qk_layers);
     ht_loader_free(&t->train_loader);
     ht_loader_free(&t->valid_loader);
     ht_dataset_free(t->data);
     ht_model_free(t->model);
+    ht_model_free(t->whole);
     ht_free(t->batch);
     ht_free(t->inputs);
     ht_free(t->targets);

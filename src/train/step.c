@@ -116,15 +116,58 @@ static void take_share(ht_trainer *t, int B, const int32_t **inputs, const int32
     *targets = ht_parallel_token_share(&t->par, cp, t->targets, B, t->T, t->Tc, t->share_targets);
 }
 
+/* The step's micro-batches through this rank's stage in the pipeline's
+ * order (one stage: each forward and its backward in turn), the loss of
+ * each added to *loss_sum on the last stage. */
+static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dropout, double *loss_sum, ht_error *err) {
+    ht_model *m = t->model;
+    const ht_pipeline *pipe = &t->pipe;
+    const int stage = pipe->stage;
+    const int64_t floats = (int64_t)t->B * t->Tc * m->config.hidden_size;
+    m->slots = pipe->slots;
+    for (int tick = 0; tick < pipe->ticks; tick++) {
+        const int op = ht_pipeline_op(pipe, tick, stage), micro = op / 2;
+        const float *sent = NULL;
+        if (op >= 0) m->slot = ht_pipeline_slot(pipe, stage, micro);
+        const double f0 = ht_time_seconds();
+        if (op >= 0 && op % 2 == 0) {
+            /* Every stage reads the micro-batches in order: the first takes the inputs, the last the targets. */
+            ht_loader_next(&t->train_loader, t->batch);
+            ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+            const int32_t *inputs, *targets;
+            take_share(t, t->B, &inputs, &targets);
+            m->dropout_seed = dropout;
+            m->dropout_first_sequence = ((int64_t)micro * t->par.dp_size + t->par.dp_rank) * t->B;
+            m->stage_in = ht_pipeline_input(pipe, m->slot);
+            float loss;
+            ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
+            if (s != HT_OK) return s;
+            const double f1 = ht_time_seconds();
+            t->forward_seconds += f1 - f0;
+            ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
+            if (m->stage.last) *loss_sum += loss;
+            sent = m->stage_out;
+        } else if (op >= 0) {
+            m->stage_out_grad = ht_pipeline_grad(pipe, m->slot);
+            ht_model_backward(m, grad_scale);
+            ht_trace_span("phase", "backward", HT_TRACE_THREAD, f0, ht_time_seconds(), -1, t->step + 1);
+            sent = m->stage_in_grad;
+        }
+        ht_pipeline_exchange(pipe, pipe->ops + (size_t)tick * pipe->stages, sent, floats);
+    }
+    return HT_OK;
+}
+
 ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     double t0 = ht_time_seconds();
     ht_model *m = t->model;
-    /* The loss scale multiplies the gradients; 1/(accumulation × ranks)
+    /* The loss scale multiplies the gradients; 1/(accumulation × data ranks)
      * averages the global batch's micro-batches, once, before the sum over
      * the ranks (data x context parallel: the ranks of a tensor-parallel
-     * group hold the same tokens, each its slices' whole gradient). */
+     * group hold the same tokens, each its slices' whole gradient; the
+     * stages of a pipeline each their layers'). */
     float grad_scale = (float)(ht_optimizer_loss_scale(&t->optimizer) * t->config.training.gradient_scaling_factor /
-                               ((double)t->grad_accum * t->comm->size / t->par.tp_size));
+                               ((double)t->grad_accum * t->par.dp_size * t->par.cp_size));
     ht_model_reset_attn_max(m);
     ht_model_reset_expert_tokens(m); /* this step's tokens alone (evaluation forwards counted too) */
     double loss_sum = 0.0;
@@ -135,24 +178,8 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
      * the low bit keeps it nonzero (0 means no dropout). */
     uint64_t dropout = ht_fnv1a64(&t->step, sizeof(t->step), (uint64_t)t->config.training.seed ^ 0x6c6f7261ULL) | 1;
     const double exchanged = m->experts.seconds;
-    for (int micro = 0; micro < t->grad_accum; micro++) {
-        ht_loader_next(&t->train_loader, t->batch);
-        ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
-        const int32_t *inputs, *targets;
-        take_share(t, t->B, &inputs, &targets);
-        m->dropout_seed = dropout;
-        m->dropout_first_sequence = ((int64_t)micro * t->par.dp_size + t->par.dp_rank) * t->B;
-        float loss;
-        double f0 = ht_time_seconds();
-        ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
-        if (s != HT_OK) return s;
-        const double f1 = ht_time_seconds();
-        t->forward_seconds += f1 - f0;
-        ht_model_backward(m, grad_scale);
-        ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
-        ht_trace_span("phase", "backward", HT_TRACE_THREAD, f1, ht_time_seconds(), -1, t->step + 1);
-        loss_sum += loss;
-    }
+    ht_status ms = run_micro_batches(t, grad_scale, dropout, &loss_sum, err);
+    if (ms != HT_OK) return ms;
     m->dropout_seed = 0;                           /* forwards outside a training step (evaluation) drop nothing */
     ht_status gs = ht_kernels()->synchronize(err); /* before any rank sums this rank's gradients */
     if (gs != HT_OK) return gs;
@@ -224,7 +251,7 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     t->optimizer_seconds += t3 - t2;
     if (stats) {
         stats->step = t->step;
-        stats->loss = loss_sum / ((double)t->grad_accum * t->comm->size);
+        stats->loss = loss_sum / ((double)t->grad_accum * t->comm->size / t->par.pp_size); /* the last stage's */
         stats->lr = r.adamw_lr;
         stats->muon_lr = r.muon_lr;
         stats->grad_norm = r.grad_norm;
@@ -242,6 +269,31 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
             const double ns = ht_optimizer_ns_flops(&t->optimizer);
             stats->mfu_with_ns = ns > 0 ? stats->mfu + ns / dt / (t->gemm_gflops * 1e9) : 0.0;
         }
+    }
+    return HT_OK;
+}
+
+/* One forward of `count` sequences through every pipeline stage in turn
+ * (one stage: the model's forward); *loss the last stage's, NAN elsewhere. */
+static ht_status evaluate_forward(ht_trainer *t, const int32_t *inputs, const int32_t *targets, int count, float *loss,
+                                  ht_error *err) {
+    ht_model *m = t->model;
+    const ht_pipeline *pipe = &t->pipe;
+    const int P = pipe->stages, stage = pipe->stage;
+    int row[P];
+    *loss = NAN;
+    for (int q = 0; q < P; q++) {
+        ht_status s = HT_OK;
+        if (q == stage) {
+            m->slot = ht_pipeline_slot(pipe, stage, 0);
+            m->stage_in = ht_pipeline_input(pipe, m->slot);
+            s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
+            if (s == HT_OK) s = ht_kernels()->synchronize(err);
+        }
+        if (s != HT_OK) return s;
+        for (int k = 0; k < P; k++) row[k] = k == q ? 0 : -1;
+        ht_pipeline_exchange(pipe, row, q == stage ? m->stage_out : NULL,
+                             (int64_t)count * t->Tc * m->config.hidden_size);
     }
     return HT_OK;
 }
@@ -272,12 +324,11 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         const int32_t *inputs, *targets;
         take_share(t, count, &inputs, &targets);
         float l;
-        ht_status s = ht_model_forward(t->model, inputs, targets, count, t->Tc, &l, err);
-        if (s == HT_OK) s = ht_kernels()->synchronize(err);
+        ht_status s = evaluate_forward(t, inputs, targets, count, &l, err);
         if (s != HT_OK) return s;
         /* Every window has T targets: the mean over its tokens (context
          * parallelism: each rank's share of them, the shares of one size). */
-        if (g < groups) sum += (double)l * count;
+        if (g < groups && t->model->stage.last) sum += (double)l * count;
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
     sum /= (double)t->par.cp_size * t->par.tp_size; /* a tensor-parallel group's ranks hold the same loss */
