@@ -420,6 +420,107 @@ static void test_residual16_on_1_to_4_ranks(void **state) {
     }
 }
 
+/* run_in with one OpenMP thread a rank (the ranks of an oversubscribed
+ * launch have one each): a product's sums split over threads as another
+ * count splits them would differ in their last bits. */
+static int run_one_thread(const char *dir, const char *outname, int ranks, const char *extra, char **output) {
+    if (ranks > 0) return run_in(dir, outname, ranks, extra, output);
+    char args[4096], out[1300];
+    snprintf(out, sizeof(out), "%s/%s.log", dir, outname);
+    snprintf(args, sizeof(args), "train '%s/run.yaml' --set checkpoint.output_dir='%s/%s' %s", dir, dir, outname,
+             extra ? extra : "");
+    return run_hypertrain("env OMP_NUM_THREADS=1 ", args, out, false, output);
+}
+
+/* Pipeline parallelism: stages of whole layers (5 layers: 3 + 2, 2 + 2 + 1,
+ * 2 + 1 + 1 + 1) run each micro-batch's forward and backward in float32 as
+ * one process's accumulation does, the backwards in micro-batch order: with
+ * one data-parallel rank the run is one process's bit for bit (losses,
+ * final weights), under both schedules; with data parallelism inside each
+ * stage (FSDP sharded, replicated, HSDP) it is the same data-parallel run
+ * without stages bit for bit. 1F1B keeps at most as many micro-batches as
+ * stages on the first, GPipe all of them. A checkpoint of 2 stages resumes
+ * on 1, 2 and 3 stages to the uninterrupted run's bits. */
+static void test_pipeline_parallel_matches_one_process(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_pipeline");
+    harness_write_corpus(dir, two_cities, 40);
+    write_run_yaml(
+        dir,
+        "model:\n  name: qwen2\n%s  attention_bias: true\n  tie_word_embeddings: false\n"
+        "model_init_dtype: float32\n"
+        "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+        "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
+        "training:\n  steps: 8\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: 4\n"
+        "  eval_batches: 5\n  log_interval: 1\n"
+        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
+        "checkpoint:\n  save_interval: 4\n",
+        tiny_model_yaml((tiny_model){.intermediate_size = 48, .num_hidden_layers = 5, .max_position_embeddings = 32}),
+        dir);
+    static const struct {
+        const char *out, *ref; /* a run, and the run it must equal bit for bit */
+        int ranks;
+        const char *set, *keeps; /* and what its log says stage 0 keeps */
+    } runs[] = {
+        {"one", NULL, 0, "", NULL},
+        {"pp2", "one", 2, "--set parallel.pipeline_parallel_size=2", "stage 0 keeps 2 micro-batches'"},
+        {"pp2_gpipe", "one", 2, "--set parallel.pipeline_parallel_size=2 --set parallel.pipeline_schedule=gpipe",
+         "stage 0 keeps 12 micro-batches'"},
+        {"pp3", "one", 3, "--set parallel.pipeline_parallel_size=3", "stage 0 keeps 3 micro-batches'"},
+        {"pp4", "one", 4, "--set parallel.pipeline_parallel_size=4", "stage 0 keeps 4 micro-batches'"},
+        {"pp4_recompute", "one", 4, "--set parallel.pipeline_parallel_size=4 --set model.recompute=true", NULL},
+        {"dp2", NULL, 2, "", NULL},
+        {"pp2_dp2", "dp2", 4, "--set parallel.pipeline_parallel_size=2", "stage 0 keeps 2 micro-batches'"},
+        {"dp2_replicated", NULL, 2, "--set fsdp_config.shard_size=1", NULL},
+        {"pp2_dp2_replicated", "dp2_replicated", 4,
+         "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=1", NULL},
+        {"hsdp", NULL, 4, "--set fsdp_config.shard_size=2", NULL},
+        {"pp2_hsdp", "hsdp", 8, "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=2", NULL},
+    };
+    double ref_losses[sizeof(runs) / sizeof(runs[0])][8];
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char *log;
+        int rc = run_one_thread(dir, runs[i].out, runs[i].ranks, runs[i].set, &log);
+        if (rc != 0) fail_msg("%s failed (%d):\n%s", runs[i].out, rc, log);
+        assert_int_equal(losses(log, ref_losses[i], 8), 8);
+        if (runs[i].keeps && !strstr(log, runs[i].keeps))
+            fail_msg("%s: expected \"%s\" in its log:\n%s", runs[i].out, runs[i].keeps, log);
+        free(log);
+        if (!runs[i].ref) continue;
+        size_t r = 0;
+        while (strcmp(runs[r].out, runs[i].ref) != 0) r++;
+        for (int k = 0; k < 8; k++)
+            if (ref_losses[i][k] != ref_losses[r][k])
+                fail_msg("%s: step %d's loss %.4f, %s's %.4f", runs[i].out, k + 1, ref_losses[i][k], runs[r].out,
+                         ref_losses[r][k]);
+        double v[2], w[2];
+        assert_int_equal(val_losses(dir, runs[i].out, v, 2), 2);
+        assert_int_equal(val_losses(dir, runs[r].out, w, 2), 2);
+        if (v[0] != w[0] || v[1] != w[1])
+            fail_msg("%s: validation losses %.6f, %.6f; %s's %.6f, %.6f", runs[i].out, v[0], v[1], runs[r].out, w[0],
+                     w[1]);
+        compare_final(dir, runs[i].out, runs[r].out, 0.0);
+        printf("%s (%d ranks) trains as %s does, bit for bit\n", runs[i].out, runs[i].ranks, runs[r].out);
+    }
+    /* pp2's checkpoint of step 4 resumed on 1, 2 and 3 stages. */
+    static const struct { int ranks, stages; } resumes[] = {{0, 1}, {2, 2}, {3, 3}};
+    for (size_t i = 0; i < sizeof(resumes) / sizeof(resumes[0]); i++) {
+        char out[32], cmd[4096], set[256], *log;
+        snprintf(out, sizeof(out), "resume_pp%d", resumes[i].stages);
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s/%s' && cp -r '%s/pp2/step_00000004' '%s/%s/'", dir, out, dir, dir,
+                 out);
+        assert_int_equal(system(cmd), 0);
+        snprintf(set, sizeof(set), "--set parallel.pipeline_parallel_size=%d --set checkpoint.restore_from=latest",
+                 resumes[i].stages);
+        int rc = run_one_thread(dir, out, resumes[i].ranks, set, &log);
+        if (rc != 0) fail_msg("%s failed (%d):\n%s", out, rc, log);
+        if (!strstr(log, "step_00000004")) fail_msg("%s did not resume step 4:\n%s", out, log);
+        free(log);
+        compare_final(dir, out, "one", 0.0);
+        printf("pp2's step 4 resumed on %d stage(s): one process's final weights, bit for bit\n", resumes[i].stages);
+    }
+}
+
 /* Rank r's total in `hypertrain plan`'s table (rows "  FIRST[-LAST]  ... TOTAL"), as printed. */
 static bool plan_total_of(const char *text, int r, char *out, size_t n) {
     for (const char *line = strstr(text, "\n  ranks"); line && (line = strchr(line + 1, '\n'));) {
@@ -2941,6 +3042,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_killed_rank_ends_the_world),
         cmocka_unit_test(test_stopped_rank_times_out),
         cmocka_unit_test(test_fenced_backend_on_several_ranks),
+        cmocka_unit_test(test_pipeline_parallel_matches_one_process),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
