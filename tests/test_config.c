@@ -1486,10 +1486,6 @@ static void test_pipeline_parallel_mesh(void **state) {
          "model.tie_word_embeddings"},
         {"  name: qwen2_moe\n", "  pipeline_parallel_size: 2\n", "", 2,
          "with a model with experts or Multi-Latent Attention yet", NULL},
-        {"  tie_word_embeddings: false\n  lora:\n    rank: 4\n", "  pipeline_parallel_size: 2\n", "", 2,
-         "with LoRA adapters yet", NULL},
-        {NULL, "  pipeline_parallel_size: 2\n", "optimizer:\n  muon_config:\n    qk_clip_enabled: true\n", 2,
-         "with QK-clip yet", NULL},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(text, sizeof(text), model, bad[i].model ? bad[i].model : untied, bad[i].parallel, bad[i].rest);

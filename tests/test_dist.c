@@ -436,7 +436,9 @@ static int run_one_thread(const char *dir, const char *outname, int ranks, const
  * 2 + 1 + 1 + 1) run each micro-batch's forward and backward in float32 as
  * one process's accumulation does, the backwards in micro-batch order: with
  * one data-parallel rank the run is one process's bit for bit (losses,
- * final weights), under both schedules; with data parallelism inside each
+ * final weights), under both schedules, with recompute, QK-clip (each stage
+ * clips its layers' heads) and LoRA with dropout (each micro-batch's masks
+ * kept in its slot); with data parallelism inside each
  * stage (FSDP sharded, replicated, HSDP) it is the same data-parallel run
  * without stages bit for bit. 1F1B keeps at most as many micro-batches as
  * stages on the first, GPipe all of them. A checkpoint of 2 stages resumes
@@ -474,6 +476,15 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
         {"dp2_replicated", NULL, 2, "--set fsdp_config.shard_size=1", NULL},
         {"pp2_dp2_replicated", "dp2_replicated", 4,
          "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=1", NULL},
+        {"qk", NULL, 0,
+         "--set optimizer.muon_config.qk_clip_enabled=true --set optimizer.muon_config.qk_clip_threshold=0.02", NULL},
+        {"pp3_qk", "qk", 3,
+         "--set optimizer.muon_config.qk_clip_enabled=true --set optimizer.muon_config.qk_clip_threshold=0.02 "
+         "--set parallel.pipeline_parallel_size=3",
+         NULL},
+        {"lora", NULL, 0, "--set model.lora.rank=4 --set model.lora.dropout=0.1", NULL},
+        {"pp2_lora", "lora", 2,
+         "--set model.lora.rank=4 --set model.lora.dropout=0.1 --set parallel.pipeline_parallel_size=2", NULL},
         {"hsdp", NULL, 4, "--set fsdp_config.shard_size=2", NULL},
         {"pp2_hsdp", "hsdp", 8, "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=2", NULL},
     };
@@ -500,6 +511,18 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
             fail_msg("%s: validation losses %.6f, %.6f; %s's %.6f, %.6f", runs[i].out, v[0], v[1], runs[r].out, w[0],
                      w[1]);
         compare_final(dir, runs[i].out, runs[r].out, 0.0);
+        if (strstr(runs[i].out, "qk")) { /* QK-clip rescaled heads, the same ones: each stage its layers' */
+            char a[1300], b[1300];
+            snprintf(a, sizeof(a), "%s/%s/metrics.jsonl", dir, runs[i].out);
+            snprintf(b, sizeof(b), "%s/%s/metrics.jsonl", dir, runs[r].out);
+            char *ta = read_text(a), *tb = read_text(b);
+            const char *ka = strstr(ta, "\"qk_clipped_heads\": "), *kb = strstr(tb, "\"qk_clipped_heads\": ");
+            if (!ka || !kb || atoi(ka + 20) == 0 || atoi(ka + 20) != atoi(kb + 20))
+                fail_msg("%s: clipped heads of step 1 %s, %s's %s", runs[i].out, ka ? ka : "none", runs[r].out,
+                         kb ? kb : "none");
+            free(ta);
+            free(tb);
+        }
         printf("%s (%d ranks) trains as %s does, bit for bit\n", runs[i].out, runs[i].ranks, runs[r].out);
     }
     /* pp2's checkpoint of step 4 resumed on 1, 2 and 3 stages. */

@@ -180,8 +180,6 @@ static void check_pipeline(report *r, int accumulation) {
         {!cfg->model.from_pretrained[0] && m->tie_word_embeddings, "model.tie_word_embeddings",
          "tied embeddings (the first stage's embedding and the last stage's LM head would be one weight on two "
          "ranks)"},
-        {cfg->model.lora.rank > 0, "model.lora.rank", "LoRA adapters"},
-        {cfg->optimizer.muon.qk_clip_enabled, "optimizer.muon_config.qk_clip_enabled", "QK-clip"},
         {cfg->training.dump_state, "training.dump_state", "training.dump_state"},
         {cfg->kernels.backend != HT_KERNELS_CPU, "kernels.backend", "a kernel backend other than cpu"},
     };

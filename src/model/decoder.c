@@ -1647,7 +1647,6 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
     decoder *d = m->impl;
     const char *unsupported = d->moe                          ? "experts (qwen2_moe, deepseek_v3)"
                               : d->mla                        ? "Multi-Latent Attention (deepseek_v3)"
-                              : d->lora_rank > 0              ? "LoRA adapters (model.lora)"
                               : m->config.tie_word_embeddings ? "tied embeddings (model.tie_word_embeddings)"
                                                               : NULL;
     if (unsupported)

@@ -728,6 +728,13 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
     t->qk_layers = calloc((size_t)a->num_hidden_layers, sizeof(ht_qk_layer));
     if (!t->qk_layers) return ht_fail(err, HT_ERR_OOM, "cannot allocate the QK-clip table");
     for (int l = 0; l < a->num_hidden_layers; l++) {
+        /* Tensor parallelism: this rank's heads, whose rows its slices of the projections hold. */
+        t->qk_layers[l].num_heads = a->num_attention_heads / t->par.tp_size;
+        t->qk_layers[l].num_kv_heads = a->num_key_value_heads / t->par.tp_size;
+        t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
+    }
+    /* The layers of this rank's pipeline stage (all of them with one): the others' are another rank's to clip. */
+    for (int l = t->model->stage.first_layer; l < t->model->stage.end_layer; l++) {
         char name[HT_PARAM_NAME_MAX];
         ht_param_store *ps = &t->model->params;
 #define FIND(field, suffix)                                                                                            \
@@ -759,10 +766,6 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
                            "optimizer.muon_config.qk_clip_enabled: layer %d's query/key projection weights are "
                            "frozen (%s), and QK-clip rescales them: set qk_clip_enabled false",
                            l, t->config.model.lora.rank > 0 ? "model.lora trains the adapters alone" : "model.freeze");
-        /* Tensor parallelism: this rank's heads, whose rows its slices of the projections hold. */
-        t->qk_layers[l].num_heads = a->num_attention_heads / t->par.tp_size;
-        t->qk_layers[l].num_kv_heads = a->num_key_value_heads / t->par.tp_size;
-        t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
     }
     return HT_OK;
 }

@@ -207,21 +207,24 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
     ht_trace_span("phase", "optimizer", HT_TRACE_THREAD, t2, updated, -1, t->step + 1);
     int clipped = 0;
     double max_logit = NAN;
-    if (t->qk_layers) { /* the step's largest logit, over every head: each rank of a tensor-parallel group has its own
-                         */
+    if (t->qk_layers) { /* the step's largest logit, over every head: each rank of a tensor-parallel group has its
+                         * own, each pipeline stage its layers' */
         const int64_t n = (int64_t)m->config.num_hidden_layers * t->qk_layers[0].num_heads;
         for (int64_t i = 0; i < n; i++)
             max_logit = isnan(max_logit) ? m->attn_max_logit[i] : fmax(max_logit, m->attn_max_logit[i]);
         if (t->par.tp_size > 1) ht_all_reduce_f64(t->par.tp, &max_logit, 1, HT_REDUCE_MAX);
+        if (t->par.pp_size > 1) ht_all_reduce_f64(t->par.pp, &max_logit, 1, HT_REDUCE_MAX);
     }
     if (t->qk_layers && !r.skipped) {
-        const ht_model_config *a = &m->config;
-        for (int l = 0; l < a->num_hidden_layers; l++)
+        for (int l = m->stage.first_layer; l < m->stage.end_layer; l++)
             clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
                                   t->config.optimizer.muon.qk_clip_threshold);
-        if (t->par.tp_size > 1) { /* each rank rescaled its own heads: the count is the group's */
+        /* each rank rescaled its own heads of its own layers: the count is the group's and the stages' */
+        ht_comm *groups[] = {t->par.tp, t->par.pp};
+        for (size_t g = 0; g < 2; g++) {
+            if (groups[g]->size <= 1) continue;
             double heads = clipped;
-            ht_all_reduce_f64(t->par.tp, &heads, 1, HT_REDUCE_SUM);
+            ht_all_reduce_f64(groups[g], &heads, 1, HT_REDUCE_SUM);
             clipped = (int)heads;
         }
     }
