@@ -1482,8 +1482,6 @@ static void test_pipeline_parallel_mesh(void **state) {
         {NULL, "  pipeline_parallel_size: 2\n  tensor_parallel_size: 2\n", "", 4,
          "not supported with tensor parallelism yet", "expected parallel.pipeline_parallel_size 1"},
         {NULL, "  pipeline_parallel_size: 2\n  ring_attention_size: 2\n", "", 4, "with context parallelism yet", NULL},
-        {"  tie_word_embeddings: true\n", "  pipeline_parallel_size: 2\n", "", 2, "with tied embeddings",
-         "model.tie_word_embeddings"},
         {"  name: qwen2_moe\n", "  pipeline_parallel_size: 2\n", "", 2,
          "with a model with experts or Multi-Latent Attention yet", NULL},
     };

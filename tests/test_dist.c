@@ -544,6 +544,81 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
     }
 }
 
+/* Tied embeddings under pipeline parallelism: the first stage holds the
+ * embedding, the last a copy as its LM head, each stage's gradient of it
+ * summed over the two (the first's counted in the norm and saved). One
+ * process adds the head's and the embedding's gradients micro-batch by
+ * micro-batch; the stages add each over the micro-batches, then the two
+ * sums: another order, so the runs are compared within max(1e-5, 2 x one
+ * process's noise floor) per tensor (docs/NUMERICS.md, Pipeline
+ * parallelism), losses within check_losses's bound, Qwen2's k_proj.bias
+ * left out as everywhere (noise_driven). The same mesh resumes bit for bit. */
+static void test_pipeline_tied_embeddings(void **state) {
+    (void)state;
+    const char *dir = scratch_dir("dist_pipeline_tied");
+    harness_write_corpus(dir, two_cities, 40);
+    write_run_yaml(
+        dir,
+        "model:\n  name: qwen2\n%s  attention_bias: true\n  tie_word_embeddings: true\n"
+        "model_init_dtype: float32\n"
+        "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+        "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
+        "training:\n  steps: 8\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: 0\n"
+        "  log_interval: 1\n"
+        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
+        "checkpoint:\n  save_interval: 4\n",
+        tiny_model_yaml((tiny_model){.intermediate_size = 48, .num_hidden_layers = 4, .max_position_embeddings = 32}),
+        dir);
+    char *one, *log, set[256];
+    if (run_one_thread(dir, "out0", 0, "", &one) != 0) fail_msg("one process failed:\n%s", one);
+    double l1[8];
+    assert_int_equal(losses(one, l1, 8), 8);
+    for (int k = 0; k < NOISE_FLOOR_RUNS; k++) {
+        char out[32];
+        snprintf(out, sizeof(out), "floor%d", k);
+        snprintf(set, sizeof(set), "--set training.gradient_scaling_factor=%s", noise_floor_factors[k]);
+        if (run_one_thread(dir, out, 0, set, &log) != 0) fail_msg("%s failed:\n%s", out, log);
+        free(log);
+    }
+    tensor_errors *floor = calloc(1, sizeof(tensor_errors));
+    floor_of(dir, "final/model.safetensors", "", floor);
+    static const struct {
+        const char *out;
+        int ranks;
+        const char *set;
+    } runs[] = {
+        {"pp2", 2, "--set parallel.pipeline_parallel_size=2"},
+        {"pp3", 3, "--set parallel.pipeline_parallel_size=3 --set parallel.pipeline_schedule=gpipe"},
+        {"pp4", 4, "--set parallel.pipeline_parallel_size=4"},
+        {"pp2_dp2", 4, "--set parallel.pipeline_parallel_size=2"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        if (run_one_thread(dir, runs[i].out, runs[i].ranks, runs[i].set, &log) != 0)
+            fail_msg("%s failed:\n%s", runs[i].out, log);
+        check_losses(runs[i].out, log, l1, 8);
+        free(log);
+        char a[1300], b[1300];
+        snprintf(a, sizeof(a), "%s/%s/final/model.safetensors", dir, runs[i].out);
+        snprintf(b, sizeof(b), "%s/out0/final/model.safetensors", dir);
+        tensor_check c = {.skip = noise_driven(true), .tol = 1e-5, .floor = floor, .floor_factor = FLOOR_FACTOR};
+        const double worst = max_tensor_error(a, b, &c);
+        printf("%s (%d ranks): final weights within %.2g of one process's (max(1e-5, 2 x floor) each)\n", runs[i].out,
+               runs[i].ranks, worst);
+    }
+    /* pp2's step 4 resumed on the same mesh: its bits. */
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/resume' && cp -r '%s/pp2/step_00000004' '%s/resume/'", dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    if (run_one_thread(dir, "resume", 2, "--set parallel.pipeline_parallel_size=2 --set checkpoint.restore_from=latest",
+                       &log) != 0)
+        fail_msg("resume failed:\n%s", log);
+    if (!strstr(log, "step_00000004")) fail_msg("resume did not start from step 4:\n%s", log);
+    free(log);
+    compare_final(dir, "resume", "pp2", 0.0);
+    free(floor);
+    free(one);
+}
+
 /* Rank r's total in `hypertrain plan`'s table (rows "  FIRST[-LAST]  ... TOTAL"), as printed. */
 static bool plan_total_of(const char *text, int r, char *out, size_t n) {
     for (const char *line = strstr(text, "\n  ranks"); line && (line = strchr(line + 1, '\n'));) {
@@ -3066,6 +3141,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_stopped_rank_times_out),
         cmocka_unit_test(test_fenced_backend_on_several_ranks),
         cmocka_unit_test(test_pipeline_parallel_matches_one_process),
+        cmocka_unit_test(test_pipeline_tied_embeddings),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -129,6 +129,9 @@ typedef struct ht_mesh {
     /* The ranks of the same place in every pipeline stage, in stage order:
      * activations go forward and gradients back between neighbours in it. */
     ht_mesh_group pp_group;
+    /* The first and the last stage's ranks of this place (a tied embedding's
+     * two holders); a rank of a middle stage alone. */
+    ht_mesh_group tied_group;
 } ht_mesh;
 
 /* Rank `rank`'s place in a mesh of valid sizes (each divides what it must). */
@@ -165,7 +168,7 @@ typedef struct ht_parallel {
     ht_comm *expert, *ep;
     /* Pipeline parallelism: the ranks of this one's place in every stage,
      * in stage order (pp_rank: this rank's stage, of pp_size). */
-    ht_comm *pp;
+    ht_comm *pp, *tied; /* tied: the first and last stages' ranks of this place (tied embeddings) */
     int dp_rank, dp_size, cp_size, tp_size, pp_rank, pp_size;
     bool sharded; /* S > 1: each rank holds its rows of every param and its state */
 } ht_parallel;

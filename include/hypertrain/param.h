@@ -80,6 +80,11 @@ typedef struct ht_param {
     /* FP32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict: DeepSeek-V3's routers and
      * their correction biases): ht_params_convert leaves it FP32, and forward and backward read it in FP32. */
     bool keep_fp32;
+    /* Pipeline parallelism with tied embeddings: the embedding is held by
+     * the first stage and, as the LM head, by the last (stage_tied on both):
+     * its gradient is the sum of both stages'. stage_copy marks the last
+     * stage's: the first's is the one saved and counted in the gradient norm. */
+    bool stage_tied, stage_copy;
 } ht_param;
 
 struct ht_kernel_ops;

@@ -238,6 +238,7 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
     const ht_param_store *ps = v->params;
     for (int i = 0; s == HT_OK && i < ps->count; i++) {
         const ht_param *p = &ps->items[i];
+        if (p->stage_copy) continue; /* the first pipeline stage writes a tied embedding and its state */
         s = add_chunk(&w, rf, o, v->params, KIND_MODEL, p, p->dtype, p->data, err);
         /* Only bf16/fp16 params have an FP32 master distinct from the model. */
         if (s == HT_OK && o->save_optimizer && p->trainable && ht_param_has_main(p))
@@ -252,7 +253,7 @@ ht_status ht_ckpt_write_rank(const char *tmp_dir, int rank, const ht_ckpt_view *
     for (int i = 0; s == HT_OK && i < n; i++) {
         const ht_opt_state *e = &state[i];
         key_kind kind = ht_ckpt_state_kind(e->key);
-        if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != o->steps_rank)) continue;
+        if (*e->step == 0 || !e->data || (kind == KIND_STEP && rank != o->steps_rank) || e->param->stage_copy) continue;
         s = add_chunk(&w, rf, o, v->params, kind, e->param, e->dtype, e->data, err);
     }
     free(state);

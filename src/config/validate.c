@@ -177,9 +177,6 @@ static void check_pipeline(report *r, int accumulation) {
         {cfg->parallel.expert_parallel_size > 1, "parallel.expert_parallel_size", "expert parallelism"},
         {!cfg->model.from_pretrained[0] && (strcmp(m->name, "qwen2_moe") == 0 || strcmp(m->name, "deepseek_v3") == 0),
          "model.name", "a model with experts or Multi-Latent Attention"},
-        {!cfg->model.from_pretrained[0] && m->tie_word_embeddings, "model.tie_word_embeddings",
-         "tied embeddings (the first stage's embedding and the last stage's LM head would be one weight on two "
-         "ranks)"},
         {cfg->training.dump_state, "training.dump_state", "training.dump_state"},
         {cfg->kernels.backend != HT_KERNELS_CPU, "kernels.backend", "a kernel backend other than cpu"},
     };

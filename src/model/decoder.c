@@ -418,7 +418,7 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
     m->input_dtype = ht_alloc((size_t)m->module_count * sizeof(ht_dtype)); /* zeroed: F32, no cast */
     if (!m->modules || !m->input_dtype) return ht_fail(err, HT_ERR_OOM, "cannot allocate the model's modules");
     snprintf(m->modules[MOD_EMBED].name, HT_PARAM_NAME_MAX, "model.embed_tokens");
-    module_add(&m->modules[MOD_EMBED], d->embed);
+    module_add(&m->modules[MOD_EMBED], d->has_embed ? d->embed : NULL); /* a last stage's tied copy: its head's */
     for (int l = 0; l < d->L; l++) {
         ht_module *mod = &m->modules[MOD_LAYER(l)];
         layer_params *p = &d->layers[l];
@@ -1645,10 +1645,9 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
  * the other stages' with no params. */
 static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage *st, ht_error *err) {
     decoder *d = m->impl;
-    const char *unsupported = d->moe                          ? "experts (qwen2_moe, deepseek_v3)"
-                              : d->mla                        ? "Multi-Latent Attention (deepseek_v3)"
-                              : m->config.tie_word_embeddings ? "tied embeddings (model.tie_word_embeddings)"
-                                                              : NULL;
+    const char *unsupported = d->moe   ? "experts (qwen2_moe, deepseek_v3)"
+                              : d->mla ? "Multi-Latent Attention (deepseek_v3)"
+                                       : NULL;
     if (unsupported)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.pipeline_parallel_size: pipeline stages of a model with %s are not supported yet; "
@@ -1662,13 +1661,15 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
         int l = -1;
         if (sscanf(name, "model.layers.%d.", &l) == 1)
             keep[i] = l >= st->first_layer && l < st->end_layer;
-        else if (strcmp(name, "model.embed_tokens.weight") == 0)
-            keep[i] = st->first;
+        else if (strcmp(name, "model.embed_tokens.weight") == 0) /* tied: the last stage's LM head too */
+            keep[i] = st->first || (st->last && m->config.tie_word_embeddings);
         else
             keep[i] = st->last; /* model.norm.weight, lm_head.weight */
     }
     ht_params_retain(ps, keep);
     free(keep);
+    ht_param *embed = ht_params_find(ps, "model.embed_tokens.weight");
+    if (embed && m->config.tie_word_embeddings) embed->stage_tied = true, embed->stage_copy = !st->first;
     d->l0 = st->first_layer, d->l1 = st->end_layer, d->has_embed = st->first, d->has_head = st->last;
     m->stage = *st;
     memset(d->layers, 0, (size_t)d->L * sizeof(layer_params));

@@ -32,6 +32,7 @@ double ht_grad_sum_squares(const ht_param_store *params, bool split_only, const 
             const ht_param *p = &params->items[of[c]];
             if (!isfinite(sums[c]) && bad && !*bad) *bad = p->name;
             if (split_only && p->tp_dim < 0) continue;
+            if (p->stage_copy) continue; /* the first pipeline stage counts a tied embedding */
             total += sums[c];
         }
     }

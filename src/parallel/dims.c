@@ -11,7 +11,8 @@ void ht_parallel_single(ht_parallel *par, ht_comm *world) {
     par->world = world;
     par->sizes = (ht_mesh_sizes){.world = 1, .tp = 1, .ulysses = 1, .ring = 1, .ep = 1, .shard = 1, .pp = 1};
     ht_mesh_of(&par->sizes, 0, &par->mesh);
-    par->shard = par->replica = par->cp = par->ulysses = par->ring = par->tp = par->model = par->pp = ht_comm_single();
+    par->shard = par->replica = par->cp = par->ulysses = par->ring = par->tp = par->model = par->pp = par->tied =
+        ht_comm_single();
     par->dp_size = par->cp_size = par->tp_size = par->pp_size = 1;
 }
 
@@ -43,14 +44,15 @@ ht_status ht_parallel_init(ht_parallel *par, const ht_mesh_sizes *sizes, ht_comm
     if (s == HT_OK) s = split(world, m->tp_group, &par->tp, err);
     if (s == HT_OK) s = split(world, m->model_group, &par->model, err);
     if (s == HT_OK) s = split(world, m->pp_group, &par->pp, err);
+    if (s == HT_OK) s = split(world, m->tied_group, &par->tied, err);
     if (s == HT_OK && m->ep_group.size > 1) s = split(world, m->expert_group, &par->expert, err);
     if (s == HT_OK && m->ep_group.size > 1) s = split(world, m->ep_group, &par->ep, err);
     return s;
 }
 
 void ht_parallel_free(ht_parallel *par) {
-    ht_comm *groups[] = {par->pp, par->ring, par->tp,     par->model,   par->ulysses,
-                         par->cp, par->ep,   par->expert, par->replica, par->shard};
+    ht_comm *groups[] = {par->tied, par->pp, par->ring,   par->tp,      par->model, par->ulysses,
+                         par->cp,   par->ep, par->expert, par->replica, par->shard};
     for (size_t i = 0; i < sizeof(groups) / sizeof(groups[0]); i++)
         if (groups[i]) ht_comm_free(groups[i]);
     ht_comm *world = par->world;
@@ -80,6 +82,12 @@ void ht_parallel_log(const ht_parallel *par) {
 void ht_parallel_finish_grads(const ht_parallel *par, ht_fsdp *fsdp, ht_param_store *params, bool sequence_parallel) {
     ht_fsdp_finish_backward(fsdp);
     ht_fsdp_reduce_replicas(fsdp, par->replica, params->grad_block, (int64_t)(params->grad_bytes / sizeof(float)));
+    /* A tied embedding: the first stage's gradient plus the last's (its LM head's), on both. */
+    for (int i = 0; par->tied->size > 1 && i < params->count; i++) {
+        ht_param *p = &params->items[i];
+        if (p->stage_tied && p->trainable && p->main_grad)
+            ht_all_reduce_f32(par->tied, p->main_grad, ht_param_local_numel(p), HT_REDUCE_SUM);
+    }
     if (par->tp_size <= 1 || !sequence_parallel) return;
     for (int i = 0; i < params->count; i++) {
         ht_param *p = &params->items[i];

@@ -37,4 +37,7 @@ void ht_mesh_of(const ht_mesh_sizes *s, int rank, ht_mesh *m) {
     /* One replica's ranks of every stage: the model once, over the stages in order. */
     m->model_group = (ht_mesh_group){.color = x / S, .key = (stage * S + x % S) * T + tp, .size = S * T * PP};
     m->pp_group = (ht_mesh_group){.color = rank, .key = stage, .size = PP};
+    const bool end = stage == 0 || stage == PP - 1;
+    m->tied_group =
+        (ht_mesh_group){.color = end ? rank : (stage + 1) * W + rank, .key = stage, .size = end && PP > 1 ? 2 : 1};
 }

@@ -462,7 +462,8 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     /* A stage's first rank: its whole params there, then to rank 0 over the stages' first ranks. */
     const bool leader = t->par.shard->rank == 0 && t->par.tp->rank == 0, staged = t->par.pp_size > 1;
     for (int i = 0; i < all->count; i++) {
-        const ht_param *p = ht_params_find(ps, all->items[i].name);
+        const int owner = ht_pipeline_stage_holding(&t->model->config, t->par.pp_size, all->items[i].name);
+        const ht_param *p = owner == t->par.pp_rank ? ht_params_find(ps, all->items[i].name) : NULL;
         void *out = root ? whole->items[i].data : NULL;
         const size_t bytes = (size_t)ht_param_global_numel(&all->items[i]) * ht_dtype_size(all->items[i].dtype);
         void *mine = NULL;
@@ -473,7 +474,6 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
                         : HT_OK;
         if (s == HT_OK && staged && leader) { /* the stage holding it sends, the others send nothing */
             int64_t sizes[t->par.pp_size];
-            const int owner = ht_pipeline_stage_holding(&t->model->config, t->par.pp_size, all->items[i].name);
             for (int q = 0; q < t->par.pp_size; q++) sizes[q] = q == owner ? (int64_t)bytes : 0;
             if (owner != 0) ht_gather(t->par.pp, mine, out, sizes, 0);
         }
