@@ -215,6 +215,7 @@ typedef struct ht_muon {
      * tp_box holds a box's update, tp_scratch the gather's staging. */
     ht_comm *tp;
     float *tp_box, *tp_scratch;
+    size_t tp_floats;     /* both together */
     ht_rounding rounding; /* into bf16/f16 params; the wrapper sets it before each step */
 } ht_muon;
 
@@ -243,6 +244,12 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
  * matrices (ht_muon.tp), after ht_muon_set_comm. The deredundancy strategy
  * does not take them yet (an error saying so). */
 ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err);
+/* The bytes ht_muon_init, _set_comm and _set_tensor_parallel would give
+ * these params, before they have storage: the momentum buffers, the
+ * workspace, deredundancy's whole matrices this rank owns and tensor
+ * parallelism's gather (comm, replicas, tp as those calls take them). */
+size_t ht_muon_plan_bytes(const ht_muon_config *cfg, ht_param *const *params, int count, const ht_comm *comm,
+                          const ht_comm *replicas, const ht_comm *tp);
 void ht_muon_step(ht_muon *opt, double lr);
 void ht_muon_free(ht_muon *opt);
 

@@ -126,13 +126,13 @@ typedef struct ht_opt_state {
 int ht_optimizer_list_state(const ht_optimizer *opt, ht_opt_state *out);
 
 /* The bytes this rank's optimizer holds: AdamW's moments, Muon's momentum,
- * its workspace and (deredundancy) the whole matrices it owns. */
+ * its workspace, (deredundancy) the whole matrices it owns and (tensor
+ * parallelism) its gather of a split matrix. */
 size_t ht_optimizer_bytes(const ht_optimizer *opt);
 /* What ht_optimizer_init with cfg would give this rank's params in state,
- * before it exists (the store declared or allocated): Muon's momentum and
- * AdamW's two moments, routed as ht_optimizer_init routes. A lower bound of
- * ht_optimizer_bytes: Muon's workspace and the whole matrices a rank owns
- * under deredundancy come on top. */
+ * before it exists (the store declared or allocated), as ht_optimizer_bytes
+ * counts it: AdamW's two moments and Muon's state (ht_muon_plan_bytes),
+ * routed as ht_optimizer_init routes. */
 size_t ht_optimizer_plan_bytes(const ht_param_store *params, const ht_optimizer_config *cfg);
 /* This rank's Newton-Schulz FLOPs a step, counted nominally as the standard
  * form's 4 r² c + 2 r³ an iteration (r <= c the matrix's sides, whatever

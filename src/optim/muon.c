@@ -106,23 +106,40 @@ static int batch_length(const ht_muon *opt, const int *idx, int n) {
     return k;
 }
 
+/* A matrix's sides: a tensor-parallel slice is orthogonalized whole (its
+ * global shape), a stack (E, A, B) matrix by matrix. */
+static void matrix_sides(const ht_param *p, int64_t *rows, int64_t *cols) {
+    const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
+    *rows = dims[p->ndim - 2];
+    *cols = dims[p->ndim - 1];
+}
+
+/* The workspace: the largest matrix's update and Newton-Schulz workspace,
+ * or every matrix of this rank at once up to BATCH_FLOATS. */
+static size_t work_floats(ht_param *const *params, int count, const ht_muon_config *cfg) {
+    size_t work = 0, total = 0;
+    for (int i = 0; i < count; i++) {
+        const ht_param *p = params[i];
+        int64_t rows, cols;
+        matrix_sides(p, &rows, &cols);
+        size_t need = matrix_floats(rows, cols, cfg);
+        if (need > work) work = need;
+        total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
+    }
+    size_t batch = total < BATCH_FLOATS ? total : BATCH_FLOATS;
+    return batch > work ? batch : work;
+}
+
 ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err) {
     memset(opt, 0, sizeof(*opt));
     ht_status st = check_config(cfg, err);
     if (st != HT_OK) return st;
-    size_t floats = 0, work = 0, total = 0;
+    size_t floats = 0;
     for (int i = 0; i < count; i++) {
         if ((st = check_param(params[i], err)) != HT_OK) return st;
-        const ht_param *p = params[i];
-        /* A matrix's global shape: a tensor-parallel slice is orthogonalized whole. */
-        const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
-        size_t need = matrix_floats(dims[p->ndim - 2], dims[p->ndim - 1], cfg);
-        if (need > work) work = need;
-        total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
-        floats += (size_t)ht_param_local_numel(p);
+        floats += (size_t)ht_param_local_numel(params[i]);
     }
-    size_t batch = total < BATCH_FLOATS ? total : BATCH_FLOATS; /* every matrix at once where that fits */
-    if (batch > work) work = batch;
+    const size_t work = work_floats(params, count, cfg);
     opt->config = *cfg;
     opt->slots = ht_alloc((size_t)(count > 0 ? count : 1) * sizeof(ht_muon_slot));
     opt->order = malloc((size_t)(count > 0 ? count : 1) * sizeof(int));
@@ -140,9 +157,7 @@ ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **param
         ht_muon_slot *s = &opt->slots[opt->count++];
         s->param = p;
         s->matrices = p->ndim == 3 ? p->shape[0] : 1;
-        const int64_t *dims = p->ndim == 2 ? p->global_shape : p->shape;
-        s->rows = dims[p->ndim - 2];
-        s->cols = dims[p->ndim - 1];
+        matrix_sides(p, &s->rows, &s->cols);
         s->scale = ht_muon_update_scale(s->rows, s->cols, cfg->matched_adamw_rms);
         s->momentum_buffer = next;
         next += ht_param_local_numel(p);
@@ -181,53 +196,71 @@ static double ns_flops(int64_t rows, int64_t cols) {
     return 2 * r * r * c + 2 * r * r * r + 2 * r * r * c;
 }
 
+/* deredundancy's owners: every sharded matrix, largest Newton-Schulz FLOPs
+ * first (ties by index, so every rank computes the same table), to the
+ * least loaded of the P = S x R (replica, shard rank) pairs; owner and
+ * owner_replica -1 and 0 for the rest (a stack, an unsharded matrix). Fills
+ * load and owned_count per pair; returns the floats of the matrices pair
+ * `mine` owns, and the count of sharded matrices in *n. */
+static size_t assign_owners(ht_param *const *params, int count, int S, int R, int mine, int *owner, int *owner_replica,
+                            double *load, int *owned_count, int *order, int *n_out) {
+    const int P = S * R;
+    for (int r = 0; r < P; r++) load[r] = 0, owned_count[r] = 0;
+    int n = 0;
+    for (int i = 0; i < count; i++) {
+        owner[i] = -1;
+        owner_replica[i] = 0;
+        if (params[i]->ndim == 2 && ht_param_is_sharded(params[i])) order[n++] = i;
+    }
+    int64_t rows[count > 0 ? count : 1], cols[count > 0 ? count : 1];
+    for (int i = 0; i < count; i++) matrix_sides(params[i], &rows[i], &cols[i]);
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0; b--) {
+            const int x = order[b - 1], y = order[b];
+            if (ns_flops(rows[x], cols[x]) >= ns_flops(rows[y], cols[y])) break;
+            order[b - 1] = y;
+            order[b] = x;
+        }
+    size_t floats = 0;
+    for (int k = 0; k < n; k++) {
+        const int i = order[k];
+        int best = 0;
+        for (int r = 1; r < P; r++)
+            if (load[r] < load[best]) best = r;
+        owner[i] = best % S;
+        owner_replica[i] = best / S;
+        load[best] += ns_flops(rows[i], cols[i]);
+        owned_count[best]++;
+        if (best == mine) floats += (size_t)(rows[i] * cols[i]);
+    }
+    *n_out = n;
+    return floats;
+}
+
 ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_error *err) {
     opt->comm = comm;
     if (opt->config.comm_strategy != HT_MUON_COMM_DEREDUNDANCY || comm->size == 1) return HT_OK;
     /* Owners are (replica, shard rank) pairs: P ranks a group, R groups. */
     int S = comm->size, R = replicas ? replicas->size : 1, P = S * R, me = replicas ? replicas->rank : 0;
     opt->replicas = R > 1 ? replicas : NULL;
-    opt->owner = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
-    opt->owner_replica = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
-    opt->owned = calloc((size_t)(opt->count ? opt->count : 1), sizeof(float *));
-    int *order = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(int));
+    const size_t slots = (size_t)(opt->count ? opt->count : 1);
+    opt->owner = malloc(slots * sizeof(int));
+    opt->owner_replica = malloc(slots * sizeof(int));
+    opt->owned = calloc(slots, sizeof(float *));
+    int *order = malloc(slots * sizeof(int));
+    ht_param **params = malloc(slots * sizeof(ht_param *));
     double load[P], total = 0;
-    int owned_count[P];
-    if (!opt->owner || !opt->owner_replica || !opt->owned || !order) {
+    int owned_count[P], n = 0;
+    if (!opt->owner || !opt->owner_replica || !opt->owned || !order || !params) {
         free(order);
+        free(params);
         return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owner table");
     }
-    for (int r = 0; r < P; r++) load[r] = 0, owned_count[r] = 0;
-    int n = 0;
-    for (int i = 0; i < opt->count; i++) {
-        const ht_param *p = opt->slots[i].param;
-        opt->owner[i] = -1;
-        opt->owner_replica[i] = 0;
-        if (p->ndim == 2 && ht_param_is_sharded(p)) order[n++] = i;
-    }
-    /* Largest first (ties by index, so every rank computes the same table). */
-    for (int a = 1; a < n; a++)
-        for (int b = a; b > 0; b--) {
-            const ht_muon_slot *x = &opt->slots[order[b - 1]], *y = &opt->slots[order[b]];
-            if (ns_flops(x->rows, x->cols) >= ns_flops(y->rows, y->cols)) break;
-            int t = order[b - 1];
-            order[b - 1] = order[b];
-            order[b] = t;
-        }
-    size_t floats = 0;
-    for (int k = 0; k < n; k++) {
-        const ht_muon_slot *s = &opt->slots[order[k]];
-        int best = 0;
-        for (int r = 1; r < P; r++)
-            if (load[r] < load[best]) best = r;
-        opt->owner[order[k]] = best % S;
-        opt->owner_replica[order[k]] = best / S;
-        double f = ns_flops(s->rows, s->cols);
-        load[best] += f;
-        total += f;
-        owned_count[best]++;
-        if (best == me * S + comm->rank) floats += (size_t)(s->rows * s->cols);
-    }
+    for (int i = 0; i < opt->count; i++) params[i] = opt->slots[i].param;
+    size_t floats = assign_owners(params, opt->count, S, R, me * S + comm->rank, opt->owner, opt->owner_replica, load,
+                                  owned_count, order, &n);
+    for (int r = 0; r < P; r++) total += load[r];
+    free(params);
     free(order);
     opt->owned_block = ht_kernels()->alloc((floats ? floats : 1) * sizeof(float));
     if (!opt->owned_block) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's owned matrices");
@@ -248,18 +281,50 @@ ht_status ht_muon_set_comm(ht_muon *opt, ht_comm *comm, ht_comm *replicas, ht_er
     return HT_OK;
 }
 
-ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err) {
-    if (!tp || tp->size <= 1) return HT_OK;
-    size_t box = 0, stage = 0;
+/* Tensor parallelism's gather of a split matrix: a box's update, and the
+ * staging of its rows and slices; returns how many matrices are split. */
+static int tp_floats(ht_param *const *params, int count, size_t *box, size_t *stage) {
     int split = 0;
-    for (int i = 0; i < opt->count; i++) {
-        const ht_param *p = opt->slots[i].param;
+    *box = *stage = 0;
+    for (int i = 0; i < count; i++) {
+        const ht_param *p = params[i];
         if (p->ndim != 2 || p->tp_dim < 0) continue;
         split++;
-        if ((size_t)ht_param_local_numel(p) > box) box = (size_t)ht_param_local_numel(p);
+        if ((size_t)ht_param_local_numel(p) > *box) *box = (size_t)ht_param_local_numel(p);
         const size_t n = (size_t)(ht_param_numel(p) + ht_param_global_numel(p));
-        if (n > stage) stage = n;
+        if (n > *stage) *stage = n;
     }
+    return split;
+}
+
+size_t ht_muon_plan_bytes(const ht_muon_config *cfg, ht_param *const *params, int count, const ht_comm *comm,
+                          const ht_comm *replicas, const ht_comm *tp) {
+    size_t floats = work_floats(params, count, cfg);
+    for (int i = 0; i < count; i++) floats += (size_t)ht_param_local_numel(params[i]);
+    if (cfg->comm_strategy == HT_MUON_COMM_DEREDUNDANCY && comm && comm->size > 1 && count > 0) {
+        const int S = comm->size, R = replicas ? replicas->size : 1, me = replicas ? replicas->rank : 0;
+        int *ints = malloc((size_t)(3 * count + 2 * S * R) * sizeof(int)), n;
+        double *load = malloc((size_t)(S * R) * sizeof(double));
+        if (ints && load)
+            floats += assign_owners(params, count, S, R, me * S + comm->rank, ints, ints + count, load,
+                                    ints + 3 * count, ints + 2 * count, &n);
+        free(ints);
+        free(load);
+    }
+    size_t box, stage;
+    if (tp && tp->size > 1 && tp_floats(params, count, &box, &stage) > 0)
+        floats += (box ? box : 1) + (stage ? stage : 1);
+    return floats * sizeof(float);
+}
+
+ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err) {
+    if (!tp || tp->size <= 1) return HT_OK;
+    size_t box, stage;
+    ht_param **params = malloc((size_t)(opt->count ? opt->count : 1) * sizeof(ht_param *));
+    if (!params) return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's tensor-parallel table");
+    for (int i = 0; i < opt->count; i++) params[i] = opt->slots[i].param;
+    const int split = tp_floats(params, opt->count, &box, &stage);
+    free(params);
     if (split && opt->owner)
         return ht_fail(err, HT_ERR_CONFIG,
                        "optimizer.muon_config.muon_comm_strategy deredundancy: not supported yet with "
@@ -269,6 +334,7 @@ ht_status ht_muon_set_tensor_parallel(ht_muon *opt, ht_comm *tp, ht_error *err) 
     opt->tp = tp;
     opt->tp_box = ht_kernels()->alloc((box ? box : 1) * sizeof(float));
     opt->tp_scratch = ht_kernels()->alloc((stage ? stage : 1) * sizeof(float));
+    opt->tp_floats = (box ? box : 1) + (stage ? stage : 1);
     if (!opt->tp_box || !opt->tp_scratch)
         return ht_fail(err, HT_ERR_OOM, "cannot allocate Muon's tensor-parallel gather (%zu floats)", box + stage);
     return HT_OK;

@@ -54,12 +54,20 @@ static bool goes_to_muon(const ht_param *p, const ht_optimizer_config *cfg) {
 }
 
 size_t ht_optimizer_plan_bytes(const ht_param_store *params, const ht_optimizer_config *cfg) {
-    size_t floats = 0;
+    size_t adamw = 0;
+    int n_muon = 0;
+    ht_param **to_muon = malloc((size_t)(params->count ? params->count : 1) * sizeof(ht_param *));
     for (int i = 0; i < params->count; i++) {
-        const ht_param *p = &params->items[i];
-        if (p->trainable) floats += (size_t)ht_param_local_numel(p) * (goes_to_muon(p, cfg) ? 1 : 2);
+        ht_param *p = &params->items[i];
+        if (!p->trainable) continue;
+        if (to_muon && goes_to_muon(p, cfg))
+            to_muon[n_muon++] = p;
+        else
+            adamw += 2 * (size_t)ht_param_local_numel(p);
     }
-    return floats * sizeof(float);
+    size_t muon = n_muon ? ht_muon_plan_bytes(&cfg->muon, to_muon, n_muon, cfg->comm, cfg->replicas, cfg->tp) : 0;
+    free(to_muon);
+    return adamw * sizeof(float) + muon;
 }
 
 /* `wd`: each param's weight decay, or NULL when the leaf has one for all. */
@@ -363,7 +371,7 @@ size_t ht_optimizer_bytes(const ht_optimizer *opt) {
         floats += (size_t)ht_param_local_numel(mu->slots[i].param);
         if (mu->owned && mu->owned[i]) floats += (size_t)(mu->slots[i].rows * mu->slots[i].cols);
     }
-    if (mu) floats += mu->work_floats;
+    if (mu) floats += mu->work_floats + mu->tp_floats;
     return floats * sizeof(float);
 }
 

@@ -515,7 +515,7 @@ static ht_status plan_memory(ht_trainer *t, ht_dtype compute, ht_error *err) {
         .main = (double)pb.main,
         .grad = (double)pb.grad,
         .optimizer = (double)ht_optimizer_plan_bytes(ps, &t->optimizer_config),
-        .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, c->fsdp.param_dtype) +
+        .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, compute) +
                        (double)ht_pipeline_buffer_bytes(&t->pipe), /* every slot's, and what crosses stages */
         .corpus = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
     };
