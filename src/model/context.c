@@ -128,6 +128,16 @@ ht_status ht_cp_attention_size(ht_cp_attention **ap, const ht_context_parallel *
 
 size_t ht_cp_attention_bytes(const ht_cp_attention *a) { return a ? a->bytes : 0; }
 
+size_t ht_cp_attention_plan_bytes(const ht_context_parallel *cp, const ht_attention_shape *local) {
+    ht_cp_attention a = {.shape = *local,
+                         .U = cp->ulysses > 1 ? cp->ulysses : 1,
+                         .R = cp->ring > 1 ? cp->ring : 1,
+                         .threads = omp_get_max_threads()};
+    ht_arena ar = {0};
+    carve(&a, &ar);
+    return ar.used;
+}
+
 void ht_cp_attention_free(ht_cp_attention *a) {
     if (!a) return;
     ht_kernels()->free(a->block);

@@ -20,6 +20,9 @@ ht_status ht_cp_attention_size(ht_cp_attention **a, const ht_context_parallel *c
                                ht_error *err);
 /* The bytes it holds. */
 size_t ht_cp_attention_bytes(const ht_cp_attention *a);
+/* What ht_cp_attention_bytes will be once ht_cp_attention_size sizes it
+ * for `local` over cp's groups: for a plan before anything is sized. */
+size_t ht_cp_attention_plan_bytes(const ht_context_parallel *cp, const ht_attention_shape *local);
 void ht_cp_attention_free(ht_cp_attention *a);
 
 /* In the shape `a` was sized for (ht_cp_attention_size):

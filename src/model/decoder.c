@@ -667,7 +667,17 @@ static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t c
         return INFINITY;
     act_plan p;
     plan_activations(m, d, B, T, cd, threads, &p);
-    return (double)p.total;
+    /* what forward adds beside the decoder's block: the experts' buffers, context parallelism's attention and
+     * rotary tables at the rank's positions (as forward sizes them) */
+    const int64_t N = (int64_t)B * T, Ns = sequence_parallel(m, d) ? N / d->tp_size : N;
+    double more = (double)ht_moe_plan_bytes(d->moe, Ns, m->experts.size, d->tp_size, m->tensor.sequence, cd);
+    if (ht_context_size(&m->context) > 1) {
+        const ht_attention_shape local = {
+            .B = B, .T = T, .H = d->H, .KV = d->KVh, .Dk = d->Dk, .Dv = d->Dv, .scale = d->attn_scale};
+        more += (double)ht_cp_attention_plan_bytes(&m->context, &local) +
+                2.0 * (double)T * (double)(d->rope_dim / 2) * sizeof(float);
+    }
+    return (double)p.total + more;
 }
 
 /* Sizes every activation for (B, T) and carves them from one block. */

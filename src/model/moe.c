@@ -254,6 +254,105 @@ int64_t *ht_moe_expert_tokens(ht_moe *moe) { return moe ? moe->tokens : NULL; }
 
 /* ------------------------------------------------------------------ buffers */
 
+/* The expert activations' sizes for N tokens of this rank (Nall with
+ * sequence parallelism's gathered ones), P ranks of expert parallelism,
+ * operands of cd bytes, S the shared expert's width here: what
+ * ht_moe_begin carves, and what a plan counts before it. */
+enum { MOE_PER_LAYER = 22, MOE_SCRATCH = 22, MOE_HOST_LAYER = 3, MOE_HOST_SCRATCH = 6 };
+typedef struct moe_sizes {
+    size_t per_layer[MOE_PER_LAYER], scratch[MOE_SCRATCH], host_layer[MOE_HOST_LAYER], host_scratch[MOE_HOST_SCRATCH];
+    size_t total, host_total; /* the kernels' memory, the host's */
+    int64_t cap;
+} moe_sizes;
+
+static void size_moe(const ht_moe *moe, int64_t N, int64_t Nall, int P, size_t cd, bool widen, ht_dtype rdt, bool sp,
+                     bool split, int64_t S, moe_sizes *z) {
+    const int64_t E = moe->E, El = moe->E / P, k = moe->k, I = moe->I, C = moe->C, A = N * k;
+    /* Every rank of the group may send all its rows to one rank's experts. */
+    const int64_t cap = A * P, rows = cap > Nall ? cap : Nall;
+    int64_t wide = C > I ? C : I;
+    wide = wide > S ? wide : S;
+    wide = wide > E ? wide : E;
+    const size_t op = (size_t)(rows * wide) * cd;
+    const bool own = P > 1; /* the experts' side has its own rows */
+    const size_t per_layer[MOE_PER_LAYER] = {
+        (size_t)(N * E) * 4,
+        (size_t)(N * k) * 4,
+        (size_t)(N * k) * 4,
+        (size_t)N * 4,
+        (size_t)A * 4,
+        (size_t)A * 4,
+        0, /* offs: host memory, below */
+        (size_t)(A * C) * cd,
+        (size_t)(A * C) * 4,
+        (size_t)N * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * cd,
+        (size_t)(N * C) * 4, /* probs .. so */
+        0,
+        0, /* eoffs, counts: host memory, below */
+        own ? (size_t)cap * 4 : 0,
+        own ? (size_t)(cap * C) * cd : 0,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * cd,
+        own ? (size_t)(cap * C) * 4 : 0, /* eoffs .. eye */
+    };
+    const size_t scratch[MOE_SCRATCH] = {
+        (size_t)(N * k) * 4,
+        (size_t)(N * E) * 4,
+        (size_t)(A * C) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * I) * 4,
+        (size_t)(cap * C) * 4,
+        own ? (size_t)(A * C) * 4 : 0,
+        (size_t)(N * C) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)(Nall * S) * 4,
+        (size_t)N * 4,
+        widen ? (size_t)(N * C) * ht_dtype_size(rdt) : 0,
+        own ? (size_t)(cap * C) * 4 : 0,
+        op,
+        op,
+        sp ? (size_t)(Nall * C) * cd : 0,
+        sp ? (size_t)(Nall * C) * 4 : 0,
+        sp ? (size_t)(Nall * C) * 4 : 0,
+        split ? (size_t)(Nall * C) * 4 : 0, /* tensor parallelism: x_all, so_all, dso_all, dx_sh */
+        (size_t)E * 4,                      /* aux_grad */
+    };
+    /* the host's: per layer offs, eoffs, counts; then sel_h .. aux_h */
+    const size_t host_layer[MOE_HOST_LAYER] = {(size_t)(E + 1) * 8, (size_t)(El + 1) * 8, (size_t)(P * El) * 8};
+    /* sel_h .. perm_h stage what the host reads and writes only where the kernels' memory is not the host's */
+    const size_t st = ht_kernels()->host_memory ? 0 : 1;
+    const size_t host_scratch[MOE_HOST_SCRATCH] = {st * (size_t)A * 4, st * (size_t)(N * E) * 4, st * (size_t)A * 4,
+                                                   st * (size_t)A * 4, st * (size_t)cap * 4,     (size_t)E * 4};
+    memcpy(z->per_layer, per_layer, sizeof(per_layer));
+    memcpy(z->scratch, scratch, sizeof(scratch));
+    memcpy(z->host_layer, host_layer, sizeof(host_layer));
+    memcpy(z->host_scratch, host_scratch, sizeof(host_scratch));
+    z->cap = cap;
+    z->total = z->host_total = 0;
+    for (int i = 0; i < MOE_PER_LAYER; i++) z->total += (size_t)moe->layers * ht_align64(per_layer[i]);
+    for (int i = 0; i < MOE_SCRATCH; i++) z->total += ht_align64(scratch[i]);
+    for (int i = 0; i < MOE_HOST_LAYER; i++) z->host_total += (size_t)moe->layers * ht_align64(host_layer[i]);
+    for (int i = 0; i < MOE_HOST_SCRATCH; i++) z->host_total += ht_align64(host_scratch[i]);
+}
+
+size_t ht_moe_plan_bytes(const ht_moe *moe, int64_t N, int ep_size, int tp_size, bool sequence, size_t cd) {
+    if (!moe || moe->layers == 0) return 0;
+    const ht_param *router = moe->params[0].router, *sh = moe->params[0].sh_gate;
+    /* a router kept in FP32 reads its own copy of x where the experts compute in 16 bits */
+    const ht_dtype rdt = router && router->keep_fp32 ? HT_DTYPE_F32 : (cd == 4 ? HT_DTYPE_F32 : HT_DTYPE_BF16);
+    const bool split = tp_size > 1, sp = split && sequence;
+    moe_sizes z;
+    size_moe(moe, N, sp ? N * tp_size : N, ep_size > 1 ? ep_size : 1, cd, ht_dtype_size(rdt) != cd, rdt, sp, split,
+             sh ? sh->shape[0] : moe->S, &z);
+    return z.total;
+}
+
 ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_tensor_parallel *tp, ht_error *err) {
     memset(moe->count, 0, (size_t)moe->E * 2 * sizeof(double));
     moe->rows = 0;
@@ -288,77 +387,12 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     moe->P = P;
     ht_kernels()->free(moe->block);
     moe->block = NULL;
-    const int64_t E = moe->E, El = moe->El, k = moe->k, I = moe->I, S = moe->S, C = moe->C, A = N * k;
-    /* Every rank of the group may send all its rows to one rank's experts. */
-    const int64_t cap = A * P, rows = cap > Nall ? cap : Nall;
-    int64_t wide = C > I ? C : I;
-    wide = wide > S ? wide : S;
-    wide = wide > E ? wide : E;
-    const size_t op = (size_t)(rows * wide) * cd;
-    const bool own = P > 1; /* the experts' side has its own rows */
-    const size_t per_layer[] = {
-        (size_t)(N * E) * 4,
-        (size_t)(N * k) * 4,
-        (size_t)(N * k) * 4,
-        (size_t)N * 4,
-        (size_t)A * 4,
-        (size_t)A * 4,
-        0, /* offs: host memory, below */
-        (size_t)(A * C) * cd,
-        (size_t)(A * C) * 4,
-        (size_t)N * 4,
-        (size_t)(Nall * S) * 4,
-        (size_t)(Nall * S) * 4,
-        (size_t)(Nall * S) * cd,
-        (size_t)(N * C) * 4, /* probs .. so */
-        0,
-        0, /* eoffs, counts: host memory, below */
-        own ? (size_t)cap * 4 : 0,
-        own ? (size_t)(cap * C) * cd : 0,
-        (size_t)(cap * I) * 4,
-        (size_t)(cap * I) * 4,
-        (size_t)(cap * I) * cd,
-        own ? (size_t)(cap * C) * 4 : 0, /* eoffs .. eye */
-    };
-    const size_t scratch[] = {
-        (size_t)(N * k) * 4,
-        (size_t)(N * E) * 4,
-        (size_t)(A * C) * 4,
-        (size_t)(cap * I) * 4,
-        (size_t)(cap * I) * 4,
-        (size_t)(cap * I) * 4,
-        (size_t)(cap * C) * 4,
-        own ? (size_t)(A * C) * 4 : 0,
-        (size_t)(N * C) * 4,
-        (size_t)(Nall * S) * 4,
-        (size_t)(Nall * S) * 4,
-        (size_t)(Nall * S) * 4,
-        (size_t)N * 4,
-        widen ? (size_t)(N * C) * ht_dtype_size(rdt) : 0,
-        own ? (size_t)(cap * C) * 4 : 0,
-        op,
-        op,
-        sp ? (size_t)(Nall * C) * cd : 0,
-        sp ? (size_t)(Nall * C) * 4 : 0,
-        sp ? (size_t)(Nall * C) * 4 : 0,
-        split ? (size_t)(Nall * C) * 4 : 0, /* tensor parallelism: x_all, so_all, dso_all, dx_sh */
-        (size_t)E * 4,                      /* aux_grad */
-    };
-    /* the host's: per layer offs, eoffs, counts; then sel_h .. aux_h */
-    const size_t host_layer[] = {(size_t)(E + 1) * 8, (size_t)(El + 1) * 8, (size_t)(P * El) * 8};
-    /* sel_h .. perm_h stage what the host reads and writes only where the kernels' memory is not the host's */
-    const size_t st = ht_kernels()->host_memory ? 0 : 1;
-    const size_t host_scratch[] = {st * (size_t)A * 4, st * (size_t)(N * E) * 4, st * (size_t)A * 4,
-                                   st * (size_t)A * 4, st * (size_t)cap * 4,     (size_t)E * 4};
-    enum { NPL = sizeof(per_layer) / sizeof(per_layer[0]), NS = sizeof(scratch) / sizeof(scratch[0]) };
-    size_t total = 0;
-    for (int i = 0; i < NPL; i++) total += (size_t)moe->layers * ht_align64(per_layer[i]);
-    for (int i = 0; i < NS; i++) total += ht_align64(scratch[i]);
-    size_t host_total = 0;
-    for (size_t i = 0; i < sizeof(host_layer) / sizeof(host_layer[0]); i++)
-        host_total += (size_t)moe->layers * ht_align64(host_layer[i]);
-    for (size_t i = 0; i < sizeof(host_scratch) / sizeof(host_scratch[0]); i++)
-        host_total += ht_align64(host_scratch[i]);
+    moe_sizes z;
+    size_moe(moe, N, Nall, P, cd, widen, rdt, sp, split, moe->S, &z);
+    const size_t *per_layer = z.per_layer, *scratch = z.scratch, *host_layer = z.host_layer,
+                 *host_scratch = z.host_scratch, total = z.total, host_total = z.host_total;
+    const int64_t cap = z.cap;
+    const bool own = P > 1;
     ht_free(moe->host_block);
     char *p = ht_kernels()->alloc(total), *h = ht_alloc(host_total);
     moe->host_block = h;

@@ -55,6 +55,11 @@ void ht_moe_backward(ht_moe *moe, int index, float *dx, const float *dy, const v
                      ht_dtype round);
 /* The bytes the block keeps for backward and its scratch. */
 size_t ht_moe_activation_bytes(const ht_moe *moe);
+/* What ht_moe_activation_bytes will be once ht_moe_begin sizes the
+ * buffers for N tokens of this rank on ep_size ranks of expert parallelism
+ * and tp_size of tensor parallelism (sequence: sequence parallelism's),
+ * operands of cd bytes: for a plan before the model has storage. */
+size_t ht_moe_plan_bytes(const ht_moe *moe, int64_t N, int ep_size, int tp_size, bool sequence, size_t cd);
 /* (sparse layers, E) the rows each expert of each sparse layer was routed in
  * the forwards since they were last zeroed (the decoder points
  * ht_model.expert_tokens at them). */

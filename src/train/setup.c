@@ -442,8 +442,6 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                                                                                        : c->fsdp.reduce_dtype};
     const char *ep_modules[HT_CONFIG_LIST_MAX];
     if (t->par.ep) {
-        s = check_experts(t, err);
-        if (s != HT_OK) return s;
         for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
         fo.expert_group = t->par.expert;
         /* in the shard group's numbering (expert parallelism shards over all the data x context ranks) */
@@ -469,17 +467,12 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                     "unit(s) rounded to %s, as FSDP2 casts a unit's floating-point inputs to param_dtype",
                     cast, ht_dtype_name(c->fsdp.param_dtype));
     if (t->par.ep) {
-        ht_expert_parallel_attach(t->model, t->par.ep);
         const ht_moe_config *mc = &t->model->config.moe;
         if (t->comm->rank == 0)
             ht_log_info("Expert parallelism: groups of %d ranks split the %d experts of each sparse layer (%d per "
                         "rank), the tokens' rows exchanged all-to-all; the ranks holding the same experts (%d "
                         "consecutive ones) shard them and reduce their gradients",
                         t->par.ep->size, mc->num_experts, mc->num_experts / t->par.ep->size, t->par.expert->size);
-    }
-    if (t->par.cp_size > 1) {
-        s = attach_context(t, err);
-        if (s != HT_OK) return s;
     }
     const ht_param *p = &t->model->params.items[0];
     ht_log_info("Model: %.2fM parameters stored in %s, computing in %s%s; GEMM: %s",
@@ -1064,6 +1057,17 @@ static ht_status make_pipeline(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
+/* The model's expert- and context-parallel exchanges, once the batch is
+ * known and before the memory plan: what forward sizes depends on them. */
+static ht_status attach_exchanges(ht_trainer *t, ht_error *err) {
+    if (t->par.ep) {
+        ht_status s = check_experts(t, err);
+        if (s != HT_OK) return s;
+        ht_expert_parallel_attach(t->model, t->par.ep);
+    }
+    return t->par.cp_size > 1 ? attach_context(t, err) : HT_OK;
+}
+
 /* Everything a run decides before it allocates: the config in force, the
  * groups, the declared model, the data, the optimizer's routing, the GEMM
  * kernels and the memory plan (ht_trainer_init and ht_trainer_plan). */
@@ -1090,6 +1094,7 @@ static ht_status prepare(ht_trainer *t, const ht_config *cfg, ht_comm *comm, boo
     /* The batch against the data, then the memory all of it takes against the machine's, before the model's
      * storage, its optimizer state or anything sized by the batch is allocated. */
     if (s == HT_OK) s = open_data(t, err);
+    if (s == HT_OK) s = attach_exchanges(t, err);
     if (s == HT_OK) s = configure_optimizer(t, err);
     if (s == HT_OK) s = make_pipeline(t, err);
     /* The plan without the compute copies (a lower bound: a run it refuses could not run) before the GEMM
