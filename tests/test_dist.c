@@ -638,6 +638,19 @@ static bool plan_total_of(const char *text, int r, char *out, size_t n) {
     return false;
 }
 
+/* Rank r's category `name` in a run's memory profile ("Memory rank R:   NAME   MiB share% planned"): the
+ * measured and the planned MiB as printed. */
+static bool profile_category(const char *log, int r, const char *name, char *measured, char *planned, size_t n) {
+    char key[128];
+    snprintf(key, sizeof(key), "Memory rank %d:   %s", r, name);
+    const char *at = strstr(log, key);
+    char m[32], share[32], p[32];
+    if (!at || sscanf(at + strlen(key), "%31s %31s %31s", m, share, p) != 3) return false;
+    snprintf(measured, n, "%s", m);
+    snprintf(planned, n, "%s", p);
+    return true;
+}
+
 /* `hypertrain plan CONFIG --world N`, without MPI or allocation, plans each
  * rank as the run on N ranks does: every rank's total is the one its run
  * logs as planned before allocating (sharded, HSDP, tensor and context
@@ -655,6 +668,9 @@ static void test_plan_is_each_ranks_plan(void **state) {
         {4, "--set fsdp_config.shard_size=2"},
         {2, "--set parallel.tensor_parallel_size=2"},
         {2, "--set parallel.ring_attention_size=2"},
+        {2, "--set parallel.ulysses_parallel_size=2"},
+        {4, "--set parallel.tensor_parallel_size=2"},
+        {3, "--set optimizer.muon_config.muon_comm_strategy=allgather_deredundency"},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         char args[2048], log[1300], out[32], *plan, *run;
@@ -664,7 +680,9 @@ static void test_plan_is_each_ranks_plan(void **state) {
         if (run_hypertrain("env -u OMP_NUM_THREADS ", args, log, false, &plan) != 0)
             fail_msg("plan %s failed:\n%s", args, plan);
         snprintf(out, sizeof(out), "run%zu", i);
-        if (run_in(dir, out, runs[i].ranks, runs[i].set, &run) != 0) fail_msg("%s failed:\n%s", out, run);
+        char profiled[600];
+        snprintf(profiled, sizeof(profiled), "%s --set tools.memory_profile.enable=true", runs[i].set);
+        if (run_in(dir, out, runs[i].ranks, profiled, &run) != 0) fail_msg("%s failed:\n%s", out, run);
         for (int r = 0; r < runs[i].ranks; r++) {
             char want[64], line[64], total[32];
             snprintf(line, sizeof(line), "memory rank %d: peak RSS", r);
@@ -674,8 +692,20 @@ static void test_plan_is_each_ranks_plan(void **state) {
             if (!plan_total_of(plan, r, total, sizeof(total))) fail_msg("plan: no rank %d in:\n%s", r, plan);
             if (strcmp(total, want) != 0)
                 fail_msg("%s rank %d: hypertrain plan says %s MiB, the run planned %s:\n%s", out, r, total, want, plan);
+            /* the categories the run allocates as sized: the optimizer state (Muon's workspace, deredundancy's
+             * matrices, tensor parallelism's gather) and the activations (context parallelism's too) */
+            static const char *const exact[] = {"optimizer state", "activations"};
+            for (int k = 0; k < 2; k++) {
+                char measured[32], planned[32];
+                if (!profile_category(run, r, exact[k], measured, planned, sizeof(measured)))
+                    fail_msg("%s: no %s of rank %d in its memory profile:\n%s", out, exact[k], r, run);
+                if (strcmp(measured, planned) != 0)
+                    fail_msg("%s rank %d: %s %s MiB, planned %s", out, r, exact[k], measured, planned);
+            }
         }
-        printf("plan on %d ranks %s: each rank's total as its run planned it\n", runs[i].ranks, runs[i].set);
+        printf("plan on %d ranks %s: each rank's total as its run planned it, its optimizer state and activations "
+               "as the run allocated them\n",
+               runs[i].ranks, runs[i].set);
         free(plan);
         free(run);
     }
