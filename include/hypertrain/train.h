@@ -47,10 +47,11 @@ typedef struct ht_step_stats {
 /* The bytes a rank's training state takes, by category, planned from the
  * declared model before any of it is allocated (setup's plan_memory) and
  * printed beside what each category measured at the end (the memory
- * profile). Weights, FP32 main params and main_grad are the bytes their
- * allocations take; the optimizer state and the activations are lower
- * bounds (Muon's workspace and deredundancy's whole matrices, the
- * activations' operands in param_dtype's size). */
+ * profile). Each is the bytes its allocations take (the optimizer's with
+ * Muon's workspace, deredundancy's matrices and tensor parallelism's
+ * gather; the activations with the experts' and context parallelism's
+ * buffers). Not in it: the process before the trainer, FSDP's whole units
+ * and what the libraries allocate (MPI's buffers, oneDNN's code). */
 typedef struct ht_memory_plan {
     double weights; /* the model's dtype, and compute copies in param_dtype where it differs */
     double main, grad, optimizer, activations, corpus;

@@ -362,7 +362,7 @@ static int cmd_plan(int argc, char **argv) {
     const double mib = 1 << 20, gib = 1 << 30; /* --memory is in GiB */
     const double budget = budget_gib > 0 ? budget_gib * gib : (double)ht_physical_memory() / world;
     printf("Plan of %s on %d rank(s) of %d OpenMP thread(s) (OMP_NUM_THREADS, or this node's cores over the ranks), "
-           "each rank's memory (MiB; optimizer state and activations as lower bounds):\n",
+           "each rank's memory (MiB; what the categories allocate, not the process, MPI or FSDP's whole units):\n",
            path, world, omp_get_max_threads());
     printf("  %-14s %10s %10s %10s %10s %12s %8s %10s\n", "ranks", "weights", "main", "main_grad", "optimizer",
            "activations", "corpus", "total");

@@ -487,7 +487,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
  * declared model and the opened data, against this machine's memory shared
  * by the ranks on it, before any of it is allocated: the weights, their
  * FP32 main params and main_grad (the bytes their allocations will take),
- * the optimizer state and one micro-batch's activations (lower bounds), the
+ * the optimizer state and one micro-batch's activations (the bytes their allocations will take), the
  * corpus. Every rank agrees on the largest plan (one all-reduce), and all
  * refuse it together: a run refused here could not run. */
 static ht_main_storage main_storage(const ht_config *c) {
