@@ -66,6 +66,13 @@ typedef struct ht_comm_ops {
     ht_status (*split)(ht_comm *c, int color, int key, ht_comm **out, ht_error *err);
     void (*abort)(ht_comm *c, int code);
     void (*free)(ht_comm *c);
+    /* Point to point (pipeline parallelism's activations and gradients):
+     * starts sending `bytes` at buf to rank `to` of c, or receiving them
+     * from rank `from`, a message matched by its `tag` (two messages of one
+     * tag between one pair arrive in the order started); buf stays
+     * untouched until ht_wait. NULL: a group that cannot (one rank). */
+    ht_request *(*start_send)(ht_comm *c, const void *buf, int64_t bytes, int to, int tag);
+    ht_request *(*start_recv)(ht_comm *c, void *buf, int64_t bytes, int from, int tag);
 } ht_comm_ops;
 
 struct ht_comm {
@@ -172,6 +179,12 @@ static inline void ht_scatter(ht_comm *c, const void *send, void *recv, const in
 static inline void ht_barrier(ht_comm *c) { HT_COMM_TRACED(c, "barrier", 0, c->ops->barrier(c)); }
 static inline ht_request *ht_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
     return c->ops->start_exchange(c, send, recv);
+}
+static inline ht_request *ht_start_send(ht_comm *c, const void *buf, int64_t bytes, int to, int tag) {
+    return c->ops->start_send(c, buf, bytes, to, tag);
+}
+static inline ht_request *ht_start_recv(ht_comm *c, void *buf, int64_t bytes, int from, int tag) {
+    return c->ops->start_recv(c, buf, bytes, from, tag);
 }
 /* Starts one step of a ring (context parallelism's key/value blocks going
  * round): `bytes` of send go to rank (rank + offset) mod size and recv gets

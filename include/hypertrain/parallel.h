@@ -216,19 +216,22 @@ ht_status ht_context_parallel_attach(ht_model *m, ht_comm *group, ht_comm *ulyss
  * group must outlive the model's use of it. */
 ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, ht_error *err);
 
-/* Pipeline parallelism's schedule (src/parallel/pipeline.c): which
- * operation each stage takes in each tick, a step's `micro` micro-batches
- * through the `comm->size` stages of the pipeline group, and the slots
- * each stage keeps micro-batches' activations in. */
+/* Pipeline parallelism's schedule (src/parallel/pipeline.c): the order this
+ * rank's stage runs a step's `micro` micro-batches in, over the
+ * `comm->size` stages of the pipeline group, the slots it keeps their
+ * activations in, and the messages to and from its neighbours. */
 typedef enum ht_pipe_schedule { HT_PIPE_1F1B = 0, HT_PIPE_GPIPE } ht_pipe_schedule;
 typedef struct ht_pipeline {
     ht_comm *comm; /* the pipeline group: rank = stage */
-    int stages, stage, micro, ticks;
-    int slots;        /* micro-batches this stage keeps at once (its model's m->slots) */
-    int *ops;         /* (ticks, stages): -1 none, 2i micro-batch i's forward, 2i + 1 its backward */
-    int *slot_of;     /* (stages, micro): the slot each micro-batch takes on each stage */
-    int64_t floats;   /* the largest boundary tensor (B·T x hidden) the buffers hold */
-    float *in, *grad; /* (slots, floats), kernel memory: each slot's received activations and gradients */
+    int stages, stage, micro;
+    int *order;     /* (2 micro): this stage's operations, 2i micro-batch i's forward, 2i + 1 its backward */
+    int *slot_of;   /* (micro): the slot each micro-batch takes */
+    int slots;      /* micro-batches this stage keeps at once (its model's m->slots) */
+    int64_t floats; /* the largest boundary tensor (B·T x hidden) a slot holds */
+    /* (slots, floats) each, kernel memory: the activations received, the
+     * gradients received, and the input gradients being sent */
+    float *in, *grad, *out;
+    ht_request **sends; /* (slots, 2): each slot's forward output and input gradient in flight */
 } ht_pipeline;
 /* The schedule (nothing the size of a tensor is allocated: a plan makes it too). */
 ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int micro, int64_t floats,
@@ -237,18 +240,20 @@ ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *c
 size_t ht_pipeline_buffer_bytes(const ht_pipeline *p);
 ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err);
 void ht_pipeline_free(ht_pipeline *p);
-/* What `stage` does in `tick` (ops' encoding). */
-int ht_pipeline_op(const ht_pipeline *p, int tick, int stage);
-int ht_pipeline_slot(const ht_pipeline *p, int stage, int micro);
 /* A slot's received input hidden states and output gradient (NULL: one stage). */
 float *ht_pipeline_input(const ht_pipeline *p, int slot);
 float *ht_pipeline_grad(const ht_pipeline *p, int slot);
-/* After a tick whose operations over the stages are `row` (stages): this
- * stage's forward output or backward input gradient (`sent`, `floats` of
- * them) to its neighbour, and its neighbours' into this stage's slots; no
- * exchange in a tick where nothing crosses. Every rank of the group calls it
- * after every tick. */
-void ht_pipeline_exchange(const ht_pipeline *p, const int *row, const float *sent, int64_t floats);
+/* Before micro-batch `micro`'s forward (grad false) or backward (true):
+ * its input from the previous stage, or its output's gradient from the
+ * next, `floats` of them into its slot's buffer (none on the first or the
+ * last stage). */
+void ht_pipeline_receive(ht_pipeline *p, int micro, bool grad, int64_t floats);
+/* After it: its output to the next stage, or its input's gradient to the
+ * previous, started (`sent` may change once it returns where it is the
+ * model's input gradient: that one goes from a copy). */
+void ht_pipeline_send(ht_pipeline *p, int micro, bool grad, const float *sent, int64_t floats);
+/* Waits for every send started. */
+void ht_pipeline_finish(ht_pipeline *p);
 
 #ifdef __cplusplus
 }

@@ -108,6 +108,9 @@ typedef struct ht_trainer {
     /* Seconds spent in each phase of the steps since the run began. */
     double forward_backward_seconds, sync_seconds, optimizer_seconds;
     double all_to_all_seconds; /* expert parallelism: the part of forward + backward in the experts' all-to-all */
+    /* Pipeline parallelism: of the steps' micro-batch schedules (pipeline_seconds), the time this stage spent
+     * in its forwards and backwards (busy) and in the exchanges between stages; the rest waited (the bubble). */
+    double pipeline_seconds, pipeline_busy_seconds, pipeline_exchange_seconds;
     double forward_seconds, checkpoint_seconds, eval_seconds; /* tools.profile's phases (forward is in the first) */
     /* A stop asked for from outside the loop (the CLI's signal handler sets
      * it non-zero; NULL: never). ht_trainer_run checks it between steps;

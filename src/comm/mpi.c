@@ -250,6 +250,11 @@ static void wait_polled(mpi_comm *m, MPI_Request *req, const char *what) {
 
 struct ht_request {
     mpi_comm *m;
+    /* point to point (peer >= 0): buf's bytes to or from peer, with tag; else the exchange below */
+    int peer, tag;
+    bool sending;
+    void *buf;
+    int64_t bytes;
     ht_span *spans;       /* the send spans, then the receive spans */
     int *first;           /* (2 (size + 1)): send, then receive */
     MPI_Datatype *types;  /* (2 size): send, then receive; MPI_DATATYPE_NULL until started */
@@ -292,6 +297,14 @@ static MPI_Datatype span_type(mpi_comm *m, const ht_span *spans, int n, int *cou
 
 static void request_start(ht_request *r) {
     mpi_comm *m = r->m;
+    if (r->peer >= 0) {
+        const int n = as_int(m, r->bytes);
+        if (r->sending)
+            mpi_check(m, MPI_Isend(r->buf, n, MPI_BYTE, r->peer, r->tag, m->comm, &r->req), "MPI_Isend");
+        else
+            mpi_check(m, MPI_Irecv(r->buf, n, MPI_BYTE, r->peer, r->tag, m->comm, &r->req), "MPI_Irecv");
+        return;
+    }
     int P = m->base.size;
     for (int side = 0; side < 2; side++) {
         const int *first = r->first + side * (P + 1);
@@ -372,10 +385,31 @@ static void drain(void) {
     pthread_mutex_unlock(&progress.lock);
 }
 
+/* A request started now, or queued for the progress thread to start in order. */
+static ht_request *request_submit(ht_request *r);
+
+static ht_request *mpi_start_point(ht_comm *c, void *buf, int64_t bytes, int peer, int tag, bool sending) {
+    mpi_comm *m = (mpi_comm *)c;
+    if (peer < 0 || peer >= c->size || peer == c->rank) mpi_fatal(m, "a message to or from an invalid rank");
+    ht_request *r = calloc(1, sizeof(*r));
+    if (!r) mpi_fatal(m, "out of memory for a message");
+    *r = (ht_request){.m = m, .peer = peer, .tag = tag, .sending = sending, .buf = buf, .bytes = bytes};
+    return request_submit(r);
+}
+
+static ht_request *mpi_start_send(ht_comm *c, const void *buf, int64_t bytes, int to, int tag) {
+    return mpi_start_point(c, (void *)buf, bytes, to, tag, true);
+}
+
+static ht_request *mpi_start_recv(ht_comm *c, void *buf, int64_t bytes, int from, int tag) {
+    return mpi_start_point(c, buf, bytes, from, tag, false);
+}
+
 static ht_request *mpi_start_exchange(ht_comm *c, const ht_spans *send, const ht_spans *recv) {
     mpi_comm *m = (mpi_comm *)c;
     int P = c->size, ns = send->first[P] - send->first[0], nr = recv->first[P] - recv->first[0];
     ht_request *r = calloc(1, sizeof(*r));
+    if (r) r->peer = -1;
     if (r) {
         r->spans = malloc((size_t)(ns + nr + 1) * sizeof(ht_span));
         r->first = malloc((size_t)(2 * (P + 1)) * sizeof(int));
@@ -393,6 +427,10 @@ static ht_request *mpi_start_exchange(ht_comm *c, const ht_spans *send, const ht
         r->first[P + 1 + q] = ns + recv->first[q] - recv->first[0];
     }
     for (int k = 0; k < 2 * P; k++) r->types[k] = MPI_DATATYPE_NULL;
+    return request_submit(r);
+}
+
+static ht_request *request_submit(ht_request *r) {
     r->started = ht_time_seconds();
     if (!progress.running) { /* no progress thread: MPI moves it when waited for */
         request_start(r);
@@ -410,19 +448,20 @@ static ht_request *mpi_start_exchange(ht_comm *c, const ht_spans *send, const ht
 }
 
 #define EXCHANGE "an FSDP all-to-all (a gather of weights or a reduce-scatter of gradients)"
+#define MESSAGE "a pipeline stage's activations or gradients from or to its neighbour"
 
 static void mpi_wait(ht_comm *c, ht_request *r, double *seconds) {
     (void)c;
     if (seconds) *seconds = 0.0;
     if (!r) return;
     if (progress.running) { /* the progress thread polls it, and watches this wait */
-        watch_begin(r->m, EXCHANGE);
+        watch_begin(r->m, r->peer >= 0 ? MESSAGE : EXCHANGE);
         pthread_mutex_lock(&progress.lock);
         while (!r->done) pthread_cond_wait(&progress.done, &progress.lock);
         pthread_mutex_unlock(&progress.lock);
         watch_end();
     } else {
-        wait_polled(r->m, &r->req, EXCHANGE);
+        wait_polled(r->m, &r->req, r->peer >= 0 ? MESSAGE : EXCHANGE);
         r->finished = ht_time_seconds();
     }
     if (seconds) *seconds = r->finished - r->started;
@@ -629,6 +668,8 @@ static const ht_comm_ops mpi_ops = {
     .split = mpi_split,
     .abort = mpi_abort,
     .free = mpi_free,
+    .start_send = mpi_start_send,
+    .start_recv = mpi_start_recv,
 };
 
 /* The ht_comm of an MPI communicator (its rank, size, local size and buffers). */

@@ -1,20 +1,17 @@
 /* Pipeline parallelism (docs/DESIGN.md, Pipeline parallelism): the order a
- * stage runs a step's micro-batches in, laid out in ticks, and the
- * activations and gradients that cross between neighbouring stages after
- * each tick.
+ * stage runs a step's micro-batches in, the slots it keeps their
+ * activations in, and the messages between neighbouring stages.
  *
  * Each stage has its list of operations, F i (micro-batch i's forward) and
  * B i (its backward): GPipe every forward, then every backward; 1F1B P - s
  * - 1 forwards on stage s, then one forward and one backward in turn, then
- * the backwards left. In ticks every stage takes its next operation once
- * what it needs arrived in an earlier tick (F i on stage s: stage s - 1's F
- * i; B i: stage s + 1's B i), or waits. After a tick, each forward's output
- * goes to the next stage and each backward's input gradient to the
- * previous, in one exchange over the pipeline group. The table is the same
- * on every rank, so every rank knows which ticks exchange and who sends
- * what. Both schedules take the backwards in micro-batch order, as one
- * process's accumulation does: the FP32 main_grad adds the same terms in the
- * same order. */
+ * the backwards left. A stage runs its list in order, each operation as
+ * soon as its input is there: F i receives stage s - 1's output of i, B i
+ * stage s + 1's gradient of it (blocking receives, tagged by micro-batch),
+ * and each sends its own result on without waiting (a started send, waited
+ * for before its buffer is written again). Both schedules take the
+ * backwards in micro-batch order, as one process's accumulation does: the
+ * FP32 main_grad adds the same terms in the same order. */
 #include "hypertrain/parallel.h"
 
 #include <stdlib.h>
@@ -36,134 +33,106 @@ static void stage_order(ht_pipe_schedule schedule, int P, int s, int m, int *out
     for (int i = m - warm; i < m; i++) out[n++] = 2 * i + 1;
 }
 
-/* The smallest slot index free on a stage (used: its slots' owners, -1 free). */
-static int take_slot(int *used, int cap, int micro) {
-    for (int k = 0; k < cap; k++)
-        if (used[k] < 0) {
-            used[k] = micro;
-            return k;
-        }
-    return -1;
-}
-
 ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int micro, int64_t floats,
                            ht_error *err) {
     memset(p, 0, sizeof(*p));
-    const int P = comm->size, m = micro, max_ticks = 2 * (m + P);
+    const int P = comm->size, m = micro;
     p->comm = comm;
     p->stages = P;
     p->stage = comm->rank;
     p->micro = m;
     p->floats = floats;
-    p->ops = malloc((size_t)max_ticks * (size_t)P * sizeof(int));
-    p->slot_of = malloc((size_t)P * (size_t)m * sizeof(int));
-    int *order = malloc((size_t)P * 2 * (size_t)m * sizeof(int)), *next = calloc((size_t)P, sizeof(int));
-    int *done = malloc((size_t)P * 2 * (size_t)m * sizeof(int)); /* the tick each operation ran in, -1: not yet */
-    int *used = malloc((size_t)P * (size_t)m * sizeof(int)), *most = calloc((size_t)P, sizeof(int));
-    ht_status s = HT_OK;
-    if (!p->ops || !p->slot_of || !order || !next || !done || !used || !most)
-        s = ht_fail(err, HT_ERR_OOM, "cannot plan the pipeline schedule");
-    for (int q = 0; s == HT_OK && q < P; q++) stage_order(schedule, P, q, m, order + (size_t)q * 2 * m);
-    if (s == HT_OK) {
-        for (int k = 0; k < P * 2 * m; k++) done[k] = -1;
-        for (int k = 0; k < P * m; k++) used[k] = -1;
+    p->order = malloc((size_t)2 * (size_t)m * sizeof(int));
+    p->slot_of = malloc((size_t)m * sizeof(int));
+    int *used = malloc((size_t)m * sizeof(int)); /* each slot's micro-batch, -1: free */
+    if (!p->order || !p->slot_of || !used) {
+        free(used);
+        ht_pipeline_free(p);
+        return ht_fail(err, HT_ERR_OOM, "cannot plan the pipeline schedule");
     }
-    int finished = 0, k = 0;
-    for (; s == HT_OK && finished < P; k++) {
-        if (k == max_ticks) { /* a schedule that cannot finish: a bug here, never the user's */
-            s = ht_fail(err, HT_ERR_INVALID, "pipeline schedule of %d stages and %d micro-batches does not finish", P,
-                        m);
-            break;
-        }
-        int *row = p->ops + (size_t)k * P;
-        for (int q = 0; q < P; q++) {
-            row[q] = -1;
-            if (next[q] == 2 * m) continue;
-            const int op = order[(size_t)q * 2 * m + next[q]], i = op / 2;
-            const int before = op % 2 == 0 ? (q == 0 ? -2 : done[((size_t)q - 1) * 2 * m + 2 * i])
-                                           : (q == P - 1 ? done[(size_t)q * 2 * m + 2 * i]
-                                                         : done[((size_t)q + 1) * 2 * m + 2 * i + 1]);
-            if (before == -1 || before >= k) continue; /* what it needs is not here yet */
-            row[q] = op;
-            done[(size_t)q * 2 * m + op] = k;
-            finished += ++next[q] == 2 * m;
-            if (op % 2 == 0 && q == 0) p->slot_of[i] = take_slot(used, m, i);
-        }
-        /* A slot is free once its backward ran, then the activations that arrive after the tick take theirs. */
-        for (int q = 0; q < P; q++)
-            if (row[q] >= 0 && row[q] % 2 == 1) used[(size_t)q * m + p->slot_of[(size_t)q * m + row[q] / 2]] = -1;
-        for (int q = 1; q < P; q++)
-            if (row[q - 1] >= 0 && row[q - 1] % 2 == 0) {
-                const int i = row[q - 1] / 2;
-                p->slot_of[(size_t)q * m + i] = take_slot(used + (size_t)q * m, m, i);
-            }
-        for (int q = 0; q < P; q++) {
-            int n = 0;
-            for (int j = 0; j < m; j++) n += used[(size_t)q * m + j] >= 0;
-            if (n > most[q]) most[q] = n;
+    stage_order(schedule, P, p->stage, m, p->order);
+    /* A forward takes the lowest free slot, its backward frees it: as many slots as micro-batches in flight. */
+    for (int k = 0; k < m; k++) used[k] = -1;
+    for (int k = 0, held = 0; k < 2 * m; k++) {
+        const int i = p->order[k] / 2;
+        if (p->order[k] % 2 == 0) {
+            int slot = 0;
+            while (used[slot] >= 0) slot++;
+            used[slot] = i, p->slot_of[i] = slot;
+            if (++held > p->slots) p->slots = held;
+        } else {
+            used[p->slot_of[i]] = -1, held--;
         }
     }
-    p->ticks = k;
-    p->slots = s == HT_OK ? most[p->stage] : 0;
-    free(order);
-    free(next);
-    free(done);
     free(used);
-    free(most);
-    if (s != HT_OK) ht_pipeline_free(p);
-    return s;
+    return HT_OK;
 }
 
 size_t ht_pipeline_buffer_bytes(const ht_pipeline *p) {
-    return p->stages > 1 ? 2 * (size_t)p->slots * (size_t)p->floats * sizeof(float) : 0;
+    return p->stages > 1 ? 3 * (size_t)p->slots * (size_t)p->floats * sizeof(float) : 0;
 }
 
 ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err) {
     if (p->stages <= 1) return HT_OK;
-    const size_t bytes = ht_pipeline_buffer_bytes(p) / 2;
-    if ((p->in = ht_kernels()->alloc(bytes)) && (p->grad = ht_kernels()->alloc(bytes))) return HT_OK;
+    const size_t bytes = ht_pipeline_buffer_bytes(p) / 3;
+    p->sends = calloc(2 * (size_t)p->slots, sizeof(ht_request *));
+    if (p->sends && (p->in = ht_kernels()->alloc(bytes)) && (p->grad = ht_kernels()->alloc(bytes)) &&
+        (p->out = ht_kernels()->alloc(bytes)))
+        return HT_OK;
     return ht_fail(err, HT_ERR_OOM, "cannot allocate the pipeline's %d slots of %.1f MiB", p->slots,
                    (double)p->floats * sizeof(float) / (1 << 20));
 }
 
 void ht_pipeline_free(ht_pipeline *p) {
-    free(p->ops);
+    /* A step that failed may leave sends started (the run ends the world then): not waited for here. */
+    free(p->order);
     free(p->slot_of);
+    free(p->sends);
     ht_kernels()->free(p->in);
     ht_kernels()->free(p->grad);
+    ht_kernels()->free(p->out);
     memset(p, 0, sizeof(*p));
-}
-
-int ht_pipeline_op(const ht_pipeline *p, int tick, int stage) { return p->ops[(size_t)tick * p->stages + stage]; }
-
-int ht_pipeline_slot(const ht_pipeline *p, int stage, int micro) {
-    return p->slot_of[(size_t)stage * p->micro + micro];
 }
 
 float *ht_pipeline_input(const ht_pipeline *p, int slot) { return p->in ? p->in + (size_t)slot * p->floats : NULL; }
 
 float *ht_pipeline_grad(const ht_pipeline *p, int slot) { return p->grad ? p->grad + (size_t)slot * p->floats : NULL; }
 
-void ht_pipeline_exchange(const ht_pipeline *p, const int *row, const float *sent, int64_t floats) {
-    const int P = p->stages, s = p->stage;
-    if (P <= 1) return;
-    bool any = false; /* the same answer on every rank: the row is */
-    for (int q = 0; q < P && !any; q++) any = row[q] >= 0 && (row[q] % 2 == 0 ? q < P - 1 : q > 0);
-    if (!any) return;
-    const int64_t bytes = floats * (int64_t)sizeof(float);
-    ht_span out = {(void *)sent, bytes}, in[2];
-    int to = -1, n = 0, from[2];
-    if (row[s] >= 0 && sent) to = row[s] % 2 == 0 ? (s < P - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
-    if (s > 0 && row[s - 1] >= 0 && row[s - 1] % 2 == 0) /* the previous stage's output: this stage's input */
-        from[n] = s - 1, in[n++] = (ht_span){ht_pipeline_input(p, ht_pipeline_slot(p, s, row[s - 1] / 2)), bytes};
-    if (s < P - 1 && row[s + 1] >= 0 && row[s + 1] % 2 == 1) /* the next stage's input gradient: this one's output's */
-        from[n] = s + 1, in[n++] = (ht_span){ht_pipeline_grad(p, ht_pipeline_slot(p, s, row[s + 1] / 2)), bytes};
-    int first_out[P + 1], first_in[P + 1];
-    for (int q = 0, k = 0; q <= P; q++) {
-        first_out[q] = q > to && to >= 0;
-        first_in[q] = k;
-        if (q < P && k < n && from[k] == q) k++;
+/* Tags: micro-batch i's activations 2i, its gradient 2i + 1 (MPI's tags go to 32767 at least). */
+static int tag_of(int micro, bool grad) { return (2 * micro + grad) % 32768; }
+
+/* A started send of a slot (0: its forward output, 1: its input gradient) waited for. */
+static void wait_send(ht_pipeline *p, int slot, int which) {
+    ht_request **r = &p->sends[2 * slot + which];
+    if (*r) ht_wait(p->comm, *r, NULL);
+    *r = NULL;
+}
+
+void ht_pipeline_receive(ht_pipeline *p, int micro, bool grad, int64_t floats) {
+    const int slot = p->slot_of[micro];
+    if (p->stages <= 1 || (grad ? p->stage == p->stages - 1 : p->stage == 0)) return;
+    /* The next stage has this slot's forward output once it sends its gradient: that send is done. */
+    if (grad) wait_send(p, slot, 0);
+    float *into = grad ? ht_pipeline_grad(p, slot) : ht_pipeline_input(p, slot);
+    const int from = grad ? p->stage + 1 : p->stage - 1;
+    ht_wait(p->comm, ht_start_recv(p->comm, into, floats * (int64_t)sizeof(float), from, tag_of(micro, grad)), NULL);
+}
+
+void ht_pipeline_send(ht_pipeline *p, int micro, bool grad, const float *sent, int64_t floats) {
+    const int slot = p->slot_of[micro];
+    if (p->stages <= 1 || (grad ? p->stage == 0 : p->stage == p->stages - 1)) return;
+    /* A forward's output stays in the model's slot until the slot's next forward; an input gradient is
+     * the model's until its next backward, so it goes from a copy. */
+    wait_send(p, slot, grad);
+    if (grad) {
+        float *copy = p->out + (size_t)slot * p->floats;
+        ht_kernels()->copy(copy, sent, (size_t)floats * sizeof(float));
+        sent = copy;
     }
-    const ht_spans send = {&out, first_out}, recv = {in, first_in};
-    ht_wait(p->comm, ht_start_exchange(p->comm, &send, &recv), NULL);
+    const int to = grad ? p->stage - 1 : p->stage + 1;
+    p->sends[2 * slot + grad] = ht_start_send(p->comm, sent, floats * (int64_t)sizeof(float), to, tag_of(micro, grad));
+}
+
+void ht_pipeline_finish(ht_pipeline *p) {
+    for (int slot = 0; p->sends && slot < p->slots; slot++) wait_send(p, slot, 0), wait_send(p, slot, 1);
 }

@@ -626,6 +626,7 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
     double first_eval = t->last_eval_loss;
     ht_fsdp_stats_reset(t->fsdp);
     t->forward_backward_seconds = t->sync_seconds = t->optimizer_seconds = 0.0;
+    t->pipeline_seconds = t->pipeline_busy_seconds = t->pipeline_exchange_seconds = 0.0;
     t->forward_seconds = t->checkpoint_seconds = t->eval_seconds = 0.0;
     double start = ht_time_seconds(), tokens_per_s = 0.0, mfu = 0.0, mfu_ns = 0.0;
     bool mfu_said = false;        /* an MFU above 100% was said to be unreliable */
@@ -714,6 +715,27 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
                     "s (Muon and AdamW with their collectives, the clip, the cast back)",
                     (long long)(t->step - first_step), t->forward_backward_seconds / n, a2a, t->sync_seconds / n,
                     t->optimizer_seconds / n);
+    }
+    if (t->par.pp_size > 1 && t->step > first_step) {
+        /* Each stage's share of the schedules it spent computing, exchanging and waiting: the bubble measured. */
+        const int P = t->par.pp_size, m = t->grad_accum;
+        double mine[3] = {t->pipeline_busy_seconds, t->pipeline_exchange_seconds, t->pipeline_seconds}, all[3 * P];
+        int64_t bytes[P];
+        for (int q = 0; q < P; q++) bytes[q] = (int64_t)sizeof(mine);
+        ht_all_gather(t->par.pp, mine, all, bytes);
+        char line[1024] = "";
+        for (int q = 0; q < P && strlen(line) + 96 < sizeof(line); q++) {
+            const double *a = all + 3 * q, busy = a[0] / fmax(a[2], 1e-12);
+            snprintf(line + strlen(line), sizeof(line) - strlen(line), "%sstage %d %.0f%% computing, %.0f%% exchanging",
+                     q ? "; " : "", q, 100.0 * busy, 100.0 * a[1] / fmax(a[2], 1e-12));
+        }
+        double idle = 0;
+        for (int q = 0; q < P; q++) idle += 1.0 - all[3 * q] / fmax(all[3 * q + 2], 1e-12);
+        ht_log_info("pipeline a step (%s): %.3f s of micro-batches; %s; bubble measured %.1f%% (the stages' mean "
+                    "idle share, exchanges included), the schedule's (P - 1) / (m + P - 1) = %.1f%%",
+                    t->config.parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE ? "gpipe" : "1f1b",
+                    t->pipeline_seconds / (double)(t->step - first_step), line, 100.0 * idle / P,
+                    100.0 * (P - 1) / (m + P - 1));
     }
     if (t->par.cp_size > 1 && t->step > first_step) {
         /* This rank's (rank 0's) exchanges, evaluation forwards included. */

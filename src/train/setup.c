@@ -1051,9 +1051,9 @@ static ht_status make_pipeline(ht_trainer *t, ht_error *err) {
         snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s%d: %s%s%s", q ? "; " : "", q, layers,
                  st.first ? " and the embedding" : "", st.last ? " and the final norm, LM head and loss" : "");
     }
-    ht_log_info("Pipeline parallel %d (%s, %d micro-batches a step: the gradient accumulation; %d ticks, bubble "
+    ht_log_info("Pipeline parallel %d (%s, %d micro-batches a step: the gradient accumulation; bubble "
                 "(P - 1) / (m + P - 1) = %.0f%%): stage %s; stage 0 keeps %d micro-batches' activations at once",
-                P, gpipe ? "gpipe" : "1f1b", m, t->pipe.ticks, 100.0 * (P - 1) / (m + P - 1), stages, t->pipe.slots);
+                P, gpipe ? "gpipe" : "1f1b", m, 100.0 * (P - 1) / (m + P - 1), stages, t->pipe.slots);
     return HT_OK;
 }
 

@@ -121,16 +121,19 @@ static void take_share(ht_trainer *t, int B, const int32_t **inputs, const int32
  * each added to *loss_sum on the last stage. */
 static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dropout, double *loss_sum, ht_error *err) {
     ht_model *m = t->model;
-    const ht_pipeline *pipe = &t->pipe;
-    const int stage = pipe->stage;
+    ht_pipeline *pipe = &t->pipe;
     const int64_t floats = (int64_t)t->B * t->Tc * m->config.hidden_size;
     m->slots = pipe->slots;
-    for (int tick = 0; tick < pipe->ticks; tick++) {
-        const int op = ht_pipeline_op(pipe, tick, stage), micro = op / 2;
-        const float *sent = NULL;
-        if (op >= 0) m->slot = ht_pipeline_slot(pipe, stage, micro);
+    const double start = ht_time_seconds();
+    for (int k = 0; k < 2 * pipe->micro; k++) {
+        const int op = pipe->order[k], micro = op / 2;
+        const bool backward = op % 2;
+        m->slot = pipe->slot_of[micro];
+        const double r0 = ht_time_seconds();
+        ht_pipeline_receive(pipe, micro, backward, floats);
         const double f0 = ht_time_seconds();
-        if (op >= 0 && op % 2 == 0) {
+        const float *sent;
+        if (!backward) {
             /* Every stage reads the micro-batches in order: the first takes the inputs, the last the targets. */
             ht_loader_next(&t->train_loader, t->batch);
             ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
@@ -147,14 +150,21 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
             ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
             if (m->stage.last) *loss_sum += loss;
             sent = m->stage_out;
-        } else if (op >= 0) {
+        } else {
             m->stage_out_grad = ht_pipeline_grad(pipe, m->slot);
             ht_model_backward(m, grad_scale);
             ht_trace_span("phase", "backward", HT_TRACE_THREAD, f0, ht_time_seconds(), -1, t->step + 1);
             sent = m->stage_in_grad;
         }
-        ht_pipeline_exchange(pipe, pipe->ops + (size_t)tick * pipe->stages, sent, floats);
+        const double x0 = ht_time_seconds();
+        ht_pipeline_send(pipe, micro, backward, sent, floats);
+        t->pipeline_busy_seconds += x0 - f0;
+        t->pipeline_exchange_seconds += (f0 - r0) + (ht_time_seconds() - x0);
     }
+    const double x0 = ht_time_seconds();
+    ht_pipeline_finish(pipe);
+    t->pipeline_exchange_seconds += ht_time_seconds() - x0;
+    t->pipeline_seconds += ht_time_seconds() - start;
     return HT_OK;
 }
 
@@ -281,23 +291,17 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
 static ht_status evaluate_forward(ht_trainer *t, const int32_t *inputs, const int32_t *targets, int count, float *loss,
                                   ht_error *err) {
     ht_model *m = t->model;
-    const ht_pipeline *pipe = &t->pipe;
-    const int P = pipe->stages, stage = pipe->stage;
-    int row[P];
+    ht_pipeline *pipe = &t->pipe;
+    const int64_t floats = (int64_t)count * t->Tc * m->config.hidden_size;
     *loss = NAN;
-    for (int q = 0; q < P; q++) {
-        ht_status s = HT_OK;
-        if (q == stage) {
-            m->slot = ht_pipeline_slot(pipe, stage, 0);
-            m->stage_in = ht_pipeline_input(pipe, m->slot);
-            s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
-            if (s == HT_OK) s = ht_kernels()->synchronize(err);
-        }
-        if (s != HT_OK) return s;
-        for (int k = 0; k < P; k++) row[k] = k == q ? 0 : -1;
-        ht_pipeline_exchange(pipe, row, q == stage ? m->stage_out : NULL,
-                             (int64_t)count * t->Tc * m->config.hidden_size);
-    }
+    m->slot = pipe->slot_of[0];
+    m->stage_in = ht_pipeline_input(pipe, m->slot);
+    ht_pipeline_receive(pipe, 0, false, floats);
+    ht_status s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
+    if (s == HT_OK) s = ht_kernels()->synchronize(err);
+    if (s != HT_OK) return s;
+    ht_pipeline_send(pipe, 0, false, m->stage_out, floats);
+    ht_pipeline_finish(pipe);
     return HT_OK;
 }
 

@@ -394,6 +394,8 @@ static const ht_comm_ops nccl_ops = {
     nccl_all_reduce_f64, nccl_all_reduce_f32, nccl_reduce_scatter_f32, nccl_broadcast, nccl_all_gather, nccl_gather,
     nccl_scatter,        nccl_barrier,        nccl_start_exchange,     nccl_wait,      nccl_split,      nccl_abort,
     nccl_free,
+    nullptr, /* point to point: pipeline parallelism is refused on this backend */
+    nullptr,
 };
 
 extern "C" ht_status ht_comm_nccl(ht_comm *inner, bool owns_inner, ht_comm **out, ht_error *err) {
