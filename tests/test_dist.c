@@ -439,8 +439,10 @@ static int run_one_thread(const char *dir, const char *outname, int ranks, const
  * final weights), under both schedules, with recompute, QK-clip (each stage
  * clips its layers' heads) and LoRA with dropout (each micro-batch's masks
  * kept in its slot); with data parallelism inside each
- * stage (FSDP sharded, replicated, HSDP) it is the same data-parallel run
- * without stages bit for bit. 1F1B keeps at most as many micro-batches as
+ * stage (FSDP sharded, replicated, HSDP), tensor parallelism (with and
+ * without sequence parallelism), ring or Ulysses context parallelism, and
+ * all of them on 16 ranks (PP 2 x DP 2 x ring 2 x TP 2), it is the same
+ * run without stages bit for bit. 1F1B keeps at most as many micro-batches as
  * stages on the first, GPipe all of them. A checkpoint of 2 stages resumes
  * on 1, 2 and 3 stages to the uninterrupted run's bits. */
 static void test_pipeline_parallel_matches_one_process(void **state) {
@@ -485,6 +487,23 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
         {"lora", NULL, 0, "--set model.lora.rank=4 --set model.lora.dropout=0.1", NULL},
         {"pp2_lora", "lora", 2,
          "--set model.lora.rank=4 --set model.lora.dropout=0.1 --set parallel.pipeline_parallel_size=2", NULL},
+        {"tp2", NULL, 2, "--set parallel.tensor_parallel_size=2", NULL},
+        {"pp2_tp2", "tp2", 4, "--set parallel.tensor_parallel_size=2 --set parallel.pipeline_parallel_size=2", NULL},
+        {"tp2_nosp", NULL, 2, "--set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false", NULL},
+        {"pp3_tp2_nosp", "tp2_nosp", 6,
+         "--set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=false "
+         "--set parallel.pipeline_parallel_size=3",
+         NULL},
+        {"ring2", NULL, 2, "--set parallel.ring_attention_size=2", NULL},
+        {"pp2_ring2", "ring2", 4, "--set parallel.ring_attention_size=2 --set parallel.pipeline_parallel_size=2", NULL},
+        {"ulysses2", NULL, 2, "--set parallel.ulysses_parallel_size=2", NULL},
+        {"pp2_ulysses2", "ulysses2", 4,
+         "--set parallel.ulysses_parallel_size=2 --set parallel.pipeline_parallel_size=2", NULL},
+        {"dp2_ring2_tp2", NULL, 8, "--set parallel.ring_attention_size=2 --set parallel.tensor_parallel_size=2", NULL},
+        {"pp2_dp2_ring2_tp2", "dp2_ring2_tp2", 16,
+         "--set parallel.ring_attention_size=2 --set parallel.tensor_parallel_size=2 "
+         "--set parallel.pipeline_parallel_size=2",
+         NULL},
         {"hsdp", NULL, 4, "--set fsdp_config.shard_size=2", NULL},
         {"pp2_hsdp", "hsdp", 8, "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=2", NULL},
     };

@@ -171,9 +171,6 @@ static void check_pipeline(report *r, int accumulation) {
         bool on;
         const char *key, *what;
     } no[] = {
-        {cfg->parallel.tensor_parallel_size > 1, "parallel.tensor_parallel_size", "tensor parallelism"},
-        {cfg->parallel.ulysses_parallel_size > 1, "parallel.ulysses_parallel_size", "context parallelism"},
-        {cfg->parallel.ring_attention_size > 1, "parallel.ring_attention_size", "context parallelism"},
         {cfg->parallel.expert_parallel_size > 1, "parallel.expert_parallel_size", "expert parallelism"},
         {!cfg->model.from_pretrained[0] && (strcmp(m->name, "qwen2_moe") == 0 || strcmp(m->name, "deepseek_v3") == 0),
          "model.name", "a model with experts or Multi-Latent Attention"},

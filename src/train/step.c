@@ -119,10 +119,18 @@ static void take_share(ht_trainer *t, int B, const int32_t **inputs, const int32
 /* The step's micro-batches through this rank's stage in the pipeline's
  * order (one stage: each forward and its backward in turn), the loss of
  * each added to *loss_sum on the last stage. */
+/* The floats of the hidden states a stage passes on for B sequences: this
+ * rank's tokens of them (context parallelism: its share of each sequence;
+ * sequence parallelism: its rows of those), each of hidden_size. */
+static int64_t boundary_floats(const ht_trainer *t, int B) {
+    const int64_t rows = (int64_t)B * t->Tc, sp = t->par.tp_size > 1 && t->config.parallel.sequence_parallel;
+    return rows / (sp ? t->par.tp_size : 1) * t->model->config.hidden_size;
+}
+
 static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dropout, double *loss_sum, ht_error *err) {
     ht_model *m = t->model;
     ht_pipeline *pipe = &t->pipe;
-    const int64_t floats = (int64_t)t->B * t->Tc * m->config.hidden_size;
+    const int64_t floats = boundary_floats(t, t->B);
     m->slots = pipe->slots;
     const double start = ht_time_seconds();
     for (int k = 0; k < 2 * pipe->micro; k++) {
@@ -292,7 +300,7 @@ static ht_status evaluate_forward(ht_trainer *t, const int32_t *inputs, const in
                                   ht_error *err) {
     ht_model *m = t->model;
     ht_pipeline *pipe = &t->pipe;
-    const int64_t floats = (int64_t)count * t->Tc * m->config.hidden_size;
+    const int64_t floats = boundary_floats(t, count);
     *loss = NAN;
     m->slot = pipe->slot_of[0];
     m->stage_in = ht_pipeline_input(pipe, m->slot);
