@@ -171,9 +171,10 @@ static void check_pipeline(report *r, int accumulation) {
         bool on;
         const char *key, *what;
     } no[] = {
-        {cfg->parallel.expert_parallel_size > 1, "parallel.expert_parallel_size", "expert parallelism"},
-        {!cfg->model.from_pretrained[0] && (strcmp(m->name, "qwen2_moe") == 0 || strcmp(m->name, "deepseek_v3") == 0),
-         "model.name", "a model with experts or Multi-Latent Attention"},
+        {(m->moe.num_experts > 0 || strcmp(m->name, "qwen2_moe") == 0) && m->moe.output_router_logits,
+         "model.output_router_logits",
+         "the load-balancing loss (transformers sums every layer's routing before the loss: each stage's backward "
+         "would need the later stages' forwards)"},
         {cfg->training.dump_state, "training.dump_state", "training.dump_state"},
         {cfg->kernels.backend != HT_KERNELS_CPU, "kernels.backend", "a kernel backend other than cpu"},
     };
@@ -196,7 +197,8 @@ static void check_mindspeed(report *r) {
     char a[HT_CONFIG_STR_MAX + 160];
     /* Expert parallelism: P ranks split each sparse layer's experts; the
      * world is W / P groups of consecutive ranks holding the same experts. */
-    const int ep = cfg->parallel.expert_parallel_size, world = r->world;
+    const int pp = cfg->parallel.pipeline_parallel_size > 1 ? cfg->parallel.pipeline_parallel_size : 1;
+    const int ep = cfg->parallel.expert_parallel_size, world = r->world / pp; /* a pipeline stage's ranks */
     if (ep < 1) {
         add(r, "%s: expected an integer >= 1, found %d", at(cfg, "parallel.expert_parallel_size", a, sizeof(a)), ep);
     } else if (ep > 1) {

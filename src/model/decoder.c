@@ -100,8 +100,10 @@ typedef struct decoder {
     bool rope_interleave;
     ht_param *embed, *norm, *head; /* head == embed when the embeddings are tied */
     layer_params *layers;          /* (L) */
-    ht_moe *moe;                   /* the sparse layers (NULL: none) */
-    float *cos_t, *sin_t;          /* (max_position_embeddings, D/2) */
+    ht_moe *moe;                   /* the sparse layers (NULL: none): the current micro-batch slot's */
+    ht_moe **moes;                 /* (slot_count, at least 1) each slot's; moes[0] the model's own, the rest clones */
+    int moe_count;
+    float *cos_t, *sin_t; /* (max_position_embeddings, D/2) */
     /* The rows of the rotary tables this forward's tokens take: cos_t and
      * sin_t, or under context parallelism their rows at the positions this
      * rank's tokens hold (cp_cos, cp_sin: (T, D/2), for cp_T tokens). */
@@ -729,6 +731,7 @@ static void select_slot(decoder *d, int k) {
     d->resid_final = n->resid_final, d->rstdf = n->rstdf, d->lnf = n->lnf, d->logits = n->logits;
     d->inputs = n->inputs, d->targets = n->targets, d->softmax_rows = n->softmax_rows;
     d->target_count = n->target_count, d->dropout_seed = n->dropout_seed, d->dropout_first = n->dropout_first;
+    if (d->moe) d->moe = d->moes[k];
 }
 
 /* Sizes every activation for (B, T) and m->slots micro-batches and carves them from one block. */
@@ -753,6 +756,16 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     d->tp_host = NULL;
     d->slot_count = d->slot = 0;
     d->threads = omp_get_max_threads();
+    if (d->moe) { /* each slot its own expert activations: clones of the first, made again for S slots */
+        for (int k = d->moe_count - 1; k >= 1; k--) ht_moe_free(d->moes[k]);
+        d->moe_count = 1;
+        ht_moe **moes = realloc(d->moes, (size_t)S * sizeof(ht_moe *));
+        if (!moes) return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' slots");
+        d->moes = moes;
+        for (; d->moe_count < S; d->moe_count++)
+            if (!(d->moes[d->moe_count] = ht_moe_clone(d->moes[0])))
+                return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' slot %d", d->moe_count);
+    }
     d->slots = ht_alloc((size_t)S * sizeof(micro_slot));
     d->all_acts = ht_alloc((size_t)S * (size_t)d->L * sizeof(layer_acts));
     if (!d->slots || !d->all_acts || !(d->head_max_host = ht_alloc((size_t)d->L * B * d->H * sizeof(float))))
@@ -1566,7 +1579,8 @@ static void decoder_free(ht_model *m) {
         ht_kernels()->free(d->act_block);
         ht_free(d->head_max_host);
         ht_free(d->tp_host);
-        ht_moe_free(d->moe);
+        for (int k = d->moe_count - 1; k >= 0; k--) ht_moe_free(d->moes[k]); /* the clones first: they share counts */
+        free(d->moes);
         ht_free(d->slots);
         ht_free(d->all_acts);
         ht_free(d->layers);
@@ -1655,9 +1669,11 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
  * the other stages' with no params. */
 static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage *st, ht_error *err) {
     decoder *d = m->impl;
-    const char *unsupported = d->moe   ? "experts (qwen2_moe, deepseek_v3)"
-                              : d->mla ? "Multi-Latent Attention (deepseek_v3)"
-                                       : NULL;
+    const char *unsupported =
+        d->moe && m->config.moe.output_router_logits
+            ? "the load-balancing loss (model.output_router_logits: transformers' sums every layer's routing before "
+              "the loss, so each stage's backward would need the later stages' forwards)"
+            : NULL;
     if (unsupported)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.pipeline_parallel_size: pipeline stages of a model with %s are not supported yet; "
@@ -1678,6 +1694,15 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
     }
     ht_params_retain(ps, keep);
     free(keep);
+    if (d->moe) { /* the stage's sparse layers, by their index among the sparse layers */
+        int s0 = 0, s1 = 0;
+        for (int l = 0; l < st->end_layer; l++) {
+            const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
+            s0 += sparse && l < st->first_layer;
+            s1 += sparse;
+        }
+        ht_moe_set_layers(d->moe, s0, s1);
+    }
     ht_param *embed = ht_params_find(ps, "model.embed_tokens.weight");
     if (embed && m->config.tie_word_embeddings) embed->stage_tied = true, embed->stage_copy = !st->first;
     d->l0 = st->first_layer, d->l1 = st->end_layer, d->has_embed = st->first, d->has_head = st->last;
@@ -1750,9 +1775,10 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     int sparse = 0;
     for (int l = 0; l < d->L; l++) sparse += ht_model_config_layer_is_sparse(cfg, l);
     if (sparse) d->moe = ht_moe_new(cfg, sparse);
+    if (d->moe && (d->moes = malloc(sizeof(ht_moe *)))) d->moes[0] = d->moe, d->moe_count = 1;
     m->expert_tokens = ht_moe_expert_tokens(d->moe);
     ht_status s = HT_OK;
-    if (!d->layers || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && !d->moe))
+    if (!d->layers || !d->cos_t || !d->sin_t || !m->attn_max_logit || (sparse && (!d->moe || !d->moes)))
         s = ht_fail(err, HT_ERR_OOM, "cannot allocate the model");
     if (s == HT_OK) s = declare_params(m, d, dtype, err);
     if (s == HT_OK) s = declare_modules(m, d, err);

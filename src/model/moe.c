@@ -65,6 +65,10 @@ typedef struct moe_acts {
 
 struct ht_moe {
     int E, k, I, S, C, layers;
+    /* The sparse layers [first, end) this rank computes (pipeline parallelism: its stage's; all as built):
+     * only theirs have activations. */
+    int first, end;
+    bool shares_tokens; /* tokens is another instance's (ht_moe_clone) */
     bool norm_topk;
     /* deepseek_v3: grouped sigmoid routing with the correction bias, the weights scaled, ungated shared experts */
     bool deepseek;
@@ -224,6 +228,7 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
     moe->topk_group = mc->topk_group;
     moe->scaling = (float)mc->routed_scaling_factor; /* torch multiplies an FP32 tensor by it in FP32 */
     moe->layers = layers;
+    moe->first = 0, moe->end = layers;
     moe->params = ht_alloc((size_t)(layers ? layers : 1) * sizeof(ht_moe_params));
     moe->acts = ht_alloc((size_t)(layers ? layers : 1) * sizeof(moe_acts));
     moe->count = ht_alloc((size_t)moe->E * 2 * sizeof(double) + 64);
@@ -244,8 +249,41 @@ void ht_moe_free(ht_moe *moe) {
     ht_free(moe->params);
     ht_free(moe->acts);
     ht_free(moe->count);
-    ht_free(moe->tokens);
+    if (!moe->shares_tokens) ht_free(moe->tokens);
     ht_free(moe);
+}
+
+void ht_moe_set_layers(ht_moe *moe, int first, int end) { moe->first = first, moe->end = end; }
+
+ht_moe *ht_moe_clone(const ht_moe *moe) {
+    ht_moe *c = ht_alloc(sizeof(ht_moe));
+    const size_t layers = (size_t)(moe->layers ? moe->layers : 1);
+    if (!c) return NULL;
+    *c = (ht_moe){.E = moe->E,
+                  .k = moe->k,
+                  .I = moe->I,
+                  .S = moe->S,
+                  .C = moe->C,
+                  .layers = moe->layers,
+                  .first = moe->first,
+                  .end = moe->end,
+                  .shares_tokens = true,
+                  .norm_topk = moe->norm_topk,
+                  .deepseek = moe->deepseek,
+                  .n_group = moe->n_group,
+                  .topk_group = moe->topk_group,
+                  .scaling = moe->scaling,
+                  .tokens = moe->tokens};
+    c->params = ht_alloc(layers * sizeof(ht_moe_params));
+    c->acts = ht_alloc(layers * sizeof(moe_acts));
+    c->count = ht_alloc((size_t)moe->E * 2 * sizeof(double) + 64);
+    if (!c->params || !c->acts || !c->count) {
+        ht_moe_free(c);
+        return NULL;
+    }
+    memcpy(c->params, moe->params, layers * sizeof(ht_moe_params));
+    c->prob_sum = c->count + c->E;
+    return c;
 }
 
 size_t ht_moe_activation_bytes(const ht_moe *moe) { return moe ? moe->bytes : 0; }
@@ -335,15 +373,16 @@ static void size_moe(const ht_moe *moe, int64_t N, int64_t Nall, int P, size_t c
     memcpy(z->host_scratch, host_scratch, sizeof(host_scratch));
     z->cap = cap;
     z->total = z->host_total = 0;
-    for (int i = 0; i < MOE_PER_LAYER; i++) z->total += (size_t)moe->layers * ht_align64(per_layer[i]);
+    const size_t held = (size_t)(moe->end - moe->first); /* the sparse layers with activations here */
+    for (int i = 0; i < MOE_PER_LAYER; i++) z->total += held * ht_align64(per_layer[i]);
     for (int i = 0; i < MOE_SCRATCH; i++) z->total += ht_align64(scratch[i]);
-    for (int i = 0; i < MOE_HOST_LAYER; i++) z->host_total += (size_t)moe->layers * ht_align64(host_layer[i]);
+    for (int i = 0; i < MOE_HOST_LAYER; i++) z->host_total += held * ht_align64(host_layer[i]);
     for (int i = 0; i < MOE_HOST_SCRATCH; i++) z->host_total += ht_align64(host_scratch[i]);
 }
 
 size_t ht_moe_plan_bytes(const ht_moe *moe, int64_t N, int ep_size, int tp_size, bool sequence, size_t cd) {
-    if (!moe || moe->layers == 0) return 0;
-    const ht_param *router = moe->params[0].router, *sh = moe->params[0].sh_gate;
+    if (!moe || moe->end <= moe->first) return 0;
+    const ht_param *router = moe->params[moe->first].router, *sh = moe->params[moe->first].sh_gate;
     /* a router kept in FP32 reads its own copy of x where the experts compute in 16 bits */
     const ht_dtype rdt = router && router->keep_fp32 ? HT_DTYPE_F32 : (cd == 4 ? HT_DTYPE_F32 : HT_DTYPE_BF16);
     const bool split = tp_size > 1, sp = split && sequence;
@@ -356,7 +395,7 @@ size_t ht_moe_plan_bytes(const ht_moe *moe, int64_t N, int ep_size, int tp_size,
 ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_tensor_parallel *tp, ht_error *err) {
     memset(moe->count, 0, (size_t)moe->E * 2 * sizeof(double));
     moe->rows = 0;
-    if (moe->layers == 0) return HT_OK;
+    if (moe->end <= moe->first) return HT_OK;
     const int P = ep && ep->size > 1 ? ep->size : 1;
     if (moe->E % P != 0)
         return ht_fail(err, HT_ERR_CONFIG,
@@ -373,14 +412,15 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     moe->El = moe->E / P;
     moe->e0 = P > 1 ? ep->rank * moe->El : 0;
     /* The compute dtype is the experts' (deepseek_v3's router is FP32 whatever it is). */
-    const ht_dtype cdt = moe->params[0].gate_up->compute_dtype, rdt = moe->params[0].router->compute_dtype;
+    const ht_moe_params *first = &moe->params[moe->first];
+    const ht_dtype cdt = first->gate_up->compute_dtype, rdt = first->router->compute_dtype;
     const size_t cd = ht_dtype_size(cdt);
     const bool widen = rdt != cdt; /* the router reads x in its own dtype */
     moe->tp = tp && tp->size > 1 ? tp : NULL;
     const bool split = moe->tp != NULL, sp = split && moe->tp->sequence;
     const int64_t Nall = sp ? N * moe->tp->size : N;
     /* The shared expert's width here: its slice under tensor parallelism. */
-    if (moe->params[0].sh_gate) moe->S = (int)moe->params[0].sh_gate->shape[0];
+    if (first->sh_gate) moe->S = (int)first->sh_gate->shape[0];
     if (moe->block && moe->N == N && moe->Nall == Nall && moe->cd == cd && moe->P == P && (moe->xr != NULL) == widen &&
         (moe->dx_sh != NULL) == split)
         return HT_OK;
@@ -405,7 +445,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     }
     moe->block = p;
     ht_arena host = {.base = h};
-    for (int l = 0; l < moe->layers; l++) {
+    for (int l = moe->first; l < moe->end; l++) {
         moe->acts[l].offs = ht_arena_take(&host, host_layer[0]);
         moe->acts[l].eoffs = ht_arena_take(&host, host_layer[1]);
         moe->acts[l].counts = ht_arena_take(&host, host_layer[2]);
@@ -417,7 +457,7 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
     moe->perm_h = ht_arena_take(&host, host_scratch[4]);
     moe->aux_h = ht_arena_take(&host, host_scratch[5]);
     ht_arena arena = {.base = p};
-    for (int l = 0; l < moe->layers; l++) {
+    for (int l = moe->first; l < moe->end; l++) {
         moe_acts *a = &moe->acts[l];
         a->probs = ht_arena_take(&arena, per_layer[0]);
         a->sel = ht_arena_take(&arena, per_layer[1]);

@@ -24,6 +24,12 @@ typedef struct ht_moe ht_moe;
 /* The sparse layers' state for a model of config cfg; `layers` of them. */
 ht_moe *ht_moe_new(const ht_model_config *cfg, int layers);
 void ht_moe_free(ht_moe *moe);
+/* Pipeline parallelism: only the sparse layers [first, end) (by their index among the sparse layers) run here,
+ * and only they get activations. */
+void ht_moe_set_layers(ht_moe *moe, int first, int end);
+/* Another set of activations for the same experts (a micro-batch slot of pipeline parallelism): the same params
+ * and layers, the token counts shared with `moe`'s (it must outlive the clone). */
+ht_moe *ht_moe_clone(const ht_moe *moe);
 /* Names and shapes of sparse layer l's params, declared in Hugging Face's
  * order into the store (module: "model.layers.N"). */
 bool ht_moe_declare(ht_param_store *ps, const char *module, const ht_model_config *cfg, ht_dtype dtype);

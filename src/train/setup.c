@@ -368,7 +368,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
  * expert param must be whole experts of its group's share (E a multiple of W). */
 static ht_status check_experts(const ht_trainer *t, ht_error *err) {
     const ht_model_config *a = &t->model->config;
-    const int P = t->par.ep->size, W = t->comm->size / t->par.tp_size, E = a->moe.num_experts; /* FSDP's ranks */
+    const int P = t->par.ep->size, W = t->par.dp_size * t->par.cp_size, E = a->moe.num_experts; /* FSDP's ranks */
     if (E <= 0)
         return ht_fail(err, HT_ERR_CONFIG,
                        "parallel.expert_parallel_size is %d, but the model (%s) has no experts (model.num_experts %d)",
