@@ -436,7 +436,8 @@ static int run_one_thread(const char *dir, const char *outname, int ranks, const
  * 2 + 1 + 1 + 1) run each micro-batch's forward and backward in float32 as
  * one process's accumulation does, the backwards in micro-batch order: with
  * one data-parallel rank the run is one process's bit for bit (losses,
- * final weights), under both schedules, with recompute, QK-clip (each stage
+ * final weights), under GPipe, 1F1B and interleaved 1F1B (2 chunks a
+ * stage), with recompute, QK-clip (each stage
  * clips its layers' heads) and LoRA with dropout (each micro-batch's masks
  * kept in its slot); with data parallelism inside each
  * stage (FSDP sharded, replicated, HSDP), tensor parallelism (with and
@@ -473,9 +474,14 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
         {"pp3", "one", 3, "--set parallel.pipeline_parallel_size=3", "stage 0 keeps 3 micro-batches'"},
         {"pp4", "one", 4, "--set parallel.pipeline_parallel_size=4", "stage 0 keeps 4 micro-batches'"},
         {"pp4_recompute", "one", 4, "--set parallel.pipeline_parallel_size=4 --set model.recompute=true", NULL},
+        {"pp2_v2", "one", 2,
+         "--set parallel.pipeline_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2",
+         "1f1b interleaved, 2 chunks a stage"},
         {"dp2", NULL, 2, "", NULL},
         {"pp2_dp2", "dp2", 4, "--set parallel.pipeline_parallel_size=2", "stage 0 keeps 2 micro-batches'"},
         {"dp2_replicated", NULL, 2, "--set fsdp_config.shard_size=1", NULL},
+        {"pp2_v2_dp2", "dp2", 4,
+         "--set parallel.pipeline_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2", NULL},
         {"pp2_dp2_replicated", "dp2_replicated", 4,
          "--set parallel.pipeline_parallel_size=2 --set fsdp_config.shard_size=1", NULL},
         {"qk", NULL, 0,
@@ -609,6 +615,7 @@ static void test_pipeline_tied_embeddings(void **state) {
         {"pp2", 2, "--set parallel.pipeline_parallel_size=2"},
         {"pp3", 3, "--set parallel.pipeline_parallel_size=3 --set parallel.pipeline_schedule=gpipe"},
         {"pp4", 4, "--set parallel.pipeline_parallel_size=4"},
+        {"pp2_v2", 2, "--set parallel.pipeline_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2"},
         {"pp2_dp2", 4, "--set parallel.pipeline_parallel_size=2"},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {

@@ -165,8 +165,9 @@ typedef struct ht_config {
     /* The mesh's axes beyond data (docs/DESIGN.md, The mesh): MindSpeed-MM's and Megatron's names. */
     struct {
         int tensor_parallel_size, ring_attention_size, ulysses_parallel_size, expert_parallel_size;
-        int pipeline_parallel_size;              /* stages of whole decoder layers, the outermost axis */
-        ht_config_pp_schedule pipeline_schedule; /* with pipeline_parallel_size > 1 */
+        int pipeline_parallel_size;               /* stages of whole decoder layers, the outermost axis */
+        ht_config_pp_schedule pipeline_schedule;  /* with pipeline_parallel_size > 1 */
+        int virtual_pipeline_model_parallel_size; /* model chunks a stage holds: > 1, interleaved 1F1B */
         bool sequence_parallel;       /* with tensor_parallel_size > 1: the residual stream split over its ranks */
         ht_config_strings ep_modules; /* ep_plan.apply_modules: used with expert_parallel_size > 1 only */
     } parallel;

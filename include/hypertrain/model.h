@@ -359,20 +359,29 @@ typedef struct ht_module_hook {
     void *ctx;
 } ht_module_hook;
 
-/* A pipeline stage's part of a model: decoder layers [first_layer,
- * end_layer); `first`: it holds the embedding and its forward reads token
- * ids, `last`: the final norm, the LM head and the loss. */
+/* A pipeline rank's part of a model (docs/DESIGN.md, Pipeline parallelism):
+ * of `ranks` P ranks with `chunks` V model chunks each (virtual stages),
+ * the L decoder layers split into P·V model stages of whole layers (L /
+ * (P·V) each, the first L mod (P·V) one more), chunk c of rank r being
+ * model stage c·P + r. `first`: rank 0, holding the embedding (its chunk 0
+ * reads the token ids); `last`: rank P - 1, holding the final norm, the LM
+ * head and the loss (its chunk V - 1 computes it). The whole model: one
+ * rank, one chunk. */
+#define HT_PIPELINE_CHUNKS_MAX 16
 typedef struct ht_pipeline_stage {
-    int first_layer, end_layer;
+    int layers, ranks, chunks, rank;
     bool first, last;
 } ht_pipeline_stage;
 
-/* Stage s of P's layers of L (docs/DESIGN.md, Pipeline parallelism): L / P
- * each, the first L mod P stages one more. */
-ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int s);
-/* The stage of P holding the param `name` of a decoder of cfg: its layer's, the embedding's the first, the rest the
- * last. */
-int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, const char *name);
+/* Rank r of P's part, V chunks each, of L layers. */
+ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int V, int r);
+/* Chunk c's layers [*first, *end). */
+void ht_pipeline_chunk_layers(const ht_pipeline_stage *st, int c, int *first, int *end);
+/* Whether any chunk of st holds layer l. */
+bool ht_pipeline_holds_layer(const ht_pipeline_stage *st, int l);
+/* The rank of P (V chunks each) holding the param `name` of a decoder of cfg: its layer's, the embedding's rank 0,
+ * the rest rank P - 1. */
+int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, int V, const char *name);
 
 typedef struct ht_model_ops {
     /* inputs, targets: (B, T) token ids. Computes logits and the mean
@@ -484,7 +493,7 @@ struct ht_model {
      * forward) and computes no loss, and backward reads the gradient of that
      * output from stage_out_grad. */
     ht_pipeline_stage stage;
-    int slots, slot;
+    int slots, slot; /* slots of every chunk: slot s is chunk s / (slots / stage.chunks)'s, which it runs */
     const float *stage_in, *stage_out_grad;
     const float *stage_out, *stage_in_grad;
 };
@@ -515,6 +524,7 @@ typedef struct ht_model_placement {
     int shard_rank, shard_world;
     int tp_rank, tp_size;
     int pp_rank, pp_size; /* pipeline stage pp_rank of pp_size (ht_pipeline_stage_of) */
+    int pp_chunks;        /* model chunks (virtual stages) a pipeline rank holds: 0 or 1, one */
 } ht_model_placement;
 /* ht_model_build_shard's with tensor parallelism: the model is the share of
  * tp_rank (ht_model_ops.set_tensor_parallel; an error for a model without

@@ -222,11 +222,13 @@ ht_status ht_tensor_parallel_attach(ht_model *m, ht_comm *group, bool sequence, 
  * activations in, and the messages to and from its neighbours. */
 typedef enum ht_pipe_schedule { HT_PIPE_1F1B = 0, HT_PIPE_GPIPE } ht_pipe_schedule;
 typedef struct ht_pipeline {
-    ht_comm *comm; /* the pipeline group: rank = stage */
-    int stages, stage, micro;
-    int *order;     /* (2 micro): this stage's operations, 2i micro-batch i's forward, 2i + 1 its backward */
-    int *slot_of;   /* (micro): the slot each micro-batch takes */
-    int slots;      /* micro-batches this stage keeps at once (its model's m->slots) */
+    ht_comm *comm;                    /* the pipeline group: rank = stage */
+    int stages, stage, chunks, micro; /* P ranks of V chunks (virtual stages) each, m micro-batches a step */
+    /* (2 V m): this rank's operations in order, each ((i·V + c) << 1 | backward): micro-batch i's forward or
+     * backward through chunk c */
+    int *order;
+    int *slot_of;   /* (V, m): the slot each micro-batch takes in each chunk */
+    int slots;      /* micro-batches' activations this rank keeps at once, every chunk's (its model's m->slots) */
     int64_t floats; /* the largest boundary tensor (B·T x hidden) a slot holds */
     /* (slots, floats) each, kernel memory: the activations received, the
      * gradients received, and the input gradients being sent */
@@ -234,12 +236,14 @@ typedef struct ht_pipeline {
     ht_request **sends; /* (slots, 2): each slot's forward output and input gradient in flight */
 } ht_pipeline;
 /* The schedule (nothing the size of a tensor is allocated: a plan makes it too). */
-ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int micro, int64_t floats,
-                           ht_error *err);
+ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int chunks, int micro,
+                           int64_t floats, ht_error *err);
 /* The bytes of the slots' buffers, and their allocation (one stage: none). */
 size_t ht_pipeline_buffer_bytes(const ht_pipeline *p);
 ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err);
 void ht_pipeline_free(ht_pipeline *p);
+/* The slot micro-batch `micro` takes in chunk `chunk`. */
+int ht_pipeline_slot(const ht_pipeline *p, int micro, int chunk);
 /* A slot's received input hidden states and output gradient (NULL: one stage). */
 float *ht_pipeline_input(const ht_pipeline *p, int slot);
 float *ht_pipeline_grad(const ht_pipeline *p, int slot);
@@ -247,11 +251,11 @@ float *ht_pipeline_grad(const ht_pipeline *p, int slot);
  * its input from the previous stage, or its output's gradient from the
  * next, `floats` of them into its slot's buffer (none on the first or the
  * last stage). */
-void ht_pipeline_receive(ht_pipeline *p, int micro, bool grad, int64_t floats);
+void ht_pipeline_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats);
 /* After it: its output to the next stage, or its input's gradient to the
  * previous, started (`sent` may change once it returns where it is the
  * model's input gradient: that one goes from a copy). */
-void ht_pipeline_send(ht_pipeline *p, int micro, bool grad, const float *sent, int64_t floats);
+void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats);
 /* Waits for every send started. */
 void ht_pipeline_finish(ht_pipeline *p);
 

@@ -90,6 +90,7 @@ typedef struct ht_trainer {
     int Tc;                                /* the tokens of each this rank holds: T / cp_size */
     int eval_B;                            /* validation windows a forward takes (B); 0: no evaluation */
     int32_t *batch;                        /* (B, T+1) */
+    int32_t *micro_tokens;                 /* (micro-batches, B, T+1): a step's tokens, each kept for its chunks */
     int32_t *inputs, *targets;             /* (B, T) */
     int32_t *share_inputs, *share_targets; /* (B, Tc) this rank's tokens of them (context parallelism; else NULL) */
     FILE *metrics;                         /* output_dir/metrics.jsonl */

@@ -209,6 +209,7 @@ const key_desc ht_config_keys[] = {
     INT("parallel.expert_parallel_size", parallel.expert_parallel_size, "1"),
     INT("parallel.pipeline_parallel_size", parallel.pipeline_parallel_size, "1"),
     ENUM("parallel.pipeline_schedule", parallel.pipeline_schedule, PP_SCHEDULES, "1f1b"),
+    INT("parallel.virtual_pipeline_model_parallel_size", parallel.virtual_pipeline_model_parallel_size, "1"),
     STRS("parallel.ep_plan.apply_modules", parallel.ep_modules, "[]"),
 
     ENUM("optimizer._target_", optimizer.type, OPTIMIZERS, "Muon"),

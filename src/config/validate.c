@@ -159,14 +159,30 @@ static int check_mesh(report *r, int world) {
  * refused by name. */
 static void check_pipeline(report *r, int accumulation) {
     const ht_config *cfg = r->cfg;
-    const int PP = cfg->parallel.pipeline_parallel_size;
+    const int PP = cfg->parallel.pipeline_parallel_size, V = cfg->parallel.virtual_pipeline_model_parallel_size;
     char a[HT_CONFIG_STR_MAX + 160], b[HT_CONFIG_STR_MAX + 160];
-    if (PP <= 1) return;
+    const char *vkey = "parallel.virtual_pipeline_model_parallel_size";
+    if (V < 1 || V > HT_PIPELINE_CHUNKS_MAX)
+        add(r, "%s: %d; expected an integer from 1 to %d", at(cfg, vkey, a, sizeof(a)), V, HT_PIPELINE_CHUNKS_MAX);
+    if (V > 1 && PP <= 1)
+        add(r, "%s: %d model chunks a stage need pipeline stages; expected parallel.pipeline_parallel_size > 1 (%s)",
+            at(cfg, vkey, a, sizeof(a)), V, at(cfg, "parallel.pipeline_parallel_size", b, sizeof(b)));
+    if (PP <= 1 || V < 1) return;
     at(cfg, "parallel.pipeline_parallel_size", a, sizeof(a));
     const ht_model_config *m = &cfg->model.arch;
-    if (!cfg->model.from_pretrained[0] && m->num_hidden_layers < PP)
-        add(r, "%s: %d stages, but the model has %d layers (model.num_hidden_layers): each stage holds at least one", a,
-            PP, m->num_hidden_layers);
+    if (!cfg->model.from_pretrained[0] && m->num_hidden_layers < PP * V)
+        add(r,
+            "%s: %d stages x %d chunks, but the model has %d layers (model.num_hidden_layers): each model stage holds "
+            "at least one",
+            a, PP, V, m->num_hidden_layers);
+    if (V > 1 && cfg->parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE)
+        add(r, "%s: %d model chunks a stage run the interleaved 1F1B schedule; expected pipeline_schedule: 1f1b (%s)",
+            at(cfg, vkey, b, sizeof(b)), V, a);
+    if (V > 1 && accumulation > 0 && accumulation % PP != 0)
+        add(r,
+            "%s: %d: interleaved 1F1B takes the micro-batches in groups of the %d stages, and a step here has %d "
+            "(the gradient accumulation); expected a multiple of %d",
+            at(cfg, vkey, b, sizeof(b)), V, PP, accumulation, PP);
     const struct {
         bool on;
         const char *key, *what;

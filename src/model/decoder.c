@@ -420,7 +420,7 @@ static ht_status declare_modules(ht_model *m, decoder *d, ht_error *err) {
     m->input_dtype = ht_alloc((size_t)m->module_count * sizeof(ht_dtype)); /* zeroed: F32, no cast */
     if (!m->modules || !m->input_dtype) return ht_fail(err, HT_ERR_OOM, "cannot allocate the model's modules");
     snprintf(m->modules[MOD_EMBED].name, HT_PARAM_NAME_MAX, "model.embed_tokens");
-    module_add(&m->modules[MOD_EMBED], d->has_embed ? d->embed : NULL); /* a last stage's tied copy: its head's */
+    module_add(&m->modules[MOD_EMBED], m->stage.first ? d->embed : NULL); /* a last stage's tied copy: its head's */
     for (int l = 0; l < d->L; l++) {
         ht_module *mod = &m->modules[MOD_LAYER(l)];
         layer_params *p = &d->layers[l];
@@ -520,7 +520,7 @@ static bool recomputed(const ht_model *m, int l) { return m->recompute && m->rec
  * recomputed layers share): whether any layer's has. */
 static bool lora_in_any(const decoder *d, int l, int lin) {
     if (l >= 0) return d->layers[l].lora_a[lin] != NULL;
-    for (int k = d->l0; k < d->l1; k++)
+    for (int k = 0; k < d->L; k++) /* the layers this model holds: the others have no adapters here */
         if (d->layers[k].lora_a[lin]) return true;
     return false;
 }
@@ -548,16 +548,31 @@ static int64_t chunk_rows(const ht_model *m, const decoder *d, int64_t N) {
 enum { NPL = 21, NTAIL = 30, NLORA = 4 };
 typedef struct act_plan {
     size_t per_layer[NPL], tail[NTAIL], lora_h, lora_tail[NLORA];
-    bool shared;        /* model.recompute: the recomputed layers share one set of buffers */
-    int slots;          /* micro-batches kept at once (m->slots) */
-    size_t slot, total; /* one slot's bytes (its layers' and tail's), and everything's */
+    bool shared; /* model.recompute: the recomputed layers share one set of buffers */
+    int slots;   /* micro-batches kept at once (m->slots), of every chunk */
+    size_t slot[HT_PIPELINE_CHUNKS_MAX],
+        total; /* one slot's bytes of each chunk (its layers' and tail's), everything's */
 } act_plan;
 
-/* The tail's buffers each micro-batch slot has its own of (the rest are backward's scratch). */
+/* The tail's buffers each micro-batch slot has its own of (the rest are
+ * backward's scratch), and those only a slot of the chunk with the head needs. */
 static bool slot_tail(int i) { return i <= 5 || i == 18; }
+static bool head_tail(int i) { return (i >= 1 && i <= 3) || i == 18; }
 
 static int slots_of(const ht_model *m) { return m->slots > 1 ? m->slots : 1; }
 
+/* The chunk a slot belongs to: slots / chunks of them each, in chunk order. */
+static int chunk_of(const ht_model *m, int slot) { return slot / (slots_of(m) / m->stage.chunks); }
+
+/* Whether chunk c computes the final norm, the LM head and the loss (the last rank's last chunk). */
+static bool chunk_has_head(const ht_model *m, int c) { return m->stage.last && c == m->stage.chunks - 1; }
+
+/* Chunk c's layers, and whether it embeds the tokens or computes the loss, as the current ones. */
+static void select_chunk(const ht_model *m, decoder *d, int c) {
+    ht_pipeline_chunk_layers(&m->stage, c, &d->l0, &d->l1);
+    d->has_embed = m->stage.first && c == 0;
+    d->has_head = chunk_has_head(m, c);
+}
 static void plan_activations(const ht_model *m, const decoder *d, int B, int T, size_t cd, int threads, act_plan *p) {
     const int64_t head_rows = chunk_rows(m, d, (int64_t)B * T);
     int64_t N = (int64_t)B * T, C = d->C, F = d->F, V = d->V;
@@ -580,12 +595,11 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * 4 * (Rq > 0), N * Rq * cd, N * Rkv * 4, N * 4 * (Rkv > 0),
         N * Rkv * cd,
     };
-    const bool head = d->has_head; /* a stage without it: no norm, logits or loss */
     const size_t tail[NTAIL] = {
         Ns * C * 4,
-        Ns * 4 * head,
-        Ns * C * cd * head,
-        (size_t)(head_rows * V) * 4 * head,
+        Ns * 4,
+        Ns * C * cd,
+        (size_t)(head_rows * V) * 4,
         N * 4,
         N * 4, /* resid_final .. logits, inputs, targets */
         Ns * C * 4,
@@ -599,8 +613,8 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
         N * F * 4,
         (size_t)dy_cd_elems * cd, /* dgate .. dy_cd */
         (size_t)threads * ht_kernels()->attention_workspace_floats(T, d->Dk, d->Dv) * 4,
-        (size_t)d->L * B * d->H * 4,               /* att_work, head_max */
-        (size_t)N * sizeof(ht_softmax_row) * head, /* softmax_rows */
+        (size_t)d->L * B * d->H * 4,
+        /* att_work, head_max */ (size_t)N * sizeof(ht_softmax_row), /* softmax_rows */
         N * KVA * 4,
         N * KVB * 4,
         N * Dr * 4,
@@ -629,21 +643,30 @@ static void plan_activations(const ht_model *m, const decoder *d, int B, int T, 
      * rest of its buffers are one set all of them share, carved once (as if
      * for layer -1), which backward fills again before the layer's turn. */
     p->shared = false;
-    for (int l = d->l0; l < d->l1; l++) p->shared = p->shared || recomputed(m, l);
+    for (int l = 0; l < d->L; l++) p->shared = p->shared || (ht_pipeline_holds_layer(&m->stage, l) && recomputed(m, l));
     p->slots = slots_of(m);
     size_t shared = 0;
-    p->slot = 0;
-    for (int l = p->shared ? -1 : d->l0; l < d->l1; l = l < 0 ? d->l0 : l + 1) {
-        bool own = l >= 0 && !recomputed(m, l);
-        size_t *into = l < 0 ? &shared : &p->slot;
-        for (int i = 0; i < NPL; i++)
-            if (i == 0 ? l >= 0 : l < 0 || own) *into += ht_align64(p->per_layer[i]);
-        for (int lin = 0; lin < LIN_COUNT; lin++)
-            if ((l < 0 || own) && lora_in_any(d, l, lin)) *into += ht_align64(p->lora_h);
-    }
-    for (int i = 0; i < NTAIL; i++) *(slot_tail(i) ? &p->slot : &shared) += ht_align64(p->tail[i]);
+    for (int i = 1; p->shared && i < NPL; i++) shared += ht_align64(p->per_layer[i]); /* the common set */
+    for (int lin = 0; p->shared && lin < LIN_COUNT; lin++)
+        if (lora_in_any(d, -1, lin)) shared += ht_align64(p->lora_h);
+    for (int i = 0; i < NTAIL; i++) shared += slot_tail(i) ? 0 : ht_align64(p->tail[i]);
     for (int i = 0; i < NLORA; i++) shared += ht_align64(p->lora_tail[i]);
-    p->total = (size_t)p->slots * p->slot + shared;
+    p->total = shared;
+    for (int c = 0; c < m->stage.chunks; c++) { /* each chunk's slots: its layers and the tail */
+        int l0, l1;
+        ht_pipeline_chunk_layers(&m->stage, c, &l0, &l1);
+        p->slot[c] = 0;
+        for (int l = l0; l < l1; l++) {
+            const bool own = !recomputed(m, l);
+            for (int i = 0; i < NPL; i++)
+                if (i == 0 || own) p->slot[c] += ht_align64(p->per_layer[i]);
+            for (int lin = 0; lin < LIN_COUNT; lin++)
+                if (own && lora_in_any(d, l, lin)) p->slot[c] += ht_align64(p->lora_h);
+        }
+        for (int i = 0; i < NTAIL; i++)
+            if (slot_tail(i) && (chunk_has_head(m, c) || !head_tail(i))) p->slot[c] += ht_align64(p->tail[i]);
+        p->total += (size_t)(p->slots / m->stage.chunks) * p->slot[c];
+    }
 }
 
 /* What plan_activations totals, for a caller asking before anything is
@@ -672,7 +695,9 @@ static double decoder_activation_bytes(const ht_model *m, int B, int T, size_t c
     /* what forward adds beside the decoder's block: the experts' buffers, context parallelism's attention and
      * rotary tables at the rank's positions (as forward sizes them) */
     const int64_t N = (int64_t)B * T, Ns = sequence_parallel(m, d) ? N / d->tp_size : N;
-    double more = (double)ht_moe_plan_bytes(d->moe, Ns, m->experts.size, d->tp_size, m->tensor.sequence, cd);
+    /* every micro-batch slot's experts, each counted as the first chunk's */
+    double more =
+        (double)ht_moe_plan_bytes(d->moe, Ns, m->experts.size, d->tp_size, m->tensor.sequence, cd) * slots_of(m);
     if (ht_context_size(&m->context) > 1) {
         const ht_attention_shape local = {
             .B = B, .T = T, .H = d->H, .KV = d->KVh, .Dk = d->Dk, .Dv = d->Dv, .scale = d->attn_scale};
@@ -765,6 +790,16 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         for (; d->moe_count < S; d->moe_count++)
             if (!(d->moes[d->moe_count] = ht_moe_clone(d->moes[0])))
                 return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' slot %d", d->moe_count);
+        for (int k = 0; k < S; k++) { /* each its chunk's sparse layers, by their index among the sparse layers */
+            int l0, l1, s0 = 0, s1 = 0;
+            ht_pipeline_chunk_layers(&m->stage, chunk_of(m, k), &l0, &l1);
+            for (int l = 0; l < l1; l++) {
+                const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
+                s0 += sparse && l < l0;
+                s1 += sparse;
+            }
+            ht_moe_set_layers(d->moes[k], s0, s1);
+        }
     }
     d->slots = ht_alloc((size_t)S * sizeof(micro_slot));
     d->all_acts = ht_alloc((size_t)S * (size_t)d->L * sizeof(layer_acts));
@@ -792,15 +827,19 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
     if (plan.shared) carve_layer(&arena, m, d, &plan, -1, NULL, &common);
     for (int k = 0; k < S; k++) {
         micro_slot *ms = &d->slots[k];
+        const int c = chunk_of(m, k);
+        const size_t head = chunk_has_head(m, c); /* only the loss's chunk needs the norm's and head's buffers */
+        int l0, l1;
+        ht_pipeline_chunk_layers(&m->stage, c, &l0, &l1);
         ms->acts = d->all_acts + (size_t)k * (size_t)d->L;
-        for (int l = d->l0; l < d->l1; l++) carve_layer(&arena, m, d, &plan, l, &common, &ms->acts[l]);
+        for (int l = l0; l < l1; l++) carve_layer(&arena, m, d, &plan, l, &common, &ms->acts[l]);
         ms->resid_final = ht_arena_take(&arena, tail[0]);
-        ms->rstdf = ht_arena_take(&arena, tail[1]);
-        ms->lnf = ht_arena_take(&arena, tail[2]);
-        ms->logits = ht_arena_take(&arena, tail[3]);
+        ms->rstdf = ht_arena_take(&arena, tail[1] * head);
+        ms->lnf = ht_arena_take(&arena, tail[2] * head);
+        ms->logits = ht_arena_take(&arena, tail[3] * head);
         ms->inputs = ht_arena_take(&arena, tail[4]);
         ms->targets = ht_arena_take(&arena, tail[5]);
-        ms->softmax_rows = ht_arena_take(&arena, tail[18]);
+        ms->softmax_rows = ht_arena_take(&arena, tail[18] * head);
     }
     d->slot_count = S;
     select_slot(d, 0);
@@ -1337,17 +1376,20 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
                        (long long)N, B, T, d->tp_size);
     d->Ns = sequence_parallel(m, d) ? N / d->tp_size : N;
     const int64_t Ns = d->Ns;
+    if (m->slot < 0 || m->slot >= slots_of(m))
+        return ht_fail(err, HT_ERR_INVALID, "forward: micro-batch slot %d of %d", m->slot, slots_of(m));
+    select_chunk(m, d, chunk_of(m, m->slot));
     if (!d->has_embed && !m->stage_in)
         return ht_fail(err, HT_ERR_INVALID, "forward: pipeline stage of layers %d-%d has no input (m->stage_in)", d->l0,
                        d->l1 - 1);
-    if (m->slot < 0 || m->slot >= slots_of(m))
-        return ht_fail(err, HT_ERR_INVALID, "forward: micro-batch slot %d of %d", m->slot, slots_of(m));
     ht_status s = size_activations(m, d, B, T, err);
     if (s == HT_OK) select_slot(d, m->slot);
     if (s == HT_OK) s = prepare_context(m, d, T, err);
     if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, d->tp_size > 1 ? d->tp : NULL, err);
     if (s != HT_OK) return s;
-    m->activation_bytes = d->activation_bytes + ht_moe_activation_bytes(d->moe) + ht_cp_attention_bytes(d->cp) +
+    size_t experts = 0;
+    for (int k = 0; k < d->moe_count; k++) experts += ht_moe_activation_bytes(d->moes[k]);
+    m->activation_bytes = d->activation_bytes + experts + ht_cp_attention_bytes(d->cp) +
                           (d->cp ? 2 * (size_t)d->cp_T * (size_t)(d->rope_dim / 2) * sizeof(float) : 0);
     d->dropout_seed = m->dropout_seed; /* backward redraws this forward's masks */
     d->dropout_first = m->dropout_first_sequence;
@@ -1465,6 +1507,7 @@ static void head_backward(ht_model *m, decoder *d, float scale) {
 
 static void decoder_backward(ht_model *m, float scale) {
     decoder *d = m->impl;
+    select_chunk(m, d, chunk_of(m, m->slot));
     select_slot(d, m->slot);
     int B = d->B, T = d->T;
     int64_t N = (int64_t)B * T, C = d->C, V = d->V;
@@ -1686,7 +1729,7 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
         const char *name = ps->items[i].name;
         int l = -1;
         if (sscanf(name, "model.layers.%d.", &l) == 1)
-            keep[i] = l >= st->first_layer && l < st->end_layer;
+            keep[i] = ht_pipeline_holds_layer(st, l);
         else if (strcmp(name, "model.embed_tokens.weight") == 0) /* tied: the last stage's LM head too */
             keep[i] = st->first || (st->last && m->config.tie_word_embeddings);
         else
@@ -1694,19 +1737,20 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
     }
     ht_params_retain(ps, keep);
     free(keep);
-    if (d->moe) { /* the stage's sparse layers, by their index among the sparse layers */
-        int s0 = 0, s1 = 0;
-        for (int l = 0; l < st->end_layer; l++) {
+    if (d->moe) { /* its first chunk's sparse layers, by their index among the sparse layers (each slot's: sized) */
+        int l0, l1, s0 = 0, s1 = 0;
+        ht_pipeline_chunk_layers(st, 0, &l0, &l1);
+        for (int l = 0; l < l1; l++) {
             const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
-            s0 += sparse && l < st->first_layer;
+            s0 += sparse && l < l0;
             s1 += sparse;
         }
         ht_moe_set_layers(d->moe, s0, s1);
     }
     ht_param *embed = ht_params_find(ps, "model.embed_tokens.weight");
     if (embed && m->config.tie_word_embeddings) embed->stage_tied = true, embed->stage_copy = !st->first;
-    d->l0 = st->first_layer, d->l1 = st->end_layer, d->has_embed = st->first, d->has_head = st->last;
     m->stage = *st;
+    select_chunk(m, d, 0);
     memset(d->layers, 0, (size_t)d->L * sizeof(layer_params));
     ht_free(m->modules);
     ht_free(m->input_dtype);
@@ -1766,7 +1810,7 @@ ht_status ht_decoder_build(const ht_model_config *cfg, ht_dtype dtype, ht_model 
     d->lora_dropout = d->lora_rank ? (float)cfg->lora.dropout : 0.0f;
     d->layers = ht_alloc((size_t)d->L * sizeof(layer_params));
     d->l0 = 0, d->l1 = d->L, d->has_embed = d->has_head = true;
-    m->stage = (ht_pipeline_stage){.first_layer = 0, .end_layer = d->L, .first = true, .last = true};
+    m->stage = ht_pipeline_stage_of(d->L, 1, 1, 0);
     m->slots = 1;
     size_t table = (size_t)cfg->max_position_embeddings * (d->rope_dim / 2) * sizeof(float);
     d->cos_t = ht_kernels()->alloc(table);

@@ -494,7 +494,8 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
         m->tensor = (ht_tensor_parallel){.size = tp, .rank = at->tp_rank};
     }
     if (s == HT_OK && pp > 1) {
-        const ht_pipeline_stage stage = ht_pipeline_stage_of(cfg->num_hidden_layers, pp, at->pp_rank);
+        const int V = at->pp_chunks > 1 ? at->pp_chunks : 1;
+        const ht_pipeline_stage stage = ht_pipeline_stage_of(cfg->num_hidden_layers, pp, V, at->pp_rank);
         if (!m->ops->set_pipeline_stage)
             s = ht_fail(err, HT_ERR_CONFIG,
                         "parallel.pipeline_parallel_size %d: model %s cannot be split into stages; expected 1", pp,
@@ -504,11 +505,11 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
                         "parallel.pipeline_parallel_size %d: model %s allocates its weights as it builds them, so "
                         "they cannot be split into stages; expected 1",
                         pp, cfg->name);
-        else if (cfg->num_hidden_layers < pp)
+        else if (cfg->num_hidden_layers < pp * V)
             s = ht_fail(err, HT_ERR_CONFIG,
-                        "parallel.pipeline_parallel_size %d: more stages than the model's %d layers "
-                        "(num_hidden_layers): each stage holds at least one",
-                        pp, cfg->num_hidden_layers);
+                        "parallel.pipeline_parallel_size %d x virtual_pipeline_model_parallel_size %d: more model "
+                        "stages than the model's %d layers (num_hidden_layers): each holds at least one",
+                        pp, V, cfg->num_hidden_layers);
         else
             s = m->ops->set_pipeline_stage(m, &stage, err);
     }
@@ -528,18 +529,33 @@ ht_status ht_model_declare(const ht_model_config *cfg, ht_dtype dtype, const ht_
     return s;
 }
 
-ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int s) {
-    const int base = L / P, extra = L % P;
-    const int first = s * base + (s < extra ? s : extra);
-    return (ht_pipeline_stage){
-        .first_layer = first, .end_layer = first + base + (s < extra), .first = s == 0, .last = s == P - 1};
+ht_pipeline_stage ht_pipeline_stage_of(int L, int P, int V, int r) {
+    return (ht_pipeline_stage){.layers = L, .ranks = P, .chunks = V, .rank = r, .first = r == 0, .last = r == P - 1};
 }
 
-int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, const char *name) {
+void ht_pipeline_chunk_layers(const ht_pipeline_stage *st, int c, int *first, int *end) {
+    const int S = st->ranks * st->chunks, q = c * st->ranks + st->rank; /* model stage q of S */
+    const int base = st->layers / S, extra = st->layers % S;
+    *first = q * base + (q < extra ? q : extra);
+    *end = *first + base + (q < extra);
+}
+
+bool ht_pipeline_holds_layer(const ht_pipeline_stage *st, int l) {
+    for (int c = 0; c < st->chunks; c++) {
+        int first, end;
+        ht_pipeline_chunk_layers(st, c, &first, &end);
+        if (l >= first && l < end) return true;
+    }
+    return false;
+}
+
+int ht_pipeline_stage_holding(const ht_model_config *cfg, int P, int V, const char *name) {
     int l = -1;
     if (sscanf(name, "model.layers.%d.", &l) == 1) {
-        for (int q = 0; q < P; q++)
-            if (l < ht_pipeline_stage_of(cfg->num_hidden_layers, P, q).end_layer) return q;
+        for (int r = 0; r < P; r++) {
+            const ht_pipeline_stage st = ht_pipeline_stage_of(cfg->num_hidden_layers, P, V, r);
+            if (ht_pipeline_holds_layer(&st, l)) return r;
+        }
         return P - 1;
     }
     return strcmp(name, "model.embed_tokens.weight") == 0 ? 0 : P - 1;

@@ -462,7 +462,8 @@ static ht_status gather_whole_model(ht_trainer *t, ht_param_store *whole, ht_err
     /* A stage's first rank: its whole params there, then to rank 0 over the stages' first ranks. */
     const bool leader = t->par.shard->rank == 0 && t->par.tp->rank == 0, staged = t->par.pp_size > 1;
     for (int i = 0; i < all->count; i++) {
-        const int owner = ht_pipeline_stage_holding(&t->model->config, t->par.pp_size, all->items[i].name);
+        const int owner =
+            ht_pipeline_stage_holding(&t->model->config, t->par.pp_size, t->model->stage.chunks, all->items[i].name);
         const ht_param *p = owner == t->par.pp_rank ? ht_params_find(ps, all->items[i].name) : NULL;
         void *out = root ? whole->items[i].data : NULL;
         const size_t bytes = (size_t)ht_param_global_numel(&all->items[i]) * ht_dtype_size(all->items[i].dtype);
@@ -731,11 +732,12 @@ ht_status ht_trainer_run(ht_trainer *t, ht_error *err) {
         }
         double idle = 0;
         for (int q = 0; q < P; q++) idle += 1.0 - all[3 * q] / fmax(all[3 * q + 2], 1e-12);
-        ht_log_info("pipeline a step (%s): %.3f s of micro-batches; %s; bubble measured %.1f%% (the stages' mean "
-                    "idle share, exchanges included), the schedule's (P - 1) / (m + P - 1) = %.1f%%",
+        const int V = t->pipe.chunks;
+        ht_log_info("pipeline a step (%s%s): %.3f s of micro-batches; %s; bubble measured %.1f%% (the stages' mean "
+                    "idle share, exchanges included), the schedule's (P - 1) / (V m + P - 1) = %.1f%%",
                     t->config.parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE ? "gpipe" : "1f1b",
-                    t->pipeline_seconds / (double)(t->step - first_step), line, 100.0 * idle / P,
-                    100.0 * (P - 1) / (m + P - 1));
+                    V > 1 ? " interleaved" : "", t->pipeline_seconds / (double)(t->step - first_step), line,
+                    100.0 * idle / P, 100.0 * (P - 1) / (V * m + P - 1));
     }
     if (t->par.cp_size > 1 && t->step > first_step) {
         /* This rank's (rank 0's) exchanges, evaluation forwards included. */

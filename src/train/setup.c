@@ -150,7 +150,8 @@ static ht_model_placement placement(const ht_trainer *t) {
                                 .tp_rank = t->par.tp->rank,
                                 .tp_size = t->par.tp->size,
                                 .pp_rank = t->par.pp_rank,
-                                .pp_size = t->par.pp_size};
+                                .pp_size = t->par.pp_size,
+                                .pp_chunks = t->config.parallel.virtual_pipeline_model_parallel_size};
 }
 
 /* The model with its params declared, not yet stored: their dtypes
@@ -727,7 +728,8 @@ static ht_status build_qk_table(ht_trainer *t, ht_error *err) {
         t->qk_layers[l].head_dim = ht_model_config_head_dim(a);
     }
     /* The layers of this rank's pipeline stage (all of them with one): the others' are another rank's to clip. */
-    for (int l = t->model->stage.first_layer; l < t->model->stage.end_layer; l++) {
+    for (int l = 0; l < a->num_hidden_layers; l++) {
+        if (!ht_pipeline_holds_layer(&t->model->stage, l)) continue;
         char name[HT_PARAM_NAME_MAX];
         ht_param_store *ps = &t->model->params;
 #define FIND(field, suffix)                                                                                            \
@@ -1037,23 +1039,30 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
 static ht_status make_pipeline(ht_trainer *t, ht_error *err) {
     const ht_config *c = &t->config;
     const int P = t->par.pp_size, m = t->grad_accum, B = t->B > t->eval_B ? t->B : t->eval_B;
+    const int V = t->model->stage.chunks;
     const bool gpipe = P > 1 && c->parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE;
-    ht_status s = ht_pipeline_init(&t->pipe, gpipe ? HT_PIPE_GPIPE : HT_PIPE_1F1B, t->par.pp, m,
+    ht_status s = ht_pipeline_init(&t->pipe, gpipe ? HT_PIPE_GPIPE : HT_PIPE_1F1B, t->par.pp, V, m,
                                    (int64_t)B * t->Tc * t->model->config.hidden_size, err);
     if (s == HT_OK) t->model->slots = t->pipe.slots; /* the activations the plan and the run size */
     if (s != HT_OK || P == 1 || t->comm->rank != 0 || t->planning) return s;
-    char stages[1024] = "";
-    for (int q = 0; q < P && strlen(stages) + 96 < sizeof(stages); q++) {
-        const ht_pipeline_stage st = ht_pipeline_stage_of(t->model->config.num_hidden_layers, P, q);
-        char layers[32];
-        snprintf(layers, sizeof(layers), st.end_layer - st.first_layer > 1 ? "layers %d-%d" : "layer %d",
-                 st.first_layer, st.end_layer - 1);
-        snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s%d: %s%s%s", q ? "; " : "", q, layers,
-                 st.first ? " and the embedding" : "", st.last ? " and the final norm, LM head and loss" : "");
+    char stages[2048] = "";
+    for (int q = 0; q < P && strlen(stages) + 160 < sizeof(stages); q++) {
+        const ht_pipeline_stage st = ht_pipeline_stage_of(t->model->config.num_hidden_layers, P, V, q);
+        snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s%d:", q ? "; " : "", q);
+        for (int k = 0; k < V; k++) {
+            int first, end;
+            ht_pipeline_chunk_layers(&st, k, &first, &end);
+            snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages),
+                     end - first > 1 ? "%s layers %d-%d" : "%s layer %d", k ? "," : "", first, end - 1);
+        }
+        snprintf(stages + strlen(stages), sizeof(stages) - strlen(stages), "%s%s", st.first ? " and the embedding" : "",
+                 st.last ? " and the final norm, LM head and loss" : "");
     }
-    ht_log_info("Pipeline parallel %d (%s, %d micro-batches a step: the gradient accumulation; bubble "
-                "(P - 1) / (m + P - 1) = %.0f%%): stage %s; stage 0 keeps %d micro-batches' activations at once",
-                P, gpipe ? "gpipe" : "1f1b", m, 100.0 * (P - 1) / (m + P - 1), stages, t->pipe.slots);
+    char chunks[64] = "";
+    if (V > 1) snprintf(chunks, sizeof(chunks), " interleaved, %d chunks a stage", V);
+    ht_log_info("Pipeline parallel %d (%s%s, %d micro-batches a step: the gradient accumulation; bubble "
+                "(P - 1) / (V m + P - 1) = %.0f%%): stage %s; stage 0 keeps %d micro-batches' activations at once",
+                P, gpipe ? "gpipe" : "1f1b", chunks, m, 100.0 * (P - 1) / (V * m + P - 1), stages, t->pipe.slots);
     return HT_OK;
 }
 
@@ -1146,6 +1155,7 @@ void ht_trainer_free(ht_trainer *t) {
     ht_model_free(t->model);
     ht_model_free(t->whole);
     ht_free(t->batch);
+    free(t->micro_tokens);
     ht_free(t->inputs);
     ht_free(t->targets);
     ht_free(t->share_inputs);

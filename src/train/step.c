@@ -132,19 +132,24 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
     ht_pipeline *pipe = &t->pipe;
     const int64_t floats = boundary_floats(t, t->B);
     m->slots = pipe->slots;
+    const size_t window = (size_t)t->B * (size_t)(t->T + 1); /* a micro-batch's tokens */
+    if (!t->micro_tokens && !(t->micro_tokens = malloc((size_t)pipe->micro * window * sizeof(int32_t))))
+        return ht_fail(err, HT_ERR_OOM, "cannot hold the tokens of a step's %d micro-batches", pipe->micro);
     const double start = ht_time_seconds();
-    for (int k = 0; k < 2 * pipe->micro; k++) {
-        const int op = pipe->order[k], micro = op / 2;
-        const bool backward = op % 2;
-        m->slot = pipe->slot_of[micro];
+    for (int k = 0; k < 2 * pipe->chunks * pipe->micro; k++) {
+        const int op = pipe->order[k], micro = (op >> 1) / pipe->chunks, chunk = (op >> 1) % pipe->chunks;
+        const bool backward = op & 1;
+        m->slot = ht_pipeline_slot(pipe, micro, chunk);
         const double r0 = ht_time_seconds();
-        ht_pipeline_receive(pipe, micro, backward, floats);
+        ht_pipeline_receive(pipe, micro, chunk, backward, floats);
         const double f0 = ht_time_seconds();
         const float *sent;
         if (!backward) {
-            /* Every stage reads the micro-batches in order: the first takes the inputs, the last the targets. */
-            ht_loader_next(&t->train_loader, t->batch);
-            ht_batch_split(t->batch, t->B, t->T, t->inputs, t->targets);
+            /* Every rank reads the micro-batches in order, at their first chunk's forwards (in micro-batch
+             * order): the first model stage takes the inputs, the last the targets. */
+            int32_t *tokens = t->micro_tokens + (size_t)micro * window;
+            if (chunk == 0) ht_loader_next(&t->train_loader, tokens);
+            ht_batch_split(tokens, t->B, t->T, t->inputs, t->targets);
             const int32_t *inputs, *targets;
             take_share(t, t->B, &inputs, &targets);
             m->dropout_seed = dropout;
@@ -156,7 +161,7 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
             const double f1 = ht_time_seconds();
             t->forward_seconds += f1 - f0;
             ht_trace_span("phase", "forward", HT_TRACE_THREAD, f0, f1, -1, t->step + 1);
-            if (m->stage.last) *loss_sum += loss;
+            if (m->stage.last && chunk == pipe->chunks - 1) *loss_sum += loss; /* the model's last stage's */
             sent = m->stage_out;
         } else {
             m->stage_out_grad = ht_pipeline_grad(pipe, m->slot);
@@ -165,7 +170,7 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
             sent = m->stage_in_grad;
         }
         const double x0 = ht_time_seconds();
-        ht_pipeline_send(pipe, micro, backward, sent, floats);
+        ht_pipeline_send(pipe, micro, chunk, backward, sent, floats);
         t->pipeline_busy_seconds += x0 - f0;
         t->pipeline_exchange_seconds += (f0 - r0) + (ht_time_seconds() - x0);
     }
@@ -234,9 +239,10 @@ ht_status ht_trainer_step(ht_trainer *t, ht_step_stats *stats, ht_error *err) {
         if (t->par.pp_size > 1) ht_all_reduce_f64(t->par.pp, &max_logit, 1, HT_REDUCE_MAX);
     }
     if (t->qk_layers && !r.skipped) {
-        for (int l = m->stage.first_layer; l < m->stage.end_layer; l++)
-            clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
-                                  t->config.optimizer.muon.qk_clip_threshold);
+        for (int l = 0; l < m->config.num_hidden_layers; l++)
+            if (ht_pipeline_holds_layer(&m->stage, l))
+                clipped += ht_qk_clip(&t->qk_layers[l], m->attn_max_logit + (size_t)l * t->qk_layers[l].num_heads,
+                                      t->config.optimizer.muon.qk_clip_threshold);
         /* each rank rescaled its own heads of its own layers: the count is the group's and the stages' */
         ht_comm *groups[] = {t->par.tp, t->par.pp};
         for (size_t g = 0; g < 2; g++) {
@@ -302,14 +308,16 @@ static ht_status evaluate_forward(ht_trainer *t, const int32_t *inputs, const in
     ht_pipeline *pipe = &t->pipe;
     const int64_t floats = boundary_floats(t, count);
     *loss = NAN;
-    m->slot = pipe->slot_of[0];
-    m->stage_in = ht_pipeline_input(pipe, m->slot);
-    ht_pipeline_receive(pipe, 0, false, floats);
-    ht_status s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
-    if (s == HT_OK) s = ht_kernels()->synchronize(err);
-    if (s != HT_OK) return s;
-    ht_pipeline_send(pipe, 0, false, m->stage_out, floats);
-    ht_pipeline_finish(pipe);
+    for (int c = 0; c < pipe->chunks; c++) { /* micro-batch 0's slots of each chunk, in turn */
+        m->slot = ht_pipeline_slot(pipe, 0, c);
+        m->stage_in = ht_pipeline_input(pipe, m->slot);
+        ht_pipeline_receive(pipe, 0, c, false, floats);
+        ht_status s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
+        if (s == HT_OK) s = ht_kernels()->synchronize(err);
+        if (s != HT_OK) return s;
+        ht_pipeline_send(pipe, 0, c, false, m->stage_out, floats);
+        ht_pipeline_finish(pipe);
+    }
     return HT_OK;
 }
 
@@ -343,7 +351,7 @@ ht_status ht_trainer_evaluate(ht_trainer *t, double *loss, ht_error *err) {
         if (s != HT_OK) return s;
         /* Every window has T targets: the mean over its tokens (context
          * parallelism: each rank's share of them, the shares of one size). */
-        if (g < groups && t->model->stage.last) sum += (double)l * count;
+        if (g < groups && t->model->stage.last) sum += (double)l * count; /* its last chunk's loss */
     }
     ht_all_reduce_f64(t->comm, &sum, 1, HT_REDUCE_SUM);
     sum /= (double)t->par.cp_size * t->par.tp_size; /* a tensor-parallel group's ranks hold the same loss */
