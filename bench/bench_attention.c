@@ -1,4 +1,4 @@
-/* The tiled causal attention alone (kernels/attention.c), forward and
+/* The tiled causal attention alone (kernels/cpu/attention.c), forward and
  * backward, at one shape: GFLOP/s counted as the causal half of its products
  * (forward 2, backward 5 of T²/2 x D each per head: QK, PV; QK again, dV, dP,
  * dQ, dK), against the FP32 GEMM rate on a (T, D) x (D, T) product.
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
 int main(int argc, char **argv) {
     ht_openmp_settle(argv);

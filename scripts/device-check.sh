@@ -254,7 +254,7 @@ if [ $trainer_rc -eq 0 ]; then
     fi
     [ $cuda_trainer_rc -ne 0 ] && parity_rc=1
 fi
-cat "$repo"/src/*/*.c >/tmp/ht-corpus.txt # the corpus: the engine's own sources, as bytes
+cat "$repo"/src/*/*.c "$repo"/src/*/*/*.c >/tmp/ht-corpus.txt # the corpus: the engine's own sources, as bytes
 tiny=(--set data.dataset_type=text_bytes --set data.path=/tmp/ht-corpus.txt --set data.seq_len=64
     --set model.vocab_size=256 --set model.hidden_size=64 --set model.intermediate_size=128
     --set model.num_hidden_layers=2 --set model.num_attention_heads=4 --set model.num_key_value_heads=2

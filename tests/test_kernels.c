@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "hypertrain/kernels.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
 static void fill_normal(float *x, size_t n, uint64_t seed, float std) {
     ht_rng rng;

@@ -393,7 +393,7 @@ static void test_newton_schulz_symmetric_products(void **state) {
 }
 
 /* muon_ns_form gram: the iteration on (r, r) Gram matrices, X formed again
- * every three iterations (kernels/optim.c). On wide and tall matrices where
+ * every three iterations (kernels/cpu/optim.c). On wide and tall matrices where
  * it takes fewer multiply-adds, against the float64 iteration (the standard
  * form, whole products), for three schedules (deepseek_v4's ten iterations
  * cross three blocks), on random matrices (a flat spectrum) and

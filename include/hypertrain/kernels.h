@@ -109,7 +109,7 @@ typedef struct ht_adamw_hparams {
  * run through this table and nothing else, so a backend (a GPU's) provides
  * the same entries and is tested op by op against the CPU's
  * (tests/test_kernels.c). Shapes, dtypes and semantics are those of the
- * CPU functions each entry names (kernels/ops.h, ht_gemm above,
+ * CPU functions each entry names (kernels/cpu/ops.h, ht_gemm above,
  * ht_convert / ht_round_to in base.h). */
 /* One row of logits' softmax as the cross-entropy's forward leaves it for
  * its backward: the largest logit and Σ e^(x - max), so that backward reads
@@ -305,7 +305,7 @@ const ht_kernel_ops *ht_kernels(void);
  * anything is allocated through the table, and free all of that before
  * switching again: memory belongs to the backend that allocated it. */
 void ht_kernels_use(const ht_kernel_ops *ops);
-/* The CPU's table (kernels/table.c), whatever is in use. */
+/* The CPU's table (kernels/cpu/backend.c), whatever is in use. */
 const ht_kernel_ops *ht_kernels_cpu(void);
 /* The fenced backend (kernels/fenced.c): the CPU's kernels on memory that
  * host code cannot touch outside the table's entries (each allocation its

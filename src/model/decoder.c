@@ -1069,7 +1069,7 @@ static ht_rope_layout rope_kpe(const decoder *d, int64_t ld, int64_t offset) {
     return (ht_rope_layout){ld, 0, offset, 1, d->Dr, d->rope_interleave};
 }
 
-/* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/attention.c);
+/* a->o (B, T, H, Dv) = softmax(s q kᵀ, causal) v, tiled (kernels/cpu/attention.c);
  * under context parallelism over every key of the sequences (model/context.c),
  * a->q, a->k, a->v and a->lse then left in its attention layout for backward.
  * With `track`, layer l's slot of head_max (of head_max_host under context

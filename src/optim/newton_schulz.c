@@ -1,6 +1,6 @@
 /* Newton-Schulz orthogonalization for Muon: the coefficient schedules and
  * their expansion into one (a, b, c) per iteration; the iteration itself is
- * a kernel (ht_kernels()->newton_schulz, kernels/optim.c). */
+ * a kernel (ht_kernels()->newton_schulz, kernels/cpu/optim.c). */
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
 

@@ -1,4 +1,4 @@
-/* Causal attention on the device: kernels/attention.c's formulas and
+/* Causal attention on the device: kernels/cpu/attention.c's formulas and
  * roundings (docs/NUMERICS.md, "Attention"), one thread per query row (or,
  * for dK and dV, per key row), the other side's rows staged through shared
  * memory a tile at a time. Forward keeps each row's online softmax (running

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The only global state of the backend: made once, as kernels/gemm.c's. */
+/* The only global state of the backend: made once, as kernels/cpu/gemm.c's. */
 static struct {
     pthread_once_t once;
     bool ready;

@@ -2,7 +2,7 @@
  * backend's one context (device, stream, cuBLASLt handle, scratch, the first
  * failure), launch helpers, and the device versions of the CPU's dtype
  * conversions, exponential and counter-based random numbers, written to
- * give the same bits as theirs (base/dtype.c, kernels/exp.h, kernels/ops.c). */
+ * give the same bits as theirs (base/dtype.c, kernels/cpu/exp.h, kernels/cpu/ops.c). */
 #ifndef HT_KERNELS_CUDA_CUH
 #define HT_KERNELS_CUDA_CUH
 
@@ -15,7 +15,7 @@
 /* ---------------------------------------------------------------- the context */
 
 /* The backend's state, made once (cuda_context) and kept for the process,
- * as kernels/gemm.c keeps oneDNN's engine: every entry queues on `stream`. */
+ * as kernels/cpu/gemm.c keeps oneDNN's engine: every entry queues on `stream`. */
 typedef struct cuda_context {
     int device;
     char name[256]; /* the device's, for logs */
@@ -235,7 +235,7 @@ __device__ __forceinline__ float dev_from16(uint16_t h, bool bf16) {
     return bf16 ? dev_bf16_to_f32(h) : dev_f16_to_f32(h);
 }
 
-/* kernels/exp.h's exp_nonpositive, each step rounded as there (no fused
+/* kernels/cpu/exp.h's exp_nonpositive, each step rounded as there (no fused
  * multiply-adds but the ones its polynomial is written with). */
 __device__ __forceinline__ float dev_exp_nonpositive(float x) {
     x = x < -87.3f ? -87.3f : x;
@@ -254,14 +254,14 @@ __device__ __forceinline__ float dev_exp_nonpositive(float x) {
     return __fmul_rn(p, __int_as_float(((int32_t)n + 127) << 23));
 }
 
-/* kernels/exp.h's sigmoid_fast. */
+/* kernels/cpu/exp.h's sigmoid_fast. */
 __device__ __forceinline__ float dev_sigmoid_fast(float x) {
     float t = dev_exp_nonpositive(x < 0 ? x : -x);
     float r = __fdiv_rn(1.0f, __fadd_rn(1.0f, t));
     return x >= 0 ? r : __fmul_rn(t, r);
 }
 
-/* splitmix64's finaliser (kernels/ops.c's mix64, base/dtype.c's counter_uniform). */
+/* splitmix64's finaliser (kernels/cpu/ops.c's mix64, base/dtype.c's counter_uniform). */
 __device__ __forceinline__ uint64_t dev_mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ULL;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -1,5 +1,5 @@
 /* Causal attention with 16-bit operands on tensor cores: the formulas and
- * roundings of kernels/attention.c (docs/NUMERICS.md, "Attention") as
+ * roundings of kernels/cpu/attention.c (docs/NUMERICS.md, "Attention") as
  * FlashAttention-2 tiles them, each product mma.sync m16n8k16 of bf16 or
  * f16 operands into FP32 (tc.cuh), its fragments in registers.
  *

@@ -1,4 +1,4 @@
-/* The CUDA backend's kernels of Qwen2-MoE's sparse block, kernels/moe.c's
+/* The CUDA backend's kernels of Qwen2-MoE's sparse block, kernels/cpu/moe.c's
  * formulas in its orders: the router's softmax and top-k (a thread per
  * token: E and k are small), the combination of the experts' outputs with
  * the gated shared expert and the backward passes (a block per token). */

@@ -1,4 +1,4 @@
-/* The CUDA backend's decoder kernels, the formulas of kernels/ops.c and
+/* The CUDA backend's decoder kernels, the formulas of kernels/cpu/ops.c and
  * base/dtype.c: dtype conversions, RMSNorm, bias, rotary embedding, SwiGLU,
  * the cross-entropy over a chunk of rows, the embedding, moving rows,
  * dropout and the elementwise passes and sum of squares. Every reduction
@@ -98,7 +98,7 @@ void cuda_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *
            C, eps);
 }
 
-/* dx += r (w dy) - x r³ mean((w dy) x), one block per row (kernels/ops.c). */
+/* dx += r (w dy) - x r³ mean((w dy) x), one block per row (kernels/cpu/ops.c). */
 __global__ void rmsnorm_backward_kernel(float *dx, const float *dout, const float *x, const void *weight,
                                         ht_dtype wdtype, const float *rstd, int64_t C) {
     __shared__ float shared[32];
@@ -136,7 +136,7 @@ void cuda_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C) {
 /* ---------------------------------------------------------------- rotary embedding, SwiGLU */
 
 /* Every pair of the rotary part of every head of x rotated by sign · angle
- * (kernels/ops.c's rope_rotate): pair i is (v[i], v[i + D/2]) (rotate-half)
+ * (kernels/cpu/ops.c's rope_rotate): pair i is (v[i], v[i + D/2]) (rotate-half)
  * or (v[2i], v[2i + 1]) (interleaved), v the head's rotary part of token
  * row (b, t), laid out as L says. L is passed by value. */
 __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, float sign, int64_t T, ht_rope_layout L,
@@ -436,7 +436,7 @@ void cuda_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t r
 
 /* ---------------------------------------------------------------- dropout */
 
-/* kernels/ops.c's mask: element (n, c) dropped when a 24-bit uniform from
+/* kernels/cpu/ops.c's mask: element (n, c) dropped when a 24-bit uniform from
  * (seed, site, token0 + n, c) falls below p. */
 __global__ void dropout_kernel(float *x, int64_t N, int64_t cols, uint32_t threshold, float keep, uint64_t seed,
                                uint64_t site, int64_t token0) {

@@ -1,4 +1,4 @@
-/* The CUDA backend's optimizer passes, kernels/optim.c's formulas: AdamW's
+/* The CUDA backend's optimizer passes, kernels/cpu/optim.c's formulas: AdamW's
  * fused update (each rounding step that of torch's fused AdamW, as on the
  * CPU, so the two give the same bits) with its rounding back to a bf16/f16
  * model copy, to nearest or stochastically; Muon's momentum and update;
@@ -9,7 +9,7 @@
 
 /* ---------------------------------------------------------------- AdamW */
 
-/* The per-call scalars, computed in double on the host and rounded to FP32 (kernels/optim.c's). */
+/* The per-call scalars, computed in double on the host and rounded to FP32 (kernels/cpu/optim.c's). */
 typedef struct adamw_scalars {
     float decay, w1, b2, c2, bc2_sqrt, eps, neg_step;
 } adamw_scalars;
@@ -53,7 +53,7 @@ void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const h
 
 /* ---------------------------------------------------------------- Muon */
 
-/* torch's lerp as kernels/optim.c's torch_lerp: one FMA whose coefficient
+/* torch's lerp as kernels/cpu/optim.c's torch_lerp: one FMA whose coefficient
  * (w, or w - 1) and base (start, or end) the weight chose once. */
 __device__ __forceinline__ float torch_lerp_at(float coeff, bool small, float start, float end) {
     return __fmaf_rn(coeff, __fsub_rn(end, start), small ? start : end);
@@ -82,7 +82,7 @@ void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu,
            arith == HT_MUON_ARITH_TORCH);
 }
 
-/* p (1 - lr wd) - lr scale O, as kernels/optim.c's decayed_step; fused
+/* p (1 - lr wd) - lr scale O, as kernels/cpu/optim.c's decayed_step; fused
  * (TORCH): p decay, then one FMA. */
 __device__ __forceinline__ float decayed_step(float p, float o, float decay, float step, bool fused) {
     return fused ? __fmaf_rn(-step, o, __fmul_rn(p, decay)) : __fsub_rn(__fmul_rn(p, decay), __fmul_rn(step, o));
@@ -119,7 +119,7 @@ void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_
 
 /* ---------------------------------------------------------------- Newton-Schulz */
 
-/* kernels/optim.c's workspace (X, S, T in FP32, and their 16-bit operands),
+/* kernels/cpu/optim.c's workspace (X, S, T in FP32, and their 16-bit operands),
  * then each matrix's sum of squares in double, 8-byte aligned. */
 size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form) {
     size_t rc = (size_t)rows * (size_t)cols, r = (size_t)(rows < cols ? rows : cols);
@@ -131,7 +131,7 @@ size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dt
     return (size_t)count * floats + 2 * (size_t)count + 2;
 }
 
-/* The Gram form (kernels/optim.c, docs/NUMERICS.md): R formed again every
+/* The Gram form (kernels/cpu/optim.c, docs/NUMERICS.md): R formed again every
  * NS_GRAM_BLOCK iterations, the same blocks as the CPU's. */
 #define NS_GRAM_BLOCK 3
 
@@ -200,7 +200,7 @@ __global__ void ns_residual_kernel(uint16_t *b, const float *x, int64_t n, bool 
             NS_GEMM(false, false, rows, cols, rows, 1.0f, M, rows, rr, Xop, cols, n, beta, Y, cols, n);                \
     } while (0)
 
-/* kernels/optim.c's ht_ns_iterate (docs/NUMERICS.md, Newton–Schulz iteration), step for step, the
+/* kernels/cpu/optim.c's ht_ns_iterate (docs/NUMERICS.md, Newton–Schulz iteration), step for step, the
  * 16-bit operands always held as 16-bit values (the GPU's products take them natively). */
 /* optim.c's ns_gram: X normalized in X, `other` free, the result in O (the caller's parity). */
 static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3], int K,

@@ -3,7 +3,7 @@
  * grouped sigmoid router, moving rows by an index, the weighted combination
  * of the experts' outputs with the shared expert (gated or not), and their
  * backward passes. */
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
 #include <math.h>
 #include <stdbool.h>

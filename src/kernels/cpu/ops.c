@@ -1,10 +1,10 @@
 /* The decoder's elementwise and reduction kernels (forward and backward) in
  * FP32, matching Hugging Face's Qwen2/Llama definitions. Rows are split
  * across OpenMP threads; reductions accumulate in FP32 per row, as PyTorch does. */
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-#include "kernels/exp.h"
-#include "kernels/reduce.h"
+#include "kernels/cpu/exp.h"
+#include "kernels/cpu/reduce.h"
 
 #include <math.h>
 #include <omp.h>

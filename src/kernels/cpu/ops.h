@@ -51,7 +51,7 @@ void ht_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N,
 void ht_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
                         ht_softmax_row *rows, float *picked);
 
-/* Causal self-attention, tiled (kernels/attention.c), of the shape a says:
+/* Causal self-attention, tiled (kernels/cpu/attention.c), of the shape a says:
  * out (B, T, H, Dv) = softmax(scale q kᵀ, causal) v over q (B, T, H, Dk),
  * k (B, T, KV, Dk) and v (B, T, KV, Dv) (H a multiple of KV: grouped-query
  * heads share a key head), keeping only
@@ -116,7 +116,7 @@ void ht_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint6
 /* x *= k elementwise (n). */
 void ht_scale(float *x, int64_t n, float k);
 
-/* ---------------------------------------------------------------- the optimizers' passes (kernels/optim.c) */
+/* ---------------------------------------------------------------- the optimizers' passes (kernels/cpu/optim.c) */
 
 typedef struct ht_adamw_hparams ht_adamw_hparams;
 /* One AdamW step over n elements (docs/NUMERICS.md, AdamW, in torch's op order):
@@ -142,13 +142,13 @@ void ht_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_mu
  * Frobenius norm (in double) + eps, then `steps` iterations of coeffs[k] =
  * (a, b, c), the products in ns_dtype with FP32 accumulation, batched over
  * the matrices. gram: the Gram form where it takes fewer multiply-adds
- * (FP32 operands only; kernels/optim.c). O may be G; work holds ht_ns_workspace_floats() floats
+ * (FP32 operands only; kernels/cpu/optim.c). O may be G; work holds ht_ns_workspace_floats() floats
  * (count times one matrix's). */
 size_t ht_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
 void ht_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
                    int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work);
 
-/* ---------------------------------------------------------------- the sparse blocks (kernels/moe.c) */
+/* ---------------------------------------------------------------- the sparse blocks (kernels/cpu/moe.c) */
 
 /* probs (N, E) in place from the router's logits (softmax as torch computes
  * it, exp(x - max) / sum), then each row's k largest (ties to the lower

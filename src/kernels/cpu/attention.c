@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
-#include "kernels/exp.h"
-#include "kernels/reduce.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/exp.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/ops.h"
 
 /* Query and key block sizes: 128 x 128 FP32 scores (64 KiB) and a 128 x D
  * block of each operand stay in L2; against 64 x 64 tiles the products run
