@@ -1671,12 +1671,12 @@ static void test_backend_optimizers(void **state) {
             memcpy(p, p0, sizeof(p)), memcpy(m, m0, sizeof(m)), memcpy(v, v0, sizeof(v));
             if (half) ht_convert(model0, paths[t].model, p0, HT_DTYPE_F32, N);
             memcpy(model, model0, sizeof(model));
-            cpu->adamw(paths[t].main ? p : NULL, g, m, v, N, &h, half ? model : NULL, paths[t].model,
-                       paths[t].stochastic, 1234);
+            cpu->adamw_pass(paths[t].main ? p : NULL, g, m, v, N, &h, half ? model : NULL, paths[t].model,
+                            paths[t].stochastic, 1234);
             K->upload(kp, p0, N * 4), K->upload(km, m0, N * 4), K->upload(kv, v0, N * 4);
             K->upload(kmodel, model0, sizeof(model0));
-            K->adamw(paths[t].main ? kp : NULL, kg, km, kv, N, &h, half ? kmodel : NULL, paths[t].model,
-                     paths[t].stochastic, 1234);
+            K->adamw_pass(paths[t].main ? kp : NULL, kg, km, kv, N, &h, half ? kmodel : NULL, paths[t].model,
+                          paths[t].stochastic, 1234);
             char what[96];
             snprintf(what, sizeof(what), "adamw (%s main param, %s copy%s)", paths[t].main ? "an FP32" : "no",
                      half ? ht_dtype_name(paths[t].model) : "no", paths[t].stochastic ? ", stochastic" : "");
@@ -1743,10 +1743,10 @@ static void test_backend_optimizers(void **state) {
                 const int64_t rows = shapes[s][0], cols = shapes[s][1], count = 2, all = count * rows * cols;
                 float *G = normal((size_t)all, 141 + s, 1.0f), *O = malloc((size_t)all * 4);
                 float *work = malloc(cpu->ns_workspace_floats(count, rows, cols, ns, form) * 4);
-                cpu->newton_schulz(G, O, count, rows, cols, coeffs, 5, 1e-7, ns, form, work);
+                cpu->ns_iterate(G, O, count, rows, cols, coeffs, 5, 1e-7, ns, form, work);
                 float *kG = dev_copy(K, G, (size_t)all * 4), *kO = dev_new(K, (size_t)all * 4);
                 float *kwork = dev_new(K, K->ns_workspace_floats(count, rows, cols, ns, form) * 4);
-                K->newton_schulz(kG, kO, count, rows, cols, coeffs, 5, 1e-7, ns, form, kwork);
+                K->ns_iterate(kG, kO, count, rows, cols, coeffs, 5, 1e-7, ns, form, kwork);
                 char what[64];
                 snprintf(what, sizeof(what), "newton_schulz %s%s %lldx%lld", ht_dtype_name(ns),
                          form == HT_NS_FORM_GRAM    ? " gram"
@@ -1764,8 +1764,8 @@ static void test_backend_optimizers(void **state) {
     free(p0), free(g), free(m0), free(v0);
 }
 
-/* The profiled table: every slot the CPU's table fills is filled (an entry
- * missing from kernels/entries.h would be an empty one), and each call is
+/* The profiled table: every slot the CPU's table fills is filled (the
+ * wrapping tables' own entries are written by hand), and each call is
  * one row's count, the products by dtype, transposes and shape, with the
  * rows' time no more than the time they were called in. */
 static void test_profiled_table(void **state) {

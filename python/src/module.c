@@ -128,7 +128,7 @@ static PyObject *py_adamw(PyObject *self, PyObject *args, PyObject *kw) {
     if (PyErr_Occurred() || !as_dtype(dtype_o, &dtype)) return NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
     device_enter(&d);
-    d.k->adamw(p, g, m, v, n, &h, model, dtype, false, 0);
+    d.k->adamw_pass(p, g, m, v, n, &h, model, dtype, false, 0);
     device_leave(&d);
     PyEval_RestoreThread(unlocked);
     Py_RETURN_NONE;
@@ -260,8 +260,7 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
     device_enter(&d);
     work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64);
     if (work)
-        k->newton_schulz(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form,
-                         work);
+        k->ns_iterate(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form, work);
     k->free(work); /* on CUDA, after the device is done with it (cudaFree waits) */
     device_leave(&d);
     PyEval_RestoreThread(unlocked);

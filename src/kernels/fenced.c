@@ -14,7 +14,6 @@
  * never invented): a count of running entries opens the fence on the first
  * and closes it after the last. */
 #include "hypertrain/kernels.h"
-#include "kernels/entries.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -155,49 +154,36 @@ static void owned(const char *entry, const char *arg, const void *p) {
 }
 #define UNPAREN(...) __VA_ARGS__
 
-/* Every other entry: the CPU's, inside the fence, its arrays checked. */
+static ht_status fenced_synchronize(ht_error *err) { return ht_kernels_cpu()->synchronize(err); }
+
+/* Every other entry: the CPU's, inside the fence, its arrays checked (a
+ * workspace's size touches no memory: passed on as it is). */
 #define CPU ht_kernels_cpu()
 #define M(ptr) owned(__func__ + 7, #ptr, ptr)
-#define FENCED(name, params, args, checks)                                                                             \
+#define FENCED(kind, type, name, params, args, arrays) FENCED_##kind(type, name, params, args, arrays)
+#define FENCED_OWN(type, name, params, args, arrays) /* above */
+#define FENCED_SIZE(type, name, params, args, arrays)                                                                  \
+    static type fenced_##name params { return CPU->name args; }
+#define FENCED_RUN(type, name, params, args, arrays)                                                                   \
     static void fenced_##name params {                                                                                 \
         enter();                                                                                                       \
-        UNPAREN checks;                                                                                                \
+        UNPAREN arrays;                                                                                                \
         CPU->name args;                                                                                                \
         leave();                                                                                                       \
     }
-#define FENCED_RET(type, name, params, args, checks)                                                                   \
+#define FENCED_GEMM FENCED_RUN
+#define FENCED_GET(type, name, params, args, arrays)                                                                   \
     static type fenced_##name params {                                                                                 \
         enter();                                                                                                       \
-        UNPAREN checks;                                                                                                \
+        UNPAREN arrays;                                                                                                \
         type r = CPU->name args;                                                                                       \
         leave();                                                                                                       \
         return r;                                                                                                      \
     }
+HT_KERNEL_ENTRIES(FENCED)
 
-HT_KERNEL_ENTRIES(FENCED, FENCED_RET)
-
-static ht_status fenced_synchronize(ht_error *err) { return CPU->synchronize(err); }
-
-static size_t fenced_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv) {
-    return CPU->attention_workspace_floats(T, Dk, Dv);
-}
-static size_t fenced_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, ht_ns_form form) {
-    return CPU->ns_workspace_floats(count, rows, cols, dt, form);
-}
-
-#define E(name) .name = fenced_##name
-#define ENTRY(name, ...) E(name),
-#define ENTRY_RET(type, name, ...) E(name),
-static const ht_kernel_ops fenced = {.name = "fenced",
-                                     .host_memory = false,
-                                     .lm_head_chunk_bytes = HT_CPU_LM_HEAD_CHUNK_BYTES,
-                                     .alloc = fenced_alloc,
-                                     .free = fenced_free,
-                                     .owns = fenced_owns,
-                                     .peak_bytes = fenced_peak_bytes,
-                                     E(synchronize),
-                                     E(attention_workspace_floats),
-                                     E(ns_workspace_floats),
-                                     HT_KERNEL_ENTRIES(ENTRY, ENTRY_RET)};
+#define SLOT(kind, type, name, ...) .name = fenced_##name,
+static const ht_kernel_ops fenced = {
+    .name = "fenced", .host_memory = false, .lm_head_chunk_bytes = HT_CPU_LM_HEAD_CHUNK_BYTES, HT_KERNEL_ENTRIES(SLOT)};
 
 const ht_kernel_ops *ht_kernels_fenced(void) { return &fenced; }

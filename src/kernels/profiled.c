@@ -16,7 +16,6 @@
  * in use) is the outer one's time, timed once. While training.trace
  * captures a step, each entry is also a span of the trace. */
 #include "hypertrain/kernels.h"
-#include "kernels/entries.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -60,13 +59,24 @@ static void leave(const char *key, double t0) {
     ht_trace_span("kernel", key, HT_TRACE_THREAD, t0, t1, -1, -1); /* training.trace */
 }
 
-#define PROFILED(name, params, args, checks)                                                                           \
+static void *profiled_alloc(size_t bytes) { return prof.base->alloc(bytes); }
+static void profiled_free(void *p) { prof.base->free(p); }
+static bool profiled_owns(const void *p) { return prof.base->owns(p); }
+static size_t profiled_peak_bytes(void) { return prof.base->peak_bytes(); }
+static ht_status profiled_synchronize(ht_error *err) { return prof.base->synchronize(err); }
+
+/* Every other entry timed, but a workspace's size (a host's answer): passed on as it is. */
+#define PROFILED(kind, type, name, params, args, arrays) PROFILED_##kind(type, name, params, args)
+#define PROFILED_OWN(type, name, params, args) /* above */
+#define PROFILED_SIZE(type, name, params, args)                                                                        \
+    static type profiled_##name params { return prof.base->name args; }
+#define PROFILED_RUN(type, name, params, args)                                                                         \
     static void profiled_##name params {                                                                               \
         double began = enter();                                                                                        \
         prof.base->name args;                                                                                          \
         leave(#name, began);                                                                                           \
     }
-#define PROFILED_RET(type, name, params, args, checks)                                                                 \
+#define PROFILED_GET(type, name, params, args)                                                                         \
     static type profiled_##name params {                                                                               \
         double began = enter();                                                                                        \
         type r = prof.base->name args;                                                                                 \
@@ -74,7 +84,7 @@ static void leave(const char *key, double t0) {
         return r;                                                                                                      \
     }
 /* The products by what their time depends on: "gemm bfloat16 NT 8192 x 4864 x 896". */
-#define PROFILED_GEMM(name, params, args, checks)                                                                      \
+#define PROFILED_GEMM(type, name, params, args)                                                                        \
     static void profiled_##name params {                                                                               \
         double began = enter();                                                                                        \
         prof.base->name args;                                                                                          \
@@ -83,37 +93,14 @@ static void leave(const char *key, double t0) {
             return;                                                                                                    \
         }                                                                                                              \
         char key[sizeof(((ht_kernel_profile_row *)0)->entry)];                                                         \
-        snprintf(key, sizeof(key), "%s %s %c%c %lld x %lld x %lld", #name, ht_dtype_name(dt), ta ? 'T' : 'N',          \
-                 tb ? 'T' : 'N', (long long)M, (long long)N, (long long)K);                                            \
+        snprintf(key, sizeof(key), "%s %s %c%c %lld x %lld x %lld", #name, ht_dtype_name(dtype), trans_a ? 'T' : 'N',  \
+                 trans_b ? 'T' : 'N', (long long)M, (long long)N, (long long)K);                                       \
         leave(key, began);                                                                                             \
     }
+HT_KERNEL_ENTRIES(PROFILED)
 
-HT_KERNEL_GEMM_ENTRIES(PROFILED_GEMM)
-HT_KERNEL_OTHER_ENTRIES(PROFILED, PROFILED_RET)
-
-static void *profiled_alloc(size_t bytes) { return prof.base->alloc(bytes); }
-static void profiled_free(void *p) { prof.base->free(p); }
-static bool profiled_owns(const void *p) { return prof.base->owns(p); }
-static size_t profiled_peak_bytes(void) { return prof.base->peak_bytes(); }
-static ht_status profiled_synchronize(ht_error *err) { return prof.base->synchronize(err); }
-static size_t profiled_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv) {
-    return prof.base->attention_workspace_floats(T, Dk, Dv);
-}
-static size_t profiled_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype dt, ht_ns_form form) {
-    return prof.base->ns_workspace_floats(count, rows, cols, dt, form);
-}
-
-#define E(name) .name = profiled_##name
-#define ENTRY(name, ...) E(name),
-#define ENTRY_RET(type, name, ...) E(name),
-static ht_kernel_ops profiled = {E(alloc),
-                                 E(free),
-                                 E(owns),
-                                 E(peak_bytes),
-                                 E(synchronize),
-                                 E(attention_workspace_floats),
-                                 E(ns_workspace_floats),
-                                 HT_KERNEL_ENTRIES(ENTRY, ENTRY_RET)};
+#define SLOT(kind, type, name, ...) .name = profiled_##name,
+static ht_kernel_ops profiled = {HT_KERNEL_ENTRIES(SLOT)};
 
 const ht_kernel_ops *ht_kernels_profiled(const ht_kernel_ops *base) {
     pthread_mutex_lock(&prof.lock);

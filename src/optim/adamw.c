@@ -55,7 +55,7 @@ bool ht_name_match(const char *pattern, const char *name) {
 void ht_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, int64_t step, double lr, double beta1,
                      double beta2, double eps, double weight_decay, void *model, ht_dtype model_dtype) {
     const ht_adamw_hparams h = {step, lr, beta1, beta2, eps, weight_decay};
-    ht_kernels()->adamw(p, g, m, v, n, &h, model, model_dtype, false, 0);
+    ht_kernels()->adamw_pass(p, g, m, v, n, &h, model, model_dtype, false, 0);
 }
 
 ht_status ht_adamw_init(ht_adamw *opt, const ht_adamw_config *cfg, ht_param **params, int count,
@@ -108,8 +108,8 @@ typedef struct residual_step {
 static void residual_block(float *x, int64_t at, int64_t len, void *ctx) {
     const residual_step *r = ctx;
     const ht_adamw_slot *s = r->slot;
-    ht_kernels()->adamw(x, s->param->main_grad + at, s->exp_avg + at, s->exp_avg_sq + at, len, r->h, NULL, HT_DTYPE_F32,
-                        false, 0);
+    ht_kernels()->adamw_pass(x, s->param->main_grad + at, s->exp_avg + at, s->exp_avg_sq + at, len, r->h, NULL,
+                             HT_DTYPE_F32, false, 0);
 }
 
 void ht_adamw_step(ht_adamw *opt, double lr) {
@@ -124,9 +124,9 @@ void ht_adamw_step(ht_adamw *opt, double lr) {
             ht_param_main_pass(p, 0, ht_param_local_numel(p), residual_block, &(residual_step){s, &h});
             continue;
         }
-        ht_kernels()->adamw(p->main_param, p->main_grad, s->exp_avg, s->exp_avg_sq, ht_param_local_numel(p), &h,
-                            separate ? p->data : NULL, p->dtype, opt->rounding.stochastic,
-                            opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0);
+        ht_kernels()->adamw_pass(p->main_param, p->main_grad, s->exp_avg, s->exp_avg_sq, ht_param_local_numel(p), &h,
+                                 separate ? p->data : NULL, p->dtype, opt->rounding.stochastic,
+                                 opt->rounding.stochastic ? ht_rounding_stream(&opt->rounding, p->name) : 0);
     }
 }
 

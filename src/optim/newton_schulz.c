@@ -1,6 +1,6 @@
 /* Newton-Schulz orthogonalization for Muon: the coefficient schedules and
  * their expansion into one (a, b, c) per iteration; the iteration itself is
- * a kernel (ht_kernels()->newton_schulz, kernels/cpu/optim.c). */
+ * a kernel (ht_kernels()->ns_iterate, kernels/cpu/optim.c). */
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
 
@@ -115,5 +115,5 @@ void ht_newton_schulz(const float *G, float *O, int64_t rows, int64_t cols, cons
 
 void ht_newton_schulz_batch(const float *G, float *O, int64_t count, int64_t rows, int64_t cols,
                             const ht_ns_schedule *sched, double eps, ht_dtype ns_dtype, float *work) {
-    ht_kernels()->newton_schulz(G, O, count, rows, cols, sched->coeffs, sched->steps, eps, ns_dtype, sched->form, work);
+    ht_kernels()->ns_iterate(G, O, count, rows, cols, sched->coeffs, sched->steps, eps, ns_dtype, sched->form, work);
 }

@@ -54,75 +54,23 @@ static inline unsigned cuda_blocks(int64_t n) {
 #define CUDA_FOR(i, n)                                                                                                 \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-/* ---------------------------------------------------------------- the entries, by file */
+/* ---------------------------------------------------------------- the entries */
 
-/* gemm.cu */
-void cuda_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-               const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
-/* the rows (M, or K when trans_a) a count that changes from call to call: one plan per power of two of them */
-void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                      int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
-void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                       const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
-                       ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);
+/* cuda_NAME for each entry NAME of the table (include/hypertrain/kernels.h,
+ * HT_KERNEL_ENTRIES): the products in gemm.cu, the decoder's kernels and
+ * the reductions in ops.cu, attention in attention.cu (and flash.cu), the
+ * sparse blocks in moe.cu, the optimizers' passes in optim.cu, the table's
+ * own entries and the moving of bytes in backend.cu. */
+#define CUDA_DECLARE(kind, type, name, params, args, arrays) CUDA_DECLARE_##kind(type, name, params)
+#define CUDA_DECLARE_OWN(type, name, params) /* backend.cu's own */
+#define CUDA_DECLARE_SIZE(type, name, params) type cuda_##name params;
+#define CUDA_DECLARE_GEMM CUDA_DECLARE_SIZE
+#define CUDA_DECLARE_RUN CUDA_DECLARE_SIZE
+#define CUDA_DECLARE_GET CUDA_DECLARE_SIZE
+HT_KERNEL_ENTRIES(CUDA_DECLARE)
 
-/* ops.cu */
-void cuda_convert(void *dst, ht_dtype dst_dtype, const void *src, ht_dtype src_dtype, size_t n);
-void cuda_round_to(float *x, size_t n, ht_dtype precision);
-void cuda_rmsnorm_forward(void *out, ht_dtype odtype, float *rstd, const float *x, const void *weight, ht_dtype wdtype,
-                          int64_t N, int64_t C, float eps);
-void cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const void *weight,
-                           ht_dtype wdtype, const float *rstd, int64_t N, int64_t C);
-void cuda_add_bias(float *y, const void *bias, ht_dtype bdtype, int64_t N, int64_t C);
-void cuda_bias_backward(float *dbias, const float *dy, int64_t N, int64_t C);
-void cuda_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                       const ht_rope_layout *layout);
-void cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                        const ht_rope_layout *layout);
-void cuda_swiglu_forward(void *h, ht_dtype hdtype, const float *gate, const float *up, int64_t n);
-void cuda_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up, int64_t n);
-double cuda_cross_entropy_forward(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t *count,
-                                  ht_softmax_row *rows);
-void cuda_cross_entropy_backward(float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0, float scale,
-                                 const ht_softmax_row *rows);
-void cuda_softmax_partial(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t v0,
-                          ht_softmax_row *rows, float *picked);
-void cuda_embedding_forward(float *x, const void *table, ht_dtype dtype, const int32_t *ids, int64_t N, int64_t C,
-                            int64_t v0, int64_t V);
-void cuda_embedding_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C, int64_t v0,
-                             int64_t V);
-void cuda_gather_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
-void cuda_scatter_rows(void *dst, const void *src, const int32_t *idx, int64_t rows, size_t row_bytes);
-void cuda_dropout(float *x, int64_t N, int64_t cols, float p, uint64_t seed, uint64_t site, int64_t token0);
-double cuda_sum_squares(const float *x, int64_t n);
-void cuda_sum_squares_each(double *sums, const float *const *x, const int64_t *n, int count);
-void cuda_add(float *y, const float *x, const float *a, int64_t n);
-void cuda_accumulate(float *y, const float *x, int64_t n);
-void cuda_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows, int64_t cols,
-                    bool accumulate);
-void cuda_scale(float *x, int64_t n, float k);
 /* Σ x² in double into *out (device memory), queued: no wait (Newton-Schulz's norms). */
 void cuda_sum_squares_into(double *out, const float *x, int64_t n);
-
-/* moe.cu */
-size_t cuda_attention_workspace_floats(int64_t T, int64_t Dk, int64_t Dv);
-void cuda_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
-                            const ht_attention_shape *a, ht_dtype dtype, float *work);
-void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                             const float *q, const float *k, const float *v, const ht_attention_shape *a,
-                             ht_dtype dtype, float *work);
-void cuda_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T, int64_t H,
-                          int64_t Dv);
-
-void cuda_moe_route(float *probs, int32_t *sel, float *weight, float *psum, int64_t N, int E, int k, bool norm);
-void cuda_moe_combine(float *y, const float *ye, const int32_t *pos, const int32_t *sel, const float *weight,
-                      const float *z, const float *so, int64_t N, int k, int64_t C);
-void cuda_moe_combine_backward(float *dso, float *dz, float *dw, float *dye, const float *dy, const float *ye,
-                               const float *so, const float *z, const int32_t *pos, const float *weight, int64_t N,
-                               int k, int64_t C);
-void cuda_moe_route_backward(float *dp, const float *probs, const int32_t *sel, const float *weight, const float *dw,
-                             const float *psum, const float *aux_grad, int64_t N, int E, int k, bool norm);
-void cuda_moe_scatter_add(float *dx, const float *dxs, const int32_t *pos, int64_t N, int k, int64_t C);
 
 /* flash.cu: attention with 16-bit operands on tensor cores, where the dtype,
  * the head dims and the device allow (false: the plain kernels'). The
@@ -136,17 +84,6 @@ typedef struct cuda_flash_call {
     float *dq, *dk, *dv;
 } cuda_flash_call;
 bool cuda_flash_attention(const cuda_flash_call *c);
-/* optim.cu */
-void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
-                ht_dtype model_dtype, bool stochastic, uint64_t stream);
-void cuda_muon_momentum(float *B, const float *g, float *u, int64_t n, float mu, float gw, bool nesterov,
-                        ht_muon_arith arith);
-void cuda_muon_apply(float *p, float *O, int64_t n, float decay, float step, ht_muon_arith arith, void *model,
-                     ht_dtype dtype, bool stochastic, uint64_t stream, int64_t first);
-size_t cuda_ns_workspace_floats(int64_t count, int64_t rows, int64_t cols, ht_dtype ns_dtype, ht_ns_form form);
-void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
-                        int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work);
-
 /* ---------------------------------------------------------------- device helpers */
 
 #ifdef __CUDACC__

@@ -325,6 +325,7 @@ void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int
              stride_c);
 }
 
+/* the rows (M, or K when trans_a) a count that changes from call to call: one plan per power of two of them */
 void cuda_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                       int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc) {
     gemm_run(true, 1, trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, dtype, beta, C, ldc, 0);

@@ -34,7 +34,7 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64
     }
 }
 
-void cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
+void cuda_adamw_pass(float *p, const float *g, float *m, float *v, int64_t n, const ht_adamw_hparams *h, void *model,
                 ht_dtype model_dtype, bool stochastic, uint64_t stream) {
     const adamw_scalars k = {
         (float)(1.0 - h->lr * h->weight_decay),
@@ -244,7 +244,7 @@ static void ns_gram(float *X, float *other, int64_t count, int64_t rows, int64_t
     NS_APPLY(Q, X, 0.0f, other);
 }
 
-void cuda_newton_schulz(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
+void cuda_ns_iterate(const float *G, float *O, int64_t count, int64_t rows, int64_t cols, const double (*coeffs)[3],
                         int steps, double eps, ht_dtype ns_dtype, ht_ns_form form, float *work) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     cudaStream_t stream = cuda_ctx()->stream;
