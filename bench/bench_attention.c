@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "hypertrain/kernels.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 int main(int argc, char **argv) {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/gemm.h"
 
 typedef struct gemm_shape {
     const char *form;

@@ -17,6 +17,7 @@
 
 #include "hypertrain/kernels.h"
 #include "hypertrain/optim.h"
+#include "kernels/cpu/gemm.h"
 
 static void die(const char *what) {
     fprintf(stderr, "bench_muon: %s\n", what);

@@ -156,14 +156,14 @@ int main(int argc, char **argv) {
     ht_error err;
     /* The kernels the trainer would choose: timed on the model's own linear layer. */
     ht_gemm_choice choice;
-    if (ht_gemm_choose(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, (int64_t)B * T, cfg.hidden_size, cfg.hidden_size,
-                       &choice, &err) != HT_OK) {
+    if (ht_kernels_choose_gemm(HT_GEMM_KERNEL_AUTO, HT_GEMM_KERNEL_AUTO, (int64_t)B * T, cfg.hidden_size,
+                               cfg.hidden_size, &choice, &err) != HT_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    ht_gemm_use(&choice);
+    ht_kernels_use_gemm(&choice);
     char choice_line[512];
-    ht_gemm_describe(&choice, choice_line, sizeof(choice_line));
+    ht_kernels_describe_gemm(&choice, choice_line, sizeof(choice_line));
     ht_kernels_use(K);
     ht_model *m;
     double init0 = ht_time_seconds();
@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
            upd / steps * 1e3, init_s, (long long)ht_params_total_numel(&m->params), (long long)trained_numel, loss,
            flops / 1e9, rate, rate > 0 ? B * T / dt * flops / (rate * 1e9) : 0.0, B, T, recompute ? "true" : "false",
            ru.ru_maxrss / 1024.0, formula / (1 << 20), m->activation_bytes / (double)(1 << 20),
-           K->host_memory ? ht_gemm_kernel_name(m->params.items[0].compute_precision) : K->name, choice_line, K->name,
+           K->host_memory ? ht_kernels_gemm_name(m->params.items[0].compute_precision) : K->name, choice_line, K->name,
            peak_backend_mib);
     ht_adamw_free(&opt);
     ht_model_free(m);

@@ -371,12 +371,12 @@ bool use_gemm_kernel(ht_dtype dtype, ht_gemm_kernel kernel) {
     ht_gemm_choice choice;
     ht_error err;
     bool bf16 = dtype == HT_DTYPE_BF16;
-    if (ht_gemm_choose(bf16 ? kernel : HT_GEMM_KERNEL_WIDENED, bf16 ? HT_GEMM_KERNEL_WIDENED : kernel, 64, 64, 64,
-                       &choice, &err) != HT_OK) {
+    if (ht_kernels_choose_gemm(bf16 ? kernel : HT_GEMM_KERNEL_WIDENED, bf16 ? HT_GEMM_KERNEL_WIDENED : kernel, 64, 64,
+                               64, &choice, &err) != HT_OK) {
         printf("GEMM kernel %s not offered here: %s\n", ht_gemm_kernel_label(kernel), err.msg);
         return false;
     }
-    ht_gemm_use(&choice);
+    ht_kernels_use_gemm(&choice);
     return true;
 }
 

@@ -431,7 +431,7 @@ static void test_resume_keeps_gemm_kernels(void **state) {
     ht_config *cfg = tiny_config(dir, pinned, 2);
     ht_error err;
     ht_trainer *t = trainer_new(cfg);
-    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
+    assert_int_equal(ht_kernels_gemm_kernel(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
     assert_int_equal(t->model->params.items[0].compute_dtype, HT_DTYPE_BF16); /* widened keeps bf16 operands */
     float *grads = malloc(t->model->params.grad_bytes);
     step_with_grads(t, grads);
@@ -446,13 +446,13 @@ static void test_resume_keeps_gemm_kernels(void **state) {
     for (int i = 0; i < 3; i++) assert_ht_ok(ht_config_set(cfg, resume[i], &err), &err);
     t = trainer_new(cfg);
     assert_int_equal(t->step, 1);
-    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
-    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_F16), HT_GEMM_KERNEL_FP32_ROUNDED);
+    assert_int_equal(ht_kernels_gemm_kernel(HT_DTYPE_BF16), HT_GEMM_KERNEL_WIDENED);
+    assert_int_equal(ht_kernels_gemm_kernel(HT_DTYPE_F16), HT_GEMM_KERNEL_FP32_ROUNDED);
     trainer_delete(t);
 
     assert_ht_ok(ht_config_set(cfg, "kernels.bf16_gemm=fp32_rounded", &err), &err);
     t = trainer_new(cfg);
-    assert_int_equal(ht_gemm_kernel_of(HT_DTYPE_BF16), HT_GEMM_KERNEL_FP32_ROUNDED);
+    assert_int_equal(ht_kernels_gemm_kernel(HT_DTYPE_BF16), HT_GEMM_KERNEL_FP32_ROUNDED);
     assert_int_equal(t->model->params.items[0].compute_dtype, HT_DTYPE_F32);
     trainer_delete(t);
     free(cfg);

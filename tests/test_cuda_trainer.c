@@ -198,8 +198,8 @@ static void check_variant(const variant *v) {
      * (params, step 4); the device by 2.0e-3, 6.0e-3 and 1.5e-2. */
     ht_gemm_choice offered;
     ht_error err = {0};
-    const bool native =
-        !v->f32 && ht_gemm_choose(HT_GEMM_KERNEL_NATIVE, HT_GEMM_KERNEL_WIDENED, 64, 64, 64, &offered, &err) == HT_OK;
+    const bool native = !v->f32 && ht_kernels_choose_gemm(HT_GEMM_KERNEL_NATIVE, HT_GEMM_KERNEL_WIDENED, 64, 64, 64,
+                                                          &offered, &err) == HT_OK;
     if (!v->f32 && !native)
         printf("no native bf16 GEMM on this CPU (%s): the bf16 floor is the scaled gradients' alone\n", err.msg);
     variant other = *v;

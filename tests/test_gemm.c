@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/gemm.h"
 
 /* A (rows, cols) matrix with row stride ld, in `dtype`, filled from rng with
  * values in [-1, 1). `vals` gets the same values as float (after rounding to

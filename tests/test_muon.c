@@ -526,7 +526,7 @@ static void check_newton_schulz_bf16(void) {
         ht_free(work);
     }
     printf("Newton-Schulz bf16 operands (asym5, %s kernel): max rel err %.3g vs float64, %.3g vs the FP32 path\n",
-           ht_gemm_kernel_label(ht_gemm_kernel_of(HT_DTYPE_BF16)), worst, worst32);
+           ht_gemm_kernel_label(ht_kernels_gemm_kernel(HT_DTYPE_BF16)), worst, worst32);
     assert_true(worst32 > 0 && worst32 < 5e-2); /* it did round, within the bound of the FP32 path too */
     ht_safetensors_close(st);
 }
@@ -578,7 +578,7 @@ static void check_newton_schulz_bf16_against_torch(void) {
         ht_free(work);
     }
     printf("bf16 Newton-Schulz (%s kernel): mean %.3g from float64, torch's %.3g\n",
-           ht_gemm_kernel_label(ht_gemm_kernel_of(HT_DTYPE_BF16)), ours_sum / 6, torch_sum / 6);
+           ht_gemm_kernel_label(ht_kernels_gemm_kernel(HT_DTYPE_BF16)), ours_sum / 6, torch_sum / 6);
     ht_safetensors_close(st);
 }
 

@@ -1,6 +1,7 @@
-/* The math layer: one GEMM entry point over oneDNN, and the elementwise and
- * reduction kernels of the decoder, all OpenMP-parallel; and the table of
- * kernels the layers above call, with its CPU and CUDA backends. */
+/* The math layer: the table of kernels the layers above call (every product,
+ * elementwise pass and reduction of the model and the optimizers, and the
+ * memory they work in), its backends (the CPU's, CUDA's) and the wrapping
+ * tables, and the products' policy for 16-bit dtypes. */
 #ifndef HYPERTRAIN_KERNELS_H
 #define HYPERTRAIN_KERNELS_H
 
@@ -10,36 +11,7 @@
 extern "C" {
 #endif
 
-/* C = alpha · op(A) · op(B) + beta · C, all row-major.
- *   op(A): (M, K); A is (M, K) with row stride lda, or (K, M) when trans_a.
- *   op(B): (K, N); B is (K, N) with row stride ldb, or (N, K) when trans_b.
- *   C: (M, N) FP32 with row stride ldc. A and B share `dtype`: F32, BF16 or F16
- *   (BF16/F16 multiply with FP32 accumulation). beta = 0 ignores C's old content.
- * Called inside an OpenMP parallel region it runs on the calling thread only.
- * A product that cannot run (oneDNN refuses it, memory runs out, a bad shape)
- * leaves NaN in C and is recorded: check ht_gemm_status after a step. */
-void ht_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda,
-             const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
-
-/* ht_gemm for a row count that changes from call to call (the rows one
- * expert receives): the rows are M, or K when trans_a (a sum over rows, as
- * in a weight gradient); one oneDNN primitive, made with that size left to
- * run time, serves every count, where ht_gemm would make one per count. */
-void ht_gemm_ragged(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                    int64_t lda, const void *B, int64_t ldb, ht_dtype dtype, float beta, float *C, int64_t ldc);
-
-/* ht_gemm on `batch` products of one shape: product e reads A + e·stride_a
- * and B + e·stride_b (in elements of dtype) and writes C + e·stride_c, the
- * outputs apart (stride_c >= M·ldc). Each product gives the bits it gives
- * alone (the CPU runs them one by one, on one cached primitive: oneDNN's
- * batched matmul orders its sums by the batch on some CPUs). */
-void ht_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
-                     ht_dtype dtype, float beta, float *C, int64_t ldc, int64_t stride_c);
-
-/* HT_OK, or the first product that could not run since the process started:
- * every later result is suspect, so a caller stops at the first failure. */
-ht_status ht_gemm_status(ht_error *err);
+/* ---------------------------------------------------------------- the products' kernels */
 
 /* How products of a 16-bit float dtype run. All three give the same
  * FP32-accumulated sums (products of 16-bit values are exact in FP32); they
@@ -63,38 +35,32 @@ typedef struct ht_gemm_choice {
     double seconds; /* what choosing cost */
 } ht_gemm_choice;
 
+const char *ht_gemm_kernel_label(ht_gemm_kernel kernel); /* "auto", "native", "widened", "fp32_rounded" */
+bool ht_gemm_kernel_from_label(const char *label, ht_gemm_kernel *out);
+
+/* The products' policy (kernels.bf16_gemm, kernels.f16_gemm): how products
+ * of a 16-bit dtype run, and so which dtype the model keeps its matmul
+ * operands in. The layers above ask these, never the CPU's GEMM itself
+ * (kernels/cpu/gemm.h); today the CPU's policy holds for every backend. */
+
 /* Resolves the requested kernels: a pinned one is checked to exist here
  * (native where oneDNN offers none is an error naming the CPU's ISA); AUTO
  * times every kernel on one (M, N, K) product, typically a linear layer's,
- * and takes the fastest, where native or widened must beat fp32_rounded by 5%.
- * Costs a few hundred ms at most. Does not apply the choice: ht_gemm_use. */
-ht_status ht_gemm_choose(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int64_t N, int64_t K, ht_gemm_choice *out,
-                         ht_error *err);
-/* GFLOP/s of `kernel` running products of `dtype` on C (M, N) = A (M, K) · Bᵀ
- * (F32: the FP32 matmul, whatever the kernel): the fastest of three calls
- * after a first, timed once per process and shape; 0 where the kernel is not
- * offered or the buffers cannot be had. The MFU's yardstick. */
-double ht_gemm_rate(ht_dtype dtype, ht_gemm_kernel kernel, int64_t M, int64_t N, int64_t K);
-/* Makes `choice` the process's: ht_gemm and ht_gemm_storage follow it. Call it
- * before products run on other threads. Without it, the first 16-bit product
- * chooses on a 1024³ product. */
-void ht_gemm_use(const ht_gemm_choice *choice);
-/* The kernel products of `dtype` run on now (NATIVE for F32). */
-ht_gemm_kernel ht_gemm_kernel_of(ht_dtype dtype);
-/* The dtype a caller keeps operands of `precision` in: the precision itself
- * (native, widened), or F32 holding values of that precision (fp32_rounded). */
-ht_dtype ht_gemm_storage(ht_dtype precision);
-
-const char *ht_gemm_kernel_label(ht_gemm_kernel kernel); /* "auto", "native", "widened", "fp32_rounded" */
-bool ht_gemm_kernel_from_label(const char *label, ht_gemm_kernel *out);
-/* One line for the run log: each kernel chosen, the rates it was chosen
- * from, the shape, the cost, oneDNN's version and the CPU's ISA. */
-void ht_gemm_describe(const ht_gemm_choice *choice, char *buf, size_t n);
-/* oneDNN's name for the CPU's instruction set ("avx512_core_bf16", ...). */
-const char *ht_gemm_cpu_isa(void);
-
-/* A sentence naming the kernel that runs GEMMs of this dtype now (for logs). */
-const char *ht_gemm_kernel_name(ht_dtype dtype);
+ * and takes the fastest (ht_gemm_choose). Does not apply the choice. */
+ht_status ht_kernels_choose_gemm(ht_gemm_kernel bf16, ht_gemm_kernel f16, int64_t M, int64_t N, int64_t K,
+                                 ht_gemm_choice *out, ht_error *err);
+/* Makes `choice` the process's. Call it before products run on other threads. */
+void ht_kernels_use_gemm(const ht_gemm_choice *choice);
+/* One line for the run log: each kernel chosen and what it was chosen from. */
+void ht_kernels_describe_gemm(const ht_gemm_choice *choice, char *buf, size_t n);
+/* The kernel products of `dtype` run on now (NATIVE for F32), and a sentence naming it (for logs). */
+ht_gemm_kernel ht_kernels_gemm_kernel(ht_dtype dtype);
+const char *ht_kernels_gemm_name(ht_dtype dtype);
+/* GFLOP/s of the kernel products of `dtype` run on now, on C (M, N) = A (M, K) · Bᵀ: the MFU's yardstick. */
+double ht_kernels_gemm_rate(ht_dtype dtype, int64_t M, int64_t N, int64_t K);
+/* The dtype the model keeps matmul operands of `precision` in: the precision itself (native,
+ * widened), or F32 holding values of that precision (fp32_rounded). */
+ht_dtype ht_kernels_storage(ht_dtype precision);
 
 /* ---------------------------------------------------------------- the table */
 
@@ -199,7 +165,7 @@ typedef enum ht_muon_arith { HT_MUON_ARITH_PLAIN = 0, HT_MUON_ARITH_TORCH } ht_m
      * (a product or a kernel that could not run; the entries themselves return nothing, as ht_gemm). The              \
      * CPU's runs synchronously: its failure is ht_gemm_status's. */                                                   \
     X(OWN, ht_status, synchronize, (ht_error *err), (err), ())                                                         \
-    /* ---- products: C (M, N) FP32 = alpha op(A) op(B) + beta C, A and B in dtype, as ht_gemm (above) says;           \
+    /* ---- products: C (M, N) FP32 = alpha op(A) op(B) + beta C, A and B in dtype, as kernels/cpu/gemm.h's ht_gemm says;           \
      * gemm_ragged: M (K when trans_a) changes from call to call; gemm_batched: `batch` products of one                \
      * shape, A, B and C stepping by stride_a, stride_b, stride_c elements */                                          \
     X(GEMM, void, gemm, (bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,      \

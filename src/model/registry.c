@@ -624,7 +624,7 @@ double ht_model_activation_bytes(const ht_model *m, int B, int T, ht_dtype compu
 }
 
 ht_status ht_model_set_compute(ht_model *m, ht_dtype dtype, ht_error *err) {
-    ht_dtype storage = ht_gemm_storage(dtype);
+    ht_dtype storage = ht_kernels_storage(dtype);
     ht_status s = ht_params_set_compute(&m->params, storage, dtype, err);
     if (s == HT_OK) m->compute_precision = dtype;
     return s;

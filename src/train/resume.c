@@ -27,8 +27,8 @@ void ht_trainer_checkpoint_view(ht_trainer *t, ht_ckpt_view *v) {
     v->state.valid_pos = ht_loader_position(&t->valid_loader);
     v->state.loss_scaling = t->optimizer.loss_scaling;
     v->state.scaler = t->optimizer.scaler;
-    v->state.gemm_bf16 = ht_gemm_kernel_of(HT_DTYPE_BF16);
-    v->state.gemm_f16 = ht_gemm_kernel_of(HT_DTYPE_F16);
+    v->state.gemm_bf16 = ht_kernels_gemm_kernel(HT_DTYPE_BF16);
+    v->state.gemm_f16 = ht_kernels_gemm_kernel(HT_DTYPE_F16);
 }
 
 /* What one rank wrote, as bytes for rank 0: the file's name, size and hash,

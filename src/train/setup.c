@@ -325,10 +325,10 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     if (t->planning && t->comm->rank != 0) return HT_OK; /* one process plans every rank: rank 0's choice holds */
     ht_status s = HT_OK;
     if (t->comm->rank == 0) {
-        s = ht_gemm_choose(bf16, f16, M, C, C, &choice, err);
+        s = ht_kernels_choose_gemm(bf16, f16, M, C, C, &choice, err);
         if (s != HT_OK && kept[0]) {
             kept = "";
-            s = ht_gemm_choose(c->kernels.bf16_gemm, c->kernels.f16_gemm, M, C, C, &choice, err);
+            s = ht_kernels_choose_gemm(c->kernels.bf16_gemm, c->kernels.f16_gemm, M, C, C, &choice, err);
         }
     }
     int64_t status = s;
@@ -341,12 +341,12 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     ht_broadcast(t->comm, &choice, (int64_t)sizeof(choice), 0);
     if (t->comm->rank != 0) {
         ht_gemm_choice here;
-        s = ht_gemm_choose(choice.bf16, choice.f16, M, C, C, &here, err); /* pinned: checked, not timed */
+        s = ht_kernels_choose_gemm(choice.bf16, choice.f16, M, C, C, &here, err); /* pinned: checked, not timed */
         if (s != HT_OK) return s;
     }
-    ht_gemm_use(&choice);
+    ht_kernels_use_gemm(&choice);
     char line[512];
-    ht_gemm_describe(&choice, line, sizeof(line));
+    ht_kernels_describe_gemm(&choice, line, sizeof(line));
     ht_log_info("%s%s", line, kept);
     if (t->planning) return HT_OK;
     /* The MFU's peak: the rate of the kernel the compute dtype runs on, on
@@ -358,7 +358,7 @@ static ht_status choose_kernels(ht_trainer *t, ht_error *err) {
     const int64_t PM = M > PEAK_MIN ? M : PEAK_MIN, PC = C > PEAK_MIN ? C : PEAK_MIN;
     const ht_dtype pd = c->fsdp.param_dtype;
     double rate = 0.0;
-    if (t->comm->rank == 0) rate = ht_gemm_rate(pd, ht_gemm_kernel_of(pd), PM, PC, PC);
+    if (t->comm->rank == 0) rate = ht_kernels_gemm_rate(pd, PM, PC, PC);
     ht_broadcast(t->comm, &rate, (int64_t)sizeof(rate), 0);
     t->gemm_gflops = rate;
     return HT_OK;
@@ -480,7 +480,7 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                 (double)ht_params_total_numel(&t->model->params) / 1e6, ht_dtype_name(p->dtype),
                 ht_dtype_name(c->fsdp.param_dtype),
                 p->compute_dtype != p->compute_precision ? " (FP32 operands of that precision)" : "",
-                ht_gemm_kernel_name(p->compute_precision));
+                ht_kernels_gemm_name(p->compute_precision));
     return HT_OK;
 }
 
@@ -1110,7 +1110,7 @@ static ht_status prepare(ht_trainer *t, const ht_config *cfg, ht_comm *comm, boo
      * kernels are timed on the model's shapes, then with the copies the chosen kernel makes. */
     if (s == HT_OK) s = plan_memory(t, cfg->fsdp.param_dtype, err);
     if (s == HT_OK) s = choose_kernels(t, err);
-    if (s == HT_OK) s = plan_memory(t, ht_gemm_storage(cfg->fsdp.param_dtype), err);
+    if (s == HT_OK) s = plan_memory(t, ht_kernels_storage(cfg->fsdp.param_dtype), err);
     return s;
 }
 

@@ -12,6 +12,7 @@
 #include "hypertrain/kernels.h"
 #include "kernels/cpu/exp.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 /* Query and key block sizes: 128 x 128 FP32 scores (64 KiB) and a 128 x D

@@ -2,6 +2,7 @@
  * functions of kernels/cpu/ (and base's dtype conversions) as they are,
  * and host memory moved with memset and memcpy. */
 #include "hypertrain/kernels.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 #include <stdint.h>

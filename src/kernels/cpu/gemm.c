@@ -3,7 +3,7 @@
  * this machine (ht_gemm_choose): oneDNN's native 16-bit matmul is twice its
  * F32 rate on some CPUs with AVX512-BF16 and 0.6x on others, so no CPU name
  * or ISA flag can decide it. */
-#include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/gemm.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>

@@ -4,6 +4,7 @@
  * update, the Newton-Schulz iteration, and a scaling pass (gradient
  * clipping). The optimizers in
  * optim/ decide what runs on which rows; the arithmetic is here. */
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 #include <math.h>
