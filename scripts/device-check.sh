@@ -223,7 +223,7 @@ t0=$SECONDS
 trainer_rc=$?
 note "trainer build (HT_MPI=OFF, HT_CUDA=ON): rc $trainer_rc in $((SECONDS - t0)) s (trainer_build.log)"
 [ $trainer_rc -ne 0 ] && tail -20 "$OUT/trainer_build.log" | tee -a "$summary"
-# The NCCL group (kernels/cuda/nccl.cu) on one process: every collective on device memory against the
+# The NCCL group (comm/nccl.cu) on one process: every collective on device memory against the
 # host's (NCCL opened at run time: the toolkit's libnccl, else the one PyTorch's wheels bring).
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 # Line-buffered, so a crash keeps what was printed; on a failure cuda-gdb's backtrace of it (the first

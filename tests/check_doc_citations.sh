@@ -7,7 +7,10 @@
 #     heading of that file contains the name (case aside).
 #  2. Every key of the config key table (src/config/keys.c) appears, as
 #     `key`, in docs/CONFIG.md.
-#  3. docs/DESIGN.md's layer table is the order of the code's includes.
+#  3. docs/DESIGN.md's layer table is the order of the code's includes, in
+#     every source of src/ (the kernel backends' folders, src/kernels/cpu/ and
+#     src/kernels/cuda/, included); and no file includes another layer's
+#     internal headers ("LAYER/x.h"): a layer is reached through its public one.
 # Each failure is one line: file:line: what is wrong. Usage: check_doc_citations.sh [ROOT]
 set -u
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -125,7 +128,8 @@ if [ -f docs/DESIGN.md ]; then
     done <<LAYERS
 $layers
 LAYERS
-    for f in src/*/*.[ch] include/hypertrain/*.h; do
+    sources=$(find src include/hypertrain -type f \( -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' \) | LC_ALL=C sort)
+    for f in $sources; do
         if [ "${f#include/}" != "$f" ]; then
             own=${layer_of_header[$(basename "$f")]:-}
         else
@@ -137,6 +141,12 @@ LAYERS
             [ -n "$to" ] || continue
             if [ "${layer_rank[$to]}" -gt "${layer_rank[$own]}" ]; then
                 report "$f: includes hypertrain/$h of layer $to, below its own ($own) in docs/DESIGN.md's layer table"
+            fi
+        done
+        # another layer's insides (the CPU's GEMM, kernels/cpu/gemm.h, say) are reached through its public header
+        for h in $(sed -nE 's/^#include "([a-z_]+)\/[a-z_/]+\.(h|cuh)".*/\1/p' "$f"); do
+            if [ "$h" != hypertrain ] && [ "$h" != "$own" ] && [ -n "${layer_rank[$h]:-}" ]; then
+                report "$f: includes an internal header of layer $h (src/$h/): a layer reaches another through its public header"
             fi
         done
     done

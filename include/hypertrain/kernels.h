@@ -451,6 +451,10 @@ const ht_kernel_ops *ht_kernels_cuda(ht_error *err);
  * wait. Call it after ht_kernels_cuda succeeded; NULL, and nothing done,
  * in a build without the CUDA backend. */
 void *ht_kernels_cuda_stream(void *stream);
+/* The stream the CUDA backend's entries queue their work on now (NULL: the
+ * default stream, or no backend): for work of its own that must stay in
+ * order with the entries' (comm/nccl.cu's collectives). */
+void *ht_kernels_cuda_current_stream(void);
 /* The CUDA device the backend's table runs on (-1 without one). */
 int ht_kernels_cuda_device(void);
 

@@ -200,7 +200,7 @@ void ht_comm_set_timeout(ht_comm *c, double seconds) {
     if (c && c->size > 1) ht_comm_mpi_set_timeout(seconds);
 }
 
-#ifndef HT_CUDA /* else kernels/cuda/nccl.cu */
+#ifndef HT_CUDA /* else comm/nccl.cu */
 ht_status ht_comm_nccl(ht_comm *inner, bool owns_inner, ht_comm **out, ht_error *err) {
     (void)inner, (void)owns_inner, (void)out;
     return ht_fail(err, HT_ERR_INVALID, "this build has no CUDA backend, so no NCCL (cmake -DHT_CUDA=ON)");

@@ -33,5 +33,6 @@ void *ht_kernels_cuda_stream(void *stream) {
     (void)stream;
     return NULL;
 }
+void *ht_kernels_cuda_current_stream(void) { return NULL; }
 int ht_kernels_cuda_device(void) { return -1; }
 #endif

@@ -1,4 +1,4 @@
-/* libnccl.so.2 for the emulated device: the symbols kernels/cuda/nccl.cu
+/* libnccl.so.2 for the emulated device: the symbols comm/nccl.cu
  * opens, each aborting if called. An NCCL group of one process never calls
  * NCCL (its collectives are the backend's copies), so test_dist_emu
  * --nccl-rank runs that group's every collective on the host, and a call

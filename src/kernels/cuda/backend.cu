@@ -255,4 +255,6 @@ extern "C" void *ht_kernels_cuda_stream(void *stream) {
     return was;
 }
 
+extern "C" void *ht_kernels_cuda_current_stream(void) { return g_cuda.ready ? (void *)g_cuda.ctx.stream : NULL; }
+
 extern "C" int ht_kernels_cuda_device(void) { return g_cuda.ready ? g_cuda.ctx.device : -1; }

@@ -9,8 +9,10 @@
  * the ranks never part ways; only the barrier, the bootstrap and splits use
  * the group inside. NCCL is opened at run time (libnccl.so.2), so a build
  * needs only its header. */
-#include "kernels/cuda/cuda.cuh"
 #include "hypertrain/comm.h"
+#include "hypertrain/kernels.h"
+
+#include <cuda_runtime.h>
 
 #include <dlfcn.h>
 #include <nccl.h>
@@ -98,7 +100,7 @@ static void check_cuda(nccl_group *g, cudaError_t e, const char *what) {
     if (e != cudaSuccess) fatal(g, what, cudaGetErrorString(e));
 }
 
-static cudaStream_t stream(void) { return cuda_ctx()->stream; }
+static cudaStream_t stream(void) { return (cudaStream_t)ht_kernels_cuda_current_stream(); }
 static const ht_kernel_ops *kernels(void) { return ht_kernels_cuda(NULL); }
 
 static char *scratch(nccl_group *g, size_t bytes) {
