@@ -713,7 +713,8 @@ static void test_pipeline_experts(void **state) {
             int r = 0;
             while (strcmp(models[k].runs[r].out, models[k].runs[i].ref) != 0) r++;
             for (int s = 0; s < 6; s++)
-                if (l[i][s] != l[r][s]) fail_msg("%s: step %d's loss %.4f, %s's %.4f", out, s + 1, l[i][s], l[r][s]);
+                if (l[i][s] != l[r][s])
+                    fail_msg("%s: step %d's loss %.4f, %s's %.4f", out, s + 1, l[i][s], models[k].runs[r].out, l[r][s]);
             compare_final(dir, out, models[k].runs[r].out, 0.0);
             printf("%s: %s (%d ranks) trains as %s does, bit for bit\n", k ? "deepseek_v3" : "qwen2_moe", out,
                    models[k].runs[i].ranks, models[k].runs[r].out);
