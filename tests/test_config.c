@@ -360,6 +360,7 @@ static const char *FULL = "# every section and key, none at its default\n" /* 1 
                           "  expert_parallel_size: 1\n"  /* 150 */
                           "  pipeline_parallel_size: 1\n"
                           "  pipeline_schedule: gpipe\n"
+                          "  virtual_pipeline_model_parallel_size: 1\n"
                           "  ep_plan:\n"                                    /* 151 */
                           "    apply_modules: [\"model.layers.{*}.mlp\"]\n" /* 152 */
                           "tools:\n"                                        /* 153 */
