@@ -234,6 +234,8 @@ typedef struct ht_pipeline {
      * gradients received, and the input gradients being sent */
     float *in, *grad, *out;
     ht_request **sends; /* (slots, 2): each slot's forward output and input gradient in flight */
+    ht_request *posted; /* the next operation's receive, started while the one before computes */
+    int posted_op;
 } ht_pipeline;
 /* The schedule (nothing the size of a tensor is allocated: a plan makes it too). */
 ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int chunks, int micro,
@@ -252,6 +254,11 @@ float *ht_pipeline_grad(const ht_pipeline *p, int slot);
  * next, `floats` of them into its slot's buffer (none on the first or the
  * last stage). */
 void ht_pipeline_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats);
+/* Starts that receive ahead (the next operation's, before the current one
+ * computes), for ht_pipeline_receive to wait for: its transfer overlaps the
+ * computation. Its slot's buffer is free by then: an input is read only by
+ * its own forward, a gradient only by its own backward. */
+void ht_pipeline_post(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats);
 /* After it: its output to the next stage, or its input's gradient to the
  * previous, started (`sent` may change once it returns where it is the
  * model's input gradient: that one goes from a copy). */

@@ -185,16 +185,32 @@ static void wait_send(ht_pipeline *p, int slot, int which) {
     *r = NULL;
 }
 
+/* The receive of an operation's input, started. */
+static ht_request *start_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats, int from) {
+    const int slot = ht_pipeline_slot(p, micro, chunk);
+    float *into = grad ? ht_pipeline_grad(p, slot) : ht_pipeline_input(p, slot);
+    return ht_start_recv(p->comm, into, floats * (int64_t)sizeof(float), from % p->stages,
+                         tag_of(p, micro, from, grad));
+}
+
+void ht_pipeline_post(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats) {
+    const int from = p->stages > 1 ? peer(p, chunk, grad, false) : -1;
+    if (from < 0 || p->posted) return;
+    p->posted = start_receive(p, micro, chunk, grad, floats, from);
+    p->posted_op = op_of(p->chunks, micro, chunk, grad);
+}
+
 void ht_pipeline_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats) {
     const int from = p->stages > 1 ? peer(p, chunk, grad, false) : -1, slot = ht_pipeline_slot(p, micro, chunk);
     if (from < 0) return;
+    ht_request *r = NULL;
+    if (p->posted && p->posted_op == op_of(p->chunks, micro, chunk, grad)) /* started during the last operation */
+        r = p->posted, p->posted = NULL;
+    else
+        r = start_receive(p, micro, chunk, grad, floats, from);
     /* The next model stage has this slot's forward output once it sends its gradient: that send is done. */
     if (grad) wait_send(p, slot, 0);
-    float *into = grad ? ht_pipeline_grad(p, slot) : ht_pipeline_input(p, slot);
-    ht_wait(
-        p->comm,
-        ht_start_recv(p->comm, into, floats * (int64_t)sizeof(float), from % p->stages, tag_of(p, micro, from, grad)),
-        NULL);
+    ht_wait(p->comm, r, NULL);
 }
 
 void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats) {

@@ -142,6 +142,13 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
         m->slot = ht_pipeline_slot(pipe, micro, chunk);
         const double r0 = ht_time_seconds();
         ht_pipeline_receive(pipe, micro, chunk, backward, floats);
+        /* The next operation's input, on its way as this one computes; not where a forward or backward holds
+         * blocking collectives (tensor, context, expert parallelism): one waits for every message in flight
+         * first, and this one's sender may send it only after a blocking collective of its own. */
+        if (t->par.tp_size == 1 && t->par.cp_size == 1 && !t->par.ep && k + 1 < 2 * pipe->chunks * pipe->micro) {
+            const int next = pipe->order[k + 1];
+            ht_pipeline_post(pipe, (next >> 1) / pipe->chunks, (next >> 1) % pipe->chunks, next & 1, floats);
+        }
         const double f0 = ht_time_seconds();
         const float *sent;
         if (!backward) {
