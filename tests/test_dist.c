@@ -774,6 +774,8 @@ static void test_plan_is_each_ranks_plan(void **state) {
         {2, "--set parallel.ulysses_parallel_size=2"},
         {4, "--set parallel.tensor_parallel_size=2"},
         {3, "--set optimizer.muon_config.muon_comm_strategy=allgather_deredundency"},
+        {4, "--set parallel.pipeline_parallel_size=2"},
+        {2, "--set parallel.pipeline_parallel_size=2 --set parallel.pipeline_schedule=gpipe"},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         char args[2048], log[1300], out[32], *plan, *run;

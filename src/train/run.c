@@ -379,7 +379,8 @@ static void log_memory(ht_trainer *t) {
         [GRAD] = (double)ps->grad_bytes,
         [OPTIM] = (double)ht_optimizer_bytes(&t->optimizer),
         [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_peak_bytes,
-        [ACTS] = (double)t->model->activation_bytes,
+        [ACTS] = (double)t->model->activation_bytes +
+                 (double)ht_pipeline_buffer_bytes(&t->pipe), /* and what crosses stages */
         [DATA] = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
         [PEAK] = rss_peak(),
         [N + WEIGHTS] = plan->weights,
