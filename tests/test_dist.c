@@ -432,6 +432,25 @@ static int run_one_thread(const char *dir, const char *outname, int ranks, const
     return run_hypertrain("env OMP_NUM_THREADS=1 ", args, out, false, output);
 }
 
+/* The pipeline tests' run: Qwen2 of `layers` layers (tied embeddings or
+ * not), float32, 8 steps of 12 sequences, a checkpoint at step 4, an
+ * evaluation every `eval_interval` steps (0: none). */
+static void write_pipeline_config(const char *dir, int layers, bool tied, int eval_interval) {
+    harness_write_corpus(dir, two_cities, 40);
+    write_run_yaml(dir,
+                   "model:\n  name: qwen2\n%s  attention_bias: true\n  tie_word_embeddings: %s\n"
+                   "model_init_dtype: float32\n"
+                   "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
+                   "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
+                   "training:\n  steps: 8\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: %d\n"
+                   "  eval_batches: 5\n  log_interval: 1\n"
+                   "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
+                   "checkpoint:\n  save_interval: 4\n",
+                   tiny_model_yaml((tiny_model){
+                       .intermediate_size = 48, .num_hidden_layers = layers, .max_position_embeddings = 32}),
+                   tied ? "true" : "false", dir, eval_interval);
+}
+
 /* Pipeline parallelism: stages of whole layers (5 layers: 3 + 2, 2 + 2 + 1,
  * 2 + 1 + 1 + 1) run each micro-batch's forward and backward in float32 as
  * one process's accumulation does, the backwards in micro-batch order: with
@@ -449,19 +468,7 @@ static int run_one_thread(const char *dir, const char *outname, int ranks, const
 static void test_pipeline_parallel_matches_one_process(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_pipeline");
-    harness_write_corpus(dir, two_cities, 40);
-    write_run_yaml(
-        dir,
-        "model:\n  name: qwen2\n%s  attention_bias: true\n  tie_word_embeddings: false\n"
-        "model_init_dtype: float32\n"
-        "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
-        "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
-        "training:\n  steps: 8\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: 4\n"
-        "  eval_batches: 5\n  log_interval: 1\n"
-        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
-        "checkpoint:\n  save_interval: 4\n",
-        tiny_model_yaml((tiny_model){.intermediate_size = 48, .num_hidden_layers = 5, .max_position_embeddings = 32}),
-        dir);
+    write_pipeline_config(dir, 5, false, 4);
     static const struct {
         const char *out, *ref; /* a run, and the run it must equal bit for bit */
         int ranks;
@@ -581,19 +588,7 @@ static void test_pipeline_parallel_matches_one_process(void **state) {
 static void test_pipeline_tied_embeddings(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_pipeline_tied");
-    harness_write_corpus(dir, two_cities, 40);
-    write_run_yaml(
-        dir,
-        "model:\n  name: qwen2\n%s  attention_bias: true\n  tie_word_embeddings: true\n"
-        "model_init_dtype: float32\n"
-        "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
-        "lr_scheduler:\n  type: CosineWithWarmUpLR\n  warmup_steps: 2\n"
-        "training:\n  steps: 8\n  local_batch_size: 1\n  global_batch_size: 12\n  eval_interval: 0\n"
-        "  log_interval: 1\n"
-        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n"
-        "checkpoint:\n  save_interval: 4\n",
-        tiny_model_yaml((tiny_model){.intermediate_size = 48, .num_hidden_layers = 4, .max_position_embeddings = 32}),
-        dir);
+    write_pipeline_config(dir, 4, true, 0);
     char *one, *log, set[256];
     if (run_one_thread(dir, "out0", 0, "", &one) != 0) fail_msg("one process failed:\n%s", one);
     double l1[8];

@@ -567,6 +567,18 @@ static int chunk_of(const ht_model *m, int slot) { return slot / (slots_of(m) / 
 /* Whether chunk c computes the final norm, the LM head and the loss (the last rank's last chunk). */
 static bool chunk_has_head(const ht_model *m, int c) { return m->stage.last && c == m->stage.chunks - 1; }
 
+/* The experts `moe` holds activations for: chunk c of st's sparse layers, by their index among the sparse layers. */
+static void chunk_experts(const ht_model *m, const ht_pipeline_stage *st, int c, ht_moe *moe) {
+    int l0, l1, s0 = 0, s1 = 0;
+    ht_pipeline_chunk_layers(st, c, &l0, &l1);
+    for (int l = 0; l < l1; l++) {
+        const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
+        s0 += sparse && l < l0;
+        s1 += sparse;
+    }
+    ht_moe_set_layers(moe, s0, s1);
+}
+
 /* Chunk c's layers, and whether it embeds the tokens or computes the loss, as the current ones. */
 static void select_chunk(const ht_model *m, decoder *d, int c) {
     ht_pipeline_chunk_layers(&m->stage, c, &d->l0, &d->l1);
@@ -790,16 +802,7 @@ static ht_status size_activations(ht_model *m, decoder *d, int B, int T, ht_erro
         for (; d->moe_count < S; d->moe_count++)
             if (!(d->moes[d->moe_count] = ht_moe_clone(d->moes[0])))
                 return ht_fail(err, HT_ERR_OOM, "cannot allocate the experts' slot %d", d->moe_count);
-        for (int k = 0; k < S; k++) { /* each its chunk's sparse layers, by their index among the sparse layers */
-            int l0, l1, s0 = 0, s1 = 0;
-            ht_pipeline_chunk_layers(&m->stage, chunk_of(m, k), &l0, &l1);
-            for (int l = 0; l < l1; l++) {
-                const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
-                s0 += sparse && l < l0;
-                s1 += sparse;
-            }
-            ht_moe_set_layers(d->moes[k], s0, s1);
-        }
+        for (int k = 0; k < S; k++) chunk_experts(m, &m->stage, chunk_of(m, k), d->moes[k]);
     }
     d->slots = ht_alloc((size_t)S * sizeof(micro_slot));
     d->all_acts = ht_alloc((size_t)S * (size_t)d->L * sizeof(layer_acts));
@@ -1737,16 +1740,7 @@ static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage
     }
     ht_params_retain(ps, keep);
     free(keep);
-    if (d->moe) { /* its first chunk's sparse layers, by their index among the sparse layers (each slot's: sized) */
-        int l0, l1, s0 = 0, s1 = 0;
-        ht_pipeline_chunk_layers(st, 0, &l0, &l1);
-        for (int l = 0; l < l1; l++) {
-            const bool sparse = ht_model_config_layer_is_sparse(&m->config, l);
-            s0 += sparse && l < l0;
-            s1 += sparse;
-        }
-        ht_moe_set_layers(d->moe, s0, s1);
-    }
+    if (d->moe) chunk_experts(m, st, 0, d->moe); /* its first chunk's (each slot's when sized) */
     ht_param *embed = ht_params_find(ps, "model.embed_tokens.weight");
     if (embed && m->config.tie_word_embeddings) embed->stage_tied = true, embed->stage_copy = !st->first;
     m->stage = *st;
