@@ -640,13 +640,14 @@ static void test_pipeline_tied_embeddings(void **state) {
     free(one);
 }
 
-/* Pipeline stages of models with experts: Qwen2-MoE (without its
- * load-balancing loss, which couples every layer's routing: refused) and
- * DeepSeek-V3 (Multi-Latent Attention, DeepSeekMoE's grouped routing and
- * its aux-loss-free bias update, QK-clip), each micro-batch's expert
- * activations in its own slot: bit for bit the same run without stages, on
- * 2 and 3 stages, with expert parallelism inside them, and Qwen2-MoE on PP
- * 2 x TP 2 x EP 2 (8 ranks). */
+/* Pipeline stages of models with experts: Qwen2-MoE, DeepSeek-V3
+ * (Multi-Latent Attention, DeepSeekMoE's grouped routing and its
+ * aux-loss-free bias update, QK-clip) and Qwen2-MoE with its load-balancing
+ * loss (which multiplies sums over every layer's routing: they go with the
+ * hidden states), each micro-batch's expert activations in its own slot:
+ * bit for bit the same run without stages, on 2 and 3 stages (1F1B and
+ * GPipe), with expert, context and tensor + sequence parallelism inside
+ * them, and Qwen2-MoE on PP 2 x TP 2 x EP 2 (8 ranks). */
 static void test_pipeline_experts(void **state) {
     (void)state;
     static const struct {
@@ -655,7 +656,7 @@ static void test_pipeline_experts(void **state) {
             const char *out, *ref;
             int ranks;
             const char *set;
-        } runs[6];
+        } runs[7];
     } models[] = {
         {"  name: qwen2_moe\n  attention_bias: true\n  num_experts: 8\n  num_experts_per_tok: 2\n"
          "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n",
@@ -678,9 +679,24 @@ static void test_pipeline_experts(void **state) {
           {"ep2", NULL, 2, "--set parallel.expert_parallel_size=2"},
           {"pp2_ep2", "ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.pipeline_parallel_size=2"},
           {NULL, NULL, 0, NULL}}},
+        /* the load-balancing loss: its routing sums over every layer go forward with the hidden states and the
+         * whole model's come back with the gradients (stage 0 of three holds the dense layer 0 alone) */
+        {"  name: qwen2_moe\n  attention_bias: true\n  num_experts: 8\n  num_experts_per_tok: 2\n"
+         "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n"
+         "  output_router_logits: true\n  router_aux_loss_coef: 0.05\n",
+         {{"one", NULL, 0, ""},
+          {"pp2", "one", 2, "--set parallel.pipeline_parallel_size=2"},
+          {"pp3_gpipe", "one", 3, "--set parallel.pipeline_parallel_size=3 --set parallel.pipeline_schedule=gpipe"},
+          {"cp2", NULL, 2, "--set parallel.ring_attention_size=2"},
+          {"pp2_cp2", "cp2", 4, "--set parallel.ring_attention_size=2 --set parallel.pipeline_parallel_size=2"},
+          {"tp2_sp", NULL, 2, "--set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=true"},
+          {"pp2_tp2_sp", "tp2_sp", 4,
+           "--set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=true "
+           "--set parallel.pipeline_parallel_size=2"}}},
     };
     for (size_t k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
-        const char *dir = scratch_dir(k ? "dist_pipeline_deepseek" : "dist_pipeline_qwen2_moe");
+        const char *const dirs[] = {"dist_pipeline_qwen2_moe", "dist_pipeline_deepseek", "dist_pipeline_aux_loss"};
+        const char *dir = scratch_dir(dirs[k]);
         harness_write_corpus(dir, two_cities, 40);
         /* the model's keys first: tiny_model_yaml's num_key_value_heads gives way to DeepSeek-V3's (the first
          * of a key given twice in a mapping is a YAML error, so the tiny model's line is left out there) */
@@ -695,9 +711,9 @@ static void test_pipeline_experts(void **state) {
                        "  eval_batches: 4\n  log_interval: 1\n"
                        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n    reduce_dtype: float32\n"
                        "checkpoint:\n  save_interval: 0\n",
-                       models[k].model, k ? "" : "  num_key_value_heads: 2\n", dir);
-        double l[6][6];
-        for (int i = 0; i < 6 && models[k].runs[i].out; i++) {
+                       models[k].model, k == 1 ? "" : "  num_key_value_heads: 2\n", dir);
+        double l[7][6];
+        for (int i = 0; i < 7 && models[k].runs[i].out; i++) {
             char *log;
             const char *out = models[k].runs[i].out;
             if (run_one_thread(dir, out, models[k].runs[i].ranks, models[k].runs[i].set, &log) != 0)
@@ -711,8 +727,11 @@ static void test_pipeline_experts(void **state) {
                 if (l[i][s] != l[r][s])
                     fail_msg("%s: step %d's loss %.4f, %s's %.4f", out, s + 1, l[i][s], models[k].runs[r].out, l[r][s]);
             compare_final(dir, out, models[k].runs[r].out, 0.0);
-            printf("%s: %s (%d ranks) trains as %s does, bit for bit\n", k ? "deepseek_v3" : "qwen2_moe", out,
-                   models[k].runs[i].ranks, models[k].runs[r].out);
+            printf("%s: %s (%d ranks) trains as %s does, bit for bit\n",
+                   k == 1 ? "deepseek_v3"
+                   : k    ? "qwen2_moe with its load-balancing loss"
+                          : "qwen2_moe",
+                   out, models[k].runs[i].ranks, models[k].runs[r].out);
         }
     }
 }

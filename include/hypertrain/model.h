@@ -496,6 +496,18 @@ struct ht_model {
     int slots, slot; /* slots of every chunk: slot s is chunk s / (slots / stage.chunks)'s, which it runs */
     const float *stage_in, *stage_out_grad;
     const float *stage_out, *stage_in_grad;
+    /* What a stage passes on beside the hidden states: stage_sums_count
+     * doubles (0: nothing), set with the stage (Qwen2-MoE's load-balancing
+     * loss: the routing sums over every layer, which the loss multiplies).
+     * Forward on a stage that is not the first starts from stage_sums_in
+     * (the earlier stages' sums) and, on one that is not the last, leaves
+     * its own added in stage_sums; backward on a stage that is not the last
+     * reads the whole model's from stage_sums_grad and, on one that is not
+     * the first, leaves them in stage_sums for the stage before (the model's,
+     * valid until its next forward or backward). */
+    int stage_sums_count;
+    const double *stage_sums_in, *stage_sums_grad;
+    double *stage_sums;
 };
 
 static inline void ht_model_event(ht_model *m, int module, ht_module_event event) {

@@ -236,10 +236,18 @@ typedef struct ht_pipeline {
     ht_request **sends; /* (slots, 2): each slot's forward output and input gradient in flight */
     ht_request *posted; /* the next operation's receive, started while the one before computes */
     int posted_op;
+    /* The model's values that travel beside the hidden states (ht_model's
+     * stage_sums), `sums` doubles a message (0: none), each its own message
+     * after the tensor's with the same tag; host memory: (slots) received
+     * forward, (slots) received backward, (slots, 2) being sent, and their
+     * requests as sends' and posted's. */
+    int sums;
+    double *sums_in, *sums_grad, *sums_out;
+    ht_request **sum_sends, *posted_sums;
 } ht_pipeline;
 /* The schedule (nothing the size of a tensor is allocated: a plan makes it too). */
 ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int chunks, int micro,
-                           int64_t floats, ht_error *err);
+                           int64_t floats, int sums, ht_error *err);
 /* The bytes of the slots' buffers, and their allocation (one stage: none). */
 size_t ht_pipeline_buffer_bytes(const ht_pipeline *p);
 ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err);
@@ -249,6 +257,9 @@ int ht_pipeline_slot(const ht_pipeline *p, int micro, int chunk);
 /* A slot's received input hidden states and output gradient (NULL: one stage). */
 float *ht_pipeline_input(const ht_pipeline *p, int slot);
 float *ht_pipeline_grad(const ht_pipeline *p, int slot);
+/* The sums received with them (NULL: one stage, or none to pass). */
+const double *ht_pipeline_input_sums(const ht_pipeline *p, int slot);
+const double *ht_pipeline_grad_sums(const ht_pipeline *p, int slot);
 /* Before micro-batch `micro`'s forward (grad false) or backward (true):
  * its input from the previous stage, or its output's gradient from the
  * next, `floats` of them into its slot's buffer (none on the first or the
@@ -261,8 +272,10 @@ void ht_pipeline_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_
 void ht_pipeline_post(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats);
 /* After it: its output to the next stage, or its input's gradient to the
  * previous, started (`sent` may change once it returns where it is the
- * model's input gradient: that one goes from a copy). */
-void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats);
+ * model's input gradient: that one goes from a copy), and `sums` with it
+ * (copied; NULL where the pipeline passes none). */
+void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats,
+                      const double *sums);
 /* Waits for every send started. */
 void ht_pipeline_finish(ht_pipeline *p);
 

@@ -187,10 +187,6 @@ static void check_pipeline(report *r, int accumulation) {
         bool on;
         const char *key, *what;
     } no[] = {
-        {(m->moe.num_experts > 0 || strcmp(m->name, "qwen2_moe") == 0) && m->moe.output_router_logits,
-         "model.output_router_logits",
-         "the load-balancing loss (transformers sums every layer's routing before the loss: each stage's backward "
-         "would need the later stages' forwards)"},
         {cfg->training.dump_state, "training.dump_state", "training.dump_state"},
         {cfg->kernels.backend != HT_KERNELS_CPU, "kernels.backend", "a kernel backend other than cpu"},
     };

@@ -1390,6 +1390,12 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     if (s == HT_OK) s = prepare_context(m, d, T, err);
     if (s == HT_OK && d->moe) s = ht_moe_begin(d->moe, Ns, &m->experts, d->tp_size > 1 ? d->tp : NULL, err);
     if (s != HT_OK) return s;
+    if (m->stage_sums_count && !d->has_embed) { /* the earlier stages' routing sums, added to from here */
+        if (!m->stage_sums_in)
+            return ht_fail(err, HT_ERR_INVALID, "forward: pipeline stage of layers %d-%d has no routing sums", d->l0,
+                           d->l1 - 1);
+        ht_moe_routing_set(d->moe, m->stage_sums_in);
+    }
     size_t experts = 0;
     for (int k = 0; k < d->moe_count; k++) experts += ht_moe_activation_bytes(d->moes[k]);
     m->activation_bytes = d->activation_bytes + experts + ht_cp_attention_bytes(d->cp) +
@@ -1432,6 +1438,7 @@ static ht_status decoder_forward(ht_model *m, const int32_t *inputs, const int32
     d->target_count = 0;
     if (!d->has_head) { /* an earlier pipeline stage: its output goes to the next */
         m->stage_out = d->resid_final;
+        if (m->stage_sums_count) ht_moe_routing_get(d->moe, m->stage_sums);
         m->logits = NULL;
         if (loss) *loss = NAN;
         return HT_OK;
@@ -1525,10 +1532,12 @@ static void decoder_backward(ht_model *m, float scale) {
                                 : 0.0f;
     const ht_dtype round = compute_dtype(d) == HT_DTYPE_F32 ? m->compute_precision : HT_DTYPE_F32;
 
-    if (d->has_head)
+    if (d->has_head) {
         head_backward(m, d, scale);
-    else /* an earlier pipeline stage: the gradient of its output, from the next */
+    } else { /* an earlier pipeline stage: the gradient of its output, from the next */
         ht_kernels()->copy(d->dresid, m->stage_out_grad, (size_t)(d->Ns * C) * sizeof(float));
+        if (m->stage_sums_count) ht_moe_routing_set(d->moe, m->stage_sums_grad); /* the whole model's */
+    }
 
     for (int l = d->l1 - 1; l >= d->l0; l--) {
         ht_model_event(m, MOD_LAYER(l), HT_BEFORE_BACKWARD);
@@ -1587,6 +1596,7 @@ static void decoder_backward(ht_model *m, float scale) {
      * vocabulary slice). Threads split the columns so no two write the same float. */
     if (!d->has_embed) { /* a later pipeline stage: the gradient of its input, to the previous */
         m->stage_in_grad = d->dresid;
+        if (m->stage_sums_count) ht_moe_routing_get(d->moe, m->stage_sums);
         return;
     }
     ht_model_event(m, MOD_EMBED, HT_BEFORE_BACKWARD);
@@ -1620,6 +1630,7 @@ static ht_status decoder_set_cache(ht_model *m, int64_t max_tokens, ht_error *er
 static void decoder_free(ht_model *m) {
     decoder *d = m->impl;
     ht_free(m->recompute);
+    ht_free(m->stage_sums);
     if (d) {
         free_cache(d);
         ht_kernels()->free(d->act_block);
@@ -1715,16 +1726,14 @@ static ht_status decoder_set_tensor_parallel(ht_model *m, int size, int rank, ht
  * the other stages' with no params. */
 static ht_status decoder_set_pipeline_stage(ht_model *m, const ht_pipeline_stage *st, ht_error *err) {
     decoder *d = m->impl;
-    const char *unsupported =
-        d->moe && m->config.moe.output_router_logits
-            ? "the load-balancing loss (model.output_router_logits: transformers' sums every layer's routing before "
-              "the loss, so each stage's backward would need the later stages' forwards)"
-            : NULL;
-    if (unsupported)
-        return ht_fail(err, HT_ERR_CONFIG,
-                       "parallel.pipeline_parallel_size: pipeline stages of a model with %s are not supported yet; "
-                       "expected 1",
-                       unsupported);
+    /* The load-balancing loss multiplies sums over every layer: they travel with the hidden states, forward
+     * (each stage adding its layers') and back (the whole model's, for each stage's gradient). */
+    ht_free(m->stage_sums);
+    m->stage_sums = NULL;
+    m->stage_sums_count =
+        st->ranks * st->chunks > 1 && d->moe && m->config.moe.output_router_logits ? ht_moe_routing_count(d->moe) : 0;
+    if (m->stage_sums_count && !(m->stage_sums = ht_alloc((size_t)m->stage_sums_count * sizeof(double))))
+        return ht_fail(err, HT_ERR_OOM, "cannot split the model into pipeline stages");
     ht_param_store *ps = &m->params;
     bool *keep = malloc((size_t)(ps->count ? ps->count : 1) * sizeof(bool));
     if (!keep) return ht_fail(err, HT_ERR_OOM, "cannot split the model into pipeline stages");

@@ -764,15 +764,23 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
                               S > 0 ? a->so : NULL, N, k, C);
 }
 
+int ht_moe_routing_count(const ht_moe *moe) { return moe ? 2 * moe->E + 1 : 0; }
+
+void ht_moe_routing_get(const ht_moe *moe, double *sums) {
+    memcpy(sums, moe->count, (size_t)(2 * moe->E) * sizeof(double)); /* count (E), then prob_sum (E) */
+    sums[2 * moe->E] = (double)moe->rows;
+}
+
+void ht_moe_routing_set(ht_moe *moe, const double *sums) {
+    memcpy(moe->count, sums, (size_t)(2 * moe->E) * sizeof(double));
+    moe->rows = (int64_t)sums[2 * moe->E];
+}
+
 void ht_moe_sum_routing(ht_moe *moe, void (*sum)(void *ctx, double *buf, int64_t n), void *ctx) {
-    const int E = moe->E;
-    double *sums = moe->count; /* count (E), then prob_sum (E), then the rows */
-    double buf[2 * E + 1];
-    memcpy(buf, sums, (size_t)(2 * E) * sizeof(double));
-    buf[2 * E] = (double)moe->rows;
-    sum(ctx, buf, 2 * E + 1);
-    memcpy(sums, buf, (size_t)(2 * E) * sizeof(double));
-    moe->rows = (int64_t)buf[2 * E];
+    double buf[ht_moe_routing_count(moe)];
+    ht_moe_routing_get(moe, buf);
+    sum(ctx, buf, ht_moe_routing_count(moe));
+    ht_moe_routing_set(moe, buf);
 }
 
 double ht_moe_aux_loss(const ht_moe *moe) {

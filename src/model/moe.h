@@ -47,6 +47,13 @@ ht_status ht_moe_begin(ht_moe *moe, int64_t N, ht_expert_parallel *ep, const ht_
  * a group with `sum` (in rank order) after the last sparse layer's forward:
  * the loss is then the whole sequences', the same on every rank of it. */
 void ht_moe_sum_routing(ht_moe *moe, void (*sum)(void *ctx, double *buf, int64_t n), void *ctx);
+/* Those sums as ht_moe_routing_count doubles (each expert's routed rows,
+ * then its router probabilities, then the rows): read, or set in place of
+ * this forward's so far (pipeline stages pass them on: a stage's forward
+ * adds its layers' to the earlier stages', in the order of one process). */
+int ht_moe_routing_count(const ht_moe *moe);
+void ht_moe_routing_get(const ht_moe *moe, double *sums);
+void ht_moe_routing_set(ht_moe *moe, const double *sums);
 /* y (N, C) FP32 = the block of sparse layer `index` applied to x (N, C) in
  * the compute dtype (x as the GEMMs read it); keeps what backward reads.
  * `round` is the precision FP32 operands are rounded to (F32: none). */

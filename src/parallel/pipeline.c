@@ -93,7 +93,7 @@ static bool finishes(const int *orders, int P, int V, int m) {
 }
 
 ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *comm, int chunks, int micro,
-                           int64_t floats, ht_error *err) {
+                           int64_t floats, int sums, ht_error *err) {
     memset(p, 0, sizeof(*p));
     const int P = comm->size, V = chunks > 1 ? chunks : 1, m = micro, n = 2 * V * m;
     p->comm = comm;
@@ -102,6 +102,7 @@ ht_status ht_pipeline_init(ht_pipeline *p, ht_pipe_schedule schedule, ht_comm *c
     p->chunks = V;
     p->micro = m;
     p->floats = floats;
+    p->sums = P > 1 ? sums : 0;
     int *orders = malloc((size_t)P * (size_t)n * sizeof(int));
     p->order = malloc((size_t)n * sizeof(int));
     p->slot_of = malloc((size_t)V * (size_t)m * sizeof(int));
@@ -147,9 +148,15 @@ size_t ht_pipeline_buffer_bytes(const ht_pipeline *p) {
 
 ht_status ht_pipeline_allocate(ht_pipeline *p, ht_error *err) {
     if (p->stages <= 1) return HT_OK;
-    const size_t bytes = ht_pipeline_buffer_bytes(p) / 3;
-    p->sends = calloc(2 * (size_t)p->slots, sizeof(ht_request *));
-    if (p->sends && (p->in = ht_kernels()->alloc(bytes)) && (p->grad = ht_kernels()->alloc(bytes)) &&
+    const size_t bytes = ht_pipeline_buffer_bytes(p) / 3, S = (size_t)p->slots;
+    p->sends = calloc(2 * S, sizeof(ht_request *));
+    bool sums = !p->sums || ((p->sum_sends = calloc(2 * S, sizeof(ht_request *))) &&
+                             (p->sums_in = calloc(4 * S * (size_t)p->sums, sizeof(double))));
+    if (sums && p->sums) {
+        p->sums_grad = p->sums_in + S * (size_t)p->sums;
+        p->sums_out = p->sums_grad + S * (size_t)p->sums;
+    }
+    if (p->sends && sums && (p->in = ht_kernels()->alloc(bytes)) && (p->grad = ht_kernels()->alloc(bytes)) &&
         (p->out = ht_kernels()->alloc(bytes)))
         return HT_OK;
     return ht_fail(err, HT_ERR_OOM, "cannot allocate the pipeline's %d slots of %.1f MiB", p->slots,
@@ -161,6 +168,8 @@ void ht_pipeline_free(ht_pipeline *p) {
     free(p->order);
     free(p->slot_of);
     free(p->sends);
+    free(p->sum_sends);
+    free(p->sums_in);
     ht_kernels()->free(p->in);
     ht_kernels()->free(p->grad);
     ht_kernels()->free(p->out);
@@ -173,6 +182,14 @@ float *ht_pipeline_input(const ht_pipeline *p, int slot) { return p->in ? p->in 
 
 float *ht_pipeline_grad(const ht_pipeline *p, int slot) { return p->grad ? p->grad + (size_t)slot * p->floats : NULL; }
 
+const double *ht_pipeline_input_sums(const ht_pipeline *p, int slot) {
+    return p->sums_in ? p->sums_in + (size_t)slot * (size_t)p->sums : NULL;
+}
+
+const double *ht_pipeline_grad_sums(const ht_pipeline *p, int slot) {
+    return p->sums_grad ? p->sums_grad + (size_t)slot * (size_t)p->sums : NULL;
+}
+
 /* Tags: micro-batch i's activations or gradient from model stage `from` (MPI's tags go to 32767 at least). */
 static int tag_of(const ht_pipeline *p, int micro, int from, bool grad) {
     return ((micro * p->stages * p->chunks + from) * 2 + grad) % 32768;
@@ -183,37 +200,50 @@ static void wait_send(ht_pipeline *p, int slot, int which) {
     ht_request **r = &p->sends[2 * slot + which];
     if (*r) ht_wait(p->comm, *r, NULL);
     *r = NULL;
+    if (!p->sum_sends) return;
+    r = &p->sum_sends[2 * slot + which];
+    if (*r) ht_wait(p->comm, *r, NULL);
+    *r = NULL;
 }
 
-/* The receive of an operation's input, started. */
-static ht_request *start_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats, int from) {
-    const int slot = ht_pipeline_slot(p, micro, chunk);
+/* The receives of an operation's input and its sums (*sums NULL: none), started: MPI matches messages of one
+ * sender and tag in the order they were sent, so the sums' receive, started second, takes the second message. */
+static ht_request *start_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats, int from,
+                                 ht_request **sums) {
+    const int slot = ht_pipeline_slot(p, micro, chunk), tag = tag_of(p, micro, from, grad);
     float *into = grad ? ht_pipeline_grad(p, slot) : ht_pipeline_input(p, slot);
-    return ht_start_recv(p->comm, into, floats * (int64_t)sizeof(float), from % p->stages,
-                         tag_of(p, micro, from, grad));
+    ht_request *r = ht_start_recv(p->comm, into, floats * (int64_t)sizeof(float), from % p->stages, tag);
+    *sums = NULL;
+    if (p->sums) {
+        double *at = (grad ? p->sums_grad : p->sums_in) + (size_t)slot * (size_t)p->sums;
+        *sums = ht_start_recv(p->comm, at, (int64_t)p->sums * (int64_t)sizeof(double), from % p->stages, tag);
+    }
+    return r;
 }
 
 void ht_pipeline_post(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats) {
     const int from = p->stages > 1 ? peer(p, chunk, grad, false) : -1;
     if (from < 0 || p->posted) return;
-    p->posted = start_receive(p, micro, chunk, grad, floats, from);
+    p->posted = start_receive(p, micro, chunk, grad, floats, from, &p->posted_sums);
     p->posted_op = op_of(p->chunks, micro, chunk, grad);
 }
 
 void ht_pipeline_receive(ht_pipeline *p, int micro, int chunk, bool grad, int64_t floats) {
     const int from = p->stages > 1 ? peer(p, chunk, grad, false) : -1, slot = ht_pipeline_slot(p, micro, chunk);
     if (from < 0) return;
-    ht_request *r = NULL;
+    ht_request *r = NULL, *sums = NULL;
     if (p->posted && p->posted_op == op_of(p->chunks, micro, chunk, grad)) /* started during the last operation */
-        r = p->posted, p->posted = NULL;
+        r = p->posted, sums = p->posted_sums, p->posted = p->posted_sums = NULL;
     else
-        r = start_receive(p, micro, chunk, grad, floats, from);
+        r = start_receive(p, micro, chunk, grad, floats, from, &sums);
     /* The next model stage has this slot's forward output once it sends its gradient: that send is done. */
     if (grad) wait_send(p, slot, 0);
     ht_wait(p->comm, r, NULL);
+    if (sums) ht_wait(p->comm, sums, NULL);
 }
 
-void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats) {
+void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const float *sent, int64_t floats,
+                      const double *sums) {
     const int to = p->stages > 1 ? peer(p, chunk, grad, true) : -1, slot = ht_pipeline_slot(p, micro, chunk);
     if (to < 0) return;
     /* A forward's output stays in the model's slot until the slot's next forward; an input gradient is
@@ -224,8 +254,13 @@ void ht_pipeline_send(ht_pipeline *p, int micro, int chunk, bool grad, const flo
         ht_kernels()->copy(copy, sent, (size_t)floats * sizeof(float));
         sent = copy;
     }
-    p->sends[2 * slot + grad] = ht_start_send(p->comm, sent, floats * (int64_t)sizeof(float), to % p->stages,
-                                              tag_of(p, micro, chunk * p->stages + p->stage, grad));
+    const int tag = tag_of(p, micro, chunk * p->stages + p->stage, grad);
+    p->sends[2 * slot + grad] = ht_start_send(p->comm, sent, floats * (int64_t)sizeof(float), to % p->stages, tag);
+    if (!p->sums) return;
+    double *copy = p->sums_out + (size_t)(2 * slot + grad) * (size_t)p->sums;
+    memcpy(copy, sums, (size_t)p->sums * sizeof(double));
+    p->sum_sends[2 * slot + grad] =
+        ht_start_send(p->comm, copy, (int64_t)p->sums * (int64_t)sizeof(double), to % p->stages, tag);
 }
 
 void ht_pipeline_finish(ht_pipeline *p) {

@@ -1042,7 +1042,7 @@ static ht_status make_pipeline(ht_trainer *t, ht_error *err) {
     const int V = t->model->stage.chunks;
     const bool gpipe = P > 1 && c->parallel.pipeline_schedule == HT_CONFIG_PP_GPIPE;
     ht_status s = ht_pipeline_init(&t->pipe, gpipe ? HT_PIPE_GPIPE : HT_PIPE_1F1B, t->par.pp, V, m,
-                                   (int64_t)B * t->Tc * t->model->config.hidden_size, err);
+                                   (int64_t)B * t->Tc * t->model->config.hidden_size, t->model->stage_sums_count, err);
     if (s == HT_OK) t->model->slots = t->pipe.slots; /* the activations the plan and the run size */
     if (s != HT_OK || P == 1 || t->comm->rank != 0 || t->planning) return s;
     char stages[2048] = "";

@@ -162,6 +162,7 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
             m->dropout_seed = dropout;
             m->dropout_first_sequence = ((int64_t)micro * t->par.dp_size + t->par.dp_rank) * t->B;
             m->stage_in = ht_pipeline_input(pipe, m->slot);
+            m->stage_sums_in = ht_pipeline_input_sums(pipe, m->slot);
             float loss;
             ht_status s = ht_model_forward(m, inputs, targets, t->B, t->Tc, &loss, err);
             if (s != HT_OK) return s;
@@ -172,12 +173,13 @@ static ht_status run_micro_batches(ht_trainer *t, float grad_scale, uint64_t dro
             sent = m->stage_out;
         } else {
             m->stage_out_grad = ht_pipeline_grad(pipe, m->slot);
+            m->stage_sums_grad = ht_pipeline_grad_sums(pipe, m->slot);
             ht_model_backward(m, grad_scale);
             ht_trace_span("phase", "backward", HT_TRACE_THREAD, f0, ht_time_seconds(), -1, t->step + 1);
             sent = m->stage_in_grad;
         }
         const double x0 = ht_time_seconds();
-        ht_pipeline_send(pipe, micro, chunk, backward, sent, floats);
+        ht_pipeline_send(pipe, micro, chunk, backward, sent, floats, m->stage_sums);
         t->pipeline_busy_seconds += x0 - f0;
         t->pipeline_exchange_seconds += (f0 - r0) + (ht_time_seconds() - x0);
     }
@@ -318,11 +320,12 @@ static ht_status evaluate_forward(ht_trainer *t, const int32_t *inputs, const in
     for (int c = 0; c < pipe->chunks; c++) { /* micro-batch 0's slots of each chunk, in turn */
         m->slot = ht_pipeline_slot(pipe, 0, c);
         m->stage_in = ht_pipeline_input(pipe, m->slot);
+        m->stage_sums_in = ht_pipeline_input_sums(pipe, m->slot);
         ht_pipeline_receive(pipe, 0, c, false, floats);
         ht_status s = ht_model_forward(m, inputs, targets, count, t->Tc, loss, err);
         if (s == HT_OK) s = ht_kernels()->synchronize(err);
         if (s != HT_OK) return s;
-        ht_pipeline_send(pipe, 0, c, false, m->stage_out, floats);
+        ht_pipeline_send(pipe, 0, c, false, m->stage_out, floats, m->stage_sums);
         ht_pipeline_finish(pipe);
     }
     return HT_OK;
