@@ -5,9 +5,11 @@
  * memory rates (RMSNorm, SwiGLU, the cross-entropy over a chunk of rows,
  * AdamW with a bf16 model copy, the sum of squares) in GB/s of the bytes
  * each must read and write, and causal attention forward and backward on
- * both models' heads in TFLOP/s (the products' FLOPs below the diagonal:
- * forward 2 B H T² D, backward 2.5 times that). Usage: bench_kernels [--backend cpu|cuda]
- * [--small] (sizes / 16 and / 64: a quick pass on a CPU). */
+ * both models' heads and Llama-3.1-8B's (head dim 128) in TFLOP/s (the
+ * products' FLOPs below the diagonal: forward 2 B H T² D, backward 2.5 times
+ * that; on CUDA the own kernels, cuDNN's fused attention and AUTO's choice).
+ * Usage: bench_kernels [--backend cpu|cuda] [--small] (sizes / 16 and / 64:
+ * a quick pass on a CPU). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -265,11 +267,31 @@ static void bench_attention(const char *model, int64_t B, int64_t T, int H, int 
     char what[96];
     snprintf(what, sizeof(what), "%s B %lld T %lld H %d KV %d D %d %s", model, (long long)B, (long long)T, H, KV, D,
              ht_dtype_name(dtype));
-    const double f = time_calls(run_attention_forward, &c, "attention_forward");
-    const double b = time_calls(run_attention_backward, &c, "attention_backward");
-    printf("attention %-44s fwd %8.3f ms %7.1f TFLOP/s  bwd %8.3f ms %7.1f TFLOP/s\n", what, f * 1e3, flops / f / 1e12,
-           b * 1e3, 2.5 * flops / b / 1e12);
-    fflush(stdout);
+    /* On CUDA: the own kernels, cuDNN's fused attention (where it opens), and AUTO's choice between them */
+    const bool cuda = strcmp(K->name, "cuda") == 0;
+    char about[160] = "";
+    const bool cudnn = cuda && ht_kernels_cuda_cudnn(about, sizeof(about));
+    static const ht_cuda_attention paths[] = {HT_CUDA_ATTENTION_OWN, HT_CUDA_ATTENTION_CUDNN, HT_CUDA_ATTENTION_AUTO};
+    static const char *const labels[] = {"own", "cudnn", "auto"};
+    for (int p = 0; p < (cuda ? 3 : 1); p++) {
+        if (paths[p] == HT_CUDA_ATTENTION_CUDNN && !cudnn) {
+            printf("attention %-44s [cudnn] not run: %s\n", what, about);
+            continue;
+        }
+        const ht_cuda_attention was = ht_kernels_cuda_set_attention(cuda ? paths[p] : HT_CUDA_ATTENTION_AUTO);
+        const int64_t calls = ht_kernels_cuda_cudnn_calls();
+        const double f = time_calls(run_attention_forward, &c, "attention_forward");
+        const double b = time_calls(run_attention_backward, &c, "attention_backward");
+        const bool on_cudnn = ht_kernels_cuda_cudnn_calls() > calls;
+        ht_kernels_cuda_set_attention(was);
+        printf("attention %-44s fwd %8.3f ms %7.1f TFLOP/s  bwd %8.3f ms %7.1f TFLOP/s%s%s%s\n", what, f * 1e3,
+               flops / f / 1e12, b * 1e3, 2.5 * flops / b / 1e12, cuda ? " [" : "", cuda ? labels[p] : "",
+               !cuda                               ? ""
+               : paths[p] == HT_CUDA_ATTENTION_OWN ? "]"
+               : on_cudnn                          ? ", cuDNN ran]"
+                                                   : ", cuDNN did not run]");
+        fflush(stdout);
+    }
     float *bufs[] = {c.q, c.k, c.v, c.out, c.lse, c.dout, c.dq, c.dk, c.dv, c.work};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) K->free(bufs[i]);
 }
@@ -307,5 +329,6 @@ int main(int argc, char **argv) {
     bench_passes();
     bench_attention("qwen0.5b", 8, 1024, 14, 2, 64, HT_DTYPE_BF16);
     bench_attention("llama1b", 8, 1024, 32, 8, 64, HT_DTYPE_BF16);
+    bench_attention("llama8b", 2, 4096, 32, 8, 128, HT_DTYPE_BF16);
     return 0;
 }

@@ -3,7 +3,9 @@
 # the kernel layers with the CUDA backend for sm_90a, runs test_kernels (every
 # table entry of the CUDA backend against the CPU's), then bench_kernels
 # (cuBLASLt GEMM TFLOP/s on the decoder's shapes, the fused passes' GB/s) and
-# PyTorch's bf16 matmul on the same GPU as the yardstick, training steps beside
+# PyTorch's bf16 matmul on the same GPU as the yardstick (attention: the own kernels, cuDNN's fused SDPA
+# through kernels/cuda/cudnn_attention.cu and the per-shape choice, beside torch's SDPA on its default, cuDNN
+# and flash backends), training steps beside
 # PyTorch's, and with the time left compute-sanitizer (racecheck, memcheck,
 # initcheck) over test_kernels' CUDA entries. Everything it
 # writes goes into $OUT (at most eight files come back); under 8 minutes, each step with its own
@@ -135,6 +137,29 @@ if ! ls /usr/local/cuda*/lib*/libcublasLt.so* /usr/local/cuda*/targets/*/lib/lib
     fi
 fi
 
+# cuDNN (kernels/cuda/cudnn_attention.cu): the headers at build time, libcudnn.so.9 opened at run time. The
+# toolkit's, else the wheel PyTorch uses (nvidia/cudnn/include and lib), and NVRTC beside it for cuDNN's
+# runtime-compiled engines (the fused attention on Hopper is one).
+cudnn_dir=$(python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null)
+if ! ls /usr/local/cuda*/include/cudnn_graph.h /usr/local/cuda*/targets/*/include/cudnn_graph.h >/dev/null 2>&1; then
+    if [ -n "$cudnn_dir" ] && [ -f "$cudnn_dir/include/cudnn_graph.h" ]; then
+        cmake_extra+=("-DHT_CUDNN_INCLUDE_DIR=$cudnn_dir/include")
+        note "cuDNN's headers from the Python wheel: $cudnn_dir/include"
+    else
+        note "no cudnn_graph.h in /usr/local/cuda* nor in python's nvidia.cudnn: attention is the own kernels alone"
+    fi
+fi
+[ -n "$cudnn_dir" ] && [ -d "$cudnn_dir/lib" ] && export LD_LIBRARY_PATH=$cudnn_dir/lib:$LD_LIBRARY_PATH
+nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null | head -1)
+if [ -z "$nvrtc" ]; then
+    for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        [ -d "$sp/nvidia" ] && nvrtc=$(find "$sp/nvidia" -name 'libnvrtc.so*' 2>/dev/null | sort | head -1)
+        [ -n "$nvrtc" ] && break
+    done
+fi
+[ -n "$nvrtc" ] && export LD_LIBRARY_PATH=$(dirname "$nvrtc"):$LD_LIBRARY_PATH
+note "cuDNN: libraries ${cudnn_dir:+from $cudnn_dir/lib }(else the loader's path), NVRTC ${nvrtc:-not found}"
+
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 
@@ -197,7 +222,7 @@ t0=$SECONDS
 OMP_NUM_THREADS=$(nproc) timeout 180 "$build/test_kernels" >"$OUT/test_kernels.log" 2>&1
 test_rc=$?
 note "test_kernels: rc $test_rc in $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_kernels.log" | tr '\n' ' ')"
-grep -E "^backend|CUDA backend not present" "$OUT/test_kernels.log" | tee -a "$summary"
+grep -E "^backend|CUDA backend not present|^cuDNN attention" "$OUT/test_kernels.log" | tee -a "$summary"
 if ! $dry && grep -q "CUDA backend not present" "$OUT/test_kernels.log"; then
     note "FAIL: the CUDA backend was not present on this machine: nothing of it was tested"
     test_rc=1
@@ -349,8 +374,12 @@ for (m, n, k) in [(8192, 8192, 8192), (8192, 8192, 2048), (8192, 151936, 896)]:
         print(f"torch matmul {str(dtype):15s} M {m} N {n} K {k} NT: {s*1e3:8.3f} ms {2*m*n*k/s/1e12:7.1f} TFLOP/s")
         del a, b, c
 # SDPA on bench_kernels' attention shapes (causal, GQA, bf16), forward and backward, FLOPs counted as there
+import contextlib
 import torch.nn.functional as F
-for (model, B, T, H, KV, D) in [("qwen0.5b", 8, 1024, 14, 2, 64), ("llama1b", 8, 1024, 32, 8, 64)]:
+from torch.nn.attention import sdpa_kernel, SDPBackend
+backends = [("default", None), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+for (model, B, T, H, KV, D) in [("qwen0.5b", 8, 1024, 14, 2, 64), ("llama1b", 8, 1024, 32, 8, 64),
+                                ("llama8b", 2, 4096, 32, 8, 128)]:
     q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -368,12 +397,18 @@ for (model, B, T, H, KV, D) in [("qwen0.5b", 8, 1024, 14, 2, 64), ("llama1b", 8,
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 1e3 / reps
-    f = timed(fwd)
-    o = fwd()
-    b = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
     flops = 2.0 * B * H * T * T * D
-    print(f"torch sdpa {model} B {B} T {T} H {H} KV {KV} D {D} bfloat16 fwd {f*1e3:8.3f} ms {flops/f/1e12:7.1f} TFLOP/s"
-          f"  bwd {b*1e3:8.3f} ms {2.5*flops/b/1e12:7.1f} TFLOP/s")
+    for (name, backend) in backends:
+        try:
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                f = timed(fwd)
+                o = fwd()
+                b = timed(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+        except Exception as e:
+            print(f"torch sdpa {model} [{name}]: not run: {str(e).splitlines()[0][:120]}")
+            continue
+        print(f"torch sdpa {model} B {B} T {T} H {H} KV {KV} D {D} bfloat16 fwd {f*1e3:8.3f} ms {flops/f/1e12:7.1f} TFLOP/s"
+              f"  bwd {b*1e3:8.3f} ms {2.5*flops/b/1e12:7.1f} TFLOP/s [{name}]")
 EOF
 note "torch matmul: rc $? in $((SECONDS - t0)) s"
 tee -a "$summary" <"$OUT/torch_gemm.log"

@@ -1556,6 +1556,8 @@ static void test_backend_attention(void **state) {
         {.B = 1, .T = 640, .H = 2, .KV = 1, .Dk = 32, .Dv = 32, .scale = 0.17f},
     };
     const ht_dtype dtypes[] = {HT_DTYPE_F32, HT_DTYPE_BF16, HT_DTYPE_F16};
+    /* the own kernels here; cuDNN's fused attention has a test of its own below */
+    const ht_cuda_attention was = ht_kernels_cuda_set_attention(HT_CUDA_ATTENTION_OWN);
     for (int b = 0; b < nbackends; b++) {
         backend K = backends[b];
         if (!K->attention_forward || !K->attention_backward || !K->attention_merge)
@@ -1582,6 +1584,142 @@ static void test_backend_attention(void **state) {
         float *dbufs[] = {ko, kl, ko2, kl2};
         for (int i = 0; i < 4; i++) K->free(dbufs[i]);
     }
+    ht_kernels_cuda_set_attention(was);
+}
+
+/* cuDNN's fused attention (kernels/cuda/cudnn_attention.cu) against the own
+ * kernels on the same device and inputs. The bounds, in units u of the
+ * dtype (2^-8 bf16, 2^-11 f16), of max |own|: each side is within 4u of the
+ * FP32 attention on the same rounded operands (P and dS rounded against
+ * their tiles' running maxima, which differ: docs/NUMERICS.md, "Attention"),
+ * so 8u apart; cuDNN's O, dQ, dK and dV are also rounded to the dtype
+ * (0.5u of each element), and its δ = rowsum(dO ∘ O) is taken from the
+ * rounded O (a row's dS shifts by P times 0.5u |dO| |O|, not cancelled):
+ * out within 9u, dQ, dK, dV within 10u. lse is the FP32 log-sum-exp of the
+ * same FP32 scores in another order: 1e-5 of its largest. Every difference
+ * is printed before any bound is asserted, so that one run on a GPU
+ * reports them all. */
+typedef struct cudnn_case {
+    ht_attention_shape a;
+    ht_dtype dtype;
+    bool required; /* a shape cuDNN 9 takes on Hopper (else: reported, not failed) */
+} cudnn_case;
+
+/* n floats of K's memory: max |got - ref| / max |ref| (both K's). */
+static double dev_rel_diff(backend K, const float *dev_got, const float *dev_ref, size_t n) {
+    float *got = host_copy(K, dev_got, n * 4), *ref = host_copy(K, dev_ref, n * 4);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        num = isnan(got[i]) != isnan(ref[i]) || isnan(d) ? INFINITY : fmax(num, d);
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    free(got), free(ref);
+    return den > 0 ? num / den : num;
+}
+
+static bool check_cudnn_case(backend K, const cudnn_case *c) {
+    const ht_attention_shape a = c->a;
+    const int64_t nq = a.B * a.T * a.H * a.Dk, nk = a.B * a.T * a.KV * a.Dk, nv = a.B * a.T * a.KV * a.Dv;
+    const int64_t no = a.B * a.T * a.H * a.Dv, nl = a.B * a.H * a.T;
+    float *q = normal(nq, 151 + a.T, 1.5f), *k = normal(nk, 152 + a.T, 1.5f), *v = normal(nv, 153 + a.T, 1.0f);
+    float *g = normal(no, 154 + a.T, 1.0f);
+    float *kq = dev_copy(K, q, nq * 4), *kk = dev_copy(K, k, nk * 4), *kv = dev_copy(K, v, nv * 4);
+    float *kg = dev_copy(K, g, no * 4);
+    /* [0] the own kernels', [1] cuDNN's: out, lse, dq, dk, dv */
+    float *r[2][5];
+    const int64_t len[5] = {no, nl, nq, nk, nv};
+    const ht_cuda_attention policy[2] = {HT_CUDA_ATTENTION_OWN, HT_CUDA_ATTENTION_CUDNN};
+    int64_t ran = 0;
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < 5; i++) r[p][i] = dev_new(K, (size_t)len[i] * 4);
+        const ht_cuda_attention was = ht_kernels_cuda_set_attention(policy[p]);
+        const int64_t before = ht_kernels_cuda_cudnn_calls();
+        K->attention_forward(r[p][0], r[p][1], NULL, kq, kk, kv, &a, c->dtype, NULL);
+        /* backward from the own kernels' O and lse, as test_backend_attention takes the CPU's */
+        K->attention_backward(r[p][2], r[p][3], r[p][4], kg, r[0][0], r[0][1], kq, kk, kv, &a, c->dtype, NULL);
+        backend_ok(K, "attention (cuDNN against the own kernels)");
+        if (p == 1) ran = ht_kernels_cuda_cudnn_calls() - before;
+        ht_kernels_cuda_set_attention(was);
+    }
+    const double u = c->dtype == HT_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048;
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    const double bound[5] = {9 * u, 1e-5, 10 * u, 10 * u, 10 * u};
+    bool ok = ran == 2;
+    printf(
+        "cuDNN attention %s B%lld T%-4lld H%lld KV%lld Dk%-3lld Dv%-3lld: ", c->dtype == HT_DTYPE_BF16 ? "bf16" : "f16",
+        (long long)a.B, (long long)a.T, (long long)a.H, (long long)a.KV, (long long)a.Dk, (long long)a.Dv);
+    if (ran != 2) {
+        printf("cuDNN ran %lld of the 2 calls (it does not take this shape here: see the log)%s\n", (long long)ran,
+               c->required ? "" : ", not required");
+        ok = !c->required;
+    } else {
+        for (int i = 0; i < 5; i++) {
+            const double d = dev_rel_diff(K, r[1][i], r[0][i], (size_t)len[i]);
+            printf("%s %.2g%s (bound %.2g)%s", names[i], d, d <= bound[i] ? "" : " OVER", bound[i],
+                   i < 4 ? ", " : "\n");
+            ok = ok && d <= bound[i];
+        }
+    }
+    float *bufs[] = {q, k, v, g};
+    for (int i = 0; i < 4; i++) free(bufs[i]);
+    float *dbufs[] = {kq, kk, kv, kg};
+    for (int i = 0; i < 4; i++) K->free(dbufs[i]);
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < 5; i++) K->free(r[p][i]);
+    return ok;
+}
+
+/* AUTO chooses per shape at its first call and keeps the choice: a forward
+ * called again gives the same bits. */
+static void check_cudnn_auto_repeats(backend K) {
+    const ht_attention_shape a = {.B = 2, .T = 256, .H = 8, .KV = 2, .Dk = 64, .Dv = 64, .scale = 0.125f};
+    const int64_t nq = a.B * a.T * a.H * a.Dk, nk = a.B * a.T * a.KV * a.Dk, nl = a.B * a.H * a.T;
+    float *q = normal(nq, 161, 1.5f), *k = normal(nk, 162, 1.5f), *v = normal(nk, 163, 1.0f);
+    float *kq = dev_copy(K, q, nq * 4), *kk = dev_copy(K, k, nk * 4), *kv = dev_copy(K, v, nk * 4);
+    float *o[2], *l[2];
+    const ht_cuda_attention was = ht_kernels_cuda_set_attention(HT_CUDA_ATTENTION_AUTO);
+    for (int i = 0; i < 2; i++) {
+        o[i] = dev_new(K, nq * 4), l[i] = dev_new(K, nl * 4);
+        K->attention_forward(o[i], l[i], NULL, kq, kk, kv, &a, HT_DTYPE_BF16, NULL);
+    }
+    ht_kernels_cuda_set_attention(was);
+    float *first = host_copy(K, o[0], nq * 4);
+    same_bytes(K, "attention_forward under AUTO, called again", o[1], first, nq * 4);
+    printf("cuDNN attention AUTO: the forward's choice repeats bit for bit\n");
+    free(first), free(q), free(k), free(v);
+    float *dbufs[] = {kq, kk, kv, o[0], o[1], l[0], l[1]};
+    for (int i = 0; i < 7; i++) K->free(dbufs[i]);
+}
+
+static void test_backend_attention_cudnn(void **state) {
+    (void)state;
+    backend K = NULL;
+    for (int b = 0; b < nbackends; b++)
+        if (strcmp(backends[b]->name, "cuda") == 0) K = backends[b];
+    char about[256];
+    if (!K) {
+        printf("cuDNN attention not tested: no CUDA backend here\n");
+        return;
+    }
+    if (!ht_kernels_cuda_cudnn(about, sizeof(about))) {
+        printf("cuDNN attention not tested: %s\n", about);
+        return;
+    }
+    printf("cuDNN attention against the own kernels on %s\n", about);
+    const cudnn_case cases[] = {
+        {{.B = 2, .T = 100, .H = 4, .KV = 2, .Dk = 64, .Dv = 64, .scale = 0.125f}, HT_DTYPE_BF16, true},
+        {{.B = 2, .T = 100, .H = 4, .KV = 2, .Dk = 64, .Dv = 64, .scale = 0.125f}, HT_DTYPE_F16, true},
+        {{.B = 1, .T = 130, .H = 2, .KV = 2, .Dk = 128, .Dv = 128, .scale = 0.08838834764831845f}, HT_DTYPE_BF16, true},
+        {{.B = 2, .T = 512, .H = 8, .KV = 2, .Dk = 128, .Dv = 128, .scale = 0.08838834764831845f}, HT_DTYPE_BF16, true},
+        /* Multi-Latent Attention's head dims: cuDNN 9.19 and later on Hopper */
+        {{.B = 1, .T = 45, .H = 2, .KV = 1, .Dk = 192, .Dv = 128, .scale = 0.1f}, HT_DTYPE_BF16, false},
+    };
+    bool ok = true;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) ok = check_cudnn_case(K, &cases[i]) && ok;
+    check_cudnn_auto_repeats(K);
+    if (!ok)
+        fail_msg("cuDNN's attention: a required shape did not run on it, or a difference is over its bound (above)");
 }
 
 static void test_backend_moe(void **state) {
@@ -1838,6 +1976,7 @@ int main(void) {
         cmocka_unit_test(test_backend_cross_entropy),
         cmocka_unit_test(test_backend_rows_and_elementwise),
         cmocka_unit_test(test_backend_attention),
+        cmocka_unit_test(test_backend_attention_cudnn),
         cmocka_unit_test(test_backend_moe),
         cmocka_unit_test(test_backend_optimizers),
         cmocka_unit_test(test_profiled_table),

@@ -458,6 +458,32 @@ void *ht_kernels_cuda_current_stream(void);
 /* The CUDA device the backend's table runs on (-1 without one). */
 int ht_kernels_cuda_device(void);
 
+/* How the CUDA backend runs attention with bf16 or f16 operands: its own
+ * kernels (kernels/cuda/flash.cu, attention.cu) or cuDNN's fused
+ * scaled-dot-product attention (kernels/cuda/cudnn_attention.cu; libcudnn
+ * opened at run time), for causal self-attention without QK-clip's maximum
+ * (a block of keys at other positions, FP32 and QK-clip stay on the own
+ * kernels). A shape cuDNN does not take, or a process where libcudnn does
+ * not open, runs the own kernels (logged once). */
+typedef enum ht_cuda_attention {
+    HT_CUDA_ATTENTION_AUTO = 0,   /* per shape, forward and backward apart: the faster of the two, timed at its
+                                     first call and kept for the process (logged) */
+    HT_CUDA_ATTENTION_REPEATABLE, /* AUTO's forward; backward always the own kernels, which repeat bit for bit
+                                     (cuDNN's adds dQ with atomics) */
+    HT_CUDA_ATTENTION_OWN,        /* the own kernels only */
+    HT_CUDA_ATTENTION_CUDNN       /* cuDNN wherever it takes the call */
+} ht_cuda_attention;
+/* Makes `how` the process's policy from the next call on, returning the one
+ * it replaces (AUTO at start). Choices already timed are kept. */
+ht_cuda_attention ht_kernels_cuda_set_attention(ht_cuda_attention how);
+/* Whether cuDNN opened in this process (trying once, at the first call of
+ * this or of an attention entry): true with its version in `about`, or
+ * false with the reason (no libcudnn.so.9 on the search path, a build
+ * without cuDNN's headers, the host emulator). */
+bool ht_kernels_cuda_cudnn(char *about, size_t n);
+/* The attention calls (forward and backward) cuDNN ran in this process. */
+int64_t ht_kernels_cuda_cudnn_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 static const ht_kernel_ops *in_use; /* NULL: the CPU's */
 const ht_kernel_ops *ht_kernels(void) { return in_use ? in_use : ht_kernels_cpu(); }
@@ -35,4 +36,13 @@ void *ht_kernels_cuda_stream(void *stream) {
 }
 void *ht_kernels_cuda_current_stream(void) { return NULL; }
 int ht_kernels_cuda_device(void) { return -1; }
+ht_cuda_attention ht_kernels_cuda_set_attention(ht_cuda_attention how) {
+    (void)how;
+    return HT_CUDA_ATTENTION_AUTO;
+}
+bool ht_kernels_cuda_cudnn(char *about, size_t n) {
+    if (n) snprintf(about, n, "this build has no CUDA backend");
+    return false;
+}
+int64_t ht_kernels_cuda_cudnn_calls(void) { return 0; }
 #endif

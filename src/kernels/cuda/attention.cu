@@ -12,7 +12,8 @@
  * rounded dO: the CPU's roundings, so the two differ by summation order.
  * These are the plain kernels: FP32 FMA on CUDA cores, head dims up to
  * ATT_MAX_D, for FP32 and the shapes flash.cu's tensor-core kernels do not
- * take (they are tried first). */
+ * take (they are tried first). With 16-bit operands cuDNN's fused attention
+ * may run the call instead (cudnn_attention.cu, chosen per shape by time). */
 #include <math.h>
 #include <stdio.h>
 
@@ -283,6 +284,37 @@ static bool att_shared_bytes(const void *kernel, size_t bytes, const char *what)
     return cuda_ok(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what);
 }
 
+/* The own kernels of one call: tensor cores where flash.cu takes it, else the plain kernels. */
+static void att_own_forward(const cuda_flash_call *fc) {
+    const ht_attention_shape *a = fc->shape;
+    if (cuda_flash_attention(fc)) return;
+    const size_t bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
+    if (!att_shared_bytes((const void *)att_forward_kernel, bytes, "attention_forward")) return;
+    dim3 grid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
+    CUDA_LAUNCH(att_forward_kernel, grid, ATT_ROWS, bytes, fc->out, fc->lse, fc->head_max, fc->q, fc->k, fc->v, *a,
+                fc->dtype);
+    cuda_check_launch("attention_forward");
+}
+
+static void att_own_backward(const cuda_flash_call *fc) {
+    const ht_attention_shape *a = fc->shape;
+    if (cuda_flash_attention(fc)) return;
+    const int64_t Tk = a->Tk > 0 ? a->Tk : a->T;
+    const size_t dq_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
+    const size_t dkv_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv + 2) * sizeof(float);
+    if (!att_shared_bytes((const void *)att_dq_kernel, dq_bytes, "attention_backward") ||
+        !att_shared_bytes((const void *)att_dkv_kernel, dkv_bytes, "attention_backward"))
+        return;
+    dim3 qgrid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
+    CUDA_LAUNCH(att_dq_kernel, qgrid, ATT_ROWS, dq_bytes, fc->dq, fc->dout, fc->out, fc->lse, fc->q, fc->k, fc->v, *a,
+                fc->dtype);
+    cuda_check_launch("attention_backward (dq)");
+    dim3 kgrid((unsigned)((Tk + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->KV, (unsigned)a->B);
+    CUDA_LAUNCH(att_dkv_kernel, kgrid, ATT_ROWS, dkv_bytes, fc->dk, fc->dv, fc->dout, fc->out, fc->lse, fc->q, fc->k,
+                fc->v, *a, fc->dtype);
+    cuda_check_launch("attention_backward (dk, dv)");
+}
+
 void cuda_attention_forward(float *out, float *lse, float *head_max, const float *q, const float *k, const float *v,
                             const ht_attention_shape *a, ht_dtype dtype, float *work) {
     (void)work;
@@ -292,12 +324,7 @@ void cuda_attention_forward(float *out, float *lse, float *head_max, const float
         cuda_check_launch("attention_forward (head_max)");
     }
     cuda_flash_call fc = {a, dtype, true, out, lse, head_max, q, k, v, NULL, NULL, NULL, NULL};
-    if (cuda_flash_attention(&fc)) return;
-    const size_t bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
-    if (!att_shared_bytes((const void *)att_forward_kernel, bytes, "attention_forward")) return;
-    dim3 grid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
-    CUDA_LAUNCH(att_forward_kernel, grid, ATT_ROWS, bytes, out, lse, head_max, q, k, v, *a, dtype);
-    cuda_check_launch("attention_forward");
+    if (!cuda_cudnn_attention(&fc, att_own_forward)) att_own_forward(&fc);
 }
 
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
@@ -306,19 +333,7 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     (void)work;
     if (!att_shape_ok(a, "attention_backward")) return;
     cuda_flash_call fc = {a, dtype, false, (float *)out, (float *)lse, NULL, q, k, v, dout, dq, dk, dv};
-    if (cuda_flash_attention(&fc)) return;
-    const int64_t Tk = a->Tk > 0 ? a->Tk : a->T;
-    const size_t dq_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv) * sizeof(float);
-    const size_t dkv_bytes = (size_t)ATT_TILE * (size_t)(a->Dk + a->Dv + 2) * sizeof(float);
-    if (!att_shared_bytes((const void *)att_dq_kernel, dq_bytes, "attention_backward") ||
-        !att_shared_bytes((const void *)att_dkv_kernel, dkv_bytes, "attention_backward"))
-        return;
-    dim3 qgrid((unsigned)((a->T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->H, (unsigned)a->B);
-    CUDA_LAUNCH(att_dq_kernel, qgrid, ATT_ROWS, dq_bytes, dq, dout, out, lse, q, k, v, *a, dtype);
-    cuda_check_launch("attention_backward (dq)");
-    dim3 kgrid((unsigned)((Tk + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->KV, (unsigned)a->B);
-    CUDA_LAUNCH(att_dkv_kernel, kgrid, ATT_ROWS, dkv_bytes, dk, dv, dout, out, lse, q, k, v, *a, dtype);
-    cuda_check_launch("attention_backward (dk, dv)");
+    if (!cuda_cudnn_attention(&fc, att_own_backward)) att_own_backward(&fc);
 }
 
 void cuda_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int64_t B, int64_t T, int64_t H,

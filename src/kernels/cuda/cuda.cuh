@@ -84,6 +84,13 @@ typedef struct cuda_flash_call {
     float *dq, *dk, *dv;
 } cuda_flash_call;
 bool cuda_flash_attention(const cuda_flash_call *c);
+/* cudnn_attention.cu: the call on cuDNN's fused attention where the policy
+ * (ht_kernels_cuda_set_attention) and the shape let it, timed at a shape's
+ * first call against `own` (attention.cu's kernels for the same call) and
+ * the faster kept; true when it ran the call (or recorded the failure),
+ * false: the caller runs `own`. */
+typedef void (*cuda_attention_fn)(const cuda_flash_call *c);
+bool cuda_cudnn_attention(const cuda_flash_call *c, cuda_attention_fn own);
 /* ---------------------------------------------------------------- device helpers */
 
 #ifdef __CUDACC__
