@@ -47,11 +47,13 @@ train: build
 
 # The whole suite three times: the gcc release build for this CPU, the same
 # tests under ASan + UBSan, and the portable clang build; then every fuzz
-# target for FUZZ_SECONDS after replaying its regression inputs.
+# target for FUZZ_SECONDS after replaying its regression inputs. A failed
+# ctest prints its failed tests' failures again last (scripts/ctest-failures.sh),
+# where the log's tail shows them.
 test: build build-asan build-clang build-fuzz
-	cd build/release && ctest --output-on-failure -j$(JOBS)
-	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
-	cd build/clang && ctest --output-on-failure -j$(JOBS)
+	cd build/release && ctest --output-on-failure -j$(JOBS) || { ../../scripts/ctest-failures.sh .; exit 1; }
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) || { ../../scripts/ctest-failures.sh .; exit 1; }
+	cd build/clang && ctest --output-on-failure -j$(JOBS) || { ../../scripts/ctest-failures.sh .; exit 1; }
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # The Python package (python/): hypertrain._C built with this CMake (-DHT_PYTHON=ON) and installed
