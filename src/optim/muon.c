@@ -115,22 +115,24 @@ static void matrix_sides(const ht_param *p, int64_t *rows, int64_t *cols) {
 }
 
 /* The workspace: the largest batch the updates take, so that all of it is
- * used (memory never touched is still counted by the memory plan): each
- * shape's matrices together (batch_length's runs; an (E, A, B) stack's
- * matrices one by one) up to BATCH_FLOATS, or one matrix where that is
- * more. Every batch is the one a workspace of min(all, BATCH_FLOATS) gives. */
+ * used (memory never touched is still counted by the memory plan): the 2-D
+ * matrices of one shape together (batch_length's runs), an (E, A, B)
+ * stack's matrices on their own, each up to BATCH_FLOATS or one matrix
+ * where that is more. Every batch is the one a workspace of min(all of
+ * them, BATCH_FLOATS) gives. */
 static size_t work_floats(ht_param *const *params, int count, const ht_muon_config *cfg) {
     size_t work = 0;
     for (int i = 0; i < count; i++) {
+        const ht_param *p = params[i];
         int64_t rows, cols, r, c;
-        matrix_sides(params[i], &rows, &cols);
+        matrix_sides(p, &rows, &cols);
         bool seen = false;
-        size_t matrices = 0;
-        for (int j = 0; j < count && !seen; j++) {
+        size_t matrices = p->ndim == 3 ? (size_t)(p->row1 - p->row0) : 0;
+        for (int j = 0; p->ndim == 2 && j < count && !seen; j++) {
             matrix_sides(params[j], &r, &c);
-            if (r != rows || c != cols) continue;
-            seen = j < i; /* counted at the shape's first param */
-            matrices += (size_t)(params[j]->ndim == 3 ? params[j]->row1 - params[j]->row0 : 1);
+            if (params[j]->ndim != 2 || r != rows || c != cols) continue;
+            seen = j < i; /* counted at the shape's first matrix */
+            matrices++;
         }
         if (seen) continue;
         const size_t per = matrix_floats(rows, cols, cfg), fit = BATCH_FLOATS / per > 1 ? BATCH_FLOATS / per : 1;
