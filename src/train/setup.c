@@ -537,7 +537,7 @@ static double collective_bytes(const ht_trainer *t, double grad_bytes) {
  * glibc 2.36, Open MPI 4.1.4 over TCP, an Intel Xeon @ 2.60GHz (Ice Lake,
  * 2 cores): 16.5 MiB on one process; 19.1 and 20.5 MiB on the 2 ranks of
  * replicated data parallelism, 3.3 MiB more a rank under MPI. Not scaled by
- * the model or the ranks: 15-23 MiB a rank on every mesh of 1-8 ranks
+ * the model or the ranks: 13-24 MiB a rank on every mesh of 1-8 ranks
  * measured since (bench/RESULTS.md). */
 static const double RUNTIME_MIB = 16.5, RUNTIME_MPI_MIB = 3.3;
 
