@@ -774,10 +774,12 @@ static bool profile_category(const char *log, int r, const char *name, char *mea
 }
 
 /* `hypertrain plan CONFIG --world N`, without MPI or allocation, plans each
- * rank as the run on N ranks does: every rank's total is the one its run
- * logs as planned before allocating (sharded, HSDP, tensor and context
- * parallel); a world the config does not factor into is the launch's
- * refusal, first; a budget it exceeds exits 3. */
+ * rank as the run on N ranks does: every category of every rank but the
+ * process (which the run measures) is the one its run's memory profile
+ * shows as planned before allocating (sharded, HSDP, tensor, context and
+ * pipeline parallel), and those sized exactly are what the run allocated;
+ * a world the config does not factor into is the launch's refusal, first;
+ * a budget it exceeds exits 3. */
 static void test_plan_is_each_ranks_plan(void **state) {
     (void)state;
     const char *dir = scratch_dir("dist_plan");
