@@ -8,7 +8,7 @@
 # Prints per run: tokens/s (the log's moving average at the last step), the
 # time a step spends in forward + backward and in the optimizer, the FSDP
 # collectives a step and the share of them compute hid, and every rank's
-# peak RSS against the formula the run logs (src/train/run.c, log_memory).
+# peak RSS against the plan the run logs (src/train/run.c, log_memory).
 # usage: bench/run_dist.sh [STEPS] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,8 +41,8 @@ run() { # label ranks threads extra...
   tps=$(grep -oE '[0-9]+ tok/s' "$log" | tail -1)
   times=$(sed -n 's/.*time a step (over [0-9]* steps): forward + backward \([0-9.]*\) s, gradient sync \([0-9.]*\) s, optimizer \([0-9.]*\) s.*/fwd+bwd \1 s, sync \2 s, optimizer \3 s/p' "$log")
   fsdp=$(sed -n 's/.*collectives in flight \([0-9.]*\) s, compute waited \([0-9.]*\) s of it (\([0-9]*%\) hidden); at most \([0-9.]*\) MiB.*/collectives \1 s a step, \3 hidden, units \4 MiB/p' "$log")
-  mem=$(sed -n 's/.*memory rank \([0-9]*\): peak RSS \([0-9.]*\) MiB = \([0-9.]*\) x the formula \([0-9.]*\) MiB.*/\2 (\3 x \4)/p' "$log" | paste -sd, -)
-  printf '%-22s %2s x %s: %10s | %s | %s | peak RSS MiB (x formula): %s\n' "$label" "${ranks/#0/1}" "$th" "$tps" \
+  mem=$(sed -n 's/.*memory rank \([0-9]*\): peak RSS \([0-9.]*\) MiB .* planned before allocating \([0-9.]*\) MiB (\([-+0-9.%]*\)).*/\2 (plan \3, \4)/p' "$log" | paste -sd, -)
+  printf '%-22s %2s x %s: %10s | %s | %s | peak RSS MiB (plan, error): %s\n' "$label" "${ranks/#0/1}" "$th" "$tps" \
     "$times" "${fsdp:-no FSDP collectives}" "$mem"
 }
 run one_rank 0 "$threads"

@@ -81,6 +81,7 @@ struct ht_comm {
     int local_size;   /* ranks on this node (threads per rank divide the node's cores) */
     const char *name; /* "single process", "MPI" */
     void *impl;
+    size_t buffer_bytes; /* what the comm layer keeps for this group's collectives (MPI's sums' buffer) */
 };
 
 /* The one-process group: rank 0 of 1; every collective leaves its data as it is. */

@@ -57,6 +57,7 @@ typedef struct ht_fsdp_stats {
     double in_flight_seconds; /* the collectives' time from start to completion */
     double waited_seconds;    /* the part of it compute stood waiting: the rest was hidden */
     double pool_peak_bytes;   /* the largest memory of gathered weights and unit gradients held at once */
+    double pool_bytes;        /* the buffers the pool holds for them (allocated, each reused): what is resident */
     ht_dtype reduce_dtype;    /* what the gradients travel in (reduced_bytes counts them so) */
 } ht_fsdp_stats;
 
@@ -70,6 +71,13 @@ typedef struct ht_fsdp ht_fsdp;
  * store that is not sharded (one rank, or shard_size 1) has nothing to
  * gather: the same hooks run and move nothing. */
 ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_fsdp **out, ht_error *err);
+/* The bytes the pool of ht_fsdp_create(m, comm, opt) comes to hold (pool_bytes) over a run, before any
+ * storage: the units planned on the declared model, and the hooks run over them with each buffer counted, not
+ * allocated, in the run's order: an evaluation's forwards (where `evaluates`), `micro` micro-batches' forward
+ * then backward, HSDP's reduction of grad_floats floats over `replicas`, the update; the weights in the dtype
+ * ht_params_set_compute(compute, precision) gives each. -1 (err set) on failure. */
+double ht_fsdp_plan_bytes(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_dtype compute, ht_dtype precision,
+                          ht_comm *replicas, int64_t grad_floats, int micro, bool evaluates, ht_error *err);
 /* One log line per unit kind and the plan in force. */
 void ht_fsdp_log_plan(const ht_fsdp *f);
 /* After the last micro-batch's backward: every reduce-scatter complete, every

@@ -151,6 +151,9 @@ typedef enum ht_main_storage {
 } ht_main_storage;
 
 ht_params_bytes ht_params_plan(const ht_param_store *store, ht_main_storage main, ht_dtype compute, ht_dtype precision);
+/* The dtype p's compute weights take once ht_params_set_compute(dtype, precision) has run: dtype where it makes
+ * them a copy, else p's own (read in place). */
+ht_dtype ht_param_compute_dtype_for(const ht_param *p, ht_dtype dtype, ht_dtype precision);
 /* Tensor parallelism, before storage: p's model tensor becomes slice `rank`
  * of `size` of dim `dim` of the global tensor (ht_param_rows_of's balanced
  * split of that dim), and its shard the whole slice. */

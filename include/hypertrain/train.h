@@ -44,18 +44,28 @@ typedef struct ht_step_stats {
     double seconds;
 } ht_step_stats;
 
-/* The bytes a rank's training state takes, by category, planned from the
- * declared model before any of it is allocated (setup's plan_memory) and
- * printed beside what each category measured at the end (the memory
- * profile). Each is the bytes its allocations take (the optimizer's with
- * Muon's workspace, deredundancy's matrices and tensor parallelism's
+/* The bytes a rank takes, by category, planned from the declared model
+ * before any of it is allocated (setup's plan_memory) and printed beside
+ * what each category measured at the end (the memory profile). The training
+ * state's categories are the bytes their allocations take (the optimizer's
+ * with Muon's workspace, deredundancy's matrices and tensor parallelism's
  * gather; the activations with the experts' and context parallelism's
- * buffers). Not in it: the process before the trainer, FSDP's whole units
- * and what the libraries allocate (MPI's buffers, oneDNN's code). */
+ * buffers); FSDP's units are the pool a dry run of a step's hooks fills;
+ * the collectives' the comm layer's buffers by its formula. The process and
+ * the runtime are measured: the process as it stood when the trainer began
+ * (hypertrain plan: its own, and MPI's measured start under mpirun), the
+ * runtime as allowances measured on this project's runs (docs/DESIGN.md,
+ * The memory plan). */
 typedef struct ht_memory_plan {
+    double process; /* resident before the trainer: the program, its libraries mapped, MPI's start, the config */
     double weights; /* the model's dtype, and compute copies in param_dtype where it differs */
-    double main, grad, optimizer, activations, corpus;
+    double main, grad, optimizer, units, activations, collectives, corpus;
+    double runtime; /* what the libraries take as a step runs: code paged in, oneDNN's JIT and scratchpads,
+                     * OpenMP's threads, the heap, MPI's buffers */
 } ht_memory_plan;
+
+/* Every category of m, summed: the rank's planned peak. */
+double ht_memory_plan_total(const ht_memory_plan *m);
 
 typedef struct ht_trainer {
     ht_config config;

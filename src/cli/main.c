@@ -251,10 +251,6 @@ typedef struct rank_plan {
     int first, last; /* ranks [first, last] (consecutive) plan alike */
 } rank_plan;
 
-static double plan_total(const ht_memory_plan *m) {
-    return m->weights + m->main + m->grad + m->optimizer + m->activations + m->corpus;
-}
-
 /* FSDP's traffic a step on a rank, in bytes (docs/DESIGN.md, FSDP units): each
  * sharded param gathered whole in param_dtype once a micro-batch's forward and
  * again for its backward where the units reshard after forward, its gradient
@@ -349,23 +345,26 @@ static int cmd_plan(int argc, char **argv) {
             flops = ht_model_flops_per_token(&t->model->config, t->T);
             fsdp_bytes(t, &gather, &scatter, &replicas);
         }
-        const ht_memory_plan m = t->memory_plan;
+        ht_memory_plan m = t->memory_plan;
+        /* one process plans every rank: the first plan's start is the process each rank starts as */
+        if (r > 0) m.process = plans[0].m.process;
         ht_trainer_free(t);
         ht_comm_free(v);
         if (count && memcmp(&plans[count - 1].m, &m, sizeof(m)) == 0) {
             plans[count - 1].last = r;
         } else {
-            plans[count++] = (rank_plan){.m = m, .total = plan_total(&m), .first = r, .last = r};
+            plans[count++] = (rank_plan){.m = m, .total = ht_memory_plan_total(&m), .first = r, .last = r};
         }
         if (plans[count - 1].total > plans[largest].total) largest = count - 1;
     }
     const double mib = 1 << 20, gib = 1 << 30; /* --memory is in GiB */
     const double budget = budget_gib > 0 ? budget_gib * gib : (double)ht_physical_memory() / world;
     printf("Plan of %s on %d rank(s) of %d OpenMP thread(s) (OMP_NUM_THREADS, or this node's cores over the ranks), "
-           "each rank's memory (MiB; what the categories allocate, not the process, MPI or FSDP's whole units):\n",
-           path, world, omp_get_max_threads());
-    printf("  %-14s %10s %10s %10s %10s %12s %8s %10s\n", "ranks", "weights", "main", "main_grad", "optimizer",
-           "activations", "corpus", "total");
+           "each rank's peak resident memory (MiB): the process at start (this one's%s), what each category "
+           "allocates (FSDP's whole units, the collectives' buffers), the runtime's measured allowance:\n",
+           path, world, omp_get_max_threads(), world > 1 ? ", and MPI's measured start" : "");
+    printf("  %-10s %8s %8s %8s %9s %9s %8s %11s %11s %7s %8s %8s\n", "ranks", "process", "weights", "main",
+           "main_grad", "optimizer", "units", "activations", "collectives", "corpus", "runtime", "total");
     for (int k = 0; k < count; k++) {
         const ht_memory_plan *m = &plans[k].m;
         char ranks[32];
@@ -373,8 +372,9 @@ static int cmd_plan(int argc, char **argv) {
             snprintf(ranks, sizeof(ranks), "%d", plans[k].first);
         else
             snprintf(ranks, sizeof(ranks), "%d-%d", plans[k].first, plans[k].last);
-        printf("  %-14s %10.1f %10.1f %10.1f %10.1f %12.1f %8.1f %10.1f\n", ranks, m->weights / mib, m->main / mib,
-               m->grad / mib, m->optimizer / mib, m->activations / mib, m->corpus / mib, plans[k].total / mib);
+        printf("  %-10s %8.1f %8.1f %8.1f %9.1f %9.1f %8.1f %11.1f %11.1f %7.1f %8.1f %8.1f\n", ranks, m->process / mib,
+               m->weights / mib, m->main / mib, m->grad / mib, m->optimizer / mib, m->units / mib, m->activations / mib,
+               m->collectives / mib, m->corpus / mib, m->runtime / mib, plans[k].total / mib);
     }
     printf("Model: %.4g FLOPs a token (forward and backward), %.4g a step of %lld tokens\n", flops,
            flops * (double)cfg->training.global_batch_size * cfg->data.seq_len,

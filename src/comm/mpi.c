@@ -486,6 +486,7 @@ static void *scratch(mpi_comm *m, size_t bytes) {
         m->scratch = ht_alloc(bytes);
         if (!m->scratch) mpi_fatal(m, "out of memory for a collective's buffer");
         m->scratch_bytes = bytes;
+        m->base.buffer_bytes = ht_align64(bytes) + 64; /* as ht_alloc takes it */
     }
     return m->scratch;
 }

@@ -411,7 +411,7 @@ extern "C" ht_status ht_comm_nccl(ht_comm *inner, bool owns_inner, ht_comm **out
     if (failed > 0) return ht_fail(err, HT_ERR_INVALID, "%s", here.msg);
     nccl_group *g = (nccl_group *)calloc(1, sizeof(*g));
     if (!g) return ht_fail(err, HT_ERR_OOM, "cannot allocate an NCCL group");
-    g->base = ht_comm{&nccl_ops, inner->rank, inner->size, inner->local_size, "NCCL", NULL};
+    g->base = ht_comm{&nccl_ops, inner->rank, inner->size, inner->local_size, "NCCL", NULL, 0};
     const size_t P = (size_t)inner->size;
     g->to = (const void **)calloc(P, sizeof(void *));
     g->from = (void **)calloc(P, sizeof(void *));

@@ -114,20 +114,32 @@ static void matrix_sides(const ht_param *p, int64_t *rows, int64_t *cols) {
     *cols = dims[p->ndim - 1];
 }
 
-/* The workspace: the largest matrix's update and Newton-Schulz workspace,
- * or every matrix of this rank at once up to BATCH_FLOATS. */
+/* The workspace: the largest batch the updates take, so that all of it is
+ * used (memory never touched is still counted by the memory plan): the 2-D
+ * matrices of one shape together (batch_length's runs), an (E, A, B)
+ * stack's matrices on their own, each up to BATCH_FLOATS or one matrix
+ * where that is more. Every batch is the one a workspace of min(all of
+ * them, BATCH_FLOATS) gives. */
 static size_t work_floats(ht_param *const *params, int count, const ht_muon_config *cfg) {
-    size_t work = 0, total = 0;
+    size_t work = 0;
     for (int i = 0; i < count; i++) {
         const ht_param *p = params[i];
-        int64_t rows, cols;
+        int64_t rows, cols, r, c;
         matrix_sides(p, &rows, &cols);
-        size_t need = matrix_floats(rows, cols, cfg);
-        if (need > work) work = need;
-        total += need * (size_t)(p->ndim == 3 ? p->row1 - p->row0 : 1);
+        bool seen = false;
+        size_t matrices = p->ndim == 3 ? (size_t)(p->row1 - p->row0) : 0;
+        for (int j = 0; p->ndim == 2 && j < count && !seen; j++) {
+            matrix_sides(params[j], &r, &c);
+            if (params[j]->ndim != 2 || r != rows || c != cols) continue;
+            seen = j < i; /* counted at the shape's first matrix */
+            matrices++;
+        }
+        if (seen) continue;
+        const size_t per = matrix_floats(rows, cols, cfg), fit = BATCH_FLOATS / per > 1 ? BATCH_FLOATS / per : 1;
+        const size_t batch = (matrices < fit ? matrices : fit) * per;
+        if (batch > work) work = batch;
     }
-    size_t batch = total < BATCH_FLOATS ? total : BATCH_FLOATS;
-    return batch > work ? batch : work;
+    return work;
 }
 
 ht_status ht_muon_init(ht_muon *opt, const ht_muon_config *cfg, ht_param **params, int count, ht_error *err) {

@@ -41,6 +41,8 @@ typedef struct pool {
     pool_buf *bufs;
     int count, cap;
     size_t held, peak; /* bytes in use now, and at most */
+    size_t bytes;      /* of every buffer it holds, used or not: what it allocated */
+    bool dry;          /* buffers counted, not allocated (ht_fsdp_plan_bytes): each a distinct address never read */
 } pool;
 
 static void *pool_get(pool *pl, size_t bytes, bool zero) {
@@ -56,8 +58,9 @@ static void *pool_get(pool *pl, size_t bytes, bool zero) {
             pl->bufs = b;
             pl->cap = cap;
         }
-        void *ptr = pl->K->alloc(bytes);
+        void *ptr = pl->dry ? (void *)(uintptr_t)(64 * ((size_t)pl->count + 1)) : pl->K->alloc(bytes);
         if (!ptr) return NULL;
+        pl->bytes += bytes;
         best = pl->count++;
         pl->bufs[best] = (pool_buf){ptr, bytes, false};
         zero = false; /* the backends' alloc zeroes */
@@ -66,7 +69,7 @@ static void *pool_get(pool *pl, size_t bytes, bool zero) {
     b->used = true;
     pl->held += b->bytes;
     if (pl->held > pl->peak) pl->peak = pl->held;
-    if (zero) pl->K->zero(b->ptr, bytes);
+    if (zero && !pl->dry) pl->K->zero(b->ptr, bytes);
     return b->ptr;
 }
 
@@ -80,10 +83,11 @@ static void pool_put(pool *pl, void *ptr) {
 }
 
 static void pool_free(pool *pl) {
-    for (int i = 0; i < pl->count; i++) pl->K->free(pl->bufs[i].ptr);
+    for (int i = 0; i < pl->count && !pl->dry; i++) pl->K->free(pl->bufs[i].ptr);
     free(pl->bufs);
     pl->bufs = NULL;
     pl->count = pl->cap = 0;
+    pl->bytes = 0;
 }
 
 /* ------------------------------------------------------------------ units */
@@ -121,6 +125,9 @@ struct ht_fsdp {
     ht_model *model;
     ht_comm *comm;
     ht_fsdp_options opt;
+    /* ht_fsdp_plan_bytes: the weights' dtype as ht_params_set_compute(plan_compute, plan_precision) will make it
+     * (the declared params' compute_dtype is their own until then); HT_DTYPE_COUNT: the params' own now. */
+    ht_dtype plan_compute, plan_precision;
     unit *units;
     int unit_count;
     int **uses; /* (module_count) the units each module reads, -1 ended */
@@ -276,7 +283,10 @@ static ht_status plan_units(ht_fsdp *f, ht_error *err) {
             u->params[n] = p;
             u->row0[n] = r0;
             u->woff[n] = u->weight_bytes;
-            u->weight_bytes += ht_align64((size_t)whole * ht_dtype_size(p->compute_dtype));
+            const ht_dtype wd = f->plan_compute == HT_DTYPE_COUNT
+                                    ? p->compute_dtype
+                                    : ht_param_compute_dtype_for(p, f->plan_compute, f->plan_precision);
+            u->weight_bytes += ht_align64((size_t)whole * ht_dtype_size(wd));
             /* A frozen param (model.freeze) has no gradient: no buffer, nothing to reduce. */
             if (p->trainable) {
                 u->goff[n] = u->grad_floats;
@@ -334,6 +344,7 @@ static void start_gather(ht_fsdp *f, unit *u) {
     if (u->resident || u->weights || u->gathering) return;
     int P = u->comm->size, W = f->comm->size, n = u->count;
     u->weights = pool_get(&f->pool, u->weight_bytes ? u->weight_bytes : 64, false);
+    if (f->pool.dry) return;
     if (!u->weights || !reserve_spans(f, 2 * P * n + 2)) fatal(f, "out of memory for the gathered weights", u);
     ht_span *send = f->spans, *recv = f->spans + P * n;
     int sfirst[P + 1], rfirst[P + 1];
@@ -380,6 +391,7 @@ static void trace_exchange(const unit *u, int track, double began, double flight
 static void use_weights(ht_fsdp *f, unit *u) {
     if (u->resident) return;
     start_gather(f, u);
+    if (f->pool.dry) return;
     if (u->gathering) {
         trace_exchange(u, HT_TRACE_GATHERS, u->gather_began, wait_timed(f, u->comm, u->gathering),
                        (double)u->weight_bytes);
@@ -395,7 +407,7 @@ static void release_weights(ht_fsdp *f, unit *u) {
                        (double)u->weight_bytes);
         u->gathering = NULL;
     }
-    for (int i = 0; i < u->count; i++) u->params[i]->compute = NULL;
+    for (int i = 0; i < u->count && !f->pool.dry; i++) u->params[i]->compute = NULL;
     pool_put(&f->pool, u->weights);
     u->weights = NULL;
 }
@@ -404,7 +416,7 @@ static void use_grads(ht_fsdp *f, unit *u) {
     if (u->resident || u->grad || u->grad_floats == 0) return;
     u->grad = pool_get(&f->pool, u->grad_floats * sizeof(float) + 64, true);
     if (!u->grad) fatal(f, "out of memory for the whole gradients", u);
-    for (int i = 0; i < u->count; i++)
+    for (int i = 0; i < u->count && !f->pool.dry; i++)
         if (u->params[i]->trainable) u->params[i]->grad = u->grad + u->goff[i];
 }
 
@@ -444,7 +456,10 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
     int P = u->comm->size;
     const ht_dtype rd = f->opt.reduce_dtype;
     const ht_kernel_ops *K = ht_kernels();
-    if (!K->host_memory) { /* the sums, then main_grad += them, with the kernels (the same y += x) */
+    if (!K->host_memory && f->pool.dry) {
+        pool_put(&f->pool, pool_get(&f->pool, u->rows_floats * sizeof(float) + 64, false));
+        if (rd != HT_DTYPE_F32) pool_put(&f->pool, pool_get(&f->pool, u->rows_floats * sizeof(float) + 64, false));
+    } else if (!K->host_memory) { /* the sums, then main_grad += them, with the kernels (the same y += x) */
         const size_t bytes = u->rows_floats * sizeof(float) + 64;
         float *sums = pool_get(&f->pool, bytes, false),
               *widened = rd == HT_DTYPE_F32 ? NULL : pool_get(&f->pool, bytes, false);
@@ -456,7 +471,7 @@ static void complete_reduce(ht_fsdp *f, unit *u) {
         pool_put(&f->pool, widened);
         pool_put(&f->pool, sums);
     }
-    for (int i = 0; K->host_memory && i < u->count; i++) {
+    for (int i = 0; K->host_memory && !f->pool.dry && i < u->count; i++) {
         ht_param *p = u->params[i];
         if (!p->trainable) continue;
         int64_t n = ht_param_local_numel(p);
@@ -492,8 +507,14 @@ static void start_reduce(ht_fsdp *f, int ui) {
     if (rd != HT_DTYPE_F32) {
         grad = pool_get(&f->pool, u->grad_floats * (size_t)es + 64, false);
         if (!grad) fatal(f, "out of memory for the gradient reduction", u);
-        ht_kernels()->convert(grad, rd, u->grad, HT_DTYPE_F32, u->grad_floats);
+        if (!f->pool.dry) ht_kernels()->convert(grad, rd, u->grad, HT_DTYPE_F32, u->grad_floats);
         pool_put(&f->pool, u->grad);
+    }
+    if (f->pool.dry) { /* the buffers' lives without the exchange */
+        f->reducing = ui;
+        u->sent = grad;
+        u->grad = NULL;
+        return;
     }
     ht_span *send = f->spans, *recv = f->spans + P * n;
     int sfirst[P + 1], rfirst[P + 1];
@@ -528,12 +549,13 @@ void ht_fsdp_finish_backward(ht_fsdp *f) {
     if (f->reducing >= 0) complete_reduce(f, &f->units[f->reducing]);
     f->reducing = -1;
     f->stats.pool_peak_bytes = (double)f->pool.peak;
+    f->stats.pool_bytes = (double)f->pool.bytes;
 }
 
 void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
     const ht_dtype rd = f->opt.reduce_dtype;
     if (rd == HT_DTYPE_F32 || c->size == 1) {
-        ht_all_reduce_f32(c, block, n, HT_REDUCE_SUM);
+        if (!f->pool.dry) ht_all_reduce_f32(c, block, n, HT_REDUCE_SUM);
         return;
     }
     /* Replica q sums piece q (its 1/P of the block) of every replica's
@@ -549,6 +571,12 @@ void ht_fsdp_reduce_replicas(ht_fsdp *f, ht_comm *c, float *block, int64_t n) {
     void *low = pool_get(&f->pool, (size_t)n * es + 64, false);
     void *stage = pool_get(&f->pool, (size_t)P * (size_t)mine * es + 64, false);
     float *widened = K->host_memory ? NULL : pool_get(&f->pool, (size_t)mine * sizeof(float) + 64, false);
+    if (f->pool.dry) {
+        pool_put(&f->pool, widened);
+        pool_put(&f->pool, stage);
+        pool_put(&f->pool, low);
+        return;
+    }
     ht_span *spans = reserve_spans(f, 2 * P) ? f->spans : NULL;
     if (!low || !stage || (!K->host_memory && !widened) || !spans) {
         fprintf(stderr, "[hypertrain error rank %d] FSDP: out of memory for the replicas' reduction\n", f->comm->rank);
@@ -636,6 +664,7 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     f->opt = *opt;
     f->reducing = -1;
     f->pool.K = ht_kernels();
+    f->plan_compute = f->plan_precision = HT_DTYPE_COUNT;
     f->stats.reduce_dtype = opt->reduce_dtype;
     ht_status s = plan_units(f, err);
     if (s != HT_OK) {
@@ -645,6 +674,51 @@ ht_status ht_fsdp_create(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt,
     m->hook = (ht_module_hook){on_event, f};
     *out = f;
     return HT_OK;
+}
+
+double ht_fsdp_plan_bytes(ht_model *m, ht_comm *comm, const ht_fsdp_options *opt, ht_dtype compute, ht_dtype precision,
+                          ht_comm *replicas, int64_t grad_floats, int micro, bool evaluates, ht_error *err) {
+    if (m->module_count == 0) return 0.0;
+    ht_fsdp *f = calloc(1, sizeof(*f));
+    if (!f) return ht_fail(err, HT_ERR_OOM, "cannot plan FSDP"), -1.0;
+    f->model = m;
+    f->comm = comm;
+    f->opt = *opt;
+    f->reducing = -1;
+    f->pool.K = ht_kernels();
+    f->pool.dry = true;
+    f->plan_compute = compute;
+    f->plan_precision = precision;
+    if (plan_units(f, err) != HT_OK) {
+        ht_fsdp_free(f);
+        return -1.0;
+    }
+    /* The hooks in the order the run calls them (the modules in forward order), twice over: an evaluation's
+     * forwards where the run evaluates (before the first step and after the last), a step's micro-batches'
+     * forward and backward, the gradients' completion, the update's release of every gathered unit. The pool
+     * reuses its buffers by size, so the order they are asked for in decides how many it allocates. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; evaluates && k < m->module_count; k++) {
+            on_event(f, k, HT_BEFORE_FORWARD);
+            on_event(f, k, HT_AFTER_FORWARD);
+        }
+        for (int mb = 0; mb < micro; mb++) {
+            for (int k = 0; k < m->module_count; k++) {
+                on_event(f, k, HT_BEFORE_FORWARD);
+                on_event(f, k, HT_AFTER_FORWARD);
+            }
+            for (int k = m->module_count - 1; k >= 0; k--) {
+                on_event(f, k, HT_BEFORE_BACKWARD);
+                on_event(f, k, HT_AFTER_BACKWARD);
+            }
+        }
+        ht_fsdp_finish_backward(f);
+        ht_fsdp_reduce_replicas(f, replicas, NULL, grad_floats);
+        for (int ui = 0; ui < f->unit_count; ui++) release_weights(f, &f->units[ui]);
+    }
+    const double bytes = (double)f->pool.bytes;
+    ht_fsdp_free(f);
+    return bytes;
 }
 
 /* Whether unit names a and b are one name numbered differently: they differ

@@ -223,6 +223,10 @@ static size_t compute_size(const ht_param *p, ht_dtype dtype, ht_dtype precision
                                                    : 0;
 }
 
+ht_dtype ht_param_compute_dtype_for(const ht_param *p, ht_dtype dtype, ht_dtype precision) {
+    return needs_compute_copy(p, dtype, precision) ? dtype : p->dtype;
+}
+
 ht_params_bytes ht_params_plan(const ht_param_store *store, ht_main_storage main, ht_dtype compute,
                                ht_dtype precision) {
     ht_params_bytes b = {0};

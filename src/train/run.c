@@ -362,34 +362,57 @@ static void log_fsdp_stats(ht_trainer *t, int64_t steps) {
                 st->pool_peak_bytes / mib, weights / mib, grads / mib);
 }
 
-/* Every rank's peak resident memory against what it should hold: the
- * process before the trainer, its rows of the weights (and their compute
- * copy), FP32 main params, main_grad and optimizer state, the whole weights
- * and gradients of FSDP units (the most held at once, measured), the
- * activations of one micro-batch and the corpus. Rank 0 prints a line a rank. */
+/* The comm layer's buffers of every distinct group of the mesh and the world. */
+static double collective_buffers(const ht_trainer *t) {
+    const ht_parallel *p = &t->par;
+    const ht_comm *groups[] = {t->comm, p->world, p->shard,  p->replica, p->cp, p->ulysses, p->ring,
+                               p->tp,   p->model, p->expert, p->ep,      p->pp, p->tied};
+    const int n = (int)(sizeof(groups) / sizeof(groups[0]));
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = !groups[i];
+        for (int j = 0; j < i && !seen; j++) seen = groups[j] == groups[i];
+        if (!seen) bytes += (double)groups[i]->buffer_bytes;
+    }
+    return bytes;
+}
+
+/* Every rank's peak resident memory against its plan: the process before
+ * the trainer, its rows of the weights (and their compute copy), FP32 main
+ * params, main_grad and optimizer state, the pool of FSDP's whole units,
+ * the activations of a micro-batch, the comm layer's buffers and the
+ * corpus, each measured, and the runtime: the peak less all of them. Rank 0
+ * prints a line a rank. */
 static void log_memory(ht_trainer *t) {
     const ht_param_store *ps = &t->model->params;
     const ht_memory_plan *plan = &t->memory_plan;
-    enum { START, WEIGHTS, MAIN, GRAD, OPTIM, UNITS, ACTS, DATA, PEAK, N };
-    /* Each category measured, then as planned before allocation (none for the start, the units and the peak). */
+    enum { START, WEIGHTS, MAIN, GRAD, OPTIM, UNITS, ACTS, COMM, DATA, RUNTIME, PEAK, N };
+    /* Each category measured, then as planned before allocation. */
     double v[2 * N] = {
         [START] = t->rss_at_start,
         [WEIGHTS] = (double)(ps->data_bytes + ps->compute_bytes),
         [MAIN] = (double)ps->main_bytes,
         [GRAD] = (double)ps->grad_bytes,
         [OPTIM] = (double)ht_optimizer_bytes(&t->optimizer),
-        [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_peak_bytes,
+        [UNITS] = ht_fsdp_stats_get(t->fsdp)->pool_bytes,
         [ACTS] = (double)t->model->activation_bytes +
                  (double)ht_pipeline_buffer_bytes(&t->pipe), /* and what crosses stages */
+        [COMM] = collective_buffers(t),
         [DATA] = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
         [PEAK] = rss_peak(),
+        [N + START] = plan->process,
         [N + WEIGHTS] = plan->weights,
         [N + MAIN] = plan->main,
         [N + GRAD] = plan->grad,
         [N + OPTIM] = plan->optimizer,
+        [N + UNITS] = plan->units,
         [N + ACTS] = plan->activations,
+        [N + COMM] = plan->collectives,
         [N + DATA] = plan->corpus,
+        [N + RUNTIME] = plan->runtime,
     };
+    for (int k = START; k < RUNTIME; k++) v[RUNTIME] -= v[k];
+    v[RUNTIME] += v[PEAK]; /* what the libraries took beyond the rest */
     int P = t->comm->size;
     double *all = t->comm->rank == 0 ? malloc((size_t)P * 2 * N * sizeof(double)) : NULL;
     int64_t bytes[P];
@@ -399,14 +422,14 @@ static void log_memory(ht_trainer *t) {
     const double mib = 1024.0 * 1024.0;
     for (int r = 0; all && r < P; r++) {
         const double *x = all + (size_t)r * 2 * N, *planned = x + N;
-        double sum = 0, plan_sum = 0;
-        for (int k = START; k < PEAK; k++) sum += x[k];
-        for (int k = WEIGHTS; k < PEAK; k++) plan_sum += planned[k];
-        ht_log_info("memory rank %d: peak RSS %.1f MiB = %.3f x the formula %.1f MiB (at start %.1f, weights %.1f, "
-                    "FP32 main params %.1f, main_grad %.1f, optimizer %.1f, whole units %.1f, activations %.1f, "
-                    "corpus %.1f); planned before allocating %.1f MiB of it",
-                    r, x[PEAK] / mib, x[PEAK] / sum, sum / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib,
-                    x[GRAD] / mib, x[OPTIM] / mib, x[UNITS] / mib, x[ACTS] / mib, x[DATA] / mib, plan_sum / mib);
+        double plan_sum = 0;
+        for (int k = START; k < PEAK; k++) plan_sum += planned[k];
+        ht_log_info("memory rank %d: peak RSS %.1f MiB (at start %.1f, weights %.1f, FP32 main params %.1f, "
+                    "main_grad %.1f, optimizer %.1f, whole units %.1f, activations %.1f, collectives %.1f, corpus "
+                    "%.1f, runtime %.1f); planned before allocating %.1f MiB (%+.1f%%)",
+                    r, x[PEAK] / mib, x[START] / mib, x[WEIGHTS] / mib, x[MAIN] / mib, x[GRAD] / mib, x[OPTIM] / mib,
+                    x[UNITS] / mib, x[ACTS] / mib, x[COMM] / mib, x[DATA] / mib, x[RUNTIME] / mib, plan_sum / mib,
+                    x[PEAK] > 0 ? 100.0 * (plan_sum - x[PEAK]) / x[PEAK] : 0.0);
         if (!t->config.training.memory_profile) continue;
         const char *const names[] = {"at start (libraries, MPI, config)",
                                      "weights (model dtype)",
@@ -416,19 +439,17 @@ static void log_memory(ht_trainer *t) {
                                          : "FP32 main params",
                                      "main_grad (FP32)",
                                      "optimizer state",
-                                     "whole FSDP units at once",
+                                     "whole FSDP units (their pool)",
                                      "activations",
-                                     "corpus tokens"};
+                                     "collectives' buffers",
+                                     "corpus tokens",
+                                     "runtime (the rest of the peak)"};
         ht_log_info("Memory rank %d (tools.memory_profile): %-34s %10s %7s %12s", r, "category", "MiB", "share",
                     "planned MiB");
-        for (int k = START; k < PEAK; k++) {
-            char was[32] = "-"; /* the start and the units are measured only */
-            if (k != START && k != UNITS) snprintf(was, sizeof(was), "%.1f", planned[k] / mib);
-            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%% %12s", r, names[k - START], x[k] / mib,
-                        sum > 0 ? 100.0 * x[k] / sum : 0.0, was);
-        }
-        ht_log_info("Memory rank %d:   %-34s %10.1f (peak RSS %.1f) %12.1f", r, "formula", sum / mib, x[PEAK] / mib,
-                    plan_sum / mib);
+        for (int k = START; k < PEAK; k++)
+            ht_log_info("Memory rank %d:   %-34s %10.1f %6.1f%% %12.1f", r, names[k - START], x[k] / mib,
+                        x[PEAK] > 0 ? 100.0 * x[k] / x[PEAK] : 0.0, planned[k] / mib);
+        ht_log_info("Memory rank %d:   %-34s %10.1f %7s %12.1f", r, "peak RSS", x[PEAK] / mib, "", plan_sum / mib);
     }
     free(all);
 }

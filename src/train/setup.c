@@ -426,13 +426,10 @@ static ht_status attach_context(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-/* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
-static ht_status set_compute(ht_trainer *t, ht_error *err) {
+/* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules), pointing into apply and
+ * ep_modules (HT_CONFIG_LIST_MAX each). */
+static ht_fsdp_options fsdp_options(const ht_trainer *t, const char **apply, const char **ep_modules) {
     const ht_config *c = &t->config;
-    ht_status s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
-    if (s != HT_OK) return s;
-    /* The FSDP units (fsdp_config.apply_modules / parallel.fsdp_plan.apply_modules). */
-    const char *apply[HT_CONFIG_LIST_MAX];
     for (int i = 0; i < c->fsdp.apply_modules.count; i++) apply[i] = c->fsdp.apply_modules.items[i];
     /* reduce_dtype null (HyperParallel's dialect leaves it so): FSDP2's rule, the reduction in param_dtype. */
     ht_fsdp_options fo = {.apply_modules = apply,
@@ -441,7 +438,6 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
                           .prefetch = c->fsdp.prefetch,
                           .reduce_dtype = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype
                                                                                        : c->fsdp.reduce_dtype};
-    const char *ep_modules[HT_CONFIG_LIST_MAX];
     if (t->par.ep) {
         for (int i = 0; i < c->parallel.ep_modules.count; i++) ep_modules[i] = c->parallel.ep_modules.items[i];
         fo.expert_group = t->par.expert;
@@ -450,6 +446,16 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
         fo.expert_modules = ep_modules;
         fo.expert_count = c->parallel.ep_modules.count;
     }
+    return fo;
+}
+
+/* fsdp_config.mix_precision: the precision forward and backward compute in, and the logits'. */
+static ht_status set_compute(ht_trainer *t, ht_error *err) {
+    const ht_config *c = &t->config;
+    ht_status s = ht_model_set_compute(t->model, c->fsdp.param_dtype, err);
+    if (s != HT_OK) return s;
+    const char *apply[HT_CONFIG_LIST_MAX], *ep_modules[HT_CONFIG_LIST_MAX];
+    const ht_fsdp_options fo = fsdp_options(t, apply, ep_modules);
     s = ht_fsdp_create(t->model, t->par.shard, &fo, &t->fsdp, err);
     if (s != HT_OK) return s;
     ht_fsdp_log_plan(t->fsdp);
@@ -484,43 +490,107 @@ static ht_status set_compute(ht_trainer *t, ht_error *err) {
     return HT_OK;
 }
 
-/* What this rank's training state takes (ht_memory_plan), from the
- * declared model and the opened data, against this machine's memory shared
- * by the ranks on it, before any of it is allocated: the weights, their
- * FP32 main params and main_grad (the bytes their allocations will take),
- * the optimizer state and one micro-batch's activations (the bytes their allocations will take), the
- * corpus. Every rank agrees on the largest plan (one all-reduce), and all
- * refuse it together: a run refused here could not run. */
 static ht_main_storage main_storage(const ht_config *c) {
     if (!c->optimizer.fp32_main_params) return HT_MAIN_NONE;
     return c->optimizer.main_param_storage == HT_CONFIG_MAIN_RESIDUAL16 ? HT_MAIN_RESIDUAL16 : HT_MAIN_COPY;
 }
 
-/* `compute`: the storage of the compute copies, as ht_model_set_compute will
+/* The buffer src/comm/mpi.c keeps for a group's largest FP32 sum of n
+ * floats on rank `me` of P: every rank's contribution to this rank's slice,
+ * (P, mine) floats, the slices n·r/P balanced and n taken in pieces of 2^22
+ * (ht_alloc's rounding and header included). None for a group of one. */
+static double sum_scratch_bytes(int64_t n, int me, int P) {
+    if (P <= 1 || n <= 0) return 0.0;
+    const int64_t len = n < ((int64_t)1 << 22) ? n : (int64_t)1 << 22;
+    const int64_t mine = len * (me + 1) / P - len * me / P;
+    return (double)ht_align64((size_t)P * (size_t)(mine ? mine : 1) * sizeof(float)) + 64.0;
+}
+
+/* The comm layer's buffers on this rank (each group keeps the largest its sums needed): the replicas' FP32
+ * all-reduce of main_grad (HSDP or replicated data parallelism; a 16-bit reduce_dtype goes through FSDP's
+ * pool instead), the tensor-parallel group's row-parallel sums (B x Tc tokens of hidden_size), the tied
+ * embedding's gradient over the first and last stages. */
+static double collective_bytes(const ht_trainer *t, double grad_bytes) {
+    const ht_config *c = &t->config;
+    const ht_parallel *par = &t->par;
+    const ht_dtype reduce = c->fsdp.reduce_dtype == HT_CONFIG_DTYPE_NONE ? c->fsdp.param_dtype : c->fsdp.reduce_dtype;
+    double bytes = 0.0;
+    if (reduce == HT_DTYPE_F32)
+        bytes += sum_scratch_bytes((int64_t)(grad_bytes / sizeof(float)), par->replica->rank, par->replica->size);
+    bytes += sum_scratch_bytes((int64_t)t->B * t->Tc * t->model->config.hidden_size, par->tp->rank, par->tp->size);
+    int64_t tied = 0;
+    for (int i = 0; i < t->model->params.count; i++) {
+        const ht_param *p = &t->model->params.items[i];
+        if (p->stage_tied && p->trainable && ht_param_local_numel(p) > tied) tied = ht_param_local_numel(p);
+    }
+    return bytes + sum_scratch_bytes(tied, par->tied->rank, par->tied->size);
+}
+
+/* What a rank's libraries take as its steps run, beyond the process at the
+ * trainer's start and every allocation the trainer makes: code paged in
+ * (oneDNN's, the kernels', libgomp's), oneDNN's JIT code and per-thread
+ * scratchpads, the OpenMP threads' stacks and malloc arenas, the heap's
+ * small allocations and, under MPI, its transports' buffers. No formula of
+ * the config gives them: measured (docs/DESIGN.md, The memory plan) as the
+ * peak RSS less the process at start and every other category, on
+ * configs/default.yaml's model, 2 steps of 2 x 256 tokens, oneDNN 2.6.3,
+ * glibc 2.36, Open MPI 4.1.4 over TCP, an Intel Xeon @ 2.60GHz (Ice Lake,
+ * 2 cores): 16.5 MiB on one process; 19.1 and 20.5 MiB on the 2 ranks of
+ * replicated data parallelism, 3.3 MiB more a rank under MPI. Not scaled by
+ * the model or the ranks: 13-24 MiB a rank on every mesh of 1-8 ranks
+ * measured since (bench/RESULTS.md). */
+static const double RUNTIME_MIB = 16.5, RUNTIME_MPI_MIB = 3.3;
+
+/* What MPI's start (MPI_Init: libmpi's pages touched, its shared-memory and
+ * TCP endpoints to the other ranks) adds to a rank's resident memory, which
+ * hypertrain plan, run without MPI, cannot measure on itself: VmRSS before
+ * and after MPI_Init, as above: 7.5 MiB a rank on 2 ranks, 9.6 on 4 and 8. */
+static const double MPI_START_MIB = 7.5, MPI_START_WIDE_MIB = 9.6;
+
+double ht_memory_plan_total(const ht_memory_plan *m) {
+    return m->process + m->weights + m->main + m->grad + m->optimizer + m->units + m->activations + m->collectives +
+           m->corpus + m->runtime;
+}
+
+/* What this rank takes (ht_memory_plan), from the declared model and the
+ * opened data, against this machine's memory shared by the ranks on it,
+ * before any of it is allocated: the process as it started, the weights,
+ * their FP32 main params and main_grad, the optimizer state, FSDP's whole
+ * units, one micro-batch's activations and the comm layer's buffers (the
+ * bytes their allocations will take), the corpus and the runtime's
+ * allowance. Every rank agrees on the largest plan (one all-reduce), and
+ * all refuse it together: a run refused here could not run.
+ * `compute`: the storage of the compute copies, as ht_model_set_compute will
  * make them once the GEMM kernel is chosen (an FP32 copy of bf16 values where
  * it is fp32_rounded); before, param_dtype's own (no copy): a lower bound. */
 static ht_status plan_memory(ht_trainer *t, ht_dtype compute, ht_error *err) {
     const ht_config *c = &t->config;
     const ht_param_store *ps = &t->model->params;
     const ht_params_bytes pb = ht_params_plan(ps, main_storage(c), compute, c->fsdp.param_dtype);
+    const char *apply[HT_CONFIG_LIST_MAX], *ep_modules[HT_CONFIG_LIST_MAX];
+    const ht_fsdp_options fo = fsdp_options(t, apply, ep_modules);
+    const double units = ht_fsdp_plan_bytes(t->model, t->par.shard, &fo, compute, c->fsdp.param_dtype, t->par.replica,
+                                            (int64_t)(pb.grad / sizeof(float)), t->grad_accum, t->eval_B > 0, err);
+    if (units < 0) return err->status;
+    const bool mpi = t->comm->size > 1, guessed = t->planning && mpi; /* plan: no MPI of its own to measure */
+    const double mib = 1 << 20;
     ht_memory_plan *m = &t->memory_plan;
     *m = (ht_memory_plan){
+        .process =
+            t->rss_at_start + (guessed ? (t->comm->local_size > 2 ? MPI_START_WIDE_MIB : MPI_START_MIB) * mib : 0),
         .weights = (double)(pb.data + pb.compute),
         .main = (double)pb.main,
         .grad = (double)pb.grad,
         .optimizer = (double)ht_optimizer_plan_bytes(ps, &t->optimizer_config),
+        .units = units,
         .activations = ht_model_activation_bytes(t->model, t->B, t->Tc, compute) +
                        (double)ht_pipeline_buffer_bytes(&t->pipe), /* every slot's, and what crosses stages */
+        .collectives = collective_bytes(t, (double)pb.grad),
         .corpus = t->data ? (double)t->data->n_tokens * sizeof(*t->data->tokens) : 0.0,
+        .runtime = (RUNTIME_MIB + (mpi ? RUNTIME_MPI_MIB : 0)) * mib,
     };
     enum { N = 7 };
-    double most[N] = {m->weights + m->main + m->grad + m->optimizer + m->activations + m->corpus,
-                      m->weights,
-                      m->main,
-                      m->grad,
-                      m->optimizer,
-                      m->activations,
-                      m->corpus};
+    double most[N] = {ht_memory_plan_total(m), m->weights, m->main, m->grad, m->optimizer, m->activations, m->corpus};
     ht_all_reduce_f64(t->comm, most, N, HT_REDUCE_MAX); /* each the most of any rank */
     if (t->planning) return HT_OK;                      /* hypertrain plan weighs it against its own budget */
     const int local = t->comm->local_size > 0 ? t->comm->local_size : 1;
