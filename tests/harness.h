@@ -76,6 +76,16 @@ void trainer_delete(struct ht_trainer *t);
 
 /* ------------------------------------------------------------------ the hypertrain command */
 
+/* Built with AddressSanitizer (make build-asan): its shadow memory, redzones and quarantine make a process's
+ * resident memory no measure of what the program allocates, so tests of peak RSS skip there. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HT_UNDER_ASAN 1
+#endif
+#endif
+
 /* The launcher as the tests run it, followed by "-np N " and the command. Under
  * the sanitizer build the ranks keep ASan and UBSan but not leak detection: Open
  * MPI never frees some of its allocations, and its components are unloaded

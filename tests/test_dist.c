@@ -882,6 +882,11 @@ static void test_plan_is_each_ranks_plan(void **state) {
  * allocating, within 10% of the rank's peak. */
 static void test_plan_within_a_tenth_of_each_ranks_peak(void **state) {
     (void)state;
+#ifdef HT_UNDER_ASAN
+    printf("built with AddressSanitizer: peak RSS measures its shadow memory and quarantine, not the plan's bytes "
+           "(the release and clang builds run this test)\n");
+    skip();
+#endif
     const char *dir = scratch_dir("dist_plan_peak");
     static const struct {
         int ranks;
