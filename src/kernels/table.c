@@ -35,4 +35,10 @@ void *ht_kernels_cuda_stream(void *stream) {
 }
 void *ht_kernels_cuda_current_stream(void) { return NULL; }
 int ht_kernels_cuda_device(void) { return -1; }
+void *ht_kernels_cuda_workspace(size_t bytes) {
+    (void)bytes;
+    return NULL;
+}
+void ht_kernels_cuda_free_workspaces(void) {}
+int64_t ht_kernels_cuda_allocations(void) { return 0; }
 #endif
