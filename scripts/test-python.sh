@@ -18,8 +18,10 @@ cmake -S . -B build/python -DCMAKE_BUILD_TYPE=Release -DHT_PYTHON=ON -DPython3_E
   > build/python/configure.log || { cat build/python/configure.log; exit 1; }
 cmake --build build/python --target hypertrain_python -j"$(nproc)" > build/python/build.log ||
   { tail -40 build/python/build.log; exit 1; }
-# hypertrain._C over the emulated CUDA backend, where the CUDA toolkit's headers are (test_cuda_tensors.py)
-if cmake --build build/python --target help 2> /dev/null | grep -q '^\.\.\. hypertrain_python_emu$'; then
+# hypertrain._C over the emulated CUDA backend, where the CUDA toolkit's headers are (test_cuda_tensors.py);
+# grep reads the whole list: with -q it would stop at the match, cmake fail on the closed pipe, and pipefail
+# take the target for absent
+if cmake --build build/python --target help 2> /dev/null | grep '^\.\.\. hypertrain_python_emu$' > /dev/null; then
   cmake --build build/python --target hypertrain_python_emu -j"$(nproc)" >> build/python/build.log ||
     { tail -40 build/python/build.log; exit 1; }
   export HT_PYTHON_EMU=$PWD/build/python/emu

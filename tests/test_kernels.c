@@ -985,6 +985,46 @@ static void test_backend_memory(void **state) {
     }
 }
 
+/* The CUDA backend's workspaces (ht_kernels_cuda_workspace): one block per
+ * stream, kept; asking no more than before allocates nothing, asking more
+ * grows it, another stream has its own; freed, the next ask allocates. */
+static void test_cuda_workspaces(void **state) {
+    (void)state;
+    ht_error err = {0};
+    const ht_kernel_ops *K = ht_kernels_cuda(&err);
+    if (!K) {
+        assert_null(ht_kernels_cuda_workspace(64));
+        assert_int_equal(ht_kernels_cuda_allocations(), 0);
+        printf("CUDA workspaces: no CUDA backend (%s)\n", err.msg);
+        return;
+    }
+    void *other = NULL; /* CUDA's default stream: not the backend's own, made non-blocking */
+    assert_non_null(ht_kernels_cuda_current_stream());
+    const int64_t start = ht_kernels_cuda_allocations();
+    void *a = ht_kernels_cuda_workspace(1000);
+    assert_non_null(a);
+    assert_int_equal(ht_kernels_cuda_allocations(), start + 1);
+    assert_ptr_equal(ht_kernels_cuda_workspace(1000), a); /* the second call allocates nothing */
+    assert_ptr_equal(ht_kernels_cuda_workspace(10), a);
+    assert_int_equal(ht_kernels_cuda_allocations(), start + 1);
+    void *was = ht_kernels_cuda_stream(other);
+    void *b = ht_kernels_cuda_workspace(1000);
+    assert_non_null(b);
+    assert_ptr_not_equal(b, a);
+    assert_int_equal(ht_kernels_cuda_allocations(), start + 2);
+    ht_kernels_cuda_stream(was);
+    assert_ptr_equal(ht_kernels_cuda_workspace(1000), a); /* the first stream's, still */
+    void *c = ht_kernels_cuda_workspace(1 << 20);         /* grown */
+    assert_non_null(c);
+    assert_int_equal(ht_kernels_cuda_allocations(), start + 3);
+    assert_ptr_equal(ht_kernels_cuda_workspace(1 << 20), c);
+    assert_true(K->owns(c));
+    ht_kernels_cuda_free_workspaces();
+    assert_non_null(ht_kernels_cuda_workspace(1000));
+    assert_int_equal(ht_kernels_cuda_allocations(), start + 4);
+    ht_kernels_cuda_free_workspaces();
+}
+
 /* The fenced backend's memory faults when host code touches it outside an
  * entry, and the fault names it (in a child: the fault ends it). */
 static void test_fenced_memory_faults_on_host_access(void **state) {
@@ -1969,6 +2009,7 @@ int main(void) {
         cmocka_unit_test(test_attention_key_blocks),
         cmocka_unit_test(test_cross_entropy_against_reference),
         cmocka_unit_test(test_backend_memory),
+        cmocka_unit_test(test_cuda_workspaces),
         cmocka_unit_test(test_fenced_memory_faults_on_host_access),
         cmocka_unit_test(test_backend_gemm),
         cmocka_unit_test(test_backend_dtypes),

@@ -457,6 +457,22 @@ void *ht_kernels_cuda_stream(void *stream);
 void *ht_kernels_cuda_current_stream(void);
 /* The CUDA device the backend's table runs on (-1 without one). */
 int ht_kernels_cuda_device(void);
+/* At least `bytes` of the CUDA backend's device memory for work queued on
+ * its current stream (ht_kernels_cuda_stream) that outlives an entry's call
+ * (the Python package's Newton-Schulz workspace): one block per stream,
+ * kept and grown as asked, so that a caller asking no more than before
+ * allocates nothing. Valid until the next call for the same stream, or
+ * ht_kernels_cuda_free_workspaces; NULL when it cannot be had (or in a
+ * build without the backend). Called from one host thread at a time, as the
+ * entries are. */
+void *ht_kernels_cuda_workspace(size_t bytes);
+/* Frees the workspaces, after the device is done with them (the Python
+ * package calls it when the interpreter ends). */
+void ht_kernels_cuda_free_workspaces(void);
+/* The device blocks the CUDA backend has allocated so far (alloc, its
+ * scratch, the workspaces; 0 without the backend): a test's count that a
+ * step allocates nothing. */
+int64_t ht_kernels_cuda_allocations(void);
 
 /* How the CUDA backend runs attention with bf16 or f16 operands: its own
  * kernels (kernels/cuda/flash.cu, attention.cu) or cuDNN's fused

@@ -84,6 +84,13 @@ static PyObject *py_cuda_backend(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(is)", ht_kernels_cuda_device(), "");
 }
 
+/* cuda_allocations(): the device blocks the CUDA backend has allocated so
+ * far (0 without it), for the tests' count that a step allocates none. */
+static PyObject *py_cuda_allocations(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong((long long)ht_kernels_cuda_allocations());
+}
+
 /* cuda_synchronize(stream): waits for the CUDA backend's work on `stream`
  * and raises the first failure of any of its kernels or products. */
 static PyObject *py_cuda_synchronize(PyObject *self, PyObject *args) {
@@ -258,10 +265,12 @@ static PyObject *py_newton_schulz(PyObject *self, PyObject *args) {
     float *work = NULL;
     PyThreadState *unlocked = PyEval_SaveThread(); /* the GIL released while the kernel runs */
     device_enter(&d);
-    work = k->alloc(k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64);
+    const size_t bytes = k->ns_workspace_floats(count, rows, cols, dtype, form) * sizeof(float) + 64;
+    /* On CUDA the stream's workspace, kept by the backend: a step allocates nothing, and waits for nothing */
+    work = d.cuda ? ht_kernels_cuda_workspace(bytes) : k->alloc(bytes);
     if (work)
         k->ns_iterate(G, O, count, rows, cols, (const double(*)[3])sched.coeffs, sched.steps, eps, dtype, form, work);
-    k->free(work); /* on CUDA, after the device is done with it (cudaFree waits) */
+    if (!d.cuda) k->free(work);
     device_leave(&d);
     PyEval_RestoreThread(unlocked);
     if (!work) return PyErr_NoMemory();
@@ -612,6 +621,7 @@ static PyMethodDef methods[] = {
     {"ns_schedule", py_ns_schedule, METH_VARARGS, "a named Newton-Schulz schedule's triples"},
     {"sum_squares", py_sum_squares, METH_VARARGS, "the sum of squares of FP32 elements, in double"},
     {"cuda_backend", py_cuda_backend, METH_NOARGS, "the CUDA backend's device, or None and why"},
+    {"cuda_allocations", py_cuda_allocations, METH_NOARGS, "the device blocks the CUDA backend has allocated"},
     {"cuda_synchronize", py_cuda_synchronize, METH_VARARGS, "waits for the CUDA backend and raises its failure"},
     {"lr_types", py_lr_types, METH_NOARGS, "the learning-rate schedules' type names"},
     {"lr_at", (PyCFunction)(void (*)(void))py_lr_at, METH_VARARGS | METH_KEYWORDS, "a schedule's lr at a step"},
@@ -622,4 +632,9 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_C", "hypertrain's C kernels", -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__C(void) {
+    /* The CUDA backend's workspaces given back when the interpreter ends, before the CUDA runtime's own exit
+     * (where Python's table of exit functions is full, the process's end frees them) */
+    (void)Py_AtExit(ht_kernels_cuda_free_workspaces);
+    return PyModule_Create(&module);
+}

@@ -111,6 +111,21 @@ for kw in (dict(), dict(momentum_style="sum", ns_variant="asym5", matched_adamw_
         print(f"Muon {kw or 'torch semantics'}{' with bf16 model copies' if copy else ''} on the emulated device: "
               f"momentum as the CPU's, params {worst:.3g} from the CPU's, within Newton-Schulz's bound")
 
+# Muon's steps after the first allocate no device memory: Newton-Schulz takes the stream's workspace, kept by the
+# backend (the first step grows it to the largest matrix; a step in bf16 asks no more than one in FP32)
+shapes = [(48, 20), (24, 40), (2, 24, 40), (96, 80)]
+ps = [on_device(p) for p in params(shapes, 1)]
+opt = optim.Muon(ps, lr=0.02)
+for t, gs in enumerate(grads(shapes, 3, 2)):
+    for p, g in zip(ps, gs):
+        p.grad = on_device(g)
+    before = _C.cuda_allocations()
+    opt.step()
+    _C.cuda_synchronize(7)
+    made = _C.cuda_allocations() - before
+    assert made > 0 if t == 0 else made == 0, f"Muon step {t + 1} allocated {made} device blocks"
+print("Muon's steps after the first allocate no device memory")
+
 # clip_grad_norm_: the sum of squares on the device (double, its own order), the scale torch's
 gs = grads([(64, 64), (33,), (5, 7)], 1, 3)[0]
 ref, dev = [g.clone() for g in gs], [on_device(g) for g in gs]

@@ -45,4 +45,10 @@ bool ht_kernels_cuda_cudnn(char *about, size_t n) {
     return false;
 }
 int64_t ht_kernels_cuda_cudnn_calls(void) { return 0; }
+void *ht_kernels_cuda_workspace(size_t bytes) {
+    (void)bytes;
+    return NULL;
+}
+void ht_kernels_cuda_free_workspaces(void) {}
+int64_t ht_kernels_cuda_allocations(void) { return 0; }
 #endif

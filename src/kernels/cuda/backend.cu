@@ -1,7 +1,8 @@
 /* The CUDA backend of the kernel table (include/hypertrain/kernels.h): its
  * context (the current device, one stream, cuBLASLt's handle and workspace),
- * its memory entries, the first failure, and the table ht_kernels_cuda()
- * returns. The kernels are in gemm.cu, ops.cu, moe.cu and optim.cu. */
+ * its memory entries and the callers' workspaces kept per stream, the first
+ * failure, and the table ht_kernels_cuda() returns. The kernels are in
+ * gemm.cu, ops.cu, moe.cu and optim.cu. */
 #include "kernels/cuda/cuda.cuh"
 
 #include <pthread.h>
@@ -53,7 +54,8 @@ cuda_context *cuda_ctx(void) { return &g_cuda.ctx; }
 
 /* ---------------------------------------------------------------- memory */
 
-/* What alloc holds, for peak_bytes: each block's size by its address. */
+/* What alloc holds, for peak_bytes: each block's size by its address; and
+ * how many blocks were ever held (ht_kernels_cuda_allocations). */
 typedef struct held_block {
     void *p;
     size_t bytes;
@@ -62,7 +64,8 @@ static struct {
     pthread_mutex_t lock;
     held_block *blocks;
     size_t count, capacity, held, peak;
-} g_held = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0, 0};
+    int64_t made;
+} g_held = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0, 0, 0};
 
 static bool hold(void *p, size_t bytes) {
     pthread_mutex_lock(&g_held.lock);
@@ -74,6 +77,7 @@ static bool hold(void *p, size_t bytes) {
     }
     if (ok) {
         g_held.blocks[g_held.count++] = {p, bytes};
+        g_held.made++;
         g_held.held += bytes;
         if (g_held.held > g_held.peak) g_held.peak = g_held.held;
     }
@@ -106,6 +110,72 @@ void *cuda_scratch(size_t bytes) {
     (void)hold(c->scratch, want); /* counted in peak_bytes, as alloc's blocks */
     c->scratch_bytes = want;
     return c->scratch;
+}
+
+/* The callers' workspaces (ht_kernels_cuda_workspace): one block per stream,
+ * grown as a call needs, never shrunk; a stream past the last slot takes
+ * the slot used longest ago. Each is used by one stream's work only, so a
+ * block is reused in stream order, without a wait. */
+#define CUDA_WORKSPACES 8
+typedef struct cuda_workspace {
+    cudaStream_t stream;
+    void *p;
+    size_t bytes;
+    uint64_t used; /* g_workspaces.clock at its last use */
+} cuda_workspace;
+static struct {
+    cuda_workspace slot[CUDA_WORKSPACES];
+    uint64_t clock;
+} g_workspaces;
+
+/* Stream s's slot, else a free one, else the one used longest ago. */
+static int workspace_slot(cudaStream_t s) {
+    int at = 0;
+    for (int i = 0; i < CUDA_WORKSPACES; i++) {
+        if (g_workspaces.slot[i].p && g_workspaces.slot[i].stream == s) return i;
+        if (!g_workspaces.slot[at].p) continue; /* a free slot, unless s has one further on */
+        if (!g_workspaces.slot[i].p || g_workspaces.slot[i].used < g_workspaces.slot[at].used) at = i;
+    }
+    return at;
+}
+
+extern "C" void *ht_kernels_cuda_workspace(size_t bytes) {
+    if (!g_cuda.ready) return NULL;
+    cudaStream_t s = g_cuda.ctx.stream;
+    cuda_workspace *w = &g_workspaces.slot[workspace_slot(s)];
+    if (w->p && w->stream == s && bytes <= w->bytes) {
+        w->used = ++g_workspaces.clock;
+        return w->p;
+    }
+    /* cudaFree waits for the device: no queued work still uses the old block. */
+    if (w->p) release(w->p), cudaFree(w->p);
+    *w = {s, NULL, 0, ++g_workspaces.clock};
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* as alloc's: the caller's NULL, not a failed kernel */
+        return NULL;
+    }
+    if (!hold(p, bytes)) {
+        cudaFree(p);
+        return NULL;
+    }
+    w->p = p;
+    w->bytes = bytes;
+    return p;
+}
+
+extern "C" void ht_kernels_cuda_free_workspaces(void) {
+    for (int i = 0; i < CUDA_WORKSPACES; i++) {
+        if (g_workspaces.slot[i].p) release(g_workspaces.slot[i].p), cudaFree(g_workspaces.slot[i].p);
+        g_workspaces.slot[i] = {NULL, NULL, 0, 0};
+    }
+}
+
+extern "C" int64_t ht_kernels_cuda_allocations(void) {
+    pthread_mutex_lock(&g_held.lock);
+    int64_t made = g_held.made;
+    pthread_mutex_unlock(&g_held.lock);
+    return made;
 }
 
 static size_t cuda_peak_bytes(void) {
