@@ -647,11 +647,13 @@ static void test_pipeline_tied_embeddings(void **state) {
  * hidden states), each micro-batch's expert activations in its own slot:
  * bit for bit the same run without stages, on 2 and 3 stages (1F1B and
  * GPipe), with expert, context and tensor + sequence parallelism inside
- * them, and Qwen2-MoE on PP 2 x TP 2 x EP 2 (8 ranks). */
+ * them, Qwen2-MoE on PP 2 x TP 2 x EP 2 (8 ranks), and the load-balancing
+ * loss on 2 stages of 2 interleaved chunks and on 4 stages. */
 static void test_pipeline_experts(void **state) {
     (void)state;
     static const struct {
         const char *model;
+        int layers;
         const struct {
             const char *out, *ref;
             int ranks;
@@ -660,6 +662,7 @@ static void test_pipeline_experts(void **state) {
     } models[] = {
         {"  name: qwen2_moe\n  attention_bias: true\n  num_experts: 8\n  num_experts_per_tok: 2\n"
          "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n",
+         3,
          {{"one", NULL, 0, ""},
           {"pp2", "one", 2, "--set parallel.pipeline_parallel_size=2"},
           {"ep2", NULL, 2, "--set parallel.expert_parallel_size=2"},
@@ -673,6 +676,7 @@ static void test_pipeline_experts(void **state) {
          "  num_experts_per_tok: 2\n  moe_intermediate_size: 16\n  n_shared_experts: 1\n  n_group: 4\n"
          "  topk_group: 2\n  routed_scaling_factor: 2.5\n  norm_topk_prob: true\n  first_k_dense_replace: 1\n"
          "  moe_router_bias_update_rate: 0.01\n",
+         3,
          {{"one", NULL, 0, "--set optimizer.muon_config.qk_clip_enabled=true"},
           {"pp2", "one", 2, "--set optimizer.muon_config.qk_clip_enabled=true --set parallel.pipeline_parallel_size=2"},
           {"pp3", "one", 3, "--set optimizer.muon_config.qk_clip_enabled=true --set parallel.pipeline_parallel_size=3"},
@@ -684,6 +688,7 @@ static void test_pipeline_experts(void **state) {
         {"  name: qwen2_moe\n  attention_bias: true\n  num_experts: 8\n  num_experts_per_tok: 2\n"
          "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n"
          "  output_router_logits: true\n  router_aux_loss_coef: 0.05\n",
+         3,
          {{"one", NULL, 0, ""},
           {"pp2", "one", 2, "--set parallel.pipeline_parallel_size=2"},
           {"pp3_gpipe", "one", 3, "--set parallel.pipeline_parallel_size=3 --set parallel.pipeline_schedule=gpipe"},
@@ -693,16 +698,28 @@ static void test_pipeline_experts(void **state) {
           {"pp2_tp2_sp", "tp2_sp", 4,
            "--set parallel.tensor_parallel_size=2 --set parallel.sequence_parallel=true "
            "--set parallel.pipeline_parallel_size=2"}}},
+        /* the load-balancing loss under interleaved 1F1B (the sums pass each stage twice a micro-batch, chunk by
+         * chunk) and on four stages of one layer each */
+        {"  name: qwen2_moe\n  attention_bias: true\n  num_experts: 8\n  num_experts_per_tok: 2\n"
+         "  moe_intermediate_size: 16\n  shared_expert_intermediate_size: 24\n  mlp_only_layers: [0]\n"
+         "  output_router_logits: true\n  router_aux_loss_coef: 0.05\n",
+         4,
+         {{"one", NULL, 0, ""},
+          {"pp2_v2", "one", 2,
+           "--set parallel.pipeline_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=2"},
+          {"pp4", "one", 4, "--set parallel.pipeline_parallel_size=4"},
+          {NULL, NULL, 0, NULL}}},
     };
     for (size_t k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
-        const char *const dirs[] = {"dist_pipeline_qwen2_moe", "dist_pipeline_deepseek", "dist_pipeline_aux_loss"};
+        const char *const dirs[] = {"dist_pipeline_qwen2_moe", "dist_pipeline_deepseek", "dist_pipeline_aux_loss",
+                                    "dist_pipeline_aux_loss_interleaved"};
         const char *dir = scratch_dir(dirs[k]);
         harness_write_corpus(dir, two_cities, 40);
         /* the model's keys first: tiny_model_yaml's num_key_value_heads gives way to DeepSeek-V3's (the first
          * of a key given twice in a mapping is a YAML error, so the tiny model's line is left out there) */
         write_run_yaml(dir,
                        "model:\n%s  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 48\n"
-                       "  num_hidden_layers: 3\n  num_attention_heads: 4\n%s  max_position_embeddings: 32\n"
+                       "  num_hidden_layers: %d\n  num_attention_heads: 4\n%s  max_position_embeddings: 32\n"
                        "  tie_word_embeddings: false\n"
                        "model_init_dtype: float32\n"
                        "data:\n  path: %s/corpus.txt\n  seq_len: 16\n  valid_fraction: 0.1\n"
@@ -711,7 +728,7 @@ static void test_pipeline_experts(void **state) {
                        "  eval_batches: 4\n  log_interval: 1\n"
                        "fsdp_config:\n  mix_precision:\n    param_dtype: float32\n    reduce_dtype: float32\n"
                        "checkpoint:\n  save_interval: 0\n",
-                       models[k].model, k == 1 ? "" : "  num_key_value_heads: 2\n", dir);
+                       models[k].model, models[k].layers, k == 1 ? "" : "  num_key_value_heads: 2\n", dir);
         double l[7][6];
         for (int i = 0; i < 7 && models[k].runs[i].out; i++) {
             char *log;
