@@ -8,6 +8,8 @@
  * both models' heads and Llama-3.1-8B's (head dim 128) in TFLOP/s (the
  * products' FLOPs below the diagonal: forward 2 B H T² D, backward 2.5 times
  * that; on CUDA the own kernels, cuDNN's fused attention and AUTO's choice).
+ * On CUDA each product's line follows the log's of its cuBLASLt algorithm:
+ * the candidate timed fastest and the heuristic's first, ms a run of each.
  * Usage: bench_kernels [--backend cpu|cuda] [--small] (sizes / 16 and / 64:
  * a quick pass on a CPU). */
 #include <math.h>
@@ -106,6 +108,11 @@ static void bench_gemm(const char *label, bool ta, bool tb, int64_t M, int64_t N
     g.A = random_buffer((size_t)(M * Kd), dtype);
     g.B = random_buffer((size_t)(Kd * N), dtype);
     g.C = alloc_or_die((size_t)(M * N) * sizeof(float));
+    /* the CUDA backend's choice of the shape's algorithm, timed at its first call, logged (debug) beside */
+    const ht_log_level was = ht_log_get_level();
+    ht_log_set_level(HT_LOG_DEBUG);
+    run_gemm(&g);
+    ht_log_set_level(was);
     double s = time_calls(run_gemm, &g, "gemm");
     printf("gemm %-8s %-26s M %6lld N %6lld K %6lld %c%c: %9.3f ms %8.1f TFLOP/s\n", ht_dtype_name(dtype), label,
            (long long)M, (long long)N, (long long)Kd, ta ? 'T' : 'N', tb ? 'T' : 'N', s * 1e3,

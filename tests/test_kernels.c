@@ -1146,6 +1146,52 @@ static void test_backend_gemm(void **state) {
     }
 }
 
+/* The CUDA backend's choice of a product's cuBLASLt algorithm
+ * (ht_kernels_cuda_set_gemm): under TIMED a new shape's candidates are
+ * timed on its first call (on the host emulator, with its first algorithm
+ * made slow, another is chosen), under HEURISTIC none are; the products as
+ * the CPU's either way, a C that beta reads left as the call alone leaves
+ * it (check_gemm compares every element, the padding included). */
+static void test_cuda_gemm_choice(void **state) {
+    (void)state;
+    ht_error err = {0};
+    const ht_kernel_ops *K = ht_kernels_cuda(&err);
+    int64_t timed, not_first, timed2, not_first2;
+    if (!K) {
+        ht_kernels_cuda_gemm_choices(&timed, &not_first);
+        assert_true(timed == 0 && not_first == 0);
+        printf("cuBLASLt algorithm choice: no CUDA backend (%s)\n", err.msg);
+        return;
+    }
+#ifdef HT_CUDA_EMU
+    setenv("HT_EMU_SLOW_GEMM_ALGO", "0", 1); /* the emulator's first algorithm waits 5 ms a call */
+#endif
+    assert_int_equal(ht_kernels_cuda_set_gemm(HT_CUDA_GEMM_TIMED), HT_CUDA_GEMM_TIMED);
+    ht_kernels_cuda_gemm_choices(&timed, &not_first);
+    gemm_test t = {false, true, 29, 31, 43, 2, 1, 0.5f}; /* shapes no other test plans */
+    check_gemm(K, &t, HT_DTYPE_BF16, false);
+    ht_kernels_cuda_gemm_choices(&timed2, &not_first2);
+    assert_int_equal(timed2, timed + 1);
+#ifdef HT_CUDA_EMU
+    assert_int_equal(not_first2, not_first + 1);
+#endif
+    check_gemm(K, &t, HT_DTYPE_BF16, false); /* planned: nothing timed again */
+    ht_kernels_cuda_gemm_choices(&timed, &not_first);
+    assert_int_equal(timed, timed2);
+    assert_int_equal(ht_kernels_cuda_set_gemm(HT_CUDA_GEMM_HEURISTIC), HT_CUDA_GEMM_TIMED);
+    gemm_test u = {true, false, 27, 33, 45, 0, 1, 0.0f};
+    check_gemm(K, &u, HT_DTYPE_F32, false);
+    ht_kernels_cuda_gemm_choices(&timed2, &not_first2);
+    assert_int_equal(timed2, timed);
+    assert_int_equal(ht_kernels_cuda_set_gemm(HT_CUDA_GEMM_TIMED), HT_CUDA_GEMM_HEURISTIC);
+#ifdef HT_CUDA_EMU
+    unsetenv("HT_EMU_SLOW_GEMM_ALGO");
+#endif
+    printf("cuBLASLt algorithm choice: a new shape timed once (%lld of %lld shapes timed chose another than the "
+           "heuristic's first), none under the heuristic policy\n",
+           (long long)not_first2, (long long)timed2);
+}
+
 /* convert between every pair of float dtypes and round_to, on normal
  * values, ties, subnormals, overflow, infinities and NaNs: the same bits. */
 static void test_backend_dtypes(void **state) {
@@ -2012,6 +2058,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_workspaces),
         cmocka_unit_test(test_fenced_memory_faults_on_host_access),
         cmocka_unit_test(test_backend_gemm),
+        cmocka_unit_test(test_cuda_gemm_choice),
         cmocka_unit_test(test_backend_dtypes),
         cmocka_unit_test(test_backend_decoder),
         cmocka_unit_test(test_backend_cross_entropy),

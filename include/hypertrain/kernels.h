@@ -500,6 +500,25 @@ bool ht_kernels_cuda_cudnn(char *about, size_t n);
 /* The attention calls (forward and backward) cuDNN ran in this process. */
 int64_t ht_kernels_cuda_cudnn_calls(void);
 
+/* How the CUDA backend picks a product's cuBLASLt algorithm, once per shape
+ * (the plan kept for the process, so a shape meets one algorithm and a step
+ * repeats bit for bit within the process). */
+typedef enum ht_cuda_gemm {
+    HT_CUDA_GEMM_TIMED = 0, /* the fastest of the heuristic's first candidates (up to 4), each timed on the
+                               shape's first call (its operands; its output kept apart where beta reads it);
+                               the heuristic's first where one candidate is offered, for ragged (expert)
+                               products, and where beta is nonzero and C is over 64 MiB */
+    HT_CUDA_GEMM_HEURISTIC  /* the heuristic's first: the same algorithm in every process of a machine
+                               (training.deterministic) */
+} ht_cuda_gemm;
+/* Makes `how` the process's policy for the shapes planned from now on,
+ * returning the one it replaces (TIMED at start). */
+ht_cuda_gemm ht_kernels_cuda_set_gemm(ht_cuda_gemm how);
+/* The shapes whose algorithm was chosen by timing, and of them those where a
+ * candidate other than the heuristic's first was the fastest (0 without the
+ * backend). */
+void ht_kernels_cuda_gemm_choices(int64_t *timed, int64_t *not_first);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,6 +45,11 @@ bool ht_kernels_cuda_cudnn(char *about, size_t n) {
     return false;
 }
 int64_t ht_kernels_cuda_cudnn_calls(void) { return 0; }
+ht_cuda_gemm ht_kernels_cuda_set_gemm(ht_cuda_gemm how) {
+    (void)how;
+    return HT_CUDA_GEMM_TIMED;
+}
+void ht_kernels_cuda_gemm_choices(int64_t *timed, int64_t *not_first) { *timed = *not_first = 0; }
 void *ht_kernels_cuda_workspace(size_t bytes) {
     (void)bytes;
     return NULL;

@@ -1073,9 +1073,13 @@ static ht_status use_backend(ht_trainer *t, ht_error *err) {
         ht_error why = {0};
         if (!(K = ht_kernels_cuda(&why)))
             return ht_fail(err, HT_ERR_CONFIG, "kernels.backend: cuda: %s; expected cpu on this machine", why.msg);
-        /* training.deterministic: attention's choice by timing (cuDNN's fused attention or the own
-         * kernels, whose backward alone repeats bit for bit) made by rule too: the own kernels */
-        if (t->config.training.deterministic) ht_kernels_cuda_set_attention(HT_CUDA_ATTENTION_OWN);
+        /* training.deterministic: the choices made by timing made by rule: attention's (cuDNN's fused
+         * attention or the own kernels, whose backward alone repeats bit for bit) the own kernels, each
+         * product's cuBLASLt algorithm the heuristic's first (the same in every process) */
+        if (t->config.training.deterministic) {
+            ht_kernels_cuda_set_attention(HT_CUDA_ATTENTION_OWN);
+            ht_kernels_cuda_set_gemm(HT_CUDA_GEMM_HEURISTIC);
+        }
     }
     /* training.trace: the profiled table over it, so that the traced steps
      * show each entry (the same bits; every entry waited for). */

@@ -16,18 +16,25 @@
  * as a GPU's are). A missing __syncthreads is a wrong result in forward or
  * in warps: of the backend's 19, each removed in turn, forward caught 9 and
  * warps 16, together the 17 that guard anything (docs/DESIGN.md, "The CUDA
- * backend without a GPU"; scripts/emu-barriers.sh). */
+ * backend without a GPU"; scripts/emu-barriers.sh).
+ *
+ * The heuristic offers EMU_ALGORITHMS cuBLASLt algorithms, each computing
+ * the same; HT_EMU_SLOW_GEMM_ALGO=i makes algorithm i wait 5 ms a call (a
+ * slower kernel, for the tests of the choice by timing). Events read the
+ * host's clock: the emulated work is done by the time a call returns. */
 #undef _FORTIFY_SOURCE /* its longjmp refuses to jump to another stack, as the fibers do */
 #include "cuda_emu.h"
 
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sys/mman.h>
+#include <thread>
 #include <vector>
 
 namespace emu {
@@ -255,6 +262,33 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     (void)stream;
     return cudaSuccess;
 }
+/* An event: the host's clock when it was last recorded (0: never). */
+struct emu_event {
+    double ms;
+};
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = (cudaEvent_t) new emu_event{0.0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete (emu_event *)e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+    (void)stream;
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    ((emu_event *)e)->ms = std::chrono::duration<double, std::milli>(now).count();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    return ((emu_event *)e)->ms > 0 ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    const emu_event *a = (const emu_event *)start, *b = (const emu_event *)end;
+    if (!(a->ms > 0) || !(b->ms > 0)) return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)(b->ms - a->ms);
+    return cudaSuccess;
+}
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     void *b = nullptr;
     if (posix_memalign(&b, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
@@ -422,7 +456,8 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t 
     result->state = CUBLAS_STATUS_SUCCESS;
     return CUBLAS_STATUS_SUCCESS;
 }
-/* One algorithm for every product whose shapes agree. */
+/* EMU_ALGORITHMS algorithms (data[0] their index) for every product whose shapes agree. */
+static const int EMU_ALGORITHMS = 3;
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int requested,
@@ -430,14 +465,23 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     (void)h, (void)p, (void)dl;
     if (!lt_shapes_agree(d, a, b, c)) return CUBLAS_STATUS_INVALID_VALUE;
     *found = 0;
-    if (requested > 0) std::memset(&results[0], 0, sizeof(results[0])), *found = 1;
+    for (int i = 0; i < requested && i < EMU_ALGORITHMS; i++) {
+        std::memset(&results[i], 0, sizeof(results[i]));
+        results[i].algo.data[0] = (uint64_t)i;
+        results[i].state = CUBLAS_STATUS_SUCCESS;
+        *found = i + 1;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
                               const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
                               const cublasLtMatmulAlgo_t *algo, void *work, size_t work_bytes, cudaStream_t s) {
-    (void)h, (void)algo, (void)work, (void)work_bytes, (void)s;
+    (void)h, (void)work, (void)work_bytes, (void)s;
+    if (algo->data[0] >= (uint64_t)EMU_ALGORITHMS) return CUBLAS_STATUS_INVALID_VALUE;
+    const char *slow = getenv("HT_EMU_SLOW_GEMM_ALGO");
+    if (slow && *slow && std::strtoull(slow, nullptr, 10) == algo->data[0])
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const lt_desc *x = (const lt_desc *)d;
     const lt_layout *la = (const lt_layout *)a, *lb = (const lt_layout *)b, *lc = (const lt_layout *)c;
     const lt_layout *ld = (const lt_layout *)dl;

@@ -12,7 +12,11 @@
  * exact size, made for the call). One exact plan a row count would ask the
  * heuristic anew for nearly every call of a step, thousands of them in an
  * MoE model, once the cache is full; this way a row count always meets the
- * same algorithm, so a step repeats bit for bit. */
+ * same algorithm, so a step repeats bit for bit.
+ *
+ * A shape's algorithm (ht_cuda_gemm): the fastest of the heuristic's first
+ * GEMM_CANDIDATES, timed on the shape's first call, or the heuristic's
+ * first (training.deterministic: every process the same). */
 #include "kernels/cuda/cuda.cuh"
 
 #include <math.h>
@@ -47,6 +51,24 @@ static struct {
     size_t entries;
     plan slots[PLAN_SLOTS];
 } g_plans = {PTHREAD_MUTEX_INITIALIZER, 0, {}};
+
+/* The policy and its count (ht_kernels_cuda_gemm_choices), under g_plans.lock. */
+static struct {
+    ht_cuda_gemm how;
+    int64_t timed, not_first;
+} g_choice = {HT_CUDA_GEMM_TIMED, 0, 0};
+
+/* What a shape's first call brings for its candidates' timing. */
+typedef struct gemm_operands {
+    const void *A, *B;
+    float *C;
+    float alpha, beta;
+} gemm_operands;
+
+#define GEMM_CANDIDATES 4
+#define GEMM_TIMED_RUNS 3
+/* The largest C a call with nonzero beta is timed on: the candidates write a copy of that size, not C */
+#define GEMM_TIMING_COPY_MAX ((size_t)64 << 20)
 
 static bool lt_ok(cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
@@ -103,9 +125,70 @@ static void plan_destroy(plan *p) {
     p->op = NULL;
 }
 
+/* The bytes from C's first element to its last (batch strides and row pitch included). */
+static size_t c_extent_bytes(const plan_key *k) {
+    return (size_t)((k->batch - 1) * k->stride_c + (k->M - 1) * k->ldc + k->N) * sizeof(float);
+}
+
+/* Which of the n candidates runs p's product fastest on the call's operands:
+ * each once to warm up, then GEMM_TIMED_RUNS times between two events. The
+ * output is C where beta is 0 (the call writes it afterwards), else a copy
+ * of C's extent (C only read): a call whose C is larger than
+ * GEMM_TIMING_COPY_MAX, or where the copy or the events cannot be had,
+ * takes the first. A candidate that fails to run is passed over; nothing is
+ * recorded as the backend's failure. */
+static int fastest(const plan *p, const cublasLtMatmulHeuristicResult_t *r, int n, const gemm_operands *o) {
+    cuda_context *ctx = cuda_ctx();
+    float *D = o->C;
+    void *copy = NULL;
+    if (o->beta != 0.0f) {
+        const size_t bytes = c_extent_bytes(&p->key);
+        if (bytes > GEMM_TIMING_COPY_MAX || cudaMalloc(&copy, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        D = (float *)copy;
+    }
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int pick = 0;
+    float best = INFINITY, first = NAN;
+    if (cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess) {
+        for (int i = 0; i < n; i++) {
+            if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize > ctx->lt_workspace_bytes) continue;
+            bool ran = true;
+            for (int run = 0; run <= GEMM_TIMED_RUNS && ran; run++) {
+                if (run == 1) cudaEventRecord(ev[0], ctx->stream);
+                ran = cublasLtMatmul(ctx->lt, p->op, &o->alpha, o->B, p->a, o->A, p->b, &o->beta, o->C, p->c, D, p->c,
+                                     &r[i].algo, ctx->lt_workspace, ctx->lt_workspace_bytes,
+                                     ctx->stream) == CUBLAS_STATUS_SUCCESS;
+            }
+            float ms = INFINITY;
+            if (ran && cudaEventRecord(ev[1], ctx->stream) == cudaSuccess &&
+                cudaEventSynchronize(ev[1]) == cudaSuccess && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess) {
+                if (i == 0) first = ms;
+                if (ms < best) best = ms, pick = i;
+            }
+            cudaGetLastError(); /* a candidate that did not run is no failure of the backend's */
+        }
+    }
+    cudaGetLastError();
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    if (copy) cudaFree(copy); /* waits for the timed runs */
+    const plan_key *k = &p->key;
+    g_choice.timed++;
+    if (pick != 0) g_choice.not_first++;
+    ht_log_debug("cuda: %s product M %lld N %lld K %lld batch %lld: cuBLASLt candidate %d of %d, %.4f ms a run "
+                 "(the heuristic's first %.4f)",
+                 ht_dtype_name((ht_dtype)k->dtype), (long long)k->M, (long long)k->N, (long long)k->K,
+                 (long long)k->batch, pick + 1, n, best / GEMM_TIMED_RUNS, first / GEMM_TIMED_RUNS);
+    return pick;
+}
+
 /* Makes the plan of p->key (a ragged key: its operation and algorithm, the
- * layouts made for the heuristic only). */
-static bool plan_make(plan *p) {
+ * layouts made for the heuristic only); the algorithm timed on ops (the
+ * call's operands) under HT_CUDA_GEMM_TIMED where ops is given. */
+static bool plan_make(plan *p, const gemm_operands *ops) {
     const plan_key *k = &p->key;
     cuda_context *ctx = cuda_ctx();
     cublasOperation_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -136,10 +219,12 @@ static bool plan_make(plan *p) {
               "alignment preference") &&
         lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac)),
               "alignment preference");
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[GEMM_CANDIDATES];
+    const bool timed = ops && !k->ragged && g_choice.how == HT_CUDA_GEMM_TIMED;
     int found = 0;
     if (ok)
-        ok = lt_ok(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found),
+        ok = lt_ok(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->c, p->c, pref,
+                                                  timed ? GEMM_CANDIDATES : 1, results, &found),
                    "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
@@ -155,7 +240,7 @@ static bool plan_make(plan *p) {
                     (long long)k->batch, (long long)k->lda, (long long)k->ldb, (long long)k->ldc);
         return true;
     }
-    p->algo = result.algo;
+    p->algo = results[timed && found > 1 ? fastest(p, results, found, ops) : 0].algo;
     if (k->ragged) layouts_destroy(&p->a, &p->b, &p->c);
     return true;
 }
@@ -235,7 +320,7 @@ static gemm_outcome plan_run(cuda_context *ctx, plan *p, const plan_key *exact, 
         plan own;
         memset(&own, 0, sizeof(own));
         own.key = *exact;
-        out = plan_make(&own) ? plan_run(ctx, &own, exact, alpha, A, B, beta, C) : GEMM_FAILED;
+        out = plan_make(&own, NULL) ? plan_run(ctx, &own, exact, alpha, A, B, beta, C) : GEMM_FAILED;
         plan_destroy(&own);
     }
     layouts_destroy(&a, &b, &c);
@@ -301,7 +386,8 @@ static void gemm_run(bool ragged, int64_t batch, bool trans_a, bool trans_b, int
     } else {
         p = g_plans.entries < PLAN_MAX ? &g_plans.slots[slot] : &local;
         p->key = key;
-        if (plan_make(p)) {
+        const gemm_operands ops = {A, B, C, alpha, beta};
+        if (plan_make(p, &ops)) {
             if (p != &local) g_plans.entries++;
         } else {
             memset(&p->key, 0, sizeof(p->key)); /* the slot stays free */
@@ -316,6 +402,21 @@ static void gemm_run(bool ragged, int64_t batch, bool trans_a, bool trans_b, int
                N, K, alpha, A, lda, stride_a, B, ldb, stride_b, dtype, beta, C, ldc, stride_c);
     if (out == GEMM_FAILED)
         CUDA_LAUNCH(fill_nan_kernel, cuda_blocks(elems), CUDA_THREADS, 0, C, M, N, ldc, batch, stride_c);
+}
+
+extern "C" ht_cuda_gemm ht_kernels_cuda_set_gemm(ht_cuda_gemm how) {
+    pthread_mutex_lock(&g_plans.lock);
+    const ht_cuda_gemm was = g_choice.how;
+    g_choice.how = how;
+    pthread_mutex_unlock(&g_plans.lock);
+    return was;
+}
+
+extern "C" void ht_kernels_cuda_gemm_choices(int64_t *timed, int64_t *not_first) {
+    pthread_mutex_lock(&g_plans.lock);
+    *timed = g_choice.timed;
+    *not_first = g_choice.not_first;
+    pthread_mutex_unlock(&g_plans.lock);
 }
 
 void cuda_gemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
