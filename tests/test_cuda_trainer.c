@@ -330,6 +330,74 @@ static void test_deepseek_v3_refused_on_cuda(void **state) {
     free(cfg);
 }
 
+/* What a training step costs in the host's waits for the device
+ * (ht_kernels_cuda_waits), each a gap in the device's queue: one a
+ * micro-batch (its loss, read back), one before the gradients are summed,
+ * one for the clipping's norm and one after the update; with experts one
+ * more a micro-batch and sparse layer (the routed rows' counts size the
+ * expert products on the host), two with the load-balancing loss (its
+ * probabilities' sums). Nothing else: a batch's tokens go up from
+ * pageable memory without a wait, and one process's gathers of a Muon
+ * matrix (a group of one) are device copies, not round trips through the
+ * host (before: two a matrix, with the matrix's bytes). Step 2 (step 1 also
+ * plans and times each product), 2 micro-batches a step, nothing dumped. */
+static void test_host_waits_a_step(void **state) {
+    (void)state;
+    if (!cuda_present()) skip();
+    static const struct {
+        const char *name, *sets[8];
+        int routing; /* the routing's reads a micro-batch: per sparse layer one, two with the load-balancing loss */
+    } runs[] = {
+        {"bf16 Muon", {"optimizer._target_=Muon", "model_init_dtype=bfloat16", NULL}, 0},
+        {"f32 AdamW", {"optimizer._target_=AdamW", "model_init_dtype=float32", NULL}, 0},
+        {"f32 Qwen2-MoE Muon",
+         {"optimizer._target_=Muon", "model_init_dtype=float32", "model.name=qwen2_moe", "model.num_experts=4",
+          "model.num_experts_per_tok=2", "model.moe_intermediate_size=32", NULL},
+         2},
+        {"bf16 Qwen2-MoE Muon with its load-balancing loss",
+         {"optimizer._target_=Muon", "model_init_dtype=bfloat16", "model.name=qwen2_moe", "model.num_experts=4",
+          "model.num_experts_per_tok=2", "model.moe_intermediate_size=32", "model.output_router_logits=true", NULL},
+         4},
+    };
+    enum { MICRO = 2 };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "cuda_trainer_waits%zu", i);
+        const char *dir = scratch_dir(name);
+        harness_write_corpus(dir, corpus_text, 60);
+        ht_config *cfg = malloc(sizeof(ht_config));
+        const tiny_model model = {.intermediate_size = 32, .num_hidden_layers = 2, .max_position_embeddings = 32};
+        const char *sets[] = {"training.local_batch_size=2",
+                              "training.global_batch_size=4",
+                              "training.eval_interval=0",
+                              "training.log_interval=1",
+                              "checkpoint.save_interval=0",
+                              "kernels.backend=cuda",
+                              "training.steps=2",
+                              "training.max_norm=1.0"};
+        config_scratch_run(cfg, dir, model, 16, sets, sizeof(sets) / sizeof(sets[0]));
+        for (int k = 0; runs[i].sets[k]; k++) set_or_fail(cfg, "%s", runs[i].sets[k]);
+        ht_trainer *t = trainer_new(cfg);
+        ht_error err = {0};
+        const int64_t bound = MICRO * (1 + runs[i].routing) + 3;
+        int64_t most = 0;
+        for (int step = 0; step < 2; step++) {
+            const int64_t before = ht_kernels_cuda_waits();
+            ht_step_stats st;
+            assert_ht_ok(ht_trainer_step(t, &st, &err), &err);
+            const int64_t waits = ht_kernels_cuda_waits() - before;
+            if (step > 0 && waits > bound)
+                fail_msg("%s, step %d: the host waited for the device %lld times, more than %lld", runs[i].name,
+                         step + 1, (long long)waits, (long long)bound);
+            if (step > 0 && waits > most) most = waits;
+        }
+        printf("%s: the host waits for the device %lld times a step (at most %lld)\n", runs[i].name, (long long)most,
+               (long long)bound);
+        trainer_delete(t);
+        free(cfg);
+    }
+}
+
 static void test_qwen2_float32_muon(void **state) {
     (void)state;
     if (!cuda_present()) skip();
@@ -356,11 +424,9 @@ static void test_qwen2_bf16_muon(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_deepseek_v3_refused_on_cuda),
-        cmocka_unit_test(test_qwen2_float32_muon),
-        cmocka_unit_test(test_qwen2_float32_adamw),
-        cmocka_unit_test(test_qwen2_moe_float32),
-        cmocka_unit_test(test_qwen2_bf16_muon),
+        cmocka_unit_test(test_deepseek_v3_refused_on_cuda), cmocka_unit_test(test_host_waits_a_step),
+        cmocka_unit_test(test_qwen2_float32_muon),          cmocka_unit_test(test_qwen2_float32_adamw),
+        cmocka_unit_test(test_qwen2_moe_float32),           cmocka_unit_test(test_qwen2_bf16_muon),
     };
     if (getenv("HT_TEST_FILTER")) cmocka_set_test_filter(getenv("HT_TEST_FILTER"));
     /* the bf16 bounds are the own attention kernels' (docs/NUMERICS.md); cuDNN's is test_kernels' */

@@ -469,6 +469,11 @@ void *ht_kernels_cuda_workspace(size_t bytes);
 /* Frees the workspaces, after the device is done with them (the Python
  * package calls it when the interpreter ends). */
 void ht_kernels_cuda_free_workspaces(void);
+/* The times the host has waited for the CUDA backend's stream so far (its
+ * synchronize, upload and download, a loss or a sum of squares read back;
+ * 0 without the backend): what a step costs in round trips, each a gap in
+ * the device's queue. */
+int64_t ht_kernels_cuda_waits(void);
 /* The device blocks the CUDA backend has allocated so far (alloc, its
  * scratch, the workspaces; 0 without the backend): a test's count that a
  * step allocates nothing. */

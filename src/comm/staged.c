@@ -54,6 +54,23 @@ static void unstage(staged *s, void *p, void *h, int64_t bytes, bool back) {
     free(h);
 }
 
+/* A group of one's all-gather, gather, scatter or reduce-scatter: its send
+ * is its receive. dst = src where each lies, with no wait on the host where
+ * both are the backend's (a Muon matrix's rows gathered on one device, say);
+ * host memory goes through upload or download as a staging would. */
+static void copy_alone(staged *s, void *dst, const void *src, int64_t bytes) {
+    if (bytes <= 0 || dst == src) return;
+    const bool from = backend_memory(s, src, bytes), to = backend_memory(s, dst, bytes);
+    if (from && to)
+        s->K->copy(dst, src, (size_t)bytes);
+    else if (from)
+        s->K->download(dst, src, (size_t)bytes);
+    else if (to)
+        s->K->upload(dst, src, (size_t)bytes);
+    else
+        memmove(dst, src, (size_t)bytes);
+}
+
 static int64_t total(const int64_t *n, int P) {
     int64_t t = 0;
     for (int r = 0; r < P; r++) t += n[r];
@@ -80,6 +97,10 @@ static void staged_all_reduce_f32(ht_comm *c, float *buf, int64_t n, ht_reduce_o
 static void staged_reduce_scatter_f32(ht_comm *c, const float *send, float *recv, const int64_t *counts) {
     staged *s = of(c);
     const int64_t all = total(counts, c->size) * 4, mine = counts[c->rank] * 4;
+    if (c->size == 1) {
+        copy_alone(s, recv, send, mine);
+        return;
+    }
     float *hs = stage(s, send, all, true), *hr = stage(s, recv, mine, false);
     ht_reduce_scatter_f32(s->inner, hs, hr, counts);
     unstage(s, (void *)send, hs, all, false);
@@ -97,6 +118,10 @@ static void staged_broadcast(ht_comm *c, void *buf, int64_t bytes, int root) {
 static void staged_all_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes) {
     staged *s = of(c);
     const int64_t all = total(bytes, c->size), mine = bytes[c->rank];
+    if (c->size == 1) {
+        copy_alone(s, recv, send, mine);
+        return;
+    }
     void *hs = stage(s, send, mine, true), *hr = stage(s, recv, all, false);
     ht_all_gather(s->inner, hs, hr, bytes);
     unstage(s, (void *)send, hs, mine, false);
@@ -106,6 +131,10 @@ static void staged_all_gather(ht_comm *c, const void *send, void *recv, const in
 static void staged_gather(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
     staged *s = of(c);
     const int64_t all = c->rank == root ? total(bytes, c->size) : 0, mine = bytes[c->rank];
+    if (c->size == 1) {
+        copy_alone(s, recv, send, mine);
+        return;
+    }
     void *hs = stage(s, send, mine, true), *hr = stage(s, recv, all, false);
     ht_gather(s->inner, hs, hr, bytes, root);
     unstage(s, (void *)send, hs, mine, false);
@@ -115,6 +144,10 @@ static void staged_gather(ht_comm *c, const void *send, void *recv, const int64_
 static void staged_scatter(ht_comm *c, const void *send, void *recv, const int64_t *bytes, int root) {
     staged *s = of(c);
     const int64_t all = c->rank == root ? total(bytes, c->size) : 0, mine = bytes[c->rank];
+    if (c->size == 1) {
+        copy_alone(s, recv, send, mine);
+        return;
+    }
     void *hs = stage(s, send, all, true), *hr = stage(s, recv, mine, false);
     ht_scatter(s->inner, hs, hr, bytes, root);
     unstage(s, (void *)send, hs, all, false);

@@ -56,4 +56,5 @@ void *ht_kernels_cuda_workspace(size_t bytes) {
 }
 void ht_kernels_cuda_free_workspaces(void) {}
 int64_t ht_kernels_cuda_allocations(void) { return 0; }
+int64_t ht_kernels_cuda_waits(void) { return 0; }
 #endif

@@ -98,7 +98,8 @@ struct ht_moe {
     size_t bytes;
     /* this forward's load-balancing sums over every sparse layer */
     double *count;    /* (E) rows routed to each expert */
-    double *prob_sum; /* (E) router probabilities */
+    double *prob_sum; /* (E) router probabilities (with the load-balancing loss alone: else 0) */
+    bool prob_sums;   /* model.output_router_logits: the probabilities read by the host and summed */
     int64_t rows;     /* tokens seen, summed over layers */
     /* scratch */
     float *dw;         /* (N, k) */
@@ -223,6 +224,7 @@ ht_moe *ht_moe_new(const ht_model_config *cfg, int layers) {
     moe->S = (int)shared_width(cfg);
     moe->C = cfg->hidden_size;
     moe->norm_topk = mc->norm_topk_prob;
+    moe->prob_sums = mc->output_router_logits;
     moe->deepseek = ht_model_config_is_deepseek(cfg);
     moe->n_group = mc->n_group;
     moe->topk_group = mc->topk_group;
@@ -703,9 +705,11 @@ void ht_moe_forward(ht_moe *moe, int index, float *y, const void *x, int64_t N, 
     } else {
         ht_kernels()->moe_route(a->probs, a->sel, a->weight, a->psum, N, moe->E, moe->k, moe->norm_topk);
         sel = host_view(a->sel, moe->sel_h, (size_t)(N * k) * sizeof(int32_t));
-        const float *probs = host_view(a->probs, moe->probs_h, (size_t)(N * E) * sizeof(float));
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += probs[n * E + e];
+        if (moe->prob_sums) { /* the load-balancing loss's: without it, no download of the probabilities */
+            const float *probs = host_view(a->probs, moe->probs_h, (size_t)(N * E) * sizeof(float));
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t e = 0; e < E; e++) moe->prob_sum[e] += probs[n * E + e];
+        }
     }
     int64_t *tokens = moe->tokens + (size_t)index * (size_t)E; /* the experts' load, and DeepSeek's bias update */
     for (int64_t i = 0; i < N * k; i++) {

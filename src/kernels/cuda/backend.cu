@@ -5,6 +5,7 @@
  * gemm.cu, ops.cu, moe.cu and optim.cu. */
 #include "kernels/cuda/cuda.cuh"
 
+#include <atomic>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,16 +220,42 @@ void cuda_zero(void *dst, size_t bytes) {
     if (bytes) cuda_ok(cudaMemsetAsync(dst, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync");
 }
 
+/* The host's waits for the device (cuda_wait), for ht_kernels_cuda_waits. */
+static std::atomic<int64_t> g_waits{0};
+
+bool cuda_wait(cudaStream_t s, const char *what) {
+    g_waits.fetch_add(1, std::memory_order_relaxed);
+    return cuda_ok(cudaStreamSynchronize(s), what);
+}
+
+extern "C" int64_t ht_kernels_cuda_waits(void) { return g_waits.load(std::memory_order_relaxed); }
+
+/* Whether host memory p is pinned (page-locked, registered or managed): a
+ * copy from it queued on a stream reads it when the copy runs. From pageable
+ * memory cudaMemcpyAsync has staged the bytes by the time it returns. An
+ * address the runtime cannot place counts as pinned. */
+static bool pinned(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return true;
+    }
+    return a.type != cudaMemoryTypeUnregistered;
+}
+
+/* The caller may reuse host_src on return: from pageable memory (a batch's
+ * tokens, say) the copy has staged it, with no wait for the device; from
+ * pinned memory the host waits for the copy. */
 void cuda_upload(void *dst, const void *host_src, size_t bytes) {
     if (!bytes) return;
     cuda_ok(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, g_cuda.ctx.stream), "upload");
-    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "upload (synchronize)");
+    if (pinned(host_src)) cuda_wait(g_cuda.ctx.stream, "upload (synchronize)");
 }
 
 void cuda_download(void *host_dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cuda_ok(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, g_cuda.ctx.stream), "download");
-    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "download (synchronize)");
+    cuda_wait(g_cuda.ctx.stream, "download (synchronize)");
 }
 
 void cuda_copy(void *dst, const void *src, size_t bytes) {
@@ -236,7 +263,7 @@ void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 
 static ht_status cuda_synchronize(ht_error *err) {
-    cuda_ok(cudaStreamSynchronize(g_cuda.ctx.stream), "synchronize");
+    cuda_wait(g_cuda.ctx.stream, "synchronize");
     return cuda_status(err);
 }
 

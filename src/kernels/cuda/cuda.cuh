@@ -36,6 +36,9 @@ cuda_context *cuda_ctx(void);
 bool cuda_fail(const char *what, const char *detail);
 /* cuda_fail when e is an error; whether it was not. */
 bool cuda_ok(cudaError_t e, const char *what);
+/* The host waits for stream s (cudaStreamSynchronize), counted
+ * (ht_kernels_cuda_waits); a failure recorded under `what`; whether it did not fail. */
+bool cuda_wait(cudaStream_t s, const char *what);
 /* A launch's error, if any (cudaGetLastError), recorded under `what`. */
 void cuda_check_launch(const char *what);
 /* At least `bytes` of device scratch, valid until the next call (stream order). */

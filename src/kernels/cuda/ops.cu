@@ -284,7 +284,7 @@ double cuda_cross_entropy_forward(const float *logits, const int32_t *targets, i
     double host[2] = {NAN, 0.0};
     cudaStream_t s = cuda_ctx()->stream;
     if (!cuda_ok(cudaMemcpyAsync(host, result, sizeof(host), cudaMemcpyDeviceToHost, s), "cross_entropy_forward") ||
-        !cuda_ok(cudaStreamSynchronize(s), "cross_entropy_forward"))
+        !cuda_wait(s, "cross_entropy_forward"))
         return NAN;
     const int64_t counted = (int64_t)host[1];
     if (count) *count = counted;
@@ -543,7 +543,7 @@ void cuda_sum_squares_each(double *sums, const float *const *x, const int64_t *n
     cudaStream_t s = cuda_ctx()->stream;
     if (!cuda_ok(cudaMemcpyAsync(sums, out, (size_t)count * sizeof(double), cudaMemcpyDeviceToHost, s),
                  "sum_squares") ||
-        !cuda_ok(cudaStreamSynchronize(s), "sum_squares"))
+        !cuda_wait(s, "sum_squares"))
         for (int i = 0; i < count; i++) sums[i] = NAN;
 }
 
