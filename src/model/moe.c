@@ -271,6 +271,7 @@ ht_moe *ht_moe_clone(const ht_moe *moe) {
                   .end = moe->end,
                   .shares_tokens = true,
                   .norm_topk = moe->norm_topk,
+                  .prob_sums = moe->prob_sums,
                   .deepseek = moe->deepseek,
                   .n_group = moe->n_group,
                   .topk_group = moe->topk_group,
