@@ -97,6 +97,25 @@ static void release(void *p) {
     pthread_mutex_unlock(&g_held.lock);
 }
 
+void *cuda_block(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation that fails is the caller's NULL, not a failed kernel */
+        return NULL;
+    }
+    if (!hold(p, bytes)) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+void cuda_block_free(void *p) {
+    if (!p) return;
+    release(p);
+    cudaFree(p);
+}
+
 /* The kernels' scratch (reduction partials, attention's δ and GQA partials):
  * one block, grown as a call needs, never shrunk. */
 void *cuda_scratch(size_t bytes) {
@@ -149,17 +168,10 @@ extern "C" void *ht_kernels_cuda_workspace(size_t bytes) {
         return w->p;
     }
     /* cudaFree waits for the device: no queued work still uses the old block. */
-    if (w->p) release(w->p), cudaFree(w->p);
+    cuda_block_free(w->p);
     *w = {s, NULL, 0, ++g_workspaces.clock};
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-        cudaGetLastError(); /* as alloc's: the caller's NULL, not a failed kernel */
-        return NULL;
-    }
-    if (!hold(p, bytes)) {
-        cudaFree(p);
-        return NULL;
-    }
+    void *p = cuda_block(bytes);
+    if (!p) return NULL;
     w->p = p;
     w->bytes = bytes;
     return p;
@@ -167,7 +179,7 @@ extern "C" void *ht_kernels_cuda_workspace(size_t bytes) {
 
 extern "C" void ht_kernels_cuda_free_workspaces(void) {
     for (int i = 0; i < CUDA_WORKSPACES; i++) {
-        if (g_workspaces.slot[i].p) release(g_workspaces.slot[i].p), cudaFree(g_workspaces.slot[i].p);
+        cuda_block_free(g_workspaces.slot[i].p);
         g_workspaces.slot[i] = {NULL, NULL, 0, 0};
     }
 }
@@ -187,14 +199,10 @@ static size_t cuda_peak_bytes(void) {
 }
 
 static void *cuda_alloc(size_t bytes) {
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-        cudaGetLastError(); /* an allocation that fails is the caller's NULL, not a failed kernel */
-        return NULL;
-    }
+    void *p = cuda_block(bytes);
     /* zeroed, as ht_alloc's; cudaMalloc's blocks are 256-byte aligned */
-    if (!cuda_ok(cudaMemsetAsync(p, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync (alloc)") || !hold(p, bytes)) {
-        cudaFree(p);
+    if (p && !cuda_ok(cudaMemsetAsync(p, 0, bytes, g_cuda.ctx.stream), "cudaMemsetAsync (alloc)")) {
+        cuda_block_free(p);
         return NULL;
     }
     return p;

@@ -41,6 +41,11 @@ bool cuda_ok(cudaError_t e, const char *what);
 bool cuda_wait(cudaStream_t s, const char *what);
 /* A launch's error, if any (cudaGetLastError), recorded under `what`. */
 void cuda_check_launch(const char *what);
+/* A device block of `bytes` (not zeroed), counted in the backend's peak and
+ * allocations; NULL where cudaMalloc refuses (the caller's, not a failure). */
+void *cuda_block(size_t bytes);
+/* Gives a cuda_block back (cudaFree: after the device is done with it). */
+void cuda_block_free(void *p);
 /* At least `bytes` of device scratch, valid until the next call (stream order). */
 void *cuda_scratch(size_t bytes);
 /* HT_OK or the first failure since the process started. */

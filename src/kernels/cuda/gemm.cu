@@ -143,10 +143,7 @@ static int fastest(const plan *p, const cublasLtMatmulHeuristicResult_t *r, int 
     void *copy = NULL;
     if (o->beta != 0.0f) {
         const size_t bytes = c_extent_bytes(&p->key);
-        if (bytes > GEMM_TIMING_COPY_MAX || cudaMalloc(&copy, bytes) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
+        if (bytes > GEMM_TIMING_COPY_MAX || !(copy = cuda_block(bytes))) return 0;
         D = (float *)copy;
     }
     cudaEvent_t ev[2] = {NULL, NULL};
@@ -174,7 +171,7 @@ static int fastest(const plan *p, const cublasLtMatmulHeuristicResult_t *r, int 
     cudaGetLastError();
     for (int i = 0; i < 2; i++)
         if (ev[i]) cudaEventDestroy(ev[i]);
-    if (copy) cudaFree(copy); /* waits for the timed runs */
+    cuda_block_free(copy); /* waits for the timed runs */
     const plan_key *k = &p->key;
     g_choice.timed++;
     if (pick != 0) g_choice.not_first++;
