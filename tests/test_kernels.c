@@ -1171,9 +1171,11 @@ static void test_cuda_gemm_choice(void **state) {
     gemm_test t = {false, true, 29, 31, 43, 2, 1, 0.5f}; /* shapes no other test plans */
     check_gemm(K, &t, HT_DTYPE_BF16, false);
     ht_kernels_cuda_gemm_choices(&timed2, &not_first2);
-    assert_int_equal(timed2, timed + 1);
 #ifdef HT_CUDA_EMU
+    assert_int_equal(timed2, timed + 1); /* the emulator offers three candidates */
     assert_int_equal(not_first2, not_first + 1);
+#else
+    assert_true(timed2 == timed || timed2 == timed + 1); /* a shape the heuristic offers one candidate is not timed */
 #endif
     check_gemm(K, &t, HT_DTYPE_BF16, false); /* planned: nothing timed again */
     ht_kernels_cuda_gemm_choices(&timed, &not_first);
